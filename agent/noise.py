@@ -1,0 +1,155 @@
+"""Exact discrete Laplace and discrete Gaussian samplers.
+
+Implements Canonne, Kamath & Steinke, "The Discrete Gaussian for
+Differential Privacy" (NeurIPS 2020):
+
+* Algorithm 1 -- Bernoulli(exp(-gamma)) for rational gamma >= 0;
+* Algorithm 2 -- discrete Laplace with rational scale t = s_num/s_den,
+  pmf(x) proportional to exp(-|x|/t);
+* Algorithm 3 -- discrete Gaussian with rational variance parameter
+  sigma^2 = n/d, pmf(x) proportional to exp(-x^2 / (2 sigma^2)).
+
+Every step uses integers and rationals held as (numerator, denominator)
+pairs, so there is no floating point anywhere on the noise path (Mironov
+2012 showed how floating-point Laplace leaks). Randomness comes only from
+:class:`agent.rng.Rng`, i.e. from a cryptographic byte source.
+"""
+
+from agent.rng import Rng
+
+
+def isqrt(n):
+    """floor(sqrt(n)) for an integer n >= 0 (Newton's method)."""
+    if n < 0:
+        raise ValueError("isqrt of negative number")
+    if n < 2:
+        return n
+    x = n
+    y = (x + 1) >> 1
+    while y < x:
+        x = y
+        y = (x + n // x) >> 1
+    return x
+
+
+def bernoulli_exp(rng, num, den):
+    """True with probability exp(-num/den), for num >= 0, den > 0.
+
+    CKS 2020 Algorithm 1. For gamma = num/den <= 1 it draws
+    A_k ~ Bernoulli(gamma/k) until one fails and returns whether the
+    number of draws K was odd; for gamma > 1 it uses
+    exp(-gamma) = exp(-1)^floor(gamma) * exp(-(gamma - floor(gamma))).
+    """
+    if num < 0 or den <= 0:
+        raise ValueError("bernoulli_exp needs num >= 0 and den > 0")
+    if num <= den:
+        k = 1
+        while rng.bernoulli(num, den * k):
+            k += 1
+        return (k & 1) == 1
+    whole = num // den
+    for _ in range(whole):
+        if not bernoulli_exp(rng, 1, 1):
+            return False
+    return bernoulli_exp(rng, num - whole * den, den)
+
+
+def discrete_laplace(rng, s_num, s_den=1):
+    """One draw of the discrete Laplace distribution with scale t = s_num/s_den.
+
+    P[X = x] is proportional to exp(-|x| / t). CKS 2020 Algorithm 2 with
+    their (s, t) written as scale = t/s; here the scale is ``s_num/s_den``
+    so the algorithm's t is ``s_num`` and its s is ``s_den``.
+    """
+    t = s_num
+    s = s_den
+    if t <= 0 or s <= 0:
+        raise ValueError("discrete_laplace needs a positive rational scale")
+    while True:
+        u = rng.randbelow(t)
+        if not bernoulli_exp(rng, u, t):
+            continue
+        v = 0
+        while bernoulli_exp(rng, 1, 1):
+            v += 1
+        x = u + t * v
+        y = x // s
+        negative = rng.bernoulli(1, 2)
+        if negative and y == 0:
+            continue
+        return -y if negative else y
+
+
+def discrete_gaussian(rng, var_num, var_den=1):
+    """One draw of the discrete Gaussian N_Z(0, sigma^2), sigma^2 = var_num/var_den.
+
+    CKS 2020 Algorithm 3: propose Y ~ discrete Laplace with integer scale
+    t = floor(sigma) + 1 and accept with probability
+    exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)). With sigma^2 = n/d that exponent
+    is (|Y| d t - n)^2 / (2 n d t^2), an exact rational.
+    """
+    n = var_num
+    d = var_den
+    if n <= 0 or d <= 0:
+        raise ValueError("discrete_gaussian needs a positive rational variance")
+    t = isqrt(n // d) + 1
+    den = 2 * n * d * t * t
+    while True:
+        y = discrete_laplace(rng, t, 1)
+        a = (y if y >= 0 else -y) * d * t - n
+        if bernoulli_exp(rng, a * a, den):
+            return y
+
+
+class NoiseSpec:
+    """A noise distribution: mechanism name and its rational parameter.
+
+    ``mech`` is ``"dlap"`` (parameter = scale t) or ``"dgauss"`` (parameter =
+    variance sigma^2); ``num/den`` is the parameter as a reduced fraction.
+    """
+
+    __slots__ = ("mech", "num", "den")
+
+    def __init__(self, mech, num, den=1):
+        if mech not in ("dlap", "dgauss"):
+            raise ValueError("unknown mechanism %r (use 'dlap' or 'dgauss')" % (mech,))
+        if num <= 0 or den <= 0:
+            raise ValueError("noise parameter must be positive")
+        self.mech = mech
+        self.num = num
+        self.den = den
+
+    def sample(self, rng):
+        if self.mech == "dlap":
+            return discrete_laplace(rng, self.num, self.den)
+        return discrete_gaussian(rng, self.num, self.den)
+
+    def variance_fraction(self):
+        """Exact variance as (num, den) for dgauss; None for dlap (not rational)."""
+        if self.mech == "dgauss":
+            return (self.num, self.den)
+        return None
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, NoiseSpec)
+            and self.mech == other.mech
+            and self.num * other.den == other.num * self.den
+        )
+
+    def __repr__(self):
+        return "NoiseSpec(%r, %d, %d)" % (self.mech, self.num, self.den)
+
+
+def add_noise(arr, spec, rng, start=0, stop=None):
+    """Add independent draws of ``spec`` to ``arr[start:stop]`` in place.
+
+    Overflow of a signed 32-bit cell raises OverflowError (never wraps).
+    """
+    if stop is None:
+        stop = len(arr)
+    for i in range(start, stop):
+        v = arr[i] + spec.sample(rng)
+        if v > 0x7FFFFFFF or v < -0x80000000:
+            raise OverflowError("counter %d overflows int32 while adding noise" % i)
+        arr[i] = v

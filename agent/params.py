@@ -1,0 +1,105 @@
+"""The parameters a device counts and releases with, validated in one place.
+
+Shared by the Pi daemon (agent/daemon.py reads them from TOML) and the
+board firmware (firmware/ reads them from a JSON file). Every error names
+the offending key so config loaders can report it verbatim.
+"""
+
+import hashlib
+
+from agent import calibrate, hashing
+from agent.sketch import KINDS
+
+
+class ParamError(ValueError):
+    """A bad parameter; ``key`` names it."""
+
+    def __init__(self, key, msg):
+        ValueError.__init__(self, "%s: %s" % (key, msg))
+        self.key = key
+
+
+def _int(cfg, key, default, lo, hi):
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ParamError(key, "must be an integer, got %r" % (v,))
+    if v < lo or v > hi:
+        raise ParamError(key, "must be between %d and %d, got %d" % (lo, hi, v))
+    return v
+
+
+class Params:
+    """Validated device parameters.
+
+    Keys (defaults): device (required), salt (required), kind ('cs'),
+    d (4), w (1024), clip (1), mode ('window'), window_s (3600),
+    epoch_s (= window_s in window mode, 600 in keep mode), mechanism
+    ('dgauss'), budget ('1/2': rho for dgauss, eps for dlap),
+    persist_s (60).
+    """
+
+    def __init__(self, cfg):
+        dev = cfg.get("device")
+        if not isinstance(dev, str) or not dev or len(dev) > 64:
+            raise ParamError("device", "must be a non-empty string of at most 64 characters")
+        for ch in dev:
+            if not (ch.isalpha() or ch.isdigit() or ch in "-_."):
+                raise ParamError("device", "may only contain letters, digits, '-', '_' and '.'")
+        self.device = dev
+        salt = cfg.get("salt")
+        if not isinstance(salt, str) or len(salt) < 8:
+            raise ParamError("salt", "must be a string of at least 8 characters, shared by the whole fleet")
+        if len(salt.encode()) > hashing.MAX_SALT:
+            raise ParamError("salt", "must be at most 255 bytes")
+        self.salt = salt
+        self.kind = cfg.get("kind", "cs")
+        if self.kind not in KINDS:
+            raise ParamError("kind", "must be 'cms' or 'cs', got %r" % (self.kind,))
+        self.d = _int(cfg, "d", 4, 1, 32)
+        self.w = _int(cfg, "w", 1024, 2, 1 << 24)
+        self.clip = _int(cfg, "clip", 1, 1, 1 << 20)
+        self.mode = cfg.get("mode", "window")
+        if self.mode not in ("window", "keep"):
+            raise ParamError("mode", "must be 'window' or 'keep' (tree is not implemented yet), got %r" % (self.mode,))
+        self.window_s = _int(cfg, "window_s", 3600, 1, 366 * 86400)
+        default_epoch = self.window_s if self.mode == "window" else min(600, self.window_s)
+        self.epoch_s = _int(cfg, "epoch_s", default_epoch, 1, self.window_s)
+        if self.window_s % self.epoch_s:
+            raise ParamError("epoch_s", "must divide window_s (%d)" % self.window_s)
+        if self.mode == "window" and self.epoch_s != self.window_s:
+            raise ParamError("epoch_s", "must equal window_s in window mode (use mode = 'keep' for epochs)")
+        self.mechanism = cfg.get("mechanism", "dgauss")
+        if self.mechanism not in calibrate.MECHANISMS:
+            raise ParamError("mechanism", "must be 'dlap' or 'dgauss', got %r" % (self.mechanism,))
+        try:
+            self.budget = calibrate.parse_ratio(cfg.get("budget", "1/2"))
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ParamError("budget", str(exc))
+        if self.budget[0] <= 0:
+            raise ParamError("budget", "must be positive")
+        self.persist_s = _int(cfg, "persist_s", 60, 1, 86400)
+        self.arrays = calibrate.arrays_touched(self.mode)
+        self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
+
+    @property
+    def epochs_per_window(self):
+        return self.window_s // self.epoch_s
+
+    def fingerprint(self):
+        """Hex id of everything that must not change under a persisted state."""
+        s = "%s|%s|%s|%d|%d|%d|%s|%d|%d|%s|%d/%d" % (
+            self.device,
+            hashing.salt_id(self.salt),
+            self.kind,
+            self.d,
+            self.w,
+            self.clip,
+            self.mode,
+            self.window_s,
+            self.epoch_s,
+            self.mechanism,
+            self.budget[0],
+            self.budget[1],
+        )
+        h = hashlib.sha256(s.encode()).digest()
+        return h[:8]

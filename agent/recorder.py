@@ -1,0 +1,166 @@
+"""Pan-private recording: noisy state, clock-aligned releases, crash safety.
+
+Implements the ``window`` and ``keep`` release modes of DESIGN.md:
+
+* time is cut into epochs of ``epoch_s`` seconds, numbered absolutely
+  (epoch k = [k*epoch_s, (k+1)*epoch_s) in UTC seconds); a window is
+  ``window_s / epoch_s`` consecutive epochs. ``window`` mode is the case of
+  one epoch per window. Boundaries follow the clock, never the event count.
+* the accumulator of the open epoch starts as internal noise Z_int
+  (one independent draw per cell), so the state an intruder can read is
+  exact counts + Z_int;
+* when the epoch closes, a release = state + Z_out (fresh noise, same
+  scale) is committed to the outbox, and a new accumulator with fresh
+  Z_int opens. This is the pan-private variant of intermittent-queries
+  Algorithm 4 (use-and-keep): the host sums the per-epoch releases.
+
+Commit protocol of one release with sequence number s (storage.py layout)::
+
+    1. write outbox/s.tmp          (state + Z_out; the counters in RAM are untouched)
+    2. write the "released" marker  s elo ehi part
+    3. rename s.tmp -> s.cbor      (now visible to the publisher)
+    4. open the next accumulator, fresh Z_int, persist state.bin
+
+A crash before 2 deletes s.tmp at restart: those bytes never left the
+device, the state is still on flash, and it is released later with a new
+Z_out (nothing was published, so nothing is re-drawn for released data).
+A crash after 2 finishes the rename and discards the old state, which the
+marker says was released: a release is never generated twice. Events that
+arrived after the last persisted state are lost in a power cut; events in
+a persisted state never are.
+
+If the outbox cannot be written (full flash), the accumulator keeps
+counting and its epoch range [elo, ehi) grows until a release succeeds.
+"""
+
+from agent import hashing, release, storage
+from agent.noise import add_noise
+from agent.rng import Rng
+from agent.sketch import Sketch, new_counters
+
+
+def _log(msg):
+    print("pansketch: " + msg)
+
+
+class Recorder:
+    """The device core: count events into a noisy sketch, commit releases.
+
+    ``params`` is an :class:`agent.params.Params`; ``root`` a directory for
+    the outbox and state; ``rng`` an :class:`agent.rng.Rng` (default: system
+    CSPRNG); ``now`` the current UTC time in seconds (int).
+    """
+
+    def __init__(self, params, root, now, rng=None, log=None):
+        self.p = params
+        self.root = root
+        self.rng = rng if rng is not None else Rng()
+        self.log = log if log is not None else _log
+        storage.makedirs(root)
+        self.outbox = storage.Outbox(root)
+        self.state_path = storage.join(root, "state.bin")
+        self.marker_path = storage.join(root, "released")
+        n = params.d * params.w
+        self.relbuf = new_counters(n)  # preallocated: releases never allocate d*w again
+        self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip, new_counters(n))
+        self.counters = self.sketch.counters
+        self._fp = params.fingerprint()
+        self.last_persist = now
+        self._boot(now)
+
+    # -- start-up ------------------------------------------------------
+    def _boot(self, now):
+        marker = storage.read_marker(self.marker_path)
+        for s in self.outbox.uncommitted():
+            if marker is not None and s <= marker[0]:
+                storage.rename(self.outbox.path(s, ".tmp"), self.outbox.path(s))
+            else:
+                storage.remove(self.outbox.path(s, ".tmp"))
+        cur = now // self.p.epoch_s
+        st = storage.read_state(self.state_path, self._fp, self.counters)
+        if st is not None and (marker is None or st[0] > marker[0]):
+            self.seq, self.elo, self.ehi, self.part = st
+            self.log("resumed state seq %d epochs [%d, %d) part %d" % st)
+            return
+        self.seq = marker[0] + 1 if marker is not None else 0
+        part = 0
+        if marker is not None and marker[1] <= cur < marker[2]:
+            part = marker[3] + 1  # this epoch was already released early (flush)
+        self._open(cur, part)
+
+    def _open(self, epoch, part):
+        """Start a fresh accumulator for [epoch, epoch+1): Z_int, then persist."""
+        c = self.counters
+        for i in range(len(c)):
+            c[i] = 0
+        add_noise(c, self.p.noise, self.rng)
+        self.elo = epoch
+        self.ehi = epoch + 1
+        self.part = part
+        self.persist()
+
+    # -- events --------------------------------------------------------
+    def add(self, item, weight=1):
+        self.sketch.update(item, weight)
+
+    def add_many(self, items, weights=None):
+        self.sketch.update_many(items, weights)
+
+    # -- clock ---------------------------------------------------------
+    def tick(self, now):
+        """Call often with the UTC time: releases closed epochs, persists.
+
+        Returns the number of releases committed (0 or 1).
+        """
+        cur = now // self.p.epoch_s
+        if cur >= self.ehi:
+            return 1 if self._release(cur, 0, now) else 0
+        if now - self.last_persist >= self.p.persist_s:
+            self.persist(now)
+        return 0
+
+    def flush(self, now):
+        """Release the open accumulator now (end of a batch input).
+
+        If its epoch is still running, the next accumulator covers the same
+        epoch as the next ``part``.
+        """
+        cur = now // self.p.epoch_s
+        if cur >= self.ehi:
+            return self._release(cur, 0, now)
+        return self._release(cur, self.part + 1, now)
+
+    def persist(self, now=None):
+        try:
+            storage.write_state(self.state_path, self._fp, self.seq, self.elo, self.ehi, self.part, self.counters)
+        except OSError as exc:
+            self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
+            return False
+        if now is not None:
+            self.last_persist = now
+        return True
+
+    # -- releases ------------------------------------------------------
+    def _release(self, next_epoch, next_part, now=None):
+        rel = self.relbuf
+        c = self.counters
+        for i in range(len(c)):
+            rel[i] = c[i]
+        add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+        s = self.seq
+        tmp = self.outbox.path(s, ".tmp")
+        try:
+            storage.write_atomic(tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write))
+            storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
+        except OSError as exc:
+            storage.remove(tmp)
+            if next_part == 0 and next_epoch + 1 > self.ehi:
+                self.ehi = next_epoch + 1  # keep counting; release the longer range later
+            self.log("cannot write release %d (%s); epochs now [%d, %d)" % (s, exc, self.elo, self.ehi))
+            return False
+        storage.rename(tmp, self.outbox.path(s))
+        self.seq = s + 1
+        self._open(next_epoch, next_part)
+        if now is not None:
+            self.last_persist = now
+        return True

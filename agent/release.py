@@ -1,0 +1,50 @@
+"""Release messages: what leaves a device (format version 1, docs/FORMAT.md).
+
+A release is a deterministic-CBOR map (agent.cbor) of integers, text and
+one byte string: the noisy counters as d*w little-endian int32 values. Its
+size depends only on the parameters (d, w, ids), never on the data: the
+counters are fixed-width and never compressed or varint-packed, and no
+exact event count is included.
+"""
+
+from agent import cbor, hashing
+
+FORMAT_VERSION = 1
+
+
+def release_map(params, seq, elo, ehi, part, counters):
+    """The release as a dict; ``counters`` is the noisy array('i')."""
+    spec = params.noise
+    return {
+        "v": FORMAT_VERSION,
+        "dev": params.device,
+        "seq": seq,
+        "mode": params.mode,
+        "kind": params.kind,
+        "d": params.d,
+        "w": params.w,
+        "hv": hashing.HASH_VERSION,
+        "salt": hashing.salt_id(params.salt),
+        "clip": params.clip,
+        "mech": params.mechanism,
+        "budget": [params.budget[0], params.budget[1]],
+        "nint": [spec.num, spec.den],
+        "nout": [spec.num, spec.den],
+        "L": params.arrays,
+        "win_s": params.window_s,
+        "ep_s": params.epoch_s,
+        "win": (elo * params.epoch_s) // params.window_s,
+        "elo": elo,
+        "ehi": ehi,
+        "part": part,
+        "ctr": counters,
+    }
+
+
+def encode_to(params, seq, elo, ehi, part, counters, write):
+    """Stream the encoded release through ``write`` (no full copy in RAM)."""
+    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters), write)
+
+
+def encode(params, seq, elo, ehi, part, counters):
+    return cbor.dumps(release_map(params, seq, elo, ehi, part, counters))

@@ -1,0 +1,164 @@
+"""Count-Min and CountSketch over one flat array of signed 32-bit counters.
+
+Layout: row r, column c lives at index ``r * w + c`` of an ``array('i')``
+of d*w cells (4 bytes each on CPython and on 32-bit MicroPython ports).
+Update is dp-linear-sketches.txt Algorithm 1 (add g_r(x) * v to
+C[r, h_r(x)]; g = +1 for Count-Min) and query is Algorithm 2 (median for
+CountSketch, minimum for Count-Min). Privacy comes from the noise the
+recorder puts into the array (agent.recorder), not from this class.
+
+Event weights are integers clipped to [-clip, clip] (DESIGN.md: one event
+moves each touched cell by at most ``clip``). A counter that would leave
+the int32 range raises OverflowError; it never wraps (MicroPython's array
+would wrap silently, so the check is explicit).
+"""
+
+import array
+
+from agent import hashing
+
+INT32_MAX = 0x7FFFFFFF
+INT32_MIN = -0x80000000
+KINDS = ("cms", "cs")
+
+
+def new_counters(n):
+    """A zeroed array('i') of n cells, checked to be 4 bytes per cell."""
+    a = array.array("i", bytes(4 * n))
+    if len(a) != n:
+        raise RuntimeError("array('i') is not 32-bit on this platform")
+    return a
+
+
+class Sketch:
+    """A d x w linear sketch of int32 counters.
+
+    ``prefix`` is :func:`agent.hashing.salt_prefix` of the fleet salt.
+    ``counters`` may be passed to reuse a preallocated array.
+    """
+
+    def __init__(self, kind, d, w, prefix, clip=1, counters=None):
+        if kind not in KINDS:
+            raise ValueError("sketch kind must be 'cms' or 'cs', not %r" % (kind,))
+        if d < 1 or w < 2:
+            raise ValueError("sketch needs d >= 1 and w >= 2")
+        if clip < 1:
+            raise ValueError("clip must be a positive integer")
+        self.kind = kind
+        self.signed = kind == "cs"
+        self.d = d
+        self.w = w
+        self.clip = clip
+        self.prefix = prefix
+        if counters is None:
+            counters = new_counters(d * w)
+        elif len(counters) != d * w:
+            raise ValueError("counters have %d cells, need %d" % (len(counters), d * w))
+        self.counters = counters
+
+    # -- updates -------------------------------------------------------
+    def clip_weight(self, weight):
+        c = self.clip
+        if weight > c:
+            return c
+        if weight < -c:
+            return -c
+        return weight
+
+    def update(self, item, weight=1):
+        """Add one event (weight clipped to [-clip, clip])."""
+        weight = self.clip_weight(weight)
+        if weight:
+            self.add_stream(hashing.digest(self.prefix, item, self.d), weight)
+
+    def add_stream(self, stream, weight):
+        """Add ``weight`` (already clipped or pre-aggregated) for a hash stream.
+
+        Allocation-free on MicroPython for small weights: every value stays
+        a small int. Rows are checked for overflow before any is written, so
+        a refused update leaves the sketch unchanged.
+        """
+        a = self.counters
+        w = self.w
+        signed = self.signed
+        d = self.d
+        for r in range(d):
+            o = 4 * r
+            col = (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((stream[o + 3] & 0x3F) << 24)) % w
+            v = weight
+            if signed and stream[o + 3] & 0x80:
+                v = -v
+            nv = a[r * w + col] + v
+            if nv > INT32_MAX or nv < INT32_MIN:
+                raise OverflowError("sketch counter (row %d, column %d) would overflow int32" % (r, col))
+        for r in range(d):
+            o = 4 * r
+            col = (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((stream[o + 3] & 0x3F) << 24)) % w
+            i = r * w + col
+            if signed and stream[o + 3] & 0x80:
+                a[i] = a[i] - weight
+            else:
+                a[i] = a[i] + weight
+
+    def update_many(self, items, weights=None):
+        """Batch update: clip each event, then hash each distinct item once.
+
+        Equal to ``for x, v in zip(items, weights): update(x, v)`` (the
+        sketch is linear), and much faster on skewed streams because the
+        SHA-256 is paid once per distinct item, not once per event.
+        """
+        agg = {}
+        if weights is None:
+            get = agg.get
+            for x in items:
+                agg[x] = get(x, 0) + 1
+        else:
+            c = self.clip
+            for x, v in zip(items, weights):
+                if v > c:
+                    v = c
+                elif v < -c:
+                    v = -c
+                agg[x] = agg.get(x, 0) + v
+        prefix = self.prefix
+        d = self.d
+        for x in agg:
+            v = agg[x]
+            if v:
+                self.add_stream(hashing.digest(prefix, x, d), v)
+        agg.clear()
+
+    def merge(self, other):
+        """Add another sketch with identical parameters (linearity)."""
+        if (other.kind, other.d, other.w, other.prefix) != (self.kind, self.d, self.w, self.prefix):
+            raise ValueError("cannot merge sketches with different kind, shape or salt")
+        a = self.counters
+        b = other.counters
+        for i in range(len(a)):
+            v = a[i] + b[i]
+            if v > INT32_MAX or v < INT32_MIN:
+                raise OverflowError("merge overflows int32 at cell %d" % i)
+            a[i] = v
+
+    # -- queries (Algorithm 2) -----------------------------------------
+    def row_estimates(self, item):
+        s = hashing.digest(self.prefix, item, self.d)
+        out = []
+        for r in range(self.d):
+            col = hashing.row_value(s, r) % self.w
+            v = self.counters[r * self.w + col]
+            if self.signed:
+                v *= hashing.row_sign(s, r)
+            out.append(v)
+        return out
+
+    def estimate(self, item):
+        """Raw (un-offset) estimate: min for Count-Min, median for CountSketch."""
+        rows = self.row_estimates(item)
+        if not self.signed:
+            return min(rows)
+        rows.sort()
+        n = len(rows)
+        if n & 1:
+            return rows[n // 2]
+        return (rows[n // 2 - 1] + rows[n // 2]) / 2

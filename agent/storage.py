@@ -1,0 +1,201 @@
+"""Crash-safe files on a Pi's disk or a board's flash: outbox, state, marker.
+
+Layout of a state directory::
+
+    outbox/<seq:010d>.cbor   releases waiting for a broker ack (final bytes)
+    outbox/<seq:010d>.tmp    a release being committed (see Recorder.release)
+    state.bin                the noisy sketch state (only ever noisy)
+    released                 "<seq> <elo> <ehi> <part>" of the last release
+
+Every file is written to ``<name>.new`` and renamed over the old one, so a
+power cut leaves either the old or the new version. On filesystems whose
+rename refuses to replace (FAT), the old file is removed first and a
+leftover ``.new`` is recovered at load time.
+"""
+
+import hashlib
+import os
+import struct
+
+try:
+    _fsync = os.fsync
+except AttributeError:  # MicroPython: flush+close is what we have
+    _fsync = None
+
+
+def join(a, b):
+    return a + "/" + b
+
+
+def exists(path):
+    try:
+        os.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+def makedirs(path):
+    cur = ""
+    for part in path.split("/"):
+        if not part:
+            cur = "/" if not cur else cur
+            continue
+        cur = part if cur == "" else (cur + part if cur.endswith("/") else cur + "/" + part)
+        if not exists(cur):
+            os.mkdir(cur)
+
+
+def remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def write_atomic(path, chunks):
+    """Write an iterable of byte chunks (or a function taking ``write``) atomically."""
+    tmp = path + ".new"
+    f = open(tmp, "wb")
+    try:
+        if callable(chunks):
+            chunks(f.write)
+        else:
+            for c in chunks:
+                f.write(c)
+        f.flush()
+        if _fsync is not None:
+            _fsync(f.fileno())
+    except BaseException:
+        f.close()
+        remove(tmp)
+        raise
+    f.close()
+    rename(tmp, path)
+
+
+def rename(src, dst):
+    try:
+        os.rename(src, dst)
+    except OSError:
+        # FAT-style filesystems refuse to rename over an existing file.
+        remove(dst)
+        os.rename(src, dst)
+
+
+def read(path):
+    f = open(path, "rb")
+    try:
+        return f.read()
+    finally:
+        f.close()
+
+
+def recover(path):
+    """Finish an interrupted write_atomic: keep ``path`` or adopt ``path.new``."""
+    if not exists(path) and exists(path + ".new"):
+        os.rename(path + ".new", path)
+
+
+class Outbox:
+    """Releases on flash, oldest first, each kept byte-for-byte until acked."""
+
+    def __init__(self, root):
+        self.dir = join(root, "outbox")
+        makedirs(self.dir)
+
+    def path(self, seq, ext=".cbor"):
+        return join(self.dir, "%010d%s" % (seq, ext))
+
+    def _seqs(self, ext):
+        out = []
+        for name in os.listdir(self.dir):
+            if name.endswith(ext) and len(name) == 10 + len(ext):
+                out.append(int(name[:10]))
+        out.sort()
+        return out
+
+    def pending(self):
+        """Sequence numbers ready to publish, in order."""
+        return self._seqs(".cbor")
+
+    def uncommitted(self):
+        return self._seqs(".tmp")
+
+    def read(self, seq):
+        return read(self.path(seq))
+
+    def ack(self, seq):
+        """The broker has the release: forget it."""
+        remove(self.path(seq))
+
+
+STATE_MAGIC = b"PSKS"
+STATE_VERSION = 1
+# magic, version, pad, fingerprint(8), seq, elo, ehi, part, ncells
+_HDR = "<4sB3x8sIqqII"
+_HDR_LEN = struct.calcsize(_HDR)
+
+
+class StateError(Exception):
+    pass
+
+
+def write_state(path, fingerprint, seq, elo, ehi, part, counters):
+    """Persist the (noisy) state: header, raw int32 counters, SHA-256 trailer."""
+    hdr = struct.pack(_HDR, STATE_MAGIC, STATE_VERSION, fingerprint, seq, elo, ehi, part, len(counters))
+    h = hashlib.sha256(hdr)
+    h.update(counters)
+
+    def body(write):
+        write(hdr)
+        write(counters)
+        write(h.digest())
+
+    write_atomic(path, body)
+
+
+def read_state(path, fingerprint, counters):
+    """Load a state file into ``counters``; returns (seq, elo, ehi, part) or None.
+
+    Raises StateError if the file is corrupt or was made with other params.
+    """
+    recover(path)
+    if not exists(path):
+        return None
+    data = read(path)
+    if len(data) < _HDR_LEN + 32:
+        raise StateError("state file %s is truncated" % path)
+    magic, ver, fp, seq, elo, ehi, part, n = struct.unpack_from(_HDR, data, 0)
+    if magic != STATE_MAGIC or ver != STATE_VERSION:
+        raise StateError("state file %s has an unknown format" % path)
+    if n != len(counters) or len(data) != _HDR_LEN + 4 * n + 32:
+        raise StateError("state file %s does not match the sketch shape" % path)
+    if hashlib.sha256(data[: _HDR_LEN + 4 * n]).digest() != data[_HDR_LEN + 4 * n :]:
+        raise StateError("state file %s fails its checksum" % path)
+    if fp != fingerprint:
+        raise StateError(
+            "state file %s was written with different parameters; "
+            "restore the old config or move the directory away" % path
+        )
+    mv = memoryview(data)
+    b = mv[_HDR_LEN : _HDR_LEN + 4 * n]
+    for i in range(n):
+        o = 4 * i
+        counters[i] = struct.unpack_from("<i", b, o)[0]
+    return (seq, elo, ehi, part)
+
+
+def write_marker(path, seq, elo, ehi, part):
+    write_atomic(path, [("%d %d %d %d\n" % (seq, elo, ehi, part)).encode()])
+
+
+def read_marker(path):
+    """(seq, elo, ehi, part) of the last committed release, or None."""
+    recover(path)
+    if not exists(path):
+        return None
+    parts = read(path).decode().split()
+    if len(parts) != 4:
+        raise StateError("marker %s is corrupt" % path)
+    return (int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]))
