@@ -1,0 +1,1 @@
+"""pansketch host tools: aggregator, store, estimators, query CLI, reproductions."""

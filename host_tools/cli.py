@@ -1,0 +1,60 @@
+"""``pansketch`` command: one entry point, one module per subcommand.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)``
+which registers its arguments and sets ``func`` (called with the parsed
+namespace, returning an exit code). Modules are imported lazily so that a
+missing optional dependency (e.g. matplotlib for ``repro``) only affects
+its own subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module path (module must define add_parser(subparsers))
+SUBCOMMANDS: dict[str, str] = {
+    "aggregate": "host_tools.aggregator",
+    "status": "host_tools.status",
+    "query": "host_tools.query",
+    "demo": "host_tools.demo",
+    "repro": "host_tools.repro.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pansketch",
+        description="Host tools for pansketch: aggregate noisy sketch releases from MQTT, "
+        "inspect the privacy ledger, query frequencies with error bars, run the demo "
+        "and the paper reproductions.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, modname in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError as exc:  # keep the other subcommands usable
+            p = sub.add_parser(name, help="(unavailable: %s)" % exc)
+            p.set_defaults(func=lambda _a, _e=exc, _n=name: _unavailable(_n, _e))
+            continue
+        mod.add_parser(sub)
+    return parser
+
+
+def _unavailable(name: str, exc: Exception) -> int:
+    print("pansketch %s: unavailable: %s" % (name, exc), file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
