@@ -73,12 +73,14 @@ def available() -> bool:
 
 
 def run(code: str | list[str], heap: int = 128 * 1024, flash: Path | str | None = None,
-        timeout: float = 600) -> MPResult:
+        timeout: float = 600, mounts: dict[str, Path | str] | None = None) -> MPResult:
     """Run ``code`` (one step or a list of steps) in a fresh VM.
 
     ``heap`` is the initial GC heap in bytes. Execution stops at the first
     step that raises (``ok`` False, ``error`` set); /flash is mirrored back
-    either way.
+    either way. ``mounts`` maps extra guest dirs to host dirs copied in
+    (e.g. ``{"/src/fakes": tests_dir / "mpfakes"}``; put the guest dir on
+    ``sys.path`` yourself if modules there must shadow built-ins).
     """
     steps = [code] if isinstance(code, str) else list(code)
     with tempfile.TemporaryDirectory() as td:
@@ -86,7 +88,8 @@ def run(code: str | list[str], heap: int = 128 * 1024, flash: Path | str | None 
         job.write_text(json.dumps({
             "steps": [PRELUDE + steps[0]] + steps[1:],
             "heapsize": heap,
-            "src": [[str(REPO / "agent"), "/src/agent"], [str(REPO / "firmware"), "/src/firmware"]],
+            "src": [[str(REPO / "agent"), "/src/agent"], [str(REPO / "firmware"), "/src/firmware"]]
+            + [[str(h), g] for g, h in (mounts or {}).items()],
             "flash": str(flash) if flash is not None else None,
         }))
         proc = subprocess.run(["node", str(DRIVER), str(job)], capture_output=True, text=True,
