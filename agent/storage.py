@@ -169,11 +169,11 @@ def read_state(path, fingerprint, counters):
     magic, ver, fp, seq, elo, ehi, part, n = struct.unpack_from(_HDR, data, 0)
     if magic != STATE_MAGIC or ver != STATE_VERSION:
         raise StateError("state file %s has an unknown format" % path)
-    if n != len(counters) or len(data) != _HDR_LEN + 4 * n + 32:
-        raise StateError("state file %s does not match the sketch shape" % path)
+    if len(data) != _HDR_LEN + 4 * n + 32:
+        raise StateError("state file %s is truncated" % path)
     if hashlib.sha256(data[: _HDR_LEN + 4 * n]).digest() != data[_HDR_LEN + 4 * n :]:
         raise StateError("state file %s fails its checksum" % path)
-    if fp != fingerprint:
+    if fp != fingerprint or n != len(counters):
         raise StateError(
             "state file %s was written with different parameters; "
             "restore the old config or move the directory away" % path
