@@ -1,0 +1,125 @@
+"""The device core inside a real MicroPython VM (WebAssembly port under node).
+
+* hash columns/signs and noise draws are bit-identical to CPython;
+* a keep-mode CountSketch (d=4, w=1024) processes 10,000 events into
+  releases with the live heap under 128 KiB, and its outbox and state files
+  are byte-identical to the same run on CPython;
+* the counter update allocates nothing; the full per-event path allocates
+  only the hash's transient objects (a constant, reported).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.params import Params
+from agent.recorder import Recorder
+from agent.rng import DeterministicSource, Rng
+from agent import hashing
+from agent.noise import NoiseSpec
+from tests import mpvm
+
+pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
+
+HEAP = 128 * 1024
+T0 = 200_000 * 3600
+CFG = {"device": "pico-7", "salt": "fleet-salt-1", "kind": "cs", "d": 4, "w": 1024,
+       "mode": "keep", "window_s": 3600, "epoch_s": 600, "mechanism": "dgauss", "budget": "1/2"}
+ITEMS = ["item-%04d" % (i * 7919 % 200) for i in range(10_000)]  # 200 distinct, ~9 bytes
+CHUNK = 500
+MIXED = ["abc", "é-ü", "", b"\x00\xff", b"", 0, -1, 2**40, -(2**70) + 3, "x" * 40]
+
+
+def test_hashing_and_noise_identical_on_both_vms():
+    code = """
+from agent import hashing
+from agent.noise import NoiseSpec
+from agent.rng import Rng, DeterministicSource
+items = %r
+for d in (4, 9):
+    p = hashing.salt_prefix("fleet-salt-1")
+    print("@cols%%d %%r" %% (d, [hashing.columns(p, x, d, 1000) for x in items]))
+rng = Rng(DeterministicSource(b"seed"))
+for mech, n, m in (("dlap", 1, 2), ("dlap", 8, 1), ("dgauss", 4, 1), ("dgauss", 1000, 7)):
+    s = NoiseSpec(mech, n, m)
+    print("@%%s-%%d-%%d %%r" %% (mech, n, m, [s.sample(rng) for _ in range(200)]))
+""" % (MIXED,)
+    r = mpvm.run(code, heap=HEAP).check()
+    got = r.values()
+    for d in (4, 9):
+        p = hashing.salt_prefix("fleet-salt-1")
+        assert got["cols%d" % d] == repr([hashing.columns(p, x, d, 1000) for x in MIXED])
+    rng = Rng(DeterministicSource(b"seed"))
+    for mech, n, m in (("dlap", 1, 2), ("dlap", 8, 1), ("dgauss", 4, 1), ("dgauss", 1000, 7)):
+        s = NoiseSpec(mech, n, m)
+        assert got["%s-%d-%d" % (mech, n, m)] == repr([s.sample(rng) for _ in range(200)])
+
+
+def _cpython_run(root):
+    rec = Recorder(Params(CFG), str(root), T0, rng=Rng(DeterministicSource(b"dev-seed")), log=lambda m: None)
+    for k in range(len(ITEMS) // CHUNK):
+        for x in ITEMS[k * CHUNK:(k + 1) * CHUNK]:
+            rec.add(x)
+        rec.tick(T0 + k * 180)
+    rec.tick(T0 + 3600)
+
+
+def test_keep_mode_10k_events_in_128k_heap_identical_to_cpython(tmp_path):
+    setup = """
+import gc
+from agent.params import Params
+from agent.recorder import Recorder
+from agent.rng import Rng, DeterministicSource
+CFG = %r
+NAMES = ["item-%%04d" %% j for j in range(200)]
+rec = Recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"dev-seed")), log=lambda m: None)
+def step(k):
+    for i in range(k * %d, (k + 1) * %d):
+        rec.add(NAMES[i * 7919 %% 200])
+    rec.tick(%d + k * 180)
+""" % (CFG, T0, CHUNK, CHUNK, T0)
+    steps = [setup] + ["step(%d)" % k for k in range(len(ITEMS) // CHUNK)] + ["rec.tick(%d)" % (T0 + 3600)]
+    mp_root = tmp_path / "mp"
+    r = mpvm.run(steps, heap=HEAP, flash=mp_root).check()
+    assert r.peak_live <= HEAP, "live heap %d exceeds 128 KiB" % r.peak_live
+    cp_root = tmp_path / "cp"
+    _cpython_run(cp_root)
+    mp_files = sorted(p.relative_to(mp_root / "dev") for p in (mp_root / "dev").rglob("*") if p.is_file())
+    cp_files = sorted(p.relative_to(cp_root) for p in cp_root.rglob("*") if p.is_file())
+    assert mp_files == cp_files
+    outbox = [f for f in cp_files if str(f).startswith("outbox/")]
+    assert len(outbox) == 6  # one release per 10-minute epoch of the hour
+    for f in cp_files:
+        assert (mp_root / "dev" / f).read_bytes() == (cp_root / f).read_bytes(), f
+    (tmp_path / "heap.json").write_text(json.dumps({"peak_live": r.peak_live, "live": r.live}))
+
+
+def test_counter_update_allocates_nothing_and_hashing_a_constant():
+    code = """
+import gc
+from agent.sketch import Sketch
+from agent import hashing
+s = Sketch("cs", 4, 1024, hashing.salt_prefix("fleet-salt-1"))
+stream = hashing.digest(s.prefix, "warm-up", 4)
+items = ["item-%04d" % i for i in range(200)]
+def upd(n):
+    a = gc.mem_alloc()
+    for i in range(n):
+        s.add_stream(stream, 1)
+    return gc.mem_alloc() - a
+def full(n):
+    a = gc.mem_alloc()
+    for i in range(n):
+        s.update(items[i % 200])
+    return gc.mem_alloc() - a
+upd(10); full(10)
+print("@upd", upd(1000))
+print("@full", full(1000))
+"""
+    r = mpvm.run(code, heap=HEAP).check()
+    v = r.values()
+    assert int(v["upd"]) == 0
+    per_event = int(v["full"]) / 1000
+    assert 0 < per_event < 512  # sha256 object + digest + canonical bytes, nothing that grows
