@@ -1,0 +1,23 @@
+# pansketch: the two commands of the README, and their setup.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: setup demo test bench clean
+
+# Python packages (editable install with test extras) and the MicroPython
+# WebAssembly VM used by the device tests (npm, pinned in tests/mpnode).
+setup:
+	$(PIP) install -q -e ".[test,repro]"
+	cd tests/mpnode && npm install --no-audit --no-fund --silent
+
+demo: setup
+	pansketch demo
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+bench: setup
+	$(PYTHON) -m host_tools.bench_core
+
+clean:
+	rm -rf bench-results .pytest_cache

@@ -1,0 +1,178 @@
+"""Benchmark of the device core; writes bench-results/core.json.
+
+    python -m host_tools.bench_core [--events N] [--out DIR] [--no-mp]
+
+CPython: events/second of the per-event and batch update paths for
+Count-Min and CountSketch (d=4, w=2048, ~16-byte string items from a Zipf
+stream), printed as ratios against a plain-Python dict counter and
+``collections.Counter`` measured in the same process on the same stream;
+also the numpy host path (host_tools.fasthash). Release size and encode time
+for d=4, w=1024. MicroPython (WebAssembly port under node, see tests/mpvm.py):
+time per event, bytes allocated per event, the live heap high-water mark
+for a d=4, w=1024 keep-mode recorder, and the time to draw the noise.
+Figures, not assertions: nothing here fails on a slow machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agent import hashing, release
+from agent.params import Params
+from agent.rng import DeterministicSource, Rng
+from agent.sketch import Sketch, new_counters
+
+SALT = "bench-fleet-salt"
+
+
+def zipf_items(n: int, universe: int = 100_000, s: float = 1.1, seed: int = 1) -> list[str]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ranks = rng.zipf(s, size=n)
+    ranks = ranks[ranks <= universe]
+    while len(ranks) < n:
+        extra = rng.zipf(s, size=n)
+        ranks = np.concatenate([ranks, extra[extra <= universe]])
+    return ["device-%09d" % int(r) for r in ranks[:n]]  # 16 bytes each
+
+
+def best_of(fn: Callable[[], Any], repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_cpython(n: int) -> dict[str, Any]:
+    items = zipf_items(n)
+    prefix = hashing.salt_prefix(SALT)
+    res: dict[str, Any] = {"events": n, "distinct": len(set(items)), "d": 4, "w": 2048, "item_bytes": 16}
+
+    def dict_counter() -> None:
+        c: dict[str, int] = {}
+        for x in items:
+            c[x] = c.get(x, 0) + 1
+
+    res["dict_counter_eps"] = n / best_of(dict_counter)
+    res["collections_counter_eps"] = n / best_of(lambda: collections.Counter(items))
+    for kind in ("cms", "cs"):
+        def per_event() -> None:
+            s = Sketch(kind, 4, 2048, prefix)
+            for x in items:
+                s.update(x)
+
+        def batch() -> None:
+            Sketch(kind, 4, 2048, prefix).update_many(items)
+
+        res[kind + "_per_event_eps"] = n / best_of(per_event, 1)
+        res[kind + "_batch_eps"] = n / best_of(batch)
+    try:
+        from host_tools import fasthash
+
+        res["numpy_host_eps"] = n / best_of(lambda: fasthash.sketch_counts(items, None, "cs", 4, 2048, SALT))
+    except ImportError:  # numpy missing: not a device requirement
+        pass
+    p = Params({"device": "bench-1", "salt": SALT, "d": 4, "w": 1024, "mode": "keep", "epoch_s": 600})
+    ctr = new_counters(4 * 1024)
+    blob = release.encode(p, 0, 1000, 1001, 0, ctr)
+    res["release_bytes_d4_w1024"] = len(blob)
+    res["release_encode_ms"] = 1000 * best_of(lambda: release.encode(p, 0, 1000, 1001, 0, ctr), 5)
+    rng = Rng(DeterministicSource(b"bench"))
+    cells = 4096
+    res["noise_draw_us_per_cell_cpython"] = 1e6 * best_of(lambda: [p.noise.sample(rng) for _ in range(cells)], 1) / cells
+    return res
+
+
+MP_SETUP = """
+import gc, time
+from agent.params import Params
+from agent.recorder import Recorder
+from agent.rng import Rng, DeterministicSource
+from agent import release
+P = Params({"device": "bench-1", "salt": %r, "d": 4, "w": 1024, "mode": "keep", "window_s": 3600, "epoch_s": 600})
+t = time.ticks_us()
+rec = Recorder(P, "/flash/dev", %d, rng=Rng(DeterministicSource(b"bench")), log=lambda m: None)
+print("@open_us", time.ticks_diff(time.ticks_us(), t))
+NAMES = ["device-%%09d" %% j for j in range(200)]
+def step(k, n):
+    a = gc.mem_alloc()
+    t = time.ticks_us()
+    for i in range(n):
+        rec.add(NAMES[(i * 7919 + k) %% 200])
+    dt = time.ticks_diff(time.ticks_us(), t)
+    print("@step %%d %%d %%d" %% (k, dt, gc.mem_alloc() - a))
+    rec.tick(%d + k * 180)
+"""
+
+
+def bench_micropython(events: int = 10_000, chunk: int = 500) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests import mpvm
+
+    if not mpvm.available():
+        return {"skipped": "MicroPython VM not installed (make setup)"}
+    t0 = 200_000 * 3600
+    steps = [MP_SETUP % (SALT, t0, t0)] + ["step(%d, %d)" % (k, chunk) for k in range(events // chunk)]
+    steps.append("t = time.ticks_us(); rec.tick(%d); print('@release_us', time.ticks_diff(time.ticks_us(), t))" % (t0 + 3600))
+    with tempfile.TemporaryDirectory() as td:
+        r = mpvm.run(steps, heap=128 * 1024, flash=td).check()
+    us = alloc = 0
+    for line in r.stdout.splitlines():
+        if line.startswith("@step"):
+            _, _k, dt, a = line.split()
+            us += int(dt)
+            alloc += int(a)
+    v = r.values()
+    return {
+        "vm": "MicroPython 1.27 WebAssembly port (node)",
+        "config": "cs d=4 w=1024 keep, 10-min epochs",
+        "events": events,
+        "us_per_event": us / events,
+        "bytes_allocated_per_event": alloc / events,
+        "live_heap_high_water_bytes": r.peak_live,
+        "open_with_internal_noise_ms": int(v["open_us"]) / 1000,
+        "release_with_output_noise_ms": int(v["release_us"]) / 1000,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=200_000, help="CPython stream length (default 200000)")
+    ap.add_argument("--out", default="bench-results", help="directory for core.json (default bench-results)")
+    ap.add_argument("--no-mp", action="store_true", help="skip the MicroPython VM measurements")
+    a = ap.parse_args(argv)
+    print("CPython: %d Zipf events ..." % a.events, flush=True)
+    res: dict[str, Any] = {"cpython": bench_cpython(a.events)}
+    c = res["cpython"]
+    base = c["dict_counter_eps"]
+    print("  %-28s %12s %10s" % ("path", "events/s", "vs dict"))
+    for key in ("dict_counter_eps", "collections_counter_eps", "cms_per_event_eps", "cms_batch_eps",
+                "cs_per_event_eps", "cs_batch_eps", "numpy_host_eps"):
+        if key in c:
+            print("  %-28s %12.0f %9.3fx" % (key[:-4], c[key], c[key] / base))
+    print("  release d=4 w=1024: %d bytes, encode %.2f ms" % (c["release_bytes_d4_w1024"], c["release_encode_ms"]))
+    if not a.no_mp:
+        print("MicroPython VM: 10000 events, d=4 w=1024 keep ...", flush=True)
+        res["micropython"] = bench_micropython()
+        for k, v in res["micropython"].items():
+            print("  %s: %s" % (k, v))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "core.json").write_text(json.dumps(res, indent=2))
+    print("wrote", out / "core.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
