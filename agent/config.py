@@ -1,0 +1,342 @@
+"""Agent configuration: one TOML file -> validated settings (docs/AGENT.md).
+
+CPython only (tomllib / tomli, dataclasses, typing): this module is part of
+the Raspberry Pi daemon, **not** of the MicroPython device core. Boards read
+their parameters from JSON in firmware/ and validate them with the same
+:class:`agent.params.Params`.
+
+Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key
+(``privacy.budget``), so the daemon can print one line naming it::
+
+    pansketch-agent: config error: privacy.budget: must be positive
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+try:  # Python >= 3.11
+    import tomllib as _toml
+except ImportError:  # pragma: no cover - Python 3.10
+    import tomli as _toml  # type: ignore[no-redef]
+
+from agent.params import ParamError, Params
+
+# TOML section.key -> agent.params.Params key
+PARAM_KEYS: dict[str, str] = {
+    "device.id": "device",
+    "device.salt": "salt",
+    "sketch.kind": "kind",
+    "sketch.d": "d",
+    "sketch.w": "w",
+    "sketch.clip": "clip",
+    "privacy.mode": "mode",
+    "privacy.window_s": "window_s",
+    "privacy.epoch_s": "epoch_s",
+    "privacy.mechanism": "mechanism",
+    "privacy.budget": "budget",
+    "storage.persist_s": "persist_s",
+}
+PARAM_TO_TOML: dict[str, str] = {v: k for k, v in PARAM_KEYS.items()}
+
+BROKER_KEYS = (
+    "host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
+    "password_file", "keepalive", "topic_prefix", "reconnect_min_s", "reconnect_max_s",
+)
+SOURCE_KEYS = (
+    "type", "path", "follow", "from_start", "host", "port", "topic", "field", "weight_field",
+    "username", "password", "password_file", "tls_ca", "tls_cert", "tls_key", "qos",
+)
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "broker": BROKER_KEYS,
+    "device": ("id", "salt"),
+    "sketch": ("kind", "d", "w", "clip"),
+    "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s"),
+    "storage": ("dir", "persist_s"),
+    "source": SOURCE_KEYS,
+}
+SOURCE_TYPES = ("stdin", "file", "mqtt")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``key`` is the dotted TOML key."""
+
+    def __init__(self, key: str, msg: str) -> None:
+        ValueError.__init__(self, "%s: %s" % (key, msg) if key else msg)
+        self.key = key
+        self.msg = msg
+
+
+@dataclass
+class TLSConfig:
+    ca: Optional[str] = None
+    cert: Optional[str] = None
+    key: Optional[str] = None
+
+
+@dataclass
+class BrokerConfig:
+    """The upstream broker releases go to."""
+
+    host: str = "localhost"
+    port: int = 1883
+    tls: Optional[TLSConfig] = None
+    username: Optional[str] = None
+    password: Optional[str] = None
+    keepalive: int = 60
+    topic_prefix: str = "pansketch"
+    reconnect_min_s: float = 1.0
+    reconnect_max_s: float = 60.0
+
+
+@dataclass
+class SourceConfig:
+    """Where events come from."""
+
+    type: str = "stdin"
+    path: Optional[str] = None  # file
+    follow: bool = True  # file: keep reading appended lines (tail -F)
+    from_start: bool = False  # file + follow: read existing lines first
+    host: str = "localhost"  # mqtt (the *local* broker of the raw readings)
+    port: int = 1883
+    topic: Optional[str] = None
+    field: str = "payload"  # dotted path into {"topic": ..., "payload": ...}
+    weight_field: Optional[str] = None
+    username: Optional[str] = None
+    password: Optional[str] = None
+    tls: Optional[TLSConfig] = None
+    qos: int = 0
+
+
+@dataclass
+class AgentConfig:
+    params: Params
+    broker: BrokerConfig
+    source: SourceConfig
+    state_dir: str
+    path: Optional[str] = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return self.params.device
+
+    def topic(self, leaf: str) -> str:
+        return "%s/%s/%s" % (self.broker.topic_prefix, self.params.device, leaf)
+
+
+# -- helpers ---------------------------------------------------------------
+def _get(sec: dict[str, Any], secname: str, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
+    v = sec.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) and typ is not bool and (not isinstance(typ, tuple) or bool not in typ):
+        raise ConfigError("%s.%s" % (secname, key), "must be %s, got a boolean" % _tname(typ))
+    if not isinstance(v, typ):
+        raise ConfigError("%s.%s" % (secname, key), "must be %s, got %r" % (_tname(typ), v))
+    return v
+
+
+def _tname(typ: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
+    if isinstance(typ, tuple):
+        return " or ".join(names.get(t, t.__name__) for t in typ)
+    return names.get(typ, typ.__name__)
+
+
+def _port(sec: dict[str, Any], secname: str, default: int) -> int:
+    p = _get(sec, secname, "port", int, default)
+    if not 1 <= p <= 65535:
+        raise ConfigError(secname + ".port", "must be between 1 and 65535, got %d" % p)
+    return p
+
+
+def _path(base: str, p: Optional[str]) -> Optional[str]:
+    if p is None:
+        return None
+    p = os.path.expanduser(p)
+    return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+
+
+def _tls(sec: dict[str, Any], secname: str, base: str) -> Optional[TLSConfig]:
+    ca = _path(base, _get(sec, secname, "tls_ca", str, None))
+    cert = _path(base, _get(sec, secname, "tls_cert", str, None))
+    key = _path(base, _get(sec, secname, "tls_key", str, None))
+    on = _get(sec, secname, "tls", bool, None) if "tls" in sec else None
+    if (cert is None) != (key is None):
+        raise ConfigError(secname + (".tls_key" if key is None else ".tls_cert"),
+                          "tls_cert and tls_key go together (client certificate and its key)")
+    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
+        if p is not None and not os.path.isfile(p):
+            raise ConfigError("%s.%s" % (secname, k), "file not found: %s" % p)
+    if on is False:
+        if ca or cert:
+            raise ConfigError(secname + ".tls", "is false but tls_ca/tls_cert are set")
+        return None
+    if on or ca or cert:
+        return TLSConfig(ca, cert, key)
+    return None
+
+
+def _password(sec: dict[str, Any], secname: str, base: str) -> Optional[str]:
+    pw = _get(sec, secname, "password", str, None)
+    pf = _path(base, _get(sec, secname, "password_file", str, None))
+    if pw is not None and pf is not None:
+        raise ConfigError(secname + ".password_file", "give either password or password_file, not both")
+    if pf is not None:
+        try:
+            with open(pf, encoding="utf-8") as f:
+                pw = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(secname + ".password_file", "cannot read %s: %s" % (pf, exc.strerror))
+    return pw
+
+
+def _seconds(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
+    v = _get(sec, secname, key, (int, float), default)
+    if v <= 0:
+        raise ConfigError("%s.%s" % (secname, key), "must be positive")
+    return float(v)
+
+
+def field_path(spec: str, key: str) -> list[str]:
+    """Split and check a JSON field path such as ``payload.mac`` or ``payload.devs.0``."""
+    parts = spec.split(".")
+    if parts[0] not in ("payload", "topic") or any(not p for p in parts):
+        raise ConfigError(key, "must be a dotted path starting with 'payload' (the message's JSON) "
+                               "or 'topic', e.g. 'payload.mac', got %r" % (spec,))
+    if parts[0] == "topic" and len(parts) > 2:
+        raise ConfigError(key, "'topic' may only be followed by a level index, e.g. 'topic.1'")
+    return parts
+
+
+# -- loading ---------------------------------------------------------------
+def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> AgentConfig:
+    """Parse and validate a config given as TOML text."""
+    try:
+        raw = _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise ConfigError("", "not valid TOML: %s" % exc)
+    return from_dict(raw, base_dir, path)
+
+
+def load(path: str) -> AgentConfig:
+    """Read and validate an agent config file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError("", "cannot read %s: %s" % (path, exc.strerror or exc))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("", "%s is not UTF-8 text" % path)
+    return loads(text, os.path.dirname(os.path.abspath(path)), path)
+
+
+def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = None) -> AgentConfig:
+    for secname, sec in raw.items():
+        if secname not in SECTIONS:
+            raise ConfigError(secname, "unknown section (known: %s)" % ", ".join("[%s]" % s for s in SECTIONS))
+        if not isinstance(sec, dict):
+            raise ConfigError(secname, "must be a table ([%s])" % secname)
+        for key in sec:
+            if key not in SECTIONS[secname]:
+                raise ConfigError("%s.%s" % (secname, key),
+                                  "unknown key (known in [%s]: %s)" % (secname, ", ".join(SECTIONS[secname])))
+
+    def sec(name: str) -> dict[str, Any]:
+        return raw.get(name, {})
+
+    # device parameters: mapped onto agent.params.Params, which names the bad key
+    pcfg: dict[str, Any] = {}
+    for tkey, pkey in PARAM_KEYS.items():
+        s, k = tkey.split(".")
+        if k in sec(s):
+            pcfg[pkey] = sec(s)[k]
+    if "device" not in pcfg:
+        raise ConfigError("device.id", "is required (a name unique in the fleet, e.g. 'pi-kitchen')")
+    if "salt" not in pcfg:
+        raise ConfigError("device.salt", "is required (the fleet's shared hash salt, same on every device)")
+    if isinstance(pcfg.get("budget"), float):
+        raise ConfigError("privacy.budget", "write it as a string such as \"1/2\" or \"0.5\" "
+                                            "(TOML floats are inexact; the noise path is exact)")
+    try:
+        params = Params(pcfg)
+    except ParamError as exc:
+        key = PARAM_TO_TOML.get(exc.key, exc.key)
+        msg = str(exc)
+        prefix = exc.key + ": "
+        raise ConfigError(key, msg[len(prefix):] if msg.startswith(prefix) else msg)
+
+    # storage
+    st = sec("storage")
+    sdir = _get(st, "storage", "dir", str, None)
+    if not sdir:
+        raise ConfigError("storage.dir", "is required (a directory for the outbox and the noisy state, "
+                                         "e.g. '/var/lib/pansketch')")
+    state_dir = _path(base_dir, sdir) or sdir
+
+    # broker
+    b = sec("broker")
+    tls = _tls(b, "broker", base_dir)
+    broker = BrokerConfig(
+        host=_get(b, "broker", "host", str, "localhost"),
+        port=_port(b, "broker", 8883 if tls else 1883),
+        tls=tls,
+        username=_get(b, "broker", "username", str, None),
+        password=_password(b, "broker", base_dir),
+        keepalive=_get(b, "broker", "keepalive", int, 60),
+        topic_prefix=_get(b, "broker", "topic_prefix", str, "pansketch"),
+        reconnect_min_s=_seconds(b, "broker", "reconnect_min_s", 1.0),
+        reconnect_max_s=_seconds(b, "broker", "reconnect_max_s", 60.0),
+    )
+    if not 5 <= broker.keepalive <= 65535:
+        raise ConfigError("broker.keepalive", "must be between 5 and 65535 seconds")
+    if broker.reconnect_max_s < broker.reconnect_min_s:
+        raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
+    if not broker.topic_prefix or any(c in broker.topic_prefix for c in "+#") or broker.topic_prefix.endswith("/"):
+        raise ConfigError("broker.topic_prefix", "must be a plain topic prefix without wildcards")
+    if broker.password is not None and broker.username is None:
+        raise ConfigError("broker.username", "is required when a password is set")
+
+    # source
+    s = sec("source")
+    stype = _get(s, "source", "type", str, "stdin")
+    if stype not in SOURCE_TYPES:
+        raise ConfigError("source.type", "must be one of %s, got %r" % (", ".join(SOURCE_TYPES), stype))
+    allowed = {"stdin": ("type",),
+               "file": ("type", "path", "follow", "from_start"),
+               "mqtt": ("type", "host", "port", "topic", "field", "weight_field", "username", "password",
+                        "password_file", "tls_ca", "tls_cert", "tls_key", "qos")}[stype]
+    for k in s:
+        if k not in allowed:
+            raise ConfigError("source." + k, "does not apply to source.type = %r" % stype)
+    source = SourceConfig(type=stype)
+    if stype == "file":
+        p = _get(s, "source", "path", str, None)
+        if not p:
+            raise ConfigError("source.path", "is required for source.type = 'file'")
+        source.path = _path(base_dir, p)
+        source.follow = _get(s, "source", "follow", bool, True)
+        source.from_start = _get(s, "source", "from_start", bool, not source.follow)
+    elif stype == "mqtt":
+        source.host = _get(s, "source", "host", str, "localhost")
+        source.tls = _tls(s, "source", base_dir)
+        source.port = _port(s, "source", 8883 if source.tls else 1883)
+        source.topic = _get(s, "source", "topic", str, None)
+        if not source.topic:
+            raise ConfigError("source.topic", "is required for source.type = 'mqtt' (e.g. 'tele/+/SENSOR')")
+        source.field = _get(s, "source", "field", str, "payload")
+        field_path(source.field, "source.field")
+        source.weight_field = _get(s, "source", "weight_field", str, None)
+        if source.weight_field is not None:
+            field_path(source.weight_field, "source.weight_field")
+        source.username = _get(s, "source", "username", str, None)
+        source.password = _password(s, "source", base_dir)
+        source.qos = _get(s, "source", "qos", int, 0)
+        if source.qos not in (0, 1):
+            raise ConfigError("source.qos", "must be 0 or 1")
+    return AgentConfig(params=params, broker=broker, source=source, state_dir=state_dir, path=path, raw=raw)

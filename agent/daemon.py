@@ -1,0 +1,299 @@
+"""``pansketch-agent``: the Raspberry Pi daemon (source -> Recorder -> outbox -> MQTT).
+
+CPython only (argparse, threads, paho-mqtt): **not** part of the MicroPython
+device core. The counting, noise and crash-safe commit protocol are the
+device core's (agent.recorder, DESIGN.md "Release modes"); this module only
+wires a source, the clock and the publisher around it.
+
+Commands::
+
+    pansketch-agent run   --config FILE   # long-running daemon
+    pansketch-agent feed  --config FILE   # events on stdin, deliver, exit
+    pansketch-agent check --config FILE   # validate, print noise and guarantee
+
+Exit codes: 0 success, 1 could not deliver within --timeout (releases stay in
+the outbox and go out with the next run), 2 configuration error (one line
+naming the key), 3 other runtime errors (state directory unusable, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+PROG = "pansketch-agent"
+EXIT_OK, EXIT_UNDELIVERED, EXIT_CONFIG, EXIT_RUNTIME = 0, 1, 2, 3
+SEED_ENV = "PANSKETCH_INSECURE_SEED"
+
+
+class Clock:
+    """UTC seconds; optionally shifted/scaled for tests and the demo.
+
+    ``start`` pins the time at start-up, ``speed`` scales its progress
+    (0 freezes it). Only release timing depends on the clock, never noise.
+    """
+
+    def __init__(self, start: Optional[float] = None, speed: float = 1.0) -> None:
+        self.start = start
+        self.speed = speed
+        self.t0 = time.time() if start is None else start
+        self.m0 = time.monotonic()
+        self.real = start is None and speed == 1.0
+
+    def now(self) -> int:
+        if self.real:
+            return int(time.time())
+        return int(self.t0 + (time.monotonic() - self.m0) * self.speed)
+
+    def seconds(self, real: float) -> float:
+        """Simulated seconds -> real seconds to wait (>= 0.05)."""
+        if self.speed <= 0:
+            return 1.0
+        return max(0.05, real / self.speed)
+
+
+def _logger(device: str, quiet: bool = False) -> Callable[[str], None]:
+    lock = threading.Lock()
+
+    def log(msg: str) -> None:
+        if quiet:
+            return
+        with lock:
+            sys.stderr.write("%s[%s]: %s\n" % (PROG, device, msg))
+            sys.stderr.flush()
+
+    return log
+
+
+def _die(code: int, msg: str) -> int:
+    sys.stderr.write("%s: %s\n" % (PROG, msg))
+    sys.stderr.flush()
+    return code
+
+
+def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
+    from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
+
+    seed = args.insecure_seed or os.environ.get(SEED_ENV)
+    if seed:
+        log("WARNING: --insecure-seed / %s is set: noise is DETERMINISTIC and gives NO privacy. "
+            "For tests and reproductions only." % SEED_ENV)
+        return Rng(DeterministicSource(seed))
+    try:
+        return Rng(SystemSource())
+    except NoEntropyError as exc:
+        raise SystemExit(_die(EXIT_RUNTIME, "refusing to start: %s" % exc))
+
+
+class Agent:
+    """One agent process: config, recorder, source queue, publisher, clock."""
+
+    def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None) -> None:
+        from agent.publisher import Publisher
+        from agent.recorder import Recorder
+        from agent.sources import make_source
+
+        self.cfg = cfg
+        self.args = args
+        self.log = _logger(cfg.device, args.quiet)
+        self.clock = Clock(args.clock_start, args.clock_speed)
+        rng = _make_rng(args, self.log)
+        self.rec = Recorder(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log)
+        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=64)
+        scfg = cfg.source
+        if source_type is not None and source_type != scfg.type:
+            from agent.config import SourceConfig
+
+            scfg = SourceConfig(type=source_type)
+        self.source = make_source(scfg, self.q, self.log, cfg.device + "-source")
+        self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
+        self.stopping = threading.Event()
+
+    def boundary(self) -> int:
+        return self.rec.ehi * self.cfg.params.epoch_s
+
+    def tick(self) -> None:
+        if self.rec.tick(self.clock.now()):
+            self.pub.wake()
+
+    def pump(self) -> bool:
+        """Count events and tick the clock until stopped (False) or end of input (True)."""
+        from agent.sources import EOF
+
+        tick_real = self.clock.seconds(1.0)
+        next_tick = time.monotonic()
+        while not self.stopping.is_set():
+            wait = next_tick - time.monotonic()
+            try:
+                batch = self.q.get(timeout=wait) if wait > 0 else self.q.get_nowait()
+            except queue.Empty:
+                batch = ()
+            if batch is EOF:
+                return True
+            if batch:
+                if self.clock.now() >= self.boundary():
+                    self.tick()  # events after an epoch end belong to the next epoch
+                items, weights = batch
+                try:
+                    self.rec.add_many(items, weights)
+                except OverflowError as exc:
+                    self.log("event batch partly dropped: %s" % exc)
+                del items, weights, batch
+            if time.monotonic() >= next_tick:
+                self.tick()
+                next_tick = max(next_tick + tick_real, time.monotonic())
+        return False
+
+    def main(self, finite_timeout: Optional[float]) -> int:
+        def on_signal(signum: int, frame: Any) -> None:
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        p = self.cfg.params
+        pending = len(self.rec.outbox.pending())
+        self.log("device %s: %s sketch d=%d w=%d, mode %s, window %d s, epoch %d s, %s budget %d/%d; "
+                 "%d release(s) waiting in the outbox; broker %s:%d%s"
+                 % (p.device, p.kind, p.d, p.w, p.mode, p.window_s, p.epoch_s, p.mechanism, p.budget[0],
+                    p.budget[1], pending, self.cfg.broker.host, self.cfg.broker.port,
+                    " (TLS)" if self.cfg.broker.tls else ""))
+        self.pub.start()
+        self.source.start()
+        ended = self.pump()
+        code = EXIT_OK
+        if ended:
+            self.rec.flush(self.clock.now())  # end of a batch input (DESIGN.md: may close early)
+            self.pub.wake()
+            n = len(self.rec.outbox.pending())
+            ok = self.pub.wait_delivered(finite_timeout)
+            if not ok:
+                left = len(self.rec.outbox.pending())
+                why = self.pub.last_error or ("not connected" if not self.pub.connected else "no acknowledgement")
+                self.log("could not deliver %d of %d release(s) within %g s (%s) to %s:%d; they stay in %s "
+                         "and go out with the next run or feed"
+                         % (left, n, finite_timeout or 0, why, self.cfg.broker.host, self.cfg.broker.port,
+                            self.rec.outbox.dir))
+                code = EXIT_UNDELIVERED
+            else:
+                self.log("all releases delivered (last seq %s)" % (self.pub.last_acked,))
+        else:
+            self.rec.persist(self.clock.now())
+            self.log("stopping; noisy state saved, %d release(s) waiting in the outbox"
+                     % len(self.rec.outbox.pending()))
+        self.source.stop()
+        self.pub.stop()
+        return code
+
+
+def _load(path: str) -> Any:
+    from agent.config import ConfigError, load
+
+    try:
+        return load(path)
+    except ConfigError as exc:
+        raise SystemExit(_die(EXIT_CONFIG, "config error: %s" % exc))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from agent import calibrate, release
+    from agent.sketch import new_counters
+
+    cfg = _load(args.config)
+    p = cfg.params
+    name, g = calibrate.guarantee(p.noise, p.d, p.clip, p.arrays)
+    size = len(release.encode(p, 0, 0, 1, 0, new_counters(p.d * p.w)))
+    print("config %s is valid" % args.config)
+    print("device      %s" % p.device)
+    print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.d * p.w))
+    print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))
+    what = "discrete Gaussian sigma^2" if p.noise.mech == "dgauss" else "discrete Laplace scale t"
+    print("noise       %s = %s per cell, drawn twice (internal + output)"
+          % (what, calibrate.ratio_str((p.noise.num, p.noise.den))))
+    print("guarantee   %s = %s per window against all releases plus one intrusion"
+          % (name, calibrate.ratio_str(g)))
+    print("release     %d bytes to %s" % (size, cfg.topic("release")))
+    print("broker      %s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else ""))
+    print("source      %s" % cfg.source.type)
+    print("state dir   %s" % cfg.state_dir)
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
+    from agent.storage import StateError
+
+    cfg = _load(args.config)
+    try:
+        agent = Agent(cfg, args, "stdin" if feed else None)
+    except StateError as exc:
+        return _die(EXIT_RUNTIME, "state error: %s" % exc)
+    except OSError as exc:
+        return _die(EXIT_RUNTIME, "cannot use state directory %s: %s" % (cfg.state_dir, exc))
+    timeout = args.timeout if args.timeout and args.timeout > 0 else None
+    return agent.main(timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="pansketch device agent: count events into a pan-private noisy sketch and publish only "
+        "noisy releases (CBOR, MQTT QoS 1) at clock-aligned window/epoch boundaries. The config file "
+        "format is documented in docs/AGENT.md; see examples/agent.toml.",
+        epilog="Exit codes: 0 ok, 1 releases not delivered within --timeout (they stay in the outbox), "
+        "2 configuration error, 3 runtime error.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, timeout: float) -> None:
+        p.add_argument("--config", "-c", required=True, metavar="FILE", help="agent TOML config (docs/AGENT.md)")
+        p.add_argument("--timeout", type=float, default=timeout, metavar="SECONDS",
+                       help="at end of a finite input, how long to wait for the broker to acknowledge every "
+                       "release (0 = forever; default %(default)s)")
+        p.add_argument("--quiet", "-q", action="store_true", help="no log lines on stderr")
+        t = p.add_argument_group("testing and demos only")
+        t.add_argument("--clock-start", type=float, metavar="UTC_SECONDS",
+                       help="pretend the UTC clock reads this at start-up")
+        t.add_argument("--clock-speed", type=float, default=1.0, metavar="X",
+                       help="run the clock X times as fast (0 freezes it); windows close sooner")
+        t.add_argument("--insecure-seed", metavar="SEED",
+                       help="deterministic noise from SEED (also env %s): NO PRIVACY, for tests only" % SEED_ENV)
+
+    p = sub.add_parser("run", help="run the daemon with the configured event source",
+                       description="Run the agent: read events from [source], release at every window/epoch "
+                       "boundary of the UTC clock, publish the outbox in order. A finite source (stdin, file "
+                       "with follow = false) releases what it counted at its end and exits once delivered. "
+                       "SIGTERM saves the noisy state and exits.")
+    common(p, 0.0)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("feed", help="count events from stdin, release at the end, wait for delivery",
+                       description="Read events from standard input (one item per line, optional TAB and "
+                       "integer weight), release at window/epoch boundaries and at end of input, wait until "
+                       "the broker acknowledged every release, exit 0. Exit 1 if that takes longer than "
+                       "--timeout; nothing is lost, the releases stay in the outbox.")
+    common(p, 60.0)
+    p.set_defaults(func=lambda a: cmd_run(a, feed=True))
+    p = sub.add_parser("check", help="validate a config and print the noise, guarantee and release size")
+    p.add_argument("--config", "-c", required=True, metavar="FILE")
+    p.set_defaults(func=cmd_check)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_CONFIG
+    try:
+        return int(args.func(args) or 0)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Publisher: drain the outbox to the upstream broker, in order, over MQTT.
+
+CPython only (paho-mqtt 2.x, threads): **not** part of the MicroPython
+device core; boards use umqtt in firmware/.
+
+Protocol (DESIGN.md "Safety rules", issue 3 "Publishing"):
+
+* paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``), MQTT v5, client id =
+  device id, optional TLS (CA / client certificate) and username/password;
+* releases go to ``<prefix>/<device>/release`` with QoS 1, not retained,
+  strictly one at a time in sequence order: publish seq N, wait for the
+  broker's PUBACK, then ``outbox.ack(N)`` (the file is deleted only now),
+  then N+1. A broker that refuses a release (MQTT v5 reason code, e.g.
+  "Not authorized" from an ACL) leaves it in the outbox and is retried
+  with backoff, so a misconfiguration loses nothing;
+* the bytes sent are the outbox file's bytes, never re-encoded, so a retry
+  after a reconnect or a restart is byte-for-byte the same release (no
+  noise is re-drawn; the host stores it idempotently);
+* reconnects use paho's capped exponential backoff
+  (``reconnect_delay_set(reconnect_min_s, reconnect_max_s)``); a message in
+  flight when the connection drops is re-sent by paho after reconnecting;
+* ``<prefix>/<device>/status`` carries a retained JSON status, and the last
+  will (retained) is ``{"state":"offline"}``. The status holds only
+  data-independent facts: sequence numbers, outbox length, parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.properties import Properties
+from paho.mqtt.packettypes import PacketTypes
+
+from agent.config import AgentConfig, BrokerConfig
+from agent.storage import Outbox
+
+OFFLINE = b'{"state":"offline"}'
+
+
+class Publisher:
+    """Background thread that delivers ``outbox`` releases to the broker."""
+
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        device: str,
+        outbox: Outbox,
+        log: Callable[[str], None],
+        status_info: Optional[dict[str, Any]] = None,
+        clock: Callable[[], float] = time.time,
+        ack_timeout: float = 30.0,
+    ) -> None:
+        self.broker = broker
+        self.device = device
+        self.outbox = outbox
+        self.log = log
+        self.status_info = dict(status_info or {})
+        self.clock = clock
+        self.ack_timeout = ack_timeout
+        self.release_topic = "%s/%s/release" % (broker.topic_prefix, device)
+        self.status_topic = "%s/%s/status" % (broker.topic_prefix, device)
+        self._cond = threading.Condition()
+        self._acks: dict[int, Any] = {}
+        self._connected = False
+        self._generation = 0  # bumps on each successful connection
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.last_acked: Optional[int] = None
+        self.last_error: Optional[str] = None
+        self._fail_logged = -1e9
+        self.client = self._make_client()
+
+    @classmethod
+    def from_config(cls, cfg: AgentConfig, outbox: Outbox, log: Callable[[str], None],
+                    clock: Callable[[], float] = time.time) -> "Publisher":
+        p = cfg.params
+        info = {
+            "mode": p.mode, "kind": p.kind, "d": p.d, "w": p.w, "win_s": p.window_s, "ep_s": p.epoch_s,
+            "mech": p.mechanism, "budget": "%d/%d" % p.budget,
+        }
+        return cls(cfg.broker, p.device, outbox, log, info, clock)
+
+    # -- paho plumbing ---------------------------------------------------
+    def _make_client(self) -> mqtt.Client:
+        b = self.broker
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=mqtt.MQTTv5)
+        if b.username is not None:
+            c.username_pw_set(b.username, b.password)
+        if b.tls is not None:
+            c.tls_set(ca_certs=b.tls.ca, certfile=b.tls.cert, keyfile=b.tls.key)
+        c.will_set(self.status_topic, OFFLINE, qos=1, retain=True)
+        c.reconnect_delay_set(max(1, int(round(b.reconnect_min_s))), max(1, int(round(b.reconnect_max_s))))
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_publish = self._on_publish
+        c.on_connect_fail = self._on_connect_fail
+        return c
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        self.last_error = "cannot connect to %s:%d" % (self.broker.host, self.broker.port)
+        now = time.monotonic()
+        if now - self._fail_logged >= 60:
+            self._fail_logged = now
+            self.log("cannot connect to broker %s:%d; retrying with backoff (up to %g s apart)"
+                     % (self.broker.host, self.broker.port, self.broker.reconnect_max_s))
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        if rc.is_failure:
+            self.last_error = "broker refused the connection: %s" % rc
+            self.log("broker %s:%d refused the connection: %s (retrying with backoff)"
+                     % (self.broker.host, self.broker.port, rc))
+            return
+        with self._cond:
+            self._connected = True
+            self._generation += 1
+            self._cond.notify_all()
+        self.last_error = None
+        self._fail_logged = -1e9
+        self.log("connected to %s:%d" % (self.broker.host, self.broker.port))
+        self._wake.set()
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        with self._cond:
+            was = self._connected
+            self._connected = False
+            self._cond.notify_all()
+        if was and not self._stop.is_set():
+            self.last_error = "disconnected: %s" % rc
+            self.log("disconnected from broker (%s); reconnecting with backoff" % rc)
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any = None) -> None:
+        with self._cond:
+            self._acks[mid] = rc
+            self._cond.notify_all()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        b = self.broker
+        self.client.connect_async(b.host, b.port, keepalive=b.keepalive)
+        self.client.loop_start()
+        self._thread = threading.Thread(target=self._main, name="publisher", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """A new release is in the outbox."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Say offline (retained), disconnect, stop the threads. The outbox stays."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._connected:
+            try:
+                info = self.client.publish(self.status_topic, OFFLINE, qos=1, retain=True)
+                self._wait_mid(info.mid, min(timeout, 2.0), ignore_stop=True)
+            except Exception:
+                pass
+        try:
+            self.client.disconnect()
+        except Exception:
+            pass
+        self.client.loop_stop()
+
+    def wait_delivered(self, timeout: Optional[float]) -> bool:
+        """Block until the outbox is empty (every release acknowledged)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wake.set()
+        while self.outbox.pending():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    # -- drain loop ------------------------------------------------------
+    def _wait_mid(self, mid: int, timeout: float, ignore_stop: bool = False) -> Any:
+        """The PUBACK reason code for ``mid``; None on timeout or stop."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while mid not in self._acks:
+                if not ignore_stop and self._stop.is_set():
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.25))
+            return self._acks.pop(mid)
+
+    def _wait_connected(self) -> Optional[int]:
+        with self._cond:
+            while not self._connected and not self._stop.is_set():
+                self._cond.wait(0.25)
+            return self._generation if self._connected else None
+
+    def _send(self, topic: str, payload: bytes, retain: bool = False) -> tuple[bool, str]:
+        """Publish QoS 1 and wait for PUBACK across reconnects. (ok, reason)."""
+        props = None
+        if not retain:
+            props = Properties(PacketTypes.PUBLISH)
+            props.PayloadFormatIndicator = 0
+            props.ContentType = "application/cbor"
+        info = self.client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        # paho keeps QoS 1 messages queued over a disconnect and re-sends them
+        # after reconnecting, so we keep waiting on the same mid.
+        start = time.monotonic()
+        while not self._stop.is_set():
+            rc = self._wait_mid(info.mid, 1.0)
+            if rc is not None:
+                if getattr(rc, "is_failure", False):
+                    return False, str(rc)
+                return True, "ok"
+            if self._connected and time.monotonic() - start > self.ack_timeout:
+                return False, "no PUBACK within %d s" % self.ack_timeout
+        return False, "stopping"
+
+    def status(self, state: str = "online") -> bytes:
+        pend = self.outbox.pending()
+        doc = {
+            "state": state,
+            "dev": self.device,
+            "ts": int(self.clock()),
+            "acked_seq": self.last_acked,
+            "pending": len(pend),
+        }
+        doc.update(self.status_info)
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    def _main(self) -> None:
+        backoff = self.broker.reconnect_min_s
+        status_gen = -1
+        status_dirty = True
+        while not self._stop.is_set():
+            gen = self._wait_connected()
+            if gen is None:
+                break
+            if gen != status_gen or status_dirty:
+                ok, why = self._send(self.status_topic, self.status(), retain=True)
+                if ok:
+                    status_gen, status_dirty = gen, False
+            refused = False
+            for seq in self.outbox.pending():
+                if self._stop.is_set() or not self._connected:
+                    break
+                try:
+                    data = self.outbox.read(seq)
+                except OSError as exc:
+                    self.log("cannot read release %d from the outbox: %s" % (seq, exc))
+                    refused = True
+                    break
+                ok, why = self._send(self.release_topic, data)
+                if ok:
+                    self.outbox.ack(seq)
+                    self.last_acked = seq
+                    status_dirty = True
+                    backoff = self.broker.reconnect_min_s
+                    continue
+                if why != "stopping":
+                    self.last_error = "release %d not accepted: %s" % (seq, why)
+                    self.log("broker did not accept release %d (%s); it stays in the outbox, retry in %.0f s"
+                             % (seq, why, backoff))
+                    refused = True
+                break
+            if refused:
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.broker.reconnect_max_s)
+                continue
+            if status_dirty and self._connected and not self.outbox.pending():
+                ok, _ = self._send(self.status_topic, self.status(), retain=True)
+                if ok:
+                    status_dirty = False
+            self._wake.wait(5.0)
+            self._wake.clear()

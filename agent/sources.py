@@ -1,0 +1,400 @@
+"""Event sources of the Pi daemon: stdin, a followed file, a local MQTT topic.
+
+CPython only (threads, paho-mqtt, json): **not** part of the MicroPython
+device core.
+
+A source runs in its own thread and hands *batches* to the daemon through a
+bounded queue: ``(items, weights)`` where ``weights`` is None when every
+event has weight 1, and :data:`EOF` when a finite input ended. Only the
+daemon's main thread touches the Recorder. A batch holds raw events for
+the few milliseconds until it is counted into the noisy sketch; nothing
+else keeps them, and sources keep no counters (DESIGN.md: an intruder
+reading memory must not learn exact counts).
+
+Line format (stdin and file): one item per line, UTF-8 text (invalid bytes
+become U+FFFD), optionally followed by a TAB and an integer weight; the
+last TAB separates the weight. Empty lines are ignored. Lines with a bad
+weight are skipped with a rate-limited warning that does not echo the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, Union
+
+from agent.config import SourceConfig, field_path
+
+EOF = None  # end-of-input marker put on the queue
+Batch = tuple[list[Any], Optional[list[int]]]
+QueueItem = Union[Batch, None]
+
+READ_CHUNK = 1 << 16
+
+
+class Warner:
+    """Rate-limited warnings (at most one per ``every`` seconds per kind)."""
+
+    def __init__(self, log: Callable[[str], None], every: float = 60.0) -> None:
+        self.log = log
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def __call__(self, kind: str, msg: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is None or now - last >= self.every:
+            self._last[kind] = now
+            self.log(msg + " (similar warnings are suppressed for %d s)" % self.every)
+
+
+def parse_lines(data: bytes, warn: Warner) -> Batch:
+    """Parse complete lines (``data`` ends at a line boundary) into a batch."""
+    text = data.decode("utf-8", "replace")
+    if "\t" not in text:
+        items: list[Any] = [x[:-1] if x.endswith("\r") else x for x in text.split("\n")]
+        return [x for x in items if x], None
+    items = []
+    weights: list[int] = []
+    for line in text.split("\n"):
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line:
+            continue
+        if "\t" in line:
+            item, ws = line.rsplit("\t", 1)
+            try:
+                wv = int(ws.strip())
+            except ValueError:
+                warn("weight", "skipped an input line: the text after its last TAB is not an integer weight")
+                continue
+        else:
+            item, wv = line, 1
+        items.append(item)
+        weights.append(wv)
+    return items, weights
+
+
+class Source:
+    """Base: a thread feeding batches into ``q``."""
+
+    finite = False
+
+    def __init__(self, q: "queue.Queue[QueueItem]", log: Callable[[str], None]) -> None:
+        self.q = q
+        self.log = log
+        self.warn = Warner(log)
+        self.stopping = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._main, name=type(self).__name__, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _main(self) -> None:
+        try:
+            self.run()
+        except Exception as exc:  # report and end the input rather than die silently
+            self.log("event source failed: %s: %s" % (type(exc).__name__, exc))
+            if self.finite:
+                self.q.put(EOF)
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def put(self, batch: Batch) -> None:
+        if batch[0]:
+            self.q.put(batch)
+
+
+class FdLineReader:
+    """Split raw reads from a file descriptor into complete-line chunks."""
+
+    def __init__(self) -> None:
+        self.rest = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.rest + data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self.rest = buf
+            return b""
+        self.rest = buf[cut + 1:]
+        return buf[: cut + 1]
+
+    def tail(self) -> bytes:
+        out, self.rest = self.rest, b""
+        return out
+
+
+class StdinSource(Source):
+    """Standard input until EOF (``feed``, or ``run`` with source.type = 'stdin')."""
+
+    finite = True
+
+    def __init__(self, q: "queue.Queue[QueueItem]", log: Callable[[str], None], fd: Optional[int] = None) -> None:
+        Source.__init__(self, q, log)
+        self.fd = sys.stdin.fileno() if fd is None else fd
+
+    def run(self) -> None:
+        rd = FdLineReader()
+        while not self.stopping.is_set():
+            data = os.read(self.fd, READ_CHUNK)  # returns what is available: no batching delay
+            if not data:
+                break
+            chunk = rd.feed(data)
+            if chunk:
+                self.put(parse_lines(chunk, self.warn))
+        tail = rd.tail()
+        if tail:
+            self.put(parse_lines(tail, self.warn))
+        self.q.put(EOF)
+
+
+class FileSource(Source):
+    """A file, read once or followed like ``tail -F`` (rotation and truncation aware).
+
+    Following starts at the end of the file unless ``from_start``; the read
+    position is not persisted (it would be an event count), so lines
+    written while the agent is stopped are not counted.
+    """
+
+    POLL_S = 0.2
+
+    def __init__(self, q: "queue.Queue[QueueItem]", log: Callable[[str], None], cfg: SourceConfig) -> None:
+        Source.__init__(self, q, log)
+        assert cfg.path is not None
+        self.path = cfg.path
+        self.follow = cfg.follow
+        self.from_start = cfg.from_start
+        self.finite = not cfg.follow
+
+    def _open(self, at_end: bool) -> Optional[tuple[int, os.stat_result]]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            self.warn("open", "cannot open %s: %s; retrying" % (self.path, exc.strerror))
+            return None
+        st = os.fstat(fd)
+        if at_end:
+            os.lseek(fd, 0, os.SEEK_END)
+        return fd, st
+
+    def run(self) -> None:
+        if not self.follow:
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except OSError as exc:
+                self.log("cannot open %s: %s" % (self.path, exc.strerror))
+                self.q.put(EOF)
+                return
+            rd = FdLineReader()
+            try:
+                while not self.stopping.is_set():
+                    data = os.read(fd, READ_CHUNK)
+                    if not data:
+                        break
+                    chunk = rd.feed(data)
+                    if chunk:
+                        self.put(parse_lines(chunk, self.warn))
+            finally:
+                os.close(fd)
+            tail = rd.tail()
+            if tail:
+                self.put(parse_lines(tail, self.warn))
+            self.q.put(EOF)
+            return
+        opened = None
+        first = True
+        while opened is None and not self.stopping.is_set():
+            opened = self._open(at_end=first and not self.from_start)
+            if opened is None:
+                first = False  # a file that appears later is read from its start
+                self.stopping.wait(self.POLL_S * 5)
+        if opened is None:
+            return
+        fd, st = opened
+        rd = FdLineReader()
+        pos = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            while not self.stopping.is_set():
+                data = os.read(fd, READ_CHUNK)
+                if data:
+                    pos += len(data)
+                    chunk = rd.feed(data)
+                    if chunk:
+                        self.put(parse_lines(chunk, self.warn))
+                    continue
+                # at EOF: rotated (new inode) or truncated?
+                try:
+                    cur = os.stat(self.path)
+                except OSError:
+                    cur = None
+                if cur is not None and (cur.st_ino != st.st_ino or cur.st_dev != st.st_dev):
+                    rest = rd.tail()
+                    if rest:
+                        self.put(parse_lines(rest, self.warn))
+                    os.close(fd)
+                    reopened = self._open(at_end=False)
+                    while reopened is None and not self.stopping.is_set():
+                        self.stopping.wait(self.POLL_S)
+                        reopened = self._open(at_end=False)
+                    if reopened is None:
+                        return
+                    fd, st = reopened
+                    pos = 0
+                    continue
+                if cur is not None and cur.st_size < pos:
+                    self.log("%s was truncated; reading it from the start" % self.path)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    pos = 0
+                    rd.tail()
+                    continue
+                self.stopping.wait(self.POLL_S)
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def extract(obj: dict[str, Any], path: list[str]) -> Any:
+    """Follow a field path (from :func:`agent.config.field_path`); KeyError if absent."""
+    cur: Any = obj
+    for i, p in enumerate(path):
+        if i == 1 and path[0] == "topic":
+            levels = cur.split("/")
+            try:
+                return levels[int(p)]
+            except (ValueError, IndexError):
+                raise KeyError(p)
+        if isinstance(cur, dict):
+            cur = cur[p]
+        elif isinstance(cur, list):
+            try:
+                cur = cur[int(p)]
+            except (ValueError, IndexError):
+                raise KeyError(p)
+        else:
+            raise KeyError(p)
+    return cur
+
+
+def as_item(v: Any) -> Optional[str]:
+    """JSON value -> item text (numbers as their decimal text); None if unusable."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else repr(v)
+    return None
+
+
+class MqttSource(Source):
+    """Raw readings from a *local* MQTT broker (Tasmota / Zigbee2MQTT style).
+
+    Each message on ``topic`` becomes the object ``{"topic": t, "payload": p}``
+    (p = the JSON-decoded payload, or its text if it is not JSON); ``field``
+    selects the item (a JSON list gives one event per element) and
+    ``weight_field`` the optional integer weight. Messages without the field
+    are ignored: such brokers also carry state, LWT and other traffic.
+    """
+
+    def __init__(self, q: "queue.Queue[QueueItem]", log: Callable[[str], None], cfg: SourceConfig, client_id: str) -> None:
+        Source.__init__(self, q, log)
+        self.cfg = cfg
+        self.client_id = client_id
+        self.fpath = field_path(cfg.field, "source.field")
+        self.wpath = field_path(cfg.weight_field, "source.weight_field") if cfg.weight_field else None
+        self.client: Any = None
+
+    def handle(self, topic: str, payload: bytes) -> Optional[Batch]:
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            self.warn("utf8", "ignored a message on %s that is not UTF-8" % topic)
+            return None
+        try:
+            body: Any = json.loads(text)
+        except ValueError:
+            body = text
+        obj = {"topic": topic, "payload": body}
+        try:
+            v = extract(obj, self.fpath)
+        except (KeyError, TypeError):
+            return None
+        w = 1
+        if self.wpath is not None:
+            try:
+                wv = extract(obj, self.wpath)
+            except (KeyError, TypeError):
+                wv = None
+            if isinstance(wv, float) and wv.is_integer():
+                wv = int(wv)
+            if isinstance(wv, bool) or not isinstance(wv, int):
+                self.warn("weight", "ignored a message on %s: %s is not an integer" % (topic, self.cfg.weight_field))
+                return None
+            w = wv
+        vals = v if isinstance(v, list) else [v]
+        items = []
+        for x in vals:
+            it = as_item(x)
+            if it is None:
+                self.warn("item", "ignored a value of %s on %s that is not text or a number" % (self.cfg.field, topic))
+                continue
+            items.append(it)
+        if not items:
+            return None
+        return items, (None if w == 1 else [w] * len(items))
+
+    def run(self) -> None:
+        import paho.mqtt.client as mqtt
+
+        cfg = self.cfg
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id)
+        if cfg.username:
+            c.username_pw_set(cfg.username, cfg.password)
+        if cfg.tls is not None:
+            c.tls_set(ca_certs=cfg.tls.ca, certfile=cfg.tls.cert, keyfile=cfg.tls.key)
+        c.reconnect_delay_set(1, 30)
+
+        def on_connect(client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+            if rc.is_failure:
+                self.warn("connect", "local broker %s:%d refused the source connection: %s" % (cfg.host, cfg.port, rc))
+                return
+            client.subscribe(cfg.topic, qos=cfg.qos)
+            self.log("source subscribed to %s on %s:%d" % (cfg.topic, cfg.host, cfg.port))
+
+        def on_message(client: Any, userdata: Any, msg: Any) -> None:
+            b = self.handle(msg.topic, msg.payload)
+            if b is not None:
+                self.q.put(b)
+
+        c.on_connect = on_connect
+        c.on_message = on_message
+        self.client = c
+        c.connect_async(cfg.host, cfg.port, keepalive=60)
+        c.loop_start()
+        self.stopping.wait()
+        c.disconnect()
+        c.loop_stop()
+
+
+def make_source(cfg: SourceConfig, q: "queue.Queue[QueueItem]", log: Callable[[str], None], client_id: str) -> Source:
+    if cfg.type == "stdin":
+        return StdinSource(q, log)
+    if cfg.type == "file":
+        return FileSource(q, log, cfg)
+    if cfg.type == "mqtt":
+        return MqttSource(q, log, cfg, client_id)
+    raise ValueError("unknown source type %r" % cfg.type)
