@@ -215,7 +215,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     what = "discrete Gaussian sigma^2" if p.noise.mech == "dgauss" else "discrete Laplace scale t"
     print("noise       %s = %s per cell, drawn twice (internal + output)"
           % (what, calibrate.ratio_str((p.noise.num, p.noise.den))))
-    print("guarantee   %s = %s per window against all releases plus one intrusion"
+    print("guarantee   %s = %s for each event, against all releases plus one intrusion (docs/PRIVACY.md)"
           % (name, calibrate.ratio_str(g)))
     print("release     %d bytes to %s" % (size, cfg.topic("release")))
     print("broker      %s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else ""))

@@ -1,0 +1,147 @@
+"""Event sources: line parsing, stdin pipes, followed files (rotation), MQTT field paths."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+
+import pytest
+
+from agent.config import ConfigError, SourceConfig, field_path
+from agent.sources import EOF, FileSource, MqttSource, StdinSource, Warner, extract, parse_lines
+
+
+def collect(q: "queue.Queue", until_eof: bool = True, timeout: float = 5.0, want: int | None = None):
+    items, weights = [], []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            b = q.get(timeout=0.05)
+        except queue.Empty:
+            if want is not None and len(items) >= want:
+                break
+            continue
+        if b is EOF:
+            return items, weights, True
+        its, ws = b
+        items += its
+        weights += ws if ws is not None else [1] * len(its)
+        if not until_eof and want is not None and len(items) >= want:
+            break
+    return items, weights, False
+
+
+def test_parse_lines_items_weights_and_bad_lines():
+    logged = []
+    warn = Warner(logged.append)
+    items, weights = parse_lines(b"a\nb\r\n\nc d\n", warn)
+    assert items == ["a", "b", "c d"] and weights is None
+    items, weights = parse_lines(b"a\t3\nb\nx\ty\t-2\nbad\tw\nz\t 7 \n", warn)
+    assert items == ["a", "b", "x\ty", "z"]
+    assert weights == [3, 1, -2, 7]
+    assert len(logged) == 1 and "bad" not in logged[0], "warnings must not echo the event"
+    parse_lines(b"bad\tw\n", warn)
+    assert len(logged) == 1, "warnings are rate limited"
+    items, _ = parse_lines("caf\u00e9\n".encode() + b"\xff\xfe\n", warn)
+    assert items == ["caf\u00e9", "\ufffd\ufffd"]
+
+
+def test_stdin_source_joins_lines_split_across_reads():
+    r, w = os.pipe()
+    q: "queue.Queue" = queue.Queue()
+    src = StdinSource(q, lambda m: None, fd=r)
+    src.start()
+    os.write(w, b"alp")
+    time.sleep(0.05)
+    os.write(w, b"ha\nbe")
+    time.sleep(0.05)
+    os.write(w, b"ta\t2\ngamma")  # last line without newline still counts at EOF
+    os.close(w)
+    items, weights, eof = collect(q)
+    os.close(r)
+    assert eof
+    assert items == ["alpha", "beta", "gamma"] and weights == [1, 2, 1]
+
+
+def test_file_source_once(tmp_path):
+    p = tmp_path / "ev.txt"
+    p.write_text("a\nb\nc\n")
+    q: "queue.Queue" = queue.Queue()
+    src = FileSource(q, lambda m: None, SourceConfig(type="file", path=str(p), follow=False))
+    assert src.finite
+    src.start()
+    items, _, eof = collect(q)
+    assert eof and items == ["a", "b", "c"]
+
+
+def test_file_source_follows_appends_rotation_and_truncation(tmp_path):
+    p = tmp_path / "ev.log"
+    p.write_text("old1\nold2\n")  # present before start: not counted (tail -F semantics)
+    q: "queue.Queue" = queue.Queue()
+    logs: list[str] = []
+    src = FileSource(q, logs.append, SourceConfig(type="file", path=str(p), follow=True, from_start=False))
+    src.POLL_S = 0.02
+    src.start()
+    time.sleep(0.2)
+    with open(p, "a") as f:
+        f.write("n1\nn2\n")
+    items, _, _ = collect(q, until_eof=False, want=2, timeout=3)
+    assert items == ["n1", "n2"]
+    # rotation: logrotate moves the file away and creates a new one
+    with open(p, "a") as f:
+        f.write("n3\n")
+    time.sleep(0.1)
+    os.rename(p, tmp_path / "ev.log.1")
+    p.write_text("r1\nr2\n")
+    items, _, _ = collect(q, until_eof=False, want=3, timeout=3)
+    assert items == ["n3", "r1", "r2"]
+    # truncation in place (copytruncate)
+    time.sleep(0.1)
+    with open(p, "w") as f:
+        f.write("t\n")
+    items, _, _ = collect(q, until_eof=False, want=1, timeout=3)
+    assert items == ["t"]
+    src.stop()
+    assert not any("old" in m for m in logs)
+
+
+@pytest.mark.parametrize(
+    "spec,expect",
+    [
+        ("payload.mac", ["aa:bb"]),
+        ("payload.BLE.0.mac", ["11:22"]),
+        ("payload.list", ["x", "7"]),
+        ("topic.1", ["sensor-3"]),
+        ("payload.n", ["42"]),
+    ],
+)
+def test_mqtt_field_paths(spec, expect):
+    q: "queue.Queue" = queue.Queue()
+    src = MqttSource(q, lambda m: None, SourceConfig(type="mqtt", topic="tele/+/SENSOR", field=spec), "c")
+    payload = b'{"mac": "aa:bb", "BLE": [{"mac": "11:22"}], "list": ["x", 7], "n": 42.0}'
+    items, weights = src.handle("tele/sensor-3/SENSOR", payload)
+    assert items == expect and weights is None
+
+
+def test_mqtt_weight_field_missing_field_and_raw_payload():
+    logs: list[str] = []
+    q: "queue.Queue" = queue.Queue()
+    src = MqttSource(q, logs.append, SourceConfig(type="mqtt", topic="t", field="payload.id",
+                                                  weight_field="payload.n"), "c")
+    assert src.handle("t", b'{"id": "a", "n": 3}') == (["a"], [3])
+    assert src.handle("t", b'{"other": 1}') is None  # other traffic (state, LWT) is ignored silently
+    assert logs == []
+    assert src.handle("t", b'{"id": "a", "n": "three"}') is None
+    assert len(logs) == 1 and "not an integer" in logs[0]
+    raw = MqttSource(q, logs.append, SourceConfig(type="mqtt", topic="t", field="payload"), "c")
+    assert raw.handle("t", b"ON") == (["ON"], None)  # not JSON: the text itself
+
+
+def test_field_path_validation():
+    assert field_path("payload.a.0", "k") == ["payload", "a", "0"]
+    for bad in ("mac", "payload..a", "topic.1.2", ""):
+        with pytest.raises(ConfigError):
+            field_path(bad, "source.field")
+    with pytest.raises(KeyError):
+        extract({"topic": "a/b", "payload": {}}, ["payload", "x"])
