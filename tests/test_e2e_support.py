@@ -1,0 +1,222 @@
+"""Helpers for the agent and end-to-end tests (no tests of its own beyond a smoke check).
+
+Real parts only: a real mosquitto (tests/broker.py's fixture when present),
+the real ``pansketch-agent`` as a subprocess, real paho clients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SALT = "e2e-fleet-salt"
+
+
+def mosquitto_path() -> Optional[str]:
+    for p in (shutil.which("mosquitto"), "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"):
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+needs_mosquitto = pytest.mark.skipif(mosquitto_path() is None, reason="mosquitto is not installed (.ci/run installs it)")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+try:  # the host helper's fixture, shared by all broker tests
+    from tests.broker import start_mosquitto  # type: ignore
+except ImportError:  # pragma: no cover - until tests/broker.py exists
+
+    class _Mosq:
+        def __init__(self, tmpdir: str, port: Optional[int], conf_extra: str) -> None:
+            self.tmpdir = str(tmpdir)
+            self.port = port or free_port()
+            self.conf_extra = conf_extra
+            self.proc: Optional[subprocess.Popen] = None
+            self.start()
+
+        def start(self) -> None:
+            conf = os.path.join(self.tmpdir, "mosquitto-%d.conf" % self.port)
+            lines = ["listener %d 127.0.0.1" % self.port]
+            if "allow_anonymous" not in self.conf_extra and "password_file" not in self.conf_extra:
+                lines.append("allow_anonymous true")
+            if os.geteuid() == 0:
+                lines.append("user root")
+            with open(conf, "w") as f:
+                f.write("\n".join(lines) + "\n" + self.conf_extra + "\n")
+            self.log = open(os.path.join(self.tmpdir, "mosquitto-%d.log" % self.port), "ab")
+            self.proc = subprocess.Popen([mosquitto_path() or "mosquitto", "-c", conf], stdout=self.log,
+                                         stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                    return
+                except OSError:
+                    if self.proc.poll() is not None:
+                        break
+                    time.sleep(0.02)
+            raise RuntimeError("mosquitto did not start on port %d" % self.port)
+
+        def stop(self) -> None:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.terminate()
+                self.proc.wait(10)
+            self.proc = None
+
+        def restart(self) -> None:
+            self.stop()
+            self.start()
+
+    def start_mosquitto(tmpdir: Any, port: Optional[int] = None, conf_extra: str = "") -> Any:  # type: ignore
+        return _Mosq(tmpdir, port, conf_extra)
+
+
+def agent_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("PANSKETCH_INSECURE_SEED", None)
+    return env
+
+
+def agent_cmd(command: str, config: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "agent.daemon", command, "--config", config, *extra]
+
+
+def run_agent(command: str, config: str, *extra: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(agent_cmd(command, config, *extra), input=input, capture_output=True, env=agent_env(),
+                          cwd=REPO, timeout=timeout)
+
+
+def spawn_agent(command: str, config: str, *extra: str, log: Optional[str] = None) -> subprocess.Popen:
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    return subprocess.Popen(agent_cmd(command, config, *extra), stdin=subprocess.PIPE, stdout=out, stderr=out,
+                            env=agent_env(), cwd=REPO)
+
+
+def agent_toml(path: str, device: str, port: int, state_dir: str, *, window_s: int = 3600, epoch_s: Optional[int] = None,
+               mode: str = "window", w: int = 256, d: int = 4, kind: str = "cs", budget: str = "1/2",
+               mechanism: str = "dgauss", source: str = 'type = "stdin"', broker_extra: str = "",
+               persist_s: int = 60) -> str:
+    text = """
+[broker]
+host = "127.0.0.1"
+port = %d
+reconnect_min_s = 1
+reconnect_max_s = 1
+%s
+[device]
+id = "%s"
+salt = "%s"
+[sketch]
+kind = "%s"
+d = %d
+w = %d
+[privacy]
+mode = "%s"
+mechanism = "%s"
+budget = "%s"
+window_s = %d
+%s
+[storage]
+dir = "%s"
+persist_s = %d
+[source]
+%s
+""" % (port, broker_extra, device, SALT, kind, d, w, mode, mechanism, budget, window_s,
+       "epoch_s = %d" % epoch_s if epoch_s else "", state_dir, persist_s, source)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class Capture:
+    """A real paho subscriber recording every message (topic, payload, retain)."""
+
+    def __init__(self, port: int, topics: list[str], username: Optional[str] = None, password: Optional[str] = None,
+                 client_id: str = "capture") -> None:
+        import paho.mqtt.client as mqtt
+
+        self.msgs: list[tuple[str, bytes, bool]] = []
+        self.cond = threading.Condition()
+        self.ready = threading.Event()
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        if username:
+            c.username_pw_set(username, password)
+
+        def on_connect(cl: Any, u: Any, f: Any, rc: Any, p: Any = None) -> None:
+            for t in topics:
+                cl.subscribe(t, qos=1)
+
+        def on_subscribe(cl: Any, u: Any, mid: Any, rcs: Any, p: Any = None) -> None:
+            self.ready.set()
+
+        def on_message(cl: Any, u: Any, m: Any) -> None:
+            with self.cond:
+                self.msgs.append((m.topic, bytes(m.payload), bool(m.retain)))
+                self.cond.notify_all()
+
+        c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
+        c.reconnect_delay_set(1, 1)
+        c.connect_async("127.0.0.1", port)
+        c.loop_start()
+        self.client = c
+        assert self.ready.wait(10), "capture client did not subscribe"
+
+    def wait(self, pred: Any, timeout: float = 20.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not pred(self.msgs):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.2))
+            return True
+
+    def on(self, suffix: str) -> list[bytes]:
+        with self.cond:
+            return [p for t, p, _ in self.msgs if t.endswith(suffix)]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def status_docs(cap: Capture) -> list[dict[str, Any]]:
+    return [json.loads(p) for p in cap.on("/status")]
+
+
+def stop_process(p: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+    if p.poll() is None:
+        p.send_signal(sig)
+    return p.wait(timeout)
+
+
+@needs_mosquitto
+def test_support_broker_starts_and_restarts(tmp_path):
+    b = start_mosquitto(tmp_path)
+    try:
+        cap = Capture(b.port, ["x/#"])
+        b.restart()
+        assert cap.wait(lambda m: False, timeout=0.1) is False
+        cap.close()
+    finally:
+        b.stop()
