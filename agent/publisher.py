@@ -35,10 +35,12 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
+import agent
 from agent.config import AgentConfig, BrokerConfig
 from agent.storage import Outbox
 
 OFFLINE = b'{"state":"offline"}'
+AGENT_VERSION = agent.__version__
 
 
 class Publisher:
@@ -231,6 +233,7 @@ class Publisher:
             "ts": int(self.clock()),
             "acked_seq": self.last_acked,
             "pending": len(pend),
+            "version": AGENT_VERSION,
         }
         doc.update(self.status_info)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
