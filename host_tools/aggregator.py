@@ -1,0 +1,259 @@
+"""The aggregator: MQTT releases -> validation -> SQLite; ``pansketch aggregate``.
+
+:class:`Aggregator` is the transport-free core: ``handle(topic, payload)``
+validates one message (host_tools.decode), stores it idempotently
+(host_tools.store) or logs the rejection with its reason, and returns an
+:class:`Outcome`. :func:`run` connects it to a broker with paho-mqtt 2.x
+(``CallbackAPIVersion.VERSION2``, MQTT v5):
+
+* subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
+  QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
+  ``shared_group`` is set, so several aggregators split the load;
+* acknowledges a message only after its outcome is committed to SQLite
+  (manual acks): a crash before the commit means the broker redelivers,
+  and redelivery is harmless (idempotent store);
+* a persistent session (clean_start = False, session expiry
+  ``session_expiry_s``) with a stable client id, so releases published
+  while the aggregator is down wait in the broker;
+* TLS (CA, client certificate) and username/password from ``[broker]``;
+  reconnects with capped exponential backoff (``reconnect_min_s`` ..
+  ``reconnect_max_s``);
+* ``until_idle``: exit 0 after that many seconds without a message
+  (exit 1 if it never managed to connect).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from host_tools import hostconfig
+from host_tools.decode import Rejected, decode, topic_device
+from host_tools.hostconfig import HostConfig
+from host_tools.store import Store
+
+log = logging.getLogger("pansketch.aggregator")
+
+
+@dataclass
+class Outcome:
+    """What happened to one message."""
+
+    status: str  # 'stored' | 'duplicate' | 'rejected'
+    reason: Optional[str] = None
+    code: Optional[str] = None
+    device: Optional[str] = None
+    key: Optional[tuple[str, int, int, int]] = None
+
+    @property
+    def stored(self) -> bool:
+        return self.status == "stored"
+
+    def __str__(self) -> str:
+        if self.status == "rejected":
+            return "rejected (%s): %s" % (self.code, self.reason)
+        return self.status
+
+
+class Aggregator:
+    """Validate and store releases; one instance per process (thread-safe)."""
+
+    def __init__(self, cfg: HostConfig, store: Optional[Store] = None,
+                 logger: Optional[logging.Logger] = None) -> None:
+        self.cfg = cfg
+        self.store = store if store is not None else Store(cfg.aggregator.db)
+        self.log = logger or log
+        self.counts = {"stored": 0, "duplicate": 0, "rejected": 0}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def handle(self, topic: str, payload: bytes, received: Optional[float] = None) -> Outcome:
+        """Validate and store one message. Storage errors (disk full...) propagate."""
+        now = time.time() if received is None else received
+        payload = bytes(payload)
+        try:
+            rel = decode(payload, topic=topic, max_bytes=self.cfg.aggregator.max_bytes, fleet=self.cfg.fleet)
+            status = self.store.insert(rel, topic=topic, received=now)
+        except Rejected as rej:
+            dev = topic_device(topic) if topic else None
+            self.store.reject(rej.code, rej.reason, payload, topic=topic, device=dev, received=now,
+                              keep_bytes=self.cfg.aggregator.max_bytes)
+            self.log.warning("rejected message on %s (%d bytes): %s: %s", topic, len(payload), rej.code, rej.reason)
+            self._count("rejected")
+            return Outcome("rejected", rej.reason, rej.code, dev)
+        if status == "duplicate":
+            self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
+                          rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
+        else:
+            self.log.debug("stored release %s seq %d epochs [%d, %d) part %d", rel.dev, rel.seq, rel.elo, rel.ehi,
+                           rel.part)
+        self._count(status)
+        return Outcome(status, None, None, rel.dev, rel.key)
+
+    def _count(self, k: str) -> None:
+        with self._lock:
+            self.counts[k] += 1
+
+
+def _client(cfg: HostConfig) -> Any:
+    import paho.mqtt.client as mqtt
+
+    cid = hostconfig.default_client_id(cfg)
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True)
+    b = cfg.broker
+    if b.tls:
+        c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
+    if b.username is not None:
+        c.username_pw_set(b.username, b.password)
+    c.reconnect_delay_set(min_delay=max(1, int(b.reconnect_min_s)), max_delay=max(1, int(b.reconnect_max_s)))
+    return c
+
+
+def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
+        ready: Optional[threading.Event] = None) -> int:
+    """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
+
+    ``ready`` is set once the subscription is acknowledged. Returns an exit code.
+    """
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    stop = stop or threading.Event()
+    agg = Aggregator(cfg)
+    client = _client(cfg)
+    cid = hostconfig.default_client_id(cfg)
+    sub = cfg.aggregator.subscription
+    state = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None}
+    persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
+
+    def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
+        if rc.is_failure:
+            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, rc)
+            return
+        state["connected"] = True
+        state["ever"] = True
+        log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+        c.subscribe(sub, options=SubscribeOptions(qos=cfg.aggregator.qos))
+
+    def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
+        bad = [r for r in rcs if r.is_failure]
+        if bad:
+            log.error("broker refused the subscription to %s: %s", sub, bad[0])
+            state["fatal"] = "subscription refused: %s" % bad[0]
+            stop.set()
+            return
+        if ready is not None:
+            ready.set()
+
+    def on_disconnect(_c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
+        state["connected"] = False
+        if not stop.is_set():
+            log.warning("disconnected from broker (%s); reconnecting", rc)
+
+    def on_message(c: Any, _u: Any, msg: Any) -> None:
+        state["last"] = time.monotonic()
+        delay = 0.5
+        for attempt in range(4):
+            try:
+                agg.handle(msg.topic, msg.payload)
+                break
+            except Exception as exc:  # storage failure: do not ack, the broker keeps the message
+                if attempt == 3:
+                    log.error("cannot store message on %s: %s; stopping without acknowledging it", msg.topic, exc)
+                    state["fatal"] = "storage failed: %s" % exc
+                    stop.set()
+                    return
+                log.warning("storing message on %s failed (%s); retrying", msg.topic, exc)
+                time.sleep(delay)
+                delay *= 2
+        c.ack(msg.mid, msg.qos)
+
+    client.on_connect = on_connect
+    client.on_subscribe = on_subscribe
+    client.on_disconnect = on_disconnect
+    client.on_message = on_message
+
+    props = Properties(PacketTypes.CONNECT)
+    if persistent:
+        props.SessionExpiryInterval = cfg.aggregator.session_expiry_s
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, lambda *_a: stop.set())
+    try:
+        client.connect_async(cfg.broker.host, cfg.broker.port, keepalive=cfg.broker.keepalive,
+                             clean_start=not persistent, properties=props)
+        client.loop_start()
+        start = time.monotonic()
+        while not stop.is_set():
+            stop.wait(0.05)
+            if until_idle is not None and time.monotonic() - state["last"] > until_idle:
+                break
+        if state["fatal"]:
+            log.error("stopping: %s", state["fatal"])
+            return 1
+        if not state["ever"]:
+            log.error("could not connect to broker %s:%d within %.0f s", cfg.broker.host, cfg.broker.port,
+                      time.monotonic() - start)
+            return 1
+        return 0
+    finally:
+        try:
+            client.disconnect()
+        except Exception:  # pragma: no cover
+            pass
+        client.loop_stop()
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        c = agg.counts
+        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected", c["stored"], c["duplicate"],
+                 c["rejected"])
+        agg.close()
+
+
+# -- CLI ---------------------------------------------------------------------
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("aggregate", help="subscribe to releases and store them",
+                              description="Subscribe to device releases over MQTT, validate each one, store it "
+                                          "idempotently in SQLite and log rejections (docs/HOST.md).")
+    p.add_argument("--config", required=True, metavar="FILE", help="host config TOML")
+    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+                   help="exit after this many seconds without a message")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every stored release")
+    p.set_defaults(func=main)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    root = logging.getLogger("pansketch")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root.addHandler(h)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = hostconfig.load(args.config)
+    except hostconfig.ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return 2
+    if args.until_idle is not None and args.until_idle <= 0:
+        print("pansketch aggregate: --until-idle must be positive", file=sys.stderr)
+        return 2
+    setup_logging(args.verbose)
+    try:
+        return run(cfg, until_idle=args.until_idle)
+    except Exception as exc:  # e.g. the database cannot be opened
+        print("pansketch aggregate: %s" % exc, file=sys.stderr)
+        return 1

@@ -1,0 +1,316 @@
+"""Parse and validate one release message (format v1, agent/release.py).
+
+Checks, in order; the first failure raises :class:`Rejected` with a short
+``code`` and a human ``reason`` (logged and kept in the rejections table):
+
+=========  =================================================================
+code       meaning
+=========  =================================================================
+size       payload larger than ``max_bytes`` (checked before decoding)
+cbor       not decodable CBOR (truncated, trailing bytes, indefinite
+           lengths, duplicate map keys, too deep)
+type       tags, floats or other types the device encoder never writes
+version    ``v`` missing or not a version this host understands
+schema     missing/unknown field, wrong type, value out of range
+shape      ``len(ctr) != 4*d*w``
+encoding   not the deterministic CBOR agent/cbor.py writes (so equal
+           content always has equal bytes)
+topic      the topic's device level differs from ``dev``
+fleet      parameters differ from the fleet config (salt id, kind, d, w,
+           mechanism)
+noise      ``nint``/``nout`` are not the noise that ``budget`` calibrates to
+           (agent.calibrate.noise_for): a release may not claim a budget
+           its noise does not give
+=========  =================================================================
+
+Per-device consistency with earlier releases and key conflicts need the
+store and are checked in :mod:`host_tools.store` (codes ``device`` and
+``conflict``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import cbor2
+import numpy as np
+
+from agent import calibrate, cbor, hashing
+from agent.release import FORMAT_VERSION
+
+FIELDS = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
+          "nout", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
+MAX_EPOCH = 1 << 53  # keeps every epoch index and epoch*ep_s exact in SQLite and float
+MAX_U32 = 0xFFFFFFFF
+MAX_SPAN = 1 << 20  # epochs one release may cover (a range grows only while a device's flash is full)
+SUPPORTED_MODES = ("window", "keep")
+
+
+class Rejected(Exception):
+    """A release that is refused; ``code`` is a short class, ``reason`` the message."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        Exception.__init__(self, "%s: %s" % (code, reason))
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Release:
+    """A validated release (all fields of the map, plus the raw bytes)."""
+
+    dev: str
+    seq: int
+    mode: str
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    clip: int
+    mech: str
+    budget: tuple[int, int]
+    nint: tuple[int, int]
+    nout: tuple[int, int]
+    L: int
+    win_s: int
+    ep_s: int
+    win: int
+    elo: int
+    ehi: int
+    part: int
+    payload: bytes
+    ctr_off: int  # offset of the counter bytes in payload
+    sha256: str
+    v: int = FORMAT_VERSION
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        """The idempotency key (device, elo, ehi, part)."""
+        return (self.dev, self.elo, self.ehi, self.part)
+
+    @property
+    def group(self) -> tuple[str, int, int, int, str]:
+        """What must be identical for releases to merge: (kind, d, w, hv, salt id)."""
+        return (self.kind, self.d, self.w, self.hv, self.salt)
+
+    @property
+    def t0(self) -> int:
+        return self.elo * self.ep_s
+
+    @property
+    def t1(self) -> int:
+        return self.ehi * self.ep_s
+
+    @property
+    def ctr(self) -> bytes:
+        return self.payload[self.ctr_off:self.ctr_off + 4 * self.d * self.w]
+
+    def counters(self) -> np.ndarray:
+        """The noisy counters as int32, shape (d, w)."""
+        return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
+
+
+def _type_check(obj: Any, depth: int = 0) -> None:
+    """Only the types agent/cbor.py writes: int, str, bytes, list, dict (no tags, no floats)."""
+    if isinstance(obj, bool) or obj is None:
+        return
+    if isinstance(obj, (int, str, bytes)):
+        return
+    if isinstance(obj, list):
+        for x in obj:
+            _type_check(x, depth + 1)
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _type_check(k, depth + 1)
+            _type_check(v, depth + 1)
+        return
+    if isinstance(obj, float):
+        raise Rejected("type", "floating-point value in release (releases carry integers only)")
+    raise Rejected("type", "CBOR tag or unsupported type %s in release" % type(obj).__name__)
+
+
+def _int(m: dict[str, Any], k: str, lo: int, hi: int) -> int:
+    v = m[k]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise Rejected("schema", "field %r must be an integer, got %s" % (k, type(v).__name__))
+    if not lo <= v <= hi:
+        raise Rejected("schema", "field %r = %d out of range [%d, %d]" % (k, v, lo, hi))
+    return v
+
+
+def _str(m: dict[str, Any], k: str, allowed: Optional[tuple[str, ...]] = None) -> str:
+    v = m[k]
+    if not isinstance(v, str):
+        raise Rejected("schema", "field %r must be a text string, got %s" % (k, type(v).__name__))
+    if allowed is not None and v not in allowed:
+        raise Rejected("schema", "field %r = %r is not one of %s" % (k, v, ", ".join(allowed)))
+    return v
+
+
+def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
+    v = m[k]
+    if (not isinstance(v, list) or len(v) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
+        raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
+    n, d = v
+    if n <= 0 or d <= 0 or n > 1 << 64 or d > 1 << 64:
+        raise Rejected("schema", "field %r = %d/%d must be a positive fraction" % (k, n, d))
+    return (n, d)
+
+
+def valid_device(dev: str) -> bool:
+    """The device id rules of agent.params.Params."""
+    if not dev or len(dev) > 64:
+        return False
+    return all(ch.isalpha() or ch.isdigit() or ch in "-_." for ch in dev)
+
+
+def topic_device(topic: str) -> Optional[str]:
+    """The device level of ``<prefix>/<device>/release`` (None if the shape is wrong)."""
+    levels = topic.split("/")
+    if len(levels) < 2 or levels[-1] != "release":
+        return None
+    return levels[-2]
+
+
+def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
+    """agent.cbor encoding of the release map and the offset of the ``ctr`` bytes in it."""
+    keys = sorted((cbor.dumps(k), k) for k in m)
+    out = bytearray(cbor._head(5, len(keys)))
+    off = -1
+    for kb, k in keys:
+        out += kb
+        if k == "ctr":
+            out += cbor._head(2, len(m[k]))
+            off = len(out)
+            out += m[k]
+        else:
+            out += cbor.dumps(m[k])
+    return bytes(out), off
+
+
+def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
+           fleet: Any = None) -> Release:
+    """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
+
+    ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
+    its salt_id, kind, d, w and mechanism are enforced when set.
+    Raises :class:`Rejected`.
+    """
+    payload = bytes(payload)
+    if len(payload) > max_bytes:
+        raise Rejected("size", "payload of %d bytes exceeds max_bytes = %d" % (len(payload), max_bytes))
+    if not payload:
+        raise Rejected("cbor", "empty payload")
+    f = io.BytesIO(payload)
+    try:
+        obj = cbor2.CBORDecoder(f, allow_indefinite=False, allow_duplicate_keys=False, max_depth=8).decode()
+    except RecursionError:
+        raise Rejected("cbor", "malformed CBOR: nested too deeply")
+    except Exception as exc:  # cbor2 raises CBORDecodeError and friends; never trust their types
+        raise Rejected("cbor", "malformed CBOR: %s" % (str(exc)[:200] or type(exc).__name__))
+    if f.tell() != len(payload):
+        raise Rejected("cbor", "malformed CBOR: %d trailing bytes after the release map" % (len(payload) - f.tell()))
+    _type_check(obj)
+    if not isinstance(obj, dict):
+        raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
+    if "v" not in obj:
+        raise Rejected("version", "field 'v' (format version) is missing")
+    v = obj["v"]
+    if isinstance(v, bool) or not isinstance(v, int) or v != FORMAT_VERSION:
+        raise Rejected("version", "unsupported release format version %r (this host reads v%d)" % (v, FORMAT_VERSION))
+    for k in obj:
+        if not isinstance(k, str):
+            raise Rejected("schema", "map key %r is not a text string" % (k,))
+        if k not in FIELDS:
+            raise Rejected("schema", "unknown field %r" % k)
+    for k in FIELDS:
+        if k not in obj:
+            raise Rejected("schema", "missing field %r" % k)
+
+    dev = _str(obj, "dev")
+    if not valid_device(dev):
+        raise Rejected("schema", "field 'dev' = %r is not a valid device id" % dev[:80])
+    seq = _int(obj, "seq", 0, MAX_U32)
+    mode = _str(obj, "mode")
+    if mode not in SUPPORTED_MODES:
+        raise Rejected("schema", "mode %r is not supported by this host (window, keep)" % mode)
+    kind = _str(obj, "kind", ("cms", "cs"))
+    d = _int(obj, "d", 1, 32)
+    w = _int(obj, "w", 2, 1 << 24)
+    hv = _int(obj, "hv", 0, MAX_U32)
+    if hv != hashing.HASH_VERSION:
+        raise Rejected("schema", "unsupported hash version %d (this host hashes with v%d)" % (hv, hashing.HASH_VERSION))
+    salt = _str(obj, "salt")
+    if not re.fullmatch(r"[0-9a-f]{16}", salt):
+        raise Rejected("schema", "field 'salt' must be a 16-hex-digit salt id")
+    clip = _int(obj, "clip", 1, 1 << 20)
+    mech = _str(obj, "mech", calibrate.MECHANISMS)
+    budget = _ratio(obj, "budget")
+    nint = _ratio(obj, "nint")
+    nout = _ratio(obj, "nout")
+    L = _int(obj, "L", 1, 64)
+    win_s = _int(obj, "win_s", 1, 366 * 86400)
+    ep_s = _int(obj, "ep_s", 1, 366 * 86400)
+    if win_s % ep_s:
+        raise Rejected("schema", "ep_s = %d does not divide win_s = %d" % (ep_s, win_s))
+    if mode == "window" and ep_s != win_s:
+        raise Rejected("schema", "window mode needs ep_s == win_s, got %d and %d" % (ep_s, win_s))
+    elo = _int(obj, "elo", 0, MAX_EPOCH // ep_s)
+    ehi = _int(obj, "ehi", 0, MAX_EPOCH // ep_s)
+    if ehi <= elo:
+        raise Rejected("schema", "epoch range [%d, %d) is empty" % (elo, ehi))
+    if ehi - elo > MAX_SPAN:
+        raise Rejected("schema", "epoch range [%d, %d) spans more than %d epochs" % (elo, ehi, MAX_SPAN))
+    win = _int(obj, "win", 0, MAX_EPOCH)
+    if win != (elo * ep_s) // win_s:
+        raise Rejected("schema", "window %d does not contain epoch %d (expected window %d)"
+                       % (win, elo, (elo * ep_s) // win_s))
+    part = _int(obj, "part", 0, MAX_U32)
+    ctr = obj["ctr"]
+    if not isinstance(ctr, bytes):
+        raise Rejected("schema", "field 'ctr' must be a byte string")
+    if len(ctr) != 4 * d * w:
+        raise Rejected("shape", "ctr has %d bytes, d=%d x w=%d int32 counters need %d" % (len(ctr), d, w, 4 * d * w))
+    if L != calibrate.arrays_touched(mode):
+        raise Rejected("schema", "L = %d but mode %r touches %d array(s) per event"
+                       % (L, mode, calibrate.arrays_touched(mode)))
+
+    enc, off = canonical_with_offset(obj)
+    if enc != payload:
+        raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
+
+    if topic is not None:
+        tdev = topic_device(topic)
+        if tdev is None:
+            raise Rejected("topic", "topic %r is not <prefix>/<device>/release" % topic[:200])
+        if tdev != dev:
+            raise Rejected("topic", "topic device %r does not match release dev %r" % (tdev[:80], dev))
+
+    if fleet is not None:
+        if fleet.salt_id and salt != fleet.salt_id:
+            raise Rejected("fleet", "salt id %s is not the fleet's (%s)" % (salt, fleet.salt_id))
+        for name, want, got in (("kind", fleet.kind, kind), ("d", fleet.d, d), ("w", fleet.w, w),
+                                ("mechanism", fleet.mechanism, mech)):
+            if want is not None and want != got:
+                raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
+
+    try:
+        spec = calibrate.noise_for(mech, budget, d, clip, L)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise Rejected("noise", "cannot calibrate %s budget %d/%d: %s" % (mech, budget[0], budget[1], exc))
+    for name, (n, dd) in (("nint", nint), ("nout", nout)):
+        if n * spec.den != spec.num * dd:
+            raise Rejected("noise", "%s = %d/%d does not match the %s noise for budget %d/%d "
+                           "(d=%d, clip=%d, L=%d): expected %d/%d"
+                           % (name, n, dd, mech, budget[0], budget[1], d, clip, L, spec.num, spec.den))
+
+    return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
+                   budget=budget, nint=nint, nout=nout, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
+                   part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest())

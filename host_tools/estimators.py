@@ -1,0 +1,265 @@
+"""Point estimates and honest intervals from a merged noisy sketch.
+
+Point estimates are dp-linear-sketches.txt Algorithm 2: the median of the
+d signed row readings for CountSketch, the minimum for Count-Min. Every
+estimate comes with an interval [lo, hi] at a stated confidence 1 - alpha.
+The derivation is in docs/HOST.md ("Intervals"); in short:
+
+Setting. Fix the queried item x. Let C be the merged counters and C_o the
+counters *without x's own events* (other items' events plus all noise).
+Row r reads Y_r = g_r(x) C[r, h_r(x)] = f(x) + g_r(x) C_o[r, h_r(x)]
+(g = 1 for Count-Min). The hash of x -- columns h_r(x) and signs g_r(x),
+independent across rows (distinct bytes of SHA-256, agent/hashing.py) --
+is independent of C_o as long as the stream does not depend on the salt.
+So, given C_o, the row errors are independent, and row r's error is the
+content of a uniformly random cell of row r of C_o: for any t,
+
+    P(C_o[r, h_r(x)] > t) = #{c : C_o[r, c] > t} / w
+                          <= (#{c : C[r, c] > t} + 1) / w,
+
+because C and C_o differ in exactly one cell per row (x's own). The
+bound holds for every t simultaneously, so a threshold chosen from C is
+never smaller than the one C_o would give, and the coverage below holds
+conditionally on everything but x's hash. No model of the data, of the
+collisions or of the noise is needed: the counters are their own sample
+of the error distribution (noise included, at its true merged scale).
+
+CountSketch (median of d rows, m = ceil(d/2)): the median exceeds
+f + t only if at least m rows do (for even d the median averages the two
+middle readings, so the upper one, and the d/2 above it, exceed f + t).
+g_r(x) is an independent fair sign, so each row exceeds f + t with
+probability p_r(t) = P(|C_o[r, h]| > t) / 2 <= (#{|C[r,.]| > t} + 1) / (2w).
+With S ~ PoissonBinomial(p_1..p_d),
+
+    P(median - f > t) <= P(S >= m),   and the same for the lower side;
+
+t is the smallest value with P(S >= m) <= alpha/2 and the interval is
+[median - t, median + t]. t does not depend on the item: one search per
+query serves 100,000 candidates.
+
+Count-Min (minimum of d rows), assuming non-negative event weights so
+that collisions only add (Cormode & Muthukrishnan's setting; use
+CountSketch for turnstile streams):
+
+* lower end: min - f > t needs *every* row above f + t:
+  P <= prod_r (#{C[r,.] > t} + 1) / w; t_lo is the smallest t >= 0 with
+  this <= alpha/2, lo = min - t_lo.
+* upper end, the offset of dp-linear-sketches.txt Theorem 3.1 applied at
+  query time: every row reads f + collisions + noise >= f + noise, so
+  min >= f - E whenever none of x's d noise values is below -E. E is the
+  smallest bound with P(any of d cells' noise < -E) <= alpha/2, i.e.
+  P(Z < -E) <= 1 - (1 - alpha/2)^(1/d) for the merged per-cell noise Z,
+  from a Chernoff bound on the exact noise distribution
+  (:func:`noise_tail_bound`). hi = min + E.
+
+  In the paper each counter is *initialised* with E + N(0, sigma^2) so the
+  minimum never underestimates (Algorithm 3). Devices here add zero-mean
+  noise only -- we do NOT add E into the counters: an offset baked into
+  releases would be summed by every merge (R releases carry R offsets) and
+  would have to be chosen before the host knows how many releases a query
+  merges. Adding E to the minimum at query time is post-processing (no
+  privacy cost) and gives the paper's estimator for the merged noise; the
+  reported point estimate is the plain minimum, and min + E is the upper
+  end of the interval. :func:`theorem31_offset` gives the paper's uniform
+  version (all d*w cells at once).
+
+Coverage is checked empirically on Zipf streams in
+tests/test_host_estimators.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from host_tools.merge import Merged, NoiseTerm
+
+
+# -- noise tails -------------------------------------------------------------
+def _log_mgf(terms: Sequence[NoiseTerm], lam: float) -> float:
+    """log E[exp(lam * Z)] (an upper bound for dgauss) for Z = sum of the terms' draws."""
+    k = 0.0
+    for t in terms:
+        if t.mech == "dgauss":
+            # CKS 2020 Corollary 9: N_Z(0, s2) is subgaussian with parameter s2.
+            k += t.count * lam * lam * (t.num / t.den) / 2.0
+        else:
+            a = t.den / t.num  # 1 / scale
+            if lam >= a:
+                return math.inf
+            # discrete Laplace, q = e^-a: E[e^{lam X}] = (1-q)^2 / ((1 - q e^lam)(1 - q e^-lam))
+            k += t.count * (2.0 * math.log(-math.expm1(-a)) - math.log(-math.expm1(lam - a))
+                            - math.log(-math.expm1(-lam - a)))
+    return k
+
+
+def noise_tail_bound(terms: Sequence[NoiseTerm], delta: float) -> float:
+    """E >= 0 with P(Z > E) <= delta (= P(Z < -E), the noise is symmetric).
+
+    Chernoff: P(Z > E) <= exp(K(lam) - lam E) for the log-MGF K, so
+    E = min over lam of (K(lam) + ln(1/delta)) / lam. For pure discrete
+    Gaussian noise this is sqrt(2 V ln(1/delta)) with V = sum of sigma^2.
+    """
+    if not 0 < delta < 1:
+        raise ValueError("delta must be in (0, 1)")
+    terms = [t for t in terms if t.count > 0]
+    if not terms:
+        return 0.0
+    L = math.log(1.0 / delta)
+    if all(t.mech == "dgauss" for t in terms):
+        v = sum(t.count * t.num / t.den for t in terms)
+        return math.sqrt(2.0 * v * L)
+    lam_max = min(t.den / t.num for t in terms if t.mech == "dlap")
+
+    def g(u: float) -> float:
+        lam = lam_max * u
+        return (_log_mgf(terms, lam) + L) / lam
+
+    # g is unimodal in lam (its derivative has the sign of lam K' - K - L, increasing).
+    lo, hi = 1e-12, 1.0 - 1e-12
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    a = hi - phi * (hi - lo)
+    b = lo + phi * (hi - lo)
+    ga, gb = g(a), g(b)
+    for _ in range(200):
+        if ga <= gb:
+            hi, b, gb = b, a, ga
+            a = hi - phi * (hi - lo)
+            ga = g(a)
+        else:
+            lo, a, ga = a, b, gb
+            b = lo + phi * (hi - lo)
+            gb = g(b)
+        if hi - lo < 1e-13:
+            break
+    return max(0.0, min(ga, gb))
+
+
+def theorem31_offset(merged: Merged, beta: float) -> float:
+    """dp-linear-sketches Theorem 3.1 / Lemma A.1 offset for the merged noise.
+
+    With probability 1 - beta/2 *no* cell's noise is below -E (union over
+    all d*w cells, the paper's split of beta), so min + E never
+    underestimates any item's non-private Count-Min estimate.
+    """
+    return noise_tail_bound(merged.noise, (beta / 2.0) / (merged.d * merged.w))
+
+
+# -- order-statistic tails ---------------------------------------------------
+def poisson_binomial_tail(ps: Sequence[float], m: int) -> float:
+    """P(S >= m) for S a sum of independent Bernoulli(p_i)."""
+    dist = np.zeros(len(ps) + 1)
+    dist[0] = 1.0
+    for p in ps:
+        dist[1:] = dist[1:] * (1.0 - p) + dist[:-1] * p
+        dist[0] *= 1.0 - p
+    return float(dist[m:].sum())
+
+
+def _smallest(cands: np.ndarray, ok: "callable[[float], bool]") -> float:  # type: ignore[valid-type]
+    """Smallest candidate with ok(t) (ok monotone: False..False True..True); inf if none."""
+    lo, hi = 0, len(cands) - 1
+    if hi < 0 or not ok(float(cands[hi])):
+        return math.inf
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(float(cands[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(cands[lo])
+
+
+def cs_halfwidth(counters: np.ndarray, alpha: float) -> float:
+    """Half-width t of the CountSketch interval at confidence 1 - alpha (see module doc)."""
+    d, w = counters.shape
+    a = np.sort(np.abs(counters.astype(np.int64)), axis=1)
+    m = (d + 1) // 2
+    target = alpha / 2.0
+
+    def ok(t: float) -> bool:
+        ps = []
+        for r in range(d):
+            cnt = w - int(np.searchsorted(a[r], t, side="right"))
+            ps.append(min(1.0, (cnt + 1) / w) / 2.0)
+        return poisson_binomial_tail(ps, m) <= target
+
+    cands = np.unique(np.concatenate(([0], a.ravel())))
+    return _smallest(cands, ok)
+
+
+def cms_lower_width(counters: np.ndarray, alpha: float) -> float:
+    """t_lo >= 0 with P(min - f > t_lo) <= alpha/2 (Count-Min lower end)."""
+    d, w = counters.shape
+    a = np.sort(counters.astype(np.int64), axis=1)
+    target = alpha / 2.0
+
+    def ok(t: float) -> bool:
+        p = 1.0
+        for r in range(d):
+            cnt = w - int(np.searchsorted(a[r], t, side="right"))
+            p *= min(1.0, (cnt + 1) / w)
+        return p <= target
+
+    flat = a.ravel()
+    cands = np.unique(np.concatenate(([0], flat[flat > 0])))
+    return _smallest(cands, ok)
+
+
+def cms_offset(merged: Merged, alpha: float) -> float:
+    """E with P(min over x's d cells of noise < -E) <= alpha/2 (Theorem 3.1 offset, point-wise)."""
+    delta = -math.expm1(math.log1p(-alpha / 2.0) / merged.d)  # 1 - (1 - alpha/2)^(1/d)
+    return noise_tail_bound(merged.noise, delta)
+
+
+@dataclass(frozen=True)
+class IntervalRule:
+    """Item-independent interval widths: lo = estimate - below, hi = estimate + above."""
+
+    kind: str
+    confidence: float
+    below: float
+    above: float
+    offset: float  # Count-Min: the Theorem 3.1 offset E (= above); CountSketch: 0
+    noise_sd: float
+    method: str
+
+
+def interval_rule(merged: Merged, confidence: float) -> IntervalRule:
+    if not 0.5 <= confidence < 1:
+        raise ValueError("confidence must be in [0.5, 1)")
+    alpha = 1.0 - confidence
+    if merged.kind == "cs":
+        t = cs_halfwidth(merged.counters, alpha)
+        return IntervalRule("cs", confidence, t, t, 0.0, merged.noise_sd, "cs-median-order-statistic")
+    t_lo = cms_lower_width(merged.counters, alpha)
+    e = cms_offset(merged, alpha)
+    return IntervalRule("cms", confidence, t_lo, e, e, merged.noise_sd, "cms-min-offset")
+
+
+def row_readings(counters: np.ndarray, cols: np.ndarray, signs: np.ndarray, kind: str) -> np.ndarray:
+    """(n, d) readings g_r(x) C[r, h_r(x)] for n items."""
+    d = counters.shape[0]
+    vals = counters[np.arange(d)[None, :], cols]
+    if kind == "cs":
+        vals = vals * signs.astype(np.int64)
+    return vals
+
+
+def point_estimates(counters: np.ndarray, cols: np.ndarray, signs: np.ndarray, kind: str) -> np.ndarray:
+    """Algorithm 2: min (Count-Min) or median (CountSketch) per item, float64."""
+    vals = row_readings(counters, cols, signs, kind)
+    if kind == "cms":
+        return vals.min(axis=1).astype(np.float64)
+    return np.median(vals, axis=1)
+
+
+def estimate_with_intervals(merged: Merged, cols: np.ndarray, signs: np.ndarray,
+                            confidence: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, IntervalRule]:
+    """(estimates, lo, hi, rule) for items given by their columns/signs."""
+    est = point_estimates(merged.counters, cols, signs, merged.kind)
+    rule = interval_rule(merged, confidence)
+    return est, est - rule.below, est + rule.above, rule

@@ -1,0 +1,343 @@
+"""Host configuration: one TOML file for ``aggregate``, ``status`` and ``query``.
+
+Reference: docs/HOST.md. Sections and keys (defaults)::
+
+    [broker]      host ("localhost"), port (1883; 8883 with TLS), tls (false),
+                  tls_ca, tls_cert, tls_key, username, password, password_file,
+                  client_id (see below), keepalive (60),
+                  reconnect_min_s (1), reconnect_max_s (60)
+    [aggregator]  db ("pansketch.db", relative to the config file),
+                  topic ("pansketch/+/release"), shared_group (""),
+                  max_bytes (1048576), qos (1), session_expiry_s (86400)
+    [fleet]       salt or salt_id (one is required; queries need salt),
+                  kind, d, w, mechanism (optional: enforced when given)
+    [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
+                  report of zCDP guarantees)
+
+Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key;
+the CLI prints ``pansketch: config error: <key>: <message>`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+try:  # Python >= 3.11
+    import tomllib as _toml
+except ImportError:  # pragma: no cover - Python 3.10
+    import tomli as _toml  # type: ignore[no-redef]
+
+from agent import hashing
+from agent.calibrate import MECHANISMS, parse_ratio
+from agent.sketch import KINDS
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
+               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s"),
+    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s"),
+    "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
+    "query": ("confidence", "delta"),
+}
+
+DEFAULT_TOPIC = "pansketch/+/release"
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``key`` is the dotted TOML key."""
+
+    def __init__(self, key: str, msg: str) -> None:
+        ValueError.__init__(self, "%s: %s" % (key, msg) if key else msg)
+        self.key = key
+        self.msg = msg
+
+
+@dataclass
+class BrokerConfig:
+    host: str = "localhost"
+    port: int = 1883
+    tls: bool = False
+    tls_ca: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    username: Optional[str] = None
+    password: Optional[str] = None
+    client_id: str = ""
+    keepalive: int = 60
+    reconnect_min_s: float = 1.0
+    reconnect_max_s: float = 60.0
+
+
+@dataclass
+class AggregatorConfig:
+    db: str = "pansketch.db"
+    topic: str = DEFAULT_TOPIC
+    shared_group: str = ""
+    max_bytes: int = 1 << 20
+    qos: int = 1
+    session_expiry_s: int = 86400
+
+    @property
+    def subscription(self) -> str:
+        """The topic filter to subscribe (MQTT v5 shared subscription when a group is set)."""
+        if self.shared_group:
+            return "$share/%s/%s" % (self.shared_group, self.topic)
+        return self.topic
+
+
+@dataclass
+class FleetConfig:
+    salt: Optional[str] = None
+    salt_id: Optional[str] = None
+    kind: Optional[str] = None
+    d: Optional[int] = None
+    w: Optional[int] = None
+    mechanism: Optional[str] = None
+
+
+@dataclass
+class QueryConfig:
+    confidence: float = 0.95
+    delta: float = 1e-6
+
+
+@dataclass
+class HostConfig:
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    query: QueryConfig = field(default_factory=QueryConfig)
+    path: Optional[str] = None
+
+    def require_salt(self) -> str:
+        """The fleet salt (queries hash items with it)."""
+        if not self.fleet.salt:
+            raise ConfigError("fleet.salt", "is required for queries (salt_id alone cannot hash items)")
+        return self.fleet.salt
+
+
+# -- helpers ---------------------------------------------------------------
+def _tname(typ: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
+    if isinstance(typ, tuple):
+        return " or ".join(names.get(t, t.__name__) for t in typ)
+    return names.get(typ, typ.__name__)
+
+
+def _get(sec: dict[str, Any], secname: str, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
+    if key not in sec:
+        return default
+    v = sec[key]
+    allow_bool = typ is bool or (isinstance(typ, tuple) and bool in typ)
+    if isinstance(v, bool) and not allow_bool:
+        raise ConfigError("%s.%s" % (secname, key), "must be %s, got a boolean" % _tname(typ))
+    if not isinstance(v, typ):
+        raise ConfigError("%s.%s" % (secname, key), "must be %s, got %r" % (_tname(typ), v))
+    return v
+
+
+def _int_range(sec: dict[str, Any], secname: str, key: str, default: Any, lo: int, hi: int) -> Any:
+    v = _get(sec, secname, key, int, default)
+    if v is not None and not lo <= v <= hi:
+        raise ConfigError("%s.%s" % (secname, key), "must be between %d and %d, got %d" % (lo, hi, v))
+    return v
+
+
+def _path(base: str, p: Optional[str]) -> Optional[str]:
+    if p is None:
+        return None
+    p = os.path.expanduser(p)
+    return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+
+
+def _seconds(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
+    v = _get(sec, secname, key, (int, float), default)
+    if v <= 0:
+        raise ConfigError("%s.%s" % (secname, key), "must be positive")
+    return float(v)
+
+
+def _fraction_float(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
+    """A probability in (0, 1) given as a number or a string ('1e-6', '1/1000000')."""
+    if key not in sec:
+        return default
+    v = sec[key]
+    k = "%s.%s" % (secname, key)
+    if isinstance(v, bool):
+        raise ConfigError(k, "must be a number in (0, 1), got a boolean")
+    if isinstance(v, str):
+        try:
+            n, d = parse_ratio(v)
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ConfigError(k, "must be a number in (0, 1): %s" % exc)
+        v = n / d
+    if not isinstance(v, (int, float)) or not 0 < v < 1:
+        raise ConfigError(k, "must be a number strictly between 0 and 1, got %r" % (v,))
+    return float(v)
+
+
+def _topic_filter(topic: str, key: str) -> str:
+    if not topic or len(topic.encode()) > 65535 or "\x00" in topic:
+        raise ConfigError(key, "must be a non-empty MQTT topic filter")
+    levels = topic.split("/")
+    for i, lev in enumerate(levels):
+        if "#" in lev and (lev != "#" or i != len(levels) - 1):
+            raise ConfigError(key, "'#' may only be a whole last level")
+        if "+" in lev and lev != "+":
+            raise ConfigError(key, "'+' must be a whole level")
+    if topic.startswith("$share/"):
+        raise ConfigError(key, "give the plain filter here and the group in aggregator.shared_group")
+    if levels[-1] != "release":
+        raise ConfigError(key, "must end with '/release' (devices publish to <prefix>/<device>/release)")
+    if len(levels) < 2:
+        raise ConfigError(key, "needs a device level before 'release' (e.g. 'pansketch/+/release')")
+    return topic
+
+
+# -- loading ---------------------------------------------------------------
+def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
+    try:
+        raw = _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise ConfigError("", "not valid TOML: %s" % exc)
+    return from_dict(raw, base_dir, path)
+
+
+def load(path: str) -> HostConfig:
+    """Read and validate a host config file (raises :class:`ConfigError`)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError("", "cannot read %s: %s" % (path, exc.strerror or exc))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("", "%s is not UTF-8 text" % path)
+    return loads(text, os.path.dirname(os.path.abspath(path)), path)
+
+
+def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
+    for secname, sec in raw.items():
+        if secname not in SECTIONS:
+            raise ConfigError(secname, "unknown section (known: %s)" % ", ".join("[%s]" % s for s in SECTIONS))
+        if not isinstance(sec, dict):
+            raise ConfigError(secname, "must be a table ([%s])" % secname)
+        for key in sec:
+            if key not in SECTIONS[secname]:
+                raise ConfigError("%s.%s" % (secname, key),
+                                  "unknown key (known in [%s]: %s)" % (secname, ", ".join(SECTIONS[secname])))
+
+    def sec(name: str) -> dict[str, Any]:
+        return raw.get(name, {})
+
+    # [broker]
+    b = sec("broker")
+    ca = _path(base_dir, _get(b, "broker", "tls_ca", str, None))
+    cert = _path(base_dir, _get(b, "broker", "tls_cert", str, None))
+    key = _path(base_dir, _get(b, "broker", "tls_key", str, None))
+    if (cert is None) != (key is None):
+        raise ConfigError("broker.tls_key" if key is None else "broker.tls_cert",
+                          "tls_cert and tls_key go together (client certificate and its key)")
+    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
+        if p is not None and not os.path.isfile(p):
+            raise ConfigError("broker." + k, "file not found: %s" % p)
+    tls_on = _get(b, "broker", "tls", bool, None)
+    if tls_on is False and (ca or cert):
+        raise ConfigError("broker.tls", "is false but tls_ca/tls_cert are set")
+    tls = bool(tls_on) or bool(ca) or bool(cert)
+    pw = _get(b, "broker", "password", str, None)
+    pf = _path(base_dir, _get(b, "broker", "password_file", str, None))
+    if pw is not None and pf is not None:
+        raise ConfigError("broker.password_file", "give either password or password_file, not both")
+    if pf is not None:
+        try:
+            with open(pf, encoding="utf-8") as f:
+                pw = f.read().strip()
+        except OSError as exc:
+            raise ConfigError("broker.password_file", "cannot read %s: %s" % (pf, exc.strerror))
+    broker = BrokerConfig(
+        host=_get(b, "broker", "host", str, "localhost"),
+        port=_int_range(b, "broker", "port", 8883 if tls else 1883, 1, 65535),
+        tls=tls, tls_ca=ca, tls_cert=cert, tls_key=key,
+        username=_get(b, "broker", "username", str, None),
+        password=pw,
+        client_id=_get(b, "broker", "client_id", str, ""),
+        keepalive=_int_range(b, "broker", "keepalive", 60, 5, 65535),
+        reconnect_min_s=_seconds(b, "broker", "reconnect_min_s", 1.0),
+        reconnect_max_s=_seconds(b, "broker", "reconnect_max_s", 60.0),
+    )
+    if not broker.host:
+        raise ConfigError("broker.host", "must not be empty")
+    if broker.reconnect_max_s < broker.reconnect_min_s:
+        raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
+    if broker.password is not None and broker.username is None:
+        raise ConfigError("broker.username", "is required when a password is set")
+    if len(broker.client_id.encode()) > 128:
+        raise ConfigError("broker.client_id", "must be at most 128 bytes")
+
+    # [aggregator]
+    a = sec("aggregator")
+    db = _get(a, "aggregator", "db", str, "pansketch.db")
+    if not db:
+        raise ConfigError("aggregator.db", "must be a file path")
+    shared = _get(a, "aggregator", "shared_group", str, "")
+    if shared and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", shared):
+        raise ConfigError("aggregator.shared_group", "must be 1-64 letters, digits, '_', '.' or '-'")
+    agg = AggregatorConfig(
+        db=_path(base_dir, db) or db,
+        topic=_topic_filter(_get(a, "aggregator", "topic", str, DEFAULT_TOPIC), "aggregator.topic"),
+        shared_group=shared,
+        max_bytes=_int_range(a, "aggregator", "max_bytes", 1 << 20, 64, 256 << 20),
+        qos=_int_range(a, "aggregator", "qos", 1, 0, 2),
+        session_expiry_s=_int_range(a, "aggregator", "session_expiry_s", 86400, 0, 0xFFFFFFFF),
+    )
+    if agg.qos == 0:
+        raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")
+
+    # [fleet]
+    fl = sec("fleet")
+    salt = _get(fl, "fleet", "salt", str, None)
+    sid = _get(fl, "fleet", "salt_id", str, None)
+    if salt is None and sid is None:
+        raise ConfigError("fleet.salt", "is required (the fleet's hash salt; or give salt_id = \"<16 hex>\" "
+                                        "for an aggregator that does not answer queries)")
+    if salt is not None:
+        if len(salt) < 8 or len(salt.encode()) > hashing.MAX_SALT:
+            raise ConfigError("fleet.salt", "must be 8 to 255 bytes (the same string as the devices' salt)")
+        if sid is not None and sid != hashing.salt_id(salt):
+            raise ConfigError("fleet.salt_id", "does not match fleet.salt (salt_id of that salt is %s)"
+                              % hashing.salt_id(salt))
+        sid = hashing.salt_id(salt)
+    assert sid is not None
+    if not re.fullmatch(r"[0-9a-f]{16}", sid):
+        raise ConfigError("fleet.salt_id", "must be 16 lower-case hex digits")
+    kind = _get(fl, "fleet", "kind", str, None)
+    if kind is not None and kind not in KINDS:
+        raise ConfigError("fleet.kind", "must be 'cms' or 'cs', got %r" % kind)
+    mech = _get(fl, "fleet", "mechanism", str, None)
+    if mech is not None and mech not in MECHANISMS:
+        raise ConfigError("fleet.mechanism", "must be 'dlap' or 'dgauss', got %r" % mech)
+    fleet = FleetConfig(salt=salt, salt_id=sid, kind=kind,
+                        d=_int_range(fl, "fleet", "d", None, 1, 32),
+                        w=_int_range(fl, "fleet", "w", None, 2, 1 << 24), mechanism=mech)
+
+    # [query]
+    q = sec("query")
+    query = QueryConfig(confidence=_fraction_float(q, "query", "confidence", 0.95),
+                        delta=_fraction_float(q, "query", "delta", 1e-6))
+    if query.confidence < 0.5:
+        raise ConfigError("query.confidence", "must be at least 0.5")
+    return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, path=path)
+
+
+def default_client_id(cfg: HostConfig) -> str:
+    """Client id: configured, else stable for one aggregator, per-process with a shared group."""
+    if cfg.broker.client_id:
+        return cfg.broker.client_id
+    if cfg.aggregator.shared_group:
+        return "pansketch-agg-%s-%d" % (socket.gethostname()[:40], os.getpid())
+    return "pansketch-aggregator"

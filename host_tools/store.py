@@ -1,0 +1,326 @@
+"""SQLite store of validated releases (WAL; several aggregators may share it).
+
+Tables (schema version 1)::
+
+    releases    one row per release, PRIMARY KEY (device, elo, ehi, part);
+                every map field, the raw payload bytes, their SHA-256, the
+                topic and the time received
+    devices     per device the parameters fixed by its first release
+                (salt id, hash version, kind, d, w, ep_s)
+    rejections  every refused message: time, topic, device (if known),
+                code, reason, size, SHA-256 and the bytes (if <= max_bytes)
+    duplicates  redeliveries of a stored release (identical bytes)
+
+Idempotency (DESIGN.md "Host"): a release whose key is stored with
+identical bytes is a *duplicate* (QoS 1 redelivery, the device retrying
+after a lost ack) and changes nothing but the duplicates log; the same key
+with *different* bytes is a *conflict* and is rejected: a device never
+generates a release twice, so different bytes mean re-drawn noise (which
+would average away privacy if both were kept) or a forged/reset device.
+The first stored version is kept.
+
+Concurrency: each insert runs in one ``BEGIN IMMEDIATE`` transaction (the
+device check, the key check and the insert see the same snapshot and no
+other writer can interleave), with a busy timeout, so any number of
+aggregator processes can write to one file. ``synchronous=FULL``: a
+commit is on disk before the aggregator acknowledges the MQTT message.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from host_tools.decode import Rejected, Release
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS releases (
+    device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
+    seq INTEGER NOT NULL, win INTEGER NOT NULL, win_s INTEGER NOT NULL, ep_s INTEGER NOT NULL,
+    t0 INTEGER NOT NULL, t1 INTEGER NOT NULL, mode TEXT NOT NULL, kind TEXT NOT NULL,
+    d INTEGER NOT NULL, w INTEGER NOT NULL, hv INTEGER NOT NULL, salt TEXT NOT NULL,
+    clip INTEGER NOT NULL, mech TEXT NOT NULL, budget_num INTEGER NOT NULL, budget_den INTEGER NOT NULL,
+    nint_num INTEGER NOT NULL, nint_den INTEGER NOT NULL, nout_num INTEGER NOT NULL, nout_den INTEGER NOT NULL,
+    L INTEGER NOT NULL, sha256 TEXT NOT NULL, payload BLOB NOT NULL, ctr_off INTEGER NOT NULL,
+    topic TEXT, received REAL NOT NULL,
+    PRIMARY KEY (device, elo, ehi, part)
+);
+CREATE INDEX IF NOT EXISTS releases_win ON releases (win, win_s);
+CREATE INDEX IF NOT EXISTS releases_t0 ON releases (t0);
+CREATE TABLE IF NOT EXISTS devices (
+    device TEXT PRIMARY KEY, salt TEXT NOT NULL, hv INTEGER NOT NULL, kind TEXT NOT NULL,
+    d INTEGER NOT NULL, w INTEGER NOT NULL, ep_s INTEGER NOT NULL, first_received REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, topic TEXT, device TEXT,
+    code TEXT NOT NULL, reason TEXT NOT NULL, size INTEGER NOT NULL, sha256 TEXT, payload BLOB
+);
+CREATE TABLE IF NOT EXISTS duplicates (
+    device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
+    received REAL NOT NULL
+);
+"""
+
+# release columns read back for queries (payload last)
+_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
+         "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
+         "nout_den", "L", "received", "ctr_off")
+
+
+@dataclass(frozen=True)
+class StoredRelease:
+    """A release row as read back (counters decoded on demand)."""
+
+    device: str
+    elo: int
+    ehi: int
+    part: int
+    seq: int
+    win: int
+    win_s: int
+    ep_s: int
+    t0: int
+    t1: int
+    mode: str
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    clip: int
+    mech: str
+    budget: tuple[int, int]
+    nint: tuple[int, int]
+    nout: tuple[int, int]
+    L: int
+    received: float
+    ctr_off: int
+    payload: Optional[bytes] = None
+
+    @property
+    def group(self) -> tuple[str, int, int, int, str]:
+        return (self.kind, self.d, self.w, self.hv, self.salt)
+
+    def counters(self) -> np.ndarray:
+        if self.payload is None:
+            raise ValueError("release loaded without its payload")
+        return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
+
+
+def _row_to_release(r: tuple[Any, ...], with_payload: bool) -> StoredRelease:
+    (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
+     bn, bd, inn, ind, onn, ond, L, received, ctr_off) = r[:27]
+    return StoredRelease(device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip,
+                         mech, (bn, bd), (inn, ind), (onn, ond), L, received, ctr_off,
+                         bytes(r[27]) if with_payload else None)
+
+
+class Store:
+    """The release database at ``path`` (created if missing unless ``readonly``)."""
+
+    def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
+        self.path = path
+        self.readonly = readonly
+        self._lock = threading.Lock()
+        if readonly:
+            import os
+
+            if not os.path.exists(path):
+                raise FileNotFoundError("no database at %s (run `pansketch aggregate` first)" % path)
+        self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA busy_timeout = %d" % int(timeout * 1000))
+        if not readonly:
+            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
+            self.db.execute("PRAGMA synchronous = FULL")
+            self._exec_tx(self._init_schema)
+        else:
+            self.db.execute("PRAGMA query_only = 1")
+        v = self._meta("schema_version")
+        if v is not None and int(v) != SCHEMA_VERSION:
+            raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
+
+    # -- plumbing ------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _init_schema(self, cur: sqlite3.Cursor) -> None:
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                cur.execute(stmt)
+        cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def _meta(self, key: str) -> Optional[str]:
+        try:
+            r = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        except sqlite3.OperationalError:
+            return None
+        return r[0] if r else None
+
+    def _exec_tx(self, fn: Any, *args: Any) -> Any:
+        """Run fn(cursor, *args) in one BEGIN IMMEDIATE transaction (retried while locked)."""
+        with self._lock:
+            delay = 0.01
+            deadline = time.monotonic() + 60.0
+            while True:
+                cur = self.db.cursor()
+                try:
+                    cur.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    if "locked" in str(exc) and time.monotonic() < deadline:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    raise
+                try:
+                    out = fn(cur, *args)
+                    cur.execute("COMMIT")
+                    return out
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+
+    # -- writes --------------------------------------------------------
+    def insert(self, rel: Release, topic: Optional[str] = None, received: Optional[float] = None) -> str:
+        """Store ``rel``: returns 'stored' or 'duplicate'; raises Rejected('device'|'conflict')."""
+        if self.readonly:
+            raise PermissionError("store opened read-only")
+        now = time.time() if received is None else received
+        return self._exec_tx(self._insert, rel, topic, now)
+
+    def _insert(self, cur: sqlite3.Cursor, rel: Release, topic: Optional[str], now: float) -> str:
+        row = cur.execute("SELECT sha256, seq FROM releases WHERE device = ? AND elo = ? AND ehi = ? AND part = ?",
+                          rel.key).fetchone()
+        if row is not None:
+            if row[0] == rel.sha256:
+                cur.execute("INSERT INTO duplicates (device, elo, ehi, part, received) VALUES (?, ?, ?, ?, ?)",
+                            rel.key + (now,))
+                return "duplicate"
+            raise Rejected("conflict", "release (dev %s, epochs [%d, %d), part %d) is already stored with different "
+                           "bytes (stored seq %d, this seq %d): noise re-drawn or device state reset? "
+                           "the stored one is kept" % (rel.dev, rel.elo, rel.ehi, rel.part, row[1], rel.seq))
+        dev = cur.execute("SELECT salt, hv, kind, d, w, ep_s FROM devices WHERE device = ?", (rel.dev,)).fetchone()
+        mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        if dev is None:
+            cur.execute("INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (rel.dev,) + mine + (now,))
+        elif tuple(dev) != mine:
+            names = ("salt id", "hash version", "kind", "d", "w", "ep_s")
+            diffs = ["%s %s -> %s" % (n, a, b) for n, a, b in zip(names, dev, mine) if a != b]
+            raise Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
+                           "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+        cur.execute(
+            "INSERT INTO releases (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, "
+            "clip, mech, budget_num, budget_den, nint_num, nint_den, nout_num, nout_den, L, sha256, payload, ctr_off, "
+            "topic, received) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
+             rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
+             rel.nint[1], rel.nout[0], rel.nout[1], rel.L, rel.sha256, rel.payload, rel.ctr_off, topic, now))
+        return "stored"
+
+    def reject(self, code: str, reason: str, payload: bytes, topic: Optional[str] = None,
+               device: Optional[str] = None, received: Optional[float] = None, keep_bytes: int = 1 << 20) -> None:
+        """Log a refused message (the bytes are kept when at most ``keep_bytes``)."""
+        import hashlib
+
+        now = time.time() if received is None else received
+        keep = bytes(payload) if len(payload) <= keep_bytes else None
+        self._exec_tx(lambda cur: cur.execute(
+            "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (now, topic, device, code, reason, len(payload), hashlib.sha256(payload).hexdigest(), keep)))
+
+    # -- reads ---------------------------------------------------------
+    def _q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self.db.execute(sql, tuple(args)).fetchall()
+
+    def releases(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,
+                 since: Optional[float] = None, until: Optional[float] = None,
+                 with_payload: bool = False) -> list[StoredRelease]:
+        """Releases filtered by device(s), window id, and [since, until) containment."""
+        where: list[str] = []
+        args: list[Any] = []
+        if devices is not None:
+            devs = list(devices)
+            where.append("device IN (%s)" % ",".join("?" * len(devs)))
+            args += devs
+        if window is not None:
+            where.append("win = ?")
+            args.append(window)
+        if since is not None:
+            where.append("t0 >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("t1 <= ?")
+            args.append(until)
+        sql = "SELECT %s%s FROM releases" % (", ".join(_COLS), ", payload" if with_payload else "")
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY device, elo, part"
+        return [_row_to_release(r, with_payload) for r in self._q(sql, args)]
+
+    def count_partial(self, since: Optional[float], until: Optional[float],
+                      devices: Optional[Iterable[str]] = None) -> int:
+        """Releases that overlap [since, until) without lying inside it (cannot be split)."""
+        lo = since if since is not None else -1
+        hi = until if until is not None else 1 << 62
+        args: list[Any] = [hi, lo, lo, hi]
+        sql = "SELECT COUNT(*) FROM releases WHERE t0 < ? AND t1 > ? AND NOT (t0 >= ? AND t1 <= ?)"
+        if devices is not None:
+            devs = list(devices)
+            sql += " AND device IN (%s)" % ",".join("?" * len(devs))
+            args += devs
+        return int(self._q(sql, args)[0][0])
+
+    def release_count(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM releases")[0][0])
+
+    def payload(self, device: str, elo: int, ehi: int, part: int) -> Optional[bytes]:
+        r = self._q("SELECT payload FROM releases WHERE device = ? AND elo = ? AND ehi = ? AND part = ?",
+                    (device, elo, ehi, part))
+        return bytes(r[0][0]) if r else None
+
+    def devices(self) -> list[tuple[Any, ...]]:
+        """(device, salt, hv, kind, d, w, ep_s, first_received) per known device."""
+        return self._q("SELECT device, salt, hv, kind, d, w, ep_s, first_received FROM devices ORDER BY device")
+
+    def rejections(self, limit: Optional[int] = None) -> list[tuple[Any, ...]]:
+        """(id, received, topic, device, code, reason, size, sha256), newest first."""
+        sql = "SELECT id, received, topic, device, code, reason, size, sha256 FROM rejections ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT %d" % int(limit)
+        return self._q(sql)
+
+    def rejection_count(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM rejections")[0][0])
+
+    def duplicate_count(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM duplicates")[0][0])
+
+    def snapshot(self) -> tuple[int, int, int, str]:
+        """(releases, rejections, duplicates, digest of all release keys+hashes): to check 'nothing touched'."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for r in self._q("SELECT device, elo, ehi, part, sha256 FROM releases ORDER BY device, elo, ehi, part"):
+            h.update(repr(tuple(r)).encode())
+        for r in self._q("SELECT device, salt, hv, kind, d, w, ep_s FROM devices ORDER BY device"):
+            h.update(repr(tuple(r)).encode())
+        return (self.release_count(), self.rejection_count(), self.duplicate_count(), h.hexdigest())
