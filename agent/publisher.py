@@ -55,6 +55,7 @@ class Publisher:
         status_info: Optional[dict[str, Any]] = None,
         clock: Callable[[], float] = time.time,
         ack_timeout: float = 30.0,
+        protocol: int = 5,
     ) -> None:
         self.broker = broker
         self.device = device
@@ -63,6 +64,7 @@ class Publisher:
         self.status_info = dict(status_info or {})
         self.clock = clock
         self.ack_timeout = ack_timeout
+        self.protocol = protocol  # 5 (default) or 4 = MQTT 3.1.1 (brokers without v5, e.g. the demo's amqtt)
         self.release_topic = "%s/%s/release" % (broker.topic_prefix, device)
         self.status_topic = "%s/%s/status" % (broker.topic_prefix, device)
         self._cond = threading.Condition()
@@ -90,7 +92,8 @@ class Publisher:
     # -- paho plumbing ---------------------------------------------------
     def _make_client(self) -> mqtt.Client:
         b = self.broker
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=mqtt.MQTTv5)
+        proto = mqtt.MQTTv5 if self.protocol == 5 else mqtt.MQTTv311
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=proto)
         if b.username is not None:
             c.username_pw_set(b.username, b.password)
         if b.tls is not None:
@@ -207,7 +210,7 @@ class Publisher:
     def _send(self, topic: str, payload: bytes, retain: bool = False) -> tuple[bool, str]:
         """Publish QoS 1 and wait for PUBACK across reconnects. (ok, reason)."""
         props = None
-        if not retain:
+        if not retain and self.protocol == 5:
             props = Properties(PacketTypes.PUBLISH)
             props.PayloadFormatIndicator = 0
             props.ContentType = "application/cbor"

@@ -1,0 +1,430 @@
+"""``pansketch demo``: the whole system on embedded defaults, in well under a minute.
+
+1. a broker: mosquitto on a free loopback port when it is installed,
+   otherwise the pure-Python ``amqtt`` broker from PyPI (MQTT 3.1.1 only;
+   the clients then speak 3.1.1 and the aggregator core is fed by a plain
+   paho subscriber);
+2. the real aggregator (host_tools.aggregator.run) into a temporary SQLite
+   file;
+3. several simulated agents: each is the real device core
+   (agent.recorder.Recorder with system-CSPRNG noise) plus the real
+   publisher (agent.publisher.Publisher), driven by its own simulated clock
+   so that one-hour windows close in milliseconds, and fed with a Zipf
+   stream of "visited hosts";
+4. a table of queries (host_tools.query.freq): item, true count, estimate,
+   interval, and whether the interval covers the truth.
+
+The true counts are known only to this simulation (to print them next to
+the estimates); the simulated devices never hold them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable, Optional
+
+SALT = "pansketch-demo-fleet-salt"
+T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a window boundary for every window length dividing a day
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _wait_port(port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+def find_mosquitto() -> Optional[str]:
+    for p in (shutil.which("mosquitto"), "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto"):
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+class DemoBroker:
+    """A throw-away broker on 127.0.0.1:<free port>."""
+
+    name = "?"
+    protocol = 5  # MQTT version the clients use
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.port = _free_port()
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class MosquittoBroker(DemoBroker):
+    def __init__(self, workdir: str, exe: str) -> None:
+        DemoBroker.__init__(self, workdir)
+        conf = os.path.join(workdir, "mosquitto.conf")
+        lines = ["listener %d 127.0.0.1" % self.port, "allow_anonymous true", "max_queued_messages 10000"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            lines.append("user root")
+        with open(conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        self.log = open(os.path.join(workdir, "mosquitto.log"), "wb")
+        self.proc = subprocess.Popen([exe, "-c", conf], stdout=self.log, stderr=subprocess.STDOUT)
+        if not _wait_port(self.port, 10, lambda: self.proc.poll() is None):
+            self.stop()
+            raise RuntimeError("mosquitto did not start (see %s)" % os.path.join(workdir, "mosquitto.log"))
+        try:
+            v = subprocess.run([exe, "-h"], capture_output=True, timeout=5).stdout.decode().splitlines()[0]
+        except Exception:
+            v = "mosquitto"
+        self.name = v.strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+class AmqttBroker(DemoBroker):
+    """amqtt (pip install amqtt) in a background asyncio loop; MQTT 3.1.1."""
+
+    protocol = 4
+
+    def __init__(self, workdir: str) -> None:
+        import asyncio
+        import logging
+
+        from amqtt.broker import Broker  # type: ignore[import-not-found]
+
+        DemoBroker.__init__(self, workdir)
+        logging.getLogger("amqtt").setLevel(logging.ERROR)
+        logging.getLogger("transitions").setLevel(logging.ERROR)
+        self.loop = asyncio.new_event_loop()
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": "127.0.0.1:%d" % self.port}},
+            "sys_interval": 0,
+            "auth": {"allow-anonymous": True, "plugins": ["auth_anonymous"]},
+            "topic-check": {"enabled": False},
+        }
+        started = threading.Event()
+        self.error: Optional[BaseException] = None
+
+        def main() -> None:
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.broker = Broker(config, loop=self.loop)
+                self.loop.run_until_complete(self.broker.start())
+            except BaseException as exc:  # reported below
+                self.error = exc
+                started.set()
+                return
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=main, name="amqtt", daemon=True)
+        self.thread.start()
+        started.wait(15)
+        if self.error is not None or not _wait_port(self.port, 10):
+            raise RuntimeError("amqtt broker did not start: %s" % (self.error,))
+        try:
+            from importlib.metadata import version
+
+            self.name = "amqtt %s (MQTT 3.1.1)" % version("amqtt")
+        except Exception:
+            self.name = "amqtt (MQTT 3.1.1)"
+
+    def stop(self) -> None:
+        import asyncio
+
+        try:
+            fut = asyncio.run_coroutine_threadsafe(self.broker.shutdown(), self.loop)
+            fut.result(10)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def start_broker(workdir: str, which: str) -> DemoBroker:
+    exe = find_mosquitto()
+    if which in ("auto", "mosquitto") and exe:
+        return MosquittoBroker(workdir, exe)
+    if which == "mosquitto":
+        raise RuntimeError("mosquitto is not installed (apt-get install mosquitto)")
+    try:
+        return AmqttBroker(workdir)
+    except ImportError:
+        raise RuntimeError("no MQTT broker available: install mosquitto (apt-get install mosquitto) "
+                           "or the Python broker (pip install 'pansketch[demo]', i.e. amqtt)")
+
+
+class ZipfStream:
+    """Items host-00001.example ... with P(rank k) proportional to k^-s (simulation only)."""
+
+    def __init__(self, n: int, s: float, seed: int) -> None:
+        self.items = ["host-%05d.example" % k for k in range(1, n + 1)]
+        cum = []
+        acc = 0.0
+        for k in range(1, n + 1):
+            acc += k ** -s
+            cum.append(acc)
+        self.cum = cum
+        self.rng = random.Random(seed)
+
+    def sample(self, m: int) -> list[str]:
+        tot = self.cum[-1]
+        r = self.rng.random
+        items, cum = self.items, self.cum
+        return [items[bisect.bisect_left(cum, r() * tot)] for _ in range(m)]
+
+
+def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoBroker, truth: Counter,
+                   truth_lock: threading.Lock, report: Callable[[str], None]) -> int:
+    """One device: Recorder + Publisher on a simulated clock. Returns the number of releases."""
+    from agent.config import BrokerConfig
+    from agent.params import Params
+    from agent.publisher import Publisher
+    from agent.recorder import Recorder
+
+    dev = "demo-pi-%d" % (i + 1)
+    p = Params({"device": dev, "salt": SALT, "kind": args.kind, "d": args.d, "w": args.w, "mode": "window",
+                "window_s": 3600, "mechanism": "dgauss", "budget": args.budget})
+    rec = Recorder(p, os.path.join(workdir, dev), T0, log=lambda m: None)
+    bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2)
+    pub = Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": "window"}, clock=lambda: T0,
+                    protocol=broker.protocol)
+    pub.start()
+    stream = ZipfStream(args.items, args.zipf, args.seed * 1000 + i)
+    mine: Counter = Counter()
+    slices = 6
+    per = args.events // slices
+    for k in range(args.windows):
+        for j in range(slices):
+            now = T0 + k * 3600 + j * (3600 // slices)
+            if rec.tick(now):
+                pub.wake()
+            ev = stream.sample(per)
+            rec.add_many(ev)
+            mine.update(ev)
+    if rec.tick(T0 + args.windows * 3600):
+        pub.wake()
+    with truth_lock:
+        truth.update(mine)
+    mine.clear()
+    ok = pub.wait_delivered(30)
+    pub.stop()
+    report("  %s: %d one-hour windows, %d events per window, %d releases -> %s"
+           % (dev, args.windows, per * slices, rec.seq,
+              "all acknowledged by the broker" if ok else "NOT all delivered"))
+    if not ok:
+        raise RuntimeError("%s could not deliver its releases" % dev)
+    return rec.seq
+
+
+def _host_config(workdir: str, broker: DemoBroker, args: argparse.Namespace) -> Any:
+    from host_tools import hostconfig
+
+    path = os.path.join(workdir, "host.toml")
+    with open(path, "w") as f:
+        f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "demo-aggregator"\nreconnect_min_s = 1\n'
+                'reconnect_max_s = 2\n\n[aggregator]\ndb = "demo.db"\n\n[fleet]\nsalt = "%s"\nkind = "%s"\n'
+                "d = %d\nw = %d\n" % (broker.port, SALT, args.kind, args.d, args.w))
+    return hostconfig.load(path)
+
+
+class Mqtt311Aggregator:
+    """For the amqtt fallback only: the aggregator core behind an MQTT 3.1.1 subscriber."""
+
+    def __init__(self, cfg: Any, port: int) -> None:
+        import paho.mqtt.client as mqtt
+
+        from host_tools.aggregator import Aggregator
+
+        self.agg = Aggregator(cfg)
+        self.ready = threading.Event()
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="demo-aggregator", protocol=mqtt.MQTTv311)
+        c.on_connect = lambda cl, u, f, rc, p=None: cl.subscribe(cfg.aggregator.topic, qos=1)
+        c.on_subscribe = lambda cl, u, mid, rcs, p=None: self.ready.set()
+        c.on_message = lambda cl, u, m: self.agg.handle(m.topic, m.payload)
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        self.client = c
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+        self.agg.close()
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from host_tools import aggregator, query
+    from host_tools.store import Store
+
+    t_start = time.monotonic()
+    out = sys.stdout
+
+    def say(msg: str) -> None:
+        out.write(msg + "\n")
+        out.flush()
+
+    workdir = args.dir or tempfile.mkdtemp(prefix="pansketch-demo-")
+    os.makedirs(workdir, exist_ok=True)
+    say("pansketch demo: %d agents x %d windows x %d Zipf(%.2g) events over %d items; %s sketch d=%d w=%d, "
+        "discrete Gaussian, rho = %s per event (work dir %s)"
+        % (args.agents, args.windows, args.events, args.zipf, args.items, args.kind, args.d, args.w,
+           args.budget, workdir))
+    broker: Optional[DemoBroker] = None
+    stop = threading.Event()
+    agg_thread: Optional[threading.Thread] = None
+    fallback: Optional[Mqtt311Aggregator] = None
+    code = 1
+    try:
+        say("[1/5] broker ...")
+        broker = start_broker(workdir, args.broker)
+        say("      %s listening on 127.0.0.1:%d" % (broker.name, broker.port))
+
+        say("[2/5] aggregator ...")
+        cfg = _host_config(workdir, broker, args)
+        if broker.protocol == 5:
+            ready = threading.Event()
+            rc_box: list[int] = []
+            agg_thread = threading.Thread(target=lambda: rc_box.append(aggregator.run(cfg, stop=stop, ready=ready)),
+                                          name="aggregator", daemon=True)
+            agg_thread.start()
+            if not ready.wait(15):
+                raise RuntimeError("the aggregator did not subscribe")
+        else:
+            fallback = Mqtt311Aggregator(cfg, broker.port)
+            if not fallback.ready.wait(15):
+                raise RuntimeError("the aggregator did not subscribe")
+        say("      subscribed to %s, storing into %s" % (cfg.aggregator.topic, cfg.aggregator.db))
+
+        say("[3/5] agents (simulated clocks, real noise, real MQTT) ...")
+        truth: Counter = Counter()
+        lock = threading.Lock()
+        results: list[Any] = [None] * args.agents
+        errors: list[BaseException] = []
+
+        def agent_main(i: int) -> None:
+            try:
+                results[i] = simulate_agent(i, args, workdir, broker, truth, lock, say)  # type: ignore[arg-type]
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=agent_main, args=(i,), name="agent-%d" % i) for i in range(args.agents)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        expected = sum(results)
+
+        say("[4/5] waiting for the aggregator to store %d releases ..." % expected)
+        deadline = time.monotonic() + 30
+        with Store(cfg.aggregator.db, readonly=True) as st:
+            while st.release_count() < expected and time.monotonic() < deadline:
+                time.sleep(0.05)
+            n, nrej, ndup, _ = st.snapshot()
+            sizes = {len(st.payload(r.device, r.elo, r.ehi, r.part) or b"") for r in st.releases()}
+        say("      stored %d releases (%d rejected, %d duplicates)" % (n, nrej, ndup))
+        if n != expected:
+            raise RuntimeError("only %d of %d releases were stored" % (n, expected))
+
+        say("[5/5] queries over all devices and windows (host_tools.query.freq, %d%% intervals):"
+            % round(args.confidence * 100))
+        ranked = [x for x, _ in truth.most_common()]
+        picks = ranked[:8] + [ranked[r] for r in (19, 49, 99, 499) if r < len(ranked)]
+        unseen = "never-seen.example"
+        picks.append(unseen)
+        with Store(cfg.aggregator.db, readonly=True) as st:
+            t_q = time.perf_counter()
+            answers = query.freq(st, picks, salt=SALT, confidence=args.confidence)
+            t_q = time.perf_counter() - t_q
+            top = query.topk(st, ZipfStream(args.items, args.zipf, 0).items, 5, salt=SALT,
+                             confidence=args.confidence)
+        covered = 0
+        say("")
+        say("  %-20s %8s %10s   %-22s %s" % ("item", "true", "estimate", "interval", "covered"))
+        say("  %s" % ("-" * 72))
+        for a in answers:
+            true = truth.get(a.item, 0)
+            inside = a.lo <= true <= a.hi
+            covered += inside
+            say("  %-20s %8d %10.0f   [%8.0f, %8.0f]   %s" % (a.item, true, a.estimate, a.lo, a.hi,
+                                                           "yes" if inside else "NO"))
+        say("")
+        a0 = answers[0]
+        say("  %d of %d true counts inside their intervals; %d releases from %d devices merged, "
+            "noise sd per merged cell %.1f, query time %.1f ms"
+            % (covered, len(answers), a0.releases, len(a0.devices), a0.noise_sd, t_q * 1000))
+        true_top = ranked[:5]
+        say("  top-5 by query.topk over %d candidates: %s (true top-5: %s)"
+            % (args.items, ", ".join(str(a.item) for a in top),
+               "same" if [a.item for a in top] == true_top else ", ".join(true_top)))
+        say("  release size %s bytes (d=%d, w=%d: fixed, whatever the data); total %.1f s"
+            % ("/".join(str(x) for x in sorted(sizes)), args.d, args.w, time.monotonic() - t_start))
+        say("  try it yourself: pansketch query --config %s freq %s" % (os.path.join(workdir, "host.toml"), ranked[0])
+            if args.dir else "  (run with --dir DIR to keep the broker config, database and outboxes)")
+        code = 0
+    except Exception as exc:
+        say("pansketch demo: FAILED: %s" % exc)
+        code = 1
+    finally:
+        stop.set()
+        if agg_thread is not None:
+            agg_thread.join(10)
+        if fallback is not None:
+            fallback.stop()
+        if broker is not None:
+            broker.stop()
+        if not args.dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "demo", help="run broker, simulated agents, aggregator and queries on embedded defaults",
+        description="Whole system in well under a minute: a local broker (mosquitto if installed, else the "
+        "Python broker amqtt), the aggregator into a temporary SQLite file, several simulated agents (the real "
+        "device core and publisher on fast simulated clocks, Zipf event streams), then a table of estimates with "
+        "intervals next to the true counts.")
+    p.add_argument("--agents", type=int, default=4, help="simulated devices (default %(default)s)")
+    p.add_argument("--windows", type=int, default=3, help="one-hour windows per device (default %(default)s)")
+    p.add_argument("--events", type=int, default=30000, help="events per device and window (default %(default)s)")
+    p.add_argument("--items", type=int, default=10000, help="distinct items in the Zipf universe (default %(default)s)")
+    p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent (default %(default)s)")
+    p.add_argument("--kind", choices=("cs", "cms"), default="cs", help="sketch kind (default %(default)s)")
+    p.add_argument("--d", type=int, default=4, help="rows (default %(default)s)")
+    p.add_argument("--w", type=int, default=2048, help="columns (default %(default)s)")
+    p.add_argument("--budget", default="1/2", help="rho per event, as a fraction (default %(default)s)")
+    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the simulated event streams (not of the noise)")
+    p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto",
+                   help="which broker to start (default: mosquitto if installed, else amqtt)")
+    p.add_argument("--dir", metavar="DIR", help="keep all files (configs, database, outboxes) in DIR")
+    p.set_defaults(func=run_demo)
