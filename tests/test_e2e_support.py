@@ -1,6 +1,6 @@
 """Helpers for the agent and end-to-end tests (no tests of its own beyond a smoke check).
 
-Real parts only: a real mosquitto (tests/broker.py's fixture when present),
+Real parts only: a real mosquitto (tests/broker.py, shared with the host tests),
 the real ``pansketch-agent`` as a subprocess, real paho clients.
 """
 
@@ -8,86 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from typing import Any, Optional
 
-import pytest
+from tests.broker import free_port, mosquitto_path, needs_mosquitto, start_mosquitto  # noqa: F401  (re-exported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SALT = "e2e-fleet-salt"
-
-
-def mosquitto_path() -> Optional[str]:
-    for p in (shutil.which("mosquitto"), "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"):
-        if p and os.path.exists(p):
-            return p
-    return None
-
-
-needs_mosquitto = pytest.mark.skipif(mosquitto_path() is None, reason="mosquitto is not installed (.ci/run installs it)")
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-try:  # the host helper's fixture, shared by all broker tests
-    from tests.broker import start_mosquitto  # type: ignore
-except ImportError:  # pragma: no cover - until tests/broker.py exists
-
-    class _Mosq:
-        def __init__(self, tmpdir: str, port: Optional[int], conf_extra: str) -> None:
-            self.tmpdir = str(tmpdir)
-            self.port = port or free_port()
-            self.conf_extra = conf_extra
-            self.proc: Optional[subprocess.Popen] = None
-            self.start()
-
-        def start(self) -> None:
-            conf = os.path.join(self.tmpdir, "mosquitto-%d.conf" % self.port)
-            lines = ["listener %d 127.0.0.1" % self.port]
-            if "allow_anonymous" not in self.conf_extra and "password_file" not in self.conf_extra:
-                lines.append("allow_anonymous true")
-            if os.geteuid() == 0:
-                lines.append("user root")
-            with open(conf, "w") as f:
-                f.write("\n".join(lines) + "\n" + self.conf_extra + "\n")
-            self.log = open(os.path.join(self.tmpdir, "mosquitto-%d.log" % self.port), "ab")
-            self.proc = subprocess.Popen([mosquitto_path() or "mosquitto", "-c", conf], stdout=self.log,
-                                         stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                    return
-                except OSError:
-                    if self.proc.poll() is not None:
-                        break
-                    time.sleep(0.02)
-            raise RuntimeError("mosquitto did not start on port %d" % self.port)
-
-        def stop(self) -> None:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.terminate()
-                self.proc.wait(10)
-            self.proc = None
-
-        def restart(self) -> None:
-            self.stop()
-            self.start()
-
-    def start_mosquitto(tmpdir: Any, port: Optional[int] = None, conf_extra: str = "") -> Any:  # type: ignore
-        return _Mosq(tmpdir, port, conf_extra)
 
 
 def agent_env() -> dict[str, str]:
