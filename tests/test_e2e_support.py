@@ -151,3 +151,59 @@ def test_support_broker_starts_and_restarts(tmp_path):
         cap.close()
     finally:
         b.stop()
+
+
+def host_toml(path: str, port: int, db: str, *, broker_extra: str = "", fleet_extra: str = "",
+              client_id: str = "aggregator-test") -> str:
+    text = """
+[broker]
+host = "127.0.0.1"
+port = %d
+client_id = "%s"
+reconnect_min_s = 1
+reconnect_max_s = 1
+%s
+[aggregator]
+db = "%s"
+[fleet]
+salt = "%s"
+%s
+""" % (port, client_id, broker_extra, db, SALT, fleet_extra)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class AggregatorThread:
+    """The real aggregator (host_tools.aggregator.run) in a thread, subscribed when constructed."""
+
+    def __init__(self, config_path: str) -> None:
+        from host_tools import aggregator, hostconfig
+
+        self.cfg = hostconfig.load(config_path)
+        self.stop_ev = threading.Event()
+        self.ready = threading.Event()
+        self.rc: list[int] = []
+        self.thread = threading.Thread(
+            target=lambda: self.rc.append(aggregator.run(self.cfg, stop=self.stop_ev, ready=self.ready)),
+            name="aggregator", daemon=True)
+        self.thread.start()
+        assert self.ready.wait(15), "aggregator did not subscribe"
+
+    def stop(self) -> int:
+        self.stop_ev.set()
+        self.thread.join(15)
+        return self.rc[0] if self.rc else -1
+
+
+def pansketch_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "host_tools.cli", *args]
+
+
+def wait_for(pred: Any, timeout: float = 20.0, every: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(every)
+    return bool(pred())
