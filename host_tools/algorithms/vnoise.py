@@ -268,9 +268,15 @@ class Pool:
         return out
 
 
-def ceil_fraction(x: float, den: int = 10**6) -> Fraction:
+def ceil_fraction(x: float, den: int | None = None) -> Fraction:
     """Smallest k/den >= x: a rational *upper* bound for a float variance/scale
-    (rounding noise parameters up never weakens a privacy guarantee)."""
+    (rounding noise parameters up never weakens a privacy guarantee).
+
+    By default den = 10^(6 - floor(log10 x)) (at least 1): about 7 significant
+    digits, with a denominator small enough for the int64 samplers.
+    """
     if x <= 0:
         raise ValueError("parameter must be positive")
+    if den is None:
+        den = 10 ** max(0, 6 - math.floor(math.log10(x)))
     return Fraction(math.ceil(x * den), den)
