@@ -1,0 +1,390 @@
+"""The board application: boot, main-loop step, safe idle state.
+
+``main()`` is what the board's ``/main.py`` runs::
+
+    boot(config)  ->  App   (config valid, sketch allocated, watchdog armed)
+                  ->  Idle  (anything that makes running pointless or unsafe:
+                             bad config, no CSPRNG, sketch too big, state of
+                             other parameters; prints why every 30 s, never
+                             arms the watchdog, so it is not a crash loop and
+                             the REPL stays reachable for mpremote)
+
+``App.step()`` is one main-loop iteration (tests call it step by step):
+
+1. feed the watchdog;
+2. take at most ``max_events_per_step`` events from the source into the
+   noisy sketch (``agent.recorder.Recorder``, unchanged device core);
+3. time: before the first NTP answer the board counts but does not release
+   (it says so every minute) and persists its noisy state every
+   ``persist_s`` of uptime; once synced, ``Recorder.tick(now)`` commits a
+   release at every epoch end, after persisting the state first so that a
+   power cut during the commit loses no event;
+4. network: WiFi (backoff), then the broker (backoff): status, then at most
+   one release from the outbox per step, oldest first, acked only after its
+   PUBACK (firmware/mqtt.py).
+
+Which ``now`` before the clock is synced: the Recorder is created at boot
+with the RTC's time, which after a power cut is 2000/2021 (invalid). Its
+open accumulator is re-dated at the first sync (:meth:`App._dated`):
+
+* opened by an invalid clock -> it covers [epoch of this boot, current
+  epoch] (events counted since boot happened in that span);
+* resumed from flash with a valid range [elo, ehi) -> its end is extended
+  to the current epoch, because events counted since boot are in it too.
+
+So a release's [elo, ehi) always covers the time its events happened, and
+the release time depends only on the clock, never on the events. After a
+reboot the first release can therefore span more than one epoch.
+
+Memory discipline: the Recorder (two d*w int32 arrays) is allocated first,
+right after the imports, before WiFi and TLS fragment the heap; per event
+the only allocation is the item and its SHA-256 (GPIO counting allocates
+nothing); releases are streamed from flash. ``MemoryError`` while running
+drops the broker connection (freeing the TLS buffers), collects, and
+retries later; counting goes on. Full flash: the Recorder keeps counting
+and releases a longer epoch range once space is back (agent/recorder.py);
+the app logs it and the outbox drains when the broker is reachable.
+"""
+
+import gc
+import sys
+
+from agent import hashing, storage
+from agent.recorder import Recorder
+from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
+from firmware import clock, config
+from firmware.clock import MIN_VALID_UNIX
+
+VERSION = "0.1.0"
+
+
+def log(msg):
+    print("pansketch: " + msg)
+
+
+class StartError(Exception):
+    pass
+
+
+class Watchdog:
+    """``machine.WDT`` once armed; before that (and with watchdog_s = 0) a no-op."""
+
+    def __init__(self, timeout_s):
+        self.timeout_ms = timeout_s * 1000
+        self.wdt = None
+
+    def arm(self):
+        if not self.timeout_ms or self.wdt is not None:
+            return
+        import machine
+
+        t = self.timeout_ms
+        try:
+            self.wdt = machine.WDT(timeout=t)
+        except TypeError:  # ESP8266: fixed hardware timeout
+            self.wdt = machine.WDT()
+        except ValueError:  # RP2040: at most 8388 ms
+            self.wdt = machine.WDT(timeout=8000)
+            log("watchdog: %d ms is too long for this port, using 8000 ms" % t)
+
+    def feed(self):
+        if self.wdt is not None:
+            self.wdt.feed()
+
+
+class _FeedingSource:
+    """Byte source wrapper: feeds the watchdog while noise is being drawn.
+
+    Drawing the noise of a d*w array takes 2*d*w samples at an epoch end
+    (seconds on a board); the Rng reads its bytes in 64-byte chunks, so the
+    watchdog is fed all along without touching the device core.
+    """
+
+    def __init__(self, src, feed):
+        self.src = src
+        self.feed = feed
+
+    def read(self, n):
+        self.feed()
+        return self.src.read(n)
+
+
+class Idle:
+    """Safe idle state: explain, wait, never arm the watchdog."""
+
+    running = False
+
+    def __init__(self, reason):
+        self.reason = reason
+        self.next_ms = 0
+        self.clock = clock.Clock()
+        log("NOT RUNNING: " + reason)
+
+    def step(self):
+        up = self.clock.uptime_ms()
+        if up >= self.next_ms:
+            self.next_ms = up + 30000
+            log("idle: %s -- fix it (mpremote), then reset the board" % self.reason)
+        return 1000
+
+
+class App:
+    running = True
+
+    def __init__(self, cfg, rng=None):
+        self.cfg = cfg
+        self.p = cfg.params
+        self.clock = clock.Clock()
+        self.wdt = Watchdog(cfg.watchdog_s)
+        self.insecure = False
+        if rng is None:
+            if cfg.insecure_rng_seed is not None:
+                src = DeterministicSource(cfg.insecure_rng_seed)
+                self.insecure = True
+                for _ in range(3):
+                    log("WARNING: insecure_rng_seed is set: noise is PREDICTABLE, releases are NOT private. "
+                        "Tests only: remove it from the config.")
+            else:
+                try:
+                    src = SystemSource()
+                except NoEntropyError as exc:
+                    raise StartError("no cryptographic random source on this board (%s); refusing to count" % exc)
+            rng = Rng(_FeedingSource(src, self.wdt.feed))
+        self.rng = rng
+        gc.collect()
+        n = self.p.d * self.p.w
+        try:
+            self.rec = Recorder(self.p, cfg.state_dir, self.clock.provisional(), rng=rng, log=log)
+        except MemoryError:
+            gc.collect()
+            raise StartError("out of memory allocating the sketch: d*w = %d cells need about %d bytes of heap "
+                             "(%d free after collect); lower sketch.w (python -m firmware.memory --config ... "
+                             "prints what fits)" % (n, 16 * n, gc.mem_free()))
+        except storage.StateError as exc:
+            raise StartError("%s. Pending releases are in %s/outbox." % (exc, cfg.state_dir))
+        except OSError as exc:
+            raise StartError("cannot use state directory %s: %s" % (cfg.state_dir, exc))
+        gc.collect()
+        from firmware import mqtt, sources, wifi
+
+        self.source = sources.load(cfg.source_type, cfg.source, log)
+        self.wifi = wifi.Wifi(cfg.wifi_ssid, cfg.wifi_password, log, cfg.wifi_hostname,
+                              cfg.wifi_timeout_s, cfg.wifi_retry_max_s)
+        self.link = mqtt.Link(cfg, log, self.wdt.feed)
+        self._mqtt = mqtt
+        self.ntp_next = 0
+        self.ntp_delay = 5000
+        self.last_persist = 0
+        self.warned = {}
+        # No event or drop counters anywhere: memory is readable by an intruder
+        # (DESIGN.md), so the app keeps nothing but the noisy sketch.
+        self.lowmem = 0
+        self.steps = 0
+        self.source.start(self)
+        self.wdt.arm()
+        log("running: device %s, %s %dx%d %s mode, epoch %d s; state in %s" % (
+            self.p.device, self.p.kind, self.p.d, self.p.w, self.p.mode, self.p.epoch_s, cfg.state_dir))
+
+    # -- sink API for sources ----------------------------------------------
+    def add(self, item, weight=1):
+        try:
+            self.rec.add(item, weight)
+        except MemoryError:
+            gc.collect()
+            try:
+                self.rec.add(item, weight)
+            except MemoryError:
+                self._drop("low memory")
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._drop("%s" % exc)
+
+    def prepare(self, item):
+        return hashing.digest(self.rec.sketch.prefix, item, self.p.d)
+
+    def add_prepared(self, handle, count):
+        try:
+            self.rec.sketch.add_stream(handle, count)
+        except OverflowError as exc:
+            self._drop("%s" % exc)
+
+    def _drop(self, why):
+        self.warn("drop", "an event was not counted (%s)" % why)
+
+    def warn(self, kind, msg, every_ms=60000):
+        up = self.clock.uptime_ms()
+        last = self.warned.get(kind)
+        if last is None or up - last >= every_ms:
+            self.warned[kind] = up
+            log(msg)
+
+    # -- main loop ------------------------------------------------------------
+    def step(self):
+        """One main-loop iteration; returns how long to sleep (ms)."""
+        self.wdt.feed()
+        self.steps += 1
+        more = False
+        try:
+            got = self.source.poll(self, self.cfg.max_events)
+            if got >= self.cfg.max_events:
+                more = True
+            if self.source.dropped:
+                self.source.dropped = False
+                self.warn("srcdrop", "source buffer overflowed: some events were not counted")
+            self._time()
+            if self._network():
+                more = True
+        except MemoryError:
+            self._low_memory()
+            return 200
+        return 0 if more else self.cfg.idle_ms
+
+    def _low_memory(self):
+        self.lowmem += 1
+        self.link.drop()
+        gc.collect()
+        self.link.next_ms = self.clock.uptime_ms() + 10000
+        self.warn("lowmem", "low memory: dropped the broker connection to free its buffers (%d bytes free); "
+                  "counting goes on" % gc.mem_free(), 10000)
+
+    def _time(self):
+        up = self.clock.uptime_ms()
+        rec = self.rec
+        if not self.clock.synced:
+            if self.wifi.up and up >= self.ntp_next:
+                self._sync(up)
+            if not self.clock.synced:
+                if up - self.last_persist >= self.p.persist_s * 1000:
+                    if rec.persist():
+                        self.last_persist = up
+                self.warn("unsynced", "clock not synced yet (NTP %s): counting, but no release until it is"
+                          % self.cfg.ntp_host)
+                return
+        elif self.wifi.up and up - self.clock.synced_at >= self.cfg.ntp_resync_s * 1000 and up >= self.ntp_next:
+            self._sync(up)
+        now = self.clock.now()
+        if now // self.p.epoch_s >= rec.ehi:
+            rec.persist(now)  # nothing counted is lost if power fails during the commit
+            if rec.tick(now):
+                self.link.status_dirty = True
+            else:
+                self.warn("relfail", "could not commit the release of epochs [%d, %d) (flash full?); "
+                          "still counting, will retry at the next epoch end" % (rec.elo, rec.ehi))
+        else:
+            rec.tick(now)
+
+    def _sync(self, up):
+        first = not self.clock.synced
+        try:
+            now = self.clock.sync(self.cfg.ntp_host, self.cfg.ntp_timeout_s)
+        except Exception as exc:
+            self.ntp_next = up + self.ntp_delay
+            self.warn("ntp", "NTP %s did not answer (%r); retrying" % (self.cfg.ntp_host, exc))
+            self.ntp_delay = min(self.ntp_delay * 2, self.cfg.ntp_retry_max_s * 1000)
+            return
+        self.ntp_delay = 5000
+        self.ntp_next = up
+        if first:
+            log("clock synced: %d" % now)
+            self._dated(now)
+            self.link.status_dirty = True
+
+    def _dated(self, now):
+        """Re-date the open accumulator once UTC is known (see module doc)."""
+        rec = self.rec
+        ep = self.p.epoch_s
+        cur = now // ep
+        lo = (now - self.clock.uptime_ms() // 1000) // ep
+        if rec.elo * ep < MIN_VALID_UNIX or rec.elo > cur or rec.ehi > cur + 1:
+            try:
+                marker = storage.read_marker(rec.marker_path)
+            except Exception:
+                marker = None
+            elo, part = lo, 0
+            if marker is not None and marker[2] > elo:
+                elo = min(marker[2], cur)
+                if marker[1] <= elo < marker[2]:
+                    part = marker[3] + 1
+            log("the open accumulator was dated by an unset clock; it now covers epochs [%d, %d)" % (elo, cur + 1))
+            rec.elo = elo
+            rec.ehi = cur + 1
+            rec.part = part
+        elif rec.ehi < cur + 1:
+            log("the open accumulator [%d, %d) also holds events counted since boot: it now ends with epoch %d"
+                % (rec.elo, rec.ehi, cur))
+            rec.ehi = cur + 1
+        rec.persist(now)
+
+    def _network(self):
+        up = self.clock.uptime_ms()
+        if not self.wifi.poll(up):
+            if self.link.up:
+                self.link.drop()
+            return False
+        return self.link.service(self, up)
+
+    def status_json(self):
+        now = self.clock.now()
+        fields = [
+            ("acked_seq", self.link.last_acked),
+            ("clock", "synced" if self.clock.synced else "unsynced"),
+            ("dev", self.p.device),
+            ("fw", "micropython/" + VERSION),
+            ("pending", len(self.rec.outbox.pending())),
+            ("state", "online"),
+            ("ts", now),
+        ]
+        if self.insecure:
+            fields.append(("insecure_rng", True))
+        for kv in self.cfg.status_info():
+            fields.append(kv)
+        return self._mqtt.status_json(fields)
+
+
+def boot(path=config.DEFAULT_PATH, rng=None):
+    """Load the config and start; an :class:`Idle` for anything that prevents it."""
+    try:
+        cfg = config.load(path)
+    except config.ConfigError as exc:
+        return Idle("config error in %s: %s" % (path, exc))
+    except MemoryError:
+        return Idle("out of memory reading %s" % path)
+    try:
+        return App(cfg, rng=rng)
+    except StartError as exc:
+        return Idle(str(exc))
+    except config.ConfigError as exc:
+        return Idle("config error in %s: %s" % (path, exc))
+    except ImportError as exc:
+        return Idle("missing module: %s (run deploy/flash.sh)" % exc)
+
+
+def sleep(app, ms):
+    """Sleep ``ms`` in slices, feeding the watchdog."""
+    while ms > 0:
+        s = 500 if ms > 500 else ms
+        if app.running:
+            app.wdt.feed()
+        clock.sleep_ms(s)
+        ms -= s
+
+
+def main(path=config.DEFAULT_PATH, max_steps=None, rng=None):
+    """The board's main loop (never returns unless ``max_steps`` is given)."""
+    app = boot(path, rng)
+    errors = 0
+    n = 0
+    while max_steps is None or n < max_steps:
+        n += 1
+        try:
+            ms = app.step()
+            errors = 0
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            errors += 1
+            log("unexpected error in the main loop (%d in a row):" % errors)
+            sys.print_exception(exc)
+            ms = min(1000 * errors, 60000)
+        if ms:
+            sleep(app, ms)
+    return app

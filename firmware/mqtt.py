@@ -1,0 +1,348 @@
+"""Publishing releases with micropython-lib's ``umqtt.simple``: QoS 1, in
+order, with timeouts everywhere, TLS where the port has it.
+
+Topics are the Pi agent's (agent/publisher.py): releases go to
+``<prefix>/<device>/release`` (QoS 1, not retained), a retained JSON status
+to ``<prefix>/<device>/status``, and the last will on the status topic is
+``{"state":"offline"}`` (retained).
+
+Why ``umqtt.simple`` and not ``umqtt.robust``: robust's ``publish`` and
+``reconnect`` loop forever until the broker answers, which would stop the
+main loop -- no counting, no watchdog feeding -- for as long as the broker
+is down. Reconnection with capped exponential backoff is done here instead,
+one non-blocking attempt per main-loop step.
+
+Traps in ``umqtt.simple`` and how they are avoided:
+
+* *A QoS 1 publish can wait forever for its PUBACK*: umqtt's ``wait_msg``
+  calls ``sock.setblocking(True)``, which removes any socket timeout, and
+  ``publish`` loops on it until the PUBACK arrives. :class:`Client`
+  replaces ``wait_msg`` with a version that keeps the timeout, and every
+  socket umqtt creates gets ``timeout_s`` (through :class:`_SocketModule`,
+  which stands in for the socket module inside umqtt.simple), so
+  connecting, the TLS handshake, writing and waiting for PUBACK all end
+  after at most ``timeout_s`` per operation. The PUBACK wait also has an
+  overall deadline. A timeout means "not delivered": the connection is
+  dropped, the release stays in the outbox and is sent again, byte for
+  byte, after the backoff (the host stores duplicates idempotently).
+* *Publishing a release must not need a second copy in RAM*: the release
+  file is streamed from flash to the socket through a preallocated
+  512-byte buffer (:meth:`Client.publish_file`), feeding the watchdog
+  between chunks. Heap per sketch cell stays at 8 bytes (state + release
+  buffer of the Recorder).
+* *Packet ids*: umqtt never wraps ``pid``; it is wrapped here before 65535.
+
+TLS uses the port's ``ssl.SSLContext`` (needs umqtt.simple >= 1.4, which
+takes an SSLContext as ``ssl=``). On ESP32 mbedTLS takes ~20 KB *outside*
+the Python heap per connection; on the Pico W its buffers come from the
+Python heap; ESP8266's axTLS cannot verify certificates (see
+docs/FIRMWARE.md and firmware/memory.py).
+"""
+
+import json
+
+from firmware import clock
+
+try:
+    from umqtt import simple
+except ImportError:  # reported by the app as a clear start-up error
+    simple = None
+
+OFFLINE = b'{"state":"offline"}'
+PUBACK_DEADLINE_FACTOR = 2  # overall PUBACK wait = factor * timeout_s
+
+_CONNACK = {
+    1: "unacceptable protocol version",
+    2: "client id rejected",
+    3: "server unavailable",
+    4: "bad user name or password",
+    5: "not authorized",
+}
+
+
+class _SocketModule:
+    """Replaces ``socket`` inside umqtt.simple: every socket gets a timeout."""
+
+    def __init__(self, mod, timeout_s):
+        self.mod = mod
+        self.timeout_s = timeout_s
+
+    def socket(self, *args):
+        s = self.mod.socket(*args)
+        s.settimeout(self.timeout_s)
+        return s
+
+    def getaddrinfo(self, *args):
+        return self.mod.getaddrinfo(*args)
+
+
+def _install_timeouts(timeout_s):
+    cur = simple.socket
+    if isinstance(cur, _SocketModule):
+        cur.timeout_s = timeout_s
+    else:
+        simple.socket = _SocketModule(cur, timeout_s)
+
+
+class _TLS:
+    """Passed as umqtt's ``ssl=``: wraps with our SSLContext and SNI name."""
+
+    def __init__(self, ctx, server_hostname):
+        self.ctx = ctx
+        self.server_hostname = server_hostname
+
+    def wrap_socket(self, sock, server_hostname=None):
+        return self.ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+
+
+def describe(exc):
+    """A short human reason for a failed MQTT operation."""
+    if simple is not None and isinstance(exc, simple.MQTTException):
+        rc = exc.args[0] if exc.args else None
+        return "broker refused the connection: %s (CONNACK %r)" % (_CONNACK.get(rc, "code %r" % (rc,)), rc)
+    if isinstance(exc, OSError):
+        code = exc.args[0] if exc.args else None
+        if code in (110, 116, 11):  # ETIMEDOUT (rp2/ESP32 numbering), EAGAIN
+            return "timed out"
+        return "network error %r" % (code,)
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    return "%s %s" % (type(exc).__name__, exc)
+
+
+if simple is not None:
+
+    class Client(simple.MQTTClient):
+        """umqtt.simple's client with bounded waits and streamed file publishing."""
+
+        deadline_ms = 6000
+        feed = None  # called between chunks / waits (watchdog)
+
+        def _pid(self):
+            if self.pid >= 65535:
+                self.pid = 0
+            self.pid += 1
+            return self.pid
+
+        def wait_msg(self):
+            """One packet header from the broker; keeps the socket timeout.
+
+            Returns the packet type byte, or None for a PINGRESP. A PUBLISH
+            from the broker is a protocol error here (we never subscribe).
+            """
+            res = self.sock.read(1)
+            if res is None:
+                raise OSError(110)  # ETIMEDOUT
+            if res == b"":
+                raise OSError(-1)  # connection closed by the broker
+            if res == b"\xd0":  # PINGRESP
+                self.sock.read(1)
+                return None
+            op = res[0]
+            if op & 0xF0 == 0x30:
+                raise OSError(-2)
+            return op
+
+        def publish(self, topic, msg, retain=False, qos=0):
+            if self.pid >= 65535:
+                self.pid = 0
+            return simple.MQTTClient.publish(self, topic, msg, retain, qos)
+
+        def await_puback(self, pid):
+            deadline = clock.ticks_add(clock.ticks_ms(), self.deadline_ms)
+            while True:
+                op = self.wait_msg()
+                if op == 0x40:
+                    sz = self.sock.read(1)
+                    got = self.sock.read(2)
+                    if sz != b"\x02" or got is None or len(got) != 2:
+                        raise OSError(-3)
+                    if (got[0] << 8 | got[1]) == pid:
+                        return
+                if self.feed is not None:
+                    self.feed()
+                if clock.ticks_diff(deadline, clock.ticks_ms()) <= 0:
+                    raise OSError(110)
+
+        def publish_file(self, topic, path, size, buf):
+            """QoS 1 PUBLISH of a file's bytes, streamed through ``buf``; waits for PUBACK."""
+            sock = self.sock
+            hdr = bytearray(6)
+            hdr[0] = 0x32  # PUBLISH, QoS 1, not retained
+            sz = 2 + len(topic) + 2 + size
+            i = 1
+            while sz > 0x7F:
+                hdr[i] = (sz & 0x7F) | 0x80
+                sz >>= 7
+                i += 1
+            hdr[i] = sz
+            sock.write(hdr, i + 1)
+            self._send_str(topic)
+            pid = self._pid()
+            hdr[0] = pid >> 8
+            hdr[1] = pid & 0xFF
+            sock.write(hdr, 2)
+            f = open(path, "rb")
+            try:
+                left = size
+                while left > 0:
+                    n = f.readinto(buf)
+                    if not n:
+                        raise OSError(5)  # EIO: file shorter than its stat size
+                    if n > left:
+                        n = left
+                    sock.write(buf, n)
+                    left -= n
+                    if self.feed is not None:
+                        self.feed()
+            finally:
+                f.close()
+            self.await_puback(pid)
+
+
+class Link:
+    """The broker session of the board: connect/backoff, status, outbox drain."""
+
+    def __init__(self, cfg, log, feed=None):
+        self.cfg = cfg
+        self.log = log
+        self.feed = feed
+        prefix = cfg.topic_prefix
+        self.release_topic = ("%s/%s/release" % (prefix, cfg.device)).encode()
+        self.status_topic = ("%s/%s/status" % (prefix, cfg.device)).encode()
+        self.client = None
+        self.buf = bytearray(512)
+        self.min_delay_ms = 1000
+        self.delay_ms = self.min_delay_ms
+        self.next_ms = 0
+        self.status_dirty = True
+        self.last_acked = None
+        self.last_io_ms = 0
+        self.tls = None
+        self.connects = 0
+        self.failures = 0
+        self.published = 0
+
+    @property
+    def up(self):
+        return self.client is not None
+
+    # -- connection --------------------------------------------------------
+    def _tls_wrapper(self):
+        if self.tls is None:
+            import ssl
+
+            c = self.cfg
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            if c.tls_verify:
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                ctx.load_verify_locations(cafile=c.tls_ca)
+            else:
+                ctx.verify_mode = ssl.CERT_NONE
+            if c.tls_cert is not None:
+                ctx.load_cert_chain(c.tls_cert, c.tls_key)
+            self.tls = _TLS(ctx, c.tls_server_hostname)
+        return self.tls
+
+    def connect(self):
+        c = self.cfg
+        if simple is None:
+            raise ImportError("umqtt.simple is not installed (deploy/flash.sh runs: mpremote mip install umqtt.simple)")
+        _install_timeouts(c.mqtt_timeout_s)
+        ssl = self._tls_wrapper() if c.tls else None
+        cl = Client(c.device, c.mqtt_host, port=c.mqtt_port, user=c.mqtt_user, password=c.mqtt_password,
+                    keepalive=c.keepalive_s, ssl=ssl)
+        cl.deadline_ms = PUBACK_DEADLINE_FACTOR * c.mqtt_timeout_s * 1000
+        cl.feed = self.feed
+        cl.set_last_will(self.status_topic, OFFLINE, retain=True, qos=1)
+        try:
+            cl.connect()
+        except BaseException:
+            _close(cl)
+            raise
+        self.client = cl
+        self.connects += 1
+
+    def drop(self, reason=None, now_ms=0):
+        """Close the session (no DISCONNECT: the broker publishes the last will)."""
+        cl = self.client
+        self.client = None
+        if cl is not None:
+            _close(cl)
+        if reason is not None:
+            self.failures += 1
+            self.next_ms = now_ms + self.delay_ms
+            self.log("mqtt: %s; retrying in %d s" % (reason, self.delay_ms // 1000))
+            self.delay_ms = min(self.delay_ms * 2, self.cfg.mqtt_retry_max_s * 1000)
+
+    # -- work --------------------------------------------------------------
+    def service(self, app, now_ms):
+        """One bounded unit of broker work; returns True if more is waiting."""
+        if self.client is None:
+            if now_ms < self.next_ms:
+                return False
+            try:
+                self.connect()
+            except Exception as exc:
+                self.drop("cannot connect to %s:%d: %s" % (self.cfg.mqtt_host, self.cfg.mqtt_port, describe(exc)),
+                          now_ms)
+                return False
+            self.log("mqtt: connected to %s:%d%s" % (self.cfg.mqtt_host, self.cfg.mqtt_port,
+                                                      " (TLS)" if self.cfg.tls else ""))
+            self.status_dirty = True
+            self.last_io_ms = now_ms
+            fresh = True
+        else:
+            fresh = False
+        step = "status"
+        try:
+            outbox = app.rec.outbox
+            pend = outbox.pending()
+            if self.status_dirty and (fresh or not pend):  # "online" first, then after draining
+                self.client.publish(self.status_topic, app.status_json(), retain=True, qos=1)
+                self.status_dirty = False
+                self.last_io_ms = now_ms
+            step = "release"
+            if pend:
+                seq = pend[0]
+                path = outbox.path(seq)
+                import os
+
+                size = os.stat(path)[6]
+                self.client.publish_file(self.release_topic, path, size, self.buf)
+                outbox.ack(seq)
+                self.last_acked = seq
+                self.published += 1
+                self.delay_ms = self.min_delay_ms
+                self.last_io_ms = now_ms
+                if len(pend) == 1:
+                    self.status_dirty = True
+                return True
+            step = "ping"
+            ka = self.cfg.keepalive_s * 1000
+            if ka and now_ms - self.last_io_ms >= ka // 2:
+                self.client.ping()
+                if self.client.wait_msg() is not None:  # must be the PINGRESP
+                    raise OSError(-4)
+                self.last_io_ms = now_ms
+        except Exception as exc:
+            self.drop("%s not delivered: %s" % (step, describe(exc)), now_ms)
+            return False
+        return self.status_dirty
+
+
+def _close(cl):
+    try:
+        if cl.sock is not None:
+            cl.sock.close()
+    except Exception:
+        pass
+
+
+def status_json(fields):
+    """Compact JSON object with sorted keys (as the Pi agent's json.dumps(sort_keys=True))."""
+    items = sorted(fields)
+    out = []
+    for k, v in items:
+        out.append('"%s":%s' % (k, json.dumps(v)))
+    return ("{" + ",".join(out) + "}").encode()

@@ -1,0 +1,39 @@
+"""Fake ``bluetooth``: a BLE object whose scans a test fills with adverts."""
+import fakehw
+
+_IRQ_SCAN_RESULT = 5
+_IRQ_SCAN_DONE = 6
+_ble = [None]
+scans = []
+
+
+def burst(addrs, addr_type=0):
+    """Test hook: the running scan hears ``addrs`` (6-byte bytes each) and ends."""
+    b = _ble[0]
+    for a in addrs:
+        b._irq(_IRQ_SCAN_RESULT, (addr_type, memoryview(a), 0, -60, memoryview(b"\x02\x01\x06")))
+    b.scanning = False
+    b._irq(_IRQ_SCAN_DONE, ())
+
+
+class BLE:
+    def __init__(self):
+        self._active = False
+        self._irq = None
+        self.scanning = False
+        _ble[0] = self
+
+    def active(self, v=None):
+        if v is None:
+            return self._active
+        self._active = bool(v)
+
+    def irq(self, handler):
+        self._irq = handler
+
+    def gap_scan(self, duration_ms, interval_us=1280000, window_us=11250, active=False):
+        if duration_ms is None:
+            self.scanning = False
+            return
+        scans.append((fakehw.ms, duration_ms, interval_us, window_us, active))
+        self.scanning = True

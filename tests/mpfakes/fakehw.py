@@ -1,0 +1,112 @@
+"""Shared state of the fake hardware used by tests/test_firmware_*.py.
+
+Runs inside the MicroPython VM. The fake modules beside it (``network``,
+``machine``, ``ntptime``, ``bluetooth``, ``usocket``, ``ssl``,
+``umqtt.simple``) read and write the dicts below, and tests flip them
+between main-loop steps: ``wifi["ap"] = False`` is a WiFi drop,
+``broker["connack"] = 5`` a broker refusing the device, and so on.
+
+Time is fake too: ``install()`` points ``firmware.clock`` at a millisecond
+counter that only moves when the firmware sleeps or a test calls
+``advance``. The real UTC time at fake uptime 0 is ``UNIX0``.
+"""
+
+PERIOD = 1 << 30
+UNIX0 = 1767225600  # 2026-01-01T00:00:00Z
+ms = 0
+rtc0 = 946684800  # what the RTC says at uptime 0: 2000-01-01 (unset)
+
+
+class Reset(BaseException):
+    """machine.reset() or a watchdog bite: the VM run must stop here."""
+
+
+class PowerCut(BaseException):
+    """Injected power failure (raised from a fake file operation)."""
+
+
+class Hang(BaseException):
+    """A read on a blocking socket with no data coming: a real board would hang."""
+
+
+wifi = {"ap": True, "ssid": "lab", "password": "secret", "join_ms": 300}
+sta = {"target": None, "since": 0, "joined": False}
+broker = {
+    "up": True,          # accepts TCP connections
+    "connack": 0,        # CONNACK return code (5 = not authorized)
+    "drop_puback": 0,    # swallow the next N PUBACKs (message still delivered)
+    "reset_after": None,  # reset the connection after N more bytes from the client
+    "silent": False,     # stop answering at all (degraded link)
+    "oom_connect": False,  # raise MemoryError in the TLS wrap (no heap for TLS buffers)
+}
+ntp = {"ok": True}
+wdt = {"armed": False, "timeout": 0, "last": 0, "feeds": 0}
+stats = {"connects": 0, "pubs": 0, "wlan_connects": 0}
+
+
+def ticks_ms():
+    return ms & (PERIOD - 1)
+
+
+def ticks_diff(a, b):
+    return ((a - b + PERIOD // 2) & (PERIOD - 1)) - PERIOD // 2
+
+
+def ticks_add(a, d):
+    return (a + d) & (PERIOD - 1)
+
+
+def advance(n):
+    """Let ``n`` ms pass; a starved armed watchdog bites (raises Reset)."""
+    global ms
+    ms += n
+    if wdt["armed"] and ms - wdt["last"] > wdt["timeout"]:
+        raise Reset("watchdog: not fed for %d ms" % (ms - wdt["last"]))
+
+
+def sleep_ms(n):
+    advance(n)
+
+
+def unix():
+    return UNIX0 + ms // 1000
+
+
+def rtc_unix():
+    return rtc0 + ms // 1000
+
+
+def set_unix(t):
+    """Move the fake 'real' time so that unix() == t now (uptime unchanged)."""
+    global UNIX0
+    UNIX0 = t - ms // 1000
+
+
+def wifi_connected():
+    if not wifi["ap"]:
+        sta["joined"] = False
+        return False
+    if sta["joined"]:
+        return True
+    t = sta["target"]
+    if t is not None and t == (wifi["ssid"], wifi["password"]) and ms - sta["since"] >= wifi["join_ms"]:
+        sta["joined"] = True
+    return sta["joined"]
+
+
+def install():
+    """Point the firmware's clock functions at the fake clock."""
+    import firmware.clock as c
+
+    c.ticks_ms = ticks_ms
+    c.ticks_diff = ticks_diff
+    c.ticks_add = ticks_add
+    c.sleep_ms = sleep_ms
+    c.rtc_unix = rtc_unix
+
+
+def hexstr(b):
+    out = []
+    for x in b:
+        out.append("%02x" % x)
+    return "".join(out)

@@ -1,0 +1,49 @@
+"""Guest-side driver for firmware tests: boot the app on fake hardware and
+run its main loop in fake time. Import after sys.path has /src/fakes."""
+import fakehw
+
+app = None  # the running firmware.app.App (or Idle)
+
+
+def boot(path="/flash/pansketch.json", fs_root="/flash"):
+    global app
+    fakehw.install()
+    import fakefs
+
+    fakefs.install(fs_root)
+    from firmware import app as fwapp
+
+    app = fwapp.boot(path)
+    return app
+
+
+def run(seconds, tick_ms=1000):
+    """Run the main loop like firmware.app.main does, for ``seconds`` of fake time."""
+    from firmware import app as fwapp
+
+    end = fakehw.ms + int(seconds * 1000)
+    while fakehw.ms < end:
+        app.step()
+        fwapp.sleep(app, tick_ms)
+
+
+def steps(n):
+    """n main-loop iterations without sleeping (fake time stands still)."""
+    for _ in range(n):
+        app.step()
+
+
+def uart(lines, uid=1):
+    import machine
+
+    out = bytearray()
+    for x in lines:
+        out.extend(x.encode() if isinstance(x, str) else x)
+        out.extend(b"\n")
+    machine.uarts[uid].feed(out)
+
+
+def drained(uid=1):
+    import machine
+
+    return machine.uarts[uid].any() == 0
