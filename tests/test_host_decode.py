@@ -1,0 +1,175 @@
+"""Release validation: every bad message is rejected with a reason and the db is unchanged."""
+
+from __future__ import annotations
+
+import array
+
+import cbor2
+import pytest
+
+from agent import calibrate, release
+from host_tools import hostconfig
+from host_tools.aggregator import Aggregator
+from host_tools.decode import Rejected, decode
+from tests.test_host_support import SALT, T0, dumps, encoded, host_cfg, params, release_map, topic
+
+
+@pytest.fixture
+def agg(tmp_path):
+    a = Aggregator(host_cfg(tmp_path))
+    # one good release already stored: every rejection below must leave it (and all else) untouched
+    assert a.handle(topic("dev-a"), encoded(params(), fill=3)).status == "stored"
+    yield a
+    a.close()
+
+
+def test_valid_release_roundtrip():
+    p = params(kind="cms", d=3, w=10, mechanism="dlap", budget="1")
+    ctr = array.array("i", range(-15, 15))
+    raw = release.encode(p, 7, 100, 101, 2, ctr)
+    rel = decode(raw, topic=topic("dev-a"))
+    assert (rel.dev, rel.seq, rel.elo, rel.ehi, rel.part, rel.kind, rel.d, rel.w) == ("dev-a", 7, 100, 101, 2, "cms", 3, 10)
+    assert rel.counters().ravel().tolist() == list(range(-15, 15))
+    assert rel.nint == rel.nout == (3, 1)  # dlap scale d*clip/eps
+    assert rel.payload == raw
+
+
+def bad_cases():
+    p = params()
+    good = encoded(p)
+    m = release_map(p)
+    big = params(w=1 << 18)  # 4 MiB of counters > max_bytes
+    yield "malformed-truncated", good[:-7], "cbor"
+    yield "malformed-garbage", b"\xff\x00\x13garbage", "cbor"
+    yield "trailing-bytes", good + b"\x00", "cbor"
+    yield "not-a-map", cbor2.dumps([1, 2, 3]), "schema"
+    yield "unknown-version", dumps(dict(m, v=2)), "version"
+    yield "missing-version", dumps({k: v for k, v in m.items() if k != "v"}), "version"
+    yield "float", cbor2.dumps(dict(m, clip=1.0)), "type"
+    yield "tag", cbor2.dumps(dict(m, dev=cbor2.CBORTag(999, "dev-a"))), "type"
+    yield "bignum-tag", cbor2.dumps(dict(m, seq=2 ** 70)), "schema"
+    yield "unknown-field", dumps(dict(m, extra=1)), "schema"
+    yield "missing-field", dumps({k: v for k, v in m.items() if k != "seq"}), "schema"
+    yield "wrong-type", dumps(dict(m, d="4")), "schema"
+    yield "negative-seq", dumps(dict(m, seq=-1)), "schema"
+    yield "tree-mode", dumps(dict(m, mode="tree")), "schema"
+    yield "wrong-shape", dumps(dict(m, ctr=m["ctr"][:-4])), "shape"
+    yield "shape-vs-w", dumps(dict(m, w=65)), "shape"
+    yield "empty-range", dumps(dict(m, ehi=m["elo"])), "schema"
+    yield "window-mismatch", dumps(dict(m, win=m["win"] + 1)), "schema"
+    yield "hash-version", dumps(dict(m, hv=2)), "schema"
+    yield "bad-salt-id", dumps(dict(m, salt="XYZ")), "schema"
+    yield "noise-too-small", dumps(dict(m, nout=[1, 1])), "noise"
+    yield "noise-vs-budget", dumps(dict(m, budget=[1, 100])), "noise"
+    yield "noncanonical", cbor2.dumps(m, canonical=False), "encoding"
+    yield "oversized", encoded(big), "size"
+
+
+@pytest.mark.parametrize("name,payload,code", list(bad_cases()), ids=[c[0] for c in bad_cases()])
+def test_rejections_have_reasons_and_touch_nothing(agg, name, payload, code):
+    before = agg.store.snapshot()
+    out = agg.handle(topic("dev-a"), payload)
+    assert out.status == "rejected", name
+    assert out.code == code, (name, out.reason)
+    assert out.reason and len(out.reason) > 10
+    after = agg.store.snapshot()
+    assert after[0] == before[0] and after[2] == before[2] and after[3] == before[3]  # releases untouched
+    assert after[1] == before[1] + 1  # one rejection logged
+    rj = agg.store.rejections(limit=1)[0]
+    assert rj[4] == code and rj[5] == out.reason and rj[2] == topic("dev-a") and rj[6] == len(payload)
+
+
+def test_topic_must_match_device(agg):
+    before = agg.store.snapshot()
+    out = agg.handle(topic("dev-b"), encoded(params("dev-a"), seq=1, elo=T0 // 3600 + 1))
+    assert out.status == "rejected" and out.code == "topic" and "dev-b" in out.reason
+    assert agg.store.snapshot()[3] == before[3]
+    assert agg.handle("some/other/topic", encoded(params("dev-a"), seq=1, elo=T0 // 3600 + 1)).code == "topic"
+
+
+def test_fleet_config_is_enforced(tmp_path):
+    a = Aggregator(host_cfg(tmp_path, fleet={"kind": "cms", "d": 4, "mechanism": "dgauss"}))
+    assert a.handle(topic("x"), encoded(params("x", kind="cs"))).code == "fleet"
+    assert a.handle(topic("x"), encoded(params("x", kind="cms", d=5))).code == "fleet"
+    assert a.handle(topic("x"), encoded(params("x", kind="cms", mechanism="dlap", budget="1"))).code == "fleet"
+    p = params("x", kind="cms")
+    other_salt = params("x", kind="cms", salt="another-fleet-salt")
+    assert a.handle(topic("x"), encoded(other_salt)).code == "fleet"
+    assert a.handle(topic("x"), encoded(p)).status == "stored"
+    assert a.store.release_count() == 1 and a.store.rejection_count() == 4
+
+
+def test_device_parameters_fixed_by_first_release(agg):
+    before = agg.store.snapshot()
+    nxt = T0 // 3600 + 1
+    out = agg.handle(topic("dev-a"), encoded(params(w=128), seq=1, elo=nxt))
+    assert out.code == "device" and "w 64 -> 128" in out.reason
+    out = agg.handle(topic("dev-a"), encoded(params(kind="cms"), seq=1, elo=nxt))
+    assert out.code == "device" and "kind" in out.reason
+    out = agg.handle(topic("dev-a"), encoded(params(window_s=1800), seq=1, elo=T0 // 1800 + 2))
+    assert out.code == "device" and "ep_s" in out.reason
+    assert agg.store.snapshot()[3] == before[3]
+    # budget/mechanism may change (the ledger tracks them per window)
+    assert agg.handle(topic("dev-a"), encoded(params(mechanism="dlap", budget="2"), seq=1, elo=nxt)).stored
+
+
+def test_duplicate_and_conflict(agg):
+    p = params()
+    same = encoded(p, fill=3)
+    before = agg.store.snapshot()
+    out = agg.handle(topic("dev-a"), same)
+    assert out.status == "duplicate"
+    after = agg.store.snapshot()
+    assert after[0] == before[0] and after[3] == before[3] and after[2] == before[2] + 1
+    redrawn = encoded(p, fill=4)  # same key, different noise
+    out = agg.handle(topic("dev-a"), redrawn)
+    assert out.status == "rejected" and out.code == "conflict" and "re-drawn" in out.reason
+    assert agg.store.snapshot()[3] == before[3]
+    assert agg.store.payload("dev-a", T0 // 3600, T0 // 3600 + 1, 0) == same  # the first one is kept
+    # another part of the same epoch is a different release
+    assert agg.handle(topic("dev-a"), encoded(p, seq=1, part=1, fill=4)).stored
+
+
+def test_noise_calibration_matches_agent():
+    for mech, budget, d, clip in (("dlap", "1/2", 4, 1), ("dgauss", "1/3", 5, 2), ("dgauss", "2", 1, 1)):
+        p = params(mechanism=mech, budget=budget, d=d, clip=clip)
+        rel = decode(encoded(p))
+        spec = calibrate.noise_for(mech, budget, d, clip)
+        assert rel.nint == rel.nout == (spec.num, spec.den)
+
+
+def test_max_bytes_checked_before_decoding(tmp_path):
+    cfg = host_cfg(tmp_path, aggregator={"max_bytes": 1000})
+    a = Aggregator(cfg)
+    out = a.handle(topic("dev-a"), b"\xa1" + b"\x00" * 5000)  # would be malformed too; size wins
+    assert out.code == "size" and "1000" in out.reason
+    assert a.handle(topic("dev-a"), encoded(params(w=16))).stored
+    a.close()
+
+
+def test_config_errors_name_the_key(tmp_path):
+    cases = [
+        ({"fleet": {}}, "fleet.salt"),
+        ({"fleet": {"salt": "short"}}, "fleet.salt"),
+        ({"fleet": {"salt": SALT, "salt_id": "0" * 16}}, "fleet.salt_id"),
+        ({"fleet": {"salt": SALT, "kind": "hll"}}, "fleet.kind"),
+        ({"fleet": {"salt": SALT}, "broker": {"port": 70000}}, "broker.port"),
+        ({"fleet": {"salt": SALT}, "broker": {"prot": 1}}, "broker.prot"),
+        ({"fleet": {"salt": SALT}, "aggregator": {"qos": 0}}, "aggregator.qos"),
+        ({"fleet": {"salt": SALT}, "aggregator": {"topic": "pansketch/#"}}, "aggregator.topic"),
+        ({"fleet": {"salt": SALT}, "aggregator": {"shared_group": "a/b"}}, "aggregator.shared_group"),
+        ({"fleet": {"salt": SALT}, "aggregator": {"max_bytes": "big"}}, "aggregator.max_bytes"),
+        ({"fleet": {"salt": SALT}, "broker": {"tls_ca": "/nonexistent/ca.pem"}}, "broker.tls_ca"),
+        ({"fleet": {"salt": SALT}, "query": {"confidence": 1.5}}, "query.confidence"),
+        ({"fleet": {"salt": SALT}, "ledger": {}}, "ledger"),
+    ]
+    for raw, key in cases:
+        with pytest.raises(hostconfig.ConfigError) as ei:
+            hostconfig.from_dict(raw, str(tmp_path))
+        assert ei.value.key == key, (raw, str(ei.value))
+    ok = hostconfig.from_dict({"fleet": {"salt_id": hostconfig.hashing.salt_id(SALT)},
+                               "aggregator": {"shared_group": "g1", "db": "x.db"}}, str(tmp_path))
+    assert ok.aggregator.subscription == "$share/g1/pansketch/+/release"
+    assert ok.aggregator.db == str(tmp_path / "x.db")
+    with pytest.raises(hostconfig.ConfigError):
+        ok.require_salt()

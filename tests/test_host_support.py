@@ -1,0 +1,83 @@
+"""Helpers for the host tests: real releases from the real device core.
+
+Releases come from :class:`agent.recorder.Recorder` (internal + output
+noise from agent.noise, deterministic byte source so the tests are
+repeatable) or, for format tests, from :func:`agent.release.encode` with
+hand-made counters. No tests of its own.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from agent import cbor, release
+from agent.params import Params
+from agent.recorder import Recorder
+from agent.rng import DeterministicSource, Rng
+from host_tools import hostconfig
+
+SALT = "host-tests-fleet-salt"
+T0 = 1_700_000_000 // 3600 * 3600  # an hour boundary
+
+
+def params(device: str = "dev-a", **kw: Any) -> Params:
+    cfg = {"device": device, "salt": SALT, "kind": "cs", "d": 4, "w": 64, "window_s": 3600}
+    cfg.update(kw)
+    return Params(cfg)
+
+
+def encoded(p: Params, seq: int = 0, elo: Optional[int] = None, part: int = 0, fill: int = 0,
+            ehi: Optional[int] = None) -> bytes:
+    """A valid release of ``p`` with constant counters ``fill`` (format tests)."""
+    if elo is None:
+        elo = T0 // p.epoch_s
+    ctr = array.array("i", [fill] * (p.d * p.w))
+    return release.encode(p, seq, elo, elo + 1 if ehi is None else ehi, part, ctr)
+
+
+def release_map(p: Params, **kw: Any) -> dict[str, Any]:
+    """The map of a valid release with fields overridden (to build invalid ones)."""
+    m = release.release_map(p, 0, T0 // p.epoch_s, T0 // p.epoch_s + 1, 0, array.array("i", [0] * (p.d * p.w)))
+    m["ctr"] = bytes(m["ctr"])
+    m.update(kw)
+    return m
+
+
+def dumps(m: dict[str, Any]) -> bytes:
+    return cbor.dumps(m)
+
+
+def host_cfg(tmpdir: Any, **sections: dict[str, Any]) -> hostconfig.HostConfig:
+    raw: dict[str, Any] = {"fleet": {"salt": SALT}, "aggregator": {"db": os.path.join(str(tmpdir), "host.db")}}
+    for k, v in sections.items():
+        raw.setdefault(k, {}).update(v)
+    return hostconfig.from_dict(raw)
+
+
+def zipf_stream(n: int, universe: int, s: float, seed: int, prefix: str = "item") -> list[str]:
+    """n events over ``universe`` items with P(rank k) ~ 1/k^s (fixed seed)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, universe + 1) ** s
+    p /= p.sum()
+    ranks = rng.choice(universe, size=n, p=p)
+    return ["%s-%d" % (prefix, int(k)) for k in ranks]
+
+
+def record(p: Params, root: str, windows: list[list[Any]], seed: Any = None, t_start: int = T0) -> list[bytes]:
+    """Run the real Recorder over consecutive windows of events; return the releases in order."""
+    rec = Recorder(p, root, t_start, rng=Rng(DeterministicSource(seed if seed is not None else p.device)),
+                   log=lambda _m: None)
+    t = t_start
+    for events in windows:
+        rec.add_many(events)
+        t += p.window_s
+        rec.tick(t)
+    return [rec.outbox.read(s) for s in rec.outbox.pending()]
+
+
+def topic(dev: str) -> str:
+    return "pansketch/%s/release" % dev
