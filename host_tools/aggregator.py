@@ -103,10 +103,9 @@ class Aggregator:
             self.counts[k] += 1
 
 
-def _client(cfg: HostConfig) -> Any:
+def _client(cfg: HostConfig, cid: str) -> Any:
     import paho.mqtt.client as mqtt
 
-    cid = hostconfig.default_client_id(cfg)
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True)
     b = cfg.broker
     if b.tls:
@@ -118,10 +117,12 @@ def _client(cfg: HostConfig) -> Any:
 
 
 def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
-        ready: Optional[threading.Event] = None) -> int:
+        ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
 
-    ``ready`` is set once the subscription is acknowledged. Returns an exit code.
+    ``ready`` is set once the subscription is acknowledged; ``counts``, if
+    given, receives the numbers of stored/duplicate/rejected messages at
+    exit. Returns an exit code.
     """
     import paho.mqtt.client as mqtt
     from paho.mqtt.packettypes import PacketTypes
@@ -130,8 +131,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
 
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
-    client = _client(cfg)
     cid = hostconfig.default_client_id(cfg)
+    client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
     state = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None}
     persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
@@ -216,6 +217,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts
+        if counts is not None:
+            counts.update(c)
         log.info("aggregator stopped: %d stored, %d duplicates, %d rejected", c["stored"], c["duplicate"],
                  c["rejected"])
         agg.close()

@@ -339,5 +339,5 @@ def default_client_id(cfg: HostConfig) -> str:
     if cfg.broker.client_id:
         return cfg.broker.client_id
     if cfg.aggregator.shared_group:
-        return "pansketch-agg-%s-%d" % (socket.gethostname()[:40], os.getpid())
+        return "pansketch-agg-%s-%d-%s" % (socket.gethostname()[:40], os.getpid(), os.urandom(3).hex())
     return "pansketch-aggregator"

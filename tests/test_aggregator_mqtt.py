@@ -1,0 +1,239 @@
+"""The aggregator against a real mosquitto with real paho publishers.
+
+Checks: releases published at QoS 1 are stored; duplicates and bad messages
+do not disturb anything; two aggregators on a shared subscription split the
+load and store each release once; releases published while the aggregator
+is down arrive after it comes back (persistent session), also across a
+broker restart; ``--until-idle`` and the CLI's exit codes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from host_tools import aggregator, query
+from host_tools.store import Store
+from tests.broker import needs_mosquitto, start_mosquitto
+from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
+
+pytestmark = needs_mosquitto
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def publish_all(port: int, msgs: list[tuple[str, bytes]], client_id: str = "pub", qos: int = 1) -> None:
+    """Publish and wait until the broker acknowledged every message."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        infos = [c.publish(t, p, qos=qos) for t, p in msgs]
+        for i in infos:
+            i.wait_for_publish(10)
+            assert i.is_published()
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+class AggThread:
+    """aggregator.run in a thread, stopped on exit."""
+
+    def __init__(self, cfg: Any, until_idle: float | None = None) -> None:
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.rc: list[int] = []
+        self.counts: dict[str, int] = {}
+        self.t = threading.Thread(target=lambda: self.rc.append(aggregator.run(cfg, until_idle, self.stop, self.ready,
+                                                                                self.counts)),
+                                  daemon=True)
+        self.t.start()
+        assert self.ready.wait(15), "aggregator did not subscribe"
+
+    def close(self) -> int:
+        self.stop.set()
+        self.t.join(20)
+        assert not self.t.is_alive()
+        return self.rc[0]
+
+
+def wait_for(pred: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met within %.0f s" % timeout)
+
+
+def counts(db: str) -> tuple[int, int, int]:
+    st = Store(db, readonly=True)
+    try:
+        return st.release_count(), st.rejection_count(), st.duplicate_count()
+    finally:
+        st.close()
+
+
+def test_store_reject_dedupe_and_query(tmp_path):
+    b = start_mosquitto(tmp_path)
+    cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1"}, aggregator={"max_bytes": 20000})
+    a = AggThread(cfg)
+    try:
+        truth: dict[str, int] = {}
+        msgs = []
+        for dv in range(3):
+            p = params("agent-%d" % dv, w=256, d=5)
+            windows = [zipf_stream(3000, 500, 1.2, 7 * dv + k) for k in range(2)]
+            for ev in windows:
+                for x in ev:
+                    truth[x] = truth.get(x, 0) + 1
+            msgs += [(topic(p.device), raw) for raw in record(p, str(tmp_path / p.device), windows)]
+        good = list(msgs)
+        bad = [
+            (topic("agent-0"), b"\xa3not cbor"),  # malformed
+            (topic("agent-0"), encoded(params("agent-0", w=256, d=5), seq=99, elo=T0 // 3600 + 50)[:-3]),
+            (topic("agent-9"), msgs[0][1]),  # another device's release on this topic
+            (topic("agent-0"), encoded(params("agent-0", w=4096, d=5))),  # oversized (80 KB)
+        ]
+        publish_all(b.port, good + bad + good[:3], "pub1")  # good[:3] again = duplicate deliveries
+        wait_for(lambda: sum(counts(cfg.aggregator.db)) == len(good) + len(bad) + 3)
+        assert counts(cfg.aggregator.db) == (len(good), len(bad), 3)
+        st = Store(cfg.aggregator.db, readonly=True)
+        codes = sorted(r[4] for r in st.rejections())
+        assert codes == ["cbor", "cbor", "size", "topic"]
+        items = sorted(truth, key=lambda x: -truth[x])[:20]
+        ans = query.freq(st, items, salt=SALT)
+        inside = sum(a.lo <= truth[a.item] <= a.hi for a in ans)
+        assert inside >= 17  # 95% intervals on 20 items (P[< 17] < 2% under independence)
+        assert ans[0].releases == len(good) and ans[0].devices == ["agent-0", "agent-1", "agent-2"]
+        st.close()
+    finally:
+        assert a.close() == 0
+        b.stop()
+
+
+def test_shared_subscription_splits_load_and_stores_once(tmp_path):
+    b = start_mosquitto(tmp_path)
+    base = dict(broker={"port": b.port, "host": "127.0.0.1"}, aggregator={"shared_group": "aggs"})
+    cfg = host_cfg(tmp_path, **base)
+    a1 = AggThread(cfg)
+    a2 = AggThread(cfg)
+    try:
+        msgs = []
+        for dv in range(8):
+            p = params("s%d" % dv, w=32)
+            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(10)]
+        publish_all(b.port, msgs)
+        wait_for(lambda: counts(cfg.aggregator.db)[0] == len(msgs))
+        time.sleep(0.3)
+        assert counts(cfg.aggregator.db) == (len(msgs), 0, 0)
+    finally:
+        s1, s2 = a1.close(), a2.close()
+        b.stop()
+    assert s1 == s2 == 0
+    # both members of the group received a share, and no message was handled twice
+    assert a1.counts["stored"] > 0 and a2.counts["stored"] > 0
+    assert a1.counts["stored"] + a2.counts["stored"] == len(msgs)
+    assert a1.counts["duplicate"] + a2.counts["duplicate"] == 0
+
+
+def test_releases_published_while_aggregator_down_survive_broker_restart(tmp_path):
+    b = start_mosquitto(tmp_path, persistent=True)
+    cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1"})
+    a = AggThread(cfg)  # creates the persistent session and its subscription
+    p = params("offline", w=32)
+    first = [(topic("offline"), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(5)]
+    publish_all(b.port, first)
+    wait_for(lambda: counts(cfg.aggregator.db)[0] == 5)
+    assert a.close() == 0
+    later = [(topic("offline"), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(5, 12)]
+    publish_all(b.port, later)  # queued by the broker for the offline session
+    b.restart()  # saved to disk and reloaded
+    a = AggThread(cfg)
+    try:
+        wait_for(lambda: counts(cfg.aggregator.db)[0] == 12)
+        st = Store(cfg.aggregator.db, readonly=True)
+        assert [r.seq for r in st.releases()] == list(range(12))
+        st.close()
+    finally:
+        a.close()
+        b.stop()
+
+
+def test_aggregator_reconnects_after_broker_restart(tmp_path):
+    b = start_mosquitto(tmp_path, persistent=True)
+    cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1", "reconnect_min_s": 1, "reconnect_max_s": 2})
+    a = AggThread(cfg)
+    try:
+        p = params("rc", w=32)
+        publish_all(b.port, [(topic("rc"), encoded(p, seq=0, fill=1))])
+        wait_for(lambda: counts(cfg.aggregator.db)[0] == 1)
+        b.restart()
+        publish_all(b.port, [(topic("rc"), encoded(p, seq=1, elo=T0 // 3600 + 1, fill=2))])
+        wait_for(lambda: counts(cfg.aggregator.db)[0] == 2, timeout=30)
+    finally:
+        assert a.close() == 0
+        b.stop()
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run([sys.executable, "-m", "host_tools.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout)
+
+
+def _toml(path: Any, port: int, extra: str = "") -> str:
+    text = """
+[broker]
+host = "127.0.0.1"
+port = %d
+
+[aggregator]
+db = "agg.db"
+
+[fleet]
+salt = "%s"
+%s
+""" % (port, SALT, extra)
+    path.write_text(text)
+    return str(path)
+
+
+def test_cli_until_idle_and_exit_codes(tmp_path):
+    b = start_mosquitto(tmp_path)
+    conf = _toml(tmp_path / "host.toml", b.port)
+    p = params("cli", w=32)
+    # publish while the CLI aggregator runs: a background publisher after it has subscribed
+    proc_env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "2"],
+                            cwd=REPO, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        publish_all(b.port, [(topic("cli"), encoded(p, seq=0, fill=5)), (topic("cli"), b"junk")])
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "rejected message on pansketch/cli/release" in err and "1 stored" in err
+    assert counts(str(tmp_path / "agg.db")) == (1, 1, 0)
+    b.stop()
+    # no broker: exits 1 with a message after the idle time
+    r = _cli("aggregate", "--config", conf, "--until-idle", "1")
+    assert r.returncode == 1 and "could not connect" in r.stderr
+    # config error: exit 2, one line naming the key
+    bad = _toml(tmp_path / "bad.toml", b.port, "kind = \"bloom\"")
+    for cmd in (["aggregate", "--config", bad], ["status", "--config", bad], ["query", "--config", bad, "freq", "x"]):
+        r = _cli(*cmd)
+        assert r.returncode == 2, (cmd, r.stderr)
+        assert r.stderr.strip().count("\n") == 0 and "fleet.kind" in r.stderr
