@@ -175,6 +175,8 @@ class App:
         self.ntp_next = 0
         self.ntp_delay = 5000
         self.last_persist = 0
+        self.due_up = 0  # uptime (ms) of the next Recorder.tick: idle steps do no clock arithmetic
+        self.outbox_hint = True  # the outbox may have releases (saves a listdir per step)
         self.warned = {}
         # No event or drop counters anywhere: memory is readable by an intruder
         # (DESIGN.md), so the app keeps nothing but the noisy sketch.
@@ -261,16 +263,25 @@ class App:
                 return
         elif self.wifi.up and up - self.clock.synced_at >= self.cfg.ntp_resync_s * 1000 and up >= self.ntp_next:
             self._sync(up)
+        if up < self.due_up:
+            return
         now = self.clock.now()
-        if now // self.p.epoch_s >= rec.ehi:
+        ep = self.p.epoch_s
+        if now // ep >= rec.ehi:
             rec.persist(now)  # nothing counted is lost if power fails during the commit
             if rec.tick(now):
                 self.link.status_dirty = True
+                self.outbox_hint = True
             else:
                 self.warn("relfail", "could not commit the release of epochs [%d, %d) (flash full?); "
                           "still counting, will retry at the next epoch end" % (rec.elo, rec.ehi))
         else:
             rec.tick(now)
+        to_end = rec.ehi * ep - now
+        to_persist = rec.last_persist + self.p.persist_s - now
+        if to_persist <= 0:  # the last persist failed (flash full): retry after persist_s
+            to_persist = self.p.persist_s
+        self.due_up = up + 1000 * max(1, min(to_end, to_persist))
 
     def _sync(self, up):
         first = not self.clock.synced
@@ -283,6 +294,7 @@ class App:
             return
         self.ntp_delay = 5000
         self.ntp_next = up
+        self.due_up = 0
         if first:
             log("clock synced: %d" % now)
             self._dated(now)

@@ -291,13 +291,16 @@ class Link:
                                                       " (TLS)" if self.cfg.tls else ""))
             self.status_dirty = True
             self.last_io_ms = now_ms
+            app.outbox_hint = True
             fresh = True
         else:
             fresh = False
         step = "status"
         try:
             outbox = app.rec.outbox
-            pend = outbox.pending()
+            pend = outbox.pending() if app.outbox_hint else None
+            if not pend:
+                app.outbox_hint = False
             if self.status_dirty and (fresh or not pend):  # "online" first, then after draining
                 self.client.publish(self.status_topic, app.status_json(), retain=True, qos=1)
                 self.status_dirty = False

@@ -38,10 +38,10 @@ BASE: dict[str, Any] = {
 
 
 def config(**over: Any) -> dict[str, Any]:
-    """BASE with overrides; ``sketch=...``/``mqtt=...`` dicts are merged into their section."""
+    """BASE with overrides; section dicts (except ``source``) are merged into BASE's."""
     c = copy.deepcopy(BASE)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(c.get(k), dict):
+        if isinstance(v, dict) and isinstance(c.get(k), dict) and k != "source":
             c[k].update(v)
         elif v is None:
             c.pop(k, None)

