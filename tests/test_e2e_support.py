@@ -83,8 +83,10 @@ class Capture:
     """A real paho subscriber recording every message (topic, payload, retain)."""
 
     def __init__(self, port: int, topics: list[str], username: Optional[str] = None, password: Optional[str] = None,
-                 client_id: str = "capture") -> None:
+                 client_id: str = "capture", persistent: bool = False) -> None:
         import paho.mqtt.client as mqtt
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
 
         self.msgs: list[tuple[str, bytes, bool]] = []
         self.cond = threading.Condition()
@@ -107,7 +109,11 @@ class Capture:
 
         c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
         c.reconnect_delay_set(1, 1)
-        c.connect_async("127.0.0.1", port)
+        props = None
+        if persistent:  # the broker queues QoS 1 messages for us while we are disconnected
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 600
+        c.connect_async("127.0.0.1", port, clean_start=not persistent, properties=props)
         c.loop_start()
         self.client = c
         assert self.ready.wait(10), "capture client did not subscribe"
