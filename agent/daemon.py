@@ -175,9 +175,9 @@ class Agent:
             if not ok:
                 left = len(self.rec.outbox.pending())
                 why = self.pub.last_error or ("not connected" if not self.pub.connected else "no acknowledgement")
-                self.log("could not deliver %d of %d release(s) within %g s (%s) to %s:%d; they stay in %s "
+                self.log("could not deliver %d of %d release(s) to %s:%d within %g s: %s; they stay in %s "
                          "and go out with the next run or feed"
-                         % (left, n, finite_timeout or 0, why, self.cfg.broker.host, self.cfg.broker.port,
+                         % (left, n, self.cfg.broker.host, self.cfg.broker.port, finite_timeout or 0, why,
                             self.rec.outbox.dir))
                 code = EXIT_UNDELIVERED
             else:
