@@ -80,7 +80,13 @@ class Aggregator:
         now = time.time() if received is None else received
         payload = bytes(payload)
         try:
-            rel = decode(payload, topic=topic, max_bytes=self.cfg.aggregator.max_bytes, fleet=self.cfg.fleet)
+            try:
+                rel = decode(payload, topic=topic, max_bytes=self.cfg.aggregator.max_bytes, fleet=self.cfg.fleet)
+            except Rejected:
+                raise
+            except Exception as exc:  # a validator bug must not turn one message into a crash loop
+                self.log.exception("validating message on %s failed unexpectedly", topic)
+                raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
             status = self.store.insert(rel, topic=topic, received=now)
         except Rejected as rej:
             dev = topic_device(topic) if topic else None

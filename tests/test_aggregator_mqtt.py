@@ -17,9 +17,6 @@ import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
-import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from host_tools import aggregator, query
 from host_tools.store import Store

@@ -10,7 +10,7 @@ import pytest
 from agent import calibrate, release
 from host_tools import hostconfig
 from host_tools.aggregator import Aggregator
-from host_tools.decode import Rejected, decode
+from host_tools.decode import decode
 from tests.test_host_support import SALT, T0, dumps, encoded, host_cfg, params, release_map, topic
 
 
@@ -173,3 +173,16 @@ def test_config_errors_name_the_key(tmp_path):
     assert ok.aggregator.db == str(tmp_path / "x.db")
     with pytest.raises(hostconfig.ConfigError):
         ok.require_salt()
+
+
+def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch):
+    import host_tools.aggregator as A
+
+    def boom(*_a, **_k):
+        raise ZeroDivisionError("bug")
+
+    monkeypatch.setattr(A, "decode", boom)
+    before = agg.store.snapshot()
+    out = agg.handle(topic("dev-a"), b"anything")
+    assert out.code == "internal" and "ZeroDivisionError" in out.reason
+    assert agg.store.snapshot()[3] == before[3]

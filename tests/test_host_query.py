@@ -173,3 +173,16 @@ def test_integer_items(tmp_path):
     a.close()
     arr = np.array(est)
     assert arr[0] > arr[2] > arr[1] - 30
+
+
+def test_unreachable_confidence_gives_unbounded_interval(tmp_path):
+    """d=1, w=4: no finite t reaches 99% (each row misses with prob >= 1/(2w)); say so, do not pretend."""
+    p = params("tiny", d=1, w=4)
+    a = Aggregator(host_cfg(tmp_path))
+    assert a.handle(topic("tiny"), encoded(p, fill=2)).stored
+    ans = query.freq(a.store, ["x"], salt=SALT, confidence=0.99)[0]
+    assert ans.lo == -np.inf and ans.hi == np.inf
+    d = ans.to_dict()
+    assert d["lo"] is None and d["hi"] is None and d["estimate"] in (2, -2)
+    assert np.isfinite(query.freq(a.store, ["x"], salt=SALT, confidence=0.6)[0].hi)
+    a.close()
