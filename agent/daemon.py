@@ -105,7 +105,7 @@ class Agent:
         self.clock = Clock(args.clock_start, args.clock_speed)
         rng = _make_rng(args, self.log)
         self.rec = Recorder(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log)
-        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=64)
+        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=8)  # few raw events in flight (pan-privacy)
         scfg = cfg.source
         if source_type is not None and source_type != scfg.type:
             from agent.config import SourceConfig
@@ -114,6 +114,7 @@ class Agent:
         self.source = make_source(scfg, self.q, self.log, cfg.device + "-source")
         self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
         self.stopping = threading.Event()
+        self.failed = False
 
     def boundary(self) -> int:
         return self.rec.ehi * self.cfg.params.epoch_s
@@ -124,7 +125,7 @@ class Agent:
 
     def pump(self) -> bool:
         """Count events and tick the clock until stopped (False) or end of input (True)."""
-        from agent.sources import EOF
+        from agent.sources import EOF, SourceFailed
 
         tick_real = self.clock.seconds(1.0)
         next_tick = time.monotonic()
@@ -136,6 +137,10 @@ class Agent:
                 batch = ()
             if batch is EOF:
                 return True
+            if isinstance(batch, SourceFailed):
+                self.log("event source failed: %s" % batch.reason)
+                self.failed = True
+                return False
             if batch:
                 if self.clock.now() >= self.boundary():
                     self.tick()  # events after an epoch end belong to the next epoch
@@ -186,6 +191,8 @@ class Agent:
             self.rec.persist(self.clock.now())
             self.log("stopping; noisy state saved, %d release(s) waiting in the outbox"
                      % len(self.rec.outbox.pending()))
+            if self.failed:
+                code = EXIT_RUNTIME
         self.source.stop()
         self.pub.stop()
         return code

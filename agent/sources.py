@@ -30,8 +30,15 @@ from typing import Any, Callable, Optional, Union
 from agent.config import SourceConfig, field_path
 
 EOF = None  # end-of-input marker put on the queue
+
+
+class SourceFailed:
+    """Put on the queue when a source cannot go on (the daemon exits non-zero)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 Batch = tuple[list[Any], Optional[list[int]]]
-QueueItem = Union[Batch, None]
+QueueItem = Union[Batch, None, SourceFailed]
 
 READ_CHUNK = 1 << 16
 
@@ -101,10 +108,8 @@ class Source:
     def _main(self) -> None:
         try:
             self.run()
-        except Exception as exc:  # report and end the input rather than die silently
-            self.log("event source failed: %s: %s" % (type(exc).__name__, exc))
-            if self.finite:
-                self.q.put(EOF)
+        except Exception as exc:  # report and stop the daemon rather than count nothing silently
+            self.q.put(SourceFailed("%s: %s" % (type(exc).__name__, exc)))
 
     def run(self) -> None:
         raise NotImplementedError
@@ -192,9 +197,7 @@ class FileSource(Source):
             try:
                 fd = os.open(self.path, os.O_RDONLY)
             except OSError as exc:
-                self.log("cannot open %s: %s" % (self.path, exc.strerror))
-                self.q.put(EOF)
-                return
+                raise OSError("cannot open %s: %s" % (self.path, exc.strerror))
             rd = FdLineReader()
             try:
                 while not self.stopping.is_set():

@@ -145,3 +145,20 @@ def test_field_path_validation():
             field_path(bad, "source.field")
     with pytest.raises(KeyError):
         extract({"topic": "a/b", "payload": {}}, ["payload", "x"])
+
+
+def test_a_failing_source_stops_the_daemon_with_exit_3(tmp_path):
+    """An unreadable event file must not leave a daemon running that counts nothing."""
+    import subprocess
+    import sys
+
+    from tests.test_e2e_support import REPO, agent_env, free_port
+
+    cfg = tmp_path / "a.toml"
+    cfg.write_text('[device]\nid = "x1"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
+                   '[source]\ntype = "file"\npath = "missing.log"\nfollow = false\n' % free_port())
+    r = subprocess.run([sys.executable, "-m", "agent.daemon", "run", "--config", str(cfg), "--timeout", "1"],
+                       capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
+    assert r.returncode == 3
+    assert b"event source failed" in r.stderr and b"missing.log" in r.stderr
+    assert not os.listdir(tmp_path / "st" / "outbox"), "no early release for an input that was never read"
