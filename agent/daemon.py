@@ -231,10 +231,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _stdin_is_devnull() -> bool:
+    try:
+        a, b = os.fstat(0), os.stat(os.devnull)
+    except (OSError, ValueError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     from agent.storage import StateError
 
     cfg = _load(args.config)
+    if not feed and cfg.source.type == "stdin" and _stdin_is_devnull():
+        return _die(EXIT_CONFIG, "config error: source.type: is 'stdin' but standard input is /dev/null "
+                    "(a systemd service?); configure a 'file' or 'mqtt' source, or pipe events into 'feed'")
     try:
         agent = Agent(cfg, args, "stdin" if feed else None)
     except StateError as exc:

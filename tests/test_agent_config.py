@@ -149,3 +149,12 @@ def test_help_mentions_commands_and_exit_codes(capsys):
     out = capsys.readouterr().out
     for word in ("run", "feed", "check", "Exit codes"):
         assert word in out
+
+
+def test_run_with_stdin_source_under_systemd_is_a_config_error(tmp_path):
+    """systemd gives services /dev/null as stdin: 'run' would release at once and exit; refuse instead."""
+    path = write(tmp_path, BASE + '[source]\ntype = "stdin"\n')
+    r = subprocess.run([sys.executable, "-m", "agent.daemon", "run", "--config", path], stdin=subprocess.DEVNULL,
+                       capture_output=True, cwd=REPO, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.decode().startswith("pansketch-agent: config error: source.type: ")
