@@ -173,19 +173,26 @@ class Agent:
         ended = self.pump()
         code = EXIT_OK
         if ended:
-            self.rec.flush(self.clock.now())  # end of a batch input (DESIGN.md: may close early)
+            # end of a batch input: release early (DESIGN.md allows it for batch replays)
+            if not self.rec.flush(self.clock.now()):
+                self.rec.persist(self.clock.now())
+                self.log("could not commit the final release (see above); the noisy state is saved and is "
+                         "released by the next run or feed")
+                code = EXIT_RUNTIME
             self.pub.wake()
             n = len(self.rec.outbox.pending())
-            ok = self.pub.wait_delivered(finite_timeout)
+            ok = self.pub.wait_delivered(finite_timeout, self.stopping)
             if not ok:
                 left = len(self.rec.outbox.pending())
                 why = self.pub.last_error or ("not connected" if not self.pub.connected else "no acknowledgement")
+                if self.stopping.is_set():
+                    why = "interrupted"
                 self.log("could not deliver %d of %d release(s) to %s:%d within %g s: %s; they stay in %s "
                          "and go out with the next run or feed"
                          % (left, n, self.cfg.broker.host, self.cfg.broker.port, finite_timeout or 0, why,
                             self.rec.outbox.dir))
-                code = EXIT_UNDELIVERED
-            else:
+                code = code or EXIT_UNDELIVERED
+            elif code == EXIT_OK:
                 self.log("all releases delivered (last seq %s)" % (self.pub.last_acked,))
         else:
             self.rec.persist(self.clock.now())

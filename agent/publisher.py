@@ -177,12 +177,14 @@ class Publisher:
             pass
         self.client.loop_stop()
 
-    def wait_delivered(self, timeout: Optional[float]) -> bool:
-        """Block until the outbox is empty (every release acknowledged)."""
+    def wait_delivered(self, timeout: Optional[float], stop: Optional[threading.Event] = None) -> bool:
+        """Block until the outbox is empty (every release acknowledged), or timeout / ``stop``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wake.set()
         while self.outbox.pending():
             if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if stop is not None and stop.is_set():
                 return False
             time.sleep(0.05)
         return True
