@@ -139,3 +139,45 @@ def test_broker_restart_and_agent_kill_lose_nothing_and_count_nothing_twice(tmp_
         cap.close()
         agg.stop()
         broker.stop()
+
+
+def test_lost_puback_means_resend_never_loss(tmp_path):
+    """The broker freezes after receiving a release (no PUBACK): the agent must keep it and re-send it
+    byte for byte; the aggregator stores it once whatever the broker delivered."""
+    broker = start_mosquitto(tmp_path)
+    agg = AggregatorThread(host_toml(str(tmp_path / "host.toml"), broker.port, "lost.db"))
+    cap = Capture(broker.port, ["pansketch/+/release"], client_id="capture-lost")
+    state = str(tmp_path / "state")
+    cfg = agent_toml(str(tmp_path / "a.toml"), "pi-l", broker.port, state, w=128)
+    frozen = ("--clock-start", str(T0 + 7), "--clock-speed", "0")
+    log = str(tmp_path / "agent.log")
+    st = Store(str(tmp_path / "lost.db"), readonly=True)
+    try:
+        agent = spawn_agent("feed", cfg, "--timeout", "2", *frozen, log=log)
+        assert wait_for(lambda: b"connected to" in open(log, "rb").read(), 20)
+        broker.proc.send_signal(signal.SIGSTOP)  # TCP stays up, nothing is acknowledged
+        agent.stdin.write(b"x\n" * 10)
+        agent.stdin.close()
+        assert agent.wait(30) == 1, open(log).read()
+        assert b"could not deliver 1 of 1" in open(log, "rb").read()
+        kept = pending(state)
+        assert sorted(kept) == [0], "a release without PUBACK stays in the outbox"
+        broker.proc.send_signal(signal.SIGCONT)
+        r = spawn_agent("feed", cfg, "--timeout", "20", *frozen, log=log)
+        r.stdin.close()
+        assert r.wait(40) == 0, open(log).read()
+        assert wait_for(lambda: st.release_count() == 2, 20)
+        m = cbor2.loads(kept[0])
+        assert st.payload("pi-l", m["elo"], m["ehi"], m["part"]) == kept[0]
+        assert st.rejection_count() == 0
+        # whatever reached the broker twice was the same bytes, and counted once
+        assert cap.wait(lambda msgs: len(msgs) >= 2, 20)
+        assert {p for p in cap.on("/release") if cbor2.loads(p)["seq"] == 0} == {kept[0]}
+        assert query.freq(st, ["x"], salt=SALT)[0].releases == 2
+    finally:
+        if broker.proc is not None:
+            broker.proc.send_signal(signal.SIGCONT)
+        st.close()
+        cap.close()
+        agg.stop()
+        broker.stop()
