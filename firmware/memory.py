@@ -38,20 +38,21 @@ STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> ite
 RESERVE = 4096       # head room for fragmentation and the console
 
 # -- assumed board profiles --------------------------------------------------
-# free: Python heap free after boot with WiFi up, before importing pansketch.
-# tls:  what one TLS session costs *inside* the Python heap.
+# free:   Python heap free after boot with WiFi up, before importing pansketch.
+# tls:    what one TLS session costs *inside* the Python heap.
+# events: the max_events_per_step the table assumes (its garbage is head room).
 PROFILES = (
     ("esp8266", {
-        "name": "ESP8266 (1 MB+ flash)", "free": 34 * 1024, "tls": 12 * 1024, "code": "frozen",
+        "name": "ESP8266 (1 MB+ flash)", "free": 34 * 1024, "tls": 12 * 1024, "code": "frozen", "events": 8,
         "note": "38 KB fixed heap; axTLS buffers (~5 KB record + handshake) come from it; "
                 "no certificate verification; code must be frozen",
     }),
     ("esp32", {
-        "name": "ESP32 without PSRAM", "free": 110 * 1024, "tls": 0, "code": "mpy",
+        "name": "ESP32 without PSRAM", "free": 110 * 1024, "tls": 0, "code": "mpy", "events": 64,
         "note": "mbedTLS (~20 KB per connection) and WiFi live in the IDF heap outside the Python heap",
     }),
     ("picow", {
-        "name": "Raspberry Pi Pico W", "free": 160 * 1024, "tls": 40 * 1024, "code": "mpy",
+        "name": "Raspberry Pi Pico W", "free": 160 * 1024, "tls": 40 * 1024, "code": "mpy", "events": 64,
         "note": "mbedTLS buffers (16 KB in-record + handshake) are allocated from the Python heap",
     }),
 )
@@ -99,17 +100,21 @@ def _pow2_le(x):
     return p if x >= 2 else 0
 
 
-def table(tls=True, max_events=64):
-    """Markdown table of the largest sketches per board profile."""
+def table(tls_modes=(True, False)):
+    """Markdown table of the largest sketches per board profile (window and keep mode alike)."""
     lines = [
-        "| board | code | TLS | max d*w cells | d=4: max w (power of 2) | d=8: max w (power of 2) | note |",
+        "| board | code | TLS | events/step | max d*w cells | d=4: max w (power of 2) | d=8: max w (power of 2) |",
         "|---|---|---|---|---|---|---|",
     ]
     for key, p in PROFILES:
-        n = max_cells(p["free"], p["tls"], p["code"], tls, max_events)
-        lines.append("| %s | %s | %s | %d | %d (%d) | %d (%d) | %s |" % (
-            p["name"], p["code"], "on" if tls else "off", n, n // 4, _pow2_le(n // 4), n // 8,
-            _pow2_le(n // 8), p["note"]))
+        for tls in tls_modes:
+            n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"])
+            lines.append("| %s | %s | %s | %d | %d | %d (%d) | %d (%d) |" % (
+                p["name"], p["code"], "on" if tls else "off", p["events"], n, n // 4, _pow2_le(n // 4),
+                n // 8, _pow2_le(n // 8)))
+    lines.append("")
+    for key, p in PROFILES:
+        lines.append("* %s: %s." % (p["name"], p["note"]))
     return "\n".join(lines)
 
 
@@ -171,7 +176,7 @@ def main(argv=None):
         for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code):
             print(line)
         return 0
-    print(table(tls))
+    print(table((True, False) if tls else (False,)))
     return 0
 
 

@@ -7,13 +7,13 @@ _ble = [None]
 scans = []
 
 
-def burst(addrs, addr_type=0):
-    """Test hook: the running scan hears ``addrs`` (6-byte bytes each) and ends."""
+def burst(addrs, addr_type=0, end=True):
+    """Test hook: the scan hears ``addrs`` (6-byte bytes each), then ends (unless end=False)."""
     b = _ble[0]
     for a in addrs:
         b._irq(_IRQ_SCAN_RESULT, (addr_type, memoryview(a), 0, -60, memoryview(b"\x02\x01\x06")))
-    b.scanning = False
-    b._irq(_IRQ_SCAN_DONE, ())
+    if end:
+        b._done()
 
 
 class BLE:
@@ -37,3 +37,9 @@ class BLE:
             return
         scans.append((fakehw.ms, duration_ms, interval_us, window_us, active))
         self.scanning = True
+        fakehw.at(fakehw.ms + duration_ms, self._done)
+
+    def _done(self):
+        if self.scanning:
+            self.scanning = False
+            self._irq(_IRQ_SCAN_DONE, ())

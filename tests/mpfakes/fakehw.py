@@ -68,10 +68,24 @@ def ticks_add(a, d):
     return (a + d) & MASK
 
 
+timers = []  # [due_ms, fn]: fake hardware events (e.g. a BLE scan ending)
+
+
+def at(due, fn):
+    timers.append([due, fn])
+
+
 def advance(n):
-    """Let ``n`` ms pass; a starved armed watchdog bites (raises Reset)."""
+    """Let ``n`` ms pass (firing due timers); a starved armed watchdog bites (raises Reset)."""
     global ms
     ms += n
+    while timers:
+        due = [t for t in timers if t[0] <= ms]
+        if not due:
+            break
+        for t in due:
+            timers.remove(t)
+            t[1]()
     if wdt["armed"] and ms - wdt["last"] > wdt["timeout"]:
         raise Reset("watchdog: not fed for %d ms" % (ms - wdt["last"]))
 

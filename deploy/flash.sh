@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Put pansketch on a MicroPython board (ESP32, Pico W, ESP8266) over USB.
+#
+#   deploy/flash.sh -c my-board.json                 # .py sources, auto-detected port
+#   deploy/flash.sh -p /dev/ttyUSB0 -c cfg.json --mpy   # precompiled .mpy (less RAM)
+#   deploy/flash.sh -c cfg.json --frozen             # image built with firmware/manifest.py
+#   deploy/flash.sh -c cfg.json --put ca.der:/ca.der # extra files (CA, client cert/key)
+#
+# Steps (docs/FIRMWARE.md explains each):
+#   1. check the config on the host (firmware.config, the same validator the board runs)
+#      and print the memory estimate per board profile (firmware/memory.py);
+#   2. stage the device core (agent/ modules that run on MicroPython) and firmware/
+#      into build/board/, compiled with mpy-cross when --mpy;
+#   3. mpremote mip install umqtt.simple (not with --frozen: it is in the image;
+#      cbor2 is not needed: releases use our deterministic encoder agent/cbor.py);
+#   4. remove old copies on the board, copy the code, the config as /pansketch.json,
+#      extra files, boot.py and main.py;
+#   5. reset the board; `mpremote connect PORT repl` shows its console.
+#
+# Environment: MPREMOTE (default "mpremote"), MPY_CROSS (default "mpy-cross"),
+# PYTHON (default "python3").
+set -euo pipefail
+
+MPREMOTE=${MPREMOTE:-mpremote}
+MPY_CROSS=${MPY_CROSS:-mpy-cross}
+PYTHON=${PYTHON:-python3}
+PORT=auto
+CONFIG=
+MODE=py
+MIP=1
+DRY=0
+PUTS=()
+
+usage() {
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    echo "options: -p PORT  -c CONFIG  --mpy | --frozen  --no-mip  --put LOCAL:REMOTE  --dry-run"
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -p|--port) PORT=$2; shift 2 ;;
+        -c|--config) CONFIG=$2; shift 2 ;;
+        --mpy) MODE=mpy; shift ;;
+        --frozen) MODE=frozen; MIP=0; shift ;;
+        --no-mip) MIP=0; shift ;;
+        --put) PUTS+=("$2"); shift 2 ;;
+        --dry-run) DRY=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "flash.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+if [ -z "$CONFIG" ]; then
+    echo "flash.sh: give the board config with -c FILE (start from deploy/board/pansketch.example.json)" >&2
+    exit 2
+fi
+if [ ! -f "$CONFIG" ]; then
+    echo "flash.sh: config file $CONFIG not found" >&2
+    exit 2
+fi
+CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+
+# 1. validate + memory estimate (exit 2 with the offending key on a bad config)
+"$PYTHON" -m firmware.memory --config "$CONFIG"
+
+# 2. stage
+CORE=$("$PYTHON" - <<'PY'
+import ast
+src = open("firmware/manifest.py").read()
+for node in ast.parse(src).body:
+    if isinstance(node, ast.Assign) and node.targets[0].id in ("CORE", "FIRMWARE"):
+        for f in ast.literal_eval(node.value):
+            print(("agent/" if node.targets[0].id == "CORE" else "firmware/") + f)
+PY
+)
+STAGE=build/board
+rm -rf "$STAGE"
+mkdir -p "$STAGE"
+if [ "$MODE" != frozen ]; then
+    for f in $CORE; do
+        mkdir -p "$STAGE/$(dirname "$f")"
+        if [ "$MODE" = mpy ]; then
+            "$MPY_CROSS" -o "$STAGE/${f%.py}.mpy" "$f"
+        else
+            cp "$f" "$STAGE/$f"
+        fi
+    done
+fi
+
+run() {
+    echo "+ $MPREMOTE $*"
+    if [ "$DRY" = 0 ]; then "$MPREMOTE" "$@"; fi
+}
+CONN=(connect "$PORT")
+
+# 3. libraries
+if [ "$MIP" = 1 ]; then
+    run "${CONN[@]}" mip install umqtt.simple
+fi
+
+# 4. files (old copies would shadow new or frozen modules: remove them first)
+run "${CONN[@]}" rm -r :agent :firmware 2>/dev/null || true
+if [ "$MODE" != frozen ]; then
+    run "${CONN[@]}" cp -r "$STAGE/agent" "$STAGE/firmware" :
+fi
+run "${CONN[@]}" cp "$CONFIG" :pansketch.json + cp firmware/boot.py :boot.py + cp firmware/main.py :main.py
+for spec in "${PUTS[@]+"${PUTS[@]}"}"; do
+    run "${CONN[@]}" cp "${spec%%:*}" ":${spec#*:}"
+done
+
+# 5. go
+run "${CONN[@]}" reset
+echo "flash.sh: done. Console: $MPREMOTE connect $PORT repl   (Ctrl-C stops main.py, Ctrl-X leaves)"

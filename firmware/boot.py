@@ -1,0 +1,15 @@
+# pansketch board boot file: deploy/flash.sh copies it to the board as /boot.py.
+# Runs before main.py on every reset; keep it tiny (no network, no imports
+# of pansketch code) so a broken main.py never stops the REPL from starting.
+import gc
+
+import micropython
+
+micropython.alloc_emergency_exception_buf(128)  # readable tracebacks from IRQ handlers
+try:
+    import esp
+
+    esp.osdebug(None)  # ESP8266/ESP32: keep vendor debug output off the console
+except (ImportError, AttributeError):
+    pass
+gc.collect()

