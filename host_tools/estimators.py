@@ -50,8 +50,9 @@ CountSketch for turnstile streams):
   min >= f - E whenever none of x's d noise values is below -E. E is the
   smallest bound with P(any of d cells' noise < -E) <= alpha/2, i.e.
   P(Z < -E) <= 1 - (1 - alpha/2)^(1/d) for the merged per-cell noise Z,
-  from a Chernoff bound on the exact noise distribution
-  (:func:`noise_tail_bound`). hi = min + E.
+  from Z's exact distribution (FFT convolution of the discrete Laplace /
+  discrete Gaussian pmfs; a Chernoff bound for very large merges), see
+  :func:`noise_tail_bound`. hi = min + E.
 
   In the paper each counter is *initialised* with E + N(0, sigma^2) so the
   minimum never underestimates (Algorithm 3). Devices here add zero-mean
