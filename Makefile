@@ -10,7 +10,9 @@ setup:
 	$(PIP) install -q -e ".[test,repro]"
 	cd tests/mpnode && npm install --no-audit --no-fund --silent
 
+# The demo uses mosquitto when installed, else the pure-Python amqtt broker.
 demo: setup
+	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || $(PIP) install -q -e ".[demo]"
 	pansketch demo
 
 test: setup
