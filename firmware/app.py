@@ -167,7 +167,10 @@ class App:
         gc.collect()
         from firmware import mqtt, sources, wifi
 
-        self.source = sources.load(cfg.source_type, cfg.source, log)
+        try:
+            self.source = sources.load(cfg.source_type, cfg.source, log)
+        except Exception as exc:  # e.g. a pin or UART this board does not have
+            raise StartError("source %r cannot start: %r (check the \"source\" settings)" % (cfg.source_type, exc))
         self.wifi = wifi.Wifi(cfg.wifi_ssid, cfg.wifi_password, log, cfg.wifi_hostname,
                               cfg.wifi_timeout_s, cfg.wifi_retry_max_s)
         self.link = mqtt.Link(cfg, log, self.wdt.feed)
@@ -182,7 +185,10 @@ class App:
         # (DESIGN.md), so the app keeps nothing but the noisy sketch.
         self.lowmem = 0
         self.steps = 0
-        self.source.start(self)
+        try:
+            self.source.start(self)
+        except Exception as exc:
+            raise StartError("source %r cannot start: %r (check the \"source\" settings)" % (cfg.source_type, exc))
         self.wdt.arm()
         log("running: device %s, %s %dx%d %s mode, epoch %d s; state in %s" % (
             self.p.device, self.p.kind, self.p.d, self.p.w, self.p.mode, self.p.epoch_s, cfg.state_dir))
@@ -368,6 +374,9 @@ def boot(path=config.DEFAULT_PATH, rng=None):
         return Idle("config error in %s: %s" % (path, exc))
     except ImportError as exc:
         return Idle("missing module: %s (run deploy/flash.sh)" % exc)
+    except Exception as exc:
+        sys.print_exception(exc)
+        return Idle("cannot start: %r" % (exc,))
 
 
 def sleep(app, ms):
@@ -391,6 +400,9 @@ def main(path=config.DEFAULT_PATH, max_steps=None, rng=None):
             ms = app.step()
             errors = 0
         except KeyboardInterrupt:
+            if app.running:  # Ctrl-C from mpremote: keep what was counted
+                app.rec.persist()
+                log("stopped; noisy state saved")
             raise
         except Exception as exc:
             errors += 1

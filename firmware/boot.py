@@ -5,7 +5,10 @@ import gc
 
 import micropython
 
-micropython.alloc_emergency_exception_buf(128)  # readable tracebacks from IRQ handlers
+try:
+    micropython.alloc_emergency_exception_buf(128)  # readable tracebacks from IRQ handlers
+except AttributeError:  # ports without it
+    pass
 try:
     import esp
 

@@ -152,3 +152,32 @@ def test_flash_script_frozen_and_bad_config(tmp_path):
     assert not (tmp_path / "calls.log").exists()  # the board was not touched
     p = _flash(tmp_path)
     assert p.returncode == 2 and "give the board config with -c FILE" in p.stderr
+
+
+@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
+def test_board_boot_and_main_files_run(tmp_path):
+    """The files flash.sh puts at the board's root: boot.py, then main.py with /pansketch.json."""
+    cfg = json.dumps(S.config(state_dir="/data"))
+    boot = (REPO / "firmware" / "boot.py").read_text()
+    main = (REPO / "firmware" / "main.py").read_text()
+    r = mpvm.run([S.PRELUDE + "fakehw.install()\nf = open('/pansketch.json', 'w')\nf.write(%r)\nf.close()" % cfg,
+                  boot,
+                  # main.py never returns on a board; bound it here by wrapping app.main
+                  "from firmware import app\n_m = app.main\napp.main = lambda: _m(max_steps=400)\n" + main,
+                  "import os\nprint('@state', sorted(os.listdir('/data')))"],
+                 heap=96 * 1024, mounts=S.MOUNTS).check()
+    assert "running: device esp-1" in r.stdout and "mqtt: connected" in r.stdout
+    assert r.values()["state"] == "['outbox', 'state.bin']"
+    assert S.statuses(r.stdout)[-1]["clock"] == "synced"
+
+
+@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
+def test_source_that_cannot_start_idles(tmp_path):
+    flash = tmp_path / "f"
+    S.write_config(flash, S.config(source={"type": "gpio", "pins": [{"pin": 4, "label": "x"}]}))
+    r = S.run(["import machine\nclass Bad(machine.Pin):\n    def __init__(self, *a, **k):\n"
+               "        raise ValueError('invalid pin')\nmachine.Pin = Bad\n"
+               "a = fwdrive.boot()\nprint('@kind', type(a).__name__, fakehw.wdt['armed'])"], flash).check()
+    assert r.values()["kind"] == "Idle False"
+    assert "source 'gpio' cannot start: ValueError('invalid pin',)" in r.stdout or \
+        "source 'gpio' cannot start: ValueError('invalid pin')" in r.stdout
