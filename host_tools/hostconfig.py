@@ -26,10 +26,13 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-try:  # Python >= 3.11
-    import tomllib as _toml
-except ImportError:  # pragma: no cover - Python 3.10
-    import tomli as _toml  # type: ignore[no-redef]
+from agent import tomlconf
+from agent.tomlconf import ConfigError
+from agent.tomlconf import get as _get
+from agent.tomlconf import int_range as _int_range
+from agent.tomlconf import path as _path
+from agent.tomlconf import seconds as _seconds
+from agent.tomlconf import type_name as _tname
 
 from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
@@ -44,15 +47,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_TOPIC = "pansketch/+/release"
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; ``key`` is the dotted TOML key."""
-
-    def __init__(self, key: str, msg: str) -> None:
-        ValueError.__init__(self, "%s: %s" % (key, msg) if key else msg)
-        self.key = key
-        self.msg = msg
 
 
 @dataclass
@@ -120,44 +114,10 @@ class HostConfig:
 
 
 # -- helpers ---------------------------------------------------------------
-def _tname(typ: type | tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
-    if isinstance(typ, tuple):
-        return " or ".join(names.get(t, t.__name__) for t in typ)
-    return names.get(typ, typ.__name__)
 
 
-def _get(sec: dict[str, Any], secname: str, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
-    if key not in sec:
-        return default
-    v = sec[key]
-    allow_bool = typ is bool or (isinstance(typ, tuple) and bool in typ)
-    if isinstance(v, bool) and not allow_bool:
-        raise ConfigError("%s.%s" % (secname, key), "must be %s, got a boolean" % _tname(typ))
-    if not isinstance(v, typ):
-        raise ConfigError("%s.%s" % (secname, key), "must be %s, got %r" % (_tname(typ), v))
-    return v
 
 
-def _int_range(sec: dict[str, Any], secname: str, key: str, default: Any, lo: int, hi: int) -> Any:
-    v = _get(sec, secname, key, int, default)
-    if v is not None and not lo <= v <= hi:
-        raise ConfigError("%s.%s" % (secname, key), "must be between %d and %d, got %d" % (lo, hi, v))
-    return v
-
-
-def _path(base: str, p: Optional[str]) -> Optional[str]:
-    if p is None:
-        return None
-    p = os.path.expanduser(p)
-    return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
-
-
-def _seconds(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
-    v = _get(sec, secname, key, (int, float), default)
-    if v <= 0:
-        raise ConfigError("%s.%s" % (secname, key), "must be positive")
-    return float(v)
 
 
 def _fraction_float(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
@@ -199,37 +159,18 @@ def _topic_filter(topic: str, key: str) -> str:
 
 # -- loading ---------------------------------------------------------------
 def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
-    try:
-        raw = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
-        raise ConfigError("", "not valid TOML: %s" % exc)
-    return from_dict(raw, base_dir, path)
+    """Parse and validate a config given as TOML text."""
+    return from_dict(tomlconf.parse(text), base_dir, path)
 
 
 def load(path: str) -> HostConfig:
-    """Read and validate a host config file (raises :class:`ConfigError`)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ConfigError("", "cannot read %s: %s" % (path, exc.strerror or exc))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("", "%s is not UTF-8 text" % path)
-    return loads(text, os.path.dirname(os.path.abspath(path)), path)
+    """Read and validate a config file (raises :class:`ConfigError`)."""
+    raw, base_dir = tomlconf.read(path)
+    return from_dict(raw, base_dir, path)
 
 
 def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
-    for secname, sec in raw.items():
-        if secname not in SECTIONS:
-            raise ConfigError(secname, "unknown section (known: %s)" % ", ".join("[%s]" % s for s in SECTIONS))
-        if not isinstance(sec, dict):
-            raise ConfigError(secname, "must be a table ([%s])" % secname)
-        for key in sec:
-            if key not in SECTIONS[secname]:
-                raise ConfigError("%s.%s" % (secname, key),
-                                  "unknown key (known in [%s]: %s)" % (secname, ", ".join(SECTIONS[secname])))
+    tomlconf.check_sections(raw, SECTIONS)
 
     def sec(name: str) -> dict[str, Any]:
         return raw.get(name, {})

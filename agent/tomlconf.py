@@ -1,0 +1,101 @@
+"""TOML config plumbing shared by ``agent.config`` and ``host_tools.hostconfig``.
+
+CPython only (not part of the MicroPython core). Every error is a
+:class:`ConfigError` whose ``key`` is the dotted TOML key, so the commands
+can print one line naming it and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+try:  # Python >= 3.11
+    import tomllib as _toml
+except ImportError:  # pragma: no cover - Python 3.10
+    import tomli as _toml  # type: ignore[no-redef]
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``key`` is the dotted TOML key."""
+
+    def __init__(self, key: str, msg: str) -> None:
+        ValueError.__init__(self, "%s: %s" % (key, msg) if key else msg)
+        self.key = key
+        self.msg = msg
+
+
+def type_name(typ: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
+    if isinstance(typ, tuple):
+        return " or ".join(names.get(t, t.__name__) for t in typ)
+    return names.get(typ, typ.__name__)
+
+
+def get(sec: dict[str, Any], secname: str, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
+    """``sec[key]`` checked against ``typ`` (booleans are not integers), or ``default``."""
+    if key not in sec:
+        return default
+    v = sec[key]
+    allow_bool = typ is bool or (isinstance(typ, tuple) and bool in typ)
+    if isinstance(v, bool) and not allow_bool:
+        raise ConfigError("%s.%s" % (secname, key), "must be %s, got a boolean" % type_name(typ))
+    if not isinstance(v, typ):
+        raise ConfigError("%s.%s" % (secname, key), "must be %s, got %r" % (type_name(typ), v))
+    return v
+
+
+def int_range(sec: dict[str, Any], secname: str, key: str, default: Any, lo: int, hi: int) -> Any:
+    v = get(sec, secname, key, int, default)
+    if v is not None and not lo <= v <= hi:
+        raise ConfigError("%s.%s" % (secname, key), "must be between %d and %d, got %d" % (lo, hi, v))
+    return v
+
+
+def path(base: str, p: Optional[str]) -> Optional[str]:
+    """``p`` with ``~`` expanded, relative to the config file's directory."""
+    if p is None:
+        return None
+    p = os.path.expanduser(p)
+    return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+
+
+def seconds(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
+    v = get(sec, secname, key, (int, float), default)
+    if v <= 0:
+        raise ConfigError("%s.%s" % (secname, key), "must be positive")
+    return float(v)
+
+
+def parse(text: str) -> dict[str, Any]:
+    try:
+        return _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise ConfigError("", "not valid TOML: %s" % exc)
+
+
+def read(path_: str) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file; returns (tables, directory of the file)."""
+    try:
+        with open(path_, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError("", "cannot read %s: %s" % (path_, exc.strerror or exc))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("", "%s is not UTF-8 text" % path_)
+    return parse(text), os.path.dirname(os.path.abspath(path_))
+
+
+def check_sections(raw: dict[str, Any], sections: dict[str, Any]) -> None:
+    """Unknown sections or keys are errors: typos must not pass silently."""
+    for secname, sec in raw.items():
+        if secname not in sections:
+            raise ConfigError(secname, "unknown section (known: %s)" % ", ".join("[%s]" % s for s in sections))
+        if not isinstance(sec, dict):
+            raise ConfigError(secname, "must be a table ([%s])" % secname)
+        for key in sec:
+            if key not in sections[secname]:
+                raise ConfigError("%s.%s" % (secname, key),
+                                  "unknown key (known in [%s]: %s)" % (secname, ", ".join(sections[secname])))
