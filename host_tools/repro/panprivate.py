@@ -33,7 +33,7 @@ from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 
 CONFIG = {
     "tiny": dict(ns=(300, 3000), vbits=(8, 16), r=16, trials=1, cs_trials=20, hh_trials=20, hh_n=20000, ks=(10,)),
-    "small": dict(ns=(300, 3000, 30000, 300000), vbits=(8, 12, 16, 20), r=32, trials=3, cs_trials=200, hh_trials=200,
+    "small": dict(ns=(300, 3000, 30000, 100000), vbits=(8, 12, 16, 20), r=32, trials=2, cs_trials=200, hh_trials=200,
                   hh_n=200000, ks=(10, 30, 100)),
     "paper": dict(ns=(300, 3000, 30000, 300000, 3000000), vbits=(8, 12, 16, 20, 24, 30), r=64, trials=10,
                   cs_trials=1000, hh_trials=1000, hh_n=1000000, ks=(10, 30, 100, 300)),
