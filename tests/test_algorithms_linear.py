@@ -135,3 +135,16 @@ def test_dcs_noiseless_exact_on_tiny_universe():
     for x in range(9):
         assert dcs.rank_lt([x])[0] == np.sum(v < x)
     assert dcs.quantile([0.5], 8)[0] == 3
+
+
+def test_dcs_heavy_hitters_by_descent():
+    gen = np.random.default_rng(7)
+    v = np.concatenate([gen.integers(0, 1 << 16, 20000), np.full(900, 12345), np.full(600, 777), np.full(400, 65535)])
+    d, w = linear.dcs_shape(16, 0.01)
+    dcs = linear.DyadicCountSketch(16, d, w, "hh", 1.0, BulkNoise(8))
+    dcs.add(v)
+    hh = dcs.heavy_hitters(250)
+    assert [x for x, _ in hh] == [12345, 777, 65535]
+    assert abs(hh[0][1] - 900) < 60
+    with pytest.raises(ValueError):
+        dcs.heavy_hitters(-1e9, max_nodes=100)

@@ -263,7 +263,9 @@ class DyadicCountSketch:
     non-private DCS.
 
     Queries: :meth:`rank_lt` (Algorithm 5: items < x), :meth:`rank_le`,
-    :meth:`range_count`, :meth:`quantile` (descends the bits of x).
+    :meth:`range_count`, :meth:`quantile` (descends the bits of x), and
+    :meth:`heavy_hitters` (descends the dyadic levels from the root, DESIGN.md
+    "Beyond frequencies"). All are post-processing of the noisy counters.
     """
 
     def __init__(self, log_u: int, d: int, w: int, salt: str | bytes, rho: float | Fraction | None,
@@ -356,3 +358,23 @@ class DyadicCountSketch:
             r = self.rank_lt(cand)
             x = np.where(r < target, cand, x)
         return np.minimum(x, self.U - 1)
+
+    def heavy_hitters(self, threshold: float, max_nodes: int = 1 << 16) -> list[tuple[int, float]]:
+        """Values x whose estimated count is >= threshold, found by descending the levels.
+
+        A node whose estimate is below the threshold is not expanded (its
+        children's counts sum to it), so at most ``max_nodes`` nodes are
+        examined per level; raises ValueError if that is exceeded (the
+        threshold is too low for the noise level). Returns [(x, estimate)].
+        """
+        nodes = np.array([0, 1], dtype=np.int64)
+        for level in range(self.log_u - 1, -1, -1):
+            est = self._node_estimates(level, nodes)
+            keep = est >= threshold
+            nodes, est = nodes[keep], est[keep]
+            if level == 0:
+                return sorted(((int(x), float(e)) for x, e in zip(nodes, est)), key=lambda t: -t[1])
+            nodes = np.concatenate((2 * nodes, 2 * nodes + 1))
+            if nodes.size > max_nodes:
+                raise ValueError("more than %d candidate nodes at level %d: raise the threshold" % (max_nodes, level))
+        return []
