@@ -55,12 +55,19 @@ def sketch_exact(keys: np.ndarray, vals: np.ndarray, r: int, salt: str, vbits: i
         table = _TABLES[vbits] = [((1 << shift) // (vv + 1)) ** Q for vv in range(1 << vbits)]
     sk = []
     for j in range(r):
-        coef = np.bincount(v[:, j], weights=(vals * sgn[:, j]).astype(np.float64), minlength=1 << vbits)
-        nz = np.nonzero(coef)[0]
+        wts = (vals * sgn[:, j]).astype(np.int64)
+        if vbits <= 20:
+            coef = np.bincount(v[:, j], weights=wts.astype(np.float64), minlength=1 << vbits)
+            nz = np.nonzero(coef)[0]
+            pairs = zip(nz.tolist(), np.round(coef[nz]).astype(np.int64).tolist())
+        else:  # 2^b bins would not fit in memory: group the distinct values instead
+            uv, inv = np.unique(v[:, j], return_inverse=True)
+            pairs = zip(uv.tolist(), np.bincount(inv, weights=wts.astype(np.float64)).round().astype(np.int64).tolist())
         tot = 0
-        for vv in nz.tolist():
-            x = table[vv] if table is not None else ((1 << shift) // (vv + 1)) ** Q
-            tot += int(round(coef[vv])) * x
+        for vv, cf in pairs:
+            if cf:
+                x = table[vv] if table is not None else ((1 << shift) // (vv + 1)) ** Q
+                tot += cf * x
         sk.append(tot)
     return sk
 
