@@ -15,7 +15,8 @@ class ParamError(ValueError):
     """A bad parameter; ``key`` names it."""
 
     def __init__(self, key, msg):
-        ValueError.__init__(self, "%s: %s" % (key, msg))
+        # super() form: MicroPython has no ValueError.__init__ to call directly
+        super().__init__("%s: %s" % (key, msg))
         self.key = key
 
 

@@ -99,6 +99,21 @@ class Recorder:
         self.part = part
         self.persist()
 
+    def redate(self, elo, ehi, part, now=None):
+        """Re-label the open accumulator's epoch range [elo, ehi) and persist.
+
+        For a board that counted before its clock was set: once UTC is
+        known, the accumulator must cover the epochs its events really fell
+        in (timing stays clock-driven; the noise is untouched). The caller
+        must not pick a range that was already released with this ``part``.
+        """
+        if not (0 <= elo < ehi):
+            raise ValueError("epoch range must satisfy 0 <= elo < ehi")
+        self.elo = elo
+        self.ehi = ehi
+        self.part = part
+        self.persist(now)
+
     # -- events --------------------------------------------------------
     def add(self, item, weight=1):
         self.sketch.update(item, weight)

@@ -22,8 +22,15 @@ INT32_MIN = -0x80000000
 KINDS = ("cms", "cs")
 
 
+MAX_CELLS = 1 << 26  # 256 MiB of counters: far beyond any device
+
+
 def new_counters(n):
     """A zeroed array('i') of n cells, checked to be 4 bytes per cell."""
+    if n < 1:
+        raise ValueError("a sketch needs at least one cell")
+    if n > MAX_CELLS:  # bytes(4*n) would fail obscurely (TypeError on MicroPython)
+        raise MemoryError("%d cells do not fit in memory (limit %d)" % (n, MAX_CELLS))
     a = array.array("i", bytes(4 * n))
     if len(a) != n:
         raise RuntimeError("array('i') is not 32-bit on this platform")

@@ -158,31 +158,36 @@ def write_state(path, fingerprint, seq, elo, ehi, part, counters):
 def read_state(path, fingerprint, counters):
     """Load a state file into ``counters``; returns (seq, elo, ehi, part) or None.
 
+    The counters are read straight into the preallocated array (no copy of
+    the file in RAM: on a board that copy would set the boot-time heap peak).
     Raises StateError if the file is corrupt or was made with other params.
     """
     recover(path)
     if not exists(path):
         return None
-    data = read(path)
-    if len(data) < _HDR_LEN + 32:
-        raise StateError("state file %s is truncated" % path)
-    magic, ver, fp, seq, elo, ehi, part, n = struct.unpack_from(_HDR, data, 0)
-    if magic != STATE_MAGIC or ver != STATE_VERSION:
-        raise StateError("state file %s has an unknown format" % path)
-    if len(data) != _HDR_LEN + 4 * n + 32:
-        raise StateError("state file %s is truncated" % path)
-    if hashlib.sha256(data[: _HDR_LEN + 4 * n]).digest() != data[_HDR_LEN + 4 * n :]:
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_HDR_LEN)
+        if len(hdr) != _HDR_LEN:
+            raise StateError("state file %s is truncated" % path)
+        magic, ver, fp, seq, elo, ehi, part, n = struct.unpack(_HDR, hdr)
+        if magic != STATE_MAGIC or ver != STATE_VERSION:
+            raise StateError("state file %s has an unknown format" % path)
+        if fp != fingerprint or n != len(counters):
+            raise StateError(
+                "state file %s was written with different parameters; "
+                "restore the old config or move the directory away" % path
+            )
+        got = f.readinto(counters)
+        trailer = f.read(32)
+        if got != 4 * n or len(trailer) != 32 or f.read(1):
+            raise StateError("state file %s is truncated" % path)
+    finally:
+        f.close()
+    h = hashlib.sha256(hdr)
+    h.update(counters)
+    if h.digest() != trailer:
         raise StateError("state file %s fails its checksum" % path)
-    if fp != fingerprint or n != len(counters):
-        raise StateError(
-            "state file %s was written with different parameters; "
-            "restore the old config or move the directory away" % path
-        )
-    mv = memoryview(data)
-    b = mv[_HDR_LEN : _HDR_LEN + 4 * n]
-    for i in range(n):
-        o = 4 * i
-        counters[i] = struct.unpack_from("<i", b, o)[0]
     return (seq, elo, ehi, part)
 
 

@@ -323,14 +323,13 @@ class App:
                 if marker[1] <= elo < marker[2]:
                     part = marker[3] + 1
             log("the open accumulator was dated by an unset clock; it now covers epochs [%d, %d)" % (elo, cur + 1))
-            rec.elo = elo
-            rec.ehi = cur + 1
-            rec.part = part
+            rec.redate(elo, cur + 1, part, now)
         elif rec.ehi < cur + 1:
             log("the open accumulator [%d, %d) also holds events counted since boot: it now ends with epoch %d"
                 % (rec.elo, rec.ehi, cur))
-            rec.ehi = cur + 1
-        rec.persist(now)
+            rec.redate(rec.elo, cur + 1, rec.part, now)
+        else:
+            rec.persist(now)
 
     def _network(self):
         up = self.clock.uptime_ms()

@@ -51,17 +51,6 @@ class ConfigError(ValueError):
         self.key = key
 
 
-def _param_error_init(self, key, msg):
-    super(ParamError, self).__init__("%s: %s" % (key, msg))
-    self.key = key
-
-
-# agent.params.ParamError calls ValueError.__init__(self, ...), which MicroPython
-# does not have (AttributeError instead of the ParamError). Until the core uses
-# super(), install an equivalent constructor (a no-op change on CPython).
-ParamError.__init__ = _param_error_init
-
-
 def _section(raw, name, keys, required=True):
     sec = raw.get(name)
     if sec is None:

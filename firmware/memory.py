@@ -12,9 +12,9 @@ Model (bytes of Python heap):
     boot   = code + APP_FIXED + (CELL + BOOT_CELL)*n + RESERVE
 
 ``n = d*w`` cells. The Recorder holds two int32 arrays of n cells (the noisy
-accumulator and the release buffer): CELL = 8. While the state file is
-loaded at boot, the file's bytes and a slice of them for the checksum are
-alive too (agent/storage.read_state): BOOT_CELL = 9 more. The boot happens
+accumulator and the release buffer): CELL = 8. The state file is read
+straight into the accumulator at boot (agent/storage.read_state), so
+BOOT_CELL, the extra per cell while it loads, is 0. The boot happens
 before WiFi/TLS come up (firmware/app.py allocates the sketch first), so
 the two peaks do not add. Window and keep mode need the same memory (one
 accumulator + one release buffer); tree mode is not implemented by the
@@ -33,7 +33,7 @@ CODE_MPY = 55500     # ... imported from .mpy files (deploy/flash.sh --mpy)
 CODE_FROZEN = 18300  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
 APP_FIXED = 3400     # App, Link, Wifi, source buffers, config object after boot
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
-BOOT_CELL = 9        # per cell, extra while the state file is read at boot
+BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
 

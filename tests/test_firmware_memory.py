@@ -104,12 +104,16 @@ def test_bytes_per_cell_and_boot_transient(tmp_path):
     cells = 4 * (big - small)
     per_cell = (r2.live[2] - r1.live[2]) / cells
     app_fixed = r1.live[2] - r1.live[1] - 8 * 4 * small
-    # boot transient while the state file is read: measure the objects read_state keeps alive
-    code = ("from agent import storage\nd = storage.read('/flash/data/state.bin')\n",
-            "s = d[:len(d) - 32]\n")
+    # boot transient while the state file is read into the preallocated counters:
+    # everything read_state allocates (no GC runs inside one VM step)
+    code = ("import gc\nfrom agent import storage, sketch\n"
+            "c = sketch.new_counters(4 * %d)\n"
+            "f = open('/flash/data/state.bin', 'rb'); fp = f.read(16)[8:16]; f.close()\n" % big,
+            "a0 = gc.mem_alloc()\nstorage.read_state('/flash/data/state.bin', fp, c)\n"
+            "print('@read_alloc', gc.mem_alloc() - a0)\n")
     flash = tmp_path / ("w%d" % big)
     r3 = S.run([FAKES, code[0], code[1]], flash).check()
-    boot_cell = (r3.live[2] - r3.live[0]) / (4 * big)
+    boot_cell = int(r3.values()["read_alloc"]) / (4 * big)
     RESULTS.update(bytes_per_cell=per_cell, app_fixed=app_fixed, boot_extra_per_cell=boot_cell,
                    live_after_boot_w64=r1.live[2], live_after_boot_w1024=r2.live[2],
                    heap_high_water_w1024=r2.peak_live, fakes_and_vm_baseline=r1.live[0])

@@ -123,3 +123,32 @@ print("@full", full(1000))
     assert int(v["upd"]) == 0
     per_event = int(v["full"]) / 1000
     assert 0 < per_event < 512  # sha256 object + digest + canonical bytes, nothing that grows
+
+
+def test_noise_samplers_allocate_nothing_beyond_the_byte_source():
+    """With a byte source that hands out preallocated buffers, a discrete
+    Gaussian/Laplace draw allocates (almost) nothing: all noise-path garbage
+    on a board is the source's own (os.urandom: one bytes object per 64)."""
+    code = """
+import gc
+from agent.rng import Rng, DeterministicSource
+from agent import noise
+ds = DeterministicSource(b"pool")
+POOL = [ds.read(64) for i in range(64)]
+class Pooled:
+    i = 0
+    def read(self, n):
+        self.i = (self.i + 1) % 64
+        return POOL[self.i]
+rng = Rng(Pooled())
+def meas(f, n=300):
+    a = gc.mem_alloc()
+    for i in range(n):
+        f()
+    return (gc.mem_alloc() - a) / n
+meas(lambda: noise.discrete_gaussian(rng, 4, 1), 5)
+print("@dg", meas(lambda: noise.discrete_gaussian(rng, 4, 1)))
+print("@dl", meas(lambda: noise.discrete_laplace(rng, 8, 1)))
+"""
+    v = mpvm.run(code, heap=HEAP).check().values()
+    assert float(v["dg"]) < 2 and float(v["dl"]) < 2
