@@ -14,8 +14,14 @@ would wrap silently, so the check is explicit).
 """
 
 import array
+import struct
+import sys
 
 from agent import hashing
+
+# CPython reads the d row words with one struct call (2x faster); MicroPython
+# reads bytes, because a 32-bit word would be a heap-allocated big int there.
+_WORDS = sys.implementation.name != "micropython"
 
 INT32_MAX = 0x7FFFFFFF
 INT32_MIN = -0x80000000
@@ -62,6 +68,9 @@ class Sketch:
         elif len(counters) != d * w:
             raise ValueError("counters have %d cells, need %d" % (len(counters), d * w))
         self.counters = counters
+        self._idx = [0] * d  # preallocated: the update path allocates nothing
+        self._val = [0] * d
+        self._words = struct.Struct("<%dI" % d).unpack_from if _WORDS else None
 
     # -- updates -------------------------------------------------------
     def clip_weight(self, weight):
@@ -82,30 +91,40 @@ class Sketch:
         """Add ``weight`` (already clipped or pre-aggregated) for a hash stream.
 
         Allocation-free on MicroPython for small weights: every value stays
-        a small int. Rows are checked for overflow before any is written, so
-        a refused update leaves the sketch unchanged.
+        a small int and the row indices go into preallocated lists. All rows
+        are checked for overflow before any is written, so a refused update
+        leaves the sketch unchanged.
         """
         a = self.counters
         w = self.w
         signed = self.signed
-        d = self.d
-        for r in range(d):
-            o = 4 * r
-            col = (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((stream[o + 3] & 0x3F) << 24)) % w
-            v = weight
-            if signed and stream[o + 3] & 0x80:
-                v = -v
-            nv = a[r * w + col] + v
-            if nv > INT32_MAX or nv < INT32_MIN:
-                raise OverflowError("sketch counter (row %d, column %d) would overflow int32" % (r, col))
-        for r in range(d):
-            o = 4 * r
-            col = (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((stream[o + 3] & 0x3F) << 24)) % w
-            i = r * w + col
-            if signed and stream[o + 3] & 0x80:
-                a[i] = a[i] - weight
-            else:
-                a[i] = a[i] + weight
+        idx = self._idx
+        val = self._val
+        neg = -weight
+        if self._words is not None:
+            r = 0
+            for u in self._words(stream):
+                i = r * w + (u & 0x3FFFFFFF) % w
+                v = neg if (signed and u >> 31) else weight
+                nv = a[i] + v
+                if nv > INT32_MAX or nv < INT32_MIN:
+                    raise OverflowError("sketch counter (row %d, column %d) would overflow int32" % (r, i - r * w))
+                idx[r] = i
+                val[r] = v
+                r += 1
+        else:
+            for r in range(self.d):
+                o = 4 * r
+                b3 = stream[o + 3]
+                i = r * w + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
+                v = neg if (signed and b3 & 0x80) else weight
+                nv = a[i] + v
+                if nv > INT32_MAX or nv < INT32_MIN:
+                    raise OverflowError("sketch counter (row %d, column %d) would overflow int32" % (r, i - r * w))
+                idx[r] = i
+                val[r] = v
+        for r in range(self.d):
+            a[idx[r]] += val[r]
 
     def update_many(self, items, weights=None):
         """Batch update: clip each event, then hash each distinct item once.

@@ -152,3 +152,23 @@ print("@dl", meas(lambda: noise.discrete_laplace(rng, 8, 1)))
 """
     v = mpvm.run(code, heap=HEAP).check().values()
     assert float(v["dg"]) < 2 and float(v["dl"]) < 2
+
+
+def test_overflow_is_reported_not_wrapped_on_micropython():
+    """MicroPython's array('i') wraps silently; the sketch must refuse instead."""
+    code = """
+from agent.sketch import Sketch
+from agent import hashing
+s = Sketch("cms", 2, 8, hashing.salt_prefix("salt-salt"), clip=5)
+s.update("x", 5)
+for i in range(len(s.counters)):
+    if s.counters[i]:
+        s.counters[i] = 0x7FFFFFFF - 2
+before = list(s.counters)
+try:
+    s.update("x", 5)
+    print("@result wrapped")
+except OverflowError:
+    print("@result refused", list(s.counters) == before)
+"""
+    assert mpvm.run(code, heap=HEAP).check().values()["result"] == "refused True"
