@@ -8,18 +8,24 @@ Implements the ``window`` and ``keep`` release modes of DESIGN.md:
   one epoch per window. Boundaries follow the clock, never the event count.
 * the accumulator of the open epoch starts as internal noise Z_int
   (one independent draw per cell), so the state an intruder can read is
-  exact counts + Z_int;
+  exact counts + noise;
+* every time the state is persisted, the snapshot is written and then a
+  fresh independent draw is added to the accumulator in RAM (also after a
+  restart, before counting resumes). Otherwise the RAM state minus the
+  flash copy -- or two stale copies a copy-on-write filesystem leaves in
+  free blocks -- would be the exact events in between;
 * when the epoch closes, a release = state + Z_out (fresh noise, same
   scale) is committed to the outbox, and a new accumulator with fresh
   Z_int opens. This is the pan-private variant of intermittent-queries
-  Algorithm 4 (use-and-keep): the host sums the per-epoch releases.
+  Algorithm 4 (use-and-keep): the host sums the per-epoch releases. The
+  release's ``nz`` field counts the noise draws per cell it carries.
 
 Commit protocol of one release with sequence number s (storage.py layout)::
 
     1. write outbox/s.tmp          (state + Z_out; the counters in RAM are untouched)
     2. write the "released" marker  s elo ehi part
     3. rename s.tmp -> s.cbor      (now visible to the publisher)
-    4. open the next accumulator, fresh Z_int, persist state.bin
+    4. open the next accumulator with fresh Z_int (persisted at the next persist)
 
 A crash before 2 deletes s.tmp at restart: those bytes never left the
 device, the state is still on flash, and it is released later with a new
@@ -27,7 +33,8 @@ Z_out (nothing was published, so nothing is re-drawn for released data).
 A crash after 2 finishes the rename and discards the old state, which the
 marker says was released: a release is never generated twice. Events that
 arrived after the last persisted state are lost in a power cut; events in
-a persisted state never are.
+a persisted state never are. Release keys (elo, ehi, part) never repeat,
+also when the clock is behind the last release.
 
 If the outbox cannot be written (full flash), the accumulator keeps
 counting and its epoch range [elo, ehi) grows until a release succeeds.
@@ -61,10 +68,14 @@ class Recorder:
         self.state_path = storage.join(root, "state.bin")
         self.marker_path = storage.join(root, "released")
         n = params.d * params.w
-        self.relbuf = new_counters(n)  # preallocated: releases never allocate d*w again
+        # Two preallocated arrays: the live accumulator and a scratch buffer
+        # (release copy, or fresh noise staged before it touches the state).
+        self.relbuf = new_counters(n)
         self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip, new_counters(n))
         self.counters = self.sketch.counters
         self._fp = params.fingerprint()
+        self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
+        self.nz = 0
         self.last_persist = now
         self._boot(now)
 
@@ -79,25 +90,75 @@ class Recorder:
         cur = now // self.p.epoch_s
         st = storage.read_state(self.state_path, self._fp, self.counters)
         if st is not None and (marker is None or st[0] > marker[0]):
-            self.seq, self.elo, self.ehi, self.part = st
-            self.log("resumed state seq %d epochs [%d, %d) part %d" % st)
+            self.seq, self.elo, self.ehi, self.part, self.nz = st
+            self.log("resumed state seq %d epochs [%d, %d) part %d" % st[:4])
+            # The flash copy must not equal the RAM state we now count into,
+            # or RAM - flash would show the next events exactly: refresh.
+            self._refresh()
             return
         self.seq = marker[0] + 1 if marker is not None else 0
-        part = 0
-        if marker is not None and marker[1] <= cur < marker[2]:
-            part = marker[3] + 1  # this epoch was already released early (flush)
-        self._open(cur, part)
+        if marker is None:
+            self._open(cur, 0)
+            return
+        if cur < marker[1]:
+            self.log("the clock (epoch %d) is behind the last release [%d, %d); counting into epoch %d"
+                     % (cur, marker[1], marker[2], marker[1]))
+        epoch, part = self._next(cur, marker[1], marker[2], marker[3])
+        self._open(epoch, part)
+
+    @staticmethod
+    def _next(cur, elo, ehi, part):
+        """(epoch, part) of the accumulator that follows the released range.
+
+        Keys (elo, ehi, part) never repeat: after the range's end a new
+        epoch starts at part 0; before it (flush, or a clock that is behind)
+        the next part of an epoch inside the range is used.
+        """
+        if cur >= ehi:
+            return (cur, 0)
+        return (cur if cur > elo else elo, part + 1)
+
+    def _fresh(self):
+        """Fill the scratch buffer with one fresh independent noise draw per cell."""
+        b = self.relbuf
+        for i in range(len(b)):
+            b[i] = 0
+        add_noise(b, self.p.noise, self.rng)
+
+    def _refresh(self):
+        """Add a fresh noise draw to the live accumulator (it stays noisy)."""
+        self._fresh()
+        a = self.counters
+        b = self.relbuf
+        for i in range(len(a)):
+            v = a[i] + b[i]
+            if v > 0x7FFFFFFF or v < -0x80000000:
+                raise OverflowError("counter %d overflows int32 while adding noise" % i)
+        for i in range(len(a)):
+            a[i] += b[i]
+        self.nz += 1
 
     def _open(self, epoch, part):
-        """Start a fresh accumulator for [epoch, epoch+1): Z_int, then persist."""
-        c = self.counters
-        for i in range(len(c)):
-            c[i] = 0
-        add_noise(c, self.p.noise, self.rng)
+        """Start a fresh accumulator for [epoch, epoch+1) holding only Z_int.
+
+        The noise is drawn into the scratch buffer and swapped in only when
+        complete; if drawing fails the open stays pending and nothing is
+        counted (or persisted) until it succeeds: the old array is released
+        data and a half-noised array would expose events.
+        """
+        self._pending = (epoch, part)
+        self._fresh()
+        self.counters, self.relbuf = self.relbuf, self.counters
+        self.sketch.counters = self.counters
         self.elo = epoch
         self.ehi = epoch + 1
         self.part = part
-        self.persist()
+        self.nz = 1
+        self._pending = None
+
+    def _ensure_open(self):
+        if self._pending is not None:
+            self._open(self._pending[0], self._pending[1])
 
     def redate(self, elo, ehi, part, now=None):
         """Re-label the open accumulator's epoch range [elo, ehi) and persist.
@@ -109,6 +170,7 @@ class Recorder:
         """
         if not (0 <= elo < ehi):
             raise ValueError("epoch range must satisfy 0 <= elo < ehi")
+        self._ensure_open()
         self.elo = elo
         self.ehi = ehi
         self.part = part
@@ -116,17 +178,28 @@ class Recorder:
 
     # -- events --------------------------------------------------------
     def add(self, item, weight=1):
+        if self._pending is not None:
+            self._ensure_open()
         self.sketch.update(item, weight)
 
     def add_many(self, items, weights=None):
+        if self._pending is not None:
+            self._ensure_open()
         self.sketch.update_many(items, weights)
 
     # -- clock ---------------------------------------------------------
     def tick(self, now):
         """Call often with the UTC time: releases closed epochs, persists.
 
-        Returns the number of releases committed (0 or 1).
+        Returns the number of releases committed (0 or 1). A clock that goes
+        backwards releases nothing until it passes the open range again.
         """
+        if self._pending is not None:
+            try:
+                self._ensure_open()
+            except Exception as exc:  # MemoryError, NoEntropyError: retry next tick
+                self.log("cannot draw noise for the next accumulator (%r); not counting" % (exc,))
+                return 0
         cur = now // self.p.epoch_s
         if cur >= self.ehi:
             return 1 if self._release(cur, 0, now) else 0
@@ -140,17 +213,42 @@ class Recorder:
         If its epoch is still running, the next accumulator covers the same
         epoch as the next ``part``.
         """
-        cur = now // self.p.epoch_s
-        if cur >= self.ehi:
-            return self._release(cur, 0, now)
-        return self._release(cur, self.part + 1, now)
+        self._ensure_open()
+        epoch, part = self._next(now // self.p.epoch_s, self.elo, self.ehi, self.part)
+        return self._release(epoch, part, now)
 
     def persist(self, now=None):
+        """Write the noisy state to flash, then add fresh noise to it in RAM.
+
+        Without the second step the RAM state minus the flash copy (or two
+        stale flash copies that a copy-on-write filesystem leaves behind)
+        would be the exact events in between. With it, every snapshot and
+        the RAM state differ by events *plus* an independent full-scale
+        noise draw (docs/PRIVACY.md); the price is one more noise draw per
+        cell in the release (counted in its ``nz`` field).
+        """
+        if self._pending is not None:
+            return False  # nothing of the released array may be persisted
         try:
-            storage.write_state(self.state_path, self._fp, self.seq, self.elo, self.ehi, self.part, self.counters)
+            self._fresh()
+        except Exception as exc:
+            self.log("cannot draw noise (%r); state not persisted" % (exc,))
+            return False
+        try:
+            storage.write_state(self.state_path, self._fp, self.seq, self.elo, self.ehi, self.part, self.nz,
+                                self.counters)
         except OSError as exc:
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False
+        a = self.counters
+        b = self.relbuf
+        for i in range(len(a)):
+            v = a[i] + b[i]
+            if v > 0x7FFFFFFF or v < -0x80000000:
+                raise OverflowError("counter %d overflows int32 while adding noise" % i)
+        for i in range(len(a)):
+            a[i] += b[i]
+        self.nz += 1
         if now is not None:
             self.last_persist = now
         return True
@@ -164,8 +262,10 @@ class Recorder:
         add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
         s = self.seq
         tmp = self.outbox.path(s, ".tmp")
+        nz = self.nz + 1
         try:
-            storage.write_atomic(tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write))
+            storage.write_atomic(
+                tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz))
             storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
         except OSError as exc:
             storage.remove(tmp)
@@ -175,7 +275,10 @@ class Recorder:
             return False
         storage.rename(tmp, self.outbox.path(s))
         self.seq = s + 1
-        self._open(next_epoch, next_part)
         if now is not None:
             self.last_persist = now
+        try:
+            self._open(next_epoch, next_part)
+        except Exception as exc:
+            self.log("release %d committed, but the next accumulator's noise failed (%r); retrying" % (s, exc))
         return True

@@ -12,8 +12,9 @@ from agent import cbor, hashing
 FORMAT_VERSION = 1
 
 
-def release_map(params, seq, elo, ehi, part, counters):
-    """The release as a dict; ``counters`` is the noisy array('i')."""
+def release_map(params, seq, elo, ehi, part, counters, nz=2):
+    """The release as a dict; ``counters`` is the noisy array('i') carrying
+    ``nz`` independent noise draws per cell (nz - 1 internal, 1 output)."""
     spec = params.noise
     return {
         "v": FORMAT_VERSION,
@@ -30,6 +31,7 @@ def release_map(params, seq, elo, ehi, part, counters):
         "budget": [params.budget[0], params.budget[1]],
         "nint": [spec.num, spec.den],
         "nout": [spec.num, spec.den],
+        "nz": nz,
         "L": params.arrays,
         "win_s": params.window_s,
         "ep_s": params.epoch_s,
@@ -41,10 +43,10 @@ def release_map(params, seq, elo, ehi, part, counters):
     }
 
 
-def encode_to(params, seq, elo, ehi, part, counters, write):
+def encode_to(params, seq, elo, ehi, part, counters, write, nz=2):
     """Stream the encoded release through ``write`` (no full copy in RAM)."""
-    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters), write)
+    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters, nz), write)
 
 
-def encode(params, seq, elo, ehi, part, counters):
-    return cbor.dumps(release_map(params, seq, elo, ehi, part, counters))
+def encode(params, seq, elo, ehi, part, counters, nz=2):
+    return cbor.dumps(release_map(params, seq, elo, ehi, part, counters, nz))

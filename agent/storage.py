@@ -91,10 +91,17 @@ def read(path):
         f.close()
 
 
-def recover(path):
-    """Finish an interrupted write_atomic: keep ``path`` or adopt ``path.new``."""
+def recover(path, check=None):
+    """Finish an interrupted write_atomic: keep ``path`` or adopt ``path.new``.
+
+    ``path.new`` is adopted only if ``check(path.new)`` says it is complete
+    (a power cut can leave a half-written one); otherwise it is removed.
+    """
     if not exists(path) and exists(path + ".new"):
-        os.rename(path + ".new", path)
+        if check is None or check(path + ".new"):
+            os.rename(path + ".new", path)
+        else:
+            remove(path + ".new")
 
 
 class Outbox:
@@ -132,8 +139,8 @@ class Outbox:
 
 STATE_MAGIC = b"PSKS"
 STATE_VERSION = 1
-# magic, version, pad, fingerprint(8), seq, elo, ehi, part, ncells
-_HDR = "<4sB3x8sIqqII"
+# magic, version, pad, fingerprint(8), seq, elo, ehi, part, noise draws, ncells
+_HDR = "<4sB3x8sIqqIII"
 _HDR_LEN = struct.calcsize(_HDR)
 
 
@@ -141,9 +148,12 @@ class StateError(Exception):
     pass
 
 
-def write_state(path, fingerprint, seq, elo, ehi, part, counters):
-    """Persist the (noisy) state: header, raw int32 counters, SHA-256 trailer."""
-    hdr = struct.pack(_HDR, STATE_MAGIC, STATE_VERSION, fingerprint, seq, elo, ehi, part, len(counters))
+def write_state(path, fingerprint, seq, elo, ehi, part, nz, counters):
+    """Persist the (noisy) state: header, raw int32 counters, SHA-256 trailer.
+
+    ``nz`` is the number of independent noise draws per cell in ``counters``.
+    """
+    hdr = struct.pack(_HDR, STATE_MAGIC, STATE_VERSION, fingerprint, seq, elo, ehi, part, nz, len(counters))
     h = hashlib.sha256(hdr)
     h.update(counters)
 
@@ -156,13 +166,13 @@ def write_state(path, fingerprint, seq, elo, ehi, part, counters):
 
 
 def read_state(path, fingerprint, counters):
-    """Load a state file into ``counters``; returns (seq, elo, ehi, part) or None.
+    """Load a state file into ``counters``; returns (seq, elo, ehi, part, nz) or None.
 
     The counters are read straight into the preallocated array (no copy of
     the file in RAM: on a board that copy would set the boot-time heap peak).
     Raises StateError if the file is corrupt or was made with other params.
     """
-    recover(path)
+    recover(path, _state_complete)
     if not exists(path):
         return None
     f = open(path, "rb")
@@ -170,7 +180,7 @@ def read_state(path, fingerprint, counters):
         hdr = f.read(_HDR_LEN)
         if len(hdr) != _HDR_LEN:
             raise StateError("state file %s is truncated" % path)
-        magic, ver, fp, seq, elo, ehi, part, n = struct.unpack(_HDR, hdr)
+        magic, ver, fp, seq, elo, ehi, part, nz, n = struct.unpack(_HDR, hdr)
         if magic != STATE_MAGIC or ver != STATE_VERSION:
             raise StateError("state file %s has an unknown format" % path)
         if fp != fingerprint or n != len(counters):
@@ -188,7 +198,38 @@ def read_state(path, fingerprint, counters):
     h.update(counters)
     if h.digest() != trailer:
         raise StateError("state file %s fails its checksum" % path)
-    return (seq, elo, ehi, part)
+    return (seq, elo, ehi, part, nz)
+
+
+def _state_complete(path):
+    """True if a state file is whole: its length and SHA-256 trailer match."""
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_HDR_LEN)
+        if len(hdr) != _HDR_LEN or hdr[:4] != STATE_MAGIC:
+            return False
+        n = struct.unpack(_HDR, hdr)[-1]
+        h = hashlib.sha256(hdr)
+        left = 4 * n
+        while left > 0:
+            chunk = f.read(min(left, 512))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        return f.read(32) == h.digest() and not f.read(1)
+    finally:
+        f.close()
+
+
+def _marker_complete(path):
+    parts = read(path).split()
+    if len(parts) != 4:
+        return False
+    for p in parts:
+        if not p.isdigit():
+            return False
+    return True
 
 
 def write_marker(path, seq, elo, ehi, part):
@@ -197,7 +238,7 @@ def write_marker(path, seq, elo, ehi, part):
 
 def read_marker(path):
     """(seq, elo, ehi, part) of the last committed release, or None."""
-    recover(path)
+    recover(path, _marker_complete)
     if not exists(path):
         return None
     parts = read(path).decode().split()

@@ -130,18 +130,126 @@ def test_release_size_does_not_depend_on_data(tmp_path):
     assert len(set(sizes)) == 1
 
 
-def test_restart_resumes_persisted_state_and_never_redraws(tmp_path):
+def flash_state(root, p):
+    from agent.sketch import new_counters
+    c = new_counters(p.d * p.w)
+    st = storage.read_state(str(root / "state.bin"), p.fingerprint(), c)
+    return list(c), st
+
+
+def test_persist_then_fresh_noise_masks_ram_minus_flash(tmp_path):
+    """RAM - (flash copy) = events since the persist + a fresh full-scale draw."""
+    p = params()
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("p")), log=lambda m: None)
+    a_events = ["a", "b"] * 20
+    for x in a_events:
+        rec.add(x)
+    assert rec.persist(T0 + 5)
+    snap, st = flash_state(tmp_path, p)
+    n = p.d * p.w
+    z_int, y1 = draws("p", n, p.noise), draws("p", n, p.noise, skip=n)
+    assert snap == [e + z for e, z in zip(exact(p, a_events), z_int)]  # flash = exact + Z_int
+    assert st[4] == 1  # one noise draw in the snapshot
+    b_events = ["c"] * 7
+    for x in b_events:
+        rec.add(x)
+    diff = [r - f for r, f in zip(rec.counters, snap)]
+    assert [d - e for d, e in zip(diff, exact(p, b_events))] == y1  # masked by Y1
+    assert diff != exact(p, b_events)
+    assert rec.nz == 2
+
+
+def test_release_counts_its_noise_draws(tmp_path):
+    p = params()
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("q")), log=lambda m: None)
+    events = ["a"] * 10 + ["b"] * 3
+    rec.add_many(events[:5])
+    rec.persist(T0 + 1)
+    rec.add_many(events[5:])
+    rec.persist(T0 + 2)
+    rec.tick(T0 + EP)
+    (_, data), = releases(tmp_path)
+    r = cbor2.loads(data)
+    assert r["nz"] == 4  # Z_int + 2 persist refreshes + Z_out
+    n = p.d * p.w
+    z = draws("q", 4 * n, p.noise)
+    total = [z[i] + z[n + i] + z[2 * n + i] + z[3 * n + i] for i in range(n)]
+    ctr = list(memoryview(r["ctr"]).cast("i"))
+    assert [c - e for c, e in zip(ctr, exact(p, events))] == total
+
+
+def test_restart_resumes_persisted_state_with_fresh_noise(tmp_path):
     p = params()
     rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("e")), log=lambda m: None)
     for x in ["a"] * 50:
         rec.add(x)
     rec.persist(T0 + 5)
-    persisted = list(rec.counters)
+    snap, _ = flash_state(tmp_path, p)
     del rec  # power cut
-    # The restarted device gets *different* randomness: resuming must not draw.
     rec2 = Recorder(p, str(tmp_path), T0 + 20, rng=Rng(DeterministicSource("other")), log=lambda m: None)
-    assert list(rec2.counters) == persisted
-    assert rec2.seq == 0
+    # resumed = the persisted snapshot plus one fresh draw (RAM never equals flash)
+    assert [c - s_ for c, s_ in zip(rec2.counters, snap)] == draws("other", p.d * p.w, p.noise)
+    assert rec2.seq == 0 and rec2.nz == 2
+
+
+class FlakySource:
+    """A byte source that fails while ``broken`` is set (like MemoryError on a board)."""
+
+    def __init__(self, seed):
+        self.inner = DeterministicSource(seed)
+        self.broken = False
+
+    def read(self, n):
+        if self.broken:
+            raise MemoryError("no memory for os.urandom")
+        return self.inner.read(n)
+
+
+def test_failed_noise_for_next_accumulator_never_counts_unnoised(tmp_path):
+    p = params()
+    src = FlakySource("r")
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(src), log=lambda m: None)
+    rec.add("a")
+    # let the release's Z_out succeed, then fail while drawing the next Z_int
+    real_open = rec._open
+
+    def failing_open(epoch, part):
+        src.broken = True
+        try:
+            return real_open(epoch, part)
+        finally:
+            pass
+
+    rec._open = failing_open
+    assert rec.tick(T0 + EP) == 1  # the release is committed
+    rec._open = real_open
+    released = list(rec.counters)
+    with pytest.raises(MemoryError):
+        rec.add("b")  # cannot be counted without noise
+    assert rec.persist(T0 + EP + 1) is False  # the released array is never persisted
+    assert rec.tick(T0 + EP + 2) == 0
+    assert list(rec.counters) == released
+    src.broken = False
+    rec.add("b")  # the pending open succeeds first
+    assert rec._pending is None and rec.nz == 1
+    rec.tick(T0 + 2 * EP)
+    keys = [(cbor2.loads(b)["elo"], cbor2.loads(b)["ehi"], cbor2.loads(b)["part"]) for _, b in releases(tmp_path)]
+    assert len(keys) == len(set(keys)) == 2
+
+
+def test_clock_behind_the_last_release_never_reuses_a_key(tmp_path):
+    p = params()
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("s")), log=lambda m: None)
+    rec.tick(T0 + EP)
+    rec.tick(T0 + 2 * EP)  # released epochs k0, k0+1
+    del rec
+    # reboot with a clock 3 epochs in the past (e.g. restored from an old save)
+    rec2 = Recorder(p, str(tmp_path), T0 - 3 * EP, rng=Rng(DeterministicSource("t")), log=lambda m: None)
+    rec2.add("x")
+    rec2.flush(T0 - 3 * EP + 1)
+    rec2.tick(T0 + 3 * EP)
+    keys = [(cbor2.loads(b)["elo"], cbor2.loads(b)["ehi"], cbor2.loads(b)["part"]) for _, b in releases(tmp_path)]
+    assert len(keys) == len(set(keys)) == 4
 
 
 @pytest.mark.parametrize("crash_at", ["marker", "rename"])
@@ -239,13 +347,13 @@ def test_full_flash_keeps_counting_and_extends_the_range(tmp_path, monkeypatch):
 
 
 def test_changed_parameters_refuse_the_old_state(tmp_path):
-    Recorder(params(), str(tmp_path), T0, rng=Rng(DeterministicSource("m")), log=lambda m: None)
+    Recorder(params(), str(tmp_path), T0, rng=Rng(DeterministicSource("m")), log=lambda m: None).persist()
     with pytest.raises(storage.StateError, match="different parameters"):
         Recorder(params(w=128), str(tmp_path), T0, rng=Rng(DeterministicSource("m")), log=lambda m: None)
 
 
 def test_corrupt_state_is_detected(tmp_path):
-    Recorder(params(), str(tmp_path), T0, rng=Rng(DeterministicSource("n")), log=lambda m: None)
+    Recorder(params(), str(tmp_path), T0, rng=Rng(DeterministicSource("n")), log=lambda m: None).persist()
     path = tmp_path / "state.bin"
     data = bytearray(path.read_bytes())
     data[60] ^= 1
@@ -275,3 +383,21 @@ def test_bad_params_name_the_key(cfg, key):
     with pytest.raises(ParamError) as ei:
         params(**cfg)
     assert ei.value.key == key
+
+
+def test_half_written_first_state_is_dropped_not_adopted(tmp_path):
+    """A power cut during the very first state write leaves a partial
+    state.bin.new; boot must ignore it (not refuse to start)."""
+    p = params()
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("u")), log=lambda m: None)
+    rec.persist()
+    whole = (tmp_path / "state.bin").read_bytes()
+    (tmp_path / "state.bin").unlink()
+    (tmp_path / "state.bin.new").write_bytes(whole[: len(whole) // 2])
+    rec2 = Recorder(p, str(tmp_path), T0 + 1, rng=Rng(DeterministicSource("v")), log=lambda m: None)
+    assert not (tmp_path / "state.bin.new").exists() and rec2.seq == 0
+    # a complete .new is adopted
+    rec2.persist()
+    (tmp_path / "state.bin").rename(tmp_path / "state.bin.new")
+    rec3 = Recorder(p, str(tmp_path), T0 + 2, rng=Rng(DeterministicSource("w")), log=lambda m: None)
+    assert rec3.nz == 2  # resumed the snapshot (Z_int) + one fresh draw
