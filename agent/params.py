@@ -36,7 +36,7 @@ class Params:
     d (4), w (1024), clip (1), mode ('window'), window_s (3600),
     epoch_s (= window_s in window mode, 600 in keep mode), mechanism
     ('dgauss'), budget ('1/2': rho for dgauss, eps for dlap),
-    persist_s (60).
+    persist_s (600: each persist adds one noise draw to the release, docs/PRIVACY.md).
     """
 
     def __init__(self, cfg):
@@ -78,7 +78,7 @@ class Params:
             raise ParamError("budget", str(exc))
         if self.budget[0] <= 0:
             raise ParamError("budget", "must be positive")
-        self.persist_s = _int(cfg, "persist_s", 60, 1, 86400)
+        self.persist_s = _int(cfg, "persist_s", 600, 1, 86400)
         self.arrays = calibrate.arrays_touched(self.mode)
         self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
 
