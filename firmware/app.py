@@ -56,6 +56,8 @@ from firmware import clock, config
 from firmware.clock import MIN_VALID_UNIX
 
 VERSION = "0.1.0"
+# warnings whose mute time would tell when an event arrived (kept only while muted)
+EVENT_WARNINGS = ("drop", "srcdrop", "lowmem")
 
 
 def log(msg):
@@ -134,6 +136,14 @@ class App:
     def __init__(self, cfg, rng=None):
         self.cfg = cfg
         self.p = cfg.params
+        # The radio goes on BEFORE any random byte is read (SystemSource's
+        # self-test, the Recorder's internal noise): Espressif documents that
+        # esp_random(), behind os.urandom on the ESP32, yields true random
+        # numbers only while WiFi or Bluetooth is enabled (RF noise feeds the
+        # hardware RNG), and is pseudo-random otherwise. See docs/FIRMWARE.md.
+        from firmware import wifi
+
+        self.wlan = wifi.activate(cfg.wifi_hostname)
         self.clock = clock.Clock()
         self.wdt = Watchdog(cfg.watchdog_s)
         self.insecure = False
@@ -165,14 +175,14 @@ class App:
         except OSError as exc:
             raise StartError("cannot use state directory %s: %s" % (cfg.state_dir, exc))
         gc.collect()
-        from firmware import mqtt, sources, wifi
+        from firmware import mqtt, sources
 
         try:
             self.source = sources.load(cfg.source_type, cfg.source, log)
         except Exception as exc:  # e.g. a pin or UART this board does not have
             raise StartError("source %r cannot start: %r (check the \"source\" settings)" % (cfg.source_type, exc))
         self.wifi = wifi.Wifi(cfg.wifi_ssid, cfg.wifi_password, log, cfg.wifi_hostname,
-                              cfg.wifi_timeout_s, cfg.wifi_retry_max_s)
+                              cfg.wifi_timeout_s, cfg.wifi_retry_max_s, wlan=self.wlan)
         self.link = mqtt.Link(cfg, log, self.wdt.feed)
         self._mqtt = mqtt
         self.ntp_next = 0
@@ -180,11 +190,11 @@ class App:
         self.last_persist = 0
         self.due_up = 0  # uptime (ms) of the next Recorder.tick: idle steps do no clock arithmetic
         self.outbox_hint = True  # the outbox may have releases (saves a listdir per step)
-        self.warned = {}
-        # No event or drop counters anywhere: memory is readable by an intruder
-        # (DESIGN.md), so the app keeps nothing but the noisy sketch.
-        self.lowmem = 0
-        self.steps = 0
+        self.warned = {}  # kind -> uptime (ms) until which that warning is muted
+        # No event or drop counters, no step counter, no time of the last event
+        # anywhere: memory is readable by an intruder (DESIGN.md), so the app
+        # keeps nothing but the noisy sketch. Mutes of event-triggered warnings
+        # are forgotten once they expire (see _expire_mutes).
         try:
             self.source.start(self)
         except Exception as exc:
@@ -220,34 +230,56 @@ class App:
 
     def warn(self, kind, msg, every_ms=60000):
         up = self.clock.uptime_ms()
-        last = self.warned.get(kind)
-        if last is None or up - last >= every_ms:
-            self.warned[kind] = up
+        until = self.warned.get(kind)
+        if until is None or up >= until:
+            self.warned[kind] = up + every_ms
             log(msg)
+
+    def _expire_mutes(self, up):
+        """Drop expired mutes of warnings that events trigger (their time would date an event)."""
+        w = self.warned
+        for kind in EVENT_WARNINGS:
+            until = w.get(kind)
+            if until is not None and up >= until:
+                del w[kind]
 
     # -- main loop ------------------------------------------------------------
     def step(self):
-        """One main-loop iteration; returns how long to sleep (ms)."""
+        """One main-loop iteration; returns how long to sleep (ms).
+
+        Release timing depends on the clock only (DESIGN.md): the clock is
+        handled *before* the source is polled, so this step's events cannot
+        delay a commit, and the idle sleep ends at the commit's due time
+        (``due_up``, aligned to the synced clock's second boundaries) rather
+        than at a phase set by how many events earlier steps processed. What
+        remains is at most the processing time of one step's events
+        (``max_events_per_step``) if that step straddles the due time.
+        """
         self.wdt.feed()
-        self.steps += 1
         more = False
         try:
+            self._time()
             got = self.source.poll(self, self.cfg.max_events)
             if got >= self.cfg.max_events:
                 more = True
             if self.source.dropped:
                 self.source.dropped = False
                 self.warn("srcdrop", "source buffer overflowed: some events were not counted")
-            self._time()
             if self._network():
                 more = True
         except MemoryError:
             self._low_memory()
             return 200
-        return 0 if more else self.cfg.idle_ms
+        if more:
+            return 0
+        idle = self.cfg.idle_ms
+        if self.clock.synced:
+            left = self.due_up - self.clock.uptime_ms()
+            if left < idle:
+                return left if left > 0 else 0
+        return idle
 
     def _low_memory(self):
-        self.lowmem += 1
         self.link.drop()
         gc.collect()
         self.link.next_ms = self.clock.uptime_ms() + 10000
@@ -256,6 +288,8 @@ class App:
 
     def _time(self):
         up = self.clock.uptime_ms()
+        if self.warned:
+            self._expire_mutes(up)
         rec = self.rec
         if not self.clock.synced:
             if self.wifi.up and up >= self.ntp_next:
@@ -287,7 +321,9 @@ class App:
         to_persist = rec.last_persist + self.p.persist_s - now
         if to_persist <= 0:  # the last persist failed (flash full): retry after persist_s
             to_persist = self.p.persist_s
-        self.due_up = up + 1000 * max(1, min(to_end, to_persist))
+        # aligned to the second boundaries of the synced clock (now = base + up // 1000),
+        # not to the phase of this step, which depends on earlier steps' work
+        self.due_up = (up // 1000 + max(1, min(to_end, to_persist))) * 1000
 
     def _sync(self, up):
         first = not self.clock.synced

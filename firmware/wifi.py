@@ -10,13 +10,34 @@ for the network.
 
 from firmware import clock
 
+
+def activate(hostname=None):
+    """Switch the station interface on; the WLAN object (None without ``network``).
+
+    Called first thing at boot, before any random byte is read: on the ESP32
+    ``os.urandom`` is ``esp_random()``, which Espressif documents as a true
+    RNG only while WiFi or Bluetooth is enabled (docs/FIRMWARE.md).
+    """
+    try:
+        import network
+    except ImportError:  # a board without WiFi: Wifi.poll() will say so
+        return None
+    if hostname:
+        try:
+            network.hostname(hostname)
+        except Exception:
+            pass
+    wlan = network.WLAN(network.STA_IF)
+    wlan.active(True)
+    return wlan
+
 # network.STAT_* values differ per port; look them up by name for messages.
 _STATUS_NAMES = ("STAT_WRONG_PASSWORD", "STAT_NO_AP_FOUND", "STAT_CONNECT_FAIL", "STAT_BEACON_TIMEOUT",
                  "STAT_ASSOC_FAIL", "STAT_HANDSHAKE_TIMEOUT")
 
 
 class Wifi:
-    def __init__(self, ssid, password, log, hostname=None, connect_timeout_s=20, retry_max_s=300):
+    def __init__(self, ssid, password, log, hostname=None, connect_timeout_s=20, retry_max_s=300, wlan=None):
         self.ssid = ssid
         self.password = password
         self.hostname = hostname
@@ -27,20 +48,14 @@ class Wifi:
         self.next_ms = None  # uptime of the next attempt (None: now)
         self.started = None  # uptime when the running attempt began
         self.up = False
-        self.wlan = None
+        self.wlan = wlan  # already active when given (see activate)
         self.attempts = 0
 
     def _iface(self):
         if self.wlan is None:
-            import network
-
-            if self.hostname:
-                try:
-                    network.hostname(self.hostname)
-                except Exception:
-                    pass
-            self.wlan = network.WLAN(network.STA_IF)
-            self.wlan.active(True)
+            self.wlan = activate(self.hostname)
+            if self.wlan is None:
+                raise OSError("this board has no network module (no WiFi)")
         return self.wlan
 
     def _status_text(self, wlan):

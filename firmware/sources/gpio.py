@@ -19,6 +19,14 @@ adds it with ``sink.add_prepared`` (the label's hash is computed once at
 start), so counting costs no allocation at all, however fast the pulses.
 Each edge is one event of weight 1: the sensitivity bound of the sketch
 holds per edge.
+
+Debouncing keeps no timestamp of an edge beyond its debounce window: the
+handler stores only the deadline ``until`` (end of the window of the last
+accepted edge) and ``poll`` resets it to -1 once that deadline has passed,
+so after ``debounce_ms`` plus one main-loop step the pin object reads the
+same whether or not an edge ever happened (DESIGN.md pan-privacy: no
+event-dependent state outside the noisy sketch, except events still
+waiting in the buffer, here the pending count ``n``).
 """
 
 from firmware import clock
@@ -78,17 +86,24 @@ class _Counter:
         self.label = spec["label"]
         self.debounce = spec["debounce_ms"]
         self.n = 0
-        self.last = 0
+        self.until = -1  # end of the current debounce window (ticks_ms), -1 = none
         self.handle = None
         self._handler = self.irq  # bound once: registering allocates, firing does not
 
     def irq(self, pin):
         if self.debounce:
             t = clock.ticks_ms()
-            if clock.ticks_diff(t, self.last) < self.debounce:
+            u = self.until
+            if u >= 0 and clock.ticks_diff(u, t) > 0:
                 return
-            self.last = t
+            self.until = clock.ticks_add(t, self.debounce)
         self.n += 1
+
+    def expire(self, now):
+        """Forget the debounce deadline once it has passed (call with IRQs off)."""
+        u = self.until
+        if u >= 0 and clock.ticks_diff(u, now) <= 0:
+            self.until = -1
 
     def arm(self):
         try:
@@ -117,10 +132,12 @@ class Source:
     def poll(self, sink, budget):
         m = self.machine
         total = 0
+        now = clock.ticks_ms()
         for c in self.counters:
             st = m.disable_irq()
             n = c.n
             c.n = 0
+            c.expire(now)
             m.enable_irq(st)
             if n:
                 sink.add_prepared(c.handle, n)

@@ -17,6 +17,15 @@ instead of text.
 Bytes are read with ``readinto`` into a preallocated chunk buffer and
 assembled in a preallocated line buffer; the only allocation per event is
 the item itself (and its hash, in the core).
+
+Pan-privacy (DESIGN.md): as soon as a line has been handed to the sketch
+(or skipped), the used part of the line buffer is zeroed, and the chunk
+buffer is zeroed after each read has been split into lines, both in place
+(no allocation). Only the bytes of a line still being received stay in
+RAM. The item object itself (a ``str``/``bytes``) is immutable: it becomes
+garbage after ``sink.add`` and its heap block is reused, not wiped, so it
+may linger until the next allocations overwrite it (a MicroPython limit;
+the GPIO source avoids item objects altogether).
 """
 
 from firmware.config import ConfigError
@@ -97,6 +106,7 @@ class Source:
                         self.dropped = True
                     elif self._emit(sink):
                         got += 1
+                    _wipe(line, self.len)  # the raw line is counted: do not keep it
                     self.len = 0
                 elif self.skip:
                     pass
@@ -105,7 +115,9 @@ class Source:
                     self.len += 1
                 else:
                     self.skip = True
+                    _wipe(line, self.len)
                     self.len = 0
+            _wipe(buf, n)
         return got
 
     def _emit(self, sink):
@@ -138,6 +150,12 @@ class Source:
             item = raw
         sink.add(item, weight)
         return True
+
+
+def _wipe(buf, n):
+    """Zero buf[0:n] in place (allocation-free: no slice, no bytes object)."""
+    for i in range(n):
+        buf[i] = 0
 
 
 def _parse_int(buf, a, b):

@@ -12,9 +12,9 @@ retained = {}
 
 
 def _emit(kind, topic, retain, payload):
-    delivered.append((kind, topic, retain, bytes(payload)))
     if retain:
         retained[topic] = bytes(payload)
+    delivered.append((kind, topic, retain, bytes(payload), fakehw.ms))
     print("@%s %s %d %s" % (kind, topic, 1 if retain else 0, fakehw.hexstr(payload)))
 
 

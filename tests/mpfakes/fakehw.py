@@ -42,6 +42,9 @@ broker = {
 ntp = {"ok": True}
 wdt = {"armed": False, "timeout": 0, "last": 0, "feeds": 0}
 stats = {"connects": 0, "pubs": 0, "wlan_connects": 0}
+# what happened, in order (e.g. "wlan_active"); tests append their own marks too
+order = []
+uart_read_ms = 0  # fake time one UART readinto takes (models the cost of handling events)
 
 
 MASK = PERIOD - 1

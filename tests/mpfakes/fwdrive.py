@@ -47,3 +47,30 @@ def drained(uid=1):
     import machine
 
     return machine.uarts[uid].any() == 0
+
+
+def loop(seconds):
+    """Run the main loop like firmware.app.main does, honouring each step's sleep.
+
+    A step that asks for no sleep (more work pending) costs 1 ms of fake time,
+    so busy steps shift the loop's phase the way real work does.
+    """
+    from firmware import app as fwapp
+
+    end = fakehw.ms + int(seconds * 1000)
+    while fakehw.ms < end:
+        ms = app.step()
+        if ms:
+            fwapp.sleep(app, ms)
+        else:
+            fakehw.advance(1)
+
+
+def scalars(obj):
+    """Sorted (name, value) of an object's int/bool/None attributes."""
+    out = []
+    for k, v in obj.__dict__.items():
+        if v is None or isinstance(v, int):
+            out.append((k, v))
+    out.sort()
+    return out

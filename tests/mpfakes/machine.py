@@ -98,6 +98,8 @@ class UART:
             return None
         buf[0:n] = self.buf[0:n]
         self.buf = self.buf[n:]
+        if fakehw.uart_read_ms:
+            fakehw.advance(fakehw.uart_read_ms)
         return n
 
     def deinit(self):

@@ -19,14 +19,23 @@ def hostname(name=None):
     _hostname = name
 
 
+_active = {}  # iface -> bool: like the real ports, WLAN(STA_IF) is one interface
+
+
 class WLAN:
     def __init__(self, iface=STA_IF):
-        self._active = False
+        self._iface = iface
+
+    @property
+    def _active(self):
+        return _active.get(self._iface, False)
 
     def active(self, v=None):
         if v is None:
             return self._active
-        self._active = bool(v)
+        if v and not self._active:
+            fakehw.order.append("wlan_active")
+        _active[self._iface] = bool(v)
 
     def connect(self, ssid, key=None):
         if not self._active:
