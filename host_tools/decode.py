@@ -23,6 +23,13 @@ noise      ``nint``/``nout`` are not the noise that ``budget`` calibrates to
            its noise does not give
 =========  =================================================================
 
+``nz`` (2 <= nz <= MAX_NZ) is the number of independent noise draws per
+cell of ``ctr``: nz - 1 draws of the internal noise ``nint`` (the initial
+one plus a fresh one after every persist and every restart, so a copy of
+the state on flash never differs from a later one by the exact events
+alone) and one draw of the output noise ``nout``. A release with nz < 2
+would claim less than the internal + output noise every release carries.
+
 Per-device consistency with earlier releases and key conflicts need the
 store and are checked in :mod:`host_tools.store` (codes ``device`` and
 ``conflict``).
@@ -43,9 +50,10 @@ from agent import calibrate, cbor, hashing
 from agent.release import FORMAT_VERSION
 
 FIELDS = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
-          "nout", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
+          "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
 MAX_EPOCH = 1 << 53  # keeps every epoch index and epoch*ep_s exact in SQLite and float
 MAX_U32 = 0xFFFFFFFF
+MAX_NZ = 1_000_000  # noise draws per cell (internal draws + 1 output draw)
 MAX_SPAN = 1 << 20  # epochs one release may cover (a range grows only while a device's flash is full)
 SUPPORTED_MODES = ("window", "keep")
 
@@ -76,6 +84,7 @@ class Release:
     budget: tuple[int, int]
     nint: tuple[int, int]
     nout: tuple[int, int]
+    nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
     L: int
     win_s: int
     ep_s: int
@@ -159,8 +168,8 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
             or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
         raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
     n, d = v
-    if n <= 0 or d <= 0 or n > 1 << 64 or d > 1 << 64:
-        raise Rejected("schema", "field %r = %d/%d must be a positive fraction" % (k, n, d))
+    if n <= 0 or d <= 0 or n >= 1 << 64 or d >= 1 << 64:
+        raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^64" % (k, n, d))
     return (n, d)
 
 
@@ -255,6 +264,12 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     budget = _ratio(obj, "budget")
     nint = _ratio(obj, "nint")
     nout = _ratio(obj, "nout")
+    nz = obj["nz"]
+    if isinstance(nz, bool) or not isinstance(nz, int):
+        raise Rejected("schema", "field 'nz' must be an integer, got %s" % type(nz).__name__)
+    if not 2 <= nz <= MAX_NZ:
+        raise Rejected("schema", "field 'nz' = %d out of range [2, %d]: every cell carries at least one "
+                       "internal and one output noise draw" % (nz, MAX_NZ))
     L = _int(obj, "L", 1, 64)
     win_s = _int(obj, "win_s", 1, 366 * 86400)
     ep_s = _int(obj, "ep_s", 1, 366 * 86400)
@@ -312,5 +327,5 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
                            % (name, n, dd, mech, budget[0], budget[1], d, clip, L, spec.num, spec.den))
 
     return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
-                   budget=budget, nint=nint, nout=nout, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
+                   budget=budget, nint=nint, nout=nout, nz=nz, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
                    part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest())

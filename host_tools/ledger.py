@@ -20,7 +20,11 @@ Gaussian rho (zCDP) and the eps it implies at the configured delta
 (Bun & Steinke 2016 Prop. 1.3, agent.calibrate.zcdp_to_approx_dp). The
 guarantee is recomputed from the noise a release carries
 (agent.calibrate.guarantee of ``nout``), not copied from its ``budget``;
-decode.py has already refused releases where the two disagree.
+decode.py has already refused releases where the two disagree. It does
+not depend on ``nz``: the nz - 2 extra internal draws a release may carry
+(re-added after each persist or restart, agent/recorder.py) are fresh
+independent noise that only adds protection, so the guarantee stays the
+one of the calibrated spec.
 
 Queries are post-processing of releases and spend nothing.
 """

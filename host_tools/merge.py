@@ -6,12 +6,15 @@ of the union of their events plus the sum of their noises. Releases merge
 only when (kind, d, w, hash version, salt id) are identical; anything else
 is refused with a reason (:class:`MergeError`), never silently mixed.
 
-Noise of one release: every cell carries one internal draw (the state's
-Z_int, agent.recorder) and one output draw (Z_out), independent, with the
-parameters ``nint`` and ``nout``. Per cell of a merge of R releases the
-noise is a sum of 2R independent zero-mean draws, so its variance is
+Noise of one release: every cell carries ``nz - 1`` internal draws
+(the state's initial Z_int plus a fresh one each time the device persisted
+its state or restarted, agent.recorder) and one output draw (Z_out), all
+independent, with the parameters ``nint`` and ``nout`` (field ``nz`` of
+the release, 2 <= nz; host_tools/decode.py). Per cell of a merge of R
+releases the noise is a sum of sum_i nz_i independent zero-mean draws, so
+its variance is
 
-    V = sum over releases of Var(nint) + Var(nout)
+    V = sum over releases i of (nz_i - 1) Var(nint_i) + Var(nout_i)
 
 with, for scale/variance parameter p = num/den,
 
@@ -116,7 +119,7 @@ def merge(rels: Sequence[StoredRelease]) -> Merged:
     terms: Counter[tuple[str, int, int]] = Counter()
     for r in rels:
         acc += r.counters()
-        terms[(r.mech, r.nint[0], r.nint[1])] += 1
+        terms[(r.mech, r.nint[0], r.nint[1])] += r.nz - 1
         terms[(r.mech, r.nout[0], r.nout[1])] += 1
     noise = [NoiseTerm(m, n, dd, c) for (m, n, dd), c in sorted(terms.items())]
     return Merged(kind=kind, d=d, w=w, hv=hv, salt=salt, counters=acc, releases=len(rels),

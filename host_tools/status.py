@@ -6,7 +6,10 @@ lost with a wiped device, or rejected), last release (received time and
 the end of its epochs), windows, missing epochs (epoch ranges between its
 first and last release that no release covers: the device was off, or
 releases are still on their way), and the per-event guarantee from the
-ledger (host_tools/ledger.py). Then the fleet's guarantee and the most
+ledger (host_tools/ledger.py), and the mean and largest number of noise
+draws per cell (``nz``: internal draws re-added at every persist/restart
+plus the output draw; they widen intervals, the guarantee is unchanged).
+Then the fleet's guarantee and the most
 recent rejections with their reasons. ``--json`` prints the same as one
 JSON object.
 """
@@ -76,6 +79,7 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
                                 "elo": a, "ehi": b} for a, b in gaps[:50]],
             "missing_epoch_count": sum(b - a for a, b in gaps),
             "guarantee": g.as_dict(), "guarantee_text": g.text(),
+            "noise_draws_mean": round(sum(r.nz for r in rs) / len(rs), 3), "noise_draws_max": max(r.nz for r in rs),
         })
     fleet_windows = led.fleet_windows()
     out = {
@@ -112,13 +116,14 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
         p("")
         p("%-20s %-10s %-18s %8s %-13s %-32s %7s %7s  %s" % (
             "DEVICE", "SKETCH", "MODE", "RELEASES", "SEQ", "LAST RELEASE (received)", "WINDOWS", "MISSING",
-            "BUDGET / GUARANTEE PER EVENT"))
+            "BUDGET / GUARANTEE PER EVENT; NOISE DRAWS PER CELL"))
         for d in rep["devices"]:
-            p("%-20s %-10s %-18s %8d %-13s %-32s %7d %7d  %s; %s" % (
+            p("%-20s %-10s %-18s %8d %-13s %-32s %7d %7d  %s; %s; noise draws %.3g (max %d)" % (
                 d["device"][:20], "%s %dx%d" % (d["kind"], d["d"], d["w"]), d["mode"][:18], d["releases"],
                 "%d-%d" % tuple(d["seq"]),
                 "%s (%s)" % (d["last_received"], _ago(d["last_received_unix"], now)), d["windows"],
-                d["missing_epoch_count"], d["budget"], d["guarantee_text"]))
+                d["missing_epoch_count"], d["budget"], d["guarantee_text"], d["noise_draws_mean"],
+                d["noise_draws_max"]))
         gaps = [d for d in rep["devices"] if d["missing_epochs"] or d["missing_seq_count"] or d["seq_reused"]]
         if gaps:
             p("")

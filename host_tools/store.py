@@ -19,6 +19,12 @@ generates a release twice, so different bytes mean re-drawn noise (which
 would average away privacy if both were kept) or a forged/reset device.
 The first stored version is kept.
 
+Older databases (written before releases carried ``nz``) lack the
+``releases.nz`` column. Opening one for writing adds it with
+``ALTER TABLE ... DEFAULT 2`` (those releases came from devices that drew
+exactly one internal and one output noise value per cell); a read-only
+open reads such rows as nz = 2 without changing the file.
+
 Concurrency: each insert runs in one ``BEGIN IMMEDIATE`` transaction (the
 device check, the key check and the insert see the same snapshot and no
 other writer can interleave), with a busy timeout, so any number of
@@ -49,7 +55,7 @@ CREATE TABLE IF NOT EXISTS releases (
     d INTEGER NOT NULL, w INTEGER NOT NULL, hv INTEGER NOT NULL, salt TEXT NOT NULL,
     clip INTEGER NOT NULL, mech TEXT NOT NULL, budget_num INTEGER NOT NULL, budget_den INTEGER NOT NULL,
     nint_num INTEGER NOT NULL, nint_den INTEGER NOT NULL, nout_num INTEGER NOT NULL, nout_den INTEGER NOT NULL,
-    L INTEGER NOT NULL, sha256 TEXT NOT NULL, payload BLOB NOT NULL, ctr_off INTEGER NOT NULL,
+    nz INTEGER NOT NULL, L INTEGER NOT NULL, sha256 TEXT NOT NULL, payload BLOB NOT NULL, ctr_off INTEGER NOT NULL,
     topic TEXT, received REAL NOT NULL,
     PRIMARY KEY (device, elo, ehi, part)
 );
@@ -72,7 +78,7 @@ CREATE TABLE IF NOT EXISTS duplicates (
 # release columns read back for queries (payload last)
 _COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
          "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
-         "nout_den", "L", "received", "ctr_off")
+         "nout_den", "nz", "L", "received", "ctr_off")
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class StoredRelease:
     budget: tuple[int, int]
     nint: tuple[int, int]
     nout: tuple[int, int]
+    nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
     L: int
     received: float
     ctr_off: int
@@ -117,10 +124,10 @@ class StoredRelease:
 
 def _row_to_release(r: tuple[Any, ...], with_payload: bool) -> StoredRelease:
     (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
-     bn, bd, inn, ind, onn, ond, L, received, ctr_off) = r[:27]
+     bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off) = r[:28]
     return StoredRelease(device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip,
-                         mech, (bn, bd), (inn, ind), (onn, ond), L, received, ctr_off,
-                         bytes(r[27]) if with_payload else None)
+                         mech, (bn, bd), (inn, ind), (onn, ond), nz, L, received, ctr_off,
+                         bytes(r[28]) if with_payload else None)
 
 
 class Store:
@@ -145,6 +152,7 @@ class Store:
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
+        self._cols = ", ".join(c if c != "nz" or self._has_nz() else "2 AS nz" for c in _COLS)
         v = self._meta("schema_version")
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
@@ -160,10 +168,17 @@ class Store:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _has_nz(self) -> bool:
+        cols = {r[1] for r in self.db.execute("PRAGMA table_info(releases)").fetchall()}
+        return not cols or "nz" in cols  # no table yet (read-only open of an empty file): nothing to adapt
+
     def _init_schema(self, cur: sqlite3.Cursor) -> None:
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 cur.execute(stmt)
+        cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
+        if "nz" not in cols:  # a database from before releases carried nz (see module docstring)
+            cur.execute("ALTER TABLE releases ADD COLUMN nz INTEGER NOT NULL DEFAULT 2")
         cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     def _meta(self, key: str) -> Optional[str]:
@@ -227,11 +242,12 @@ class Store:
                            "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
         cur.execute(
             "INSERT INTO releases (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, "
-            "clip, mech, budget_num, budget_den, nint_num, nint_den, nout_num, nout_den, L, sha256, payload, ctr_off, "
-            "topic, received) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "clip, mech, budget_num, budget_den, nint_num, nint_den, nout_num, nout_den, nz, L, sha256, payload, "
+            "ctr_off, topic, received) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?)",
             (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
              rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
-             rel.nint[1], rel.nout[0], rel.nout[1], rel.L, rel.sha256, rel.payload, rel.ctr_off, topic, now))
+             rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, topic, now))
         return "stored"
 
     def reject(self, code: str, reason: str, payload: bytes, topic: Optional[str] = None,
@@ -270,7 +286,7 @@ class Store:
         if until is not None:
             where.append("t1 <= ?")
             args.append(until)
-        sql = "SELECT %s%s FROM releases" % (", ".join(_COLS), ", payload" if with_payload else "")
+        sql = "SELECT %s%s FROM releases" % (self._cols, ", payload" if with_payload else "")
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY device, elo, part"

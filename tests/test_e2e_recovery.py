@@ -5,6 +5,11 @@ clock (one 60 s window every 2 s), a real aggregator stores into SQLite, a
 raw subscriber records every delivery. The broker is stopped twice (the
 second time the agent is killed with SIGKILL while releases wait in its
 outbox) and the agent is restarted on the same state directory.
+
+The agent persists its state every 5 simulated seconds (12 times per
+window): each persist adds a fresh internal noise draw (agent/recorder.py),
+so its releases carry nz > 2 draws per cell and the host must accept and
+count them.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def test_broker_restart_and_agent_kill_lose_nothing_and_count_nothing_twice(tmp_
     events.write_text("")
     state = str(tmp_path / "state")
     src = 'type = "file"\npath = "%s"\nfollow = true' % events
-    cfg = agent_toml(str(tmp_path / "a.toml"), "pi-r", port, state, window_s=60, w=128, source=src)
+    cfg = agent_toml(str(tmp_path / "a.toml"), "pi-r", port, state, window_s=60, w=128, source=src, persist_s=5)
 
     writing = threading.Event()
     writing.set()
@@ -85,6 +90,10 @@ def test_broker_restart_and_agent_kill_lose_nothing_and_count_nothing_twice(tmp_
         broker.stop()
         assert wait_for(lambda: len(pending(state)) >= 2, 20)
         time.sleep(0.3)  # not inside a commit (that crash point is tests/test_recorder.py's)
+        # kill once the open accumulator has been persisted since the last release (a release no
+        # longer persists the next accumulator right away; it is written at the next persist)
+        state_bin, marker = os.path.join(state, "state.bin"), os.path.join(state, "released")
+        assert wait_for(lambda: os.path.getmtime(state_bin) > os.path.getmtime(marker), 10)
         agent.kill()
         agent.wait()
         at_kill = pending(state)
@@ -108,6 +117,8 @@ def test_broker_restart_and_agent_kill_lose_nothing_and_count_nothing_twice(tmp_
         # nothing lost, nothing twice: every committed sequence number exactly once
         assert sorted(r.seq for r in rels) == list(range(last_seq + 1))
         assert st.rejection_count() == 0, st.rejections()  # a re-drawn release would be a 'conflict'
+        # mid-window persists re-noise the state: the releases say so, and the host keeps it
+        assert all(r.nz >= 2 for r in rels) and max(r.nz for r in rels) > 2, [r.nz for r in rels]
         # epochs move forward with the sequence number: no epoch released twice
         keys = [(r.elo, r.part) for r in sorted(rels, key=lambda r: r.seq)]
         assert keys == sorted(keys) and len(set(keys)) == len(keys)

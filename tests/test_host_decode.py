@@ -10,7 +10,7 @@ import pytest
 from agent import calibrate, release
 from host_tools import hostconfig
 from host_tools.aggregator import Aggregator
-from host_tools.decode import decode
+from host_tools.decode import Rejected, decode
 from tests.test_host_support import SALT, T0, dumps, encoded, host_cfg, params, release_map, topic
 
 
@@ -31,7 +31,40 @@ def test_valid_release_roundtrip():
     assert (rel.dev, rel.seq, rel.elo, rel.ehi, rel.part, rel.kind, rel.d, rel.w) == ("dev-a", 7, 100, 101, 2, "cms", 3, 10)
     assert rel.counters().ravel().tolist() == list(range(-15, 15))
     assert rel.nint == rel.nout == (3, 1)  # dlap scale d*clip/eps
+    assert rel.nz == 2
     assert rel.payload == raw
+
+
+@pytest.mark.parametrize("nz", [2, 3, 17, 1_000_000])
+def test_nz_accepted_and_kept(tmp_path, nz):
+    rel = decode(encoded(params(), nz=nz))
+    assert rel.nz == nz
+    a = Aggregator(host_cfg(tmp_path))
+    assert a.handle(topic("dev-a"), encoded(params(), nz=nz)).stored
+    assert [r.nz for r in a.store.releases()] == [nz]
+    a.close()
+
+
+def test_nz_error_names_the_field():
+    with pytest.raises(Rejected) as ei:
+        decode(dumps(release_map(params(), nz=1)))
+    assert ei.value.code == "schema" and "'nz'" in ei.value.reason and "[2, 1000000]" in ei.value.reason
+    with pytest.raises(Rejected) as ei:
+        decode(dumps({k: v for k, v in release_map(params()).items() if k != "nz"}))
+    assert ei.value.code == "schema" and ei.value.reason == "missing field 'nz'"
+
+
+def test_ratio_bound_is_below_2_pow_64():
+    """2^64 - 1 fits the device encoder and passes the range check (fails later on calibration);
+    2^64 is out of range (it used to crash the canonical re-encoding with ValueError)."""
+    m = release_map(params())
+    with pytest.raises(Rejected) as ei:
+        decode(dumps(dict(m, budget=[(1 << 64) - 1, 1])))
+    assert ei.value.code == "noise"
+    for k, v in (("budget", [1 << 64, 1]), ("nout", [1, 1 << 64]), ("nint", [1 << 64, 1 << 64])):
+        with pytest.raises(Rejected) as ei:
+            decode(cbor2.dumps(dict(m, **{k: v}), canonical=True))
+        assert ei.value.code == "schema" and "2^64" in ei.value.reason, (k, ei.value.reason)
 
 
 def bad_cases():
@@ -59,6 +92,15 @@ def bad_cases():
     yield "window-mismatch", dumps(dict(m, win=m["win"] + 1)), "schema"
     yield "hash-version", dumps(dict(m, hv=2)), "schema"
     yield "bad-salt-id", dumps(dict(m, salt="XYZ")), "schema"
+    yield "missing-nz", dumps({k: v for k, v in m.items() if k != "nz"}), "schema"
+    yield "nz-1", dumps(dict(m, nz=1)), "schema"  # fewer than one internal + one output draw
+    yield "nz-0", dumps(dict(m, nz=0)), "schema"
+    yield "nz-too-big", dumps(dict(m, nz=1_000_001)), "schema"
+    yield "nz-text", dumps(dict(m, nz="2")), "schema"
+    yield "nz-bool", dumps(dict(m, nz=True)), "schema"
+    # 2^64 needs a CBOR bignum (agent.cbor cannot write it): a schema rejection, not a crash in the encoder
+    yield "budget-2^64", cbor2.dumps(dict(m, budget=[1 << 64, 1]), canonical=True), "schema"
+    yield "nint-den-2^64", cbor2.dumps(dict(m, nint=[3, 1 << 64]), canonical=True), "schema"
     yield "noise-too-small", dumps(dict(m, nout=[1, 1])), "noise"
     yield "noise-vs-budget", dumps(dict(m, budget=[1, 100])), "noise"
     yield "noncanonical", cbor2.dumps(m, canonical=False), "encoding"

@@ -1,7 +1,8 @@
 """Estimators: noise moments, the Chernoff offset, and interval coverage on Zipf streams.
 
 Coverage is measured end to end: real Recorder releases (internal + output
-noise from agent.noise, fixed seeds) -> Aggregator.handle -> SQLite ->
+noise from agent.noise, fixed seeds; "-persist" configurations persist the
+state several times per window, so their releases carry nz > 2 draws) -> Aggregator.handle -> SQLite ->
 query.freq for every item of the universe (including items never seen).
 Each configuration queries n = seeds x universe items; the empirical
 coverage must be at least confidence - 3 sqrt(c (1 - c) / n) (three
@@ -99,7 +100,10 @@ CONFIGS = {
                         2, 2, 6000, 2000, 1.3),
     "cms-d4-dlap": (dict(kind="cms", d=4, w=256, mechanism="dlap", budget="1"), 3, 1, 8000, 3000, 1.1),
     "cms-d3-dgauss": (dict(kind="cms", d=3, w=512, mechanism="dgauss", budget="1/4"), 2, 2, 5000, 2000, 1.5),
+    "cms-d4-dlap-persist": (dict(kind="cms", d=4, w=256, mechanism="dlap", budget="1"), 3, 1, 8000, 3000, 1.1),
+    "cs-d5-dgauss-persist": (dict(kind="cs", d=5, w=256, mechanism="dgauss", budget="1/2"), 3, 1, 8000, 3000, 1.1),
 }
+PERSISTS = {"cms-d4-dlap-persist": 4, "cs-d5-dgauss-persist": 3}  # Recorder.persist() calls per window
 SEEDS = (11, 22, 33)
 
 
@@ -117,8 +121,11 @@ def run_config(tmp_path, name, seed, confidence=0.95):
         for ev in windows:
             for x in ev:
                 truth[x] = truth.get(x, 0) + 1
-        for raw in record(p, str(tmp_path / ("%s-%d-%s" % (name, seed, dev))), windows, seed="%s%d" % (dev, seed)):
+        for raw in record(p, str(tmp_path / ("%s-%d-%s" % (name, seed, dev))), windows, seed="%s%d" % (dev, seed),
+                          persists=PERSISTS.get(name, 0)):
             assert agg.handle(topic(dev), raw).stored
+    nzs = [r.nz for r in agg.store.releases()]
+    assert min(nzs) >= 2 + PERSISTS.get(name, 0), nzs  # every persist added one internal draw
     items = ["item-%d" % k for k in range(universe)]
     ans = query.freq(agg.store, items, salt=salt, confidence=confidence)
     agg.close()
@@ -181,3 +188,90 @@ def test_cms_upper_end_is_min_plus_theorem31_offset(tmp_path):
     assert ans[0].to_dict()["offset"] == pytest.approx(e, abs=1e-3)
     # the minimum never underestimates by more than the offset (all items, fixed seed)
     assert float(((est + e) >= f).mean()) >= 0.99
+
+
+# -- nz: every noise draw a release carries is counted -------------------------
+def _merged_constant_releases(tmp_path, nz: int, n: int = 3) -> "merge.Merged":
+    from host_tools import merge
+    from tests.test_host_support import T0, encoded
+
+    a = Aggregator(host_cfg(tmp_path / ("nz%d" % nz)))
+    p = params("m", kind="cms", d=4, w=64, mechanism="dlap", budget="1")  # dlap scale 4
+    for k in range(n):
+        assert a.handle(topic("m"), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k, nz=nz)).stored
+    m = merge.merge(a.store.releases(with_payload=True))
+    a.close()
+    return m
+
+
+def test_merged_noise_counts_nz_minus_1_internal_draws(tmp_path):
+    (tmp_path / "nz2").mkdir()
+    (tmp_path / "nz5").mkdir()
+    m2 = _merged_constant_releases(tmp_path, 2)
+    m5 = _merged_constant_releases(tmp_path, 5)
+    # nint and nout are the same spec (dlap scale 4/1), so their draws pool into one term:
+    # 3 releases x (1 nint + 1 nout) vs 3 x (4 nint + 1 nout)
+    assert [(t.mech, t.num, t.den, t.count) for t in m2.noise] == [("dlap", 4, 1, 6)]
+    assert [(t.mech, t.num, t.den, t.count) for t in m5.noise] == [("dlap", 4, 1, 15)]
+    v1 = noise_variance("dlap", 4, 1)
+    assert m2.noise_var == pytest.approx(6 * v1) and m5.noise_var == pytest.approx(15 * v1)
+    assert m5.noise_sd / m2.noise_sd == pytest.approx(math.sqrt(15 / 6))
+    r2 = estimators.interval_rule(m2, 0.95)
+    r5 = estimators.interval_rule(m5, 0.95)
+    # the Count-Min upper end is the offset of the merged noise: 15 draws, not 6
+    assert r5.offset == estimators.cms_offset(m5, 0.05)
+    assert r5.offset == estimators.noise_tail_bound([NoiseTerm("dlap", 4, 1, 15)],
+                                                    -math.expm1(math.log1p(-0.025) / 4))
+    assert r5.offset > 1.4 * r2.offset  # ~ sqrt(15/6) = 1.58 times wider
+
+
+def test_merged_noise_with_mixed_nz_and_specs(tmp_path):
+    """Different budgets: nint and nout of each release are separate terms, nz - 1 and 1 draws."""
+    from host_tools import merge
+    from tests.test_host_support import T0, encoded
+
+    a = Aggregator(host_cfg(tmp_path))
+    pa = params("a", kind="cs", d=4, w=32, mechanism="dgauss", budget="1/2")
+    pb = params("b", kind="cs", d=4, w=32, mechanism="dgauss", budget="2")
+    assert a.handle(topic("a"), encoded(pa, nz=3)).stored
+    assert a.handle(topic("a"), encoded(pa, seq=1, elo=T0 // 3600 + 1, nz=2)).stored
+    assert a.handle(topic("b"), encoded(pb, nz=7)).stored
+    m = merge.merge(a.store.releases(with_payload=True))
+    a.close()
+    sa, sb = pa.noise, pb.noise
+    want = {("dgauss", sa.num, sa.den): (3 - 1 + 1) + (2 - 1 + 1), ("dgauss", sb.num, sb.den): 7}
+    assert {(t.mech, t.num, t.den): t.count for t in m.noise} == want
+    assert m.noise_var == pytest.approx(5 * sa.num / sa.den + 7 * sb.num / sb.den)
+
+
+def test_cms_offset_covers_pure_noise_with_many_draws(tmp_path):
+    """Empty streams, releases with nz = 6 (4 persists): every counter is pure noise, f = 0.
+
+    hi = min + E must cover 0 for all but <= alpha/2 of the items. If the
+    merge counted only 2 draws per release, E would be ~40% too small and
+    about a quarter of the items would have hi < 0.
+    """
+    p = params("e", kind="cms", d=4, w=256, mechanism="dlap", budget="1")
+    misses, n, offs = 0, 0, []
+    for seed in (1, 2, 3):
+        salt = "%s-empty-%d" % (SALT, seed)
+        cfg = host_cfg(tmp_path / str(seed), fleet={"salt": salt})
+        (tmp_path / str(seed)).mkdir()
+        agg = Aggregator(cfg)
+        for dv in range(2):
+            pd = params("e%d" % dv, salt=salt, kind="cms", d=4, w=256, mechanism="dlap", budget="1")
+            for raw in record(pd, str(tmp_path / ("%d-%d" % (seed, dv))), [[]], seed="e%d%d" % (dv, seed), persists=4):
+                assert agg.handle(topic(pd.device), raw).stored
+        rels = agg.store.releases()
+        assert all(r.nz >= 6 for r in rels), [r.nz for r in rels]
+        ans = query.freq(agg.store, ["item-%d" % k for k in range(2000)], salt=salt, confidence=0.95)
+        agg.close()
+        total = sum(r.nz for r in rels)
+        assert ans[0].offset == estimators.noise_tail_bound([NoiseTerm("dlap", 4, 1, total)],
+                                                            -math.expm1(math.log1p(-0.025) / 4))
+        offs.append(ans[0].offset)
+        hi = np.array([x.hi for x in ans])
+        misses += int((hi < 0).sum())
+        n += len(ans)
+    assert p.noise.num == 4 and p.noise.den == 1
+    assert misses / n <= 0.025 + slack(0.025, n) * 3, (misses / n, offs)  # cells are shared: generous slack

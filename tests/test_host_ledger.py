@@ -107,3 +107,26 @@ def test_status_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "host_tools.cli", "status", "--config", str(conf)],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert r.returncode == 1 and "no database" in r.stderr
+
+
+def test_guarantee_does_not_depend_on_nz_and_status_shows_draws(tmp_path):
+    """Extra internal draws only add noise: same guarantee; status reports the mean/max nz."""
+    a = Aggregator(host_cfg(tmp_path))
+    p2 = params("two", w=16, mechanism="dlap", budget="1")
+    p9 = params("many", w=16, mechanism="dlap", budget="1")
+    assert a.handle(topic("two"), encoded(p2, nz=2)).stored
+    assert a.handle(topic("many"), encoded(p9, nz=9)).stored
+    assert a.handle(topic("many"), encoded(p9, seq=1, elo=W0 + 1, nz=4)).stored
+    led = ledger.build(a.store.releases(), delta=1e-6)
+    assert led.device("two").eps == led.device("many").eps == 1
+    rep = status.report(a.store, delta=1e-6, now=T0)
+    devs = {d["device"]: d for d in rep["devices"]}
+    assert (devs["two"]["noise_draws_mean"], devs["two"]["noise_draws_max"]) == (2, 2)
+    assert (devs["many"]["noise_draws_mean"], devs["many"]["noise_draws_max"]) == (6.5, 9)
+    assert devs["many"]["guarantee"] == devs["two"]["guarantee"]
+    import io
+
+    out = io.StringIO()
+    status.print_report(rep, T0, out)
+    assert "noise draws 6.5 (max 9)" in out.getvalue()
+    a.close()

@@ -96,3 +96,52 @@ def test_time_and_window_selection(tmp_path):
     assert len(st.releases(since=T0 + 600, until=T0 + 3600)) == 5
     assert st.count_partial(T0 + 300, T0 + 3600) == 1  # epoch [T0, T0+600) straddles since
     a.close()
+
+
+def test_nz_is_stored_and_read_back(tmp_path):
+    a = Aggregator(host_cfg(tmp_path))
+    p = params(w=16)
+    for k, nz in enumerate((2, 7, 1000)):
+        assert a.handle(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, nz=nz)).stored
+    assert [r.nz for r in a.store.releases()] == [2, 7, 1000]
+    assert [r.nz for r in a.store.releases(with_payload=True)] == [2, 7, 1000]
+    a.close()
+
+
+def _old_db(tmp_path) -> str:
+    """A database as written before releases carried nz (no releases.nz column), with one release."""
+    db = str(tmp_path / "old.db")
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": db}))
+    assert a.handle(topic("dev-a"), encoded(params(w=16), fill=5)).stored
+    a.close()
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE releases DROP COLUMN nz")
+    con.commit()
+    assert "nz" not in {r[1] for r in con.execute("PRAGMA table_info(releases)")}
+    con.close()
+    return db
+
+
+def test_old_database_readonly_reads_nz_2_without_changing_it(tmp_path):
+    db = _old_db(tmp_path)
+    st = Store(db, readonly=True)
+    rels = st.releases(with_payload=True)
+    assert [r.nz for r in rels] == [2] and int(rels[0].counters()[0, 0]) == 5
+    st.close()
+    con = sqlite3.connect(db)
+    assert "nz" not in {r[1] for r in con.execute("PRAGMA table_info(releases)")}
+    con.close()
+
+
+def test_old_database_is_migrated_on_write_open(tmp_path):
+    db = _old_db(tmp_path)
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": db}))
+    assert a.handle(topic("dev-a"), encoded(params(w=16), seq=1, elo=T0 // 3600 + 1, nz=4)).stored
+    assert [r.nz for r in a.store.releases()] == [2, 4]
+    a.close()
+    con = sqlite3.connect(db)
+    assert "nz" in {r[1] for r in con.execute("PRAGMA table_info(releases)")}
+    con.close()
+    st = Store(db)  # reopening a migrated db is a no-op
+    assert [r.nz for r in st.releases()] == [2, 4]
+    st.close()

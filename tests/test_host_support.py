@@ -31,12 +31,12 @@ def params(device: str = "dev-a", **kw: Any) -> Params:
 
 
 def encoded(p: Params, seq: int = 0, elo: Optional[int] = None, part: int = 0, fill: int = 0,
-            ehi: Optional[int] = None) -> bytes:
-    """A valid release of ``p`` with constant counters ``fill`` (format tests)."""
+            ehi: Optional[int] = None, nz: int = 2) -> bytes:
+    """A valid release of ``p`` with constant counters ``fill`` claiming ``nz`` noise draws per cell."""
     if elo is None:
         elo = T0 // p.epoch_s
     ctr = array.array("i", [fill] * (p.d * p.w))
-    return release.encode(p, seq, elo, elo + 1 if ehi is None else ehi, part, ctr)
+    return release.encode(p, seq, elo, elo + 1 if ehi is None else ehi, part, ctr, nz)
 
 
 def release_map(p: Params, **kw: Any) -> dict[str, Any]:
@@ -67,13 +67,23 @@ def zipf_stream(n: int, universe: int, s: float, seed: int, prefix: str = "item"
     return ["%s-%d" % (prefix, int(k)) for k in ranks]
 
 
-def record(p: Params, root: str, windows: list[list[Any]], seed: Any = None, t_start: int = T0) -> list[bytes]:
-    """Run the real Recorder over consecutive windows of events; return the releases in order."""
+def record(p: Params, root: str, windows: list[list[Any]], seed: Any = None, t_start: int = T0,
+           persists: int = 0) -> list[bytes]:
+    """Run the real Recorder over consecutive windows of events; return the releases in order.
+
+    ``persists`` > 0 splits each window's events into persists + 1 batches
+    with ``Recorder.persist()`` between them (each adds a fresh internal
+    noise draw to the live state, so the releases carry nz > 2).
+    """
     rec = Recorder(p, root, t_start, rng=Rng(DeterministicSource(seed if seed is not None else p.device)),
                    log=lambda _m: None)
     t = t_start
     for events in windows:
-        rec.add_many(events)
+        k = persists + 1
+        for i in range(k):
+            if i:
+                assert rec.persist()
+            rec.add_many(events[i * len(events) // k:(i + 1) * len(events) // k])
         t += p.window_s
         rec.tick(t)
     return [rec.outbox.read(s) for s in rec.outbox.pending()]
