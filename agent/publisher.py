@@ -16,6 +16,13 @@ Protocol (DESIGN.md "Safety rules", issue 3 "Publishing"):
 * the bytes sent are the outbox file's bytes, never re-encoded, so a retry
   after a reconnect or a restart is byte-for-byte the same release (no
   noise is re-drawn; the host stores it idempotently);
+* a release whose PUBACK does not come within ``ack_timeout`` is given up
+  (it stays in the outbox and is sent again later, under a new message
+  id). Its message id is remembered as *abandoned*: a late PUBACK for it is
+  discarded, never stored, and any ack recorded before a publish is never
+  taken as the ack of that publish. Otherwise, once paho's ids wrap
+  (65535 -> 1), a new release reusing the id would find the stale ack and
+  be deleted from the outbox although the broker never got it;
 * reconnects use paho's capped exponential backoff
   (``reconnect_delay_set(reconnect_min_s, reconnect_max_s)``); a message in
   flight when the connection drops is re-sent by paho after reconnecting;
@@ -68,7 +75,9 @@ class Publisher:
         self.release_topic = "%s/%s/release" % (broker.topic_prefix, device)
         self.status_topic = "%s/%s/status" % (broker.topic_prefix, device)
         self._cond = threading.Condition()
-        self._acks: dict[int, Any] = {}
+        self._acks: dict[int, tuple[int, Any]] = {}  # mid -> (arrival serial, reason code)
+        self._ack_serial = 0  # counts PUBACKs received, to tell stale acks from fresh ones
+        self._abandoned: set[int] = set()  # mids given up on; their late PUBACKs are discarded
         self._connected = False
         self._generation = 0  # bumps on each successful connection
         self._wake = threading.Event()
@@ -140,8 +149,37 @@ class Publisher:
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any = None) -> None:
         with self._cond:
-            self._acks[mid] = rc
+            if mid in self._abandoned:
+                self._abandoned.discard(mid)  # late PUBACK of a message given up on
+                return
+            self._ack_serial += 1
+            self._acks[mid] = (self._ack_serial, rc)
             self._cond.notify_all()
+
+    def _abandon(self, mid: int) -> None:
+        """Give up waiting for ``mid``: forget any ack and discard a late one."""
+        with self._cond:
+            if self._acks.pop(mid, None) is None:
+                self._abandoned.add(mid)
+
+    def _publish(self, topic: str, payload: bytes, retain: bool, props: Any) -> tuple[Optional[int], str]:
+        """paho publish QoS 1; (mid, "") or (None, reason) when paho did not queue it."""
+        with self._cond:
+            mark = self._ack_serial
+        info = self.client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+            # e.g. MQTT_ERR_QUEUE_SIZE: paho refuses a mid still in its queue
+            return None, "client did not queue the message: %s" % mqtt.error_string(info.rc)
+        mid = info.mid
+        with self._cond:
+            # paho queued ``mid``, so an earlier message with this id is no longer in
+            # its queue: any ack recorded for it before this publish is stale, and
+            # an abandoned mark for it is obsolete.
+            got = self._acks.get(mid)
+            if got is not None and got[0] <= mark:
+                del self._acks[mid]
+            self._abandoned.discard(mid)
+        return mid, ""
 
     @property
     def connected(self) -> bool:
@@ -167,8 +205,9 @@ class Publisher:
             self._thread.join(timeout)
         if self._connected:
             try:
-                info = self.client.publish(self.status_topic, OFFLINE, qos=1, retain=True)
-                self._wait_mid(info.mid, min(timeout, 2.0), ignore_stop=True)
+                mid, _ = self._publish(self.status_topic, OFFLINE, True, None)
+                if mid is not None and self._wait_mid(mid, min(timeout, 2.0), ignore_stop=True) is None:
+                    self._abandon(mid)
             except Exception:
                 pass
         try:
@@ -201,7 +240,7 @@ class Publisher:
                 if left <= 0:
                     return None
                 self._cond.wait(min(left, 0.25))
-            return self._acks.pop(mid)
+            return self._acks.pop(mid)[1]
 
     def _wait_connected(self) -> Optional[int]:
         with self._cond:
@@ -216,18 +255,22 @@ class Publisher:
             props = Properties(PacketTypes.PUBLISH)
             props.PayloadFormatIndicator = 0
             props.ContentType = "application/cbor"
-        info = self.client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        mid, why = self._publish(topic, payload, retain, props)
+        if mid is None:
+            return False, why
         # paho keeps QoS 1 messages queued over a disconnect and re-sends them
         # after reconnecting, so we keep waiting on the same mid.
         start = time.monotonic()
         while not self._stop.is_set():
-            rc = self._wait_mid(info.mid, 1.0)
+            rc = self._wait_mid(mid, min(1.0, self.ack_timeout))
             if rc is not None:
                 if getattr(rc, "is_failure", False):
                     return False, str(rc)
                 return True, "ok"
             if self._connected and time.monotonic() - start > self.ack_timeout:
-                return False, "no PUBACK within %d s" % self.ack_timeout
+                self._abandon(mid)
+                return False, "no PUBACK within %g s" % self.ack_timeout
+        self._abandon(mid)
         return False, "stopping"
 
     def status(self, state: str = "online") -> bytes:
