@@ -141,18 +141,25 @@ class Agent:
                 self.log("event source failed: %s" % batch.reason)
                 self.failed = True
                 return False
+            if time.monotonic() >= next_tick:
+                self.tick()
+                next_tick = max(next_tick + tick_real, time.monotonic())
             if batch:
                 if self.clock.now() >= self.boundary():
-                    self.tick()  # events after an epoch end belong to the next epoch
+                    # Events after an epoch end belong to the next epoch, but the
+                    # release is committed (and the publisher woken) only on the
+                    # scheduled tick: committing on event arrival would make the
+                    # publish time tell whether an event came in the first second
+                    # after the boundary. Hold the batch until that tick.
+                    if not self.stopping.wait(max(0.0, next_tick - time.monotonic())):
+                        self.tick()
+                        next_tick = max(next_tick + tick_real, time.monotonic())
                 items, weights = batch
                 try:
                     self.rec.add_many(items, weights)
                 except OverflowError as exc:
                     self.log("event batch partly dropped: %s" % exc)
                 del items, weights, batch
-            if time.monotonic() >= next_tick:
-                self.tick()
-                next_tick = max(next_tick + tick_real, time.monotonic())
         return False
 
     def main(self, finite_timeout: Optional[float]) -> int:

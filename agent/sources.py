@@ -9,7 +9,12 @@ event has weight 1, and :data:`EOF` when a finite input ended. Only the
 daemon's main thread touches the Recorder. A batch holds raw events for
 the few milliseconds until it is counted into the noisy sketch; nothing
 else keeps them, and sources keep no counters (DESIGN.md: an intruder
-reading memory must not learn exact counts).
+reading memory must not learn exact counts). The reading loops drop their
+references to the bytes just read (``del data, chunk``) before blocking
+for more input, so the last lines are not kept alive while the input is
+quiet. (CPython does not wipe freed memory: the bytes may remain in the
+heap until reused. LimitCORE=0 in the systemd unit keeps them out of core
+dumps.)
 
 Line format (stdin and file): one item per line, UTF-8 text (invalid bytes
 become U+FFFD), optionally followed by a TAB and an integer weight; the
@@ -157,6 +162,7 @@ class StdinSource(Source):
             chunk = rd.feed(data)
             if chunk:
                 self.put(parse_lines(chunk, self.warn))
+            del data, chunk  # do not hold the last lines while blocked in the next read
         tail = rd.tail()
         if tail:
             self.put(parse_lines(tail, self.warn))
@@ -207,6 +213,7 @@ class FileSource(Source):
                     chunk = rd.feed(data)
                     if chunk:
                         self.put(parse_lines(chunk, self.warn))
+                    del data, chunk
             finally:
                 os.close(fd)
             tail = rd.tail()
@@ -234,6 +241,7 @@ class FileSource(Source):
                     chunk = rd.feed(data)
                     if chunk:
                         self.put(parse_lines(chunk, self.warn))
+                    del data, chunk  # nothing read stays referenced while following
                     continue
                 # at EOF: rotated (new inode) or truncated?
                 try:
@@ -244,6 +252,7 @@ class FileSource(Source):
                     rest = rd.tail()
                     if rest:
                         self.put(parse_lines(rest, self.warn))
+                    del rest
                     os.close(fd)
                     reopened = self._open(at_end=False)
                     while reopened is None and not self.stopping.is_set():
