@@ -158,3 +158,16 @@ def test_run_with_stdin_source_under_systemd_is_a_config_error(tmp_path):
                        capture_output=True, cwd=REPO, timeout=60)
     assert r.returncode == 2
     assert r.stderr.decode().startswith("pansketch-agent: config error: source.type: ")
+
+
+def test_systemd_unit_waits_for_ntp_sync():
+    """time-sync.target only waits for NTP when systemd-time-wait-sync.service runs: pull it in, order after it."""
+    import configparser
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment]
+    unit.read(os.path.join(os.path.dirname(__file__), "..", "deploy", "systemd", "pansketch-agent.service"))
+    wants = unit["Unit"]["Wants"].split()
+    after = unit["Unit"]["After"].split()
+    for name in ("time-sync.target", "systemd-time-wait-sync.service", "network-online.target"):
+        assert name in wants and name in after, name
