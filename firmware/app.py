@@ -164,7 +164,13 @@ class App:
         gc.collect()
         n = self.p.d * self.p.w
         try:
-            self.rec = Recorder(self.p, cfg.state_dir, self.clock.provisional(), rng=rng, log=log)
+            boot_now = self.clock.provisional()
+            self.rec = Recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log)
+            # Opened fresh (not resumed: it carries one noise draw, Z_int) under an unset
+            # clock: after a release the core dates it from that release's range (a
+            # clock behind the last release never reuses a key), so _dated must not
+            # take its range as real.
+            self.opened_unset = boot_now < MIN_VALID_UNIX and self.rec.nz == 1
         except MemoryError:
             gc.collect()
             raise StartError("out of memory allocating the sketch: d*w = %d cells need about %d bytes of heap "
@@ -348,7 +354,8 @@ class App:
         ep = self.p.epoch_s
         cur = now // ep
         lo = (now - self.clock.uptime_ms() // 1000) // ep
-        if rec.elo * ep < MIN_VALID_UNIX or rec.elo > cur or rec.ehi > cur + 1:
+        if self.opened_unset or rec.elo * ep < MIN_VALID_UNIX or rec.elo > cur or rec.ehi > cur + 1:
+            self.opened_unset = False
             try:
                 marker = storage.read_marker(rec.marker_path)
             except Exception:

@@ -114,7 +114,7 @@ def test_board_idles_safely_and_says_why(tmp_path):
                 "print('@main', type(a).__name__, fakehw.ms)")
     # state written by other parameters: refuse to start, keep the outbox, say what to do
     code.append("import fakefs\nfakefs.install('/flash')\na = app.boot('/flash/pansketch.json')\n"
-                "print('@good', type(a).__name__)")
+                "a.rec.persist()\nprint('@good', type(a).__name__)")
     other = S.config(sketch={"budget": "1"})
     (flash / "other.json").write_text(json.dumps(other))
     code.append("a = app.boot('/flash/other.json')\nprint('@other', type(a).__name__)")

@@ -72,20 +72,24 @@ def by_seq(rels: list[bytes]) -> dict[int, bytes]:
 # ---------------------------------------------------------------------------
 def test_release_is_the_agent_cores_and_merges_with_a_pi(tmp_path):
     """Real noise: the board's release == CPython Recorder's, byte for byte; host decodes and merges."""
-    cfg = S.config()
+    cfg = S.config(sketch={"persist_s": 3600})  # no periodic persist inside the window: easy to replay
     flash = tmp_path / "f"
     S.write_config(flash, cfg)
     board = lines("phone", 210, 30) + ["door\t5", "door", "café", "x" * 60]
     r = S.run(["fwdrive.boot()", "fwdrive.run(5)", uart(board) + "fwdrive.run(10)", "fwdrive.run(600)"], flash).check()
     rels = S.releases(r.stdout)
     assert len(rels) == 1
-    # the same events, seed and epoch through the device core on CPython
+    # the same calls, seed and epoch through the device core on CPython: created with the
+    # unset RTC's time, re-dated (and persisted: fresh noise) at the NTP sync, persisted
+    # again just before the commit at the epoch end
     p = params(cfg)
-    rec = Recorder(p, str(tmp_path / "cpy"), S.T_START + 3, rng=Rng(DeterministicSource(cfg["insecure_rng_seed"])),
+    rec = Recorder(p, str(tmp_path / "cpy"), 946684800, rng=Rng(DeterministicSource(cfg["insecure_rng_seed"])),
                    log=lambda m: None)
+    rec.redate(E0, E0 + 1, 0, S.T_START + 1)
     for ln in board:
         item, _, w = ln.partition("\t")
         rec.add(item, int(w) if w else 1)
+    rec.persist(S.T_START + 600)
     assert rec.tick(S.T_START + 600) == 1
     assert rels[0] == rec.outbox.read(0)
     m = S.decode(rels[0])
