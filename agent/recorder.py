@@ -76,6 +76,7 @@ class Recorder:
         self._fp = params.fingerprint()
         self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
         self.nz = 0
+        self.resumed = False  # True when boot continued a persisted accumulator
         self.last_persist = now
         self._boot(now)
 
@@ -92,6 +93,7 @@ class Recorder:
         if st is not None and (marker is None or st[0] > marker[0]):
             self.seq, self.elo, self.ehi, self.part, self.nz = st
             self.log("resumed state seq %d epochs [%d, %d) part %d" % st[:4])
+            self.resumed = True
             # The flash copy must not equal the RAM state we now count into,
             # or RAM - flash would show the next events exactly: refresh.
             self._refresh()

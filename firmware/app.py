@@ -166,11 +166,11 @@ class App:
         try:
             boot_now = self.clock.provisional()
             self.rec = Recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log)
-            # Opened fresh (not resumed: it carries one noise draw, Z_int) under an unset
+            # Opened fresh (not resumed from state.bin) under an unset
             # clock: after a release the core dates it from that release's range (a
             # clock behind the last release never reuses a key), so _dated must not
             # take its range as real.
-            self.opened_unset = boot_now < MIN_VALID_UNIX and self.rec.nz == 1
+            self.opened_unset = boot_now < MIN_VALID_UNIX and not self.rec.resumed
         except MemoryError:
             gc.collect()
             raise StartError("out of memory allocating the sketch: d*w = %d cells need about %d bytes of heap "
