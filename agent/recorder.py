@@ -130,6 +130,10 @@ class Recorder:
     def _refresh(self):
         """Add a fresh noise draw to the live accumulator (it stays noisy)."""
         self._fresh()
+        self._add_fresh()
+
+    def _add_fresh(self):
+        """counters += the staged fresh draw; checked first, so never half-applied."""
         a = self.counters
         b = self.relbuf
         for i in range(len(a)):
@@ -242,15 +246,7 @@ class Recorder:
         except OSError as exc:
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False
-        a = self.counters
-        b = self.relbuf
-        for i in range(len(a)):
-            v = a[i] + b[i]
-            if v > 0x7FFFFFFF or v < -0x80000000:
-                raise OverflowError("counter %d overflows int32 while adding noise" % i)
-        for i in range(len(a)):
-            a[i] += b[i]
-        self.nz += 1
+        self._add_fresh()
         if now is not None:
             self.last_persist = now
         return True
