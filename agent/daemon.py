@@ -155,10 +155,7 @@ class Agent:
                         self.tick()
                         next_tick = max(next_tick + tick_real, time.monotonic())
                 items, weights = batch
-                try:
-                    self.rec.add_many(items, weights)
-                except OverflowError as exc:
-                    self.log("event batch partly dropped: %s" % exc)
+                self.rec.add_many(items, weights)  # counters wrap mod 2^32: never refused
                 del items, weights, batch
         return False
 
@@ -232,6 +229,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
     print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.d * p.w))
+    print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
+          % ((2**31 - 1) // p.clip, p.clip))
     print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))
     what = "discrete Gaussian sigma^2" if p.noise.mech == "dgauss" else "discrete Laplace scale t"
     print("noise       %s = %s per cell, drawn twice (internal + output)"

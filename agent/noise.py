@@ -59,8 +59,16 @@ def discrete_laplace(rng, s_num, s_den=1):
 
     P[X = x] is proportional to exp(-|x| / t). CKS 2020 Algorithm 2 with
     their (s, t) written as scale = t/s; here the scale is ``s_num/s_den``
-    so the algorithm's t is ``s_num`` and its s is ``s_den``.
+    so the algorithm's t is ``s_num`` and its s is ``s_den``. The Rng's
+    byte buffer is wiped when the sample is done (agent.rng.Rng).
     """
+    try:
+        return _dlap(rng, s_num, s_den)
+    finally:
+        rng.wipe()
+
+
+def _dlap(rng, s_num, s_den):
     t = s_num
     s = s_den
     if t <= 0 or s <= 0:
@@ -86,8 +94,16 @@ def discrete_gaussian(rng, var_num, var_den=1):
     CKS 2020 Algorithm 3: propose Y ~ discrete Laplace with integer scale
     t = floor(sigma) + 1 and accept with probability
     exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)). With sigma^2 = n/d that exponent
-    is (|Y| d t - n)^2 / (2 n d t^2), an exact rational.
+    is (|Y| d t - n)^2 / (2 n d t^2), an exact rational. The Rng's byte
+    buffer is wiped when the sample is done (agent.rng.Rng).
     """
+    try:
+        return _dgauss(rng, var_num, var_den)
+    finally:
+        rng.wipe()
+
+
+def _dgauss(rng, var_num, var_den):
     n = var_num
     d = var_den
     if n <= 0 or d <= 0:
@@ -95,7 +111,7 @@ def discrete_gaussian(rng, var_num, var_den=1):
     t = isqrt(n // d) + 1
     den = 2 * n * d * t * t
     while True:
-        y = discrete_laplace(rng, t, 1)
+        y = _dlap(rng, t, 1)
         a = (y if y >= 0 else -y) * d * t - n
         if bernoulli_exp(rng, a * a, den):
             return y
@@ -141,15 +157,26 @@ class NoiseSpec:
         return "NoiseSpec(%r, %d, %d)" % (self.mech, self.num, self.den)
 
 
-def add_noise(arr, spec, rng, start=0, stop=None):
-    """Add independent draws of ``spec`` to ``arr[start:stop]`` in place.
+def wrap32(v):
+    """v reduced to the int32 residue of v mod 2**32 (two's complement).
 
-    Overflow of a signed 32-bit cell raises OverflowError (never wraps).
+    Counters are elements of the group Z/2^32 (docs/PRIVACY.md, "Counters
+    wrap"): every update, noise addition and release is a group operation,
+    so nothing ever overflows, is refused or retried, and the release's
+    value and timing never depend on how close the counts are to 2**31.
+    """
+    if -0x80000000 <= v <= 0x7FFFFFFF:
+        return v
+    return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+def add_noise(arr, spec, rng, start=0, stop=None):
+    """Add independent draws of ``spec`` to ``arr[start:stop]`` in place (mod 2**32).
+
+    Every cell gets exactly one draw, whatever its value: a draw is never
+    repeated or rejected because of the counts (the sum wraps, wrap32).
     """
     if stop is None:
         stop = len(arr)
     for i in range(start, stop):
-        v = arr[i] + spec.sample(rng)
-        if v > 0x7FFFFFFF or v < -0x80000000:
-            raise OverflowError("counter %d overflows int32 while adding noise" % i)
-        arr[i] = v
+        arr[i] = wrap32(arr[i] + spec.sample(rng))

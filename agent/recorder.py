@@ -41,7 +41,7 @@ counting and its epoch range [elo, ehi) grows until a release succeeds.
 """
 
 from agent import hashing, release, storage
-from agent.noise import add_noise
+from agent.noise import add_noise, wrap32
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
 
@@ -70,6 +70,9 @@ class Recorder:
         n = params.d * params.w
         # Two preallocated arrays: the live accumulator and a scratch buffer
         # (release copy, or fresh noise staged before it touches the state).
+        # The scratch buffer is all zeros whenever no method is running: it
+        # is part of the intruder's view (docs/PRIVACY.md), and a staged draw
+        # left in it would give counters - relbuf - state.bin = exact events.
         self.relbuf = new_counters(n)
         self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip, new_counters(n))
         self.counters = self.sketch.counters
@@ -120,12 +123,23 @@ class Recorder:
             return (cur, 0)
         return (cur if cur > elo else elo, part + 1)
 
-    def _fresh(self):
-        """Fill the scratch buffer with one fresh independent noise draw per cell."""
+    def _wipe(self):
+        """Zero the scratch buffer in place (no allocation)."""
         b = self.relbuf
         for i in range(len(b)):
             b[i] = 0
-        add_noise(b, self.p.noise, self.rng)
+
+    def _fresh(self):
+        """Fill the scratch buffer with one fresh independent noise draw per cell.
+
+        On failure (no entropy, low memory) the partial draw is wiped.
+        """
+        self._wipe()
+        try:
+            add_noise(self.relbuf, self.p.noise, self.rng)
+        except BaseException:
+            self._wipe()
+            raise
 
     def _refresh(self):
         """Add a fresh noise draw to the live accumulator (it stays noisy)."""
@@ -133,15 +147,16 @@ class Recorder:
         self._add_fresh()
 
     def _add_fresh(self):
-        """counters += the staged fresh draw; checked first, so never half-applied."""
+        """counters += the staged fresh draw (mod 2**32), then wipe the draw.
+
+        Cannot fail once started (wrap32 never raises), so the draw is
+        never half-applied.
+        """
         a = self.counters
         b = self.relbuf
         for i in range(len(a)):
-            v = a[i] + b[i]
-            if v > 0x7FFFFFFF or v < -0x80000000:
-                raise OverflowError("counter %d overflows int32 while adding noise" % i)
-        for i in range(len(a)):
-            a[i] += b[i]
+            a[i] = wrap32(a[i] + b[i])
+            b[i] = 0
         self.nz += 1
 
     def _open(self, epoch, part):
@@ -156,6 +171,7 @@ class Recorder:
         self._fresh()
         self.counters, self.relbuf = self.relbuf, self.counters
         self.sketch.counters = self.counters
+        self._wipe()  # the old accumulator (released data) leaves RAM
         self.elo = epoch
         self.ehi = epoch + 1
         self.part = part
@@ -244,6 +260,7 @@ class Recorder:
             storage.write_state(self.state_path, self._fp, self.seq, self.elo, self.ehi, self.part, self.nz,
                                 self.counters)
         except OSError as exc:
+            self._wipe()  # the unused draw must not stay beside the state
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False
         self._add_fresh()
@@ -253,11 +270,22 @@ class Recorder:
 
     # -- releases ------------------------------------------------------
     def _release(self, next_epoch, next_part, now=None):
+        """Commit state + Z_out to the outbox, then open the next accumulator.
+
+        Exactly one Z_out draw per cell, whatever the counts (the sum wraps
+        mod 2**32, never raises): the release's noise and its timing do not
+        depend on the data. The staged copy is wiped on every path.
+        """
         rel = self.relbuf
         c = self.counters
         for i in range(len(c)):
             rel[i] = c[i]
-        add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+        try:
+            add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+        except Exception as exc:  # NoEntropyError, MemoryError: nothing was written
+            self._wipe()
+            self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
+            return False
         s = self.seq
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nz + 1
@@ -266,6 +294,7 @@ class Recorder:
                 tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz))
             storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
         except OSError as exc:
+            self._wipe()
             storage.remove(tmp)
             if next_part == 0 and next_epoch + 1 > self.ehi:
                 self.ehi = next_epoch + 1  # keep counting; release the longer range later

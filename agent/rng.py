@@ -93,27 +93,47 @@ def bit_length(n):
 class Rng:
     """Exact uniform integers drawn from a byte source.
 
-    Bytes are fetched in 64-byte chunks to keep the per-sample cost low; the
-    consumption order is fully deterministic, so a deterministic source gives
-    the same samples on every VM.
+    Pan-privacy (docs/PRIVACY.md, "The intruder's view"): the byte buffer is
+    part of what an intruder reads, so the Rng never keeps randomness from
+    one noise sample to the next. Bytes are fetched into one preallocated
+    ``bytearray`` of ``CHUNK`` bytes *for the sample being drawn*; when the
+    sample is done, :meth:`wipe` zeroes the buffer in place and drops the
+    unconsumed tail (the samplers in :mod:`agent.noise` call it in a
+    ``finally``). Unconsumed bytes would predict the next draw (e.g. the
+    output noise of cell 0 at the next release), and consumed ones would
+    reveal the draws just made (e.g. the fresh noise added at a persist).
+
+    The consumption order is fully deterministic, so a deterministic source
+    gives the same samples on every VM. What cannot be wiped: the ``bytes``
+    object each ``source.read`` returns is copied into the buffer and then
+    freed; freed heap is not zeroed on CPython or MicroPython, so it may
+    hold the bytes of the most recent reads until the allocator reuses it.
     """
 
-    CHUNK = 64
+    CHUNK = 32  # bytes per read: one read covers most dlap/dgauss samples
 
     def __init__(self, source=None):
         self.source = source if source is not None else SystemSource()
-        self._buf = b""
-        self._pos = 0
+        self._buf = bytearray(self.CHUNK)
+        self._zero = bytes(self.CHUNK)
+        self._pos = self.CHUNK  # == CHUNK: nothing buffered
 
     def _byte(self):
-        if self._pos >= len(self._buf):
-            self._buf = self.source.read(self.CHUNK)
-            if len(self._buf) != self.CHUNK:
-                raise NoEntropyError("byte source returned %d bytes" % len(self._buf))
+        if self._pos >= self.CHUNK:
+            data = self.source.read(self.CHUNK)
+            if len(data) != self.CHUNK:
+                raise NoEntropyError("byte source returned %d bytes" % len(data))
+            self._buf[:] = data
+            data = None
             self._pos = 0
         b = self._buf[self._pos]
         self._pos += 1
         return b
+
+    def wipe(self):
+        """Zero the byte buffer in place and forget its tail (end of a sample)."""
+        self._buf[:] = self._zero
+        self._pos = self.CHUNK
 
     def randbits(self, k):
         """Uniform integer in [0, 2**k)."""

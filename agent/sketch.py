@@ -8,9 +8,12 @@ CountSketch, minimum for Count-Min). Privacy comes from the noise the
 recorder puts into the array (agent.recorder), not from this class.
 
 Event weights are integers clipped to [-clip, clip] (DESIGN.md: one event
-moves each touched cell by at most ``clip``). A counter that would leave
-the int32 range raises OverflowError; it never wraps (MicroPython's array
-would wrap silently, so the check is explicit).
+moves each touched cell by at most ``clip``). Counters are residues mod
+2**32 held as int32 (two's complement): a cell whose exact value leaves
+[-2**31, 2**31) wraps, explicitly and identically on both VMs. Wrapping is
+a group operation, so the sketch stays exactly linear and no event is ever
+refused because of the counts (a refusal would make one event's presence
+decide whether a later event counts: docs/PRIVACY.md, "Counters wrap").
 """
 
 import array
@@ -18,6 +21,7 @@ import struct
 import sys
 
 from agent import hashing
+from agent.noise import wrap32
 
 # CPython reads the d row words with one struct call (2x faster); MicroPython
 # reads bytes, because a 32-bit word would be a heap-allocated big int there.
@@ -68,8 +72,6 @@ class Sketch:
         elif len(counters) != d * w:
             raise ValueError("counters have %d cells, need %d" % (len(counters), d * w))
         self.counters = counters
-        self._idx = [0] * d  # preallocated: the update path allocates nothing
-        self._val = [0] * d
         self._words = struct.Struct("<%dI" % d).unpack_from if _WORDS else None
 
     # -- updates -------------------------------------------------------
@@ -91,40 +93,31 @@ class Sketch:
         """Add ``weight`` (already clipped or pre-aggregated) for a hash stream.
 
         Allocation-free on MicroPython for small weights: every value stays
-        a small int and the row indices go into preallocated lists. All rows
-        are checked for overflow before any is written, so a refused update
-        leaves the sketch unchanged.
+        a small int. One pass, nothing kept: the sketch holds no record of
+        which cells the last event touched (an intruder reads every byte).
         """
         a = self.counters
         w = self.w
         signed = self.signed
-        idx = self._idx
-        val = self._val
         neg = -weight
         if self._words is not None:
             r = 0
             for u in self._words(stream):
                 i = r * w + (u & 0x3FFFFFFF) % w
-                v = neg if (signed and u >> 31) else weight
-                nv = a[i] + v
+                nv = a[i] + (neg if (signed and u >> 31) else weight)
                 if nv > INT32_MAX or nv < INT32_MIN:
-                    raise OverflowError("sketch counter (row %d, column %d) would overflow int32" % (r, i - r * w))
-                idx[r] = i
-                val[r] = v
+                    nv = wrap32(nv)
+                a[i] = nv
                 r += 1
         else:
             for r in range(self.d):
                 o = 4 * r
                 b3 = stream[o + 3]
                 i = r * w + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
-                v = neg if (signed and b3 & 0x80) else weight
-                nv = a[i] + v
+                nv = a[i] + (neg if (signed and b3 & 0x80) else weight)
                 if nv > INT32_MAX or nv < INT32_MIN:
-                    raise OverflowError("sketch counter (row %d, column %d) would overflow int32" % (r, i - r * w))
-                idx[r] = i
-                val[r] = v
-        for r in range(self.d):
-            a[idx[r]] += val[r]
+                    nv = wrap32(nv)
+                a[i] = nv
 
     def update_many(self, items, weights=None):
         """Batch update: clip each event, then hash each distinct item once.
@@ -155,16 +148,13 @@ class Sketch:
         agg.clear()
 
     def merge(self, other):
-        """Add another sketch with identical parameters (linearity)."""
+        """Add another sketch with identical parameters (linearity, mod 2**32)."""
         if (other.kind, other.d, other.w, other.prefix) != (self.kind, self.d, self.w, self.prefix):
             raise ValueError("cannot merge sketches with different kind, shape or salt")
         a = self.counters
         b = other.counters
         for i in range(len(a)):
-            v = a[i] + b[i]
-            if v > INT32_MAX or v < INT32_MIN:
-                raise OverflowError("merge overflows int32 at cell %d" % i)
-            a[i] = v
+            a[i] = wrap32(a[i] + b[i])
 
     # -- queries (Algorithm 2) -----------------------------------------
     def row_estimates(self, item):

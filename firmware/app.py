@@ -219,17 +219,14 @@ class App:
                 self.rec.add(item, weight)
             except MemoryError:
                 self._drop("low memory")
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError) as exc:  # an item of the wrong type
             self._drop("%s" % exc)
 
     def prepare(self, item):
         return hashing.digest(self.rec.sketch.prefix, item, self.p.d)
 
     def add_prepared(self, handle, count):
-        try:
-            self.rec.sketch.add_stream(handle, count)
-        except OverflowError as exc:
-            self._drop("%s" % exc)
+        self.rec.sketch.add_stream(handle, count)  # wraps mod 2^32, never refuses
 
     def _drop(self, why):
         self.warn("drop", "an event was not counted (%s)" % why)
