@@ -45,7 +45,7 @@ PARAM_TO_TOML: dict[str, str] = {v: k for k, v in PARAM_KEYS.items()}
 
 BROKER_KEYS = (
     "host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
-    "password_file", "keepalive", "topic_prefix", "reconnect_min_s", "reconnect_max_s",
+    "password_file", "keepalive", "topic_prefix", "reconnect_min_s", "reconnect_max_s", "ack_timeout_s",
 )
 SOURCE_KEYS = (
     "type", "path", "follow", "from_start", "host", "port", "topic", "field", "weight_field",
@@ -56,7 +56,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "device": ("id", "salt"),
     "sketch": ("kind", "d", "w", "clip"),
     "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s"),
-    "storage": ("dir", "persist_s"),
+    "storage": ("dir", "persist_s", "outbox_max"),
     "source": SOURCE_KEYS,
 }
 SOURCE_TYPES = ("stdin", "file", "mqtt")
@@ -82,6 +82,7 @@ class BrokerConfig:
     topic_prefix: str = "pansketch"
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
+    ack_timeout_s: float = 60.0  # re-send a release the host has not acknowledged after this long
 
 
 @dataclass
@@ -110,6 +111,7 @@ class AgentConfig:
     source: SourceConfig
     state_dir: str
     path: Optional[str] = None
+    outbox_max: int = 0  # 0: bounded by the disk only
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -225,6 +227,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("storage.dir", "is required (a directory for the outbox and the noisy state, "
                                          "e.g. '/var/lib/pansketch')")
     state_dir = _path(base_dir, sdir) or sdir
+    outbox_max = _get(st, "storage", "outbox_max", int, 0)
+    if outbox_max < 0:
+        raise ConfigError("storage.outbox_max", "must be 0 (no limit but the disk) or a positive number of releases")
 
     # broker
     b = sec("broker")
@@ -239,6 +244,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         topic_prefix=_get(b, "broker", "topic_prefix", str, "pansketch"),
         reconnect_min_s=_seconds(b, "broker", "reconnect_min_s", 1.0),
         reconnect_max_s=_seconds(b, "broker", "reconnect_max_s", 60.0),
+        ack_timeout_s=_seconds(b, "broker", "ack_timeout_s", 60.0),
     )
     if not 5 <= broker.keepalive <= 65535:
         raise ConfigError("broker.keepalive", "must be between 5 and 65535 seconds")
@@ -286,4 +292,5 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         source.qos = _get(s, "source", "qos", int, 0)
         if source.qos not in (0, 1):
             raise ConfigError("source.qos", "must be 0 or 1")
-    return AgentConfig(params=params, broker=broker, source=source, state_dir=state_dir, path=path, raw=raw)
+    return AgentConfig(params=params, broker=broker, source=source, state_dir=state_dir, path=path,
+                       outbox_max=outbox_max, raw=raw)

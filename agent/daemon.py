@@ -104,7 +104,8 @@ class Agent:
         self.log = _logger(cfg.device, args.quiet)
         self.clock = Clock(args.clock_start, args.clock_speed)
         rng = _make_rng(args, self.log)
-        self.rec = Recorder(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log)
+        self.rec = Recorder(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log,
+                            outbox_max=cfg.outbox_max)
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=8)  # few raw events in flight (pan-privacy)
         scfg = cfg.source
         if source_type is not None and source_type != scfg.type:
@@ -113,6 +114,7 @@ class Agent:
             scfg = SourceConfig(type=source_type)
         self.source = make_source(scfg, self.q, self.log, cfg.device + "-source")
         self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
+        self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
         self.failed = False
 
@@ -187,17 +189,18 @@ class Agent:
             n = len(self.rec.outbox.pending())
             ok = self.pub.wait_delivered(finite_timeout, self.stopping)
             if not ok:
-                left = len(self.rec.outbox.pending())
-                why = self.pub.last_error or ("not connected" if not self.pub.connected else "no acknowledgement")
+                left = self.rec.outbox.pending()
+                why = self.pub.last_error or ("not connected to the broker" if not self.pub.connected else
+                                              "the host (pansketch aggregate) has not acknowledged them: is an "
+                                              "aggregator subscribed?")
                 if self.stopping.is_set():
                     why = "interrupted"
-                self.log("could not deliver %d of %d release(s) to %s:%d within %g s: %s; they stay in %s "
-                         "and go out with the next run or feed"
-                         % (left, n, self.cfg.broker.host, self.cfg.broker.port, finite_timeout or 0, why,
-                            self.rec.outbox.dir))
+                self.log("%d of %d release(s) not stored by the host within %g s (seq %s): %s; they stay in %s "
+                         "and are re-sent until the host acknowledges them (next run or feed)"
+                         % (len(left), n, finite_timeout or 0, _seq_list(left), why, self.rec.outbox.dir))
                 code = code or EXIT_UNDELIVERED
             elif code == EXIT_OK:
-                self.log("all releases delivered (last seq %s)" % (self.pub.last_acked,))
+                self.log("all releases stored by the host (next seq %d)" % (self.rec.seq,))
         else:
             self.rec.persist(self.clock.now())
             self.log("stopping; noisy state saved, %d release(s) waiting in the outbox"
@@ -207,6 +210,12 @@ class Agent:
         self.source.stop()
         self.pub.stop()
         return code
+
+
+def _seq_list(seqs: list[int], most: int = 8) -> str:
+    if len(seqs) <= most:
+        return ", ".join(str(s) for s in seqs)
+    return "%s, ... %d" % (", ".join(str(s) for s in seqs[:most]), seqs[-1])
 
 
 def _load(path: str) -> Any:
@@ -275,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="pansketch device agent: count events into a pan-private noisy sketch and publish only "
         "noisy releases (CBOR, MQTT QoS 1) at clock-aligned window/epoch boundaries. The config file "
         "format is documented in docs/AGENT.md; see examples/agent.toml.",
-        epilog="Exit codes: 0 ok, 1 releases not delivered within --timeout (they stay in the outbox), "
+        epilog="Exit codes: 0 ok, 1 releases not stored by the host within --timeout (they stay in the outbox), "
         "2 configuration error, 3 runtime error.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -283,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, timeout: float) -> None:
         p.add_argument("--config", "-c", required=True, metavar="FILE", help="agent TOML config (docs/AGENT.md)")
         p.add_argument("--timeout", type=float, default=timeout, metavar="SECONDS",
-                       help="at end of a finite input, how long to wait for the broker to acknowledge every "
-                       "release (0 = forever; default %(default)s)")
+                       help="at end of a finite input, how long to wait until the host (pansketch aggregate) "
+                       "has stored every release (0 = forever; default %(default)s)")
         p.add_argument("--quiet", "-q", action="store_true", help="no log lines on stderr")
         t = p.add_argument_group("testing and demos only")
         t.add_argument("--clock-start", type=float, metavar="UTC_SECONDS",
@@ -304,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("feed", help="count events from stdin, release at the end, wait for delivery",
                        description="Read events from standard input (one item per line, optional TAB and "
                        "integer weight), release at window/epoch boundaries and at end of input, wait until "
-                       "the broker acknowledged every release, exit 0. Exit 1 if that takes longer than "
-                       "--timeout; nothing is lost, the releases stay in the outbox.")
+                       "the host has stored every release (its acknowledgement, not the broker's), exit 0. "
+                       "Exit 1 if that takes longer than --timeout; nothing is lost, the releases stay in the "
+                       "outbox and are re-sent by the next run or feed.")
     common(p, 60.0)
     p.set_defaults(func=lambda a: cmd_run(a, feed=True))
     p = sub.add_parser("check", help="validate a config and print the noise, guarantee and release size")

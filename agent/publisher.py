@@ -8,15 +8,20 @@ Protocol (DESIGN.md "Safety rules", issue 3 "Publishing"):
 * paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``), MQTT v5, client id =
   device id, optional TLS (CA / client certificate) and username/password;
 * releases go to ``<prefix>/<device>/release`` with QoS 1, not retained,
-  strictly one at a time in sequence order: publish seq N, wait for the
-  broker's PUBACK, then ``outbox.ack(N)`` (the file is deleted only now),
-  then N+1. A broker that refuses a release (MQTT v5 reason code, e.g.
-  "Not authorized" from an ACL) leaves it in the outbox and is retried
-  with backoff, so a misconfiguration loses nothing;
+  one at a time in sequence order, each waiting for the broker's PUBACK.
+  The file is deleted only when the **host** acknowledges it on
+  ``<prefix>/<device>/ack`` (docs/FORMAT.md section 7, agent/acks.py):
+  "delivered" means stored, not accepted by a broker. A release without a
+  host ack is sent again after ``ack_timeout`` and on every reconnect; the
+  ack subscription lives in a persistent session (clean start off), so acks
+  sent while the device was offline still arrive. A broker that refuses a
+  release (MQTT v5 reason code, e.g. "Not authorized" from an ACL) leaves
+  it in the outbox and is retried with backoff, so a misconfiguration
+  loses nothing;
 * the bytes sent are the outbox file's bytes, never re-encoded, so a retry
   after a reconnect or a restart is byte-for-byte the same release (no
   noise is re-drawn; the host stores it idempotently);
-* a release whose PUBACK does not come within ``ack_timeout`` is given up
+* a release whose PUBACK does not come within ``puback_timeout`` is given up
   (it stays in the outbox and is sent again later, under a new message
   id). Its message id is remembered as *abandoned*: a late PUBACK for it is
   discarded, never stored, and any ack recorded before a publish is never
@@ -43,6 +48,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
 import agent
+from agent import acks
 from agent.config import AgentConfig, BrokerConfig
 from agent.storage import Outbox
 
@@ -61,8 +67,11 @@ class Publisher:
         log: Callable[[str], None],
         status_info: Optional[dict[str, Any]] = None,
         clock: Callable[[], float] = time.time,
-        ack_timeout: float = 30.0,
+        ack_timeout: float = 60.0,
         protocol: int = 5,
+        next_seq: Optional[Callable[[], int]] = None,
+        puback_timeout: float = 30.0,
+        session_expiry_s: int = 7 * 86400,
     ) -> None:
         self.broker = broker
         self.device = device
@@ -70,10 +79,17 @@ class Publisher:
         self.log = log
         self.status_info = dict(status_info or {})
         self.clock = clock
-        self.ack_timeout = ack_timeout
+        self.ack_timeout = ack_timeout  # host ack: re-send after this long
+        self.puback_timeout = puback_timeout  # broker PUBACK
+        self.session_expiry_s = session_expiry_s
+        self.next_seq = next_seq
+        self.resend = acks.Resend(int(ack_timeout * 1000))
         self.protocol = protocol  # 5 (default) or 4 = MQTT 3.1.1 (brokers without v5, e.g. the demo's amqtt)
         self.release_topic = "%s/%s/release" % (broker.topic_prefix, device)
         self.status_topic = "%s/%s/status" % (broker.topic_prefix, device)
+        self.ack_topic = "%s/%s/ack" % (broker.topic_prefix, device)
+        self._status_dirty = True
+        self._status_sent = -1e9
         self._cond = threading.Condition()
         self._acks: dict[int, tuple[int, Any]] = {}  # mid -> (arrival serial, reason code)
         self._ack_serial = 0  # counts PUBACKs received, to tell stale acks from fresh ones
@@ -96,13 +112,17 @@ class Publisher:
             "mode": p.mode, "kind": p.kind, "d": p.d, "w": p.w, "win_s": p.window_s, "ep_s": p.epoch_s,
             "mech": p.mechanism, "budget": "%d/%d" % p.budget,
         }
-        return cls(cfg.broker, p.device, outbox, log, info, clock)
+        return cls(cfg.broker, p.device, outbox, log, info, clock, ack_timeout=cfg.broker.ack_timeout_s)
 
     # -- paho plumbing ---------------------------------------------------
     def _make_client(self) -> mqtt.Client:
         b = self.broker
         proto = mqtt.MQTTv5 if self.protocol == 5 else mqtt.MQTTv311
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=proto)
+        if self.protocol == 5:
+            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=proto)
+        else:  # MQTT 3.1.1: the persistent session is chosen at construction
+            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=proto,
+                            clean_session=False)
         if b.username is not None:
             c.username_pw_set(b.username, b.password)
         if b.tls is not None:
@@ -112,6 +132,7 @@ class Publisher:
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
         c.on_publish = self._on_publish
+        c.on_message = self._on_message
         c.on_connect_fail = self._on_connect_fail
         return c
 
@@ -135,7 +156,26 @@ class Publisher:
             self._cond.notify_all()
         self.last_error = None
         self._fail_logged = -1e9
+        # every connection: (re)subscribe the host's acks (the session keeps
+        # the subscription too; subscribing again is harmless)
+        client.subscribe(self.ack_topic, qos=1)
         self.log("connected to %s:%d" % (self.broker.host, self.broker.port))
+        self._wake.set()
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        """A host acknowledgement (paho's network thread)."""
+        if msg.topic != self.ack_topic:
+            return
+        try:
+            ok, bad = acks.parse(msg.payload, self.device)
+        except acks.AckError as exc:
+            self.log("ignoring a malformed host ack: %s" % exc)
+            return
+        top = acks.apply(self.outbox, ok, bad, self.log)
+        with self._cond:
+            if top is not None and (self.last_acked is None or top > self.last_acked):
+                self.last_acked = top
+            self._status_dirty = True
         self._wake.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
@@ -188,7 +228,12 @@ class Publisher:
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
         b = self.broker
-        self.client.connect_async(b.host, b.port, keepalive=b.keepalive)
+        if self.protocol == 5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = self.session_expiry_s
+            self.client.connect_async(b.host, b.port, keepalive=b.keepalive, clean_start=False, properties=props)
+        else:
+            self.client.connect_async(b.host, b.port, keepalive=b.keepalive)
         self.client.loop_start()
         self._thread = threading.Thread(target=self._main, name="publisher", daemon=True)
         self._thread.start()
@@ -217,7 +262,7 @@ class Publisher:
         self.client.loop_stop()
 
     def wait_delivered(self, timeout: Optional[float], stop: Optional[threading.Event] = None) -> bool:
-        """Block until the outbox is empty (every release acknowledged), or timeout / ``stop``."""
+        """Block until the outbox is empty (the host stored every release), or timeout / ``stop``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wake.set()
         while self.outbox.pending():
@@ -262,18 +307,20 @@ class Publisher:
         # after reconnecting, so we keep waiting on the same mid.
         start = time.monotonic()
         while not self._stop.is_set():
-            rc = self._wait_mid(mid, min(1.0, self.ack_timeout))
+            rc = self._wait_mid(mid, min(1.0, self.puback_timeout))
             if rc is not None:
                 if getattr(rc, "is_failure", False):
                     return False, str(rc)
                 return True, "ok"
-            if self._connected and time.monotonic() - start > self.ack_timeout:
+            if self._connected and time.monotonic() - start > self.puback_timeout:
                 self._abandon(mid)
-                return False, "no PUBACK within %g s" % self.ack_timeout
+                return False, "no PUBACK within %g s" % self.puback_timeout
         self._abandon(mid)
         return False, "stopping"
 
     def status(self, state: str = "online") -> bytes:
+        """Retained status (docs/FORMAT.md section 3): sequence numbers and
+        outbox facts only, never event counts."""
         pend = self.outbox.pending()
         doc = {
             "state": state,
@@ -281,38 +328,51 @@ class Publisher:
             "ts": int(self.clock()),
             "acked_seq": self.last_acked,
             "pending": len(pend),
+            "oldest_pending": pend[0] if pend else None,
+            "rejected": self.outbox.rejected(),
             "version": AGENT_VERSION,
         }
+        if self.next_seq is not None:
+            doc["next_seq"] = self.next_seq()
         doc.update(self.status_info)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    STATUS_EVERY_S = 60.0
 
     def _main(self) -> None:
         backoff = self.broker.reconnect_min_s
         status_gen = -1
-        status_dirty = True
         while not self._stop.is_set():
             gen = self._wait_connected()
             if gen is None:
                 break
-            if gen != status_gen or status_dirty:
+            if gen != status_gen:
+                self.resend.reset()  # every reconnect: re-send all unacknowledged releases
                 ok, why = self._send(self.status_topic, self.status(), retain=True)
                 if ok:
-                    status_gen, status_dirty = gen, False
+                    status_gen = gen
+                    self._status_dirty = False
+                    self._status_sent = time.monotonic()
             refused = False
-            for seq in self.outbox.pending():
+            pend = self.outbox.pending()
+            self.resend.forget_except(pend)
+            for seq in pend:
                 if self._stop.is_set() or not self._connected:
                     break
+                now_ms = int(time.monotonic() * 1000)
+                if not self.resend.due(seq, now_ms):
+                    continue
                 try:
                     data = self.outbox.read(seq)
                 except OSError as exc:
+                    if not self.outbox.has(seq):
+                        continue  # acknowledged meanwhile
                     self.log("cannot read release %d from the outbox: %s" % (seq, exc))
                     refused = True
                     break
                 ok, why = self._send(self.release_topic, data)
                 if ok:
-                    self.outbox.ack(seq)
-                    self.last_acked = seq
-                    status_dirty = True
+                    self.resend.mark(seq, int(time.monotonic() * 1000))
                     backoff = self.broker.reconnect_min_s
                     continue
                 if why != "stopping":
@@ -325,9 +385,17 @@ class Publisher:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.broker.reconnect_max_s)
                 continue
-            if status_dirty and self._connected and not self.outbox.pending():
+            pend = self.outbox.pending()
+            since = time.monotonic() - self._status_sent
+            if self._connected and ((self._status_dirty and not pend) or
+                                    (pend and since >= self.STATUS_EVERY_S)):
                 ok, _ = self._send(self.status_topic, self.status(), retain=True)
                 if ok:
-                    status_dirty = False
-            self._wake.wait(5.0)
+                    self._status_dirty = False
+                    self._status_sent = time.monotonic()
+            wait = 5.0
+            nd = self.resend.next_due(pend, int(time.monotonic() * 1000))
+            if nd is not None:
+                wait = min(wait, max(0.05, nd / 1000.0))
+            self._wake.wait(wait)
             self._wake.clear()

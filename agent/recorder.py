@@ -36,8 +36,9 @@ arrived after the last persisted state are lost in a power cut; events in
 a persisted state never are. Release keys (elo, ehi, part) never repeat,
 also when the clock is behind the last release.
 
-If the outbox cannot be written (full flash), the accumulator keeps
-counting and its epoch range [elo, ehi) grows until a release succeeds.
+If the outbox cannot be written (full flash, or it holds ``outbox_max``
+releases the host has not acknowledged), the accumulator keeps counting
+and its epoch range [elo, ehi) grows until a release succeeds.
 """
 
 from agent import hashing, release, storage
@@ -58,13 +59,13 @@ class Recorder:
     CSPRNG); ``now`` the current UTC time in seconds (int).
     """
 
-    def __init__(self, params, root, now, rng=None, log=None):
+    def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
         self.p = params
         self.root = root
         self.rng = rng if rng is not None else Rng()
         self.log = log if log is not None else _log
         storage.makedirs(root)
-        self.outbox = storage.Outbox(root)
+        self.outbox = storage.Outbox(root, outbox_max)
         self.state_path = storage.join(root, "state.bin")
         self.marker_path = storage.join(root, "released")
         n = params.d * params.w
@@ -290,6 +291,8 @@ class Recorder:
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nz + 1
         try:
+            if self.outbox.full():
+                raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
             storage.write_atomic(
                 tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz))
             storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)

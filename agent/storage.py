@@ -2,7 +2,8 @@
 
 Layout of a state directory::
 
-    outbox/<seq:010d>.cbor   releases waiting for a broker ack (final bytes)
+    outbox/<seq:010d>.cbor   releases waiting for the host's ack (final bytes)
+    outbox/rejected/<seq>.cbor  releases the host refused (kept, never re-sent)
     outbox/<seq:010d>.tmp    a release being committed (see Recorder.release)
     state.bin                the noisy sketch state (only ever noisy)
     released                 "<seq> <elo> <ehi> <part>" of the last release
@@ -105,10 +106,17 @@ def recover(path, check=None):
 
 
 class Outbox:
-    """Releases on flash, oldest first, each kept byte-for-byte until acked."""
+    """Releases on flash, oldest first, each kept byte-for-byte until the host acks it.
 
-    def __init__(self, root):
+    ``limit`` (0: none, flash is the bound) caps the releases it holds: when
+    full, the Recorder keeps counting and releases a longer epoch range once
+    the host has caught up (agent/recorder.py), so a host that is down for
+    longer than the outbox holds costs accuracy, never a release.
+    """
+
+    def __init__(self, root, limit=0):
         self.dir = join(root, "outbox")
+        self.limit = limit
         makedirs(self.dir)
 
     def path(self, seq, ext=".cbor"):
@@ -132,9 +140,28 @@ class Outbox:
     def read(self, seq):
         return read(self.path(seq))
 
+    def has(self, seq):
+        return exists(self.path(seq))
+
+    def full(self):
+        return self.limit > 0 and len(self.pending()) >= self.limit
+
     def ack(self, seq):
-        """The broker has the release: forget it."""
+        """The host has stored the release: forget it."""
         remove(self.path(seq))
+
+    def reject(self, seq):
+        """The host will never store it: set it aside in ``rejected/`` (kept for the operator)."""
+        d = join(self.dir, "rejected")
+        makedirs(d)
+        rename(self.path(seq), join(d, "%010d.cbor" % seq))
+
+    def rejected(self):
+        """Number of releases the host refused."""
+        d = join(self.dir, "rejected")
+        if not exists(d):
+            return 0
+        return len([n for n in os.listdir(d) if n.endswith(".cbor")])
 
 
 STATE_MAGIC = b"PSKS"

@@ -15,7 +15,7 @@
 #   -P PORT   broker TLS port (default 8883)
 #   -c FILE   CA certificate to ship to the device (default /etc/mosquitto/pansketch/ca.crt)
 #   -s SALT   fleet salt (default: read from DIR/fleet-salt, created once)
-#   --aggregator NAME   create a read-only aggregator account and ACL block
+#   --aggregator NAME   create an aggregator account and ACL block (reads releases, writes acks)
 #
 # Writes DIR/<id>/password (mode 600), DIR/<id>/ca.crt and DIR/<id>/agent.toml
 # (or host.toml for an aggregator). Copy that directory to /etc/pansketch/
@@ -86,7 +86,7 @@ fi
 
 if [ "$ROLE" = aggregator ]; then
   if ! grep -qx "user $ID" "$ACL" 2>/dev/null; then
-    printf '\nuser %s\ntopic read pansketch/+/release\ntopic read pansketch/+/status\n' "$ID" >> "$ACL"
+    printf '\nuser %s\ntopic read pansketch/+/release\ntopic read pansketch/+/status\ntopic write pansketch/+/ack\n' "$ID" >> "$ACL"
   fi
   cat > "$OUT/$ID/host.toml" <<EOF
 # pansketch host config for aggregator '$ID' (reference: docs/HOST.md)
@@ -105,7 +105,7 @@ topic = "pansketch/+/release"
 [fleet]
 salt = "$SALT"
 EOF
-  echo "aggregator '$ID': account added to $PASSWD, read-only ACL block in $ACL"
+  echo "aggregator '$ID': account added to $PASSWD, ACL block (read releases/status, write acks) in $ACL"
   echo "files: $OUT/$ID/ (password, host.toml, ca.crt if found) -> /etc/pansketch/ on the aggregator host"
 else
   cat > "$OUT/$ID/agent.toml" <<EOF

@@ -165,7 +165,7 @@ class App:
         n = self.p.d * self.p.w
         try:
             boot_now = self.clock.provisional()
-            self.rec = Recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log)
+            self.rec = Recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log, outbox_max=cfg.outbox_max)
             # Opened fresh (not resumed from state.bin) under an unset
             # clock: after a release the core dates it from that release's range (a
             # clock behind the last release never reuses a key), so _dated must not
@@ -381,12 +381,16 @@ class App:
 
     def status_json(self):
         now = self.clock.now()
+        pend = self.rec.outbox.pending()
         fields = [
             ("acked_seq", self.link.last_acked),
             ("clock", "synced" if self.clock.synced else "unsynced"),
             ("dev", self.p.device),
             ("fw", "micropython/" + VERSION),
-            ("pending", len(self.rec.outbox.pending())),
+            ("next_seq", self.rec.seq),
+            ("oldest_pending", pend[0] if pend else None),
+            ("pending", len(pend)),
+            ("rejected", self.rec.outbox.rejected()),
             ("state", "online"),
             ("ts", now),
         ]

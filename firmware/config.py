@@ -35,11 +35,12 @@ DEFAULT_PATH = "/pansketch.json"
 SKETCH_KEYS = ("kind", "d", "w", "clip", "mode", "window_s", "epoch_s", "mechanism", "budget", "persist_s")
 TOP_KEYS = (
     "device", "salt", "sketch", "wifi", "ntp", "mqtt", "source", "watchdog_s", "state_dir",
-    "max_events_per_step", "idle_ms", "insecure_rng_seed",
+    "max_events_per_step", "idle_ms", "insecure_rng_seed", "outbox_max",
 )
 WIFI_KEYS = ("ssid", "password", "hostname", "connect_timeout_s", "retry_max_s")
 NTP_KEYS = ("host", "timeout_s", "resync_s", "retry_max_s")
-MQTT_KEYS = ("host", "port", "user", "password", "topic_prefix", "keepalive_s", "timeout_s", "retry_max_s", "tls")
+MQTT_KEYS = ("host", "port", "user", "password", "topic_prefix", "keepalive_s", "timeout_s", "retry_max_s", "tls",
+             "ack_timeout_s")
 TLS_KEYS = ("ca", "cert", "key", "verify", "server_hostname")
 
 
@@ -168,6 +169,7 @@ class Config:
         self.keepalive_s = _int(m, "keepalive_s", "mqtt.keepalive_s", 120, 0, 65535)
         self.mqtt_timeout_s = _int(m, "timeout_s", "mqtt.timeout_s", 3, 1, 60)
         self.mqtt_retry_max_s = _int(m, "retry_max_s", "mqtt.retry_max_s", 300, 1, 86400)
+        self.ack_timeout_s = _int(m, "ack_timeout_s", "mqtt.ack_timeout_s", 60, 1, 86400)
 
         self.watchdog_s = _int(raw, "watchdog_s", "watchdog_s", 8, 0, 3600)
         if self.watchdog_s and self.watchdog_s <= self.mqtt_timeout_s:
@@ -179,6 +181,7 @@ class Config:
         self.state_dir = sd
         self.max_events = _int(raw, "max_events_per_step", "max_events_per_step", 64, 1, 100000)
         self.idle_ms = _int(raw, "idle_ms", "idle_ms", 20, 0, 10000)
+        self.outbox_max = _int(raw, "outbox_max", "outbox_max", 0, 0, 1000000)
         seed = raw.get("insecure_rng_seed")
         if seed is not None and (not isinstance(seed, str) or not seed):
             raise ConfigError("insecure_rng_seed", "must be a non-empty string (tests only) or absent")

@@ -6,6 +6,14 @@ Topics are the Pi agent's (agent/publisher.py): releases go to
 to ``<prefix>/<device>/status``, and the last will on the status topic is
 ``{"state":"offline"}`` (retained).
 
+End to end (docs/FORMAT.md section 7, agent/acks.py, the same code as the
+Pi agent): a release leaves the outbox only when the **host** acknowledges
+it on ``<prefix>/<device>/ack``, not on the broker's PUBACK. The board
+subscribes to that topic with QoS 1 in a persistent session (clean session
+off), reads acknowledgements without blocking between main-loop steps
+(:meth:`Client.poll`) and while it waits for a PUBACK, and re-sends every
+unacknowledged release after ``mqtt.ack_timeout_s`` and after reconnecting.
+
 Why ``umqtt.simple`` and not ``umqtt.robust``: robust's ``publish`` and
 ``reconnect`` loop forever until the broker answers, which would stop the
 main loop -- no counting, no watchdog feeding -- for as long as the broker
@@ -41,6 +49,7 @@ docs/FIRMWARE.md and firmware/memory.py).
 
 import json
 
+from agent import acks
 from firmware import clock
 
 try:
@@ -70,6 +79,7 @@ class _SocketModule:
     def socket(self, *args):
         s = self.mod.socket(*args)
         s.settimeout(self.timeout_s)
+        self.last = s  # the TCP socket (under TLS too): Client.poll sets its timeout
         return s
 
     def getaddrinfo(self, *args):
@@ -117,6 +127,9 @@ if simple is not None:
 
         deadline_ms = 6000
         feed = None  # called between chunks / waits (watchdog)
+        timeout_s = 3
+        raw = None  # the TCP socket under self.sock
+        max_in = 1024  # bytes: an incoming PUBLISH (a host ack) larger than this is skipped
 
         def _pid(self):
             if self.pid >= 65535:
@@ -128,11 +141,15 @@ if simple is not None:
             """One packet header from the broker; keeps the socket timeout.
 
             Returns the packet type byte, or None for a PINGRESP. A PUBLISH
-            from the broker is a protocol error here (we never subscribe).
+            (a host ack on our one subscription) is handed to the callback,
+            PUBACKed if QoS 1, and its type byte returned.
             """
             res = self.sock.read(1)
             if res is None:
                 raise OSError(110)  # ETIMEDOUT
+            return self._dispatch(res)
+
+        def _dispatch(self, res):
             if res == b"":
                 raise OSError(-1)  # connection closed by the broker
             if res == b"\xd0":  # PINGRESP
@@ -140,8 +157,65 @@ if simple is not None:
                 return None
             op = res[0]
             if op & 0xF0 == 0x30:
-                raise OSError(-2)
+                self._incoming(op)
             return op
+
+        def _read(self, n):
+            b = self.sock.read(n)
+            if b is None or len(b) != n:
+                raise OSError(110)
+            return b
+
+        def _incoming(self, op):
+            sz = 0
+            sh = 0
+            while True:
+                b = self._read(1)[0]
+                sz |= (b & 0x7F) << sh
+                if not b & 0x80:
+                    break
+                sh += 7
+            t = self._read(2)
+            tlen = t[0] << 8 | t[1]
+            topic = self._read(tlen)
+            sz -= tlen + 2
+            pid = 0
+            if op & 6:
+                p = self._read(2)
+                pid = p[0] << 8 | p[1]
+                sz -= 2
+            if sz > self.max_in:
+                while sz > 0:  # skip it (not an ack of ours), keep the stream in sync
+                    sz -= len(self._read(min(sz, 64)))
+                msg = None
+            else:
+                msg = self._read(sz) if sz else b""
+            if op & 6 == 2:
+                self.sock.write(b"\x40\x02" + bytes([pid >> 8, pid & 0xFF]))
+            if msg is not None and self.cb is not None:
+                self.cb(topic, msg)
+
+        def poll(self, most=8):
+            """Handle packets already waiting (host acks) without blocking.
+
+            The timeout is switched on the TCP socket (``raw``): MicroPython's
+            SSL socket has no ``settimeout``, and its timeout must be restored.
+            """
+            raw = self.raw
+            for _ in range(most):
+                raw.settimeout(0)
+                try:
+                    res = self.sock.read(1)
+                except OSError as exc:
+                    if exc.args and exc.args[0] in (11, 110, 116):  # EAGAIN / ETIMEDOUT: nothing yet
+                        res = None
+                    else:
+                        raise
+                finally:
+                    raw.settimeout(self.timeout_s)
+                if res is None:
+                    return
+                self._dispatch(res)
 
         def publish(self, topic, msg, retain=False, qos=0):
             if self.pid >= 65535:
@@ -210,6 +284,9 @@ class Link:
         prefix = cfg.topic_prefix
         self.release_topic = ("%s/%s/release" % (prefix, cfg.device)).encode()
         self.status_topic = ("%s/%s/status" % (prefix, cfg.device)).encode()
+        self.ack_topic = ("%s/%s/ack" % (prefix, cfg.device)).encode()
+        self.resend = acks.Resend(cfg.ack_timeout_s * 1000)
+        self.outbox = None  # set by service(): where host acks apply
         self.client = None
         self.buf = bytearray(512)
         self.min_delay_ms = 1000
@@ -253,15 +330,33 @@ class Link:
         cl = Client(c.device, c.mqtt_host, port=c.mqtt_port, user=c.mqtt_user, password=c.mqtt_password,
                     keepalive=c.keepalive_s, ssl=ssl)
         cl.deadline_ms = PUBACK_DEADLINE_FACTOR * c.mqtt_timeout_s * 1000
+        cl.timeout_s = c.mqtt_timeout_s
         cl.feed = self.feed
         cl.set_last_will(self.status_topic, OFFLINE, retain=True, qos=1)
+        cl.set_callback(self._on_msg)
         try:
-            cl.connect()
+            cl.connect(clean_session=False)  # the broker keeps acks sent while we are away
+            cl.raw = simple.socket.last
+            cl.subscribe(self.ack_topic, qos=1)
         except BaseException:
             _close(cl)
             raise
         self.client = cl
         self.connects += 1
+        self.resend.reset()  # every reconnect: re-send what the host has not acknowledged
+
+    def _on_msg(self, topic, msg):
+        if topic != self.ack_topic or self.outbox is None:
+            return
+        try:
+            ok, bad = acks.parse(msg, self.cfg.device)
+        except acks.AckError as exc:
+            self.log("mqtt: ignoring a malformed host ack: %s" % exc)
+            return
+        top = acks.apply(self.outbox, ok, bad, self.log)
+        if top is not None and (self.last_acked is None or top > self.last_acked):
+            self.last_acked = top
+        self.status_dirty = True
 
     def drop(self, reason=None, now_ms=0):
         """Close the session (no DISCONNECT: the broker publishes the last will)."""
@@ -295,32 +390,35 @@ class Link:
             fresh = True
         else:
             fresh = False
-        step = "status"
+        step = "ack"
         try:
             outbox = app.rec.outbox
+            self.outbox = outbox
+            self.client.poll()  # host acks that arrived since the last step
             pend = outbox.pending() if app.outbox_hint else None
             if not pend:
                 app.outbox_hint = False
+            step = "status"
             if self.status_dirty and (fresh or not pend):  # "online" first, then after draining
                 self.client.publish(self.status_topic, app.status_json(), retain=True, qos=1)
                 self.status_dirty = False
                 self.last_io_ms = now_ms
             step = "release"
             if pend:
-                seq = pend[0]
-                path = outbox.path(seq)
-                import os
+                self.resend.forget_except(pend)
+                for seq in pend:
+                    if not self.resend.due(seq, now_ms):
+                        continue
+                    path = outbox.path(seq)
+                    import os
 
-                size = os.stat(path)[6]
-                self.client.publish_file(self.release_topic, path, size, self.buf)
-                outbox.ack(seq)
-                self.last_acked = seq
-                self.published += 1
-                self.delay_ms = self.min_delay_ms
-                self.last_io_ms = now_ms
-                if len(pend) == 1:
-                    self.status_dirty = True
-                return True
+                    size = os.stat(path)[6]
+                    self.client.publish_file(self.release_topic, path, size, self.buf)
+                    self.resend.mark(seq, now_ms)  # deleted only when the host acknowledges it
+                    self.published += 1
+                    self.delay_ms = self.min_delay_ms
+                    self.last_io_ms = now_ms
+                    return True
             step = "ping"
             ka = self.cfg.keepalive_s * 1000
             if ka and now_ms - self.last_io_ms >= ka // 2:

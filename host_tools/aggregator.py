@@ -12,6 +12,11 @@ validates one message (host_tools.decode), stores it idempotently
 * acknowledges a message only after its outcome is committed to SQLite
   (manual acks): a crash before the commit means the broker redelivers,
   and redelivery is harmless (idempotent store);
+* after the commit, tells the device: ``{"dev", "ok": [seq]}`` on
+  ``<prefix>/<device>/ack`` (QoS 1) for a stored release or a duplicate of
+  one, ``{"dev", "bad": [[seq, code]]}`` for a release it will never store
+  (docs/FORMAT.md section 7). The device deletes a release from its outbox
+  only on that acknowledgement, so "delivered" means stored here;
 * a persistent session (clean_start = False, session expiry
   ``session_expiry_s``) with a stable client id, so releases published
   while the aggregator is down wait in the broker;
@@ -50,6 +55,7 @@ class Outcome:
     code: Optional[str] = None
     device: Optional[str] = None
     key: Optional[tuple[str, int, int, int]] = None
+    seq: Optional[int] = None
 
     @property
     def stored(self) -> bool:
@@ -94,7 +100,7 @@ class Aggregator:
                               keep_bytes=self.cfg.aggregator.max_bytes)
             self.log.warning("rejected message on %s (%d bytes): %s: %s", topic, len(payload), rej.code, rej.reason)
             self._count("rejected")
-            return Outcome("rejected", rej.reason, rej.code, dev)
+            return Outcome("rejected", rej.reason, rej.code, dev, None, _seq_of(payload))
         if status == "duplicate":
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
                           rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
@@ -102,11 +108,48 @@ class Aggregator:
             self.log.debug("stored release %s seq %d epochs [%d, %d) part %d", rel.dev, rel.seq, rel.elo, rel.ehi,
                            rel.part)
         self._count(status)
-        return Outcome(status, None, None, rel.dev, rel.key)
+        return Outcome(status, None, None, rel.dev, rel.key, rel.seq)
 
     def _count(self, k: str) -> None:
         with self._lock:
             self.counts[k] += 1
+
+
+def _seq_of(payload: bytes) -> Optional[int]:
+    """The ``seq`` of a rejected release, if it parses that far (for the device's ack)."""
+    try:
+        import cbor2
+
+        m = cbor2.loads(payload)
+        seq = m.get("seq") if isinstance(m, dict) else None
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2**63 else None
+    except Exception:
+        return None
+
+
+def ack_payload(out: Outcome) -> Optional[bytes]:
+    """The host acknowledgement for one outcome (docs/FORMAT.md section 7), or None.
+
+    Stored and duplicate releases are acknowledged as stored; a rejected one
+    whose seq is known as refused for good, except ``internal`` (a validator
+    bug: the device should keep it and send it again after the fix).
+    """
+    import json
+
+    if out.device is None or out.seq is None:
+        return None
+    if out.status in ("stored", "duplicate"):
+        doc: dict[str, Any] = {"dev": out.device, "ok": [out.seq]}
+    elif out.code is not None and out.code not in ("internal", "topic"):
+        doc = {"dev": out.device, "bad": [[out.seq, out.code]]}
+    else:
+        return None
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def ack_topic(release_topic: str) -> str:
+    """``<prefix>/<device>/release`` -> ``<prefix>/<device>/ack``."""
+    return release_topic.rsplit("/", 1)[0] + "/ack"
 
 
 def _client(cfg: HostConfig, cid: str) -> Any:
@@ -170,9 +213,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     def on_message(c: Any, _u: Any, msg: Any) -> None:
         state["last"] = time.monotonic()
         delay = 0.5
+        out: Optional[Outcome] = None
         for attempt in range(4):
             try:
-                agg.handle(msg.topic, msg.payload)
+                out = agg.handle(msg.topic, msg.payload)
                 break
             except Exception as exc:  # storage failure: do not ack, the broker keeps the message
                 if attempt == 3:
@@ -184,6 +228,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
                 time.sleep(delay)
                 delay *= 2
         c.ack(msg.mid, msg.qos)
+        ack = ack_payload(out) if out is not None else None
+        if ack is not None:  # committed: now the device may forget it
+            c.publish(ack_topic(msg.topic), ack, qos=1)
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe

@@ -238,7 +238,7 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     pub.stop()
     report("  %s: %d one-hour windows, %d events per window, %d releases -> %s"
            % (dev, args.windows, per * slices, rec.seq,
-              "all acknowledged by the broker" if ok else "NOT all delivered"))
+              "all stored by the host (its acknowledgements)" if ok else "NOT all delivered"))
     if not ok:
         raise RuntimeError("%s could not deliver its releases" % dev)
     return rec.seq

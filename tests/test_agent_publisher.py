@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 from agent import hashing
 from agent.sketch import Sketch
 from tests.test_e2e_support import (Capture, SALT, agent_toml, free_port, needs_mosquitto, run_agent, spawn_agent,
-                                    start_mosquitto, status_docs, stop_process)
+                                    start_host, start_mosquitto, status_docs, stop_process)
 
 T0 = 1_800_000_000 - 1_800_000_000 % 3600  # a window boundary
 FROZEN = ("--clock-start", str(T0 + 10), "--clock-speed", "0")
@@ -46,7 +46,7 @@ def test_broker_down_then_up_delivers_everything_in_order_byte_for_byte(tmp_path
     # no broker yet: feed counts and commits, cannot deliver, exits 1, keeps the releases
     r = run_agent("feed", cfg, "--timeout", "1", *FROZEN, input=b"a\nb\n")
     assert r.returncode == 1, r.stderr
-    assert b"could not deliver 1 of 1 release(s)" in r.stderr and b"stay in" in r.stderr
+    assert b"1 of 1 release(s) not stored by the host" in r.stderr and b"stay in" in r.stderr
     r = run_agent("feed", cfg, "--timeout", "1", *FROZEN, input=b"c\n" * 500)
     assert r.returncode == 1
     snap = outbox(state)
@@ -54,9 +54,11 @@ def test_broker_down_then_up_delivers_everything_in_order_byte_for_byte(tmp_path
     broker = start_mosquitto(tmp_path, port=port)
     try:
         cap = Capture(port, ["pansketch/+/release", "pansketch/+/status"])
+        host = start_host(tmp_path, port)
         r = run_agent("feed", cfg, "--timeout", "20", *FROZEN, input=b"")
         assert r.returncode == 0, r.stderr
-        assert outbox(state) == {}, "acknowledged releases leave the outbox"
+        assert b"all releases stored by the host (next seq 3)" in r.stderr
+        assert outbox(state) == {}, "releases the host acknowledged leave the outbox"
         assert cap.wait(lambda m: len([x for x in m if x[0].endswith("/release")]) >= 3)
         got = cap.on("/release")
         assert got[:2] == [snap[0], snap[1]], "retries are byte-for-byte the committed releases (no noise re-drawn)"
@@ -68,9 +70,11 @@ def test_broker_down_then_up_delivers_everything_in_order_byte_for_byte(tmp_path
         assert cap.wait(lambda m: any(json.loads(p).get("acked_seq") == 2 for t, p, _ in m if t.endswith("/status")))
         st = [d for d in status_docs(cap) if d.get("acked_seq") == 2][-1]
         assert st["state"] == "online" and st["dev"] == "pi-1" and st["pending"] == 0
+        assert st["next_seq"] == 3 and st["oldest_pending"] is None and st["rejected"] == 0
         assert set(st) >= {"state", "dev", "ts", "acked_seq", "pending"}
         assert not any(k in st for k in ("events", "count", "n")), "status carries no event counts"
         cap.close()
+        assert host.stop() == 0
     finally:
         broker.stop()
 
@@ -80,6 +84,7 @@ def test_sigterm_keeps_noisy_state_and_last_will_on_kill(tmp_path):
     try:
         state = str(tmp_path / "state")
         cfg = agent_toml(str(tmp_path / "a.toml"), "pi-2", broker.port, state)
+        host = start_host(tmp_path, broker.port)
         cap = Capture(broker.port, ["pansketch/pi-2/status", "pansketch/pi-2/release"])
         p = spawn_agent("run", cfg, "--insecure-seed", "s1", *FROZEN, log=str(tmp_path / "agent.log"))
         assert cap.wait(lambda m: any(json.loads(x[1])["state"] == "online" for x in m))
@@ -111,6 +116,7 @@ def test_sigterm_keeps_noisy_state_and_last_will_on_kill(tmp_path):
         assert late.wait(lambda m: len(m) >= 1)
         assert late.msgs[0] == ("pansketch/pi-2/status", b'{"state":"offline"}', True)
         late.close()
+        assert host.stop() == 0
     finally:
         broker.stop()
 

@@ -46,9 +46,10 @@ class StubClient:
 
 
 def publisher(tmp_path: Any, client: StubClient, ack_timeout: float = 0.2) -> Publisher:
+    """``ack_timeout`` here is the broker's PUBACK wait (the host-ack re-send timeout stays default)."""
     from agent.storage import Outbox
 
-    p = Publisher(BrokerConfig(), "pi-1", Outbox(str(tmp_path)), lambda m: None, ack_timeout=ack_timeout)
+    p = Publisher(BrokerConfig(), "pi-1", Outbox(str(tmp_path)), lambda m: None, puback_timeout=ack_timeout)
     p.client = client  # type: ignore[assignment]
     p._connected = True
     return p

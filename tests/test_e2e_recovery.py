@@ -170,7 +170,7 @@ def test_lost_puback_means_resend_never_loss(tmp_path):
         agent.stdin.write(b"x\n" * 10)
         agent.stdin.close()
         assert agent.wait(30) == 1, open(log).read()
-        assert b"could not deliver 1 of 1" in open(log, "rb").read()
+        assert b"1 of 1 release(s) not stored by the host" in open(log, "rb").read()
         kept = pending(state)
         assert sorted(kept) == [0], "a release without PUBACK stays in the outbox"
         broker.proc.send_signal(signal.SIGCONT)

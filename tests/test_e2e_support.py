@@ -53,6 +53,7 @@ host = "127.0.0.1"
 port = %d
 reconnect_min_s = 1
 reconnect_max_s = 1
+ack_timeout_s = 2
 %s
 [device]
 id = "%s"
@@ -200,6 +201,12 @@ class AggregatorThread:
         self.stop_ev.set()
         self.thread.join(15)
         return self.rc[0] if self.rc else -1
+
+
+def start_host(tmp_path: Any, port: int, name: str = "host") -> "AggregatorThread":
+    """A real aggregator storing into ``tmp_path/<name>.db``: the host that acknowledges releases."""
+    cfg = host_toml(str(tmp_path / (name + ".toml")), port, str(tmp_path / (name + ".db")), client_id=name)
+    return AggregatorThread(cfg)
 
 
 def pansketch_cmd(*args: str) -> list[str]:

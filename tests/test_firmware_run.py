@@ -163,16 +163,17 @@ def test_lost_puback_and_reset_resend_the_same_bytes(tmp_path):
     S.write_config(flash, cfg)
     r = S.run([
         "fwdrive.boot()", "fwdrive.run(5)", uart(lines("x", 50)) + "fwdrive.run(3)",
-        # release 0 at t=600 s: delivered, PUBACK lost; after reconnecting, the status's PUBACK is lost too
-        "fakehw.broker['drop_puback'] = 2\nfwdrive.run(593)",
+        # release 0 at t=600 s: reaches the broker, PUBACK lost, no host ack (no
+        # aggregator yet); after reconnecting, the status's PUBACK is lost too
+        "fakehw.broker['drop_puback'] = 2\nfakehw.broker['host_ack'] = False\nfwdrive.run(593)",
         "print('@after_drop', fwdrive.app.rec.outbox.pending())",
-        "fwdrive.run(30)",
+        "fakehw.broker['host_ack'] = True\nfwdrive.run(30)",
         uart(lines("y", 20)) + "fakehw.broker['silent'] = True\nfwdrive.run(600)",  # broker stops answering
         uart(lines("z", 10)) + "fakehw.broker['silent'] = False\nfakehw.broker['reset_after'] = 100\nfwdrive.run(60)",
         "print('@end', fwdrive.app.rec.outbox.pending(), fakehw.wdt['feeds'] > 0)",
     ], flash).check()
     out = r.stdout
-    assert "@after_drop [0]" in out  # not acked: still in the outbox
+    assert "@after_drop [0]" in out  # not acked by the host: still in the outbox
     assert "@end [] True" in out
     assert "release not delivered: timed out" in out
     assert "network error 104" in out  # the connection reset mid-publish
@@ -226,7 +227,8 @@ def test_power_cuts_lose_nothing_counted_and_redraw_no_noise(tmp_path, budget):
     assert S.releases(r2.stdout) == [tmp0]  # the bytes committed before the cut, not re-drawn
     # 3) restart: release 1 was never committed; its events are still in the (persisted) state
     boot3 = "fakehw.set_unix(%d)\nfwdrive.boot()" % (S.T_START + 1215)
-    r3 = S.run([boot3, "fwdrive.run(10)", uart(d) + "fwdrive.run(10)", "fakehw.broker['drop_puback'] = 9\nfwdrive.run(600)",
+    r3 = S.run([boot3, "fwdrive.run(10)", uart(d) + "fwdrive.run(10)",
+                    "fakehw.broker['drop_puback'] = 9\nfakehw.broker['host_ack'] = False\nfwdrive.run(600)",
                 "raise fakehw.PowerCut('power cut with release 1 sent but not acked')"], flash)
     assert not r3.ok
     sent3 = S.releases(r3.stdout)

@@ -1,7 +1,10 @@
 """A small MQTT 3.1.1 broker inside the VM, behind the fake sockets.
 
-Parses what the client writes (CONNECT, PUBLISH QoS 0/1, PINGREQ,
-DISCONNECT), answers per fakehw.broker, and prints every delivered message
+Parses what the client writes (CONNECT, PUBLISH QoS 0/1, SUBSCRIBE,
+PUBACK, PINGREQ, DISCONNECT), answers per fakehw.broker, stands in for the
+host (``broker["host_ack"]``: after a release arrives it publishes the
+host's acknowledgement ``{"dev":…,"ok":[seq]}`` to the device's ack topic,
+docs/FORMAT.md section 7, if the device subscribed to it), and prints every delivered message
 as ``@pub <topic> <retain> <hex payload>`` (and a fired last will as
 ``@will ...``) so the host test can decode what reached the broker.
 """
@@ -29,6 +32,8 @@ class Conn:
         self.user = None
         self.password = None
         self.connected = False
+        self.subs = []
+        self.out_pid = 0
 
     def drop(self):
         if self.dead:
@@ -60,6 +65,27 @@ class Conn:
             pkt = bytes(b[:i + rl])
             self.buf = b[i + rl:]
             self._packet(pkt[0], pkt[i:])
+
+    def _host_ack(self, topic, payload):
+        """What the aggregator does once the release is stored: ack its seq."""
+        ack = topic[:-len("release")] + "ack"
+        if ack not in self.subs:
+            return
+        i = bytes(payload).find(b"\x63seq")
+        h = payload[i + 4]
+        if h < 0x18:
+            seq = h
+        else:
+            n = {0x18: 1, 0x19: 2, 0x1A: 4}[h]
+            seq = 0
+            for b in payload[i + 5:i + 5 + n]:
+                seq = seq << 8 | b
+        dev = topic.split("/")[-2]
+        msg = ('{"dev":"%s","ok":[%d]}' % (dev, seq)).encode()
+        self.out_pid = self.out_pid % 65535 + 1
+        tb = ack.encode()
+        body = bytes([len(tb) >> 8, len(tb) & 0xFF]) + tb + bytes([self.out_pid >> 8, self.out_pid & 0xFF]) + msg
+        self.rx.extend(bytes([0x32, len(body)]) + body)  # acks are short: one length byte
 
     def _str(self, body, o):
         n = body[o] << 8 | body[o + 1]
@@ -107,6 +133,16 @@ class Conn:
                     fakehw.broker["drop_puback"] -= 1
                 else:
                     self.rx.extend(bytes([0x40, 2, pid >> 8, pid & 0xFF]))
+            tp = topic.decode()
+            if tp.endswith("/release") and fakehw.broker.get("host_ack", True):
+                self._host_ack(tp, body[o:])
+        elif t == 8:  # SUBSCRIBE
+            pid = body[0] << 8 | body[1]
+            topic, o = self._str(body, 2)
+            self.subs.append(topic.decode())
+            self.rx.extend(bytes([0x90, 3, pid >> 8, pid & 0xFF, body[o] & 1]))
+        elif t == 4:  # PUBACK of a message we sent
+            pass
         elif t == 12:  # PINGREQ
             self.rx.extend(b"\xd0\x00")
         elif t == 14:  # DISCONNECT

@@ -38,6 +38,7 @@ broker = {
     "reset_after": None,  # reset the connection after N more bytes from the client
     "silent": False,     # stop answering at all (degraded link)
     "oom_connect": False,  # raise MemoryError in the TLS wrap (no heap for TLS buffers)
+    "host_ack": True,    # the host stores every release and acks it (docs/FORMAT.md section 7)
 }
 ntp = {"ok": True}
 wdt = {"armed": False, "timeout": 0, "last": 0, "feeds": 0}

@@ -74,6 +74,25 @@ class MQTTClient:
             raise MQTTException(resp[3])
         return resp[2] & 1
 
+    def set_callback(self, f):
+        self.cb = f
+
+    def subscribe(self, topic, qos=0):
+        assert self.cb is not None, "Subscribe callback is not set"
+        self.pid += 1
+        pid = self.pid
+        t = topic.encode() if isinstance(topic, str) else topic
+        body = struct.pack("!H", pid) + struct.pack("!H", len(t)) + t + bytes([qos])
+        self.sock.write(bytes([0x82]) + _varint(len(body)) + body)
+        while 1:
+            op = self.wait_msg()
+            if op == 0x90:
+                resp = self.sock.read(4)
+                assert (resp[1] << 8 | resp[2]) == pid
+                if resp[3] == 0x80:
+                    raise MQTTException(resp[3])
+                return
+
     def disconnect(self):
         self.sock.write(b"\xe0\0")
         self.sock.close()
