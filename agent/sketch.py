@@ -17,6 +17,7 @@ decide whether a later event counts: docs/PRIVACY.md, "Counters wrap").
 """
 
 import array
+import hashlib
 import struct
 import sys
 
@@ -73,6 +74,12 @@ class Sketch:
             raise ValueError("counters have %d cells, need %d" % (len(counters), d * w))
         self.counters = counters
         self._words = struct.Struct("<%dI" % d).unpack_from if _WORDS else None
+        # Text items with d <= 8 (one SHA-256 block) take a shortcut with the
+        # same bytes as hashing.digest (hash version 1): the hash state of
+        # prefix + b"s" is kept (public: the salt is public), CPython copies
+        # it, MicroPython (no copy()) hashes the str directly (no encode).
+        self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
+        self._hs = hashlib.sha256(self._ps) if (_WORDS and self._ps is not None) else None
 
     # -- updates -------------------------------------------------------
     def clip_weight(self, weight):
@@ -85,8 +92,19 @@ class Sketch:
 
     def update(self, item, weight=1):
         """Add one event (weight clipped to [-clip, clip])."""
-        weight = self.clip_weight(weight)
-        if weight:
+        if weight != 1:
+            weight = self.clip_weight(weight)
+            if not weight:
+                return
+        if self._ps is not None and type(item) is str:
+            if self._hs is not None:
+                h = self._hs.copy()
+                h.update(item.encode())
+            else:
+                h = hashlib.sha256(self._ps)
+                h.update(item)
+            self.add_stream(h.digest(), weight)
+        else:
             self.add_stream(hashing.digest(self.prefix, item, self.d), weight)
 
     def add_stream(self, stream, weight):
@@ -98,26 +116,39 @@ class Sketch:
         """
         a = self.counters
         w = self.w
-        signed = self.signed
         neg = -weight
+        i = 0
         if self._words is not None:
-            r = 0
-            for u in self._words(stream):
-                i = r * w + (u & 0x3FFFFFFF) % w
-                nv = a[i] + (neg if (signed and u >> 31) else weight)
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
-                r += 1
+            # CPython: array('i') refuses a value outside int32 with
+            # OverflowError (zero-cost try): wrap that row and go on.
+            if self.signed:
+                for u in self._words(stream):
+                    try:
+                        a[i + (u & 0x3FFFFFFF) % w] += neg if u >> 31 else weight
+                    except OverflowError:
+                        j = i + (u & 0x3FFFFFFF) % w
+                        a[j] = wrap32(a[j] + (neg if u >> 31 else weight))
+                    i += w
+            else:
+                for u in self._words(stream):
+                    try:
+                        a[i + (u & 0x3FFFFFFF) % w] += weight
+                    except OverflowError:
+                        j = i + (u & 0x3FFFFFFF) % w
+                        a[j] = wrap32(a[j] + weight)
+                    i += w
         else:
-            for r in range(self.d):
-                o = 4 * r
+            # MicroPython: storing into array('i') keeps the low 32 bits,
+            # which is wrap32 (tests/test_mp_core.py checks it), so no
+            # comparison is needed; values stay small ints, nothing allocates.
+            signed = self.signed
+            o = 0
+            for _ in range(self.d):
                 b3 = stream[o + 3]
-                i = r * w + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
-                nv = a[i] + (neg if (signed and b3 & 0x80) else weight)
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
+                j = i + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
+                a[j] = a[j] + (neg if (signed and b3 & 0x80) else weight)
+                o += 4
+                i += w
 
     def update_many(self, items, weights=None):
         """Batch update: clip each event, then hash each distinct item once.

@@ -183,3 +183,35 @@ print("@result", [s.counters[i] for i in t])
     # +5 past the top lands at the bottom and -5 past the bottom at the top
     assert want == [-0x80000000 + 2 if u else 0x7FFFFFFF - 2 for u in up]
     assert mpvm.run(code, heap=HEAP).check().values()["result"] == str(want)
+
+
+def test_text_shortcut_equals_hash_version_1_on_both_vms():
+    """Sketch.update's shortcut for text items (kept prefix hash state on
+    CPython, str hashed directly on MicroPython) gives the counters of the
+    reference path add_stream(hashing.digest(...)), for d <= 8 (shortcut)
+    and d > 8 (two blocks: reference path), on CPython and in the VM."""
+    items = ["a", "ü-münchen", "日本語", "", "x" * 300, "device-000000042"]
+    code = """
+from agent.sketch import Sketch
+from agent import hashing
+out = []
+for kind, d in (("cs", 4), ("cms", 8), ("cs", 9)):
+    s = Sketch(kind, d, 32, hashing.salt_prefix("salt-salt"), clip=3)
+    for x in %r:
+        s.update(x, 2)
+    out.append(list(s.counters))
+print("@c", out)
+""" % (items,)
+    from agent import hashing
+    from agent.sketch import Sketch
+
+    want = []
+    for kind, d in (("cs", 4), ("cms", 8), ("cs", 9)):
+        fast = Sketch(kind, d, 32, hashing.salt_prefix("salt-salt"), clip=3)
+        ref = Sketch(kind, d, 32, hashing.salt_prefix("salt-salt"), clip=3)
+        for x in items:
+            fast.update(x, 2)
+            ref.add_stream(hashing.digest(ref.prefix, x, d), 2)
+        assert list(fast.counters) == list(ref.counters)
+        want.append(list(ref.counters))
+    assert mpvm.run(code, heap=HEAP).check().values()["c"] == str(want)
