@@ -278,7 +278,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     cfg = _load(args.config)
     p = cfg.params
     name, g = calibrate.guarantee(p.noise, p.d, p.clip, p.arrays)
-    size = len(release.encode(p, 0, 0, 1, 0, new_counters(p.d * p.w)))
+    elo = int(time.time()) // p.epoch_s  # today's epoch numbers: the same metadata widths as a real release
+    size = len(release.encode(p, 0, elo, elo + 1, 0, new_counters(p.d * p.w)))
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
     print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.d * p.w))
@@ -293,7 +294,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("release     %d bytes to %s" % (size, cfg.topic("release")))
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
-    warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in the host's [fleet] salt")
+    warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
     where = "%s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else "")
     code = EXIT_OK
     if args.offline:
@@ -327,7 +328,7 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     cfg = _load(args.config)
     from agent.tomlconf import placeholder_salt_warning
 
-    warning = placeholder_salt_warning("device.salt", cfg.params.salt, "on every device and in the host's [fleet] salt")
+    warning = placeholder_salt_warning("device.salt", cfg.params.salt, "on every device and in host.toml")
     if warning and not args.quiet:
         _die(0, "WARNING: " + warning)
     if not feed and cfg.source.type == "stdin" and _stdin_is_devnull():

@@ -27,9 +27,9 @@ def placeholder_salt_warning(key: str, salt: Optional[str], where: str) -> Optio
     """One warning line if ``salt`` is an example placeholder, else None."""
     if salt is None or salt not in PLACEHOLDER_SALTS:
         return None
-    return ("%s is the example placeholder %r: choose your fleet's own salt before the first release "
-            "(deploy/make-device-credentials.sh makes one) and use the same string %s; it cannot be changed "
-            "later without starting a new history (releases with different salts never merge)" % (key, salt, where))
+    return ("%s is the example placeholder %r: set your fleet's own salt (the same %s) before the first real "
+            "release; changing it later starts a new history (releases with different salts never merge)"
+            % (key, salt, where))
 
 
 class ConfigError(ValueError):
