@@ -21,10 +21,10 @@ validates one message (host_tools.decode), stores it idempotently
 * ``until_idle``: exit 0 after that many seconds without a message
   (exit 1 if it never managed to connect).
 
-Output (stderr, ``logging``): a line when the subscription is in place, one
-per stored release (device, seq, what it covers, size), warnings for
+Output (stderr, ``logging``): a line per connection and when the
+subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
 rejections and lost connections, a summary at exit; ``-q`` keeps only the
-warnings and errors, ``-v`` adds connection details.
+warnings and errors, ``-v`` adds the MQTT client's packet log.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         state["connected"] = True
         state["ever"] = True
         state["fail_logged"] = -1e9
-        log.debug("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+        log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
         c.subscribe(sub, options=SubscribeOptions(qos=cfg.aggregator.qos))
 
     def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
@@ -180,9 +180,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             state["fatal"] = "subscription refused: %s" % bad[0]
             stop.set()
             return
-        log.info("subscribed to %s (QoS %d) on %s:%d as %s%s; storing releases in %s", sub, cfg.aggregator.qos,
-                 cfg.broker.host, cfg.broker.port, cid, " (persistent session)" if persistent else "",
-                 cfg.aggregator.db)
+        log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
+                 ", persistent session" if persistent else "", cfg.aggregator.db)
         if ready is not None:
             ready.set()
 
@@ -220,6 +219,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     client.on_subscribe = on_subscribe
     client.on_disconnect = on_disconnect
     client.on_connect_fail = on_connect_fail
+    if log.isEnabledFor(logging.DEBUG):  # -v: the MQTT client's packet log
+        client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
     client.on_message = on_message
 
     props = Properties(PacketTypes.CONNECT)
@@ -275,7 +276,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--until-idle", type=float, metavar="SECONDS",
                    help="exit after this many seconds without a message")
     v = p.add_mutually_exclusive_group()
-    v.add_argument("-v", "--verbose", action="store_true", help="also log connection details (debug)")
+    v.add_argument("-v", "--verbose", action="store_true", help="also log the MQTT client's packets (debug)")
     v.add_argument("-q", "--quiet", action="store_true",
                    help="log only warnings and errors (rejections, lost connections), not each stored release")
     p.set_defaults(func=main)
