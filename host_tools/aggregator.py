@@ -159,8 +159,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     cid = hostconfig.default_client_id(cfg)
     client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
-    state = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
-             "fail_logged": -1e9}
+    state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
+                             "fail_logged": -1e9}
     persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
 
     def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:

@@ -126,6 +126,7 @@ def test_aggregate_reports_subscription_and_each_stored_release(tmp_path, mosqui
     def aggregate(*extra: str) -> str:
         proc = subprocess.Popen(pansketch("aggregate", "--config", conf, "--until-idle", "2", *extra), env=env(),
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
         try:
             line = ""
             if "-q" not in extra:  # publish once the subscription is in place
