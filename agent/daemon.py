@@ -60,20 +60,27 @@ class Clock:
 
 def _logger(device: str, quiet: bool = False) -> Callable[[str], None]:
     lock = threading.Lock()
+    muted = [quiet]
 
     def log(msg: str) -> None:
-        if quiet:
+        if muted[0]:
             return
         with lock:
-            sys.stderr.write("%s[%s]: %s\n" % (PROG, device, msg))
-            sys.stderr.flush()
+            try:
+                sys.stderr.write("%s[%s]: %s\n" % (PROG, device, msg))
+                sys.stderr.flush()
+            except (OSError, ValueError):  # stderr closed (`feed 2>&1 | head -1`): keep working, silently
+                muted[0] = True
 
     return log
 
 
 def _die(code: int, msg: str) -> int:
-    sys.stderr.write("%s: %s\n" % (PROG, msg))
-    sys.stderr.flush()
+    try:
+        sys.stderr.write("%s: %s\n" % (PROG, msg))
+        sys.stderr.flush()
+    except (OSError, ValueError):  # nobody reads stderr any more; the exit code still tells
+        pass
     return code
 
 
@@ -227,14 +234,61 @@ def _load(path: str) -> Any:
         raise SystemExit(_die(EXIT_CONFIG, "config error: %s" % exc))
 
 
+def probe_broker(broker: Any, client_id: str, timeout: float) -> tuple[bool, str]:
+    """Connect once to ``broker`` (TCP, TLS, MQTT v5 CONNECT with its credentials) and disconnect.
+
+    Returns (ok, what happened): the broker's CONNACK, or the exact error
+    (connection refused, DNS, TLS verification, bad credentials, timeout).
+    Publishes nothing and subscribes to nothing.
+    """
+    import ssl
+
+    import paho.mqtt.client as mqtt
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    c.connect_timeout = timeout
+    if broker.username is not None:
+        c.username_pw_set(broker.username, broker.password)
+    result: list[Any] = []
+    c.on_connect = lambda _c, _u, _f, rc, _p=None: result.append(rc)
+    t0 = time.monotonic()
+    try:
+        if broker.tls is not None:
+            c.tls_set(ca_certs=broker.tls.ca, certfile=broker.tls.cert, keyfile=broker.tls.key)
+        c.connect(broker.host, broker.port, keepalive=max(5, int(timeout) + 5))
+    except ssl.SSLError as exc:
+        return False, "TLS: %s" % (exc.reason or exc)
+    except (OSError, ValueError) as exc:  # refused, unreachable, DNS, timeout, unreadable CA file
+        return False, str(exc) or type(exc).__name__
+    try:
+        deadline = t0 + timeout
+        while not result and time.monotonic() < deadline:
+            rc = c.loop(timeout=0.1)
+            if rc != mqtt.MQTT_ERR_SUCCESS and not result:
+                return False, "connection closed before the broker answered (%s)" % mqtt.error_string(rc)
+        if not result:
+            return False, "no answer to CONNECT within %g s" % timeout
+        if result[0].is_failure:
+            return False, "broker refused the connection: %s" % result[0]
+        return True, "connection accepted (%.0f ms)" % ((time.monotonic() - t0) * 1000)
+    finally:
+        try:
+            c.disconnect()
+            c.loop(timeout=0.1)
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from agent import calibrate, release
     from agent.sketch import new_counters
+    from agent.tomlconf import placeholder_salt_warning
 
     cfg = _load(args.config)
     p = cfg.params
     name, g = calibrate.guarantee(p.noise, p.d, p.clip, p.arrays)
-    size = len(release.encode(p, 0, 0, 1, 0, new_counters(p.d * p.w)))
+    elo = int(time.time()) // p.epoch_s  # today's epoch numbers: the same metadata widths as a real release
+    size = len(release.encode(p, 0, elo, elo + 1, 0, new_counters(p.d * p.w)))
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
     print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.d * p.w))
@@ -247,10 +301,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("guarantee   %s = %s for each event, against all releases plus one intrusion (docs/PRIVACY.md)"
           % (name, calibrate.ratio_str(g)))
     print("release     %d bytes to %s" % (size, cfg.topic("release")))
-    print("broker      %s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else ""))
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
-    return EXIT_OK
+    warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
+    where = "%s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else "")
+    code = EXIT_OK
+    if args.offline:
+        print("broker      %s: not tried (--offline)" % where)
+    else:
+        sys.stdout.flush()
+        ok, what = probe_broker(cfg.broker, cfg.device + "-check", args.timeout)
+        print("broker      %s: %s" % (where, "OK, " + what if ok else "FAILED: " + what))
+        if not ok:
+            code = EXIT_UNDELIVERED
+    sys.stdout.flush()
+    if warning:
+        _die(0, "WARNING: " + warning)
+    if code != EXIT_OK:
+        _die(0, "cannot reach the broker (the config itself is valid; the agent would count and keep its releases "
+                "in the outbox until it can); --offline skips this test")
+    return code
 
 
 def _stdin_is_devnull() -> bool:
@@ -265,6 +335,11 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     from agent.storage import StateError
 
     cfg = _load(args.config)
+    from agent.tomlconf import placeholder_salt_warning
+
+    warning = placeholder_salt_warning("device.salt", cfg.params.salt, "on every device and in host.toml")
+    if warning and not args.quiet:
+        _die(0, "WARNING: " + warning)
     if not feed and cfg.source.type == "stdin" and _stdin_is_devnull():
         return _die(EXIT_CONFIG, "config error: source.type: is 'stdin' but standard input is /dev/null "
                     "(a systemd service?); configure a 'file' or 'mqtt' source, or pipe events into 'feed'")
@@ -318,8 +393,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "outbox and are re-sent by the next run or feed.")
     common(p, 60.0)
     p.set_defaults(func=lambda a: cmd_run(a, feed=True))
-    p = sub.add_parser("check", help="validate a config and print the noise, guarantee and release size")
+    p = sub.add_parser("check", help="validate a config, print the noise, guarantee and release size, try the broker",
+                       description="Validate the config file, print the per-cell noise, the per-event guarantee "
+                       "and the release size, and connect once to the broker with the configured TLS settings "
+                       "and credentials (nothing is published). Exit 0 if all is well, 1 if the broker cannot "
+                       "be reached or refuses the connection, 2 for a config error. Warns when the salt is an "
+                       "example placeholder.")
     p.add_argument("--config", "-c", required=True, metavar="FILE")
+    p.add_argument("--offline", action="store_true",
+                   help="do not try the broker (e.g. ExecStartPre of a service that must start while the broker "
+                   "is down)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for the broker (default %(default)s)")
     p.set_defaults(func=cmd_check)
     return parser
 
@@ -330,10 +415,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
-    try:
-        return int(args.func(args) or 0)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    from agent.pipes import run_main
+
+    def body() -> int:
+        try:
+            return int(args.func(args) or 0)
+        except SystemExit as exc:
+            return int(exc.code or 0)
+
+    # `pansketch-agent check | head -1`: a closed stdout ends the command quietly (exit 141)
+    return run_main(body)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,22 @@ except ImportError:  # pragma: no cover - Python 3.10
     import tomli as _toml  # type: ignore[no-redef]
 
 
+# Salts that appear in the examples and docs (examples/*.toml, deploy/board/*.json,
+# README, docs/HOST.md). They work, but a fleet that keeps one shares its hash
+# functions with every copy of the examples, and the salt cannot be changed
+# later without starting a new history (releases with other salts never merge).
+PLACEHOLDER_SALTS = ("change-me-fleet-salt", "our-fleet-salt-2026", "the-fleet-salt", "the fleet's shared salt")
+
+
+def placeholder_salt_warning(key: str, salt: Optional[str], where: str) -> Optional[str]:
+    """One warning line if ``salt`` is an example placeholder, else None."""
+    if salt is None or salt not in PLACEHOLDER_SALTS:
+        return None
+    return ("%s is the example placeholder %r: set your fleet's own salt (the same %s) before the first real "
+            "release; changing it later starts a new history (releases with different salts never merge)"
+            % (key, salt, where))
+
+
 class ConfigError(ValueError):
     """A bad configuration value; ``key`` is the dotted TOML key."""
 

@@ -25,6 +25,11 @@ validates one message (host_tools.decode), stores it idempotently
   ``reconnect_max_s``);
 * ``until_idle``: exit 0 after that many seconds without a message
   (exit 1 if it never managed to connect).
+
+Output (stderr, ``logging``): a line per connection and when the
+subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
+rejections and lost connections, a summary at exit; ``-q`` keeps only the
+warnings and errors, ``-v`` adds the MQTT client's packet log.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from agent.tomlconf import placeholder_salt_warning
 from host_tools import hostconfig
 from host_tools.decode import Rejected, decode, topic_device
 from host_tools.hostconfig import HostConfig
@@ -105,8 +111,7 @@ class Aggregator:
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
                           rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
         else:
-            self.log.debug("stored release %s seq %d epochs [%d, %d) part %d", rel.dev, rel.seq, rel.elo, rel.ehi,
-                           rel.part)
+            self.log.info("stored %s seq %d: %s, %d bytes", rel.dev, rel.seq, _span(rel), len(payload))
         self._count(status)
         return Outcome(status, None, None, rel.dev, rel.key, rel.seq)
 
@@ -152,6 +157,20 @@ def ack_topic(release_topic: str) -> str:
     return release_topic.rsplit("/", 1)[0] + "/ack"
 
 
+def _utc(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
+
+
+def _span(rel: Any) -> str:
+    """What a release covers, for one log line: its window, or its epochs inside the window."""
+    if rel.mode == "window" and rel.ehi - rel.elo == 1:
+        what = "window %s (%d s)" % (_utc(rel.elo * rel.ep_s), rel.win_s)
+    else:
+        what = "epochs %s..%s (window %s)" % (_utc(rel.elo * rel.ep_s), _utc(rel.ehi * rel.ep_s),
+                                            _utc(rel.win * rel.win_s))
+    return what + (" part %d" % rel.part if rel.part else "")
+
+
 def _client(cfg: HostConfig, cid: str) -> Any:
     import paho.mqtt.client as mqtt
 
@@ -183,7 +202,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     cid = hostconfig.default_client_id(cfg)
     client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
-    state = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None}
+    state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
+                             "fail_logged": -1e9}
     persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
 
     def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
@@ -192,6 +212,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             return
         state["connected"] = True
         state["ever"] = True
+        state["fail_logged"] = -1e9
         log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
         c.subscribe(sub, options=SubscribeOptions(qos=cfg.aggregator.qos))
 
@@ -202,12 +223,21 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             state["fatal"] = "subscription refused: %s" % bad[0]
             stop.set()
             return
+        log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
+                 ", persistent session" if persistent else "", cfg.aggregator.db)
         if ready is not None:
             ready.set()
 
+    def on_connect_fail(_c: Any, _u: Any) -> None:
+        now = time.monotonic()
+        if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
+            state["fail_logged"] = now
+            log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
+                        cfg.broker.port, cfg.broker.reconnect_max_s)
+
     def on_disconnect(_c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
         state["connected"] = False
-        if not stop.is_set():
+        if not stop.is_set() and not state["closing"]:
             log.warning("disconnected from broker (%s); reconnecting", rc)
 
     def on_message(c: Any, _u: Any, msg: Any) -> None:
@@ -235,6 +265,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_disconnect = on_disconnect
+    client.on_connect_fail = on_connect_fail
+    if log.isEnabledFor(logging.DEBUG):  # -v: the MQTT client's packet log
+        client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
     client.on_message = on_message
 
     props = Properties(PacketTypes.CONNECT)
@@ -244,6 +277,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, lambda *_a: stop.set())
+    warning = placeholder_salt_warning("fleet.salt", cfg.fleet.salt, "in every device's config")
+    if warning:
+        log.warning("%s", warning)
     try:
         client.connect_async(cfg.broker.host, cfg.broker.port, keepalive=cfg.broker.keepalive,
                              clean_start=not persistent, properties=props)
@@ -262,6 +298,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             return 1
         return 0
     finally:
+        state["closing"] = True  # our own disconnect is not a lost connection
         try:
             client.disconnect()
         except Exception:  # pragma: no cover
@@ -285,17 +322,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--config", required=True, metavar="FILE", help="host config TOML")
     p.add_argument("--until-idle", type=float, metavar="SECONDS",
                    help="exit after this many seconds without a message")
-    p.add_argument("-v", "--verbose", action="store_true", help="log every stored release")
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-v", "--verbose", action="store_true", help="also log the MQTT client's packets (debug)")
+    v.add_argument("-q", "--quiet", action="store_true",
+                   help="log only warnings and errors (rejections, lost connections), not each stored release")
     p.set_defaults(func=main)
 
 
-def setup_logging(verbose: bool = False) -> None:
+def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     root = logging.getLogger("pansketch")
     if not root.handlers:
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         root.addHandler(h)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -307,7 +347,7 @@ def main(args: argparse.Namespace) -> int:
     if args.until_idle is not None and args.until_idle <= 0:
         print("pansketch aggregate: --until-idle must be positive", file=sys.stderr)
         return 2
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, getattr(args, "quiet", False))
     try:
         return run(cfg, until_idle=args.until_idle)
     except Exception as exc:  # e.g. the database cannot be opened

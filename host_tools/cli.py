@@ -13,6 +13,8 @@ import argparse
 import importlib
 import sys
 
+from agent.pipes import run_main
+
 # subcommand name -> module path (module must define add_parser(subparsers))
 SUBCOMMANDS: dict[str, str] = {
     "aggregate": "host_tools.aggregator",
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    # `pansketch status | head -1`: a closed stdout ends the command quietly (exit 141)
+    return run_main(lambda: int(args.func(args) or 0))
 
 
 if __name__ == "__main__":

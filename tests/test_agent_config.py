@@ -136,7 +136,7 @@ def test_config_error_exit_code_of_the_real_command(tmp_path):
 
 def test_check_prints_noise_and_size(tmp_path, capsys):
     path = write(tmp_path, BASE)
-    assert main(["check", "--config", path]) == 0
+    assert main(["check", "--offline", "--config", path]) == 0
     out = capsys.readouterr().out
     assert "discrete Laplace scale t = 24" in out  # Delta1/eps = d*clip/eps = 3*2*4
     assert "eps = 1/4" in out
