@@ -194,7 +194,9 @@ class Agent:
                 code = EXIT_RUNTIME
             self.pub.wake()
             n = len(self.rec.outbox.pending())
+            refused_before = self.rec.outbox.rejected()
             ok = self.pub.wait_delivered(finite_timeout, self.stopping)
+            refused = self.rec.outbox.rejected() - refused_before
             if not ok:
                 left = self.rec.outbox.pending()
                 why = self.pub.last_error or ("not connected to the broker" if not self.pub.connected else
@@ -205,6 +207,10 @@ class Agent:
                 self.log("%d of %d release(s) not stored by the host within %g s (seq %s): %s; they stay in %s "
                          "and are re-sent until the host acknowledges them (next run or feed)"
                          % (len(left), n, finite_timeout or 0, _seq_list(left), why, self.rec.outbox.dir))
+                code = code or EXIT_UNDELIVERED
+            elif refused > 0:
+                self.log("the host refused %d release(s) for good (its reason is logged above and in "
+                         "pansketch status); they are kept in %s/rejected, not re-sent" % (refused, self.rec.outbox.dir))
                 code = code or EXIT_UNDELIVERED
             elif code == EXIT_OK:
                 self.log("all releases stored by the host (next seq %d)" % (self.rec.seq,))

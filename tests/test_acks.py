@@ -124,3 +124,27 @@ def test_publishing_before_any_aggregator_exists_loses_nothing(tmp_path):
         assert storage.Outbox(state).pending() == []
     finally:
         broker.stop()
+
+
+@needs_mosquitto
+def test_a_release_the_host_refuses_is_kept_aside_and_feed_says_so(tmp_path):
+    """A host with another fleet salt rejects the release (code 'fleet'):
+    the device sets it aside in outbox/rejected/ and feed exits 1."""
+    broker = start_mosquitto(tmp_path)
+    try:
+        state = str(tmp_path / "state")
+        cfg = agent_toml(str(tmp_path / "a.toml"), "pi-8", broker.port, state)
+        hconf = tmp_path / "h.toml"
+        hconf.write_text('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "other"\n[aggregator]\ndb = "%s"\n'
+                         '[fleet]\nsalt = "another-fleet-salt-1"\n' % (broker.port, tmp_path / "h.db"))
+        from tests.test_e2e_support import AggregatorThread
+
+        host = AggregatorThread(str(hconf))
+        r = run_agent("feed", cfg, "--timeout", "20", *FROZEN, input=b"a\n")
+        assert host.stop() == 0
+        assert r.returncode == 1, r.stderr
+        assert b"host rejected release 0" in r.stderr and b"refused 1 release(s) for good" in r.stderr
+        ob = storage.Outbox(state)
+        assert ob.pending() == [] and ob.rejected() == 1
+    finally:
+        broker.stop()

@@ -103,7 +103,13 @@ def test_head_dash_one_prints_one_line_and_no_traceback(tmp_path):
 
 @needs_mosquitto
 def test_feed_with_closed_stderr_still_delivers(tmp_path, mosquitto):
+    from tests.test_e2e_support import AggregatorThread
+
     conf = agent_toml(tmp_path / "agent.toml", mosquitto.port)
+    hconf = tmp_path / "h.toml"
+    hconf.write_text('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "ux-host"\n[aggregator]\ndb = "%s"\n'
+                     '[fleet]\nsalt = "%s"\n' % (mosquitto.port, tmp_path / "h.db", SALT))
+    host = AggregatorThread(str(hconf))  # the host whose acknowledgement ends the feed
     r, w = os.pipe()
     os.close(r)
     try:
@@ -111,8 +117,9 @@ def test_feed_with_closed_stderr_still_delivers(tmp_path, mosquitto):
                            stderr=w, env=env(), cwd=REPO, timeout=60)
     finally:
         os.close(w)
+        host.stop()
     assert p.returncode == 0
-    assert os.listdir(tmp_path / "state" / "outbox") == []  # the release reached the broker
+    assert os.listdir(tmp_path / "state" / "outbox") == []  # the host stored the release and acknowledged it
 
 
 # -- aggregator output ----------------------------------------------------------
