@@ -331,7 +331,8 @@ class Dashboard:
             f = self._fleet(p)
         except FileNotFoundError as exc:
             return self._html("empty.html", title="fleet", message=str(exc))
-        return self._html("fleet.html", title="fleet", f=f, delivery_keys=fleetview.DELIVERY)
+        shown = [k for k in fleetview.DELIVERY if f["delivery_reported"][k]]
+        return self._html("fleet.html", title="fleet", f=f, shown_delivery=shown)
 
     def api_status(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         return self._json(self._fleet(p))
