@@ -41,6 +41,8 @@ from typing import Any, Callable, Iterable, Optional
 # prometheus_client (the ``web`` extra) is imported where it is used, so that importing this
 # module -- the aggregator does, for the :func:`record` hook -- never needs it.
 
+# emitted only once ``status`` reports delivery states (host acknowledgements)
+CONDITIONAL_METRICS = ("pansketch_device_delivery_releases", "pansketch_ack_backlog_releases")
 LAG_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, float("inf"))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

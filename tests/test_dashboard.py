@@ -306,3 +306,34 @@ def test_web_layer_writes_no_sql() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and sql.search(node.value) \
                     and "FROM" in node.value.upper():
                 raise AssertionError("%s:%d has SQL text: %r" % (path, node.lineno, node.value[:80]))
+
+
+def test_demo_serve_prints_the_url_and_keeps_serving(tmp_path: Any) -> None:
+    import signal
+    import threading
+
+    from tests.dash_support import DEMO_ARGS
+
+    p = subprocess.Popen(pansketch("demo", *DEMO_ARGS, "--serve", "--port", "0"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO)
+    watchdog = threading.Timer(120, p.kill)
+    watchdog.start()
+    try:
+        assert p.stdout is not None
+        lines = []
+        while not lines or "dashboard:" not in lines[-1]:
+            line = p.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        url = re.search(r"(http://127\.0\.0\.1:\d+/)", lines[-1]).group(1)
+        code, html, _h = get(url)
+        assert code == 200 and "demo-pi-3" in html
+        code, html, _h = get(url + "topk?k=3")  # the demo hands its item universe to the top-k page
+        assert code == 200 and "host-00001.example" in html
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 0
+    finally:
+        watchdog.cancel()
+        if p.poll() is None:
+            p.kill()
+        p.stdout.close()  # type: ignore[union-attr]
