@@ -69,13 +69,19 @@ def plot_series(s: Series, path: str, title: str = "") -> str:
         ax.plot(xs, est, "-o", color=c, markersize=3.5, linewidth=1.6, label=ln.label)
         if zx:
             ax.plot(zx, zy, "o", markersize=8, markerfacecolor="white", markeredgecolor=c, markeredgewidth=1.5)
+    partial = [k for k in range(len(s.lines[0].points) if s.lines else 0)
+               if any(ln.points[k].missing_devices for ln in s.lines)]
+    for k in partial:
+        p = s.lines[0].points[k]
+        ax.axvspan(datetime.fromtimestamp(p.t0, tz=timezone.utc), datetime.fromtimestamp(p.t1, tz=timezone.utc),
+                   color="#ffc107", alpha=0.15, linewidth=0)
     ax.axhline(0, color="#555", linewidth=0.8)
     ax.set_ylabel("estimated count per %d s" % s.step)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d\n%H:%M", tz=timezone.utc))
     ax.grid(alpha=0.3)
     pct = "%g%%" % round(100 * s.confidence, 3)
     ax.set_title((title + "\n" if title else "") + "shaded: %s interval per point; hollow: interval includes 0 (UTC)"
-                 % pct, fontsize=10)
+                 % pct + ("; yellow: some devices sent no release" if partial else ""), fontsize=10)
     if len(s.lines) <= 12:
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

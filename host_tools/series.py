@@ -42,6 +42,9 @@ class Point:
     t1: int
     answer: Optional[Answer] = None
     error: Optional[str] = None
+    # devices that released before and after this bucket but have no release in it: a fleet total
+    # without them is lower because data are missing, not because the item was seen less
+    missing_devices: list[str] = field(default_factory=list)
 
     @property
     def estimate(self) -> Optional[float]:
@@ -63,7 +66,8 @@ class Point:
         return self.answer.lo <= 0 <= self.answer.hi
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"t0": self.t0, "t1": self.t1, "since": iso(self.t0), "until": iso(self.t1)}
+        d: dict[str, Any] = {"t0": self.t0, "t1": self.t1, "since": iso(self.t0), "until": iso(self.t1),
+                             "missing_devices": self.missing_devices}
         if self.answer is None:
             d.update({"estimate": None, "lo": None, "hi": None, "includes_zero": None, "error": self.error})
             return d
@@ -171,16 +175,22 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     bks, cut = buckets(store, step, since, until, devs, limit)
     if not bks:
         raise QueryError("no releases in the selection")
+    span: dict[str, tuple[int, int]] = {}
+    for r in store.releases(devices=devs, since=bks[0][0], until=bks[-1][1]):
+        a, b = span.get(r.device, (r.t0, r.t1))
+        span[r.device] = (min(a, r.t0), max(b, r.t1))
     if per_device:
-        known = sorted({r.device for r in store.releases(devices=devs, since=bks[0][0], until=bks[-1][1])})
-        groups: list[Optional[list[str]]] = [[d] for d in known]
+        groups: list[Optional[list[str]]] = [[d] for d in sorted(span)]
     else:
         groups = [devs]
     lines: list[Line] = []
     for g in groups:
         mine = [Line(x, g[0] if per_device and g else None) for x in items]
         for t0, t1 in bks:
+            expected = [d for d in (g if g else sorted(span)) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
             for ln, p in zip(mine, bucket_answers(store, items, salt, t0, t1, g, confidence)):
+                got = set(p.answer.devices) if p.answer is not None else set()
+                p.missing_devices = [d for d in expected if d not in got]
                 ln.points.append(p)
         lines.extend(mine)
     return Series(items, step, confidence, devs, per_device, lines, cut)

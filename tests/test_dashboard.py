@@ -110,6 +110,7 @@ def test_item_page_draws_series_with_interval_bands(server: Any, tmp_path: Any) 
     attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', tag))
     assert int(attrs["drawn"]) >= 1, tag  # uPlot ran and drew
     assert attrs["bands"] == "3" and attrs["lines"] == "3" and attrs["points"] == "4", tag
+    assert attrs["partial"] == "1", tag  # pi-gap's missing window is shaded: the fleet total lacks its events
     assert "<canvas" in dom
     # windows whose interval includes 0 are marked: never for the top item, (almost) always for an unseen one
     rows = re.findall(r'<tr class="([^"]*)" data-includes-zero="(\d)">\s*<td><span class="swatch" '
@@ -135,8 +136,9 @@ def test_item_page_per_device_marks_the_missing_window(server: Any) -> None:
     code, html, _h = get(server.url + "/item?" + q(item="host-00001.example", per_device=1))
     assert code == 200
     assert html.count('data-includes-zero="') == 4 * 4  # 4 devices x 4 windows
-    gap_rows = re.findall(r'<tr class="nodata"[^>]*>.*?</tr>', html, re.S)
+    gap_rows = re.findall(r'<tr class="nodata[^"]*"[^>]*>.*?</tr>', html, re.S)
     assert len(gap_rows) == 1 and GAP_DEVICE in gap_rows[0] and "no releases match" in gap_rows[0]
+    assert "missing release of %s" % GAP_DEVICE in gap_rows[0]
     assert "2026-01-01T02:00:00Z" in gap_rows[0]
 
 
@@ -146,6 +148,7 @@ def test_json_api_every_estimate_carries_interval_and_confidence(server: Any) ->
     assert s["confidence"] == 0.9 and len(s["lines"]) == 2
     for ln in s["lines"]:
         assert [p["releases"] for p in ln["points"]] == [4, 4, 3, 4]  # pi-gap's window 3 is missing
+        assert [p["missing_devices"] for p in ln["points"]] == [[], [], [GAP_DEVICE], []]
         for p in ln["points"]:
             assert p["lo"] <= p["estimate"] <= p["hi"] and p["confidence"] == 0.9 and p["includes_zero"] is False
     t = get_json(server.url + "/api/topk?k=5")

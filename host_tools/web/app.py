@@ -375,7 +375,8 @@ class Dashboard:
                 zero.append(a.estimate if a is not None and p.includes_zero else None)
             lines.append({"label": ln.label, "color": PALETTE[i % len(PALETTE)], "est": est, "lo": lo, "hi": hi,
                           "zero": zero})
-        return {"x": xs, "lines": lines, "confidence": s.confidence, "step": s.step}
+        partial = [any(ln.points[k].missing_devices for ln in s.lines) for k in range(len(xs))]
+        return {"x": xs, "lines": lines, "confidence": s.confidence, "step": s.step, "partial": partial}
 
     def page_item(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         try:

@@ -57,6 +57,7 @@
           fmt(e) + " [" + fmt(ln.lo[i]) + ", " + fmt(ln.hi[i]) + "] @" + pct +
           (ln.zero[i] != null ? " (includes 0)" : "")));
       });
+      if (d.partial && d.partial[i]) parts.push("some devices have no release in this bucket");
       readout.textContent = parts.join("   ·   ");
     }
     var drawn = 0;
@@ -72,16 +73,33 @@
         var span = splits.length > 1 ? splits[splits.length - 1] - splits[0] : 0;
         return splits.map(function (ts, k) {
           var t = new Date(ts * 1e3);
-          return (k === 0 || span >= 86400 || (t.getUTCHours() === 0 && t.getUTCMinutes() === 0)) ? utc(ts, true) : utc(ts, false);
+          var day = t.getUTCFullYear() + "-" + pad(t.getUTCMonth() + 1) + "-" + pad(t.getUTCDate());
+          var first = k === 0 || span >= 86400 || (t.getUTCHours() === 0 && t.getUTCMinutes() === 0);
+          return first ? utc(ts, false) + "\n" + day : utc(ts, false);
         });
-      }, size: 40 }, { label: "estimated count (" + pct + " interval band)", size: 70 }],
+      }, size: 52 }, { label: "estimated count (" + pct + " interval band)", size: 70 }],
       hooks: {
+        drawClear: [function (u) {
+          // shade buckets that lack releases of some devices (a dip there is missing data)
+          var ctx = u.ctx, half = d.step / 2;
+          ctx.save();
+          ctx.fillStyle = "rgba(255, 193, 7, 0.16)";
+          (d.partial || []).forEach(function (p, i) {
+            if (!p) return;
+            var x0 = u.valToPos(d.x[i] - half, "x", true), x1 = u.valToPos(d.x[i] + half, "x", true);
+            x0 = Math.max(x0, u.bbox.left);
+            x1 = Math.min(x1, u.bbox.left + u.bbox.width);
+            if (x1 > x0) ctx.fillRect(x0, u.bbox.top, x1 - x0, u.bbox.height);
+          });
+          ctx.restore();
+        }],
         setCursor: [showCursor],
         draw: [function () {
           drawn += 1;
           host.setAttribute("data-drawn", String(drawn));
           host.setAttribute("data-bands", String(bands.length));
           host.setAttribute("data-points", String(d.x.length));
+          host.setAttribute("data-partial", String((d.partial || []).filter(Boolean).length));
         }]
       }
     };
