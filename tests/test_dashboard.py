@@ -340,3 +340,35 @@ def test_demo_serve_prints_the_url_and_keeps_serving(tmp_path: Any) -> None:
         if p.poll() is None:
             p.kill()
         p.stdout.close()  # type: ignore[union-attr]
+
+
+def _wsgi(app: Any, path: str, qs: str = "", method: str = "GET") -> tuple[str, dict[str, str], str]:
+    out: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        out["status"], out["headers"] = status, dict(headers)
+
+    body = b"".join(app({"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": qs}, start_response))
+    return out["status"], out["headers"], body.decode("utf-8")
+
+
+def test_pages_before_the_first_release(tmp_path: Any) -> None:
+    pytest.importorskip("waitress")
+    from host_tools.store import Store
+    from host_tools.web import Dashboard
+    from tests.test_host_support import host_cfg
+
+    cfg = host_cfg(tmp_path)
+    app = Dashboard(cfg)
+    status, _h, body = _wsgi(app, "/")
+    assert status.startswith("200") and "No data yet" in body
+    assert _wsgi(app, "/api/status")[0].startswith("503")
+    status, _h, body = _wsgi(app, "/metrics")
+    assert status.startswith("200") and "pansketch_store_up 0.0" in body
+    Store(cfg.aggregator.db).close()  # what the aggregator creates at start
+    status, _h, body = _wsgi(app, "/")
+    assert status.startswith("200") and "no device has released anything yet" in body
+    assert _wsgi(app, "/item", "item=a")[0].startswith("404")
+    assert _wsgi(app, "/topk", "candidates=a")[0].startswith("404")
+    assert _wsgi(app, "/item")[0].startswith("200")
+    assert _wsgi(app, "/api/status")[0].startswith("200")
