@@ -275,6 +275,7 @@ class Dashboard:
     # -- helpers ----------------------------------------------------------
     def _render(self, name: str, **ctx: Any) -> bytes:
         ctx.setdefault("now", time.time())
+        ctx.setdefault("refresh", None)
         ctx.setdefault("db", self.db)
         ctx.setdefault("ago", lambda t: _ago(t, ctx["now"]))
         return self.env.get_template(name).render(**ctx).encode("utf-8")
@@ -332,7 +333,8 @@ class Dashboard:
         except FileNotFoundError as exc:
             return self._html("empty.html", title="fleet", message=str(exc))
         shown = [k for k in fleetview.DELIVERY if f["delivery_reported"][k]]
-        return self._html("fleet.html", title="fleet", f=f, shown_delivery=shown)
+        return self._html("fleet.html", title="fleet", f=f, shown_delivery=shown,
+                          refresh=p.int("refresh", None, 5, 86400))
 
     def api_status(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         return self._json(self._fleet(p))
