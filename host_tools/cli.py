@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "aggregate": "host_tools.aggregator",
     "status": "host_tools.status",
     "query": "host_tools.query",
+    "serve": "host_tools.serve",
     "demo": "host_tools.demo",
     "repro": "host_tools.repro.cli",
 }

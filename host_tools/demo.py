@@ -401,9 +401,68 @@ def run_demo(args: argparse.Namespace) -> int:
             fallback.stop()
         if broker is not None:
             broker.stop()
+        if code == 0:
+            code = dashboard(args, workdir, say)
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
     return code
+
+
+def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]) -> int:
+    """End of the demo: the dashboard URL, and with ``--serve`` the dashboard itself until Ctrl-C."""
+    import signal
+
+    cands = os.path.join(workdir, "candidates.txt")
+    with open(cands, "w") as f:
+        f.write("\n".join(ZipfStream(args.items, args.zipf, 0).items) + "\n")
+    conf = os.path.join(workdir, "host.toml")
+    url = "http://%s:%d/" % (args.bind if ":" not in args.bind else "[%s]" % args.bind, args.port)
+    if not args.serve:
+        if args.dir:
+            say("  dashboard: pansketch serve --config %s --candidates %s --port %d, then %s"
+                % (conf, cands, args.port, url))
+        else:
+            say("  dashboard: pansketch demo --serve keeps it running at %s" % url)
+        return 0
+    from host_tools.serve import is_loopback
+
+    if not is_loopback(args.bind):
+        say("pansketch demo: --serve binds loopback addresses only (use pansketch serve --token elsewhere)")
+        return 2
+    try:
+        from host_tools import hostconfig
+        from host_tools.serve import make_server, server_url
+        from host_tools.web import Dashboard
+
+        app = Dashboard(hostconfig.load(conf), candidates=ZipfStream(args.items, args.zipf, 0).items,
+                        candidates_name="the demo's %d items" % args.items)
+        try:
+            server = make_server(app, args.bind, args.port)
+        except OSError as exc:
+            if args.port == 0:
+                raise
+            say("  port %d is busy (%s); using a free one" % (args.port, exc))
+            server = make_server(app, args.bind, 0)
+    except ImportError as exc:
+        say("pansketch demo: --serve needs the web extra (pip install 'pansketch[web]'): %s" % exc)
+        return 2
+    url = server_url(server)
+    say("  item over time: %sitem?item=host-00001.example&item=host-00020.example&item=never-seen.example" % url)
+    say("  dashboard: %s  (serving until Ctrl-C)" % url)
+
+    def _term(*_a: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _term) if threading.current_thread() is threading.main_thread() else None
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    return 0
 
 
 def add_parser(subparsers: Any) -> None:
@@ -427,4 +486,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto",
                    help="which broker to start (default: mosquitto if installed, else amqtt)")
     p.add_argument("--dir", metavar="DIR", help="keep all files (configs, database, outboxes) in DIR")
+    p.add_argument("--serve", action="store_true",
+                   help="keep serving the dashboard (pansketch serve) on the demo's store until Ctrl-C")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="dashboard address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="dashboard port (default 8080; busy: any free port)")
     p.set_defaults(func=run_demo)

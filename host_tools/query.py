@@ -278,6 +278,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
+    p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
+                                                  "(.png, .svg or .pdf; needs matplotlib)")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -293,6 +295,9 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("-k", type=int, required=True, metavar="K")
     t.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
     _common(t)
+    from host_tools import series as series_mod
+
+    series_mod.add_subparser(sub, _common)
     p.set_defaults(func=main)
 
 
@@ -305,7 +310,7 @@ def main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
 
     if not getattr(args, "qtype", None):
-        return _err("choose a query: freq or topk (see pansketch query --help)", 2)
+        return _err("choose a query: freq, topk or series (see pansketch query --help)", 2)
     path = getattr(args, "config_sub", None) or args.config
     if not path:
         return _err("--config FILE is required", 2)
@@ -323,12 +328,23 @@ def main(args: argparse.Namespace) -> int:
         until = parse_time(args.until) if args.until is not None else None
     except ValueError as exc:
         return _err(str(exc), 2)
+    if getattr(args, "plot", None):
+        from host_tools import plot
+
+        try:
+            plot.check_path(args.plot)
+        except ValueError as exc:
+            return _err(str(exc), 2)
     try:
         store = Store(cfg.aggregator.db, readonly=True)
     except (FileNotFoundError, OSError, Exception) as exc:
         return _err(str(exc), 1)
     t_start = time.perf_counter()
     try:
+        if args.qtype == "series":
+            from host_tools import series as series_mod
+
+            return series_mod.cli(args, store, salt, conf, since, until)
         if args.qtype == "freq":
             items = [_item(x, args.as_int, "ITEM") for x in args.items]
             answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
@@ -342,6 +358,14 @@ def main(args: argparse.Namespace) -> int:
     finally:
         store.close()
     elapsed = time.perf_counter() - t_start
+    if getattr(args, "plot", None) and answers:
+        from host_tools import plot
+
+        try:
+            plot.plot_answers(answers, args.plot, "pansketch query %s" % args.qtype)
+        except (ImportError, OSError) as exc:
+            return _err(str(exc), 1)
+        print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
     if args.json:
         for a in answers:
             print(json.dumps(a.to_dict(), ensure_ascii=False))

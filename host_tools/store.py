@@ -324,6 +324,14 @@ class Store:
             sql += " LIMIT %d" % int(limit)
         return self._q(sql)
 
+    def rejection_counts(self) -> list[tuple[str, int, float]]:
+        """(code, count, last received) per rejection code, most frequent first."""
+        return self._q("SELECT code, COUNT(*), MAX(received) FROM rejections GROUP BY code ORDER BY COUNT(*) DESC, code")
+
+    def device_activity(self) -> list[tuple[str, int, float, int]]:
+        """(device, releases, last received, end of its latest epochs) per device with releases."""
+        return self._q("SELECT device, COUNT(*), MAX(received), MAX(t1) FROM releases GROUP BY device ORDER BY device")
+
     def rejection_count(self) -> int:
         return int(self._q("SELECT COUNT(*) FROM rejections")[0][0])
 

@@ -1,0 +1,515 @@
+"""The dashboard as a WSGI application: fleet, item and top-k pages, a JSON API and /metrics.
+
+Read-only by construction:
+
+* only GET and HEAD are served; every other method gets 405 with
+  ``Allow: GET, HEAD`` before anything else runs;
+* the store is opened per request with :class:`host_tools.store.Store`
+  ``readonly=True`` (SQLite ``query_only``); every value from a request
+  reaches SQL only as a bound parameter (the store's queries use ``?``
+  placeholders; this module writes no SQL), and items are hashed, never
+  looked up;
+* pages are rendered by Jinja2 with autoescaping, chart data travel as a
+  JSON data block (not executed), and a strict Content-Security-Policy
+  allows scripts and styles from this server only -- the vendored uPlot
+  and two small files, so the pages work offline.
+
+With a token (``pansketch serve --token``) every path, /metrics and the
+static files included, needs ``Authorization: Bearer <token>`` or HTTP
+basic auth with the token as password (any user name).
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import math
+import mimetypes
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+from urllib.parse import parse_qs, urlencode
+
+from host_tools import fleetview, metrics, query, series
+from host_tools.hostconfig import HostConfig
+from host_tools.query import QueryError, iso
+from host_tools.store import Store
+
+log = logging.getLogger("pansketch.serve")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STATIC = os.path.join(HERE, "static")
+TEMPLATES = os.path.join(HERE, "templates")
+
+MAX_ITEMS = 12
+MAX_ITEM_LEN = 1000
+MAX_CANDIDATES = 200_000
+MAX_LINES = 40
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22")
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+class BadRequest(Exception):
+    pass
+
+
+class Params:
+    """Query-string parameters (GET forms); everything is text until parsed here."""
+
+    def __init__(self, qs: str) -> None:
+        try:
+            self.raw = parse_qs(qs, keep_blank_values=False, strict_parsing=False, max_num_fields=500)
+        except ValueError as exc:
+            raise BadRequest(str(exc))
+
+    def get(self, k: str, default: Optional[str] = None) -> Optional[str]:
+        v = self.raw.get(k)
+        return v[-1].strip() if v else default
+
+    def all(self, k: str) -> list[str]:
+        return [x for x in self.raw.get(k, []) if x.strip()]
+
+    def flag(self, k: str) -> bool:
+        return (self.get(k) or "").lower() in ("1", "on", "true", "yes")
+
+    def int(self, k: str, default: Optional[int], lo: int, hi: int) -> Optional[int]:
+        v = self.get(k)
+        if v is None or v == "":
+            return default
+        try:
+            x = int(v, 10)
+        except ValueError:
+            raise BadRequest("%s: not an integer: %r" % (k, v[:40]))
+        if not lo <= x <= hi:
+            raise BadRequest("%s: must be in [%d, %d]" % (k, lo, hi))
+        return x
+
+    def time(self, k: str) -> Optional[float]:
+        v = self.get(k)
+        if not v:
+            return None
+        try:
+            return query.parse_time(v)
+        except ValueError as exc:
+            raise BadRequest("%s: %s" % (k, exc))
+
+    def confidence(self, default: float) -> float:
+        v = self.get("confidence")
+        if not v:
+            return default
+        try:
+            c = float(v)
+        except ValueError:
+            raise BadRequest("confidence: not a number")
+        if not 0.5 <= c < 1 or math.isnan(c):
+            raise BadRequest("confidence must be in [0.5, 1)")
+        return c
+
+    def items(self, as_int: bool) -> list[Any]:
+        vals = list(self.all("item"))
+        for block in self.all("items"):
+            vals += [x.strip() for x in block.splitlines() if x.strip()]
+        out: list[Any] = []
+        for v in vals:
+            if len(v) > MAX_ITEM_LEN:
+                raise BadRequest("item longer than %d characters" % MAX_ITEM_LEN)
+            if as_int:
+                try:
+                    out.append(int(v, 10))
+                except ValueError:
+                    raise BadRequest("%r is not an integer (untick 'integer items')" % v[:40])
+            else:
+                out.append(v)
+        out = list(dict.fromkeys(out))
+        if len(out) > MAX_ITEMS:
+            raise BadRequest("at most %d items at once" % MAX_ITEMS)
+        return out
+
+    def link(self, **over: Any) -> str:
+        d = {k: list(v) for k, v in self.raw.items()}
+        for k, v in over.items():
+            if v is None:
+                d.pop(k, None)
+            else:
+                d[k] = v if isinstance(v, list) else [str(v)]
+        return urlencode([(k, x) for k, vs in d.items() for x in vs])
+
+
+def _num(x: Optional[float]) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float) and math.isinf(x):
+        return "−∞" if x < 0 else "+∞"
+    if float(x).is_integer():
+        return "%d" % x
+    return "%.1f" % x
+
+
+def _ago(t: Optional[float], now: float) -> str:
+    if t is None:
+        return ""
+    s = int(now - t)
+    sign = "in " if s < 0 else ""
+    s = abs(s)
+    if s < 120:
+        txt = "%ds" % s
+    elif s < 7200:
+        txt = "%dm" % (s // 60)
+    elif s < 172800:
+        txt = "%dh" % (s // 3600)
+    else:
+        txt = "%dd" % (s // 86400)
+    return sign + txt + ("" if sign else " ago")
+
+
+def _pct(c: float) -> str:
+    p = 100 * c
+    return ("%d%%" % p) if abs(p - round(p)) < 1e-9 else ("%.1f%%" % p)
+
+
+class Dashboard:
+    """WSGI app over the store of ``cfg``; see the module docstring."""
+
+    def __init__(self, cfg: HostConfig, token: Optional[str] = None, candidates: Optional[list[Any]] = None,
+                 candidates_name: Optional[str] = None, int_items: bool = False) -> None:
+        import jinja2
+
+        self.cfg = cfg
+        self.db = cfg.aggregator.db
+        self.salt = cfg.fleet.salt
+        self.delta = cfg.query.delta
+        self.confidence = cfg.query.confidence
+        self.token = token or None
+        self.candidates = candidates
+        self.candidates_name = candidates_name
+        self.int_items = int_items
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self.env.filters.update(num=_num, iso=iso, pct=_pct)
+        self.registry: Any = None
+        self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
+            "/": self.page_fleet, "/item": self.page_item, "/topk": self.page_topk,
+            "/api/status": self.api_status, "/api/series": self.api_series, "/api/topk": self.api_topk,
+            "/api/freq": self.api_freq, "/metrics": self.metrics, "/healthz": self.healthz,
+        }
+
+    # -- WSGI ------------------------------------------------------------
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        if method not in ("GET", "HEAD"):
+            return self._send(start_response, method, "405 Method Not Allowed",
+                              [("Allow", "GET, HEAD"), ("Content-Type", "text/plain; charset=utf-8")],
+                              b"read-only: only GET and HEAD are served\n")
+        if self.token is not None and not self._authorized(environ.get("HTTP_AUTHORIZATION", "")):
+            return self._send(start_response, method, "401 Unauthorized",
+                              [("WWW-Authenticate", 'Basic realm="pansketch", charset="UTF-8"'),
+                               ("Content-Type", "text/plain; charset=utf-8")], b"authentication required\n")
+        path = environ.get("PATH_INFO") or "/"
+        if path.startswith("/static/"):
+            return self._static(start_response, method, path[len("/static/"):])
+        handler = self.routes.get(path)
+        if handler is None:
+            return self._send(start_response, method, "404 Not Found", [("Content-Type", "text/html; charset=utf-8")],
+                              self._render("error.html", title="not found", status=404,
+                                           message="no page at %s" % path[:200]))
+        api = path.startswith("/api/")
+        try:
+            params = Params(environ.get("QUERY_STRING", ""))
+            status, headers, body = handler(params)
+        except BadRequest as exc:
+            status, headers, body = self._error(400, str(exc), api)
+        except QueryError as exc:
+            status, headers, body = self._error(404 if "no releases" in str(exc) else 422, str(exc), api)
+        except FileNotFoundError as exc:
+            status, headers, body = self._error(503, str(exc), api)
+        except Exception:
+            log.exception("request %s failed", path)
+            status, headers, body = self._error(500, "internal error (see the server log)", api)
+        return self._send(start_response, method, status, headers, body)
+
+    def _send(self, start_response: Any, method: str, status: str, headers: list[tuple[str, str]],
+              body: bytes) -> list[bytes]:
+        h = list(headers) + [("Content-Length", str(len(body))), ("X-Content-Type-Options", "nosniff"),
+                             ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")]
+        if not any(k == "Cache-Control" for k, _ in h):
+            h.append(("Cache-Control", "no-store"))
+        if any(k == "Content-Type" and v.startswith("text/html") for k, v in h):
+            h.append(("Content-Security-Policy", CSP))
+        start_response(status, h)
+        return [b""] if method == "HEAD" else [body]
+
+    def _authorized(self, header: str) -> bool:
+        assert self.token is not None
+        want = self.token.encode("utf-8")
+        scheme, _, value = header.partition(" ")
+        scheme = scheme.lower()
+        if scheme == "bearer":
+            got = value.strip().encode("utf-8")
+        elif scheme == "basic":
+            try:
+                got = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+            except (ValueError, TypeError):
+                return False
+        else:
+            return False
+        return hmac.compare_digest(got, want)
+
+    def _static(self, start_response: Any, method: str, rel: str) -> list[bytes]:
+        full = os.path.realpath(os.path.join(STATIC, rel))
+        if not full.startswith(os.path.realpath(STATIC) + os.sep) or not os.path.isfile(full):
+            return self._send(start_response, method, "404 Not Found", [("Content-Type", "text/plain")], b"not found\n")
+        with open(full, "rb") as f:
+            body = f.read()
+        ctype = mimetypes.guess_type(full)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        return self._send(start_response, method, "200 OK",
+                          [("Content-Type", ctype), ("Cache-Control", "public, max-age=3600")], body)
+
+    # -- helpers ----------------------------------------------------------
+    def _render(self, name: str, **ctx: Any) -> bytes:
+        ctx.setdefault("now", time.time())
+        ctx.setdefault("refresh", None)
+        ctx.setdefault("db", self.db)
+        ctx.setdefault("ago", lambda t: _ago(t, ctx["now"]))
+        return self.env.get_template(name).render(**ctx).encode("utf-8")
+
+    def _html(self, name: str, **ctx: Any) -> tuple[str, list[tuple[str, str]], bytes]:
+        return "200 OK", [("Content-Type", "text/html; charset=utf-8")], self._render(name, **ctx)
+
+    @staticmethod
+    def _json(obj: Any, status: str = "200 OK") -> tuple[str, list[tuple[str, str]], bytes]:
+        body = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str).encode("utf-8")
+        return status, [("Content-Type", "application/json; charset=utf-8")], body
+
+    def _error(self, code: int, msg: str, api: bool) -> tuple[str, list[tuple[str, str]], bytes]:
+        reason = {400: "Bad Request", 404: "Not Found", 422: "Unprocessable Entity", 500: "Internal Server Error",
+                  503: "Service Unavailable"}[code]
+        status = "%d %s" % (code, reason)
+        if api:
+            return self._json({"error": msg, "status": code}, status)
+        return status, [("Content-Type", "text/html; charset=utf-8")], self._render(
+            "error.html", title=reason.lower(), status=code, message=msg)
+
+    @contextmanager
+    def _store(self) -> Iterator[Store]:
+        st = Store(self.db, readonly=True)
+        try:
+            yield st
+        finally:
+            st.close()
+
+    def _salt(self) -> str:
+        if not self.salt:
+            raise BadRequest("the host config has no [fleet] salt: item queries need it (salt_id alone cannot hash)")
+        return self.salt
+
+    def _devices(self, st: Store) -> list[str]:
+        return [r[0] for r in st.device_activity()]
+
+    def _selection(self, p: Params) -> dict[str, Any]:
+        window = p.int("window", None, 0, 1 << 40)
+        since, until = p.time("since"), p.time("until")
+        if window is not None and (since is not None or until is not None):
+            raise BadRequest("give either a window id or a time range, not both")
+        devs = p.all("device")
+        return {"window": window, "since": since, "until": until, "device": devs or None}
+
+    # -- fleet --------------------------------------------------------------
+    def _fleet(self, p: Params) -> dict[str, Any]:
+        windows = p.int("windows", 12, 1, 500)
+        with self._store() as st:
+            return fleetview.fleet(st, self.delta, time.time(), windows or 12)
+
+    def page_fleet(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        try:
+            f = self._fleet(p)
+        except FileNotFoundError as exc:
+            return self._html("empty.html", title="fleet", message=str(exc))
+        shown = [k for k in fleetview.DELIVERY if f["delivery_reported"][k]]
+        return self._html("fleet.html", title="fleet", f=f, shown_delivery=shown,
+                          refresh=p.int("refresh", None, 5, 86400))
+
+    def api_status(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        return self._json(self._fleet(p))
+
+    # -- item series --------------------------------------------------------
+    def _series(self, p: Params) -> tuple[Optional[series.Series], dict[str, Any]]:
+        as_int = p.flag("int") or (self.int_items and p.get("int") is None)
+        items = p.items(as_int)
+        conf = p.confidence(self.confidence)
+        since, until = p.time("since"), p.time("until")
+        devs = p.all("device")
+        per_device = p.flag("per_device")
+        step = p.int("step", None, 1, 10 * 366 * 86400)
+        limit = p.int("buckets", 500, 1, series.MAX_BUCKETS)
+        form = {"items": items, "device": devs, "per_device": per_device, "since": p.get("since") or "",
+                "until": p.get("until") or "", "step": step or "", "confidence": conf, "int": as_int,
+                "buckets": limit}
+        if not items:
+            return None, form
+        with self._store() as st:
+            s = series.series(st, items, salt=self._salt(), since=since, until=until, device=devs or None,
+                              per_device=per_device, step=step, confidence=conf, limit=limit or 500)
+        if len(s.lines) > MAX_LINES:
+            raise BadRequest("%d lines (items x devices): at most %d; pick fewer items or devices"
+                             % (len(s.lines), MAX_LINES))
+        return s, form
+
+    @staticmethod
+    def _chart(s: series.Series) -> dict[str, Any]:
+        xs = [(p.t0 + p.t1) / 2 for p in s.lines[0].points] if s.lines else []
+        lines = []
+        for i, ln in enumerate(s.lines):
+            est, lo, hi, zero = [], [], [], []
+            for p in ln.points:
+                a = p.answer
+                fin = a is not None and math.isfinite(a.lo) and math.isfinite(a.hi)
+                est.append(a.estimate if a is not None else None)
+                lo.append(a.lo if fin else None)
+                hi.append(a.hi if fin else None)
+                zero.append(a.estimate if a is not None and p.includes_zero else None)
+            lines.append({"label": ln.label, "color": PALETTE[i % len(PALETTE)], "est": est, "lo": lo, "hi": hi,
+                          "zero": zero})
+        partial = [any(ln.points[k].missing_devices for ln in s.lines) for k in range(len(xs))]
+        return {"x": xs, "lines": lines, "confidence": s.confidence, "step": s.step, "partial": partial}
+
+    def page_item(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        try:
+            with self._store() as st:
+                known = self._devices(st)
+        except FileNotFoundError as exc:
+            return self._html("empty.html", title="item", message=str(exc))
+        s, form = self._series(p)
+        rows = []
+        if s is not None:
+            for i, ln in enumerate(s.lines):
+                for pt in ln.points:
+                    rows.append({"line": ln, "color": PALETTE[i % len(PALETTE)], "p": pt})
+        return self._html("item.html", title="item", s=s, form=form, known=known, rows=rows,
+                          chart=self._chart(s) if s is not None else None, params=p)
+
+    def api_series(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        s, _form = self._series(p)
+        if s is None:
+            raise BadRequest("give at least one item= parameter")
+        return self._json(s.to_dict())
+
+    def api_freq(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        as_int = p.flag("int") or (self.int_items and p.get("int") is None)
+        items = p.items(as_int)
+        if not items:
+            raise BadRequest("give at least one item= parameter")
+        sel = self._selection(p)
+        with self._store() as st:
+            ans = query.freq(st, items, salt=self._salt(), confidence=p.confidence(self.confidence), **sel)
+        return self._json({"answers": [a.to_dict() for a in ans]})
+
+    # -- top-k ----------------------------------------------------------------
+    def _candidates(self, p: Params, as_int: bool) -> tuple[Optional[list[Any]], str]:
+        block = "\n".join(p.all("candidates"))
+        if block:
+            cands = []
+            for line in block.splitlines():
+                x = line.split("\t", 1)[0].strip()
+                if not x:
+                    continue
+                if as_int:
+                    try:
+                        cands.append(int(x, 10))
+                    except ValueError:
+                        raise BadRequest("candidate %r is not an integer" % x[:40])
+                else:
+                    cands.append(x)
+                if len(cands) > MAX_CANDIDATES:
+                    raise BadRequest("at most %d candidates" % MAX_CANDIDATES)
+            return cands, "the %d candidates given" % len(cands)
+        if self.candidates is not None:
+            return self.candidates, "%d candidates from %s" % (len(self.candidates), self.candidates_name or "the server")
+        return None, ""
+
+    def _topk(self, p: Params) -> tuple[Optional[list[query.Answer]], dict[str, Any]]:
+        as_int = p.flag("int") or (self.int_items and p.get("int") is None)
+        k = p.int("k", 10, 1, 1000) or 10
+        conf = p.confidence(self.confidence)
+        sel = self._selection(p)
+        cands, source = self._candidates(p, as_int)
+        form = {"k": k, "confidence": conf, "window": p.get("window") or "", "since": p.get("since") or "",
+                "until": p.get("until") or "", "device": p.all("device"), "int": as_int, "source": source,
+                "server_candidates": self.candidates is not None, "candidates": "\n".join(p.all("candidates"))}
+        if cands is None:
+            return None, form
+        with self._store() as st:
+            ans = query.topk(st, cands, k, salt=self._salt(), confidence=conf, **sel)
+        return ans, form
+
+    @staticmethod
+    def _bars(ans: list[query.Answer]) -> dict[str, Any]:
+        """Geometry of the horizontal bar chart (SVG drawn by the template): bar = estimate, whisker = interval."""
+        fin = [x for a in ans for x in (a.lo, a.hi, a.estimate, 0.0) if math.isfinite(x)]
+        lo, hi = min(fin), max(fin)
+        if hi <= lo:
+            hi = lo + 1
+        left, width, row = 260, 560, 24
+
+        def sx(v: float) -> float:
+            v = min(max(v, lo), hi)
+            return round(left + (v - lo) / (hi - lo) * width, 1)
+
+        bars = []
+        for i, a in enumerate(ans):
+            y = 10 + i * row
+            x0, xe = sx(0.0), sx(a.estimate)
+            bars.append({"y": y, "x": min(x0, xe), "w": max(1.0, abs(xe - x0)), "lo": sx(a.lo), "hi": sx(a.hi),
+                         "est": xe, "item": str(a.item), "zero": a.lo <= 0 <= a.hi,
+                         "lo_inf": not math.isfinite(a.lo), "hi_inf": not math.isfinite(a.hi)})
+        ticks = []
+        step = 10 ** math.floor(math.log10(max(1e-9, (hi - lo) / 4)))
+        for m in (1, 2, 5, 10):
+            if (hi - lo) / (step * m) <= 6:
+                step *= m
+                break
+        t = math.ceil(lo / step) * step
+        while t <= hi:
+            ticks.append({"x": sx(t), "label": _num(t)})
+            t += step
+        return {"bars": bars, "ticks": ticks, "zero": sx(0.0), "height": 20 + len(ans) * row, "left": left,
+                "right": left + width, "width": left + width + 20}
+
+    def page_topk(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        try:
+            with self._store() as st:
+                known = self._devices(st)
+        except FileNotFoundError as exc:
+            return self._html("empty.html", title="top-k", message=str(exc))
+        ans, form = self._topk(p)
+        compare = None
+        if ans:
+            compare = urlencode([("item", str(a.item)) for a in ans[:5]] + [("device", d) for d in form["device"]]
+                                + ([("int", "1")] if form["int"] else []))
+        return self._html("topk.html", title="top-k", ans=ans, form=form, known=known,
+                          chart=self._bars(ans) if ans else None, compare=compare)
+
+    def api_topk(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        ans, form = self._topk(p)
+        if ans is None:
+            raise BadRequest("no candidates: give candidates=... (one per line) or start serve with --candidates FILE")
+        return self._json({"candidates": form["source"], "answers": [a.to_dict() for a in ans]})
+
+    # -- metrics and health ---------------------------------------------------
+    def metrics(self, _p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        from prometheus_client import generate_latest
+
+        if self.registry is None:
+            self.registry = metrics.store_registry(self.db, self.delta)
+        return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], generate_latest(self.registry)
+
+    def healthz(self, _p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
+        ok = os.path.exists(self.db)
+        return self._json({"ok": ok, "db": self.db}, "200 OK" if ok else "503 Service Unavailable")
