@@ -43,15 +43,27 @@ def bernoulli_exp(rng, num, den):
     if num < 0 or den <= 0:
         raise ValueError("bernoulli_exp needs num >= 0 and den > 0")
     if num <= den:
+        # A_k ~ Bernoulli(gamma/k) = [randbelow(den*k) < num] until one fails
+        # (rng.randbelow(...) directly: a cached bound method allocates on MicroPython)
         k = 1
-        while rng.bernoulli(num, den * k):
+        dk = den
+        while rng.randbelow(dk) < num:
             k += 1
+            dk += den
         return (k & 1) == 1
     whole = num // den
     for _ in range(whole):
-        if not bernoulli_exp(rng, 1, 1):
+        if not _bexp1(rng):
             return False
     return bernoulli_exp(rng, num - whole * den, den)
+
+
+def _bexp1(rng):
+    """Bernoulli(exp(-1)): bernoulli_exp(rng, 1, 1) with the same draws."""
+    k = 1
+    while rng.randbelow(k) < 1:
+        k += 1
+    return (k & 1) == 1
 
 
 def discrete_laplace(rng, s_num, s_den=1):
@@ -78,11 +90,11 @@ def _dlap(rng, s_num, s_den):
         if not bernoulli_exp(rng, u, t):
             continue
         v = 0
-        while bernoulli_exp(rng, 1, 1):
+        while _bexp1(rng):
             v += 1
         x = u + t * v
         y = x // s
-        negative = rng.bernoulli(1, 2)
+        negative = rng.randbelow(2) < 1
         if negative and y == 0:
             continue
         return -y if negative else y

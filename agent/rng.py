@@ -90,6 +90,10 @@ def bit_length(n):
     return k
 
 
+# CPython has int.bit_length; MicroPython does not (same values either way)
+_BIT_LENGTH = hasattr(0, "bit_length")
+
+
 class Rng:
     """Exact uniform integers drawn from a byte source.
 
@@ -118,13 +122,15 @@ class Rng:
         self._zero = bytes(self.CHUNK)
         self._pos = self.CHUNK  # == CHUNK: nothing buffered
 
+    def _fill(self):
+        data = self.source.read(self.CHUNK)
+        if len(data) != self.CHUNK:
+            raise NoEntropyError("byte source returned %d bytes" % len(data))
+        self._buf[:] = data
+
     def _byte(self):
         if self._pos >= self.CHUNK:
-            data = self.source.read(self.CHUNK)
-            if len(data) != self.CHUNK:
-                raise NoEntropyError("byte source returned %d bytes" % len(data))
-            self._buf[:] = data
-            data = None
+            self._fill()
             self._pos = 0
         b = self._buf[self._pos]
         self._pos += 1
@@ -137,10 +143,17 @@ class Rng:
 
     def randbits(self, k):
         """Uniform integer in [0, 2**k)."""
-        v = 0
         nbytes = (k + 7) >> 3
+        buf = self._buf
+        pos = self._pos
+        v = 0
         for _ in range(nbytes):
-            v = (v << 8) | self._byte()
+            if pos >= self.CHUNK:
+                self._fill()
+                pos = 0
+            v = (v << 8) | buf[pos]
+            pos += 1
+        self._pos = pos
         extra = nbytes * 8 - k
         if extra:
             v >>= extra
@@ -152,9 +165,34 @@ class Rng:
             if m == 1:
                 return 0
             raise ValueError("randbelow needs m >= 1")
-        k = bit_length(m - 1)
+        k = (m - 1).bit_length() if _BIT_LENGTH else bit_length(m - 1)
+        buf = self._buf
+        chunk = self.CHUNK
+        if k <= 8:  # one byte per try: the common case in the samplers
+            shift = 8 - k
+            while True:
+                pos = self._pos
+                if pos >= chunk:
+                    self._fill()
+                    pos = 0
+                self._pos = pos + 1
+                v = buf[pos] >> shift
+                if v < m:
+                    return v
+        nbytes = (k + 7) >> 3
+        extra = nbytes * 8 - k
         while True:
-            v = self.randbits(k)
+            pos = self._pos
+            v = 0
+            for _ in range(nbytes):
+                if pos >= chunk:
+                    self._fill()
+                    pos = 0
+                v = (v << 8) | buf[pos]
+                pos += 1
+            self._pos = pos
+            if extra:
+                v >>= extra
             if v < m:
                 return v
 
