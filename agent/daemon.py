@@ -134,6 +134,7 @@ class Agent:
 
     def pump(self) -> bool:
         """Count events and tick the clock until stopped (False) or end of input (True)."""
+        from agent.batch import add_batch
         from agent.sources import EOF, SourceFailed
 
         tick_real = self.clock.seconds(1.0)
@@ -164,7 +165,7 @@ class Agent:
                         self.tick()
                         next_tick = max(next_tick + tick_real, time.monotonic())
                 items, weights = batch
-                self.rec.add_many(items, weights)  # counters wrap mod 2^32: never refused
+                self.rec.add_many(items, weights, adder=add_batch)  # numpy path; counters wrap mod 2^32
                 del items, weights, batch
         return False
 

@@ -90,12 +90,8 @@ class Sketch:
             return -c
         return weight
 
-    def update(self, item, weight=1):
-        """Add one event (weight clipped to [-clip, clip])."""
-        if weight != 1:
-            weight = self.clip_weight(weight)
-            if not weight:
-                return
+    def digest(self, item):
+        """``hashing.digest(prefix, item, d)``, with the text shortcut when it applies."""
         if self._ps is not None and type(item) is str:
             if self._hs is not None:
                 h = self._hs.copy()
@@ -103,9 +99,16 @@ class Sketch:
             else:
                 h = hashlib.sha256(self._ps)
                 h.update(item)
-            self.add_stream(h.digest(), weight)
-        else:
-            self.add_stream(hashing.digest(self.prefix, item, self.d), weight)
+            return h.digest()
+        return hashing.digest(self.prefix, item, self.d)
+
+    def update(self, item, weight=1):
+        """Add one event (weight clipped to [-clip, clip])."""
+        if weight != 1:
+            weight = self.clip_weight(weight)
+            if not weight:
+                return
+        self.add_stream(self.digest(item), weight)
 
     def add_stream(self, stream, weight):
         """Add ``weight`` (already clipped or pre-aggregated) for a hash stream.
@@ -170,13 +173,11 @@ class Sketch:
                 elif v < -c:
                     v = -c
                 agg[x] = agg.get(x, 0) + v
-        prefix = self.prefix
-        d = self.d
         for x in agg:
             v = agg[x]
             if v:
-                self.add_stream(hashing.digest(prefix, x, d), v)
-        agg.clear()
+                self.add_stream(self.digest(x), v)
+        agg.clear()  # the batch's exact per-item totals must not outlive the call
 
     def merge(self, other):
         """Add another sketch with identical parameters (linearity, mod 2**32)."""
