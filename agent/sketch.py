@@ -108,6 +108,32 @@ class Sketch:
             weight = self.clip_weight(weight)
             if not weight:
                 return
+        hs = self._hs
+        if hs is not None and type(item) is str:
+            # CPython, text item: digest and add_stream inlined (the hot path)
+            h = hs.copy()
+            h.update(item.encode())
+            a = self.counters
+            w = self.w
+            i = 0
+            if self.signed:
+                for u in self._words(h.digest()):
+                    v = -weight if u >> 31 else weight
+                    try:
+                        a[i + (u & 0x3FFFFFFF) % w] += v
+                    except OverflowError:
+                        j = i + (u & 0x3FFFFFFF) % w
+                        a[j] = wrap32(a[j] + v)
+                    i += w
+            else:
+                for u in self._words(h.digest()):
+                    try:
+                        a[i + (u & 0x3FFFFFFF) % w] += weight
+                    except OverflowError:
+                        j = i + (u & 0x3FFFFFFF) % w
+                        a[j] = wrap32(a[j] + weight)
+                    i += w
+            return
         self.add_stream(self.digest(item), weight)
 
     def add_stream(self, stream, weight):

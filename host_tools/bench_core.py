@@ -77,6 +77,30 @@ def bench_cpython(n: int) -> dict[str, Any]:
 
         res[kind + "_per_event_eps"] = n / best_of(per_event, 1)
         res[kind + "_batch_eps"] = n / best_of(batch)
+    try:  # the peer of issue 10: Apache DataSketches' Count-Min, per event from Python
+        from datasketches import count_min_sketch
+
+        rounds = []
+        for _ in range(3):  # interleaved with ours, so both see the same machine load
+            def ds_per_event() -> None:
+                c = count_min_sketch(4, 2048)
+                u = c.update
+                for x in items:
+                    u(x)
+
+            def ours_per_event() -> None:
+                s = Sketch("cms", 4, 2048, prefix)
+                u = s.update
+                for x in items:
+                    u(x)
+
+            rounds.append((best_of(ds_per_event, 1), best_of(ours_per_event, 1)))
+        ds_t = min(r[0] for r in rounds)
+        ours_t = min(r[1] for r in rounds)
+        res["datasketches_cms_per_event_eps"] = n / ds_t
+        res["cms_per_event_vs_datasketches"] = ds_t / ours_t
+    except ImportError:  # pip install datasketches to compare
+        pass
     try:
         from host_tools import fasthash
 
@@ -161,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                 "cs_per_event_eps", "cs_batch_eps", "numpy_host_eps"):
         if key in c:
             print("  %-28s %12.0f %9.3fx" % (key[:-4], c[key], c[key] / base))
+    if "cms_per_event_vs_datasketches" in c:
+        print("  Count-Min per event vs DataSketches count_min_sketch(4, 2048) per event: %.3fx (%.0f vs %.0f events/s)"
+              % (c["cms_per_event_vs_datasketches"], c["datasketches_cms_per_event_eps"] * c["cms_per_event_vs_datasketches"],
+                 c["datasketches_cms_per_event_eps"]))
     print("  release d=4 w=1024: %d bytes, encode %.2f ms" % (c["release_bytes_d4_w1024"], c["release_encode_ms"]))
     if not a.no_mp:
         print("MicroPython VM: 10000 events, d=4 w=1024 keep ...", flush=True)
