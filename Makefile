@@ -87,8 +87,17 @@ demo: setup-demo
 test: setup-mpvm setup-python
 	$(VPY) -m pytest -q
 
-bench: $(STAMP)-core
+$(STAMP)-bench: pyproject.toml $(STAMP)-core
+	$(VPY) -m pip install -q -e ".[web,bench]"
+	@touch $@
+
+# Figures into bench-results/: device core (vs DataSketches per event),
+# samplers (vs their textbook transcription), feed (whole processes vs a
+# DataSketches stdin reader; needs mosquitto).
+bench: $(STAMP)-bench
 	$(VPY) -m host_tools.bench_core
+	$(VPY) -m host_tools.bench_samplers
+	$(VPY) -m host_tools.bench_feed
 
 clean:
 	rm -rf bench-results .pytest_cache
