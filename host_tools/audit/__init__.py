@@ -1,0 +1,18 @@
+"""``pansketch audit``: an empirical lower bound on ε for the real device code path.
+
+Modules (docs/PRIVACY.md, "Empirical audit"):
+
+* :mod:`.scenarios` -- neighbouring streams: one event of weight ±clip on a
+  target item, placed around persists, restarts, flushes and outbox failures;
+  a registry per release mode (a new mode adds its scenarios there);
+* :mod:`.device` -- runs the real :class:`agent.recorder.Recorder` on a
+  scenario and records the intruder's view (every attribute of Recorder,
+  Sketch and Rng at each moment, every ``state.bin`` version, every release
+  read back from the outbox with cbor2) and the bytes of the CSPRNG;
+* :mod:`.model` -- learns from real runs how the view is built from the noise
+  draws (exactly: view = exact part + C · draws), verifies it bit for bit on
+  fresh real runs, and samples it fast;
+* :mod:`.distinguish` -- likelihood-ratio tests on the touched cells;
+* :mod:`.stats` -- Clopper–Pearson and the ε lower bound of Jagielski et al. 2020;
+* :mod:`.report` and :mod:`.cli` -- the table, JSON lines and the subcommand.
+"""

@@ -1,0 +1,254 @@
+"""Run the real device core on a scenario and record everything an intruder can read.
+
+Nothing here re-implements the device: :func:`run` drives
+:class:`agent.recorder.Recorder` (the module a board runs) through the
+scenario's operations, on a real directory (``state.bin``, ``released``,
+``outbox/``), and after every operation records
+
+* every attribute of the Recorder, its Sketch and its Rng (the "RAM"):
+  ``array('i')`` attributes as integer arrays (the accumulator, the scratch
+  buffer, and any array a future version adds), byte buffers as bytes (the
+  Rng's CSPRNG buffer), everything else as its ``repr``;
+* every version of ``state.bin`` written so far (a copy-on-write flash keeps
+  stale copies: the intruder gets them all);
+
+and at the end every release, read back from the outbox with ``cbor2`` (the
+bytes a broker would receive). The CSPRNG bytes each ``Rng`` reads are
+recorded (:class:`RecordingSource`), so :func:`decode_draws` can replay them
+through the device's own samplers and name every noise draw.
+"""
+
+from __future__ import annotations
+
+import array
+import copy
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import cbor2
+import numpy as np
+
+from agent import hashing, storage
+from agent.params import Params
+from agent.recorder import Recorder
+from agent.rng import NoEntropyError, Rng
+
+from host_tools.audit.scenarios import Scenario
+
+# Recorder/Sketch/Rng attributes that are objects, not data (they are walked
+# separately or hold no state of the data: config, log function, file paths).
+_SKIP = {"p", "rng", "sketch", "log", "outbox", "source"}
+
+
+class RecordingSource:
+    """A byte source that keeps a copy of every byte it hands out (audit only)."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.data = bytearray()
+
+    def read(self, n: int) -> bytes:
+        b = self.base.read(n)
+        self.data += b
+        return b
+
+
+class ReplaySource:
+    """Replays recorded bytes; short reads at the end make the Rng raise NoEntropyError."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+
+def _rng_state(rng: Rng) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in rng.__dict__.items() if k != "source"))
+
+
+@dataclass
+class Decoded:
+    """Noise draws of one Rng instance, in order, and the Rng state after each."""
+
+    draws: list[int]
+    states: list[tuple[int, tuple]]  # (bytes consumed, rng state) after 0, 1, ... draws
+
+
+def decode_draws(spec: Any, data: bytes) -> Decoded:
+    """Replay recorded CSPRNG bytes through the device's sampler (``spec.sample``).
+
+    The samplers consume bytes in a fixed order, so this names every draw the
+    device made, in order. Stops when the bytes run out.
+    """
+    src = ReplaySource(data)
+    rng = Rng(src)
+    draws: list[int] = []
+    states = [(0, _rng_state(rng))]
+    while True:
+        try:
+            x = spec.sample(rng)
+        except NoEntropyError:
+            break
+        draws.append(x)
+        states.append((src.pos, _rng_state(rng)))
+    return Decoded(draws, states)
+
+
+@dataclass
+class Moment:
+    """The device between two calls: what one intrusion reads from RAM."""
+
+    label: str
+    arrays: dict[str, np.ndarray]  # array('i') attributes (int64 copies)
+    buffers: dict[str, bytes]  # byte-buffer attributes
+    meta: dict[str, str]  # every other attribute, as repr
+    n_flash: int  # state.bin versions written so far
+    rng: Rng  # a copy of the Rng without its source (for prediction)
+    instance: int  # which Rng instance (boots) is live
+    consumed: int  # bytes that instance's source has handed out
+
+
+@dataclass
+class Run:
+    moments: list[Moment]
+    flash: list[np.ndarray]
+    flash_meta: list[tuple]
+    releases: list[np.ndarray]
+    release_meta: list[dict[str, Any]]
+    streams: list[bytes]
+    cells: list[tuple[int, int]] = field(default_factory=list)  # (index, sign) of the target's cells
+
+
+def target_item(p: Params) -> str:
+    """A target item whose row-0 cell is cell 0 (the first draw of every noise array).
+
+    Any item is a valid target; this one also exposes the Rng-buffer attack of
+    issue 13 (a kept tail predicts the next draw, which is cell 0's).
+    """
+    prefix = hashing.salt_prefix(p.salt)
+    for i in range(100000):
+        item = "audit-target-%d" % i
+        if hashing.columns(prefix, item, p.d, p.w)[0][0] == 0:
+            return item
+    raise RuntimeError("no target item found")
+
+
+def target_cells(p: Params, item: str) -> list[tuple[int, int]]:
+    prefix = hashing.salt_prefix(p.salt)
+    signed = p.kind == "cs"
+    return [(r * p.w + c, s if signed else 1) for r, (c, s) in enumerate(hashing.columns(prefix, item, p.d, p.w))]
+
+
+def _snapshot(label: str, rec: Recorder, n_flash: int, instance: int, src: RecordingSource, root: str) -> Moment:
+    arrays: dict[str, np.ndarray] = {}
+    buffers: dict[str, bytes] = {}
+    meta: dict[str, str] = {}
+    seen: set[int] = set()
+    for name, obj in (("rec", rec), ("sketch", rec.sketch), ("rng", rec.rng)):
+        for k, v in obj.__dict__.items():
+            if k in _SKIP or id(v) in seen:
+                continue
+            seen.add(id(v))
+            key = name + "." + k
+            if isinstance(v, array.array):
+                arrays[key] = np.array(v, dtype=np.int64)
+            elif isinstance(v, (bytes, bytearray)):
+                buffers[key] = bytes(v)
+            elif callable(v):
+                continue  # bound methods (the CPython struct reader): code, not data
+            else:
+                meta[key] = repr(v).replace(root, "<root>")  # the directory is the auditor's choice
+    r = copy.copy(rec.rng)
+    r.__dict__ = {k: copy.deepcopy(v) for k, v in rec.rng.__dict__.items() if k != "source"}
+    return Moment(label, arrays, buffers, meta, n_flash, r, instance, len(src.data))
+
+
+def _now(t0: int, epoch_s: int, at: Any) -> int:
+    return t0 + int(at * epoch_s)
+
+
+def run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], workdir: str | None = None) -> Run:
+    """Run scenario ``sc`` in world 0 (without the target event) or 1 (with it).
+
+    ``source_for(i)`` gives the byte source of the i-th Rng instance (one per
+    boot). Returns every array of the intruder's view.
+    """
+    base = workdir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+    root = tempfile.mkdtemp(prefix="pansketch-audit-", dir=base)
+    try:
+        return _run(p, sc, world, source_for, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], root: str) -> Run:
+    t0 = (1_700_000_000 // p.window_s) * p.window_s
+    quiet = lambda m: None  # noqa: E731
+    srcs = [RecordingSource(source_for(0))]
+    rec = Recorder(p, root, t0, rng=Rng(srcs[0]), log=quiet)
+    item = target_item(p)
+    flash: list[np.ndarray] = []
+    flash_meta: list[tuple] = []
+    last_flash = b""
+    buf = array.array("i", bytes(4 * p.d * p.w))
+    fail_dir = None
+    bg = 0
+
+    def read_flash() -> None:
+        nonlocal last_flash
+        path = storage.join(root, "state.bin")
+        if not storage.exists(path):
+            return
+        raw = storage.read(path)
+        if raw == last_flash:
+            return
+        last_flash = raw
+        meta = storage.read_state(path, rec._fp, buf)
+        flash.append(np.array(buf, dtype=np.int64))
+        flash_meta.append(meta)
+
+    moments = [_snapshot("boot", rec, 0, 0, srcs[0], root)]
+    for i, op in enumerate(sc.ops):
+        now = _now(t0, p.epoch_s, op.at)
+        if op.kind == "bg":
+            for j in range(3):
+                rec.add("audit-bg-%d" % (bg % 5), 1)
+                bg += 1
+        elif op.kind == "target":
+            if world == 1:
+                rec.add(item, sc.sign * p.clip)
+        elif op.kind == "persist":
+            rec.persist(now)
+        elif op.kind == "restart":
+            srcs.append(RecordingSource(source_for(len(srcs))))
+            rec = Recorder(p, root, now, rng=Rng(srcs[-1]), log=quiet)
+        elif op.kind == "tick":
+            rec.tick(now)
+        elif op.kind == "flush":
+            rec.flush(now)
+        elif op.kind == "outbox_fail":
+            # a directory where the release's temporary file must go: the
+            # write fails with an OSError, as on a full flash (even as root)
+            fail_dir = rec.outbox.path(rec.seq, ".tmp") + ".new"
+            os.mkdir(fail_dir)
+        elif op.kind == "outbox_heal":
+            if fail_dir is not None:
+                os.rmdir(fail_dir)
+                fail_dir = None
+        read_flash()
+        moments.append(_snapshot("after %s@%s" % (op.kind, op.at), rec, len(flash), len(srcs) - 1, srcs[-1], root))
+    ob = storage.Outbox(root)
+    releases: list[np.ndarray] = []
+    rmeta: list[dict[str, Any]] = []
+    for s in ob.pending():
+        m = cbor2.loads(ob.read(s))
+        releases.append(np.frombuffer(m["ctr"], dtype="<i4").astype(np.int64))
+        rmeta.append({k: v for k, v in m.items() if k != "ctr"})
+    return Run(moments, flash, flash_meta, releases, rmeta, [bytes(s.data) for s in srcs], target_cells(p, item))

@@ -1,0 +1,195 @@
+"""Distinguishers: likelihood-ratio tests on the touched cells.
+
+The adversary knows everything but the event (both neighbouring streams,
+the salt, the parameters, the mechanism): so it knows the exact part E of
+every array in both worlds and the structure C of the noise (model.py).
+A statistic is a ±1 combination u of at most three arrays of the view
+(as in ``tests/test_intruder_view.py``); on the d cells the target touches,
+
+    s_r = sum_i u_i (V_i - E_i(0))[cell_r] = world * m_r + sum_k a_k Z_k[cell_r],
+
+with m = u·δ (the event's trace) and a = u·C (the noise draws left in it).
+The proof of docs/PRIVACY.md says every event sits in one increment of the
+view carrying its own full-scale draw: the best u leaves exactly one draw
+(a = e_k) next to the event, and then the view is a bijective image of
+independent increments, so the likelihood ratio of that one statistic *is*
+the likelihood ratio of the whole view (the other increments have the same
+law in both worlds). Code that breaks the proof shows up as a u with fewer
+draws (none: an exact recovery) or a larger m.
+
+For each u the test is the Neyman–Pearson one: the log-likelihood ratio
+
+    LLR = sum_r log P_a(s_r - m_r) - log P_a(s_r)
+
+with P_a the exact pmf of sum_k a_k Z_k (convolution of the dlap or dgauss
+pmf), thresholded. When the intruder reads CSPRNG bytes in RAM that fix
+some future draws (issue 13's Rng tail), those draws are subtracted from
+s_r and removed from a before the LLR (:func:`llr_known`).
+
+Candidate statistics, the threshold and the scenario are chosen on a
+calibration set; FPR and FNR are then estimated on fresh trials
+(Jagielski et al. 2020; stats.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from host_tools.audit import stats
+from host_tools.audit.model import Model, Pmf, pmf_of
+
+
+@dataclass
+class Candidate:
+    view: str
+    moment: int | None
+    u: tuple[tuple[int, int], ...]  # (array index, coefficient)
+    a: np.ndarray  # (K,) noise coefficients left in the statistic
+    m: np.ndarray  # (d,) the event's trace on the touched cells
+    label: str
+    score: float
+
+
+def visible(model: Model, view: str, moment: int | None) -> list[int]:
+    """Indices of the arrays a view holds ('release': all releases; 'intrusion':
+    RAM at the moment, every state.bin version written by then, all releases)."""
+    if view == "release":
+        return list(model.release_idx)
+    label, ram, n_flash = model.moments[moment]
+    return list(ram) + list(model.flash_idx[:n_flash]) + list(model.release_idx)
+
+
+def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24) -> list[Candidate]:
+    """The most promising statistics of a view, best first (score = |m|^2 / |a|^2)."""
+    cells = [c for c, _ in model.cells]
+    sig = model.delta[:, cells]
+    moments: list[int | None] = [None] if view == "release" else list(range(len(model.moments)))
+    out: list[Candidate] = []
+    seen: set[tuple] = set()
+    for mo in moments:
+        vis = []
+        rows: set[tuple] = set()
+        for i in visible(model, view, mo):
+            key = (tuple(model.C[i]), tuple(sig[i]))
+            if key in rows or (not model.C[i].any() and not sig[i].any()):
+                continue  # a duplicate, or an array with no noise and no event (e.g. a wiped buffer)
+            rows.add(key)
+            vis.append(i)
+        found: list[Candidate] = []
+        for k in (1, 2, 3):
+            for idx in itertools.combinations(vis, k):
+                for signs in itertools.product((1, -1), repeat=k - 1):
+                    u = ((idx[0], 1),) + tuple(zip(idx[1:], signs))
+                    a = sum(c * model.C[i] for i, c in u)
+                    m = sum(c * sig[i] for i, c in u)
+                    if not np.any(m):
+                        continue
+                    na = float((a * a).sum())
+                    score = math.inf if na == 0 else float((m * m).sum()) / na
+                    found.append(Candidate(view, mo, u, a, m, _label(model, mo, u), score))
+        found.sort(key=lambda c: (-c.score, len(c.u)))
+        for c in found[:per_moment]:
+            key = (tuple(c.a), tuple(c.m))
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+    out.sort(key=lambda c: (-c.score, len(c.u)))
+    return out[:cap]
+
+
+def _name(model: Model, i: int) -> str:
+    key = model.keys[i]
+    if key[0] == "ram":
+        return "%s" % key[2]
+    return "%s[%d]" % key
+
+
+def _label(model: Model, mo: int | None, u: tuple[tuple[int, int], ...]) -> str:
+    terms = " ".join(("+" if c > 0 else "-") + _name(model, i) for i, c in u).lstrip("+")
+    where = "" if mo is None else " @ %s" % model.moments[mo][0]
+    return terms + where
+
+
+class LLR:
+    """Log-likelihood ratios of statistics, with the pmfs cached by noise pattern."""
+
+    def __init__(self, base: Pmf) -> None:
+        self.base = base
+        self._cache: dict[tuple[int, ...], Pmf] = {}
+
+    def pmf(self, a: np.ndarray) -> Pmf:
+        key = tuple(sorted(abs(int(x)) for x in a if x))
+        if key not in self._cache:
+            self._cache[key] = pmf_of(self.base, key)
+        return self._cache[key]
+
+    def llr(self, cand: Candidate, s: np.ndarray) -> np.ndarray:
+        """LLR of (T, d) statistics (no known draws): one pmf for all trials."""
+        P = self.pmf(cand.a)
+        return (P.logpmf(s - cand.m[None, :]) - P.logpmf(s)).sum(axis=1)
+
+    def llr_known(self, cand: Candidate, s: np.ndarray, known: list[dict[int, int]], cells: list[int], n: int) -> np.ndarray:
+        """LLR when the intruder knows some draws (global index k*n + cell -> value)."""
+        out = np.zeros(s.shape[0])
+        nzk = [k for k in range(len(cand.a)) if cand.a[k]]
+        for t in range(s.shape[0]):
+            tot = 0.0
+            for r, cell in enumerate(cells):
+                x = int(s[t, r])
+                a = cand.a.copy()
+                for k in nzk:
+                    g = k * n + cell
+                    if g in known[t]:
+                        x -= int(a[k]) * known[t][g]
+                        a[k] = 0
+                P = self.pmf(a)
+                tot += float(P.logpmf(np.array([x - int(cand.m[r])]))[0] - P.logpmf(np.array([x]))[0])
+            out[t] = tot
+        return out
+
+
+@dataclass
+class Test:
+    tau: float
+    eps: float  # Clopper–Pearson ε lower bound on the set it was measured on
+    fp: int
+    fn: int
+    n0: int
+    n1: int
+
+
+def counts(l0: np.ndarray, l1: np.ndarray, tau: float) -> tuple[int, int]:
+    """(false positives, false negatives) of 'world 1 iff LLR >= tau'."""
+    return int((l0 >= tau).sum()), int((l1 < tau).sum())
+
+
+def best_threshold(l0: np.ndarray, l1: np.ndarray, delta: float) -> Test:
+    """The threshold with the largest Clopper–Pearson ε bound on this (calibration) set.
+
+    All distinct LLR values are candidates (at most 400 quantiles when the
+    LLR is nearly continuous); a cheap upper-bound proxy ranks them and the
+    exact Clopper–Pearson bound decides among the best ten.
+    """
+    allv = np.unique(np.concatenate([l0, l1]))
+    if len(allv) > 400:
+        allv = np.unique(np.quantile(np.concatenate([l0, l1]), np.linspace(0, 1, 401)))
+    s0 = np.sort(l0)
+    s1 = np.sort(l1)
+    n0, n1 = len(l0), len(l1)
+    fp = n0 - np.searchsorted(s0, allv, side="left")
+    fn = np.searchsorted(s1, allv, side="left")
+    fpr = (fp + 2 + 2 * np.sqrt(fp + 1)) / n0
+    fnr = (fn + 2 + 2 * np.sqrt(fn + 1)) / n1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prox = np.maximum(np.log(np.clip(1 - delta - fnr, 1e-300, None) / fpr),
+                          np.log(np.clip(1 - delta - fpr, 1e-300, None) / fnr))
+    best = Test(math.inf, 0.0, 0, n1, n0, n1)
+    for j in np.argsort(-prox)[:10]:
+        e = stats.eps_lower_bound(int(fp[j]), n0, int(fn[j]), n1, delta)
+        if e > best.eps:
+            best = Test(float(allv[j]), e, int(fp[j]), int(fn[j]), n0, n1)
+    return best

@@ -1,0 +1,113 @@
+"""Neighbouring streams for the audit, one registry per release mode.
+
+A scenario is a timed list of operations on one device; the two neighbouring
+worlds run it with and without the ``target`` operation (one event of weight
+``sign * clip`` on the target item). Times are in epochs from an epoch-aligned
+start, so the same scenario serves ``window`` mode (epoch = window) and
+``keep`` mode. Every operation is a real device call:
+
+==============  ================================================================
+``bg``          ``Recorder.add`` of a few fixed background events
+``target``      ``Recorder.add(target, sign * clip)`` -- world 1 only
+``persist``     ``Recorder.persist(now)`` (what ``tick`` calls every persist_s)
+``restart``     power cut: RAM is lost, a new ``Recorder`` boots on the same
+                directory with a new ``Rng`` (events since the last persist are lost)
+``tick``        ``Recorder.tick(now)`` at an epoch boundary: the release
+``flush``       ``Recorder.flush(now)``: an early release (``part`` > 0 follows)
+``outbox_fail`` the next outbox write fails (flash full): the release is not
+                written and its range [elo, ehi) grows (``ehi`` > ``elo`` + 1)
+``outbox_heal`` the outbox is writable again
+==============  ================================================================
+
+Adding a release mode (e.g. ``tree``) means adding its scenarios to
+:data:`MODE_SCENARIOS`; the device runner, the model and the distinguishers
+are generic (they learn which noise draws land in which array).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Sequence
+
+F = Fraction
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    at: Fraction  # time in epochs after the start
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    doc: str
+    ops: tuple[Op, ...]
+    sign: int = 1  # weight of the target event: sign * clip
+
+    def negated(self) -> "Scenario":
+        return Scenario(self.name + "-neg", self.doc + " (weight -clip)", self.ops, -self.sign)
+
+
+OP_KINDS = ("bg", "target", "persist", "restart", "tick", "flush", "outbox_fail", "outbox_heal")
+
+
+def _ops(*spec: tuple[str, str]) -> tuple[Op, ...]:
+    out = tuple(Op(k, F(t)) for k, t in spec)
+    for op in out:
+        if op.kind not in OP_KINDS:
+            raise ValueError("unknown scenario op %r" % op.kind)
+    return out
+
+
+COMMON: tuple[Scenario, ...] = (
+    Scenario("before-persist", "event counted before the first persist (masked by Z_int in state.bin)",
+             _ops(("bg", "1/10"), ("target", "2/10"), ("persist", "3/10"), ("bg", "4/10"),
+                  ("persist", "5/10"), ("bg", "6/10"), ("tick", "1"))),
+    Scenario("between-persists", "event between two persists (masked by the fresh draw Y)",
+             _ops(("bg", "1/10"), ("persist", "2/10"), ("target", "3/10"), ("persist", "4/10"),
+                  ("bg", "5/10"), ("tick", "1"))),
+    Scenario("after-last-persist", "event after the last persist, then the release (Y and Z_out)",
+             _ops(("bg", "1/10"), ("persist", "2/10"), ("bg", "25/100"), ("target", "3/10"), ("tick", "1"))),
+    Scenario("restart-after-event", "event, persist, power cut and restart (refresh at boot)",
+             _ops(("bg", "1/10"), ("persist", "2/10"), ("target", "3/10"), ("persist", "4/10"),
+                  ("restart", "5/10"), ("bg", "6/10"), ("tick", "1"))),
+    Scenario("after-restart", "event right after a restart (masked by the boot refresh)",
+             _ops(("bg", "1/10"), ("persist", "2/10"), ("restart", "3/10"), ("target", "4/10"),
+                  ("bg", "5/10"), ("tick", "1"))),
+    Scenario("restart-between-persists", "restart between two persists, event after it",
+             _ops(("bg", "1/10"), ("persist", "2/10"), ("bg", "3/10"), ("restart", "4/10"),
+                  ("target", "5/10"), ("persist", "6/10"), ("bg", "7/10"), ("persist", "8/10"), ("tick", "1"))),
+    Scenario("flush-part0", "event in an early release (flush), the epoch goes on as part 1",
+             _ops(("bg", "1/10"), ("target", "2/10"), ("persist", "3/10"), ("flush", "5/10"),
+                  ("bg", "6/10"), ("tick", "1"))),
+    Scenario("flush-part1", "event in part 1, after an early release",
+             _ops(("bg", "1/10"), ("flush", "3/10"), ("persist", "4/10"), ("target", "5/10"), ("tick", "1"))),
+    Scenario("outbox-failure", "the release fails (flash full): range [e, e+2) released one epoch late",
+             _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("outbox_fail", "9/10"),
+                  ("tick", "1"), ("outbox_heal", "11/10"), ("bg", "12/10"), ("persist", "14/10"), ("tick", "2"))),
+    Scenario("second-epoch", "event in the next epoch, after a release",
+             _ops(("bg", "1/10"), ("persist", "5/10"), ("tick", "1"), ("bg", "12/10"), ("target", "14/10"),
+                  ("persist", "16/10"), ("tick", "2"))),
+)
+
+# mode -> scenarios; a new mode (tree) registers its own list here.
+MODE_SCENARIOS: dict[str, tuple[Scenario, ...]] = {
+    "window": COMMON + (COMMON[1].negated(),),
+    "keep": COMMON + (COMMON[1].negated(),),
+}
+
+
+def for_mode(mode: str, names: Sequence[str] | None = None) -> list[Scenario]:
+    """The scenarios of a mode, optionally only those named (error if unknown)."""
+    if mode not in MODE_SCENARIOS:
+        raise ValueError("the audit has no scenarios for mode %r (known: %s)" % (mode, ", ".join(MODE_SCENARIOS)))
+    allsc = list(MODE_SCENARIOS[mode])
+    if not names:
+        return allsc
+    byname = {s.name: s for s in allsc}
+    bad = [n for n in names if n not in byname]
+    if bad:
+        raise ValueError("unknown scenario(s) %s for mode %s (known: %s)" % (", ".join(bad), mode, ", ".join(byname)))
+    return [byname[n] for n in names]
