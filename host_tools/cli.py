@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "host_tools.serve",
     "demo": "host_tools.demo",
     "repro": "host_tools.repro.cli",
+    "audit": "host_tools.audit.cli",
 }
 
 
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pansketch",
         description="Host tools for pansketch: aggregate noisy sketch releases from MQTT, "
         "inspect the privacy ledger, query frequencies with error bars, run the demo "
-        "and the paper reproductions.",
+        "and the paper reproductions, audit a device config's privacy empirically.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in SUBCOMMANDS.items():

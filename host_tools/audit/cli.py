@@ -1,0 +1,152 @@
+"""``pansketch audit``: measure a lower bound on ε for a device configuration.
+
+Runs the real device core (agent.recorder.Recorder, persist, restart,
+release encoding) on pairs of neighbouring streams, attacks the release
+view and the intrusion view with likelihood-ratio tests, and reports a
+Clopper–Pearson 95 % lower bound on ε next to the claimed ε
+(Jagielski et al. 2020). A sound device gives bounds at or below the
+claim; a bound above it is a privacy bug (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from agent.params import ParamError, Params
+
+from host_tools.audit import engine, report, scenarios
+
+# The grid of the docs/PRIVACY.md table (issue 11): window and keep mode,
+# dlap eps = 1/2 and 1, dgauss rho = 1/2, a small Count-Min sketch.
+TABLE_BASE = {"device": "audit", "salt": "audit-fleet-salt", "kind": "cms", "d": 2, "w": 8, "clip": 1,
+              "window_s": 600, "persist_s": 86400}
+TABLE_MODES = ({"mode": "window"}, {"mode": "keep", "epoch_s": 60})
+TABLE_BUDGETS = (("dlap", "1/2"), ("dlap", "1"), ("dgauss", "1/2"))
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="measure an empirical lower bound on epsilon for a device config (real device code path)",
+        description=__doc__.split("\n\n")[1] + "\n\nThe sketch is audited with the configured kind, d, clip, "
+        "mode, windows, epochs, mechanism and budget, but only W columns (--w): the width does not enter "
+        "the calibration (sensitivity d*clip), and a narrow sketch makes each real run cheap.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="agent TOML config (pansketch-agent's); required unless --table")
+    p.add_argument("--trials", type=int, default=100_000,
+                   help="evaluation trials per scenario and view, both worlds together (default 100000); "
+                        "a separate calibration set of half as many chooses tests and thresholds")
+    p.add_argument("--view", choices=("release", "intrusion", "both"), default="both",
+                   help="release: every release of the window; intrusion: one read of all RAM and every "
+                        "flash copy at the attacker's chosen moment, plus all releases (default both)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line (per scenario, then summaries)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the sampled trials (default 1)")
+    p.add_argument("--scenario", action="append", metavar="NAME",
+                   help="audit only this scenario (repeatable; --list-scenarios shows them)")
+    p.add_argument("--list-scenarios", action="store_true", help="list the scenarios of each mode and exit")
+    p.add_argument("--w", type=int, default=8, help="columns of the audited sketch (default 8)")
+    p.add_argument("--delta", type=float, default=engine.DEFAULT_DELTA,
+                   help="delta at which a dgauss rho-zCDP claim is converted to (eps, delta) (default 1e-5)")
+    p.add_argument("--real", action="store_true",
+                   help="run every trial on the real code path (slow) instead of the verified model")
+    p.add_argument("--real-trials", type=int, default=1000,
+                   help="cap on trials per world and set on the real code path (default 1000)")
+    p.add_argument("--verify-trials", type=int, default=10,
+                   help="real trials per world that must match the model bit for bit (default 10)")
+    p.add_argument("--table", metavar="DOC",
+                   help="regenerate the audit table in DOC (docs/PRIVACY.md) over the fixed grid: window and "
+                        "keep mode, dlap eps 1/2 and 1, dgauss rho 1/2, both views; ignores --config")
+    p.set_defaults(func=run)
+
+
+def _err(msg: str) -> int:
+    print("pansketch audit: %s" % msg, file=sys.stderr)
+    return 2
+
+
+def _params(args: argparse.Namespace) -> Params:
+    from agent import config as agent_config
+
+    cfg = agent_config.load(args.config)
+    p = cfg.params
+    raw = {"device": p.device, "salt": p.salt, "kind": p.kind, "d": p.d, "w": args.w, "clip": p.clip,
+           "mode": p.mode, "window_s": p.window_s, "epoch_s": p.epoch_s, "mechanism": p.mechanism,
+           "budget": "%d/%d" % p.budget, "persist_s": p.persist_s}
+    return Params(raw)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_scenarios:
+        for mode, scs in scenarios.MODE_SCENARIOS.items():
+            print("%s:" % mode)
+            for sc in scs:
+                print("  %-26s %s" % (sc.name, sc.doc))
+        return 0
+    if args.trials < 8:
+        return _err("--trials must be at least 8")
+    if args.w < 2:
+        return _err("--w must be at least 2")
+    if not 0 < args.delta < 1:
+        return _err("--delta must be in (0, 1)")
+    views = list(engine.VIEWS) if args.view == "both" else [args.view]
+    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    if args.table:
+        return _table(args, log)
+    if not args.config:
+        return _err("give --config agent.toml (or --table DOC to regenerate the docs table)")
+    try:
+        p = _params(args)
+    except (OSError, ValueError, ParamError) as exc:
+        return _err("config error: %s" % exc)
+    try:
+        scenarios.for_mode(p.mode, args.scenario)
+    except ValueError as exc:
+        return _err(str(exc))
+    log("auditing %s %dx%d (w reduced to %d), %s, %s %s, %d trials per scenario and view"
+        % (p.kind, p.d, args.w, args.w, p.mode, p.mechanism, "%d/%d" % p.budget, args.trials))
+    t = time.time()
+    audits, summary = engine.audit(p, views, args.trials, args.seed, args.scenario, args.real, args.real_trials,
+                                   args.verify_trials, args.delta, progress=log)
+    per = [a.results[v] for a in audits for v in views]
+    if args.json:
+        print(report.json_lines(per, summary))
+    else:
+        print(report.text(summary))
+        notes = sorted({n for r in per for n in r.notes})
+        for n in notes[:10]:
+            print("note: %s" % n)
+        print("(%.0f s; claims: %s)" % (time.time() - t, engine.claim_of(p, args.delta).conversion))
+    return 1 if any(r.flagged for r in summary) else 0
+
+
+def table_rows(trials: int, seed: int, views: list[str], log: Any = None,
+               grid: tuple = TABLE_BUDGETS, modes: tuple = TABLE_MODES) -> list[engine.Result]:
+    rows = []
+    for mode in modes:
+        for mech, budget in grid:
+            cfg = dict(TABLE_BASE, mechanism=mech, budget=budget, **mode)
+            p = Params(cfg)
+            if log:
+                log("%s %s %s" % (mode["mode"], mech, budget))
+            _, summary = engine.audit(p, views, trials, seed, progress=log)
+            rows.extend(summary)
+    return rows
+
+
+def _table(args: argparse.Namespace, log: Any) -> int:
+    try:
+        with open(args.table, encoding="utf-8") as f:
+            doc = f.read()
+        report.replace_table(doc, "")
+    except (OSError, ValueError) as exc:
+        return _err(str(exc))
+    views = list(engine.VIEWS) if args.view == "both" else [args.view]
+    rows = table_rows(args.trials, args.seed, views, log)
+    with open(args.table, "w", encoding="utf-8") as f:
+        f.write(report.replace_table(doc, report.markdown(rows)))
+    print(report.markdown(rows))
+    return 1 if any(r.flagged for r in rows) else 0

@@ -1,0 +1,93 @@
+"""Negative controls of the audit: the device core with deliberately broken noise.
+
+Test-only hooks (never a user option): each control is a context manager
+that monkeypatches the *real* agent modules for the duration of a test, so
+the audit runs the same code path it audits in production, with one
+defect. ``tests/test_audit.py`` requires the audit to flag every one of them
+(ε lower bound above the claim).
+
+* ``output-noise-skipped``  -- ``Recorder._release`` publishes state, no Z_out;
+* ``internal-noise-skipped`` -- ``Recorder._open`` starts from zeros, no Z_int;
+* ``fresh-draw-skipped``     -- ``Recorder.persist`` adds no fresh draw Y;
+* ``scale-halved``           -- the calibration returns half the scale
+  (dlap t/2; dgauss sigma/2);
+* ``scratch-not-wiped``      -- issue 13 bug 1: ``_add_fresh`` leaves the draw in ``relbuf``;
+* ``rng-tail-kept``          -- issue 13 bug 2: ``Rng.wipe`` keeps the buffer and its tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from agent import calibrate, noise, recorder
+from agent.noise import NoiseSpec, wrap32
+from agent.recorder import Recorder
+from agent.rng import Rng
+
+
+@contextlib.contextmanager
+def _patch(obj: object, name: str, value: object) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def _skip_noise_in(method: str) -> Iterator[None]:
+    """add_noise does nothing while Recorder.<method> runs."""
+    depth = [0]
+    real_add = recorder.add_noise
+    real_method = getattr(Recorder, method)
+
+    def add_noise(arr, spec, rng, start=0, stop=None):  # type: ignore[no-untyped-def]
+        if depth[0]:
+            return
+        real_add(arr, spec, rng, start, stop)
+
+    def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
+        depth[0] += 1
+        try:
+            return real_method(self, *a, **kw)
+        finally:
+            depth[0] -= 1
+
+    with _patch(recorder, "add_noise", add_noise), _patch(Recorder, method, wrapped):
+        yield
+
+
+@contextlib.contextmanager
+def _scale_halved() -> Iterator[None]:
+    real = calibrate.noise_for
+
+    def noise_for(mech, budget, d, clip=1, arrays=1):  # type: ignore[no-untyped-def]
+        s = real(mech, budget, d, clip, arrays)
+        # dlap: t -> t/2; dgauss: sigma -> sigma/2, i.e. sigma^2 -> sigma^2/4
+        return NoiseSpec(s.mech, s.num, s.den * (2 if s.mech == "dlap" else 4))
+
+    with _patch(calibrate, "noise_for", noise_for):
+        yield
+
+
+def _add_fresh_unwiped(self):  # type: ignore[no-untyped-def]
+    """Recorder._add_fresh before issue 13: the staged draw stays in relbuf."""
+    a = self.counters
+    b = self.relbuf
+    for i in range(len(a)):
+        a[i] = wrap32(a[i] + b[i])
+    self.nz += 1
+
+
+CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "output-noise-skipped": lambda: _skip_noise_in("_release"),
+    "internal-noise-skipped": lambda: _skip_noise_in("_open"),
+    "fresh-draw-skipped": lambda: _skip_noise_in("persist"),
+    "scale-halved": _scale_halved,
+    "scratch-not-wiped": lambda: _patch(Recorder, "_add_fresh", _add_fresh_unwiped),
+    "rng-tail-kept": lambda: _patch(Rng, "wipe", lambda self: None),
+}
+
+assert noise.add_noise is recorder.add_noise  # the hook patches the name the Recorder calls
