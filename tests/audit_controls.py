@@ -12,7 +12,9 @@ defect. ``tests/test_audit.py`` requires the audit to flag every one of them
 * ``scale-halved``           -- the calibration returns half the scale
   (dlap t/2; dgauss sigma/2);
 * ``scratch-not-wiped``      -- issue 13 bug 1: ``_add_fresh`` leaves the draw in ``relbuf``;
-* ``rng-tail-kept``          -- issue 13 bug 2: ``Rng.wipe`` keeps the buffer and its tail.
+* ``rng-tail-kept``          -- issue 13 bug 2: ``Rng.wipe`` keeps the buffer and its tail;
+* ``event-count-kept``       -- the Recorder keeps an exact count of events in RAM (not an
+  array: caught by the metadata test, which compares every non-array attribute).
 """
 
 from __future__ import annotations
@@ -91,3 +93,14 @@ CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 assert noise.add_noise is recorder.add_noise  # the hook patches the name the Recorder calls
+
+
+def _add_counting(real):  # type: ignore[no-untyped-def]
+    def add(self, item, weight=1):  # type: ignore[no-untyped-def]
+        self.events = getattr(self, "events", 0) + 1  # an exact event count in RAM (DESIGN.md forbids it)
+        return real(self, item, weight)
+
+    return add
+
+
+CONTROLS["event-count-kept"] = lambda: _patch(Recorder, "add", _add_counting(Recorder.add))

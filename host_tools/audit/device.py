@@ -159,6 +159,9 @@ def _snapshot(label: str, rec: Recorder, n_flash: int, instance: int, src: Recor
             key = name + "." + k
             if isinstance(v, array.array):
                 arrays[key] = np.array(v, dtype=np.int64)
+            elif isinstance(v, (list, tuple)) and v and all(isinstance(x, array.array) for x in v):
+                for j, x in enumerate(v):  # e.g. one accumulator per open tree node
+                    arrays["%s[%d]" % (key, j)] = np.array(x, dtype=np.int64)
             elif isinstance(v, (bytes, bytearray)):
                 buffers[key] = bytes(v)
             elif callable(v):
@@ -252,3 +255,26 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
         releases.append(np.frombuffer(m["ctr"], dtype="<i4").astype(np.int64))
         rmeta.append({k: v for k, v in m.items() if k != "ctr"})
     return Run(moments, flash, flash_meta, releases, rmeta, [bytes(s.data) for s in srcs], target_cells(p, item))
+
+
+def signature(r: Run) -> dict[str, str]:
+    """Everything in the view that is not a noisy array: non-array attributes at
+    every moment, release and state.bin metadata, and how many of each exist.
+    On a sound device none of it depends on the event (only on the clock)."""
+    sig: dict[str, str] = {"n_moments": str(len(r.moments)), "n_flash": str(len(r.flash)),
+                           "n_releases": str(len(r.releases))}
+    for i, m in enumerate(r.moments):
+        for k, v in m.meta.items():
+            sig["ram%d.%s" % (i, k)] = v
+        sig["ram%d.arrays" % i] = ",".join(sorted(m.arrays))
+    for j, meta in enumerate(r.flash_meta):
+        sig["flash%d" % j] = repr(meta)
+    for j, meta in enumerate(r.release_meta):
+        for k, v in sorted(meta.items()):
+            sig["release%d.%s" % (j, k)] = repr(v)
+    return sig
+
+
+def in_view(key: str, view: str) -> bool:
+    """Whether a signature key is seen by a view (the release view sees releases only)."""
+    return view == "intrusion" or key.startswith("release") or key == "n_releases"

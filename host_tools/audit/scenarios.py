@@ -62,6 +62,8 @@ def _ops(*spec: tuple[str, str]) -> tuple[Op, ...]:
 
 
 COMMON: tuple[Scenario, ...] = (
+    Scenario("no-persist", "event in an epoch released without any persist (nz = 2: Z_int and Z_out)",
+             _ops(("bg", "1/10"), ("target", "3/10"), ("bg", "6/10"), ("tick", "1"))),
     Scenario("before-persist", "event counted before the first persist (masked by Z_int in state.bin)",
              _ops(("bg", "1/10"), ("target", "2/10"), ("persist", "3/10"), ("bg", "4/10"),
                   ("persist", "5/10"), ("bg", "6/10"), ("tick", "1"))),
@@ -94,8 +96,8 @@ COMMON: tuple[Scenario, ...] = (
 
 # mode -> scenarios; a new mode (tree) registers its own list here.
 MODE_SCENARIOS: dict[str, tuple[Scenario, ...]] = {
-    "window": COMMON + (COMMON[1].negated(),),
-    "keep": COMMON + (COMMON[1].negated(),),
+    "window": COMMON + (COMMON[2].negated(),),
+    "keep": COMMON + (COMMON[2].negated(),),
 }
 
 
