@@ -104,3 +104,38 @@ def _add_counting(real):  # type: ignore[no-untyped-def]
 
 
 CONTROLS["event-count-kept"] = lambda: _patch(Recorder, "add", _add_counting(Recorder.add))
+
+
+DESCRIPTIONS = {
+    "output-noise-skipped": "release = state, no Z_out",
+    "internal-noise-skipped": "accumulator opens at zero, no Z_int",
+    "fresh-draw-skipped": "no fresh draw Y after a persist",
+    "scale-halved": "calibration returns t/2 (dgauss: σ/2)",
+    "scratch-not-wiped": "issue 13 bug 1: Y stays in `relbuf`",
+    "rng-tail-kept": "issue 13 bug 2: `Rng` keeps its buffer and tail",
+    "event-count-kept": "an exact event count attribute in RAM",
+}
+SCENARIOS = ["before-persist", "after-last-persist"]
+CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",
+       "window_s": 600, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
+
+
+def main() -> None:
+    """Print the controls table of docs/PRIVACY.md ("Negative controls")."""
+    from agent.params import Params
+    from host_tools.audit import engine
+
+    print("| control | defect | claimed ε | measured ε lower bound | trials | path | statistic |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ctl in CONTROLS.items():
+        with ctl():
+            p = Params(CFG)
+            _, (r,) = engine.audit(p, views=["intrusion"], trials=100000, real_trials=1000, verify_trials=3,
+                                   scenario_names=SCENARIOS)
+        print("| `%s` | %s | %.1f | **%.2f** | %d | %s | %s: `%s` (fp %d, fn %d) |"
+              % (name, DESCRIPTIONS[name], r.eps_claimed, r.eps_lower, r.trials, r.path, r.scenario.split(" (")[0],
+                 r.statistic, r.fp, r.fn), flush=True)
+
+
+if __name__ == "__main__":
+    main()
