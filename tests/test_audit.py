@@ -84,6 +84,32 @@ def test_outbox_failure_makes_a_longer_range_and_flush_a_part() -> None:
     sc = scenarios.for_mode("window", ["flush-part1"])[0]
     r = device.run(p, sc, 1, lambda i: __import__("agent.rng", fromlist=["x"]).DeterministicSource("f%d" % i))
     assert [m["part"] for m in r.release_meta] == [0, 1]
+    sc = scenarios.for_mode("keep", ["outbox-limit"])[0]  # outbox_max = 1 and no ack in time
+    r = device.run(params(mode="keep", epoch_s=60), sc, 1,
+                   lambda i: __import__("agent.rng", fromlist=["x"]).DeterministicSource("l%d" % i))
+    assert [m["ehi"] - m["elo"] for m in r.release_meta] == [1, 2]
+
+
+def test_model_and_real_code_path_give_the_same_llr_distribution() -> None:
+    """The equivalence the fast path rests on, checked in distribution: the LLR
+    of every candidate statistic on real trials (os.urandom, the Recorder) and
+    on model trials (numpy) have the same law (chi-square homogeneity)."""
+    p = params()
+    sc = scenarios.for_mode("window", ["restart-after-event"])[0]
+    m = model.learn(p, sc)
+    L = engine.distinguish.LLR(model.base_pmf(p.noise))
+    cands = engine.distinguish.candidates(m, "intrusion")[:4]
+    real = engine._real_sets(m, cands, L, 250, engine.SystemSource)
+    fast = engine._model_sets(m, cands, L, 20000, np.random.default_rng(11))
+    for (r0, r1), (f0, f1) in zip(real.llr, fast.llr):
+        for r, f in ((r0, f0), (r1, f1)):
+            # bins: the model's deciles (LLRs of dgauss/convolved noise are near-continuous)
+            edges = np.unique(np.round(np.quantile(f, np.linspace(0, 1, 11)), 9))
+            edges[0], edges[-1] = -np.inf, np.inf
+            table = np.array([np.histogram(np.round(x, 9), edges)[0] for x in (r, f)])
+            table = table[:, table.sum(axis=0) > 0]
+            if table.shape[1] > 1:
+                assert sst.chi2_contingency(table)[1] > 1e-4, table
 
 
 def test_sampler_matches_pmf() -> None:

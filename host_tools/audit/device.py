@@ -164,6 +164,8 @@ def _snapshot(label: str, rec: Recorder, n_flash: int, instance: int, src: Recor
                     arrays["%s[%d]" % (key, j)] = np.array(x, dtype=np.int64)
             elif isinstance(v, (bytes, bytearray)):
                 buffers[key] = bytes(v)
+            elif hasattr(v, "digest") and hasattr(v, "copy"):
+                meta[key] = "hash state, digest " + v.copy().hexdigest()  # what reading it reveals
             elif callable(v):
                 continue  # bound methods (the CPython struct reader): code, not data
             else:
@@ -195,7 +197,7 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
     t0 = (1_700_000_000 // p.window_s) * p.window_s
     quiet = lambda m: None  # noqa: E731
     srcs = [RecordingSource(source_for(0))]
-    rec = Recorder(p, root, t0, rng=Rng(srcs[0]), log=quiet)
+    rec = Recorder(p, root, t0, rng=Rng(srcs[0]), log=quiet, outbox_max=sc.outbox_max)
     item = target_item(p)
     flash: list[np.ndarray] = []
     flash_meta: list[tuple] = []
@@ -203,6 +205,7 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
     buf = array.array("i", bytes(4 * p.d * p.w))
     fail_dir = None
     bg = 0
+    published: dict[int, bytes] = {}  # acknowledged releases (gone from the outbox, seen by the adversary)
 
     def read_flash() -> None:
         nonlocal last_flash
@@ -231,7 +234,7 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
             rec.persist(now)
         elif op.kind == "restart":
             srcs.append(RecordingSource(source_for(len(srcs))))
-            rec = Recorder(p, root, now, rng=Rng(srcs[-1]), log=quiet)
+            rec = Recorder(p, root, now, rng=Rng(srcs[-1]), log=quiet, outbox_max=sc.outbox_max)
         elif op.kind == "tick":
             rec.tick(now)
         elif op.kind == "flush":
@@ -241,6 +244,11 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
             # write fails with an OSError, as on a full flash (even as root)
             fail_dir = rec.outbox.path(rec.seq, ".tmp") + ".new"
             os.mkdir(fail_dir)
+        elif op.kind == "ack":
+            pend = rec.outbox.pending()
+            if pend:
+                published[pend[0]] = rec.outbox.read(pend[0])
+                rec.outbox.ack(pend[0])
         elif op.kind == "outbox_heal":
             if fail_dir is not None:
                 os.rmdir(fail_dir)
@@ -251,7 +259,9 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
     releases: list[np.ndarray] = []
     rmeta: list[dict[str, Any]] = []
     for s in ob.pending():
-        m = cbor2.loads(ob.read(s))
+        published[s] = ob.read(s)
+    for s in sorted(published):
+        m = cbor2.loads(published[s])
         releases.append(np.frombuffer(m["ctr"], dtype="<i4").astype(np.int64))
         rmeta.append({k: v for k, v in m.items() if k != "ctr"})
     return Run(moments, flash, flash_meta, releases, rmeta, [bytes(s.data) for s in srcs], target_cells(p, item))

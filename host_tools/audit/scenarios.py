@@ -17,7 +17,12 @@ start, so the same scenario serves ``window`` mode (epoch = window) and
 ``outbox_fail`` the next outbox write fails (flash full): the release is not
                 written and its range [elo, ehi) grows (``ehi`` > ``elo`` + 1)
 ``outbox_heal`` the outbox is writable again
+``ack``         the host acknowledges the oldest pending release (it leaves the
+                outbox; the audit keeps its bytes: it was published)
 ==============  ================================================================
+
+A scenario may set ``outbox_max`` (the Recorder's limit of unacknowledged
+releases): a full outbox fails the release like a full flash.
 
 Adding a release mode (e.g. ``tree``) means adding its scenarios to
 :data:`MODE_SCENARIOS`; the device runner, the model and the distinguishers
@@ -45,12 +50,13 @@ class Scenario:
     doc: str
     ops: tuple[Op, ...]
     sign: int = 1  # weight of the target event: sign * clip
+    outbox_max: int = 0  # Recorder(outbox_max=...): 0 = no limit
 
     def negated(self) -> "Scenario":
-        return Scenario(self.name + "-neg", self.doc + " (weight -clip)", self.ops, -self.sign)
+        return Scenario(self.name + "-neg", self.doc + " (weight -clip)", self.ops, -self.sign, self.outbox_max)
 
 
-OP_KINDS = ("bg", "target", "persist", "restart", "tick", "flush", "outbox_fail", "outbox_heal")
+OP_KINDS = ("bg", "target", "persist", "restart", "tick", "flush", "outbox_fail", "outbox_heal", "ack")
 
 
 def _ops(*spec: tuple[str, str]) -> tuple[Op, ...]:
@@ -89,6 +95,9 @@ COMMON: tuple[Scenario, ...] = (
     Scenario("outbox-failure", "the release fails (flash full): range [e, e+2) released one epoch late",
              _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("outbox_fail", "9/10"),
                   ("tick", "1"), ("outbox_heal", "11/10"), ("bg", "12/10"), ("persist", "14/10"), ("tick", "2"))),
+    Scenario("outbox-limit", "the outbox holds outbox_max unacknowledged releases: range [e, e+2) released late",
+             _ops(("bg", "1/10"), ("tick", "1"), ("bg", "11/10"), ("target", "13/10"), ("persist", "15/10"),
+                  ("tick", "2"), ("ack", "21/10"), ("bg", "22/10"), ("tick", "3")), outbox_max=1),
     Scenario("second-epoch", "event in the next epoch, after a release",
              _ops(("bg", "1/10"), ("persist", "5/10"), ("tick", "1"), ("bg", "12/10"), ("target", "14/10"),
                   ("persist", "16/10"), ("tick", "2"))),
