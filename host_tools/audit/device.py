@@ -277,10 +277,10 @@ def signature(r: Run) -> dict[str, str]:
         for k, v in m.meta.items():
             sig["ram%d.%s" % (i, k)] = v
         sig["ram%d.arrays" % i] = ",".join(sorted(m.arrays))
-    for j, meta in enumerate(r.flash_meta):
-        sig["flash%d" % j] = repr(meta)
-    for j, meta in enumerate(r.release_meta):
-        for k, v in sorted(meta.items()):
+    for j, fmeta in enumerate(r.flash_meta):
+        sig["flash%d" % j] = repr(fmeta)
+    for j, rmeta in enumerate(r.release_meta):
+        for k, v in sorted(rmeta.items()):
             sig["release%d.%s" % (j, k)] = repr(v)
     return sig
 

@@ -57,7 +57,7 @@ class Candidate:
 def visible(model: Model, view: str, moment: int | None) -> list[int]:
     """Indices of the arrays a view holds ('release': all releases; 'intrusion':
     RAM at the moment, every state.bin version written by then, all releases)."""
-    if view == "release":
+    if view == "release" or moment is None:
         return list(model.release_idx)
     label, ram, n_flash = model.moments[moment]
     return list(ram) + list(model.flash_idx[:n_flash]) + list(model.release_idx)

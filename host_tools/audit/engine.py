@@ -156,8 +156,8 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
     n = p.d * p.w
     cells = [c for c, _ in m.cells]
     E0 = m.E0[:, cells]
-    S = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
-    K = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
+    S: dict[tuple[int, int], list[np.ndarray]] = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
+    K: dict[tuple[int, int], list[dict[int, int]]] = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
     for w in (0, 1):
         for _ in range(T):
             r = device.run(p, m.scenario, w, lambda i: source())
@@ -166,13 +166,14 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
             _, decs = mdl.draws_of(p, r)
             pred: dict[int | None, dict[int, int]] = {None: {}}
             for ci, c in enumerate(cands):
-                if c.moment not in pred:
+                if c.moment is not None and c.moment not in pred:
                     pred[c.moment] = predicted_draws(p, r, decs, c.moment)
                 S[(ci, w)].append(sum(coef * X[i] for i, coef in c.u))
                 K[(ci, w)].append(pred[c.moment])
     out = []
     for ci, c in enumerate(cands):
-        out.append(tuple(L.llr_known(c, np.array(S[(ci, w)]), K[(ci, w)], cells, n) for w in (0, 1)))
+        l0, l1 = (L.llr_known(c, np.array(S[(ci, w)]), K[(ci, w)], cells, n) for w in (0, 1))
+        out.append((l0, l1))
     return Sets(out)
 
 
