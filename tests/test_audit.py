@@ -160,6 +160,16 @@ def test_negative_control_is_flagged(control: str) -> None:
         assert r.eps_lower > 5, r  # an exact recovery
 
 
+def test_scale_halved_is_flagged_for_dgauss_too() -> None:
+    """dgauss claims (4.73, 1e-5) for rho = 1/2; sigma/2 means rho = 2. Resolving
+    it needs more trials than dlap (the bound lives at FPR ~ 1e-4): 1e5 give 5.4."""
+    with audit_controls.CONTROLS["scale-halved"]():
+        p = params(mechanism="dgauss")
+        _, (r,) = engine.audit(p, views=["intrusion"], trials=100000, scenario_names=["before-persist"],
+                               verify_trials=1)
+    assert r.flagged and r.eps_claimed == pytest.approx(4.728, abs=1e-3), r
+
+
 def test_controls_are_gone_after_the_hook() -> None:
     from agent.recorder import Recorder
     from agent.rng import Rng
