@@ -19,6 +19,7 @@ import pytest
 from scipy import stats as sst
 
 from agent.params import Params
+from agent.rng import DeterministicSource
 from host_tools import cli as host_cli
 from host_tools.audit import device, engine, model, report, scenarios, stats
 from tests import audit_controls
@@ -78,15 +79,15 @@ def test_model_reproduces_real_views_bit_for_bit() -> None:
 def test_outbox_failure_makes_a_longer_range_and_flush_a_part() -> None:
     p = params()
     sc = scenarios.for_mode("window", ["outbox-failure"])[0]
-    r = device.run(p, sc, 1, lambda i: __import__("agent.rng", fromlist=["x"]).DeterministicSource("o%d" % i))
+    r = device.run(p, sc, 1, lambda i: DeterministicSource("o%d" % i))
     (meta,) = r.release_meta
     assert meta["ehi"] == meta["elo"] + 2
     sc = scenarios.for_mode("window", ["flush-part1"])[0]
-    r = device.run(p, sc, 1, lambda i: __import__("agent.rng", fromlist=["x"]).DeterministicSource("f%d" % i))
+    r = device.run(p, sc, 1, lambda i: DeterministicSource("f%d" % i))
     assert [m["part"] for m in r.release_meta] == [0, 1]
     sc = scenarios.for_mode("keep", ["outbox-limit"])[0]  # outbox_max = 1 and no ack in time
     r = device.run(params(mode="keep", epoch_s=60), sc, 1,
-                   lambda i: __import__("agent.rng", fromlist=["x"]).DeterministicSource("l%d" % i))
+                   lambda i: DeterministicSource("l%d" % i))
     assert [m["ehi"] - m["elo"] for m in r.release_meta] == [1, 2]
 
 
@@ -122,7 +123,7 @@ def test_sampler_matches_pmf() -> None:
 
 # -- a sound device -------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode,extra", [("window", {}), ("keep", {"epoch_s": 60})])
+@pytest.mark.parametrize("mode,extra", [("window", {}), ("keep", {"epoch_s": 60}), ("window", {"kind": "cs"})])
 def test_sound_device_stays_below_the_claim(mode: str, extra: dict) -> None:
     p = params(mode=mode, **extra)
     names = ["before-persist", "after-restart", "outbox-failure", "second-epoch"]
@@ -204,6 +205,16 @@ def test_cli_errors(tmp_path, capsys) -> None:
     assert "config error" in capsys.readouterr().err
     assert host_cli.main(["audit", "--list-scenarios"]) == 0
     assert "outbox-failure" in capsys.readouterr().out
+
+
+def test_markdown_table_row() -> None:
+    r = engine.Result("keep", "intrusion", "after-restart (chosen on calibration of 13 scenarios)", "dgauss",
+                      "rho=1/2", 4.7284, 1e-5, 2.5, 100000, 50000, 1, 2, "model", "rec.counters -flash[0]",
+                      0.5, 20, "cms", 2, 8)
+    row = report.markdown([r]).splitlines()[2]
+    assert row == ("| CMS 2×8, dgauss rho=1/2 | keep | intrusion | 4.728 (δ=1e-05) | 2.500 | 100000 | "
+                   "after-restart: `rec.counters -flash[0]` |")
+    assert not r.flagged and json.loads(json.dumps(r.as_json()))["flagged"] is False
 
 
 def test_table_markers() -> None:
