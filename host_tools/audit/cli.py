@@ -34,7 +34,9 @@ def add_parser(sub: Any) -> None:
         help="measure an empirical lower bound on epsilon for a device config (real device code path)",
         description=__doc__.split("\n\n")[1] + "\n\nThe sketch is audited with the configured kind, d, clip, "
         "mode, windows, epochs, mechanism and budget, but only W columns (--w): the width does not enter "
-        "the calibration (sensitivity d*clip), and a narrow sketch makes each real run cheap.",
+        "the calibration (sensitivity d*clip), and a narrow sketch makes each real run cheap. The config's "
+        "state directory is never touched: every run uses a fresh temporary directory (/dev/shm when present). "
+        "Method, table and limits: docs/PRIVACY.md, 'Empirical audit'.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", help="agent TOML config (pansketch-agent's); required unless --table")
