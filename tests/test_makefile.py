@@ -55,7 +55,7 @@ def test_outside_a_venv_builds_dot_venv_and_demo_needs_no_npm(tmp_path):
     r = make(d, "demo", "PYTHON=" + py)
     assert r.returncode == 0, r.stderr
     assert "%s -m venv .venv" % py in r.stdout
-    assert ".venv/bin/python -m pip install -q -e ." in r.stdout
+    assert ".venv/bin/python -m pip install -q -e \".[web]\"" in r.stdout
     assert ".venv/bin/pansketch demo" in r.stdout
     assert "npm" not in r.stdout and "[test" not in r.stdout
     r = make(d, "bench", "PYTHON=" + py)
@@ -63,7 +63,7 @@ def test_outside_a_venv_builds_dot_venv_and_demo_needs_no_npm(tmp_path):
     r = make(d, "test", "PYTHON=" + py)
     assert r.returncode == 0, r.stderr
     assert "npm install" in r.stdout
-    assert '.venv/bin/python -m pip install -q -e ".[test,repro]"' in r.stdout
+    assert '.venv/bin/python -m pip install -q -e ".[test,repro,web]"' in r.stdout
     assert ".venv/bin/python -m pytest -q" in r.stdout
 
 
@@ -84,7 +84,7 @@ def test_second_run_installs_nothing_until_pyproject_changes(tmp_path):
     assert ".venv/bin/pansketch demo" in r.stdout
     (d / "pyproject.toml").touch()  # newer than the stamps: reinstall, but keep the venv
     r = make(d, "demo", "PYTHON=" + py)
-    assert ".venv/bin/python -m pip install -q -e ." in r.stdout and "-m venv" not in r.stdout
+    assert ".venv/bin/python -m pip install -q -e \".[web]\"" in r.stdout and "-m venv" not in r.stdout
 
 
 def test_an_active_venv_is_used(tmp_path):
@@ -95,7 +95,7 @@ def test_an_active_venv_is_used(tmp_path):
     r = make(d, "test", venv=str(venv))
     assert r.returncode == 0, r.stderr
     assert "-m venv" not in r.stdout
-    assert '%s/bin/python -m pip install -q -e ".[test,repro]"' % venv in r.stdout
+    assert '%s/bin/python -m pip install -q -e ".[test,repro,web]"' % venv in r.stdout
     assert "%s/bin/python -m pytest -q" % venv in r.stdout
     assert ".venv/" not in r.stdout
 
