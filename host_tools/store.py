@@ -28,7 +28,10 @@ open reads such rows as nz = 2 without changing the file.
 Concurrency: each insert runs in one ``BEGIN IMMEDIATE`` transaction (the
 device check, the key check and the insert see the same snapshot and no
 other writer can interleave), with a busy timeout, so any number of
-aggregator processes can write to one file. ``synchronous=FULL``: a
+aggregator processes can write to one file. Opening is retried the same
+way: several processes opening a fresh file at once race to switch it to
+WAL, and SQLite refuses the loser immediately ("database is locked", no
+busy wait for a read-to-write lock upgrade). ``synchronous=FULL``: a
 commit is on disk before the aggregator acknowledges the MQTT message.
 """
 
@@ -122,6 +125,12 @@ class StoredRelease:
         return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
 
 
+def _locked(exc: BaseException) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; worth retrying."""
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
 def _row_to_release(r: tuple[Any, ...], with_payload: bool) -> StoredRelease:
     (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
      bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off) = r[:28]
@@ -142,18 +151,24 @@ class Store:
 
             if not os.path.exists(path):
                 raise FileNotFoundError("no database at %s (run `pansketch aggregate` first)" % path)
+        self.timeout = timeout
         self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout = %d" % int(timeout * 1000))
         if not readonly:
-            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # The switch to WAL takes the write lock while holding a read lock; when several
+            # processes open a fresh file at once SQLite refuses one of them at once with
+            # "database is locked" instead of waiting (no busy handler for a lock upgrade that
+            # could deadlock), so it is retried like a busy BEGIN IMMEDIATE.
+            mode = self._retry_locked(lambda: self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
             self.db.execute("PRAGMA synchronous = FULL")
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
-        self._cols = ", ".join(c if c != "nz" or self._has_nz() else "2 AS nz" for c in _COLS)
-        v = self._meta("schema_version")
+        has_nz = self._retry_locked(self._has_nz)
+        self._cols = ", ".join(c if c != "nz" or has_nz else "2 AS nz" for c in _COLS)
+        v = self._retry_locked(lambda: self._meta("schema_version"))
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
 
@@ -184,21 +199,36 @@ class Store:
     def _meta(self, key: str) -> Optional[str]:
         try:
             r = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        except sqlite3.OperationalError:
-            return None
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a read-only open of a file no aggregator has written yet
+                return None
+            raise
         return r[0] if r else None
+
+    def _retry_locked(self, fn: Any) -> Any:
+        """fn() retried with backoff while SQLite says the database is locked/busy (up to 2x timeout)."""
+        delay = 0.01
+        deadline = time.monotonic() + max(60.0, 2 * self.timeout)
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def _exec_tx(self, fn: Any, *args: Any) -> Any:
         """Run fn(cursor, *args) in one BEGIN IMMEDIATE transaction (retried while locked)."""
         with self._lock:
             delay = 0.01
-            deadline = time.monotonic() + 60.0
+            deadline = time.monotonic() + max(60.0, 2 * self.timeout)
             while True:
                 cur = self.db.cursor()
                 try:
                     cur.execute("BEGIN IMMEDIATE")
                 except sqlite3.OperationalError as exc:
-                    if "locked" in str(exc) and time.monotonic() < deadline:
+                    if _locked(exc) and time.monotonic() < deadline:
                         time.sleep(delay)
                         delay = min(delay * 2, 0.5)
                         continue
