@@ -13,6 +13,8 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   kind, d, w, mechanism (optional: enforced when given)
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
                   report of zCDP guarantees)
+    [status]      late_grace_s (none: max(epoch length, 300 s)): a release
+                  received later than this after its epochs is "late"
 
 Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key;
 the CLI prints ``pansketch: config error: <key>: <message>`` and exits 2.
@@ -44,6 +46,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
     "query": ("confidence", "delta"),
+    "status": ("late_grace_s",),
 }
 
 DEFAULT_TOPIC = "pansketch/+/release"
@@ -99,11 +102,17 @@ class QueryConfig:
 
 
 @dataclass
+class StatusConfig:
+    late_grace_s: Optional[float] = None
+
+
+@dataclass
 class HostConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
+    status: StatusConfig = field(default_factory=StatusConfig)
     path: Optional[str] = None
 
     def require_salt(self) -> str:
@@ -272,7 +281,11 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
                         delta=_fraction_float(q, "query", "delta", 1e-6))
     if query.confidence < 0.5:
         raise ConfigError("query.confidence", "must be at least 0.5")
-    return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, path=path)
+    # [status]
+    stc = sec("status")
+    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", None) if "late_grace_s" in stc
+                          else None)
+    return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, path=path)
 
 
 def default_client_id(cfg: HostConfig) -> str:

@@ -10,6 +10,11 @@ Tables (schema version 1)::
     rejections  every refused message: time, topic, device (if known),
                 code, reason, size, SHA-256 and the bytes (if <= max_bytes)
     duplicates  redeliveries of a stored release (identical bytes)
+    device_status  per device the latest status message it published
+                (docs/FORMAT.md section 3: next_seq, oldest_pending,
+                pending, acked_seq, rejected, ts, and online/offline);
+                written by host_tools/devstatus.py, read by ``status``
+                to tell lost releases from pending ones
 
 Idempotency (DESIGN.md "Host"): a release whose key is stored with
 identical bytes is a *duplicate* (QoS 1 redelivery, the device retrying
@@ -23,7 +28,11 @@ Older databases (written before releases carried ``nz``) lack the
 ``releases.nz`` column. Opening one for writing adds it with
 ``ALTER TABLE ... DEFAULT 2`` (those releases came from devices that drew
 exactly one internal and one output noise value per cell); a read-only
-open reads such rows as nz = 2 without changing the file.
+open reads such rows as nz = 2 without changing the file. Likewise
+``rejections.seq`` (the refused release's seq, when its bytes parse that
+far and name the topic's device) is added and filled in from the kept
+bytes; a read-only open of such a file attributes no seq to old
+rejections.
 
 Concurrency: each insert runs in one ``BEGIN IMMEDIATE`` transaction (the
 device check, the key check and the insert see the same snapshot and no
@@ -70,18 +79,59 @@ CREATE TABLE IF NOT EXISTS devices (
 );
 CREATE TABLE IF NOT EXISTS rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, topic TEXT, device TEXT,
-    code TEXT NOT NULL, reason TEXT NOT NULL, size INTEGER NOT NULL, sha256 TEXT, payload BLOB
+    code TEXT NOT NULL, reason TEXT NOT NULL, size INTEGER NOT NULL, sha256 TEXT, payload BLOB, seq INTEGER
 );
 CREATE TABLE IF NOT EXISTS duplicates (
     device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
     received REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS device_status (
+    device TEXT PRIMARY KEY, received REAL NOT NULL, ts INTEGER, next_seq INTEGER, oldest_pending INTEGER,
+    pending INTEGER, acked_seq INTEGER, rejected INTEGER, doc TEXT NOT NULL,
+    state TEXT NOT NULL, state_received REAL NOT NULL
+);
 """
+
+# status fields kept as columns (non-negative integers or null)
+STATUS_INTS = ("ts", "next_seq", "oldest_pending", "pending", "acked_seq", "rejected")
 
 # release columns read back for queries (payload last)
 _COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
          "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
          "nout_den", "nz", "L", "received", "ctr_off")
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """The latest status a device published (docs/FORMAT.md section 3), as kept by the store."""
+
+    device: str
+    received: float  # when the host received the status these numbers come from
+    ts: Optional[int]  # the device's own time stamp of it
+    next_seq: Optional[int]
+    oldest_pending: Optional[int]
+    pending: Optional[int]
+    acked_seq: Optional[int]
+    rejected: Optional[int]
+    doc: dict[str, Any]
+    state: str  # 'online' | 'offline' (last will) | whatever the device said
+    state_received: float
+
+
+def rejected_seq(payload: Optional[bytes], device: Optional[str]) -> Optional[int]:
+    """The seq of a refused release, when its bytes decode to a map naming ``device`` (else None)."""
+    if payload is None or device is None:
+        return None
+    try:
+        import cbor2
+
+        m = cbor2.loads(bytes(payload))
+    except Exception:  # garbage, truncated, too deep: no seq to attribute
+        return None
+    if not isinstance(m, dict) or m.get("dev") != device:
+        return None
+    seq = m.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 1 << 63 else None
 
 
 @dataclass(frozen=True)
@@ -194,6 +244,14 @@ class Store:
         cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
         if "nz" not in cols:  # a database from before releases carried nz (see module docstring)
             cur.execute("ALTER TABLE releases ADD COLUMN nz INTEGER NOT NULL DEFAULT 2")
+        rcols = {r[1] for r in cur.execute("PRAGMA table_info(rejections)").fetchall()}
+        if "seq" not in rcols:  # before status told lost from rejected releases: attribute the old ones
+            cur.execute("ALTER TABLE rejections ADD COLUMN seq INTEGER")
+            for rid, dev, pl in cur.execute("SELECT id, device, payload FROM rejections "
+                                            "WHERE device IS NOT NULL AND payload IS NOT NULL").fetchall():
+                seq = rejected_seq(pl, dev)
+                if seq is not None:
+                    cur.execute("UPDATE rejections SET seq = ? WHERE id = ?", (seq, rid))
         cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     def _meta(self, key: str) -> Optional[str]:
@@ -287,10 +345,53 @@ class Store:
 
         now = time.time() if received is None else received
         keep = bytes(payload) if len(payload) <= keep_bytes else None
+        seq = rejected_seq(keep, device)
         self._exec_tx(lambda cur: cur.execute(
-            "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (now, topic, device, code, reason, len(payload), hashlib.sha256(payload).hexdigest(), keep)))
+            "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (now, topic, device, code, reason, len(payload), hashlib.sha256(payload).hexdigest(), keep, seq)))
+
+    def put_status(self, device: str, doc: dict[str, Any], received: Optional[float] = None) -> bool:
+        """Keep ``doc`` as ``device``'s latest status (docs/FORMAT.md section 3); True if anything changed.
+
+        ``doc`` is a parsed status object (host_tools/devstatus.py validates it). A status without
+        ``next_seq`` (the last will ``{"state": "offline"}``) only updates the device's state and keeps
+        the numbers of its last full status; a full status older (by its ``ts``) than the one kept is
+        ignored (a retained copy delivered again, messages crossing), so the numbers never go back.
+        """
+        if self.readonly:
+            raise PermissionError("store opened read-only")
+        import json
+
+        now = time.time() if received is None else received
+        state = str(doc.get("state", "online"))[:32]
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        full = doc.get("next_seq") is not None
+
+        def tx(cur: sqlite3.Cursor) -> bool:
+            row = cur.execute("SELECT ts, doc, state FROM device_status WHERE device = ?", (device,)).fetchone()
+            if not full:
+                if row is None:
+                    cur.execute("INSERT INTO device_status (device, received, doc, state, state_received) "
+                                "VALUES (?, ?, ?, ?, ?)", (device, now, text, state, now))
+                    return True
+                if row[2] == state:
+                    return False
+                cur.execute("UPDATE device_status SET state = ?, state_received = ? WHERE device = ?",
+                            (state, now, device))
+                return True
+            ts = doc.get("ts")
+            if row is not None and row[0] is not None and ts is not None and ts < row[0]:
+                return False
+            if row is not None and row[1] == text and row[2] == state:
+                return False
+            vals = tuple(doc.get(k) for k in STATUS_INTS)
+            cur.execute("INSERT OR REPLACE INTO device_status (device, received, %s, doc, state, state_received) "
+                        "VALUES (?, ?, %s, ?, ?, ?)" % (", ".join(STATUS_INTS), ", ".join("?" * len(STATUS_INTS))),
+                        (device, now) + vals + (text, state, now))
+            return True
+
+        return bool(self._exec_tx(tx))
 
     # -- reads ---------------------------------------------------------
     def _q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
@@ -361,6 +462,40 @@ class Store:
     def device_activity(self) -> list[tuple[str, int, float, int]]:
         """(device, releases, last received, end of its latest epochs) per device with releases."""
         return self._q("SELECT device, COUNT(*), MAX(received), MAX(t1) FROM releases GROUP BY device ORDER BY device")
+
+    def device_statuses(self) -> dict[str, DeviceStatus]:
+        """The latest status of every device that published one (empty for a database without the table)."""
+        import json
+
+        try:
+            rows = self._q("SELECT device, received, %s, doc, state, state_received FROM device_status"
+                           % ", ".join(STATUS_INTS))
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # written before devices reported status
+                return {}
+            raise
+        out = {}
+        for r in rows:
+            try:
+                doc = json.loads(r[8])
+            except ValueError:  # pragma: no cover (we wrote it)
+                doc = {}
+            out[r[0]] = DeviceStatus(r[0], r[1], *r[2:8], doc if isinstance(doc, dict) else {}, r[9], r[10])
+        return out
+
+    def rejected_seqs(self) -> dict[str, dict[int, str]]:
+        """Per device, the seqs of releases the host refused and the (last) rejection code of each."""
+        try:
+            rows = self._q("SELECT device, seq, code FROM rejections WHERE seq IS NOT NULL AND device IS NOT NULL "
+                           "ORDER BY id")
+        except sqlite3.OperationalError as exc:
+            if "no such column" in str(exc):  # a read-only open of a file no new aggregator has opened
+                return {}
+            raise
+        out: dict[str, dict[int, str]] = {}
+        for dev, seq, code in rows:
+            out.setdefault(dev, {})[int(seq)] = code
+        return out
 
     def rejection_count(self) -> int:
         return int(self._q("SELECT COUNT(*) FROM rejections")[0][0])

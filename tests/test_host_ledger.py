@@ -84,7 +84,7 @@ def test_status_report_gaps_and_reuse(tmp_path):
     out = io.StringIO()
     status.print_report(rep, T0, out)
     text = out.getvalue()
-    assert "keep" in text and "sequence numbers not received: 8" in text and "used twice" in text
+    assert "keep" in text and "no device status yet (lost or still on the device): 8" in text and "used twice" in text
     assert "recent rejections" in text
     a.close()
 
