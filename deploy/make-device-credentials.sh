@@ -138,7 +138,7 @@ dir = "/var/lib/pansketch"
 [source]
 type = "stdin"
 EOF
-  echo "device '$ID': account added to $PASSWD (the ACL's pattern lines let it write pansketch/$ID/# only)"
+  echo "device '$ID': account added to $PASSWD (the ACL's pattern lines let it write pansketch/$ID/release and /status and read pansketch/$ID/ack only)"
   echo "files: $OUT/$ID/ (password, agent.toml, ca.crt if found) -> /etc/pansketch/ on the device; edit [source]"
 fi
 echo "then: systemctl reload mosquitto"
