@@ -6,7 +6,9 @@
 
 ``restart()`` keeps the port (clients reconnect to the same address). With
 ``persistent=True`` the broker saves sessions and queued QoS 1 messages to
-``tmpdir`` on stop and reloads them on restart, like a production broker.
+``tmpdir`` every ``autosave_interval`` seconds (1; 0 = only on a clean
+stop) and reloads them on restart, like a production broker. ``kill()``
+is ``kill -9``: nothing saved since the last autosave survives.
 Tests using it are skipped, with the reason, only when mosquitto is not
 installed (``.ci/run`` installs it).
 """
@@ -46,11 +48,12 @@ class Mosquitto:
     """One mosquitto process; see the module docstring."""
 
     def __init__(self, tmpdir: Any, port: Optional[int] = None, conf_extra: str = "",
-                 persistent: bool = False) -> None:
+                 persistent: bool = False, autosave_interval: int = 1) -> None:
         self.tmpdir = str(tmpdir)
         self.port = port or free_port()
         self.conf_extra = conf_extra
         self.persistent = persistent
+        self.autosave_interval = autosave_interval
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.conf_path = os.path.join(self.tmpdir, "mosquitto-%d.conf" % self.port)
         self.log_path = os.path.join(self.tmpdir, "mosquitto-%d.log" % self.port)
@@ -65,7 +68,8 @@ class Mosquitto:
         if self.persistent:
             pdir = os.path.join(self.tmpdir, "mosquitto-%d-db" % self.port)
             os.makedirs(pdir, exist_ok=True)
-            lines += ["persistence true", "persistence_location %s/" % pdir, "autosave_interval 1"]
+            lines += ["persistence true", "persistence_location %s/" % pdir,
+                      "autosave_interval %d" % self.autosave_interval]
         return "\n".join(lines) + "\n" + self.conf_extra + "\n"
 
     def start(self) -> None:
@@ -99,6 +103,13 @@ class Mosquitto:
                 self.proc.wait(5)
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL (a crash): no save on the way out."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
     def restart(self) -> None:
         self.stop()
         self.start()
@@ -121,9 +132,10 @@ class Mosquitto:
         self.stop()
 
 
-def start_mosquitto(tmpdir: Any, port: Optional[int] = None, conf_extra: str = "", persistent: bool = False) -> Mosquitto:
+def start_mosquitto(tmpdir: Any, port: Optional[int] = None, conf_extra: str = "", persistent: bool = False,
+                    autosave_interval: int = 1) -> Mosquitto:
     """Start mosquitto on a free (or the given) loopback port; call ``.stop()`` when done."""
-    return Mosquitto(tmpdir, port, conf_extra, persistent)
+    return Mosquitto(tmpdir, port, conf_extra, persistent, autosave_interval)
 
 
 @pytest.fixture
