@@ -251,7 +251,12 @@ def _host_config(workdir: str, broker: DemoBroker, args: argparse.Namespace) -> 
     with open(path, "w") as f:
         f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "demo-aggregator"\nreconnect_min_s = 1\n'
                 'reconnect_max_s = 2\n\n[aggregator]\ndb = "demo.db"\n\n[fleet]\nsalt = "%s"\nkind = "%s"\n'
-                "d = %d\nw = %d\n" % (broker.port, SALT, args.kind, args.d, args.w))
+                "d = %d\nw = %d\n\n"
+                "# the demo replays windows from %s: by the wall clock every release arrives\n"
+                "# long after its window ended, so 'late' (pansketch status) would flag all of them\n"
+                "[status]\nlate_grace_s = %d\n"
+                % (broker.port, SALT, args.kind, args.d, args.w, time.strftime("%Y-%m-%d", time.gmtime(T0)),
+                   10 * 365 * 86400))
     return hostconfig.load(path)
 
 

@@ -67,10 +67,13 @@ def _seqs(dev: dict[str, Any], k: str, limit: int = 20) -> list[int]:
     return []
 
 
-def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 12) -> dict[str, Any]:
-    """The fleet page as a dict: status report + flags + ledger grid + rejections by reason."""
+def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 12,
+          late_grace_s: Optional[float] = None) -> dict[str, Any]:
+    """The fleet page as a dict: status report + flags + ledger grid + rejections by reason.
+
+    ``late_grace_s``: as ``[status] late_grace_s`` (None: max(epoch length, 300 s))."""
     now = time.time() if now is None else now
-    rep = status_mod.report(store, delta, now, windows)
+    rep = status_mod.report(store, delta, now, windows, late_grace_s=late_grace_s)
     led = ledger_mod.build(store.releases(), delta)
     per_dev: dict[str, dict[tuple[int, int], ledger_mod.WindowEntry]] = defaultdict(dict)
     for e in led.windows:

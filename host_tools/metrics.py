@@ -61,10 +61,12 @@ def store_size(path: str) -> int:
 class StoreCollector:
     """Reads the release database at every scrape (read-only)."""
 
-    def __init__(self, db: str, delta: float = 1e-6, with_status: bool = True) -> None:
+    def __init__(self, db: str, delta: float = 1e-6, with_status: bool = True,
+                 late_grace_s: Optional[float] = None) -> None:
         self.db = db
         self.delta = delta
         self.with_status = with_status
+        self.late_grace_s = late_grace_s
 
     def describe(self) -> Iterable[Any]:  # no scrape at registration time
         return []
@@ -138,7 +140,7 @@ class StoreCollector:
 
         from host_tools import fleetview, status
 
-        rep = status.report(st, self.delta, windows=0)
+        rep = status.report(st, self.delta, windows=0, late_grace_s=self.late_grace_s)
         miss = GaugeMetricFamily("pansketch_device_missing_releases",
                                  "sequence numbers between the device's first and last stored release never "
                                  "received", labels=["device"])
@@ -275,10 +277,10 @@ def start_aggregator_exporter(db: str, port: int, addr: str = "127.0.0.1", delta
     return activate(m)
 
 
-def store_registry(db: str, delta: float = 1e-6) -> Any:
+def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] = None) -> Any:
     """A registry with only the store metrics (what ``serve`` exposes on /metrics)."""
     from prometheus_client import CollectorRegistry
 
     r = CollectorRegistry(auto_describe=False)
-    r.register(StoreCollector(db, delta))
+    r.register(StoreCollector(db, delta, late_grace_s=late_grace_s))
     return r

@@ -16,7 +16,8 @@ table); *pending* (not stored, and at or above the ``oldest_pending`` of
 the device's latest status, or released after that status: the device
 still holds it and re-sends it); or *lost* (none of these). Without a
 device status the range is [0, highest seq stored or rejected] and an
-unstored seq is *unknown* ("missing, no device status yet"). A stored
+unstored seq is *unknown* ("missing, no device status yet"; lost and
+pending are then null, not 0). A stored
 release is *late* when it was received more than a grace period
 (``--late-grace``, ``[status] late_grace_s``; default max(ep_s, 300 s))
 after the end of its epochs. The device's own backlog (``pending`` in its
@@ -91,8 +92,9 @@ def classify(stored: list[int], rejected: dict[int, str], st: Any = None,
                    pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
     else:
         unk, n_unk = _absent(0, top, have, limit)
-        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=0,
-                   pending_seqs=[], pending_count=0, unknown_seqs=unk, unknown_count=n_unk)
+        # lost and pending cannot be told apart without the device's word: not reported (None)
+        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
+                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
     return out
 
 
@@ -135,7 +137,8 @@ def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: A
     # everything not stored in the checked range (pending, rejected, lost or unknown)
     out["missing_seqs"] = sorted(out["lost_seqs"] + out["pending_seqs"] + out["unknown_seqs"]
                                  + out["rejected_seqs"])[:LIST_LIMIT]
-    out["missing_seq_count"] = out["lost_count"] + out["pending_count"] + out["unknown_count"] + out["rejected_count"]
+    out["missing_seq_count"] = ((out["lost_count"] or 0) + (out["pending_count"] or 0) + out["unknown_count"]
+                                + out["rejected_count"])
     return out
 
 
@@ -196,7 +199,7 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
         })
     devices.sort(key=lambda x: x["device"])
     fleet_windows = led.fleet_windows()
-    totals = {k: sum(d[k + "_count"] for d in devices) for k in ("lost", "pending", "rejected", "late", "unknown")}
+    totals = {k: sum(d[k + "_count"] or 0 for d in devices) for k in ("lost", "pending", "rejected", "late", "unknown")}
     totals["backlog"] = sum(d["backlog"] or 0 for d in devices)
     out = {
         "db": store.path, "now": iso(now), "releases": len(rels), "rejections": store.rejection_count(),
@@ -271,9 +274,10 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                     st["state"], st["next_seq"], _ago(st["received_unix"], now)) if st["next_seq"] is not None \
                     else "%s (no seq report yet)" % st["state"]
             lo, hi = d["checked"]
-            p("%-20s %-13s %7d %6s %8d %9d %6d %8s  %s" % (
+            p("%-20s %-13s %7d %6s %8s %9d %6d %8s  %s" % (
                 d["device"][:20], "%d-%d" % (lo, hi - 1) if hi > lo else "-", d["stored_count"],
-                d["lost_count"] if st is not None and st["next_seq"] is not None else "?", d["pending_count"],
+                "?" if d["lost_count"] is None else d["lost_count"],
+                "?" if d["pending_count"] is None else d["pending_count"],
                 d["rejected_count"], d["late_count"], "-" if d["backlog"] is None else d["backlog"], sttxt))
         gaps = [d for d in rep["devices"] if d["missing_epochs"] or d["missing_seq_count"] or d["seq_reused"]
                 or d["late_count"]]

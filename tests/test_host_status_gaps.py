@@ -39,7 +39,7 @@ def status_msg(device, **kw):
 def test_loss_at_seq_0_is_visible_without_a_status():
     c = status.classify([1, 2, 3], {}, None)
     assert c["basis"] == "no device status yet" and c["checked"] == [0, 4]
-    assert (c["unknown_seqs"], c["unknown_count"], c["lost_count"], c["pending_count"]) == ([0], 1, 0, 0)
+    assert (c["unknown_seqs"], c["unknown_count"], c["lost_count"], c["pending_count"]) == ([0], 1, None, None)
     assert status.classify([], {}, None)["checked"] == [0, 0]
 
 
@@ -144,7 +144,7 @@ def test_report_lists_lost_pending_rejected_late_and_backlog(tmp_path):
     d2 = devs["pi-2"]
     assert d2["releases"] == 0 and d2["pending_seqs"] == [0, 1, 2] and d2["lost_count"] == 0 and d2["backlog"] == 3
     d3 = devs["pi-3"]
-    assert d3["status"] is None and (d3["unknown_seqs"], d3["lost_count"]) == ([0, 2], 0)
+    assert d3["status"] is None and (d3["unknown_seqs"], d3["lost_count"], d3["pending_count"]) == ([0, 2], None, None)
     assert rep["delivery"] == {"lost": 2, "pending": 5, "rejected": 1, "late": 1, "unknown": 2, "backlog": 5}
     # a longer grace: nothing late
     assert status.report(a.store, late_grace_s=7300)["delivery"]["late"] == 0

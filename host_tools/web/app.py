@@ -325,7 +325,8 @@ class Dashboard:
     def _fleet(self, p: Params) -> dict[str, Any]:
         windows = p.int("windows", 12, 1, 500)
         with self._store() as st:
-            return fleetview.fleet(st, self.delta, time.time(), windows or 12)
+            return fleetview.fleet(st, self.delta, time.time(), windows or 12,
+                                   late_grace_s=self.cfg.status.late_grace_s)
 
     def page_fleet(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         try:
@@ -507,7 +508,7 @@ class Dashboard:
         from prometheus_client import generate_latest
 
         if self.registry is None:
-            self.registry = metrics.store_registry(self.db, self.delta)
+            self.registry = metrics.store_registry(self.db, self.delta, self.cfg.status.late_grace_s)
         return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], generate_latest(self.registry)
 
     def healthz(self, _p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
