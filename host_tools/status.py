@@ -201,6 +201,7 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
     fleet_windows = led.fleet_windows()
     totals = {k: sum(d[k + "_count"] or 0 for d in devices) for k in ("lost", "pending", "rejected", "late", "unknown")}
     totals["backlog"] = sum(d["backlog"] or 0 for d in devices)
+    totals["devices_without_status"] = sum(1 for d in devices if d["status"] is None or d["status"]["next_seq"] is None)
     out = {
         "db": store.path, "now": iso(now), "releases": len(rels), "rejections": store.rejection_count(),
         "duplicates": store.duplicate_count(), "delivery": totals, "devices": devices,
@@ -260,9 +261,11 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                 d["noise_draws_max"]))
         t = rep["delivery"]
         p("")
-        p("delivery: %d lost, %d pending, %d rejected, %d late%s; device backlog %d release(s)" % (
+        p("delivery: %d lost, %d pending, %d rejected, %d late%s; device backlog %d release(s)%s" % (
             t["lost"], t["pending"], t["rejected"], t["late"],
-            ", %d unknown (no device status yet)" % t["unknown"] if t["unknown"] else "", t["backlog"]))
+            ", %d unknown (no device status yet)" % t["unknown"] if t["unknown"] else "", t["backlog"],
+            "; %d device(s) without a status yet: lost and pending not known for them" % t["devices_without_status"]
+            if t["devices_without_status"] else ""))
         p("%-20s %-13s %7s %6s %8s %9s %6s %8s  %s" % ("DEVICE", "SEQ CHECKED", "STORED", "LOST", "PENDING",
                                                         "REJECTED", "LATE", "BACKLOG", "DEVICE STATUS"))
         for d in rep["devices"]:
