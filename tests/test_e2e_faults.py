@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,6 +63,7 @@ pytestmark = needs_mosquitto
 T0 = 1_800_000_000 - 1_800_000_000 % 3600
 SPEED = 60.0  # a 60 s window per real second
 ROWS: list[dict[str, Any]] = []
+STORED_LINE = re.compile(r"(?:INFO|DEBUG) stored (?:release )?[A-Za-z0-9._-]+ seq \d+")
 
 
 # -- processes --------------------------------------------------------------------
@@ -199,7 +201,8 @@ class Host:
             return f.read()
 
     def stored(self) -> int:
-        return self.text().count("stored release")
+        """Releases this aggregator stored (from its log: 'stored <dev> seq N')."""
+        return len(STORED_LINE.findall(self.text()))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
