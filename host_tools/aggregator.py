@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from agent.tomlconf import placeholder_salt_warning
-from host_tools import hostconfig, metrics
+from host_tools import devstatus, hostconfig, metrics
 from host_tools.decode import Rejected, decode, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.store import Store
@@ -216,7 +216,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         state["ever"] = True
         state["fail_logged"] = -1e9
         log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
-        c.subscribe(sub, options=SubscribeOptions(qos=cfg.aggregator.qos))
+        # releases (maybe a shared subscription) and every device's retained
+        # status (never shared: each aggregator keeps its own copy; gap detection)
+        c.subscribe([(sub, SubscribeOptions(qos=cfg.aggregator.qos)),
+                     (devstatus.status_filter(cfg), SubscribeOptions(qos=1))])
 
     def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
         bad = [r for r in rcs if r.is_failure]
@@ -244,6 +247,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
 
     def on_message(c: Any, _u: Any, msg: Any) -> None:
         state["last"] = time.monotonic()
+        if devstatus.handle_message(agg.store, c, msg):
+            return
         delay = 0.5
         out: Optional[Outcome] = None
         for attempt in range(4):

@@ -215,9 +215,16 @@ def test_cli_until_idle_and_exit_codes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "2"],
                             cwd=REPO, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        head = []
+        while True:  # publish only once it has subscribed (start-up takes a while on a loaded machine)
+            line = proc.stderr.readline()
+            assert line, "aggregator exited: %s" % "".join(head)
+            head.append(line)
+            if "subscribed to" in line:
+                break
         publish_all(b.port, [(topic("cli"), encoded(p, seq=0, fill=5)), (topic("cli"), b"junk")])
         out, err = proc.communicate(timeout=30)
+        err = "".join(head) + err
     finally:
         if proc.poll() is None:
             proc.kill()
