@@ -169,6 +169,23 @@ class Agent:
                 del items, weights, batch
         return False
 
+    def _flush_when_room(self, timeout: Optional[float]) -> bool:
+        """Commit the final release; if the outbox is full (outbox_max), wait up
+        to ``timeout`` for the host to acknowledge enough to make room."""
+        if self.rec.flush(self.clock.now()):
+            return True
+        if not self.rec.outbox.full():
+            return False  # a real write failure (disk): nothing to wait for
+        self.log("the outbox holds its limit of %d releases; waiting for the host to acknowledge some"
+                 % self.rec.outbox.limit)
+        deadline = None if not timeout else time.monotonic() + timeout
+        self.pub.wake()
+        while self.rec.outbox.full() and not self.stopping.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return self.rec.flush(self.clock.now())
+
     def main(self, finite_timeout: Optional[float]) -> int:
         def on_signal(signum: int, frame: Any) -> None:
             self.stopping.set()
@@ -188,7 +205,7 @@ class Agent:
         code = EXIT_OK
         if ended:
             # end of a batch input: release early (DESIGN.md allows it for batch replays)
-            if not self.rec.flush(self.clock.now()):
+            if not self._flush_when_room(finite_timeout):
                 self.rec.persist(self.clock.now())
                 self.log("could not commit the final release (see above); the noisy state is saved and is "
                          "released by the next run or feed")

@@ -148,3 +148,32 @@ def test_a_release_the_host_refuses_is_kept_aside_and_feed_says_so(tmp_path):
         assert ob.pending() == [] and ob.rejected() == 1
     finally:
         broker.stop()
+
+
+@needs_mosquitto
+def test_feed_with_a_full_outbox_waits_for_room_then_commits(tmp_path):
+    """outbox_max = 1 and one release already waiting: at end of input feed
+    waits for the host to acknowledge it, then commits and delivers the last."""
+    broker = start_mosquitto(tmp_path)
+    try:
+        state = str(tmp_path / "state")
+        cfg = agent_toml(str(tmp_path / "a.toml"), "pi-7", broker.port, state)
+        text = open(cfg).read().replace("[storage]\n", "[storage]\noutbox_max = 1\n")
+        open(cfg, "w").write(text)
+        r = run_agent("feed", cfg, "--timeout", "2", *FROZEN, input=b"a\n")
+        assert r.returncode == 1 and storage.Outbox(state).pending() == [0]
+        from tests.test_e2e_support import spawn_agent
+
+        log = str(tmp_path / "feed.log")
+        p = spawn_agent("feed", cfg, "--timeout", "30", *FROZEN, log=log)
+        p.stdin.write(b"b\n")
+        p.stdin.close()
+        assert wait_for(lambda: b"waiting for the host" in open(log, "rb").read(), 15), open(log).read()
+        host = start_host(tmp_path, broker.port)  # the host comes back: room, commit, delivery
+        assert p.wait(40) == 0, open(log).read()
+        assert host.stop() == 0
+        st = Store(str(tmp_path / "host.db"), readonly=True)
+        rows = st.db.execute("SELECT seq FROM releases WHERE device = 'pi-7' ORDER BY seq").fetchall()
+        assert [s for (s,) in rows] == [0, 1]
+    finally:
+        broker.stop()
