@@ -76,25 +76,38 @@ def apply(outbox, ok, bad, log=None):
 
 
 class Resend:
-    """When to (re)send each release: never sent, or unacknowledged for ``timeout_ms``.
+    """When to (re)send each release: never sent, or unacknowledged for its timeout.
 
+    The first re-send waits ``timeout_ms``, each further one twice as long
+    (capped at 64x): a host that is down for hours does not get the whole
+    backlog again every minute (each copy waits in its persistent session).
     ``now`` values are milliseconds from one monotonic clock. ``reset()``
     (on every reconnect) makes every release due again at once.
     """
 
+    MAX_DOUBLINGS = 6
+
     def __init__(self, timeout_ms):
         self.timeout_ms = timeout_ms
-        self.sent = {}
+        self.sent = {}  # seq -> [last send time, sends so far]
 
     def reset(self):
         self.sent = {}
 
+    def _wait(self, n):
+        return self.timeout_ms << min(n - 1, self.MAX_DOUBLINGS)
+
     def due(self, seq, now):
-        t = self.sent.get(seq)
-        return t is None or now - t >= self.timeout_ms
+        e = self.sent.get(seq)
+        return e is None or now - e[0] >= self._wait(e[1])
 
     def mark(self, seq, now):
-        self.sent[seq] = now
+        e = self.sent.get(seq)
+        if e is None:
+            self.sent[seq] = [now, 1]
+        else:
+            e[0] = now
+            e[1] += 1
 
     def forget_except(self, seqs):
         """Drop the times of releases no longer in the outbox (keeps the dict small)."""
@@ -106,8 +119,8 @@ class Resend:
         """Milliseconds until the next of ``seqs`` is due (0 if one is due now, None if none)."""
         best = None
         for s in seqs:
-            t = self.sent.get(s)
-            left = 0 if t is None else self.timeout_ms - (now - t)
+            e = self.sent.get(s)
+            left = 0 if e is None else self._wait(e[1]) - (now - e[0])
             if left < 0:
                 left = 0
             if best is None or left < best:

@@ -57,6 +57,11 @@ def test_resend_schedule():
     assert not r.due(5, 999) and r.due(5, 1000)
     assert r.next_due([5, 6], 200) == 0  # 6 was never sent
     assert r.next_due([5], 200) == 800
+    r.mark(5, 1000)  # second send: the next wait doubles
+    assert not r.due(5, 2999) and r.due(5, 3000)
+    for k in range(20):
+        r.mark(5, 0)
+    assert not r.due(5, 64000 - 1) and r.due(5, 64000)  # capped at 64x
     r.reset()
     assert r.due(5, 1)  # a reconnect makes everything due
 
