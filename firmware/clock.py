@@ -49,7 +49,7 @@ except Exception:
 
 def rtc_unix():
     """What the board's RTC says, as Unix seconds (may be garbage before a sync)."""
-    return time.time() + EPOCH_OFFSET
+    return int(time.time()) + EPOCH_OFFSET  # int(): the Unix port's time.time() is a float
 
 
 class Clock:
@@ -100,7 +100,7 @@ class Clock:
 
         ntptime.host = host
         ntptime.timeout = timeout_s
-        t = ntptime.time()
+        t = int(ntptime.time())
         unix = t + EPOCH_OFFSET
         self.set(unix)
         try:  # best effort: keep the RTC right for the next soft reset
