@@ -1,0 +1,31 @@
+# Runs inside the MicroPython Unix port (tests/unixvm.py starts it): turns the
+# process into a "board" and then runs the board's own /boot.py and /main.py.
+#
+#   micropython -X heapsize=128K board.py FLASH_DIR FAKES_DIR HW_DIR
+#
+# * FLASH_DIR is mounted at "/" (os.VfsPosix), so the firmware sees the flash
+#   layout deploy/flash.sh writes: /pansketch.json, /boot.py, /main.py,
+#   /agent, /firmware, /lib/umqtt/simple.py, and its state under /data.
+# * FAKES_DIR (machine, network, ntptime, bluetooth: the board modules the
+#   Unix port lacks) is mounted at /fakes, first on sys.path.
+# * HW_DIR is mounted at /hw: the files the fakes read (e.g. /hw/uart1, the
+#   bytes arriving on UART 1).
+# sys.path is then a board's ['', '.frozen', '/lib'] behind /fakes. Nothing
+# else is faked: sockets, os.urandom, hashlib, the heap and its garbage
+# collector are the port's own.
+import os
+import sys
+
+flash, fakes, hw = sys.argv[1], sys.argv[2], sys.argv[3]
+os.umount("/")
+os.mount(os.VfsPosix(flash), "/")
+os.mount(os.VfsPosix(fakes), "/fakes")
+os.mount(os.VfsPosix(hw), "/hw")
+os.chdir("/")
+sys.path[:] = ["/fakes", "", ".frozen", "/lib"]
+del flash, fakes, hw
+import gc
+
+gc.collect()
+import boot  # noqa: E402,F401  (like a board: boot.py, then main.py)
+import main  # noqa: E402,F401
