@@ -185,10 +185,15 @@ class Board:
         self.lines: list[str] = []
         self.cond = threading.Condition()
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.stopped = False
+        self.since = 0
         hw.mkdir(parents=True, exist_ok=True)
         (hw / "uart1").touch()
 
     def start(self, wait: bool = True) -> "Board":
+        self.stopped = False
+        with self.cond:
+            self.since = len(self.lines)  # wait_for looks at this boot's console only
         self.proc = subprocess.Popen(
             [str(self.binary), "-X", "heapsize=" + self.heap, str(LAUNCHER), str(self.flash), str(FAKES), str(self.hw)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -209,11 +214,12 @@ class Board:
                     self.cond.notify_all()
             log.write(b"--- exit %r ---\n" % proc.wait())
 
-    def wait_for(self, pattern: str, timeout: float = 20, start: int = 0) -> re.Match[str]:
-        """The first console line from index ``start`` on matching ``pattern`` (waits for it)."""
+    def wait_for(self, pattern: str, timeout: float = 20, start: Optional[int] = None) -> re.Match[str]:
+        """The first console line matching ``pattern`` from index ``start`` on (default: since the
+        last start), waiting for it."""
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
-        i = start
+        i = self.since if start is None else start
         with self.cond:
             while True:
                 while i < len(self.lines):
@@ -248,6 +254,7 @@ class Board:
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
+            self.stopped = True
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(10)
@@ -281,7 +288,9 @@ class Board:
 
     def trouble(self) -> list[str]:
         """Console lines saying something went wrong (the Ctrl-C of stop() excluded)."""
-        text = self.text.split("pansketch: stopped; noisy state saved")[0]
+        text = self.text
+        if self.stopped:  # the KeyboardInterrupt traceback stop() causes
+            text = text[:text.rfind("Traceback")] if text.rstrip().endswith("KeyboardInterrupt:") else text
         return [ln for ln in text.splitlines()
                 if "Traceback" in ln or "unexpected error" in ln or "NOT RUNNING" in ln or ln.startswith("@wdt starved")]
 
