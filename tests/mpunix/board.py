@@ -1,7 +1,7 @@
 # Runs inside the MicroPython Unix port (tests/unixvm.py starts it): turns the
 # process into a "board" and then runs the board's own /boot.py and /main.py.
 #
-#   micropython -X heapsize=128K board.py FLASH_DIR FAKES_DIR HW_DIR
+#   micropython -X heapsize=128K board.py FLASH_DIR FAKES_DIR HW_DIR [SCRIPT]
 #
 # * FLASH_DIR is mounted at "/" (os.VfsPosix), so the firmware sees the flash
 #   layout deploy/flash.sh writes: /pansketch.json, /boot.py, /main.py,
@@ -16,7 +16,10 @@
 import os
 import sys
 
+# With SCRIPT (a module in HW_DIR, e.g. bench.mpy compiled from
+# tests/mpunix/bench.py), that module runs instead of main.py.
 flash, fakes, hw = sys.argv[1], sys.argv[2], sys.argv[3]
+script = sys.argv[4] if len(sys.argv) > 4 else None
 os.umount("/")
 os.mount(os.VfsPosix(flash), "/")
 os.mount(os.VfsPosix(fakes), "/fakes")
@@ -28,4 +31,9 @@ import gc
 
 gc.collect()
 import boot  # noqa: E402,F401  (like a board: boot.py, then main.py)
-import main  # noqa: E402,F401
+
+if script:
+    sys.path.append("/hw")
+    __import__(script)
+else:
+    import main  # noqa: E402,F401

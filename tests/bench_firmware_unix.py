@@ -1,0 +1,152 @@
+"""Heap and time of the board firmware on MicroPython's Unix port (real GC, fixed heap).
+
+    python -m tests.bench_firmware_unix          # full: also the smallest heap each config runs in
+    (tests/test_firmware_unix_bench.py runs the quick part in the test suite)
+
+Writes ``bench-results/firmware-unix.json``. The firmware boots from a flash
+staged like ``deploy/flash.sh --mpy`` (tests/unixvm.py) and runs its real main
+loop against a real mosquitto; ``tests/mpunix/bench.py`` measures inside the VM.
+The Unix port here is a 64-bit build: every object pointer is 8 bytes (4 on the
+ESP32/RP2040), so code and objects take more heap than on a board, while the
+sketch arrays (int32) take the same.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from tests import unixvm as U
+from tests.broker import start_mosquitto
+
+OUT = U.REPO / "bench-results" / "firmware-unix.json"
+
+
+def _config(port: int, w: int) -> dict[str, Any]:
+    # the default CountSketch (d=4; w=1024 is agent.params' default), keep mode like the WebAssembly figures
+    return U.board_config(port, kind="cs", d=4, w=w, mode="keep", window_s=4, epoch_s=2, persist_s=600)
+
+
+def run_bench(binary: Path, tmp: Path, port: int, heap: str, w: int, mpy: bool = True, **opts: Any) -> dict[str, str]:
+    """One VM run of tests/mpunix/bench.py; returns its ``@key value`` lines (``error`` if it failed)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    flash = U.stage_flash(tmp / "flash", _config(port, w), mpy=mpy)
+    hw = tmp / "hw"
+    hw.mkdir(exist_ok=True)
+    (hw / "bench.json").write_text(json.dumps(opts))
+    for mod in ("bench", "benchrun"):  # precompiled: compiling them in the VM would cost heap
+        U.mpy_cross(U.HERE / (mod + ".py"), hw / (mod + ".mpy"))
+    b = U.Board(binary, flash, hw, heap=heap, log=tmp / "bench.log")
+    b.start(wait=False, script="bench")
+    assert b.proc is not None
+    try:
+        rc = b.proc.wait(60)
+    except Exception:
+        b.kill()
+        rc = -9
+    U.wait_until(lambda: "--- exit" in (tmp / "bench.log").read_text(), 5)
+    v = b.values()
+    if rc != 0 or "done" not in v:
+        v["error"] = "exit %s: %s" % (rc, "\n".join(b.text.splitlines()[-6:]))
+    return v
+
+
+def measure(binary: Path, tmp: Path, port: int, heap: str, w: int, **opts: Any) -> dict[str, Any]:
+    v = run_bench(binary, tmp, port, heap, w, **opts)
+    if "error" in v:
+        return {"heap": heap, "d": 4, "w": w, "boots": False, "error": v.get("idle") or v["error"]}
+    steps, live_hw, slow_ms, seq = (int(x) for x in v["loop"].split())
+    fills = []
+    for ln in (tmp / "bench.log").read_text().splitlines():
+        if ln.startswith("@fill "):
+            free, us, gcs, gc_us = ln.split()[1:]
+            fills.append({"free_bytes": int(free), "us_per_event": float(us), "events_per_s": round(1e6 / float(us)),
+                          "collections_per_1000_events": int(gcs), "us_per_collection": int(gc_us),
+                          "gc_us_per_event": round(int(gcs) * int(gc_us) / 1000, 2)})
+    return {
+        "heap": heap, "d": 4, "w": w, "boots": True,
+        "heap_bytes": int(v["heap"]), "live_after_boot": int(v["live_boot"]),
+        "largest_free_block_after_boot": int(v["largest_free_boot"]),
+        "live_with_bench_code": int(v["live_loaded"]),
+        "live_high_water": live_hw, "loop_steps": steps, "slowest_step_ms": slow_ms,
+        "idle_step_us": int(v["idle_step_us"]),
+        "garbage_per_event": int(v["alloc_event"]),
+        "us_per_event_by_free_heap": fills,
+        "uart_us_per_event": float(v["uart_us"].split()[1]),
+    }
+
+
+def runs_in(binary: Path, tmp: Path, port: int, heap_kib: int, w: int) -> bool:
+    """Does /main.py, unchanged, boot in this heap, count 300 UART lines, commit a release and publish it?"""
+    flash = U.stage_flash(tmp / "flash", _config(port, w), mpy=True)
+    b = U.Board(binary, flash, tmp / "hw", heap="%dK" % heap_kib, log=tmp / "board.log")
+    try:
+        b.start(wait=False)
+        try:
+            b.wait_for(r"pansketch: (running|NOT RUNNING)", 15)
+        except AssertionError:
+            return False
+        if "NOT RUNNING" in b.text:
+            return False
+        b.feed(["item-%d" % (i % 64) for i in range(300)])
+        done = U.wait_until(lambda: b.next_seq() >= 1 and not b.outbox() or not b.running, 8)
+        return done and b.running and b.next_seq() >= 1 and not b.trouble()
+    finally:
+        b.kill()
+
+
+def min_heap(binary: Path, tmp: Path, port: int, w: int, lo: int = 64, hi: int = 320, step: int = 4) -> Optional[int]:
+    """Smallest -X heapsize (KiB, multiple of ``step``) in which :func:`runs_in` holds, or None if not even ``hi``."""
+    def ok(k: int) -> bool:
+        return runs_in(binary, tmp / ("min-%d-%d" % (w, k)), port, k, w)
+
+    if not ok(hi):
+        return None
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+FULL = (("128K", 1024), ("128K", 256), ("128K", 128), ("192K", 1024))
+QUICK = (("128K", 256), ("192K", 1024))
+
+
+def main(argv: Optional[list[str]] = None, quick: bool = False) -> dict[str, Any]:
+    """Measure; write bench-results/firmware-unix.json (quick: two configs, min heaps kept from a full run)."""
+    binary = U.build()
+    res: dict[str, Any] = {"vm": "MicroPython Unix port v1.29.0-preview, 64-bit, real GC, fixed heap, .mpy code "
+                                 "(deploy/flash.sh --mpy layout), umqtt.simple 1.8.0, real mosquitto",
+                           "config": "CountSketch d=4, keep mode, epoch 2 s, dgauss rho=1/2, UART source",
+                           "runs": []}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        broker = start_mosquitto(tmp)
+        try:
+            for heap, w in (QUICK if quick else FULL):
+                res["runs"].append(measure(binary, tmp / ("m-%s-%d" % (heap, w)), broker.port, heap, w))
+            if not quick:
+                res["min_heap_kib"] = {str(w): min_heap(binary, tmp, broker.port, w) for w in (128, 256, 512, 1024)}
+        finally:
+            broker.stop()
+    OUT.parent.mkdir(exist_ok=True)
+    old = json.loads(OUT.read_text()) if OUT.exists() else {}
+    if quick:  # keep what only a full run measures
+        for k in ("min_heap_kib",):
+            if k in old:
+                res[k] = old[k]
+        mine = {(r["heap"], r["w"]) for r in res["runs"]}
+        res["runs"] += [r for r in old.get("runs", []) if (r["heap"], r["w"]) not in mine]
+    OUT.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    return res
+
+
+if __name__ == "__main__":
+    json.dump(main(sys.argv[1:]), sys.stdout, indent=2)
+    print()
