@@ -335,7 +335,15 @@ class Link:
         cl.set_last_will(self.status_topic, OFFLINE, retain=True, qos=1)
         cl.set_callback(self._on_msg)
         try:
-            cl.connect(clean_session=False)  # the broker keeps acks sent while we are away
+            try:
+                # umqtt.simple (1.8.0, what mip installs) calls sock.settimeout(timeout) in connect():
+                # without the argument it sets None (blocking, no timeout), and a lost CONNACK,
+                # SUBACK or PUBACK would hang the board until the watchdog resets it.
+                # clean_session=False: the broker keeps acks sent while we are away
+                cl.connect(clean_session=False, timeout=c.mqtt_timeout_s)
+            except TypeError:  # older umqtt.simple: no timeout argument; the socket keeps ours
+                _close(cl)
+                cl.connect(clean_session=False)
             cl.raw = simple.socket.last
             cl.subscribe(self.ack_topic, qos=1)
         except BaseException:

@@ -194,7 +194,7 @@ def test_umqtt_publish_trap_is_avoided(tmp_path):
         # plain umqtt on a socket WITH a timeout: the first publish is fine, but its wait_msg switched
         # the socket to blocking mode, so the next publish whose PUBACK is lost waits forever
         "from umqtt import simple\n"
-        "c = simple.MQTTClient('t', 'h')\nc.connect()\nprint('@timeout', c.sock.timeout)\n"
+        "c = simple.MQTTClient('t', 'h')\nc.connect(timeout=2)\nprint('@timeout', c.sock.timeout)\n"
         "c.publish(b't', b'1', qos=1)\nprint('@timeout_after', c.sock.timeout)\nfakehw.broker['drop_puback'] = 1\n"
         "try:\n    c.publish(b't', b'2', qos=1)\nexcept fakehw.Hang:\n    print('@plain hangs')\n",
         "cl = fwdrive.app.link.client\nfakehw.broker['drop_puback'] = 1\nt0 = fakehw.ms\n"
