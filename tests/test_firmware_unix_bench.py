@@ -38,6 +38,6 @@ def test_heap_and_cost_per_event_with_real_gc(mpunix, tmp_path):  # noqa: F811
         assert 0 < r["garbage_per_event"] <= 512  # the item's SHA-256 object and digest, nothing that grows
         for f in r["us_per_event_by_free_heap"]:
             expect = 1000 * r["garbage_per_event"] / f["free_bytes"]  # collections per 1000 events
-            assert 0.6 * expect - 1 <= f["collections_per_1000_events"] <= 1.4 * expect + 2, (f, expect)
+            assert 0.6 * expect - 1 <= f["collections_per_1000_events"] <= 1.6 * expect + 2, (f, expect)
             assert f["us_per_collection"] < 2000, f  # a collection of the whole heap: well under the
     print(res)                                       # watchdog's and the main loop's time scales
