@@ -6,9 +6,9 @@
 Writes ``bench-results/firmware-unix.json``. The firmware boots from a flash
 staged like ``deploy/flash.sh --mpy`` (tests/unixvm.py) and runs its real main
 loop against a real mosquitto; ``tests/mpunix/bench.py`` measures inside the VM.
-The Unix port here is a 64-bit build: every object pointer is 8 bytes (4 on the
-ESP32/RP2040), so code and objects take more heap than on a board, while the
-sketch arrays (int32) take the same.
+Heaps here are exact ``-X heapsize`` values on the VM tests/mpunix/build.sh
+built: 32-bit like the ESP32/RP2040 where the compiler can build it (the JSON's
+``bits``); a 64-bit VM needs about 1.5x the heap for the same code and objects.
 """
 
 from __future__ import annotations
@@ -20,26 +20,26 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tests import unixvm as U
-from tests.broker import start_mosquitto
 
 OUT = U.REPO / "bench-results" / "firmware-unix.json"
 
 
-def _config(port: int, w: int) -> dict[str, Any]:
+def _config(port: int, w: int, device: str) -> dict[str, Any]:
     # the default CountSketch (d=4; w=1024 is agent.params' default), keep mode like the WebAssembly figures
-    return U.board_config(port, kind="cs", d=4, w=w, mode="keep", window_s=4, epoch_s=2, persist_s=600)
+    return U.board_config(port, device=device, kind="cs", d=4, w=w, mode="keep", window_s=4, epoch_s=2,
+                          persist_s=600)
 
 
 def run_bench(binary: Path, tmp: Path, port: int, heap: str, w: int, mpy: bool = True, **opts: Any) -> dict[str, str]:
     """One VM run of tests/mpunix/bench.py; returns its ``@key value`` lines (``error`` if it failed)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    flash = U.stage_flash(tmp / "flash", _config(port, w), mpy=mpy)
+    flash = U.stage_flash(tmp / "flash", _config(port, w, "bench-%s-%d" % (heap, w)), mpy=mpy)
     hw = tmp / "hw"
     hw.mkdir(exist_ok=True)
     (hw / "bench.json").write_text(json.dumps(opts))
     for mod in ("bench", "benchrun"):  # precompiled: compiling them in the VM would cost heap
         U.mpy_cross(U.HERE / (mod + ".py"), hw / (mod + ".mpy"))
-    b = U.Board(binary, flash, hw, heap=heap, log=tmp / "bench.log")
+    b = U.Board(binary, flash, hw, heap=heap, log=tmp / "bench.log", exact_heap=True)
     b.start(wait=False, script="bench")
     assert b.proc is not None
     try:
@@ -80,9 +80,10 @@ def measure(binary: Path, tmp: Path, port: int, heap: str, w: int, **opts: Any) 
 
 
 def runs_in(binary: Path, tmp: Path, port: int, heap_kib: int, w: int) -> bool:
-    """Does /main.py, unchanged, boot in this heap, count 300 UART lines, commit a release and publish it?"""
-    flash = U.stage_flash(tmp / "flash", _config(port, w), mpy=True)
-    b = U.Board(binary, flash, tmp / "hw", heap="%dK" % heap_kib, log=tmp / "board.log")
+    """Does /main.py, unchanged, boot in this heap, count 300 UART lines, commit a release, publish it and
+    delete it on the host's acknowledgement?"""
+    flash = U.stage_flash(tmp / "flash", _config(port, w, "min-%d-%d" % (w, heap_kib)), mpy=True)
+    b = U.Board(binary, flash, tmp / "hw", heap="%dK" % heap_kib, log=tmp / "board.log", exact_heap=True)
     try:
         b.start(wait=False)
         try:
@@ -114,30 +115,39 @@ def min_heap(binary: Path, tmp: Path, port: int, w: int, lo: int = 64, hi: int =
     return hi
 
 
-FULL = (("128K", 1024), ("128K", 256), ("128K", 128), ("192K", 1024))
-QUICK = (("128K", 256), ("192K", 1024))
+MIN_HEAP_W = (64, 128, 256, 512, 1024)
+# (board heap, w): the VM gets U.vm_heap(board heap), i.e. the same on a 32-bit VM
+FULL = (("128K", 1024), ("128K", 256), ("192K", 1024))
+QUICK = (("128K", 1024), ("192K", 1024))
 
 
 def main(argv: Optional[list[str]] = None, quick: bool = False) -> dict[str, Any]:
     """Measure; write bench-results/firmware-unix.json (quick: two configs, min heaps kept from a full run)."""
     binary = U.build()
-    res: dict[str, Any] = {"vm": "MicroPython Unix port v1.29.0-preview, 64-bit, real GC, fixed heap, .mpy code "
-                                 "(deploy/flash.sh --mpy layout), umqtt.simple 1.8.0, real mosquitto",
+    bits = U.word_bits(binary)
+    res: dict[str, Any] = {"vm": "MicroPython Unix port v1.29.0-preview, %d-bit, real GC, fixed heap (-X heapsize, "
+                                 "exactly as listed), .mpy code (deploy/flash.sh --mpy layout), umqtt.simple 1.8.0, "
+                                 "real mosquitto and aggregator (releases leave on its acks)" % bits,
+                           "bits": bits,
                            "config": "CountSketch d=4, keep mode, epoch 2 s, dgauss rho=1/2, UART source",
                            "runs": []}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        broker = start_mosquitto(tmp)
+        host = U.Host(tmp / "host", persistent=False)  # mosquitto + aggregator: releases leave on its acks
         try:
-            for heap, w in (QUICK if quick else FULL):
-                res["runs"].append(measure(binary, tmp / ("m-%s-%d" % (heap, w)), broker.port, heap, w))
+            host.start_aggregator()
+            for board_heap, w in (QUICK if quick else FULL):
+                heap = U.vm_heap(board_heap, binary)
+                r = measure(binary, tmp / ("m-%s-%d" % (heap, w)), host.port, heap, w)
+                r["board_heap"] = board_heap
+                res["runs"].append(r)
             if not quick:
-                res["min_heap_kib"] = {str(w): min_heap(binary, tmp, broker.port, w) for w in (128, 256, 512, 1024)}
+                res["min_heap_kib"] = {str(w): min_heap(binary, tmp, host.port, w) for w in MIN_HEAP_W}
         finally:
-            broker.stop()
+            host.close()
     OUT.parent.mkdir(exist_ok=True)
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
-    if quick:  # keep what only a full run measures
+    if quick and old.get("bits") == bits:  # keep what only a full run (on this kind of VM) measures
         for k in ("min_heap_kib",):
             if k in old:
                 res[k] = old[k]

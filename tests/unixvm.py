@@ -90,6 +90,26 @@ def build() -> Path:
     return _built["bin"]
 
 
+_bits: dict[Path, int] = {}
+
+
+def word_bits(binary: Path) -> int:
+    """32 or 64: the VM's word size (tests/mpunix/build.sh builds 32-bit when it can)."""
+    if binary not in _bits:
+        out = subprocess.run([str(binary), "-c", "import sys; print(sys.maxsize)"], capture_output=True, text=True,
+                             timeout=30).stdout
+        _bits[binary] = 32 if int(out) == 2**31 - 1 else 64
+    return _bits[binary]
+
+
+def vm_heap(heap: str, binary: Path) -> str:
+    """The -X heapsize for a board heap of ``heap`` (e.g. "128K"): the same on a 32-bit VM (boards are 32-bit);
+    1.5x on a 64-bit one, whose pointers, and so most objects, are twice the size."""
+    if word_bits(binary) == 32:
+        return heap
+    return "%dK" % (int(heap.rstrip("Kk")) * 3 // 2)
+
+
 @pytest.fixture(scope="session")
 def mpunix() -> Path:
     """Path of the MicroPython Unix-port binary (built on first use)."""
@@ -168,18 +188,19 @@ def write_config(flash: Path, cfg: dict[str, Any]) -> None:
     (flash / "pansketch.json").write_text(json.dumps(cfg))
 
 
-def board_config(port: int, **sketch: Any) -> dict[str, Any]:
+def board_config(port: int, device: str = DEVICE, **sketch: Any) -> dict[str, Any]:
     """A board config for the tests: small fast epochs, UART source, everything else real."""
     sk = {"kind": "cs", "d": 4, "w": 64, "mode": "window", "window_s": 2, "mechanism": "dgauss",
           "budget": "1/2", "persist_s": 1}
     sk.update(sketch)
     return {
-        "device": DEVICE,
+        "device": device,
         "salt": SALT,
         "sketch": sk,
         "wifi": {"ssid": "loopback"},
         "ntp": {"host": "ntp.test"},
-        "mqtt": {"host": "127.0.0.1", "port": port, "timeout_s": 1, "retry_max_s": 1, "keepalive_s": 30},
+        "mqtt": {"host": "127.0.0.1", "port": port, "timeout_s": 1, "retry_max_s": 1, "keepalive_s": 30,
+                 "ack_timeout_s": 2},  # re-send what the host has not acknowledged after 2 s
         "source": {"type": "uart", "id": 1},
         "watchdog_s": 4,
         "state_dir": "/data",
@@ -190,11 +211,13 @@ def board_config(port: int, **sketch: Any) -> dict[str, Any]:
 class Board:
     """A MicroPython Unix-port process running ``/main.py`` on ``flash``."""
 
-    def __init__(self, binary: Path, flash: Path, hw: Path, heap: str = "128K", log: Optional[Path] = None) -> None:
+    def __init__(self, binary: Path, flash: Path, hw: Path, heap: str = "128K", log: Optional[Path] = None,
+                 exact_heap: bool = False) -> None:
         self.binary = binary
         self.flash = flash
         self.hw = hw
-        self.heap = heap
+        self.heap = heap  # a board's heap; the VM gets vm_heap(heap) unless exact_heap
+        self.vm_heap = heap if exact_heap else vm_heap(heap, binary)
         self.log_path = log or flash.parent / "board.log"
         self.lines: list[str] = []
         self.cond = threading.Condition()
@@ -209,7 +232,7 @@ class Board:
         with self.cond:
             self.since = len(self.lines)  # wait_for looks at this boot's console only
         self.proc = subprocess.Popen(
-            [str(self.binary), "-X", "heapsize=" + self.heap, str(LAUNCHER), str(self.flash), str(FAKES), str(self.hw)]
+            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(FAKES), str(self.hw)]
             + ([script] if script else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
@@ -220,7 +243,7 @@ class Board:
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         with open(self.log_path, "ab") as log:
-            log.write(b"--- start (heap %s) ---\n" % self.heap.encode())
+            log.write(b"--- start (heap %s, %d-bit VM) ---\n" % (self.vm_heap.encode(), word_bits(self.binary)))
             for raw in proc.stdout:
                 log.write(raw)
                 log.flush()
@@ -488,6 +511,7 @@ class Host:
 
     def __init__(self, tmp: Path, persistent: bool = True) -> None:
         self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.broker: Mosquitto = start_mosquitto(tmp, persistent=persistent)
         self.db = tmp / "host.db"
         self.config = tmp / "host.toml"

@@ -7,24 +7,46 @@
 #
 #   tests/mpunix/build.sh            # prints the binary's path on its last line
 #
+# 32-bit when the C compiler can build for it (gcc -m32; Debian: gcc-multilib,
+# which .ci/run installs on x86-64): boards (ESP32, RP2040) are 32-bit, and a
+# 64-bit VM needs about 1.5x their heap for the same objects. Otherwise, or
+# with PANSKETCH_MPUNIX_BITS=64, the 64-bit build of
+# ../shared/micropython/build-unix.sh. Same options either way: no TLS, btree,
+# ffi or frozen modules.
+#
 # The build goes to .micropython/ in the repository (gitignored). It is skipped
-# when the binary exists, runs, and was built from the same tarball (its
-# SHA-256 is kept in .micropython/SOURCE); otherwise the cache is rebuilt from
-# scratch. Needs gcc, make, pkg-config (Debian: build-essential pkg-config).
+# when the binary exists, runs, and was built from the same tarball and word
+# size (.micropython/SOURCE); otherwise the cache is rebuilt from scratch.
+# Needs gcc, make, pkg-config (Debian: build-essential pkg-config).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 shared=${PANSKETCH_SHARED:-$repo/../shared}
 builder="$shared/micropython/build-unix.sh"
 cache="$repo/.micropython"
-bin="$cache/micropython/ports/unix/build-standard/micropython"
 if [ ! -f "$builder" ]; then
   echo "tests/mpunix/build.sh: $builder not found (set PANSKETCH_SHARED to the shared directory)" >&2
   exit 3
 fi
 exec 9>"$repo/.micropython.lock"   # two test runs in one checkout build once
 flock 9 2>/dev/null || true
+
+bits=${PANSKETCH_MPUNIX_BITS:-}
+if [ -z "$bits" ]; then
+  probe=$(mktemp -d)
+  if printf 'int main(void){return 0;}\n' > "$probe/t.c" && gcc -m32 -o "$probe/t" "$probe/t.c" >/dev/null 2>&1 \
+     && "$probe/t"; then
+    bits=32
+  else
+    bits=64
+    echo "tests/mpunix/build.sh: no 32-bit toolchain (gcc -m32; Debian: gcc-multilib): building the 64-bit VM" >&2
+  fi
+  rm -rf "$probe"
+fi
+unix="$cache/micropython/ports/unix"
+if [ "$bits" = 32 ]; then bin="$unix/build-standard32/micropython"; else bin="$unix/build-standard/micropython"; fi
+
 tarball=$(ls "$shared"/micropython/micropython-*.tar.gz | head -n 1)
-sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+sum="$(sha256sum "$tarball" | cut -d' ' -f1) $bits-bit"
 if [ -x "$bin" ] && [ "$(cat "$cache/SOURCE" 2>/dev/null)" = "$sum" ] \
    && "$bin" -c "import sys; assert sys.implementation.name == 'micropython'" 2>/dev/null; then
   echo "$bin"
@@ -34,7 +56,16 @@ rm -rf "$cache"
 mkdir -p "$cache"
 # GIT_CEILING_DIRECTORIES: MicroPython's version header must not take this
 # repository's commit (git describe would find it above the cache).
-out=$(GIT_CEILING_DIRECTORIES="$cache" "$builder" "$cache" | tail -n 1)
-[ "$out" = "$bin" ] || { echo "tests/mpunix/build.sh: unexpected binary path $out" >&2; exit 1; }
+export GIT_CEILING_DIRECTORIES="$cache"
+if [ "$bits" = 32 ]; then
+  tar -xzf "$tarball" -C "$cache"
+  # build-unix.sh's options, for a 32-bit target
+  make -s -C "$unix" -j"$(nproc)" BUILD=build-standard32 CFLAGS_EXTRA=-m32 LDFLAGS_EXTRA=-m32 \
+    MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_PY_FFI=0 FROZEN_MANIFEST= >&2
+  "$bin" -c "import sys; assert sys.implementation.name == 'micropython' and sys.maxsize == 2**31 - 1"
+else
+  out=$("$builder" "$cache" | tail -n 1)
+  [ "$out" = "$bin" ] || { echo "tests/mpunix/build.sh: unexpected binary path $out" >&2; exit 1; }
+fi
 echo "$sum" > "$cache/SOURCE"
 echo "$bin"
