@@ -232,7 +232,8 @@ class Board:
         with self.cond:
             self.since = len(self.lines)  # wait_for looks at this boot's console only
         self.proc = subprocess.Popen(
-            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(FAKES), str(self.hw)]
+            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(FAKES),
+             str(self.hw)]
             + ([script] if script else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
@@ -339,7 +340,8 @@ class Board:
         if self.stopped:  # the KeyboardInterrupt traceback stop() causes
             text = text[:text.rfind("Traceback")] if text.rstrip().endswith("KeyboardInterrupt:") else text
         return [ln for ln in text.splitlines()
-                if "Traceback" in ln or "unexpected error" in ln or "NOT RUNNING" in ln or ln.startswith("@wdt starved")]
+                if "Traceback" in ln or "unexpected error" in ln or "NOT RUNNING" in ln
+                or ln.startswith("@wdt starved")]
 
     def starved_watchdog(self) -> list[str]:
         return [ln for ln in self.text.splitlines() if ln.startswith("@wdt starved")]
