@@ -118,11 +118,12 @@ def min_heap(binary: Path, tmp: Path, port: int, w: int, lo: int = 64, hi: int =
 MIN_HEAP_W = (64, 128, 256, 512, 1024)
 # (board heap, w): the VM gets U.vm_heap(board heap), i.e. the same on a 32-bit VM
 FULL = (("128K", 1024), ("128K", 256), ("192K", 1024))
-QUICK = (("128K", 1024), ("192K", 1024))
+QUICK = (("128K", 1024),)
 
 
 def main(argv: Optional[list[str]] = None, quick: bool = False) -> dict[str, Any]:
-    """Measure; write bench-results/firmware-unix.json (quick: two configs, min heaps kept from a full run)."""
+    """Measure; write bench-results/firmware-unix.json (quick: the default sketch in 128 KiB only; the other
+    configs and the smallest heaps are kept from a full run on the same kind of VM)."""
     binary = U.build()
     bits = U.word_bits(binary)
     res: dict[str, Any] = {"vm": "MicroPython Unix port v1.29.0-preview, %d-bit, real GC, fixed heap (-X heapsize, "
