@@ -442,6 +442,8 @@ def main(path=config.DEFAULT_PATH, max_steps=None, rng=None):
         try:
             ms = app.step()
             errors = 0
+            if ms:
+                sleep(app, ms)  # inside the try: Ctrl-C mostly lands here
         except KeyboardInterrupt:
             if app.running:  # Ctrl-C from mpremote: keep what was counted
                 app.rec.persist()
@@ -451,7 +453,5 @@ def main(path=config.DEFAULT_PATH, max_steps=None, rng=None):
             errors += 1
             log("unexpected error in the main loop (%d in a row):" % errors)
             sys.print_exception(exc)
-            ms = min(1000 * errors, 60000)
-        if ms:
-            sleep(app, ms)
+            sleep(app, min(1000 * errors, 60000))
     return app
