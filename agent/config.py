@@ -34,6 +34,8 @@ PARAM_KEYS: dict[str, str] = {
     "sketch.d": "d",
     "sketch.w": "w",
     "sketch.clip": "clip",
+    "sketch.b": "b",
+    "sketch.map": "map",
     "privacy.mode": "mode",
     "privacy.window_s": "window_s",
     "privacy.epoch_s": "epoch_s",
@@ -54,7 +56,7 @@ SOURCE_KEYS = (
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": BROKER_KEYS,
     "device": ("id", "salt"),
-    "sketch": ("kind", "d", "w", "clip"),
+    "sketch": ("kind", "d", "w", "clip", "b", "map"),
     "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s"),
     "storage": ("dir", "persist_s", "outbox_max"),
     "source": SOURCE_KEYS,

@@ -312,10 +312,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     p = cfg.params
     name, g = calibrate.guarantee(p.noise, p.d, p.clip, p.arrays)
     elo = int(time.time()) // p.epoch_s  # today's epoch numbers: the same metadata widths as a real release
-    size = len(release.encode(p, 0, elo, elo + 1, 0, new_counters(p.d * p.w)))
+    size = len(release.encode(p, 0, elo, elo + 1, 0, new_counters(p.cells)))
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
-    print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.d * p.w))
+    print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.cells))
     print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
           % ((2**31 - 1) // p.clip, p.clip))
     print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))

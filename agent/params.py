@@ -7,7 +7,7 @@ the offending key so config loaders can report it verbatim.
 
 import hashlib
 
-from agent import calibrate, hashing
+from agent import calibrate, dcs, hashing
 from agent.sketch import KINDS
 
 
@@ -37,6 +37,8 @@ class Params:
     epoch_s (= window_s in window mode, 600 in keep mode), mechanism
     ('dgauss'), budget ('1/2': rho for dgauss, eps for dlap),
     persist_s (600: each persist adds one noise draw to the release, docs/PRIVACY.md).
+    Kind 'dcs' only: b (16, domain bits) and map ([1, 1, 0]: scale_num,
+    scale_den, offset of the reading -> domain map, agent/dcs.py).
     """
 
     def __init__(self, cfg):
@@ -54,8 +56,8 @@ class Params:
             raise ParamError("salt", "must be at most 255 bytes")
         self.salt = salt
         self.kind = cfg.get("kind", "cs")
-        if self.kind not in KINDS:
-            raise ParamError("kind", "must be 'cms' or 'cs', got %r" % (self.kind,))
+        if self.kind not in KINDS and self.kind != "dcs":
+            raise ParamError("kind", "must be 'cms', 'cs' or 'dcs', got %r" % (self.kind,))
         self.d = _int(cfg, "d", 4, 1, 32)
         self.w = _int(cfg, "w", 1024, 2, 1 << 24)
         self.clip = _int(cfg, "clip", 1, 1, 1 << 20)
@@ -79,7 +81,24 @@ class Params:
         if self.budget[0] <= 0:
             raise ParamError("budget", "must be positive")
         self.persist_s = _int(cfg, "persist_s", 600, 1, 86400)
-        self.arrays = calibrate.arrays_touched(self.mode)
+        # kind dcs (agent/dcs.py): b domain bits, b + 1 levels of d x w, one event touches all levels
+        self.b = 0
+        self.map = None
+        self.levels = 1
+        if self.kind == "dcs":
+            self.b = _int(cfg, "b", 16, 1, dcs.MAX_B)
+            m = cfg.get("map", [1, 1, 0])
+            if (not isinstance(m, (list, tuple)) or len(m) != 3
+                    or any(isinstance(x, bool) or not isinstance(x, int) for x in m)):
+                raise ParamError("map", "must be [scale_num, scale_den, offset] (three integers), got %r" % (m,))
+            if not (0 < m[0] < 1 << 62 and 0 < m[1] < 1 << 62 and -(1 << 62) < m[2] < 1 << 62):
+                raise ParamError("map", "scale_num and scale_den must be in [1, 2^62), |offset| < 2^62")
+            self.map = (m[0], m[1], m[2])
+            self.levels = self.b + 1
+        elif "b" in cfg or "map" in cfg:
+            raise ParamError("b" if "b" in cfg else "map", "only applies to kind 'dcs'")
+        self.cells = self.levels * self.d * self.w
+        self.arrays = calibrate.arrays_touched(self.mode) * self.levels
         self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
 
     @property
@@ -102,5 +121,7 @@ class Params:
             self.budget[0],
             self.budget[1],
         )
+        if self.kind == "dcs":
+            s += "|%d|%d,%d,%d" % (self.b, self.map[0], self.map[1], self.map[2])
         h = hashlib.sha256(s.encode()).digest()
         return h[:8]

@@ -42,6 +42,7 @@ and its epoch range [elo, ehi) grows until a release succeeds.
 """
 
 from agent import hashing, release, storage
+from agent.dcs import DyadicSketch
 from agent.noise import add_noise, wrap32
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
@@ -68,14 +69,19 @@ class Recorder:
         self.outbox = storage.Outbox(root, outbox_max)
         self.state_path = storage.join(root, "state.bin")
         self.marker_path = storage.join(root, "released")
-        n = params.d * params.w
+        n = params.cells
         # Two preallocated arrays: the live accumulator and a scratch buffer
         # (release copy, or fresh noise staged before it touches the state).
         # The scratch buffer is all zeros whenever no method is running: it
         # is part of the intruder's view (docs/PRIVACY.md), and a staged draw
         # left in it would give counters - relbuf - state.bin = exact events.
         self.relbuf = new_counters(n)
-        self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip, new_counters(n))
+        if params.kind == "dcs":
+            self.sketch = DyadicSketch(params.b, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
+                                       params.map, new_counters(n))
+        else:
+            self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
+                                 new_counters(n))
         self.counters = self.sketch.counters
         self._fp = params.fingerprint()
         self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet

@@ -16,7 +16,7 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2):
     """The release as a dict; ``counters`` is the noisy array('i') carrying
     ``nz`` independent noise draws per cell (nz - 1 internal, 1 output)."""
     spec = params.noise
-    return {
+    m = {
         "v": FORMAT_VERSION,
         "dev": params.device,
         "seq": seq,
@@ -41,6 +41,12 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2):
         "part": part,
         "ctr": counters,
     }
+    if params.kind == "dcs":  # format version 2 (docs/FORMAT.md): lvl, and the kind's own keys
+        m["v"] = 2
+        m["lvl"] = 0
+        m["b"] = params.b
+        m["map"] = [params.map[0], params.map[1], params.map[2]]
+    return m
 
 
 def encode_to(params, seq, elo, ehi, part, counters, write, nz=2):

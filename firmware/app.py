@@ -162,7 +162,7 @@ class App:
             rng = Rng(_FeedingSource(src, self.wdt.feed))
         self.rng = rng
         gc.collect()
-        n = self.p.d * self.p.w
+        n = self.p.cells
         try:
             boot_now = self.clock.provisional()
             self.rec = Recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log, outbox_max=cfg.outbox_max)

@@ -140,7 +140,7 @@ def report(path=None):
     free = gc.mem_free()
     p = cfg.params
     print("config: %s %dx%d (%d cells = %d bytes of sketch), TLS %s" % (
-        p.kind, p.d, p.w, p.d * p.w, CELL * p.d * p.w, "on" if cfg.tls else "off"))
+        p.kind, p.d, p.w, p.cells, CELL * p.cells, "on" if cfg.tls else "off"))
     print("heap free now: %d bytes; a step of %d events makes ~%d bytes of garbage" % (
         free, cfg.max_events, STEP_EVENT * cfg.max_events))
     print("if the sketch is allocated (app running), more cells that would fit: %d" % (

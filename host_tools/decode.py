@@ -56,6 +56,12 @@ MAX_U32 = 0xFFFFFFFF
 MAX_NZ = 1_000_000  # noise draws per cell (internal draws + 1 output draw)
 MAX_SPAN = 1 << 20  # epochs one release may cover (a range grows only while a device's flash is full)
 SUPPORTED_MODES = ("window", "keep")
+SUPPORTED_VERSIONS = (1, 2)
+# format version 2 (docs/FORMAT.md): every release has ``lvl``; kind dcs adds ``b`` and ``map``
+FIELDS_V2 = FIELDS + ("lvl",)
+KIND_FIELDS = {"dcs": ("b", "map")}
+V2_KINDS = ("cms", "cs", "dcs")
+MAX_MAP = 1 << 62
 
 
 class Rejected(Exception):
@@ -96,6 +102,18 @@ class Release:
     ctr_off: int  # offset of the counter bytes in payload
     sha256: str
     v: int = FORMAT_VERSION
+    lvl: int = 0  # v2: tree level (0 outside tree mode)
+    b: int = 0  # dcs: domain bits (levels = b + 1)
+    map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
+
+    @property
+    def levels(self) -> int:
+        return self.b + 1 if self.kind == "dcs" else 1
+
+    @property
+    def rows(self) -> int:
+        """Counter rows of w cells: levels * d."""
+        return self.levels * self.d
 
     @property
     def key(self) -> tuple[str, int, int, int]:
@@ -103,8 +121,10 @@ class Release:
         return (self.dev, self.elo, self.ehi, self.part)
 
     @property
-    def group(self) -> tuple[str, int, int, int, str]:
-        """What must be identical for releases to merge: (kind, d, w, hv, salt id)."""
+    def group(self) -> tuple[Any, ...]:
+        """What must be identical for releases to merge: (kind, d, w, hv, salt id[, b, map])."""
+        if self.kind == "dcs":
+            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
         return (self.kind, self.d, self.w, self.hv, self.salt)
 
     @property
@@ -117,11 +137,12 @@ class Release:
 
     @property
     def ctr(self) -> bytes:
-        return self.payload[self.ctr_off:self.ctr_off + 4 * self.d * self.w]
+        return self.payload[self.ctr_off:self.ctr_off + 4 * self.rows * self.w]
 
     def counters(self) -> np.ndarray:
-        """The noisy counters as int32, shape (d, w)."""
-        return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
+        """The noisy counters as int32, shape (levels * d, w)."""
+        return np.frombuffer(self.payload, dtype="<i4", count=self.rows * self.w,
+                             offset=self.ctr_off).reshape(self.rows, self.w)
 
 
 def _type_check(obj: Any, depth: int = 0) -> None:
@@ -232,14 +253,18 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     if "v" not in obj:
         raise Rejected("version", "field 'v' (format version) is missing")
     v = obj["v"]
-    if isinstance(v, bool) or not isinstance(v, int) or v != FORMAT_VERSION:
-        raise Rejected("version", "unsupported release format version %r (this host reads v%d)" % (v, FORMAT_VERSION))
+    if isinstance(v, bool) or not isinstance(v, int) or v not in SUPPORTED_VERSIONS:
+        raise Rejected("version", "unsupported release format version %r (this host reads v1 and v2)" % (v,))
+    fields: tuple[str, ...] = FIELDS
+    if v == 2:
+        k0 = obj.get("kind")
+        fields = FIELDS_V2 + (KIND_FIELDS.get(k0, ()) if isinstance(k0, str) else ())
     for k in obj:
         if not isinstance(k, str):
             raise Rejected("schema", "map key %r is not a text string" % (k,))
-        if k not in FIELDS:
+        if k not in fields:
             raise Rejected("schema", "unknown field %r" % k)
-    for k in FIELDS:
+    for k in fields:
         if k not in obj:
             raise Rejected("schema", "missing field %r" % k)
 
@@ -250,7 +275,21 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     mode = _str(obj, "mode")
     if mode not in SUPPORTED_MODES:
         raise Rejected("schema", "mode %r is not supported by this host (window, keep)" % mode)
-    kind = _str(obj, "kind", ("cms", "cs"))
+    kind = _str(obj, "kind", V2_KINDS if v == 2 else ("cms", "cs"))
+    lvl = _int(obj, "lvl", 0, 63) if v == 2 else 0
+    if lvl and mode != "tree":
+        raise Rejected("schema", "lvl = %d outside tree mode (must be 0)" % lvl)
+    b = 0
+    dmap: Optional[tuple[int, int, int]] = None
+    if kind == "dcs":
+        b = _int(obj, "b", 1, 62)
+        mv = obj["map"]
+        if (not isinstance(mv, list) or len(mv) != 3 or any(isinstance(x, bool) or not isinstance(x, int) for x in mv)
+                or not (0 < mv[0] < MAX_MAP and 0 < mv[1] < MAX_MAP and -MAX_MAP < mv[2] < MAX_MAP)):
+            raise Rejected("schema", "field 'map' must be [scale_num, scale_den, offset] with 0 < scale < 2^62, "
+                                     "|offset| < 2^62")
+        dmap = (mv[0], mv[1], mv[2])
+    levels = b + 1 if kind == "dcs" else 1
     d = _int(obj, "d", 1, 32)
     w = _int(obj, "w", 2, 1 << 24)
     hv = _int(obj, "hv", 0, MAX_U32)
@@ -270,7 +309,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     if not 2 <= nz <= MAX_NZ:
         raise Rejected("schema", "field 'nz' = %d out of range [2, %d]: every cell carries at least one "
                        "internal and one output noise draw" % (nz, MAX_NZ))
-    L = _int(obj, "L", 1, 64)
+    L = _int(obj, "L", 1, 4096)
     win_s = _int(obj, "win_s", 1, 366 * 86400)
     ep_s = _int(obj, "ep_s", 1, 366 * 86400)
     if win_s % ep_s:
@@ -291,11 +330,12 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     ctr = obj["ctr"]
     if not isinstance(ctr, bytes):
         raise Rejected("schema", "field 'ctr' must be a byte string")
-    if len(ctr) != 4 * d * w:
-        raise Rejected("shape", "ctr has %d bytes, d=%d x w=%d int32 counters need %d" % (len(ctr), d, w, 4 * d * w))
-    if L != calibrate.arrays_touched(mode):
-        raise Rejected("schema", "L = %d but mode %r touches %d array(s) per event"
-                       % (L, mode, calibrate.arrays_touched(mode)))
+    if len(ctr) != 4 * levels * d * w:
+        raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
+                       % (len(ctr), levels, d, w, 4 * levels * d * w))
+    if L != calibrate.arrays_touched(mode) * levels:
+        raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
+                       % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
 
     enc, off = canonical_with_offset(obj)
     if enc != payload:
@@ -328,4 +368,5 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
 
     return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
                    budget=budget, nint=nint, nout=nout, nz=nz, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
-                   part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest())
+                   part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest(),
+                   v=v, lvl=lvl, b=b, map=dmap)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -91,6 +91,8 @@ class Merged:
     t0: int  # earliest epoch start covered (unix seconds)
     t1: int  # latest epoch end covered
     windows: list[tuple[int, int]] = field(default_factory=list)  # distinct (win_s, win)
+    b: int = 0  # kind dcs: domain bits; counters are then ((b + 1) * d, w), level l in rows [l*d, (l+1)*d)
+    map: Optional[tuple[int, int, int]] = None  # kind dcs: (scale_num, scale_den, offset)
 
     @property
     def noise_var(self) -> float:
@@ -114,8 +116,8 @@ def merge(rels: Sequence[StoredRelease]) -> Merged:
                          for g, n in groups.most_common())
         raise MergeError("releases with different sketch parameters cannot be merged: %s; "
                          "restrict the query with --device or a time range" % desc)
-    kind, d, w, hv, salt = rels[0].group
-    acc = np.zeros((d, w), dtype=np.int64)
+    kind, d, w, hv, salt = rels[0].group[:5]
+    acc = np.zeros((rels[0].rows, w), dtype=np.int64)
     terms: Counter[tuple[str, int, int]] = Counter()
     for r in rels:
         acc += r.counters()
@@ -125,7 +127,7 @@ def merge(rels: Sequence[StoredRelease]) -> Merged:
     return Merged(kind=kind, d=d, w=w, hv=hv, salt=salt, counters=acc, releases=len(rels),
                   devices=sorted({r.device for r in rels}), noise=noise,
                   t0=min(r.t0 for r in rels), t1=max(r.t1 for r in rels),
-                  windows=sorted({(r.win_s, r.win) for r in rels}))
+                  windows=sorted({(r.win_s, r.win) for r in rels}), b=rels[0].b, map=rels[0].map)
 
 
 def merge_arrays(counters: Iterable[np.ndarray], kind: str, d: int, w: int, noise: list[NoiseTerm],

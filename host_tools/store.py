@@ -69,6 +69,8 @@ CREATE TABLE IF NOT EXISTS releases (
     nint_num INTEGER NOT NULL, nint_den INTEGER NOT NULL, nout_num INTEGER NOT NULL, nout_den INTEGER NOT NULL,
     nz INTEGER NOT NULL, L INTEGER NOT NULL, sha256 TEXT NOT NULL, payload BLOB NOT NULL, ctr_off INTEGER NOT NULL,
     topic TEXT, received REAL NOT NULL,
+    v INTEGER NOT NULL DEFAULT 1, lvl INTEGER NOT NULL DEFAULT 0, b INTEGER NOT NULL DEFAULT 0,
+    map_num INTEGER, map_den INTEGER, map_off INTEGER,
     PRIMARY KEY (device, elo, ehi, part)
 );
 CREATE INDEX IF NOT EXISTS releases_win ON releases (win, win_s);
@@ -98,7 +100,11 @@ STATUS_INTS = ("ts", "next_seq", "oldest_pending", "pending", "acked_seq", "reje
 # release columns read back for queries (payload last)
 _COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
          "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
-         "nout_den", "nz", "L", "received", "ctr_off")
+         "nout_den", "nz", "L", "received", "ctr_off", "v", "lvl", "b", "map_num", "map_den", "map_off")
+# columns added after schema version 1 first shipped: (name, SQL type and default, value for old rows)
+_ADDED = (("nz", "INTEGER NOT NULL DEFAULT 2", "2"), ("v", "INTEGER NOT NULL DEFAULT 1", "1"),
+          ("lvl", "INTEGER NOT NULL DEFAULT 0", "0"), ("b", "INTEGER NOT NULL DEFAULT 0", "0"),
+          ("map_num", "INTEGER", "NULL"), ("map_den", "INTEGER", "NULL"), ("map_off", "INTEGER", "NULL"))
 
 
 @dataclass(frozen=True)
@@ -164,15 +170,31 @@ class StoredRelease:
     received: float
     ctr_off: int
     payload: Optional[bytes] = None
+    v: int = 1
+    lvl: int = 0
+    b: int = 0  # dcs: domain bits
+    map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
 
     @property
-    def group(self) -> tuple[str, int, int, int, str]:
+    def levels(self) -> int:
+        return self.b + 1 if self.kind == "dcs" else 1
+
+    @property
+    def rows(self) -> int:
+        return self.levels * self.d
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        if self.kind == "dcs":
+            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
         return (self.kind, self.d, self.w, self.hv, self.salt)
 
     def counters(self) -> np.ndarray:
+        """int32 counters, shape (levels * d, w) (levels = 1 except kind dcs)."""
         if self.payload is None:
             raise ValueError("release loaded without its payload")
-        return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
+        return np.frombuffer(self.payload, dtype="<i4", count=self.rows * self.w,
+                             offset=self.ctr_off).reshape(self.rows, self.w)
 
 
 def _locked(exc: BaseException) -> bool:
@@ -183,10 +205,11 @@ def _locked(exc: BaseException) -> bool:
 
 def _row_to_release(r: tuple[Any, ...], with_payload: bool) -> StoredRelease:
     (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
-     bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off) = r[:28]
+     bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off, v, lvl, b, mn, md, mo) = r[:34]
     return StoredRelease(device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip,
                          mech, (bn, bd), (inn, ind), (onn, ond), nz, L, received, ctr_off,
-                         bytes(r[28]) if with_payload else None)
+                         bytes(r[34]) if with_payload else None, v, lvl, b,
+                         (mn, md, mo) if mn is not None else None)
 
 
 class Store:
@@ -216,8 +239,9 @@ class Store:
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
-        has_nz = self._retry_locked(self._has_nz)
-        self._cols = ", ".join(c if c != "nz" or has_nz else "2 AS nz" for c in _COLS)
+        have = self._retry_locked(self._columns)
+        old = {name: dflt for name, _, dflt in _ADDED}
+        self._cols = ", ".join(c if c not in old or c in have else "%s AS %s" % (old[c], c) for c in _COLS)
         v = self._retry_locked(lambda: self._meta("schema_version"))
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
@@ -233,17 +257,18 @@ class Store:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _has_nz(self) -> bool:
+    def _columns(self) -> set[str]:
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(releases)").fetchall()}
-        return not cols or "nz" in cols  # no table yet (read-only open of an empty file): nothing to adapt
+        return cols or set(_COLS)  # no table yet (read-only open of an empty file): nothing to adapt
 
     def _init_schema(self, cur: sqlite3.Cursor) -> None:
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 cur.execute(stmt)
         cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
-        if "nz" not in cols:  # a database from before releases carried nz (see module docstring)
-            cur.execute("ALTER TABLE releases ADD COLUMN nz INTEGER NOT NULL DEFAULT 2")
+        for name, decl, _ in _ADDED:  # a database from before releases carried nz, v, lvl, b, map
+            if name not in cols:
+                cur.execute("ALTER TABLE releases ADD COLUMN %s %s" % (name, decl))
         rcols = {r[1] for r in cur.execute("PRAGMA table_info(rejections)").fetchall()}
         if "seq" not in rcols:  # before status told lost from rejected releases: attribute the old ones
             cur.execute("ALTER TABLE rejections ADD COLUMN seq INTEGER")
@@ -331,11 +356,12 @@ class Store:
         cur.execute(
             "INSERT INTO releases (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, "
             "clip, mech, budget_num, budget_den, nint_num, nint_den, nout_num, nout_den, nz, L, sha256, payload, "
-            "ctr_off, topic, received) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?)",
+            "ctr_off, topic, received, v, lvl, b, map_num, map_den, map_off) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
              rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
-             rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, topic, now))
+             rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, topic, now,
+             rel.v, rel.lvl, rel.b) + (tuple(rel.map) if rel.map is not None else (None, None, None)))
         return "stored"
 
     def reject(self, code: str, reason: str, payload: bytes, topic: Optional[str] = None,
