@@ -21,7 +21,11 @@ from agent import hashing
 
 def streams(items: Sequence[Any], salt: str | bytes, d: int) -> np.ndarray:
     """Hash streams of ``items``: uint8 array of shape (n, 32 * ceil(d / 8))."""
-    prefix = hashing.salt_prefix(salt)
+    return streams_prefix(items, hashing.salt_prefix(salt), d)
+
+
+def streams_prefix(items: Sequence[Any], prefix: bytes, d: int) -> np.ndarray:
+    """Hash streams under a ready hash prefix (e.g. a dcs level's, agent.dcs.level_prefix)."""
     nb = hashing.n_blocks(d)
     out = np.empty((len(items), 32 * nb), dtype=np.uint8)
     base = hashlib.sha256(prefix)

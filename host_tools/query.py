@@ -32,7 +32,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from agent import hashing
-from host_tools import estimators
+from host_tools import dyadic_cli, estimators
 from host_tools.merge import MergeError, Merged, merge
 from host_tools.store import Store
 
@@ -207,11 +207,17 @@ def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, r
     return out
 
 
+def _point_kind(m: Merged) -> None:
+    if m.kind == "dcs":
+        raise QueryError("releases of kind dcs answer quantile, cdf and heavy (not freq/topk)")
+
+
 def freq(store: Store, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95) -> list[Answer]:
     """Estimated frequency of each item (in order) over the selection, with intervals."""
     m, sel = select_merged(store, window, since, until, device, salt)
+    _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
     est = estimators.point_estimates(m.counters, cols, signs, m.kind)
@@ -230,6 +236,7 @@ def topk(store: Store, candidates: Sequence[Any], k: int, *, salt: str, window: 
     if k < 1:
         raise QueryError("k must be at least 1")
     m, sel = select_merged(store, window, since, until, device, salt)
+    _point_kind(m)
     cands = list(dict.fromkeys(candidates))  # distinct, first-seen order
     if not cands:
         raise QueryError("no candidates")
@@ -298,6 +305,7 @@ def add_parser(subparsers: Any) -> None:
     from host_tools import series as series_mod
 
     series_mod.add_subparser(sub, _common)
+    dyadic_cli.add_parsers(sub, _common)
     p.set_defaults(func=main)
 
 
@@ -310,7 +318,7 @@ def main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
 
     if not getattr(args, "qtype", None):
-        return _err("choose a query: freq, topk or series (see pansketch query --help)", 2)
+        return _err("choose a query: freq, topk, series, quantile, cdf, heavy or distinct (see pansketch query --help)", 2)
     path = getattr(args, "config_sub", None) or args.config
     if not path:
         return _err("--config FILE is required", 2)
@@ -340,6 +348,13 @@ def main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, OSError, Exception) as exc:
         return _err(str(exc), 1)
     t_start = time.perf_counter()
+    if args.qtype in dyadic_cli.QTYPES:
+        try:
+            return dyadic_cli.run(args, store, salt, conf, since, until)
+        except (QueryError, ValueError, OSError) as exc:
+            return _err(str(exc), 1)
+        finally:
+            store.close()
     try:
         if args.qtype == "series":
             from host_tools import series as series_mod

@@ -46,7 +46,7 @@ def spawn_agent(command: str, config: str, *extra: str, log: Optional[str] = Non
 def agent_toml(path: str, device: str, port: int, state_dir: str, *, window_s: int = 3600, epoch_s: Optional[int] = None,
                mode: str = "window", w: int = 256, d: int = 4, kind: str = "cs", budget: str = "1/2",
                mechanism: str = "dgauss", source: str = 'type = "stdin"', broker_extra: str = "",
-               persist_s: int = 60) -> str:
+               persist_s: int = 60, sketch_extra: str = "") -> str:
     text = """
 [broker]
 host = "127.0.0.1"
@@ -62,6 +62,7 @@ salt = "%s"
 kind = "%s"
 d = %d
 w = %d
+%s
 [privacy]
 mode = "%s"
 mechanism = "%s"
@@ -73,7 +74,7 @@ dir = "%s"
 persist_s = %d
 [source]
 %s
-""" % (port, broker_extra, device, SALT, kind, d, w, mode, mechanism, budget, window_s,
+""" % (port, broker_extra, device, SALT, kind, d, w, sketch_extra, mode, mechanism, budget, window_s,
        "epoch_s = %d" % epoch_s if epoch_s else "", state_dir, persist_s, source)
     with open(path, "w") as f:
         f.write(text)

@@ -1,0 +1,267 @@
+"""Quantiles, CDF and heavy hitters from merged ``dcs`` releases, with intervals.
+
+A dcs release (agent/dcs.py, docs/FORMAT.md §2) holds L = b + 1 levels of
+d x w counters; level l counts the dyadic prefixes ``x >> l`` of the
+readings' domain values x in [0, 2^b). Levels l >= e = exact_from(b, w)
+are exact-indexed (node v in column v of every row, sign +1); the others
+are CountSketches under the level's hash prefix.
+
+Node estimate: mean of the d rows (exact levels; error = the mean of d
+merged noise draws) or median of the d signed readings (hashed levels,
+dp-linear-sketches Algorithm 2).
+
+Per-level error bounds at a level confidence 1 - a (P(|err| > t_l) <= a):
+
+* exact level: t_l = E / d with E the (a/2)-tail of the sum of d cells'
+  merged noise (exact distribution, host_tools.estimators.noise_tail_bound);
+* hashed level: the data-driven CountSketch bound of
+  host_tools.estimators.cs_halfwidth (no model of the data or noise: the
+  level's own counters are the sample of the error distribution).
+
+Rank: rank_lt(x) (items < x) is the sum of at most b node estimates, one
+per level l < b whose bit l of x is set (Algorithm 5). Its interval is the
+sum of those levels' t_l at a = alpha / (2b) each, and the total n (level
+b, exact) gets a = alpha / 2: by the union bound the rank interval and the
+fraction interval [(r - h)/(n + t_n), (r + h)/(n - t_n)] both cover with
+probability >= 1 - alpha, for each reported point (intervals are per point,
+not simultaneous over a whole CDF). Coverage is checked by simulation in
+tests/test_dcs_host.py.
+
+Quantile q: the smallest x with estimated rank_le(x) >= q * n (descends
+the bits of x); the answer carries the rank interval of that x.
+
+Heavy hitters without candidates: descend from the root; at each level keep
+the ``beam`` children with the largest estimates (those below the level's
+noise bound t_l, or below threshold - t_l when a threshold is given, are
+dropped: their true count is indistinguishable from 0, or below the
+threshold, at the level's confidence); at level 0 report the k largest with
+per-item intervals +- t_0 (at confidence 1 - alpha, like ``query topk``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from agent import hashing
+from agent.dcs import exact_from, level_prefix, map_value
+from host_tools import estimators, fasthash
+from host_tools.merge import Merged, NoiseTerm
+
+
+def exact_counters(values: Sequence[int], b: int, d: int, w: int, salt: str | bytes,
+                   weights: Optional[Sequence[int]] = None) -> np.ndarray:
+    """Noise-free counters ((b+1)*d, w) of domain values, equal to agent.dcs.DyadicSketch."""
+    v = np.asarray(values, dtype=np.int64) if not isinstance(values, np.ndarray) else values.astype(np.int64)
+    wt = np.ones(len(v), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
+    levels = b + 1
+    e = exact_from(b, w)
+    out = np.zeros((levels, d, w), dtype=np.int64)
+    prefix = hashing.salt_prefix(salt)
+    nodes, inv = np.unique(v, return_inverse=True)
+    cnt = np.bincount(inv, weights=wt, minlength=len(nodes)).astype(np.int64)
+    for lv in range(levels):
+        if lv:
+            nodes, inv = np.unique(nodes >> 1, return_inverse=True)
+            cnt = np.bincount(inv, weights=cnt, minlength=len(nodes)).astype(np.int64)
+        keep = cnt != 0
+        nd, ct = nodes[keep], cnt[keep]
+        if lv >= e:
+            out[lv, :, :] += np.bincount(nd, weights=ct, minlength=w).astype(np.int64)[None, :w]
+            continue
+        if not len(nd):
+            continue
+        cols, signs = fasthash.cols_signs(fasthash.streams_prefix([int(x) for x in nd], level_prefix(prefix, lv), d),
+                                          d, w)
+        for r in range(d):
+            out[lv, r] = np.bincount(cols[:, r], weights=ct * signs[:, r], minlength=w).astype(np.int64)
+    return out.reshape(levels * d, w)
+
+
+class DyadicView:
+    """Estimates and per-level error bounds over merged dcs counters."""
+
+    def __init__(self, counters: np.ndarray, b: int, d: int, w: int, salt: str | bytes,
+                 noise: Sequence[NoiseTerm], confidence: float = 0.95) -> None:
+        if not 0.5 <= confidence < 1:
+            raise ValueError("confidence must be in [0.5, 1)")
+        self.b, self.d, self.w = b, d, w
+        self.levels = b + 1
+        self.C = np.asarray(counters, dtype=np.int64).reshape(self.levels, d, w)
+        self.exact = exact_from(b, w)
+        self.prefix = hashing.salt_prefix(salt)
+        self.noise = list(noise)
+        self.confidence = confidence
+        self.alpha = 1.0 - confidence
+        self._cache: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+        self._t: dict[tuple[int, float], float] = {}
+
+    @classmethod
+    def of(cls, m: Merged, salt: str | bytes, confidence: float = 0.95) -> "DyadicView":
+        if m.kind != "dcs":
+            raise ValueError("releases of kind %r hold no dyadic levels (need kind dcs)" % m.kind)
+        return cls(m.counters, m.b, m.d, m.w, salt, m.noise, confidence)
+
+    # -- nodes -----------------------------------------------------------
+    def node_est(self, level: int, nodes: np.ndarray) -> np.ndarray:
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if not nodes.size:
+            return np.zeros(0)
+        C = self.C[level]
+        if level >= self.exact:
+            return C[:, nodes].mean(axis=0)
+        uniq, inv = np.unique(nodes, return_inverse=True)
+        cache = self._cache.setdefault(level, {})
+        missing = [int(x) for x in uniq if int(x) not in cache]
+        if missing:
+            st = fasthash.streams_prefix(missing, level_prefix(self.prefix, level), self.d)
+            c, s = fasthash.cols_signs(st, self.d, self.w)
+            for i, x in enumerate(missing):
+                cache[x] = (c[i], s[i])
+        cols = np.stack([cache[int(x)][0] for x in uniq])
+        signs = np.stack([cache[int(x)][1] for x in uniq])
+        vals = fasthash.row_values(C, cols, signs, "cs")
+        return np.median(vals, axis=1)[inv]
+
+    def halfwidth(self, level: int, a: float) -> float:
+        """t with P(|node estimate - true node count| > t) <= a at this level."""
+        key = (level, a)
+        if key not in self._t:
+            if level >= self.exact:
+                terms = [NoiseTerm(t.mech, t.num, t.den, t.count * self.d) for t in self.noise]
+                self._t[key] = estimators.noise_tail_bound(terms, a / 2.0) / self.d
+            else:
+                self._t[key] = estimators.cs_halfwidth(self.C[level], a)
+        return self._t[key]
+
+    # -- ranks -----------------------------------------------------------
+    def total(self) -> tuple[float, float]:
+        """(estimated number of events n, half-width at alpha/2)."""
+        return float(self.node_est(self.b, np.array([0]))[0]), self.halfwidth(self.b, self.alpha / 2.0)
+
+    def rank_lt(self, xs: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(estimate, half-width) of the number of events with value < x, x in [0, 2^b]."""
+        x = np.asarray(xs, dtype=np.int64)
+        U = 1 << self.b
+        if x.size and (x.min() < 0 or x.max() > U):
+            raise ValueError("rank query outside [0, 2^b]")
+        est = np.zeros(x.shape, dtype=np.float64)
+        half = np.zeros(x.shape, dtype=np.float64)
+        full = x == U
+        if full.any():
+            n, tn = self.total()
+            est[full] = n
+            half[full] = tn
+        xi = np.where(full, 0, x)
+        a = self.alpha / (2.0 * self.b)
+        for lv in range(self.b):
+            node = xi >> lv
+            sel = (node & 1) == 1
+            if sel.any():
+                est[sel] += self.node_est(lv, node[sel] - 1)
+                half[sel] += self.halfwidth(lv, a)
+        return est, half
+
+    def rank_le(self, xs: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.rank_lt(np.asarray(xs, dtype=np.int64) + 1)
+
+    def quantile(self, qs: Sequence[float] | np.ndarray, n: Optional[float] = None) -> np.ndarray:
+        """Smallest x with estimated rank_le(x) >= q * n, for each q."""
+        q = np.asarray(qs, dtype=np.float64)
+        if n is None:
+            n = self.total()[0]
+        target = q * n
+        x = np.zeros(q.shape, dtype=np.int64)
+        for bit in range(self.b - 1, -1, -1):
+            cand = x + (1 << bit)
+            r, _ = self.rank_lt(cand)
+            x = np.where(r < target, cand, x)
+        return np.minimum(x, (1 << self.b) - 1)
+
+    # -- heavy hitters ---------------------------------------------------
+    def heavy(self, k: int, threshold: Optional[float] = None, beam: Optional[int] = None) -> tuple[
+            list[tuple[int, float]], float]:
+        """Top-k domain values by dyadic descent: ([(x, estimate)], half-width t_0)."""
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        B = beam if beam is not None else max(4 * k, 64)
+        nodes = np.array([0], dtype=np.int64)
+        for lv in range(self.b - 1, -1, -1):
+            nodes = np.concatenate((2 * nodes, 2 * nodes + 1))
+            est = self.node_est(lv, nodes)
+            t = self.halfwidth(lv, self.alpha)
+            floor = t if threshold is None else max(t, threshold - t)
+            keep = est > floor
+            nodes, est = nodes[keep], est[keep]
+            if nodes.size > B:
+                top = np.argpartition(-est, B - 1)[:B]
+                nodes, est = nodes[top], est[top]
+            if not nodes.size:
+                return [], self.halfwidth(0, self.alpha)
+        order = np.lexsort((nodes, -est))
+        out = [(int(nodes[i]), float(est[i])) for i in order]
+        if threshold is not None:
+            out = [(x, e) for x, e in out if e >= threshold]
+        return out[:k], self.halfwidth(0, self.alpha)
+
+
+# -- readings <-> domain ---------------------------------------------------------
+def reading_range(x: int, b: int, mapping: tuple[int, int, int]) -> tuple[Optional[float], Optional[float]]:
+    """Readings that map to x: [lo, hi) (None = unbounded: clipped into the domain's edge)."""
+    sn, sd, off = mapping
+    lo = None if x == 0 else off + x * sd / sn
+    hi = None if x == (1 << b) - 1 else off + (x + 1) * sd / sn
+    return lo, hi
+
+
+def to_value(reading: Any, b: int, mapping: tuple[int, int, int]) -> int:
+    x = map_value(reading if isinstance(reading, (int, str)) else repr(reading), b, mapping)
+    if x is None:
+        raise ValueError("%r is not a reading (decimal, 0x hex, IPv4 or MAC)" % (reading,))
+    return x
+
+
+@dataclass
+class RankAnswer:
+    q: Optional[float]
+    x: int
+    reading_lo: Optional[float]
+    reading_hi: Optional[float]
+    rank: float
+    rank_lo: float
+    rank_hi: float
+    n: float
+    n_lo: float
+    n_hi: float
+    frac: float
+    frac_lo: float
+    frac_hi: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.q is not None:
+            d["q"] = self.q
+        d.update({"value": self.x, "reading": [self.reading_lo, self.reading_hi],
+                  "rank": round(self.rank, 3), "rank_lo": round(self.rank_lo, 3), "rank_hi": round(self.rank_hi, 3),
+                  "n": round(self.n, 3), "n_lo": round(self.n_lo, 3), "n_hi": round(self.n_hi, 3),
+                  "cdf": round(self.frac, 6), "cdf_lo": round(self.frac_lo, 6), "cdf_hi": round(self.frac_hi, 6)})
+        return d
+
+
+def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int]
+                 ) -> list[RankAnswer]:
+    n, tn = v.total()
+    r, h = v.rank_le(xs)
+    out = []
+    for i, x in enumerate(xs):
+        lo, hi = reading_range(int(x), v.b, mapping)
+        rl, rh = float(r[i] - h[i]), float(r[i] + h[i])
+        nl, nh = n - tn, n + tn
+        fl = max(0.0, rl / nh) if nh > 0 else 0.0
+        fh = min(1.0, rh / nl) if nl > 0 else 1.0
+        out.append(RankAnswer(None if qs is None else float(qs[i]), int(x), lo, hi, float(r[i]), rl, rh, n, nl, nh,
+                              float(r[i] / n) if n > 0 else math.nan, fl, fh))
+    return out

@@ -1,0 +1,148 @@
+"""End to end for kind dcs: real agents (stdin numbers) -> real mosquitto -> aggregator -> store ->
+``pansketch query quantile | cdf | heavy``.
+
+Known streams; every answer must contain the truth within its stated
+interval (95%), and the point answers must be close to the truth:
+
+* readings: temperatures with two decimals, mapped by map = [100, 1, -40]
+  (x = centi-degrees above -40 C), b = 16, three agents, merged;
+* heavy hitters: IPv4 addresses (b = 32, map [1, 1, 0]) from a Zipf stream,
+  no candidate list; the true top 10 must be found.
+
+The reported intervals are union bounds (host_tools/dyadic.py): a correct
+implementation covers with probability >= 95% per answer, so with fixed
+seeds a miss means a bug; a broken sketch (e.g. wrong level layout) gives
+ranks off by thousands and fails.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+
+from host_tools.store import Store
+from tests.test_e2e_support import (REPO, agent_env, agent_toml, host_toml, needs_mosquitto, pansketch_cmd,
+                                    run_agent, start_mosquitto, wait_for)
+
+pytestmark = needs_mosquitto
+
+T0 = 1_800_000_000 - 1_800_000_000 % 3600
+FROZEN = ("--clock-start", str(T0 + 100), "--clock-speed", "0")
+
+
+def _fleet(tmp_path, streams, sketch_extra, w, db="fleet.db"):
+    broker = start_mosquitto(tmp_path)
+    log = open(tmp_path / "aggregate.log", "wb")
+    hcfg = host_toml(str(tmp_path / "host.toml"), broker.port, db, fleet_extra='kind = "dcs"')
+    agg = subprocess.Popen(pansketch_cmd("aggregate", "--config", hcfg), stdout=log, stderr=log, env=agent_env(),
+                           cwd=REPO)
+    try:
+        assert wait_for(lambda: b"subscribing" in open(tmp_path / "aggregate.log", "rb").read(), 20)
+        time.sleep(0.3)
+        for i, lines in enumerate(streams):
+            cfg = agent_toml(str(tmp_path / ("a%d.toml" % i)), "pi-%d" % i, broker.port, str(tmp_path / ("s%d" % i)),
+                             kind="dcs", w=w, sketch_extra=sketch_extra)
+            r = run_agent("feed", cfg, "--timeout", "60", "--insecure-seed", "dcs-%d" % i, *FROZEN,
+                          input=("\n".join(lines) + "\n").encode(), timeout=120)
+            assert r.returncode == 0, r.stderr.decode()
+        with Store(str(tmp_path / db), readonly=True) as st:
+            assert wait_for(lambda: st.release_count() >= len(streams), 30)
+            assert st.release_count() == len(streams) and st.rejection_count() == 0
+    except BaseException:
+        agg.send_signal(signal.SIGTERM)
+        agg.wait(15)
+        broker.stop()
+        raise
+    return broker, agg, log, hcfg
+
+
+def _stop(broker, agg, log):
+    agg.send_signal(signal.SIGTERM)
+    assert agg.wait(15) == 0
+    log.close()
+    broker.stop()
+
+
+def _query(hcfg, *args):
+    q = subprocess.run(pansketch_cmd("query", "--config", hcfg, *args, "--json"), capture_output=True,
+                       env=agent_env(), cwd=REPO, timeout=120)
+    assert q.returncode == 0, q.stderr.decode()
+    return [json.loads(x) for x in q.stdout.decode().splitlines() if x.strip()]
+
+
+def test_quantiles_and_cdf_of_readings(tmp_path):
+    rng = random.Random(7)
+    streams = []
+    values = []  # domain values x = floor((t + 40) * 100)
+    for i in range(3):
+        lines = []
+        for _ in range(4000):
+            t = round(rng.gauss(21.0 + i, 4.0), 2)
+            lines.append("%.2f" % t)
+            values.append(int(round((t + 40) * 100)))
+        lines += ["not a number", "-300", "9e9"]  # ignored; clipped to 0; clipped to 2^16 - 1
+        values += [0, 65535]
+        streams.append(lines)
+    broker, agg, log, hcfg = _fleet(tmp_path, streams, "b = 16\nmap = [100, 1, -40]", 1024)
+    try:
+        n = len(values)
+        qa = _query(hcfg, "quantile", "--q", "0.05", "0.5", "0.95")
+        assert [a["q"] for a in qa] == [0.05, 0.5, 0.95]
+        for a in qa:
+            assert a["devices"] == ["pi-0", "pi-1", "pi-2"] and a["releases"] == 3 and a["b"] == 16
+            true_rank = sum(1 for v in values if v <= a["value"])
+            assert a["rank_lo"] <= true_rank <= a["rank_hi"], (a, true_rank)
+            assert a["n_lo"] <= n <= a["n_hi"]
+            assert a["cdf_lo"] <= true_rank / n <= a["cdf_hi"]
+            # the answer is a true quantile up to 1% of rank
+            assert abs(true_rank / n - a["q"]) <= 0.01, (a, true_rank / n)
+            lo, hi = a["reading"]
+            assert abs(hi - lo - 0.01) < 1e-9
+        med = sorted(values)[n // 2]
+        assert abs(qa[1]["value"] - med) <= 20  # within 0.2 C
+        ca = _query(hcfg, "cdf", "--at", "10", "21.5", "30")
+        for a, t in zip(ca, (10, 21.5, 30)):
+            x = int(round((t + 40) * 100))
+            assert a["value"] == x
+            true_rank = sum(1 for v in values if v <= x)
+            assert a["rank_lo"] <= true_rank <= a["rank_hi"], (a, true_rank)
+        grid = _query(hcfg, "cdf", "--points", "9")
+        assert len(grid) == 9 and grid[-1]["value"] == 65535
+        misses = sum(1 for a in grid if not a["rank_lo"] <= sum(1 for v in values if v <= a["value"]) <= a["rank_hi"])
+        assert misses == 0
+        # a cs query on dcs releases is refused with the reason
+        q = subprocess.run(pansketch_cmd("query", "--config", hcfg, "freq", "x"), capture_output=True,
+                           env=agent_env(), cwd=REPO, timeout=60)
+        assert q.returncode == 1 and b"kind dcs" in q.stderr
+    finally:
+        _stop(broker, agg, log)
+
+
+def test_heavy_hitters_without_candidates(tmp_path):
+    rng = random.Random(11)
+    ips = ["10.%d.%d.%d" % (rng.randrange(256), rng.randrange(256), rng.randrange(256)) for _ in range(2000)]
+    weights = [k ** -1.1 for k in range(1, len(ips) + 1)]
+    streams = [rng.choices(ips, weights=weights, k=8000) for _ in range(2)]
+    truth = Counter()
+    for s in streams:
+        for ip in s:
+            a, b, c, d = (int(p) for p in ip.split("."))
+            truth[(a << 24) | (b << 16) | (c << 8) | d] += 1
+    broker, agg, log, hcfg = _fleet(tmp_path, streams, "b = 32", 1024)
+    try:
+        ha = _query(hcfg, "heavy", "-k", "10")
+        assert [a["rank"] for a in ha] == list(range(1, 11))
+        top10 = {x for x, _ in truth.most_common(10)}
+        found = {a["value"] for a in ha}
+        assert len(found & top10) >= 9, (sorted(found), sorted(top10))
+        misses = [a for a in ha if not a["lo"] <= truth[a["value"]] <= a["hi"]]
+        assert len(misses) <= 1, misses
+        th = _query(hcfg, "heavy", "-k", "1000", "--threshold", "200")
+        assert {a["value"] for a in th} >= {x for x, c in truth.items() if c >= 260}
+        assert all(a["estimate"] >= 200 for a in th)
+    finally:
+        _stop(broker, agg, log)
