@@ -21,6 +21,9 @@ from agent.rng import DeterministicSource, Rng
 T0 = 200000 * 3600
 CFG = {"device": "dev-x", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 32, "mode": "keep",
        "window_s": 600, "epoch_s": 60, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
+# the same scenario for kind dcs (agent/dcs.py): 5 levels x 4 x 8, level 0 hashed, levels 1-4 exact-indexed
+CFG_DCS = {"device": "dev-x", "salt": "fleet-salt-1", "kind": "dcs", "b": 4, "map": [2, 1, 10], "d": 4, "w": 8,
+           "mode": "keep", "window_s": 600, "epoch_s": 60, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
 
 
 def _plain(v):
@@ -45,7 +48,7 @@ def _attrs(obj, skip):
 
 def snapshot(op, rec, n_events, root):
     flash = None
-    buf = array.array("i", bytes(4 * rec.p.d * rec.p.w))
+    buf = array.array("i", bytes(4 * rec.p.cells))
     try:
         if storage.read_state(storage.join(root, "state.bin"), rec._fp, buf) is not None:
             flash = list(buf)
@@ -61,16 +64,22 @@ def snapshot(op, rec, n_events, root):
     }
 
 
-def events_for(step):
-    """The events of one step: the target item three times and a few others."""
+def events_for(step, kind="cms"):
+    """The events of one step: the target item three times and a few others
+    (for kind dcs: readings, the target 13.5 and a few values in [10, 18))."""
+    if kind == "dcs":
+        out = ["13.5", "13.5", "13.5"]
+        for i in range(step % 3 + 1):
+            out.append("%d.25" % (10 + (step * 7 + i) % 8))
+        return out
     out = ["target", "target", "target"]
     for i in range(step % 3 + 1):
         out.append("item-%d" % ((step * 7 + i) % 5))
     return out
 
 
-def run(root, seed):
-    p = Params(CFG)
+def run(root, seed, cfg=None):
+    p = Params(cfg if cfg is not None else CFG)
     rng = Rng(DeterministicSource(seed))
     quiet = lambda m: None  # noqa: E731
     rec = Recorder(p, root, T0, rng=rng, log=quiet)
@@ -78,7 +87,7 @@ def run(root, seed):
     snaps = [snapshot("boot", rec, 0, root)]
 
     def add(step):
-        for x in events_for(step):
+        for x in events_for(step, p.kind):
             rec.add(x)
             stream.append(x)
         snaps.append(snapshot("add", rec, len(stream), root))
