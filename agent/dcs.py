@@ -42,7 +42,7 @@ from agent.noise import wrap32
 INT32_MAX = 0x7FFFFFFF
 INT32_MIN = -0x80000000
 MAX_B = 62
-MAX_EXP = 40  # |exponent| of a decimal reading (bounds the integers involved)
+MAX_EXP = 330  # |exponent| of a decimal reading: every double, and a bound on the integers involved
 
 _WORDS = sys.implementation.name != "micropython"
 
@@ -92,7 +92,7 @@ def parse_reading(item):
     if not isinstance(item, str):
         return None
     s = item.strip()
-    if not s or len(s) > 80:
+    if not s or len(s) > 400:  # a double printed in full has at most 309 integer digits
         return None
     if ":" in s or (s.count("-") == 5 and len(s) == 17):  # MAC aa:bb:cc:dd:ee:ff (or dashes)
         parts = s.split(":") if ":" in s else s.split("-")

@@ -18,7 +18,7 @@ from tests import mpvm
 
 T0 = 200_000 * 3600
 READINGS = ["21.5", "-3.25", "1e3", "2.5E-1", "+7", "0x1F", "10.0.0.1", "aa:bb:cc:dd:ee:ff", "AA-BB-CC-00-11-22",
-            " 42 ", "nan", "inf", "", "1.2.3", "12:x", "1e99", "-0.001", 17, -5, "3.14159265358979323846"]
+            " 42 ", "nan", "inf", "", "1.2.3", "12:x", "1e999", "-0.001", 17, -5, "3.14159265358979323846"]
 
 
 def test_parse_reading_exact():
@@ -30,7 +30,7 @@ def test_parse_reading_exact():
     assert parse_reading("10.0.0.1") == ((10 << 24) | 1, 1)
     assert parse_reading("aa:bb:cc:dd:ee:ff") == (0xAABBCCDDEEFF, 1)
     assert parse_reading("AA-BB-CC-00-11-22") == (0xAABBCC001122, 1)
-    for bad in ("nan", "inf", "", "1.2.3", "12:x", "1e99", "--1", ".", "e5", "1.5.6.7.8", "300.1.1.1"):
+    for bad in ("nan", "inf", "", "1.2.3", "12:x", "1e999", "--1", ".", "e5", "1.5.6.7.8", "300.1.1.1"):
         assert parse_reading(bad) is None, bad
     assert parse_reading(True) is None
 
@@ -172,3 +172,27 @@ print("@ctr", ",".join(str(v) for v in s.counters))
     for x in items[:10]:
         s.update(x, -1)
     assert got == ",".join(str(v) for v in s.counters)
+
+
+def test_sources_emit_numbers_the_map_reads():
+    """The Pi agent's sources hand readings to the core as text: a JSON number field of the mqtt
+    source (Tasmota / Zigbee2MQTT style) and one number per stdin line."""
+    import queue
+
+    from agent.config import SourceConfig
+    from agent.sources import MqttSource, Warner, parse_lines
+
+    src = MqttSource(queue.Queue(), lambda m: None, SourceConfig(type="mqtt", topic="zigbee2mqtt/+",
+                                                                 field="payload.temperature"), "c")
+    m = (100, 1, -40)
+    for body, want in ((b'{"temperature": 21.37, "humidity": 40}', 6137), (b'{"temperature": -5}', 3500),
+                       (b'{"temperature": 1e-7}', 4000), (b'{"temperature": 1e300}', 65535),
+                       (b'{"temperature": [20.5, 21]}', None)):
+        items, weights = src.handle("zigbee2mqtt/kitchen", body)
+        xs = [map_value(x, 16, m) for x in items]
+        if want is None:
+            assert xs == [6050, 6100]
+        else:
+            assert xs == [want], (body, items)
+    items, _ = parse_lines(b"21.37\n-5\r\n  7.5 \nabc\n", Warner(lambda m: None))
+    assert [map_value(x, 16, m) for x in items] == [6137, 3500, 4750, None]

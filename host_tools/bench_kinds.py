@@ -1,0 +1,139 @@
+"""Accuracy of the kinds beyond frequencies, by simulation (issue 14 figures).
+
+* dcs quantiles: rank error of the answered quantile x_q (the distance from
+  q to [F(x_q - 1), F(x_q)], 0 for an exact quantile) and the
+  coverage of its rank interval, for b = 16 and 32 at the default device
+  parameters (d = 4, w = 1024, dgauss rho = 1/2, nz = 2 draws per cell and
+  release) merged over ``devices`` releases;
+* dcs heavy hitters: precision and recall of ``heavy -k K`` against the
+  true top K of a Zipf stream over 32-bit values (IPv4-like);
+
+Noise is the exact discrete Gaussian (vectorised sampler,
+host_tools.algorithms.vnoise) at the variance the device calibrates; the
+counters are the device's (host_tools.dyadic.exact_counters equals
+agent.dcs.DyadicSketch, tests/test_dcs_device.py). Fixed seeds.
+
+    python -m host_tools.bench_kinds [--trials N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from host_tools.algorithms.vnoise import BulkNoise
+from host_tools.dyadic import DyadicView, exact_counters
+from host_tools.merge import NoiseTerm
+
+
+def noisy(exact: np.ndarray, var: Fraction, releases: int, gen: BulkNoise) -> tuple[np.ndarray, list[NoiseTerm]]:
+    """Merged counters of ``releases`` releases summing to ``exact``, each carrying nz = 2 draws per cell."""
+    z = gen.dgauss(var, exact.size * 2 * releases).reshape(2 * releases, *exact.shape).sum(axis=0)
+    return exact + z, [NoiseTerm("dgauss", var.numerator, var.denominator, 2 * releases)]
+
+
+def default_var(b: int, d: int = 4, rho: Fraction = Fraction(1, 2)) -> Fraction:
+    return Fraction((b + 1) * d, 1) / (2 * rho)
+
+
+def readings(b: int, n: int, seed: int) -> np.ndarray:
+    """A skewed reading distribution over [0, 2^b): lognormal 'latencies' plus a spike and a uniform tail."""
+    g = np.random.default_rng(seed)
+    top = (1 << b) - 1
+    scale = (1 << b) / 2 ** 12
+    x = g.lognormal(math.log(200 * scale), 0.8, n)
+    x[: n // 10] = 137 * scale  # a spike (a very common reading)
+    x[n // 10: n // 5] = g.uniform(0, top, n // 5 - n // 10)
+    return np.clip(x.astype(np.int64), 0, top)
+
+
+def rank_error(srt: np.ndarray, xs: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """How far q is from [F(x-1), F(x)] (0 when x is an exact q-quantile: F jumps over q at x)."""
+    n = len(srt)
+    hi = np.searchsorted(srt, xs, side="right") / n
+    lo = np.searchsorted(srt, xs, side="left") / n
+    return np.maximum(0.0, np.maximum(lo - qs, qs - hi))
+
+
+def quantile_eval(b: int, n: int = 100_000, devices: int = 4, trials: int = 20, d: int = 4, w: int = 1024,
+                  confidence: float = 0.95, seed: int = 1) -> dict[str, Any]:
+    qs = np.array([0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99])
+    var = default_var(b, d)
+    errs, cover, width = [], 0, []
+    total = 0
+    for t in range(trials):
+        vals = readings(b, n, seed + t)
+        srt = np.sort(vals)
+        salt = "bench-%d" % t
+        ex = exact_counters(vals, b, d, w, salt)
+        C, terms = noisy(ex, var, devices, BulkNoise(seed * 1000 + t))
+        v = DyadicView(C, b, d, w, salt, terms, confidence)
+        xs = v.quantile(qs)
+        r, h = v.rank_le(xs)
+        true = np.searchsorted(srt, xs, side="right")
+        errs += list(rank_error(srt, xs, qs))
+        cover += int(((r - h <= true) & (true <= r + h)).sum())
+        width += list(h / n)
+        total += len(qs)
+    e = np.array(errs)
+    return {"b": b, "n": n, "devices": devices, "trials": trials, "d": d, "w": w, "sigma2_per_draw": str(var),
+            "rank_err_mean": float(e.mean()), "rank_err_p95": float(np.quantile(e, 0.95)),
+            "rank_err_max": float(e.max()), "coverage": cover / total, "answers": total,
+            "halfwidth_mean_frac": float(np.mean(width)), "confidence": confidence}
+
+
+def zipf_values(b: int, n: int, n_items: int, s: float, seed: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    items = g.choice(1 << min(b, 62), size=n_items, replace=False) if b <= 30 else \
+        np.unique(g.integers(0, 1 << b, n_items * 2, dtype=np.int64))[:n_items]
+    g.shuffle(items)
+    p = np.arange(1, n_items + 1, dtype=np.float64) ** -s
+    p /= p.sum()
+    return items[g.choice(n_items, size=n, p=p)]
+
+
+def heavy_eval(b: int = 32, k: int = 10, n: int = 100_000, n_items: int = 50_000, s: float = 1.1, devices: int = 4,
+               trials: int = 5, d: int = 4, w: int = 1024, confidence: float = 0.95, seed: int = 7) -> dict[str, Any]:
+    var = default_var(b, d)
+    prec, rec, cover, total = [], [], 0, 0
+    for t in range(trials):
+        vals = zipf_values(b, n, n_items, s, seed + t)
+        u, c = np.unique(vals, return_counts=True)
+        order = np.lexsort((u, -c))
+        truth = dict(zip(u.tolist(), c.tolist()))
+        kth = c[order[k - 1]]
+        top = set(u[order[:k]].tolist())
+        tied = set(u[c >= kth].tolist())  # items tied with the k-th count count as correct
+        salt = "heavy-%d" % t
+        C, terms = noisy(exact_counters(vals, b, d, w, salt), var, devices, BulkNoise(seed * 1000 + t))
+        v = DyadicView(C, b, d, w, salt, terms, confidence)
+        found, t0 = v.heavy(k)
+        fx = [x for x, _ in found]
+        prec.append(sum(1 for x in fx if x in tied) / max(1, len(fx)))
+        rec.append(len(top & set(fx)) / k)
+        cover += sum(1 for x, e in found if e - t0 <= truth.get(x, 0) <= e + t0)
+        total += len(found)
+    return {"b": b, "k": k, "n": n, "items": n_items, "zipf_s": s, "devices": devices, "trials": trials,
+            "precision": float(np.mean(prec)), "recall": float(np.mean(rec)),
+            "interval_coverage": cover / max(1, total)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    rows = [quantile_eval(16, trials=a.trials), quantile_eval(32, trials=a.trials),
+            heavy_eval(k=10, trials=max(1, a.trials // 4)), heavy_eval(k=100, trials=max(1, a.trials // 4))]
+    for r in rows:
+        print(json.dumps(r) if a.json else r)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
