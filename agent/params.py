@@ -56,8 +56,8 @@ class Params:
             raise ParamError("salt", "must be at most 255 bytes")
         self.salt = salt
         self.kind = cfg.get("kind", "cs")
-        if self.kind not in KINDS and self.kind != "dcs":
-            raise ParamError("kind", "must be 'cms', 'cs' or 'dcs', got %r" % (self.kind,))
+        if self.kind not in KINDS and self.kind not in ("dcs", "dbits"):
+            raise ParamError("kind", "must be 'cms', 'cs', 'dcs' or 'dbits', got %r" % (self.kind,))
         self.d = _int(cfg, "d", 4, 1, 32)
         self.w = _int(cfg, "w", 1024, 2, 1 << 24)
         self.clip = _int(cfg, "clip", 1, 1, 1 << 20)
@@ -99,7 +99,23 @@ class Params:
             raise ParamError("b" if "b" in cfg else "map", "only applies to kind 'dcs'")
         self.cells = self.levels * self.d * self.w
         self.arrays = calibrate.arrays_touched(self.mode) * self.levels
-        self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
+        if self.kind == "dbits":
+            # agent/dbits.py: d levels of w bits; the release is d counts with dlap(1/eps) noise (one
+            # item moves one count by at most 1); the bits' bias eps/4 needs eps <= 2
+            if self.d > 30:
+                raise ParamError("d", "kind 'dbits' has at most 30 levels")
+            if self.w % 8 or self.w < 8:
+                raise ParamError("w", "kind 'dbits' needs w (bits per level) a multiple of 8")
+            if self.mechanism != "dlap":
+                raise ParamError("mechanism", "kind 'dbits' is eps-DP: use mechanism = 'dlap' (budget = eps)")
+            if self.budget[0] > 2 * self.budget[1]:
+                raise ParamError("budget", "kind 'dbits' needs eps <= 2 (bits are Bern(1/2 + eps/4))")
+            if self.clip != 1:
+                raise ParamError("clip", "kind 'dbits' counts presence: clip must be 1")
+            self.cells = self.d
+            self.noise = calibrate.noise_for("dlap", self.budget, 1, 1, 1)
+        else:
+            self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
 
     @property
     def epochs_per_window(self):

@@ -69,6 +69,15 @@ class Recorder:
         self.outbox = storage.Outbox(root, outbox_max)
         self.state_path = storage.join(root, "state.bin")
         self.marker_path = storage.join(root, "released")
+        self._make_state(params)
+        self._fp = params.fingerprint()
+        self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
+        self.nz = 0
+        self.resumed = False  # True when boot continued a persisted accumulator
+        self.last_persist = now
+        self._boot(now)
+
+    def _make_state(self, params):
         n = params.cells
         # Two preallocated arrays: the live accumulator and a scratch buffer
         # (release copy, or fresh noise staged before it touches the state).
@@ -83,12 +92,6 @@ class Recorder:
             self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                                  new_counters(n))
         self.counters = self.sketch.counters
-        self._fp = params.fingerprint()
-        self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
-        self.nz = 0
-        self.resumed = False  # True when boot continued a persisted accumulator
-        self.last_persist = now
-        self._boot(now)
 
     # -- start-up ------------------------------------------------------
     def _boot(self, now):
@@ -282,6 +285,13 @@ class Recorder:
         return True
 
     # -- releases ------------------------------------------------------
+    def _stage_release(self, rel):
+        """rel = state + fresh Z_out (one draw per cell)."""
+        c = self.counters
+        for i in range(len(c)):
+            rel[i] = c[i]
+        add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+
     def _release(self, next_epoch, next_part, now=None):
         """Commit state + Z_out to the outbox, then open the next accumulator.
 
@@ -290,11 +300,8 @@ class Recorder:
         depend on the data. The staged copy is wiped on every path.
         """
         rel = self.relbuf
-        c = self.counters
-        for i in range(len(c)):
-            rel[i] = c[i]
         try:
-            add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+            self._stage_release(rel)
         except Exception as exc:  # NoEntropyError, MemoryError: nothing was written
             self._wipe()
             self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
@@ -324,3 +331,12 @@ class Recorder:
         except Exception as exc:
             self.log("release %d committed, but the next accumulator's noise failed (%r); retrying" % (s, exc))
         return True
+
+
+def make_recorder(params, root, now, rng=None, log=None, outbox_max=0):
+    """The recorder for ``params.kind`` (kind dbits keeps bits, agent/dbits.py)."""
+    if params.kind == "dbits":
+        from agent.dbits import DistinctRecorder
+
+        return DistinctRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+    return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)

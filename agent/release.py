@@ -41,6 +41,9 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2):
         "part": part,
         "ctr": counters,
     }
+    if params.kind == "dbits":  # format version 2, no extra keys (docs/FORMAT.md)
+        m["v"] = 2
+        m["lvl"] = 0
     if params.kind == "dcs":  # format version 2 (docs/FORMAT.md): lvl, and the kind's own keys
         m["v"] = 2
         m["lvl"] = 0

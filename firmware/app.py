@@ -50,7 +50,7 @@ import gc
 import sys
 
 from agent import hashing, storage
-from agent.recorder import Recorder
+from agent.recorder import Recorder, make_recorder
 from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
 from firmware import clock, config
 from firmware.clock import MIN_VALID_UNIX
@@ -165,7 +165,7 @@ class App:
         n = self.p.cells
         try:
             boot_now = self.clock.provisional()
-            self.rec = Recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log, outbox_max=cfg.outbox_max)
+            self.rec = make_recorder(self.p, cfg.state_dir, boot_now, rng=rng, log=log, outbox_max=cfg.outbox_max)
             # Opened fresh (not resumed from state.bin) under an unset
             # clock: after a release the core dates it from that release's range (a
             # clock behind the last release never reuses a key), so _dated must not

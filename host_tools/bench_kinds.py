@@ -28,7 +28,8 @@ import numpy as np
 
 from host_tools.algorithms.vnoise import BulkNoise
 from host_tools.dyadic import DyadicView, exact_counters
-from host_tools.merge import NoiseTerm
+from host_tools.distinct import estimate_release
+from host_tools.merge import NoiseTerm, noise_variance
 
 
 def noisy(exact: np.ndarray, var: Fraction, releases: int, gen: BulkNoise) -> tuple[np.ndarray, list[NoiseTerm]]:
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rows = [quantile_eval(16, trials=a.trials), quantile_eval(32, trials=a.trials),
             heavy_eval(k=10, trials=max(1, a.trials // 4)), heavy_eval(k=100, trials=max(1, a.trials // 4))]
+    rows += distinct_eval(trials=max(2, a.trials // 4), m=1024, K=16) + distinct_eval(trials=max(2, a.trials // 4))
     for r in rows:
         print(json.dumps(r) if a.json else r)
     return 0
@@ -140,35 +142,12 @@ if __name__ == "__main__":
 
 
 # -- distinct count: pan-private-sketches Alg. 1 vs the DNPRY density estimator ---------------------------
-def dnpry_estimate(ones: np.ndarray, m: int, eps: float) -> tuple[float, float]:
-    """(D_hat, sd) from per-level counts of one-bits (levels k = 0..K-1, level k holds a 2^-(k+1)
-    sample of the items, the last level the rest; host_tools.distinct has the same estimator).
-
-    Level k: touched fraction f_k = (ones_k / m - 1/2) * 4 / eps, n_k = -m ln(1 - f_k) items
-    (balls in m bins), D_k = n_k * 2^(k+1); the estimate is the inverse-variance average of
-    the unsaturated levels (delta method: Var f = 16 p (1 - p) / (eps^2 m), p = ones/m)."""
-    ones = np.asarray(ones, dtype=np.float64)
-    K = len(ones)
-    p = np.clip(ones / m, 1e-9, 1 - 1e-9)
-    f = np.clip((p - 0.5) * 4.0 / eps, 0.0, 1.0 - 1.0 / m)
-    var_f = 16.0 * np.maximum(p * (1 - p), 0.25 * 0.5) / (eps * eps * m)
-    n = -m * np.log1p(-f)
-    var_n = var_f * (m / (1.0 - f)) ** 2
-    scale = 2.0 ** (np.arange(K) + 1)
-    scale[-1] = 2.0 ** (K - 1)
-    est = n * scale
-    var = var_n * scale ** 2
-    ok = f < 0.9
-    if not ok.any():
-        ok = np.ones(K, dtype=bool)
-    wts = 1.0 / var[ok]
-    return float((est[ok] * wts).sum() / wts.sum()), float(1.0 / math.sqrt(wts.sum()))
-
-
 def dnpry_simulate(n_distinct: int, m: int, K: int, eps: float, gen: np.random.Generator) -> np.ndarray:
-    """Per-level one-bit counts of the DNPRY state after a stream with n_distinct items (repeats
-    do not matter: a touched bucket's bit is a fresh Bern(1/2 + eps/4) draw at each arrival),
-    plus the release's discrete-Laplace-like output noise (scale 1/eps, rounded Laplace: simulation)."""
+    """Per-level one-bit counts of a dbits release (agent/dbits.py) after a stream with n_distinct
+    items (repeats do not matter: a touched bucket's bit is a fresh Bern(1/2 + eps/4) draw at each
+    arrival), plus the output noise: exact discrete Laplace of scale 1/eps (vectorised sampler)."""
+    from host_tools.algorithms.vnoise import discrete_laplace
+
     u = gen.random(n_distinct)
     level = np.minimum(np.floor(-np.log2(np.maximum(u, 1e-300))).astype(np.int64), K - 1)
     bucket = gen.integers(0, m, n_distinct)
@@ -176,7 +155,7 @@ def dnpry_simulate(n_distinct: int, m: int, K: int, eps: float, gen: np.random.G
     touched[level, bucket] = True
     t = touched.sum(axis=1)
     ones = gen.binomial(t, 0.5 + eps / 4) + gen.binomial(m - t, 0.5)
-    return ones + np.round(gen.laplace(0, 1 / eps, K)).astype(np.int64)
+    return ones + discrete_laplace(gen, Fraction(1) / Fraction(eps).limit_denominator(1000), K)
 
 
 def distinct_eval(Ds: tuple[int, ...] = (100, 10_000, 1_000_000), trials: int = 5, eps: float = 1.0, m: int = 4096,
@@ -202,9 +181,11 @@ def distinct_eval(Ds: tuple[int, ...] = (100, 10_000, 1_000_000), trials: int = 
                 noisy_sk = [v + agent_noise.discrete_laplace(rng, r * M, 1) for v in sk]  # internal (output: same)
                 noisy_sk = [v + agent_noise.discrete_laplace(rng, r * M, 1) for v in noisy_sk]
                 e1.append(abs(distinct_estimate(noisy_sk, sf, Q, FRAC) - D) / D)
-            est, sd = dnpry_estimate(dnpry_simulate(D, m, K, eps, g), m, eps)
+            fe = Fraction(eps).limit_denominator(1000)
+            ov = noise_variance("dlap", fe.denominator, fe.numerator)  # output noise: scale 1/eps
+            est, var = estimate_release(dnpry_simulate(D, m, K, eps, g), m, eps, ov)
             e2.append(abs(est - D) / D)
-            sd2.append(sd / D)
+            sd2.append(math.sqrt(var) / D)
         out.append({"D": D, "eps": eps, "alg1_r": r, "alg1_vbits": vbits, "alg1_rel_err": float(np.mean(e1)),
                     "alg1_trials": len(e1), "dnpry_m": m, "dnpry_levels": K, "dnpry_rel_err": float(np.mean(e2)),
                     "dnpry_rel_sd_model": float(np.mean(sd2)), "dnpry_trials": trials})

@@ -60,7 +60,7 @@ SUPPORTED_VERSIONS = (1, 2)
 # format version 2 (docs/FORMAT.md): every release has ``lvl``; kind dcs adds ``b`` and ``map``
 FIELDS_V2 = FIELDS + ("lvl",)
 KIND_FIELDS = {"dcs": ("b", "map")}
-V2_KINDS = ("cms", "cs", "dcs")
+V2_KINDS = ("cms", "cs", "dcs", "dbits")
 MAX_MAP = 1 << 62
 
 
@@ -116,6 +116,11 @@ class Release:
         return self.levels * self.d
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """Shape of ``counters()``: (levels * d, w); (1, d) for kind dbits (d per-level counts)."""
+        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
+
+    @property
     def key(self) -> tuple[str, int, int, int]:
         """The idempotency key (device, elo, ehi, part)."""
         return (self.dev, self.elo, self.ehi, self.part)
@@ -137,12 +142,13 @@ class Release:
 
     @property
     def ctr(self) -> bytes:
-        return self.payload[self.ctr_off:self.ctr_off + 4 * self.rows * self.w]
+        r, c = self.shape
+        return self.payload[self.ctr_off:self.ctr_off + 4 * r * c]
 
     def counters(self) -> np.ndarray:
-        """The noisy counters as int32, shape (levels * d, w)."""
-        return np.frombuffer(self.payload, dtype="<i4", count=self.rows * self.w,
-                             offset=self.ctr_off).reshape(self.rows, self.w)
+        """The noisy counters as int32, shape :attr:`shape`."""
+        r, c = self.shape
+        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
 
 
 def _type_check(obj: Any, depth: int = 0) -> None:
@@ -330,7 +336,13 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     ctr = obj["ctr"]
     if not isinstance(ctr, bytes):
         raise Rejected("schema", "field 'ctr' must be a byte string")
-    if len(ctr) != 4 * levels * d * w:
+    if kind == "dbits":
+        if mech != "dlap" or budget[0] > 2 * budget[1] or clip != 1 or w % 8 or d > 30:
+            raise Rejected("schema", "kind dbits needs mech dlap, eps <= 2, clip 1, w a multiple of 8, d <= 30")
+        if len(ctr) != 4 * d:
+            raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
+                           % (len(ctr), d, 4 * d))
+    elif len(ctr) != 4 * levels * d * w:
         raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
                        % (len(ctr), levels, d, w, 4 * levels * d * w))
     if L != calibrate.arrays_touched(mode) * levels:
@@ -357,7 +369,8 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
                 raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
 
     try:
-        spec = calibrate.noise_for(mech, budget, d, clip, L)
+        spec = (calibrate.noise_for(mech, budget, 1, 1, 1) if kind == "dbits"
+                else calibrate.noise_for(mech, budget, d, clip, L))
     except (ValueError, ZeroDivisionError) as exc:
         raise Rejected("noise", "cannot calibrate %s budget %d/%d: %s" % (mech, budget[0], budget[1], exc))
     for name, (n, dd) in (("nint", nint), ("nout", nout)):

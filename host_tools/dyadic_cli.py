@@ -21,7 +21,7 @@ import numpy as np
 
 from host_tools import dyadic
 
-QTYPES = ("quantile", "cdf", "heavy")
+QTYPES = ("quantile", "cdf", "heavy", "distinct")
 
 
 def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
@@ -108,6 +108,8 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     h.add_argument("-k", type=int, required=True, metavar="K")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
     common(h)
+    dq = sub.add_parser("distinct", help="distinct items (kind dbits): sum of per-device, per-window counts")
+    common(dq)
 
 
 def _fmt(x: Optional[float]) -> str:
@@ -122,6 +124,17 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
         until: Optional[float]) -> int:
     sel = dict(salt=salt, confidence=conf, window=args.window, since=since, until=until, device=args.device)
     t = time.perf_counter()
+    if args.qtype == "distinct":
+        from host_tools import distinct
+
+        a = distinct.query(store, **sel)
+        if args.json:
+            print(json.dumps(a))
+        else:
+            print("# %d release(s) from %d device(s); dbits %d levels x %d bits; %.0f%% interval (%s)"
+                  % (a["releases"], len(a["devices"]), a["levels"], a["bits"], 100 * a["confidence"], a["method"]))
+            print("DISTINCT  %s  [%s, %s]   (%s)" % (_fmt(a["estimate"]), _fmt(a["lo"]), _fmt(a["hi"]), a["scope"]))
+        return 0
     if args.qtype == "quantile":
         rows = quantiles(store, args.q, **sel)
     elif args.qtype == "cdf":

@@ -117,7 +117,7 @@ def merge(rels: Sequence[StoredRelease]) -> Merged:
         raise MergeError("releases with different sketch parameters cannot be merged: %s; "
                          "restrict the query with --device or a time range" % desc)
     kind, d, w, hv, salt = rels[0].group[:5]
-    acc = np.zeros((rels[0].rows, w), dtype=np.int64)
+    acc = np.zeros(rels[0].shape, dtype=np.int64)
     terms: Counter[tuple[str, int, int]] = Counter()
     for r in rels:
         acc += r.counters()

@@ -184,6 +184,10 @@ class StoredRelease:
         return self.levels * self.d
 
     @property
+    def shape(self) -> tuple[int, int]:
+        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
+
+    @property
     def group(self) -> tuple[Any, ...]:
         if self.kind == "dcs":
             return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
@@ -193,8 +197,8 @@ class StoredRelease:
         """int32 counters, shape (levels * d, w) (levels = 1 except kind dcs)."""
         if self.payload is None:
             raise ValueError("release loaded without its payload")
-        return np.frombuffer(self.payload, dtype="<i4", count=self.rows * self.w,
-                             offset=self.ctr_off).reshape(self.rows, self.w)
+        r, c = self.shape
+        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
 
 
 def _locked(exc: BaseException) -> bool:

@@ -1,0 +1,156 @@
+"""Kind dbits (pan-private distinct count, agent/dbits.py): device, release, host estimator, coverage."""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+
+import cbor2
+import numpy as np
+import pytest
+
+from agent.params import ParamError, Params
+from agent.recorder import make_recorder
+from agent.rng import DeterministicSource, Rng
+from host_tools import distinct
+from host_tools.bench_kinds import dnpry_simulate
+from host_tools.decode import Rejected, decode
+from host_tools.merge import noise_variance
+from host_tools.store import Store
+from tests import mpvm
+
+T0 = 200_000 * 3600
+CFG = {"device": "pi-1", "salt": "fleet-salt-1", "kind": "dbits", "d": 12, "w": 512, "mechanism": "dlap",
+       "budget": "1", "mode": "keep", "window_s": 3600, "epoch_s": 600}
+
+
+def test_params():
+    p = Params(CFG)
+    assert p.cells == 12 and (p.noise.num, p.noise.den) == (1, 1)
+    for k, v in (("mechanism", "dgauss"), ("budget", "3"), ("w", 100), ("d", 31), ("clip", 2)):
+        with pytest.raises(ParamError) as e:
+            Params(dict(CFG, **{k: v}))
+        assert e.value.key == k
+
+
+def _run(root, items_per_epoch, seed=b"dbits-seed", persist=True):
+    rec = make_recorder(Params(CFG), str(root), T0, rng=Rng(DeterministicSource(seed)), log=lambda m: None)
+    for k, items in enumerate(items_per_epoch):
+        if k % 2:
+            rec.add_many(items)
+        else:
+            for x in items:
+                rec.add(x)
+        if persist:
+            rec.persist(T0 + k * 600 + 300)
+        rec.tick(T0 + (k + 1) * 600)
+    return rec
+
+
+def test_releases_decode_and_no_state_on_flash(tmp_path):
+    items = [["mac-%d" % (i % (200 * (k + 1))) for i in range(3000)] for k in range(3)]
+    rec = _run(tmp_path, items)
+    assert not os.path.exists(tmp_path / "state.bin")  # the bit array never reaches flash
+    assert not any(rec.relbuf) and not any(rec.rng._buf)
+    st = Store(str(tmp_path / "db"))
+    for f in sorted((tmp_path / "outbox").glob("*.cbor")):
+        raw = f.read_bytes()
+        m = cbor2.loads(raw)
+        assert m["v"] == 2 and m["kind"] == "dbits" and m["nz"] == 2 and len(m["ctr"]) == 48
+        st.insert(decode(raw, "pansketch/pi-1/release"))
+        for bad, code in ((dict(mech="dgauss"), "schema"), (dict(ctr=m["ctr"] + b"\0\0\0\0"), "shape")):
+            from agent import cbor
+            with pytest.raises(Rejected) as e:
+                decode(cbor.dumps(dict(m, **bad)))
+            assert e.value.code in (code, "noise")
+    rels = st.releases(with_payload=True)
+    assert len(rels) == 3
+    for r, D in zip(rels, (200, 400, 600)):
+        a = distinct.estimate([r], 0.99)
+        assert a["lo"] <= D <= a["hi"], (a, D)
+    total = distinct.estimate(rels, 0.99)
+    assert total["lo"] <= 1200 <= total["hi"]
+    st.close()
+
+
+def _binom_upper(n, p, level):
+    acc = 0.0
+    for m in range(n + 1):
+        acc += math.comb(n, m) * p ** m * (1 - p) ** (n - m)
+        if acc >= level:
+            return m
+    return n
+
+
+def test_interval_coverage_by_simulation():
+    """95% intervals miss at most the 99.9% point of Binomial(N, 0.05) (fixed seeds)."""
+    g = np.random.default_rng(2024)
+    m, K, eps = 1024, 16, 1.0
+    ov = noise_variance("dlap", 1, 1)
+    misses = total = 0
+    for D in (30, 100, 1000, 10_000, 100_000):
+        for t in range(40):
+            d, v = distinct.estimate_release(dnpry_simulate(D, m, K, eps, g), m, eps, ov)
+            z = 1.959964
+            misses += not (d - z * math.sqrt(v) <= D <= d + z * math.sqrt(v))
+            total += 1
+    assert misses <= _binom_upper(total, 0.05, 0.999), (misses, total)
+
+
+@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
+def test_dbits_identical_on_micropython(tmp_path):
+    setup = """
+from agent.params import Params
+from agent.recorder import make_recorder
+from agent.rng import Rng, DeterministicSource
+CFG = %r
+rec = make_recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"dbits-seed")), log=lambda m: None)
+def step(k):
+    items = ["mac-%%d" %% (i %% (50 * (k + 1))) for i in range(300)]
+    if k %% 2:
+        rec.add_many(items)
+    else:
+        for x in items:
+            rec.add(x)
+    rec.persist(%d + k * 600 + 300)
+    rec.tick(%d + (k + 1) * 600)
+""" % (CFG, T0, T0, T0)
+    mp = tmp_path / "mp"
+    mpvm.run([setup, "step(0)", "step(1)", "step(2)"], heap=256 * 1024, flash=mp).check()
+    cp = tmp_path / "cp"
+    _run(cp, [["mac-%d" % (i % (50 * (k + 1))) for i in range(300)] for k in range(3)])
+    a = sorted(p.relative_to(mp / "dev") for p in (mp / "dev").rglob("*") if p.is_file())
+    b = sorted(p.relative_to(cp) for p in cp.rglob("*") if p.is_file())
+    assert a == b and len([f for f in b if str(f).startswith("outbox/")]) == 3
+    for f in b:
+        assert (mp / "dev" / f).read_bytes() == (cp / f).read_bytes(), f
+
+
+def test_intruder_view_dbits(tmp_path):
+    """Every attribute reviewed (docs/PRIVACY.md); scratch and RNG buffers zero between calls; nothing on
+    flash but releases and the marker; the target's bit is a fresh Bern(1/2 + eps/4) draw, not a record."""
+    rec = _run(tmp_path, [["target", "x"], ["target"]])
+    assert set(rec.__dict__) == {"p", "root", "rng", "log", "outbox", "state_path", "marker_path", "relbuf",
+                                 "sketch", "counters", "_fp", "_pending", "nz", "resumed", "last_persist", "seq",
+                                 "elo", "ehi", "part"}
+    assert set(rec.sketch.__dict__) == {"kind", "d", "w", "prefix", "p_num", "p_den", "counters"}
+    assert not any(rec.relbuf) and not any(rec.rng._buf) and rec.rng._pos == len(rec.rng._buf)
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert all(f == "released" or f.startswith("outbox/") for f in files), files
+    # the target's bit over many independent devices: Bern(3/4) when present, Bern(1/2) when absent
+    ones_present = ones_absent = 0
+    n = 400
+    for s in range(n):
+        p = Params(dict(CFG, d=2, w=8))
+        r = make_recorder(p, str(tmp_path / ("r%d" % s)), T0, rng=Rng(DeterministicSource(b"s%d" % s)),
+                          log=lambda m: None)
+        pos = r.sketch.position("target")
+        bit = lambda: (r.counters[pos >> 3] >> (pos & 7)) & 1  # noqa: E731
+        ones_absent += bit()
+        r.add("target")
+        r.add("target")
+        ones_present += bit()
+    # binomial tolerances at 4 sd
+    assert abs(ones_absent / n - 0.5) < 4 * math.sqrt(0.25 / n)
+    assert abs(ones_present / n - 0.75) < 4 * math.sqrt(0.1875 / n)
