@@ -146,3 +146,40 @@ def test_heavy_hitters_without_candidates(tmp_path):
         assert all(a["estimate"] >= 200 for a in th)
     finally:
         _stop(broker, agg, log)
+
+
+def test_distinct_count_dbits(tmp_path):
+    """kind dbits: three agents see known sets of phones (many sightings each); the fleet answer is the
+    sum of the per-device distinct counts, inside its interval."""
+    rng = random.Random(5)
+    sizes = (300, 2000, 5000)
+    streams = []
+    for i, n in enumerate(sizes):
+        macs = ["%02x:11:22:%02x:%02x:%02x" % (i, k >> 16, (k >> 8) & 255, k & 255) for k in range(n)]
+        streams.append([rng.choice(macs) for _ in range(4 * n)] + macs)  # every MAC at least once
+    broker = start_mosquitto(tmp_path)
+    log = open(tmp_path / "aggregate.log", "wb")
+    hcfg = host_toml(str(tmp_path / "host.toml"), broker.port, "fleet.db", fleet_extra='kind = "dbits"')
+    agg = subprocess.Popen(pansketch_cmd("aggregate", "--config", hcfg), stdout=log, stderr=log, env=agent_env(),
+                           cwd=REPO)
+    try:
+        assert wait_for(lambda: b"subscribing" in open(tmp_path / "aggregate.log", "rb").read(), 20)
+        time.sleep(0.3)
+        for i, lines in enumerate(streams):
+            cfg = agent_toml(str(tmp_path / ("a%d.toml" % i)), "pi-%d" % i, broker.port, str(tmp_path / ("s%d" % i)),
+                             kind="dbits", d=16, w=1024, mechanism="dlap", budget="1")
+            r = run_agent("feed", cfg, "--timeout", "60", "--insecure-seed", "dbits-%d" % i, *FROZEN,
+                          input=("\n".join(lines) + "\n").encode(), timeout=120)
+            assert r.returncode == 0, r.stderr.decode()
+        with Store(str(tmp_path / "fleet.db"), readonly=True) as st:
+            assert wait_for(lambda: st.release_count() >= 3, 30)
+            assert st.rejection_count() == 0
+        per = [_query(hcfg, "distinct", "--device", "pi-%d" % i)[0] for i in range(3)]
+        for a, n in zip(per, sizes):
+            assert a["lo"] <= n <= a["hi"], (a, n)
+        a = _query(hcfg, "distinct")[0]
+        assert a["releases"] == 3 and a["devices"] == ["pi-0", "pi-1", "pi-2"]
+        assert a["lo"] <= sum(sizes) <= a["hi"], a
+        assert abs(a["estimate"] - sum(sizes)) <= 0.25 * sum(sizes)
+    finally:
+        _stop(broker, agg, log)
