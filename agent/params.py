@@ -7,7 +7,7 @@ the offending key so config loaders can report it verbatim.
 
 import hashlib
 
-from agent import calibrate, dcs, hashing
+from agent import calibrate, hashing
 from agent.sketch import KINDS
 
 
@@ -86,7 +86,7 @@ class Params:
         self.map = None
         self.levels = 1
         if self.kind == "dcs":
-            self.b = _int(cfg, "b", 16, 1, dcs.MAX_B)
+            self.b = _int(cfg, "b", 16, 1, 62)  # agent.dcs.MAX_B (not imported: boards load dcs only for kind dcs)
             m = cfg.get("map", [1, 1, 0])
             if (not isinstance(m, (list, tuple)) or len(m) != 3
                     or any(isinstance(x, bool) or not isinstance(x, int) for x in m)):

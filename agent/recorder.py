@@ -42,7 +42,6 @@ and its epoch range [elo, ehi) grows until a release succeeds.
 """
 
 from agent import hashing, release, storage
-from agent.dcs import DyadicSketch
 from agent.noise import add_noise, wrap32
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
@@ -86,6 +85,8 @@ class Recorder:
         # left in it would give counters - relbuf - state.bin = exact events.
         self.relbuf = new_counters(n)
         if params.kind == "dcs":
+            from agent.dcs import DyadicSketch  # imported on demand: a board counting cs/cms keeps the heap
+
             self.sketch = DyadicSketch(params.b, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                                        params.map, new_counters(n))
         else:

@@ -118,6 +118,27 @@ def table(tls_modes=(True, False)):
     return "\n".join(lines)
 
 
+def kind_table(tls=True):
+    """Markdown table: the largest sketch of each kind per board profile (kinds dcs and dbits).
+
+    dcs keeps (b + 1)*d*w cells (CELL bytes each, like cs); dbits keeps d*w/8
+    bytes of bits plus d int32 release cells (no state file, no boot copy):
+    in cell units (d*w/8 + 8*d) / CELL.
+    """
+    lines = [
+        "| board | TLS | dcs b=16 d=3: max w | dcs b=32 d=3: max w | dcs b=48 d=2: max w | dbits d=16: max w (bits/level) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, p in PROFILES:
+        n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"])
+        bytes_free = n * CELL
+        dbits_w = ((bytes_free - 8 * 16) * 8 // 16) // 8 * 8
+        lines.append("| %s | %s | %d (%d) | %d (%d) | %d (%d) | %d |" % (
+            p["name"], "on" if tls else "off", n // (17 * 3), _pow2_le(n // (17 * 3)), n // (33 * 3),
+            _pow2_le(n // (33 * 3)), n // (49 * 2), _pow2_le(n // (49 * 2)), max(0, dbits_w)))
+    return "\n".join(lines)
+
+
 def estimate_lines(d, w, tls=True, max_events=64, code=None):
     out = []
     for key, p in PROFILES:
