@@ -310,7 +310,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     cfg = _load(args.config)
     p = cfg.params
-    name, g = calibrate.guarantee(p.noise, p.d, p.clip, p.arrays)
+    name, g = calibrate.guarantee(p.noise, 1 if p.kind == "dbits" else p.d, p.clip, p.arrays)
     elo = int(time.time()) // p.epoch_s  # today's epoch numbers: the same metadata widths as a real release
     size = len(release.encode(p, 0, elo, elo + 1, 0, new_counters(p.cells)))
     print("config %s is valid" % args.config)

@@ -137,9 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 # -- distinct count: pan-private-sketches Alg. 1 vs the DNPRY density estimator ---------------------------
 def dnpry_simulate(n_distinct: int, m: int, K: int, eps: float, gen: np.random.Generator) -> np.ndarray:
@@ -190,3 +187,7 @@ def distinct_eval(Ds: tuple[int, ...] = (100, 10_000, 1_000_000), trials: int = 
                     "alg1_trials": len(e1), "dnpry_m": m, "dnpry_levels": K, "dnpry_rel_err": float(np.mean(e2)),
                     "dnpry_rel_sd_model": float(np.mean(sd2)), "dnpry_trials": trials})
     return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -90,7 +90,9 @@ def _frac(f: Fraction) -> str:
 def release_guarantee(r: StoredRelease, delta: float) -> Guarantee:
     """The per-event guarantee of one release, from the noise it carries."""
     spec = NoiseSpec(r.mech, r.nout[0], r.nout[1])
-    name, (n, dd) = calibrate.guarantee(spec, r.d, r.clip, r.L)
+    # kind dbits: one item moves one of the d per-level counts by at most 1 (agent/dbits.py)
+    d = 1 if r.kind == "dbits" else r.d
+    name, (n, dd) = calibrate.guarantee(spec, d, r.clip, r.L)
     g = Guarantee(delta=delta)
     if name == "eps":
         g.eps = Fraction(n, dd)

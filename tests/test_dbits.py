@@ -71,6 +71,10 @@ def test_releases_decode_and_no_state_on_flash(tmp_path):
         assert a["lo"] <= D <= a["hi"], (a, D)
     total = distinct.estimate(rels, 0.99)
     assert total["lo"] <= 1200 <= total["hi"]
+    # the ledger counts eps per release (sensitivity 1: one item, one count), not d * eps
+    from host_tools import ledger
+    lg = ledger.build(rels)
+    assert lg.device("pi-1").eps == Fraction(1)
     st.close()
 
 
