@@ -21,7 +21,7 @@ CORE = (
 )
 FIRMWARE = (
     "__init__.py", "app.py", "clock.py", "config.py", "memory.py", "mqtt.py", "wifi.py",
-    "sources/__init__.py", "sources/ble.py", "sources/gpio.py", "sources/uart.py",
+    "sources/__init__.py", "sources/ble.py", "sources/gpio.py", "sources/pulse.py", "sources/uart.py",
 )
 package("agent", files=CORE, base_path="..")
 package("firmware", files=FIRMWARE, base_path="..")

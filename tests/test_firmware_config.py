@@ -85,10 +85,10 @@ def test_good_configs_and_examples():
 def test_every_key_is_documented():
     doc = (S.REPO / "docs" / "FIRMWARE.md").read_text()
     from firmware import config as fc
-    from firmware.sources import ble, gpio, uart
+    from firmware.sources import ble, gpio, pulse, uart
 
     keys = set(fc.TOP_KEYS + fc.SKETCH_KEYS + fc.WIFI_KEYS + fc.NTP_KEYS + fc.MQTT_KEYS + fc.TLS_KEYS
-               + gpio.PIN_KEYS + uart.KEYS + ble.KEYS)
+               + gpio.PIN_KEYS + uart.KEYS + ble.KEYS + pulse.KEYS)
     missing = sorted(k for k in keys if "`%s`" % k not in doc)
     assert not missing, "undocumented config keys: %s" % missing
 

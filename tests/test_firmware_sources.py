@@ -87,3 +87,30 @@ def test_uart_bytes_items(tmp_path):
     r = S.run(["fwdrive.boot()", "fwdrive.run(3)", "fwdrive.uart([b'\\x00\\x01', b'abc'])\nfwdrive.run(600)"],
               flash).check()
     assert _release(r)["ctr"] == expected_ctr(cfg, [b"\x00\x01", b"abc"])
+
+
+def test_pulse_widths_feed_a_dcs_sketch(tmp_path):
+    """Pulse widths (ms) are numeric readings for kind dcs; nothing of a pulse stays after a poll."""
+    from agent import hashing
+    from agent.dcs import DyadicSketch
+    from agent.sketch import new_counters
+
+    sketch = dict(ZERO, kind="dcs", b=8, map=[1, 1, 0], d=2, w=16)
+    cfg = S.config(sketch=sketch, source={"type": "pulse", "pin": 5, "level": "high", "unit": "ms", "slots": 4})
+    flash = tmp_path / "f"
+    S.write_config(flash, cfg)
+    widths = [120, 35, 35, 250, 7, 300]  # 300 ms clips to 255 (b = 8); 6 pulses through a 4-slot ring
+    steps = ["fwdrive.boot()\nimport machine\np = machine.pins[5]", "fwdrive.run(3)"]
+    for k, wd in enumerate(widths):
+        steps.append("p.fire(value=1)\nfakehw.advance(%d)\np.fire(value=0)\nfakehw.advance(5)\n%s" % (
+            wd, "fwdrive.run(1)" if k % 2 else ""))
+    steps.append("p.fire(value=0)\nfwdrive.run(1)")  # a falling edge without a pulse start counts nothing
+    steps.append("print('@clean', fwdrive.app.source.n, fwdrive.app.source.t0, list(fwdrive.app.source.ring), "
+                 "list(fwdrive.app.source.out))\nfwdrive.run(600)")
+    r = S.run(steps, flash).check()
+    assert r.values()["clean"] == "0 -1 [0, 0, 0, 0] [0, 0, 0, 0]"
+    m = _release(r)
+    sk = DyadicSketch(8, 2, 16, hashing.salt_prefix(cfg["salt"]), 1, (1, 1, 0), new_counters(9 * 2 * 16))
+    for wd in widths:
+        sk.update(wd)
+    assert m["kind"] == "dcs" and m["ctr"] == sk.counters.tobytes()

@@ -48,7 +48,7 @@ Rules every source follows (DESIGN.md pan-privacy, gc discipline):
 
 from firmware.config import ConfigError
 
-BUILTIN = ("gpio", "ble", "uart")
+BUILTIN = ("gpio", "ble", "uart", "pulse")
 
 
 def module_for(name):

@@ -67,10 +67,12 @@ class Pin:
         self.hard = hard
 
     def value(self, v=None):
-        return 0
+        return getattr(self, "_v", 0)
 
-    def fire(self, n=1):
-        """Test hook: n edges arrive (the handler runs like an IRQ)."""
+    def fire(self, n=1, value=None):
+        """Test hook: n edges arrive (the handler runs like an IRQ); ``value`` sets the level first."""
+        if value is not None:
+            self._v = value
         for _ in range(n):
             if self.handler is not None:
                 self.handler(self)
