@@ -12,7 +12,11 @@ the weighted average of the D_k with weights 1/Var(D_k), the variances
 evaluated (delta method) at the expected fill of each level under the
 current estimate (two refinements from the plug-in estimate), so the
 weights do not follow one level's own noise. Var(ones_k) =
-m p (1 - p) + Var(dlap), p = 1/2 + eps f / 4.
+m p (1 - p) + Var(dlap), p = 1/2 + eps f / 4, plus the occupancy
+variance of the touched fraction and the sampling variance of D_k (an item
+falls in level k with probability P_k). f_k is not clipped at 0 (a level
+with no items reads a slightly negative count as often as a positive one);
+the reported sum is clipped at 0.
 
 Merging: releases are estimated one by one and **summed**: the answer is
 the sum over devices and windows of the per-device, per-window distinct
@@ -34,6 +38,9 @@ import numpy as np
 from host_tools.merge import noise_variance
 
 
+FILL_MAX = 0.75  # levels filled beyond this are left out (the delta method under-states their variance)
+
+
 def level_probs(K: int) -> np.ndarray:
     p = 2.0 ** -(np.arange(K) + 1.0)
     p[-1] = 2.0 ** -(K - 1)
@@ -41,11 +48,16 @@ def level_probs(K: int) -> np.ndarray:
 
 
 def _level_var(f: np.ndarray, m: int, eps: float, out_var: float) -> np.ndarray:
+    """Var of n_k: the bits' randomness and the output noise, plus the occupancy variance of the
+    touched fraction given n_k (balls in bins: Var(#empty) = m e^-l (1 - (1 + l) e^-l), l = n/m)."""
     f = np.clip(f, 0.0, 1.0 - 1.0 / m)
     p = 0.5 + eps * f / 4.0
     var_ones = m * p * (1 - p) + out_var
     var_f = 16.0 * var_ones / (m * m * eps * eps)
-    return var_f * (m / (1.0 - f)) ** 2
+    lam = -np.log1p(-f)
+    var_f += np.exp(-lam) * (1.0 - (1.0 + lam) * np.exp(-lam)) / m
+    # delta method to second order: g(f) = -m ln(1 - f), Var ~ g'^2 s^2 + g''^2 s^4 / 2
+    return var_f * (m / (1.0 - f)) ** 2 + 0.5 * (m / (1.0 - f) ** 2) ** 2 * var_f ** 2
 
 
 def estimate_release(counts: Sequence[float], m: int, eps: float, out_var: float) -> tuple[float, float]:
@@ -53,10 +65,10 @@ def estimate_release(counts: Sequence[float], m: int, eps: float, out_var: float
     c = np.asarray(counts, dtype=np.float64)
     K = len(c)
     P = level_probs(K)
-    f = np.clip((c / m - 0.5) * 4.0 / eps, 0.0, 1.0 - 1.0 / m)
+    f = np.clip((c / m - 0.5) * 4.0 / eps, -1.0, 1.0 - 1.0 / m)  # not clipped at 0: unbiased for empty levels
     n = -m * np.log1p(-f)
     Dk = n / P
-    ok = f < 0.9
+    ok = f < FILL_MAX
     if not ok.any():
         ok[:] = True
     V = _level_var(f, m, eps, out_var) / P ** 2
@@ -64,8 +76,9 @@ def estimate_release(counts: Sequence[float], m: int, eps: float, out_var: float
     D = float((Dk * w).sum() / w.sum())
     for _ in range(2):
         fe = 1.0 - np.exp(-max(D, 0.0) * P / m)  # expected fill at the current estimate
-        V = _level_var(fe, m, eps, out_var) / P ** 2
-        w = np.where(fe < 0.9, 1.0 / V, 0.0)
+        # + the sampling variance of D_k = n_k / P_k (n_k ~ Binomial(D, P_k))
+        V = _level_var(fe, m, eps, out_var) / P ** 2 + max(D, 0.0) * (1.0 - P) / P
+        w = np.where(fe < FILL_MAX, 1.0 / V, 0.0)
         if not w.any():
             w = 1.0 / V
         D = float((Dk * w).sum() / w.sum())
@@ -83,7 +96,8 @@ def estimate(rels: Sequence[Any], confidence: float = 0.95) -> dict[str, Any]:
         var += v
     z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
     sd = math.sqrt(var)
-    return {"estimate": round(tot, 1), "lo": round(max(0.0, tot - z * sd), 1), "hi": round(tot + z * sd, 1),
+    return {"estimate": round(max(0.0, tot), 1), "lo": round(max(0.0, tot - z * sd), 1),
+            "hi": round(max(0.0, tot + z * sd), 1),
             "sd": round(sd, 2), "confidence": confidence}
 
 
