@@ -10,9 +10,9 @@ size       payload larger than ``max_bytes`` (checked before decoding)
 cbor       not decodable CBOR (truncated, trailing bytes, indefinite
            lengths, duplicate map keys, too deep)
 type       tags, floats or other types the device encoder never writes
-version    ``v`` missing or not a version this host understands
+version    ``v`` missing or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
 schema     missing/unknown field, wrong type, value out of range
-shape      ``len(ctr) != 4*d*w``
+shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; kind dbits: 4*d)
 encoding   not the deterministic CBOR agent/cbor.py writes (so equal
            content always has equal bytes)
 topic      the topic's device level differs from ``dev``
