@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rows = [quantile_eval(16, trials=a.trials), quantile_eval(32, trials=a.trials),
             heavy_eval(k=10, trials=max(1, a.trials // 4)), heavy_eval(k=100, trials=max(1, a.trials // 4))]
-    rows += distinct_eval(trials=max(2, a.trials // 4), m=1024, K=16) + distinct_eval(trials=max(2, a.trials // 4))
+    rows += distinct_eval(trials=a.trials, m=1024, K=16) + distinct_eval(trials=a.trials)
     for r in rows:
         print(json.dumps(r) if a.json else r)
     return 0
