@@ -153,9 +153,10 @@ class DistinctRecorder(Recorder):
         if weight >= 1:
             self._arrive(self.sketch.position(item))
 
-    def add_many(self, items, weights=None):
+    def add_many(self, items, weights=None, adder=None):
         """Each distinct item of the batch re-draws its bit once (a re-draw of a
-        re-draw has the same distribution)."""
+        re-draw has the same distribution). ``adder`` (the daemon's numpy path
+        for cms/cs) does not apply."""
         if self._pending is not None:
             self._ensure_open()
         seen = {}

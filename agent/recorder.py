@@ -221,7 +221,7 @@ class Recorder:
         daemon's numpy one, agent/batch.py)."""
         if self._pending is not None:
             self._ensure_open()
-        if adder is None:
+        if adder is None or self.p.kind == "dcs":  # the numpy path knows cms/cs rows only
             self.sketch.update_many(items, weights)
         else:
             adder(self.sketch, items, weights)
