@@ -173,7 +173,7 @@ def distinct_eval(Ds: tuple[int, ...] = (100, 10_000, 1_000_000), trials: int = 
     for D in Ds:
         g = np.random.default_rng(seed + D)
         rng = Rng(DeterministicSource(b"bench-distinct-%d" % D))  # simulation only
-        e1, e2, sd2 = [], [], []
+        e1, e2, sd2, cov2 = [], [], [], []
         for t in range(trials):
             keys = np.unique(g.integers(0, 1 << 40, int(D * 1.01)))[:D]
             cnt = g.integers(1, 4, len(keys))
@@ -187,9 +187,11 @@ def distinct_eval(Ds: tuple[int, ...] = (100, 10_000, 1_000_000), trials: int = 
             est, var = estimate_release(dnpry_simulate(D, m, K, eps, g), m, eps, ov)
             e2.append(abs(est - D) / D)
             sd2.append(math.sqrt(var) / D)
+            cov2.append(abs(est - D) <= 1.959964 * math.sqrt(var))
         out.append({"D": D, "eps": eps, "alg1_r": r, "alg1_vbits": vbits, "alg1_rel_err": float(np.mean(e1)),
                     "alg1_trials": len(e1), "dnpry_m": m, "dnpry_levels": K, "dnpry_rel_err": float(np.mean(e2)),
-                    "dnpry_rel_sd_model": float(np.mean(sd2)), "dnpry_trials": trials})
+                    "dnpry_rel_sd_model": float(np.mean(sd2)), "dnpry_coverage_95": float(np.mean(cov2)),
+                    "dnpry_trials": trials})
     return out
 
 
