@@ -42,7 +42,8 @@ def test_lazy_tiny(tmp_path: Path):
     assert (tmp_path / "fig4.png").exists()
     s = r["summary"]
     assert s["lazy_faster_at_w_ge_500"]
-    assert s["lazy_over_punctual_same_width"][500] > 20
+    # the size of the speed-up is timing (machine load): the work ratio is asserted by counting
+    # binary-mechanism updates in tests/test_algorithms_continual.py (Lazy d, Punctual d*w per arrival)
     assert all(s["fig4f_are_decreasing_in_eps"].values())  # Fig. 4(f): error decreasing in eps at low collision
     assert r["vectorised"]["identical_state"]
 
