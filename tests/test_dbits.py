@@ -21,6 +21,11 @@ from host_tools.store import Store
 from tests import mpvm
 
 T0 = 200_000 * 3600
+# reviewed attributes (docs/PRIVACY.md, "Distinct counts"): the bits (counters), the zeroed release scratch
+# (relbuf), and clock/commit-driven or public values
+REC_ATTRS = {"p", "root", "rng", "log", "outbox", "state_path", "marker_path", "relbuf", "sketch", "counters", "_fp",
+             "_pending", "nz", "resumed", "last_persist", "seq", "elo", "ehi", "part"}
+SK_ATTRS = {"kind", "d", "w", "prefix", "p_num", "p_den", "counters"}
 CFG = {"device": "pi-1", "salt": "fleet-salt-1", "kind": "dbits", "d": 12, "w": 512, "mechanism": "dlap",
        "budget": "1", "mode": "keep", "window_s": 3600, "epoch_s": 600}
 
@@ -121,7 +126,13 @@ def step(k):
     rec.tick(%d + (k + 1) * 600)
 """ % (CFG, T0, T0, T0)
     mp = tmp_path / "mp"
-    mpvm.run([setup, "step(0)", "step(1)", "step(2)"], heap=256 * 1024, flash=mp).check()
+    view = ("print('@attrs', ' '.join(sorted(k for k in rec.__dict__)))\n"
+            "print('@sk', ' '.join(sorted(k for k in rec.sketch.__dict__)))\n"
+            "print('@zero', any(rec.relbuf), any(rec.rng._buf), rec.rng._pos == len(rec.rng._buf))")
+    got = mpvm.run([setup, "step(0)", "step(1)", "step(2)", view], heap=256 * 1024, flash=mp).check().values()
+    # the intruder's view on the board: the reviewed attributes (test_intruder_view_dbits), zero scratch buffers
+    assert got["attrs"].split() == sorted(REC_ATTRS) and got["sk"].split() == sorted(SK_ATTRS)
+    assert got["zero"] == "False False True"
     cp = tmp_path / "cp"
     _run(cp, [["mac-%d" % (i % (50 * (k + 1))) for i in range(300)] for k in range(3)])
     a = sorted(p.relative_to(mp / "dev") for p in (mp / "dev").rglob("*") if p.is_file())
@@ -135,10 +146,8 @@ def test_intruder_view_dbits(tmp_path):
     """Every attribute reviewed (docs/PRIVACY.md); scratch and RNG buffers zero between calls; nothing on
     flash but releases and the marker; the target's bit is a fresh Bern(1/2 + eps/4) draw, not a record."""
     rec = _run(tmp_path, [["target", "x"], ["target"]])
-    assert set(rec.__dict__) == {"p", "root", "rng", "log", "outbox", "state_path", "marker_path", "relbuf",
-                                 "sketch", "counters", "_fp", "_pending", "nz", "resumed", "last_persist", "seq",
-                                 "elo", "ehi", "part"}
-    assert set(rec.sketch.__dict__) == {"kind", "d", "w", "prefix", "p_num", "p_den", "counters"}
+    assert set(rec.__dict__) == REC_ATTRS
+    assert set(rec.sketch.__dict__) == SK_ATTRS
     assert not any(rec.relbuf) and not any(rec.rng._buf) and rec.rng._pos == len(rec.rng._buf)
     files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert all(f == "released" or f.startswith("outbox/") for f in files), files
