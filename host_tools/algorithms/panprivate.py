@@ -205,10 +205,16 @@ def distinct_raw(sk: Sequence[int], q: int, frac_bits: int) -> float:
     return float(np.median([_pth(v, q) for v in sk])) / (1 << frac_bits)
 
 
-def distinct_scale(q: int = 16, vbits: int = 16, frac_bits: int = 8, n_items: int = 200, trials: int = 4000,
-                   seed: int = 0) -> float:
+def distinct_scale(q: int = 16, vbits: int = 16, frac_bits: int = 8, n_items: int | None = None,
+                   trials: int = 4000, seed: int = 0) -> float:
     """sf(p): median over j of |sum of n_items projections|^p / (n_items 2^F), by simulation
-    of the same integer projection (the paper computes median |X0|^p numerically)."""
+    of the same integer projection (the paper computes median |X0|^p numerically).
+
+    ``n_items`` defaults to min(200, 2^vbits / 16): the calibration must stay in the range where
+    the estimator scales (D well below 2^b); 200 items at b = 8 are already saturated and made sf
+    too small, inflating every estimate (287 for D = 195 without noise, issue 14)."""
+    if n_items is None:
+        n_items = max(4, min(200, (1 << vbits) // 16))
     gen = np.random.default_rng(seed)
     shift = vbits + frac_bits
     v = gen.integers(0, 1 << vbits, size=(trials, n_items))
