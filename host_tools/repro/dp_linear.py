@@ -237,14 +237,15 @@ def plots(f1: dict[str, Any], f2: dict[str, Any], out: Path) -> None:
         keys = sorted(data)
         x = [data[k]["shape"]["label_kb"] for k in keys]
         for mi, metric in enumerate(("ARE", "F1 top-10")):
-            fig, ax = p.subplots(figsize=(7, 5))
+            fig, ax = p.subplots(figsize=(10, 5.5))
             series = ["CMS", "CS"] + ["PCS rho=%g" % r for r in RHOS]
             series += ["PCMS rho=%g (%s)" % (r, "paper E" if sname == "paper" else "notebook E") for r in RHOS]
             series += ["PCMS rho=%g (union E)" % r for r in RHOS]
-            for sname2 in series:
+            colours = p.get_cmap("tab20")(np.linspace(0, 1, len(series)))  # one distinct colour per series
+            for ci, sname2 in enumerate(series):
                 ys = [data[k]["m"][sname2][mi] for k in keys]
                 style = "--" if "union" in sname2 else ("-." if sname2.startswith("PCMS") else "-")
-                ax.plot(x, ys, style, marker="o", label=sname2)
+                ax.plot(x, ys, style, marker="o", color=colours[ci], label=sname2)
             if sname == "notebook" and mi == 0:
                 for k2, (a0, a1) in PUBLISHED_ARE_ZIPF.items():
                     ax.plot([x[0], x[-1]], [a0, a1], "x", color="k", markersize=8)
@@ -252,11 +253,13 @@ def plots(f1: dict[str, Any], f2: dict[str, Any], out: Path) -> None:
             ax.set_xscale("log", base=2)
             if mi == 0:
                 ax.set_yscale("log")
+            else:
+                ax.set_ylim(0.0, 1.05)  # F1 in [0, 1]: a 0.98-1.0 axis magnified one point
             ax.set_xlabel("paper's space label (KB) = ln(1/beta)/gamma*4/1024; real shapes: %s" %
                           ("6 x 1/gamma" if sname == "paper" else "d=7..10 x 100"))
             ax.set_ylabel(metric)
             ax.set_title("dp-linear-sketches Fig. 1, Zipf(1), %s shapes" % sname)
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # outside the data
             fig.tight_layout()
             fig.savefig(out / ("fig1_%s_%s.png" % ("are" if mi == 0 else "f1", sname)), dpi=110)
             p.close(fig)

@@ -265,7 +265,7 @@ def summarise(res: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
 
 def plots(res: dict[str, Any], cfg: dict[str, Any], out: Path) -> None:
     p = plt()
-    fig, axes = p.subplots(2, 3, figsize=(15, 8.5))
+    fig, axes = p.subplots(2, 3, figsize=(17, 8.5))
     ax = axes[0][0]
     for m in METHODS:
         xs = cfg["mems"]
@@ -293,10 +293,11 @@ def plots(res: dict[str, Any], cfg: dict[str, Any], out: Path) -> None:
         ax.set_xlabel(xl)
         ax.set_ylabel("ARE (top-15)")
         ax.set_title(title)
-    axes[0][0].legend(fontsize=7)
-    axes[0][1].legend(fontsize=6)
+    # one legend for every panel, below them (panel legends covered the curves of (b))
+    h, lab = axes[0][1].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.suptitle("lazy-sketch Fig. 4 reproduction (T = %d, delta = 0.001)" % res["T"])
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(out / "fig4.png", dpi=100)
     p.close(fig)
 
