@@ -263,13 +263,15 @@ RECEIVE_MAXIMUM = 1024  # unacknowledged QoS 1 messages the broker may send us (
 
 
 class _Writer:
-    """The writer thread: takes received messages off paho's network thread.
+    """Takes received messages off paho's network thread: a validator and a writer thread.
 
-    It validates whatever has queued up (at most :data:`GROUP_MAX`),
-    stores it as one group commit (a savepoint per message), and only
-    then acknowledges each message to the broker (PUBACK) and publishes
-    the host acknowledgements to the devices (one per device per group).
-    A failed transaction is retried 3 times with backoff; then the
+    The validator thread decodes and validates whatever has queued up; the
+    writer thread stores what is validated (at most :data:`GROUP_MAX`
+    messages) as one group commit (a savepoint per message), and only then
+    acknowledges each message to the broker (PUBACK) and publishes the host
+    acknowledgements to the devices (one per device per group). Validation
+    of the next messages overlaps the commit (its disk I/O releases the
+    GIL). A failed transaction is retried 3 times with backoff; then the
     aggregator stops without acknowledging anything of that group (the
     broker redelivers it; storing is idempotent).
     """
@@ -279,19 +281,24 @@ class _Writer:
         self.client = client
         self.stop = stop
         self.state = state
-        self.q: "queue.Queue[Any]" = queue.Queue()
-        self._busy = False
+        self.q: "queue.Queue[Any]" = queue.Queue()  # raw messages
+        self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
+        self._busy = [False, False]
         self._dead = False
-        self.thread = threading.Thread(target=self._loop, name="pansketch-writer", daemon=True)
+        self.groups = 0
+        self.messages = 0
+        self.threads = [threading.Thread(target=self._validate_loop, name="pansketch-validate", daemon=True),
+                        threading.Thread(target=self._write_loop, name="pansketch-writer", daemon=True)]
 
     def start(self) -> None:
-        self.thread.start()
+        for t in self.threads:
+            t.start()
 
     def put(self, msg: Any) -> None:
         self.q.put(msg)
 
     def idle(self) -> bool:
-        return self.q.empty() and not self._busy
+        return self.q.empty() and self.valid.empty() and not any(self._busy)
 
     def drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -300,33 +307,61 @@ class _Writer:
 
     def close(self) -> None:
         self.q.put(None)
-        self.thread.join(30)
+        for t in self.threads:
+            t.join(30)
 
-    def _loop(self) -> None:
+    @staticmethod
+    def _take(q: "queue.Queue[Any]", first: Any, limit: int, size: Any) -> tuple[list[Any], bool]:
+        batch = [first]
+        n = size(first)
+        while n < limit:
+            try:
+                m = q.get_nowait()
+            except queue.Empty:
+                break
+            if m is None:
+                return batch, True
+            batch.append(m)
+            n += size(m)
+        return batch, False
+
+    def _validate_loop(self) -> None:
         while True:
             first = self.q.get()
             if first is None:
+                self.valid.put(None)
                 return
-            self._busy = True
-            batch = [first]
-            end = False
-            while len(batch) < GROUP_MAX:
-                try:
-                    m = self.q.get_nowait()
-                except queue.Empty:
-                    break
-                if m is None:
-                    end = True
-                    break
-                batch.append(m)
+            self._busy[0] = True
+            batch, end = self._take(self.q, first, GROUP_MAX, lambda _m: 1)
+            try:
+                self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
+            except Exception as exc:  # validate() turns validator bugs into rejections; this is worse
+                log.exception("validator failed")
+                self._fatal("validator failed: %s" % exc)
+            finally:
+                self._busy[0] = False
+            if end:
+                self.valid.put(None)
+                return
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self.valid.get()
+            if first is None:
+                return
+            self._busy[1] = True
+            chunks, end = self._take(self.valid, first, GROUP_MAX, len)
+            batch = [x for c in chunks for x in c]
             try:
                 if not self._dead:
+                    self.groups += 1
+                    self.messages += len(batch)
                     self._store(batch)
             except Exception as exc:  # never let the writer die silently
                 log.exception("writer failed")
                 self._fatal("writer failed: %s" % exc)
             finally:
-                self._busy = False
+                self._busy[1] = False
             if end:
                 return
 
@@ -335,11 +370,13 @@ class _Writer:
         self.state["fatal"] = why
         self.stop.set()
 
-    def _store(self, batch: list[Any]) -> None:
-        pend = [self.agg.validate(m.topic, m.payload) for m in batch]
+    def _store(self, batch: list[tuple[Any, Pending]]) -> None:
+        msgs = [m for m, _p in batch]
+        pend = [p for _m, p in batch]
         todo = list(range(len(batch)))
         done: list[tuple[int, Outcome]] = []
         delay = 0.5
+        why = ""
         for attempt in range(4):
             try:
                 outs = self.agg.handle_many([], pending=[pend[i] for i in todo])
@@ -358,10 +395,10 @@ class _Writer:
             log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
             time.sleep(delay)
             delay *= 2
-        self._ack(batch, done)
+        self._ack(msgs, done)
         if todo:
             log.error("cannot store %d message(s) (first on %s): %s; stopping without acknowledging them",
-                      len(todo), batch[todo[0]].topic, why)
+                      len(todo), msgs[todo[0]].topic, why)
             self._fatal("storage failed: %s" % why)
 
     def _ack(self, batch: list[Any], done: list[tuple[int, Outcome]]) -> None:
@@ -387,6 +424,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
 
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
+    agg.store.background_checkpoints()
     cid = hostconfig.default_client_id(cfg)
     client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
@@ -489,8 +527,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         c = agg.counts
         if counts is not None:
             counts.update(c)
-        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected", c["stored"], c["duplicate"],
-                 c["rejected"])
+        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected; %d group commit(s), %.1f messages "
+                 "per group", c["stored"], c["duplicate"], c["rejected"], writer.groups,
+                 writer.messages / max(1, writer.groups))
         agg.close()
 
 

@@ -124,6 +124,22 @@ class Release:
         return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
 
 
+def _type_check_fast(obj: Any) -> bool:
+    """True when ``obj`` is a map of str keys to str/int/bytes/int-list values (the release shape)."""
+    if type(obj) is not dict:
+        return False
+    for k, v in obj.items():
+        if type(k) is not str:
+            return False
+        t = type(v)
+        if t is int or t is str or t is bytes:
+            continue
+        if t is list and all(type(x) is int for x in v):
+            continue
+        return False
+    return True
+
+
 def _type_check(obj: Any, depth: int = 0) -> None:
     """Only the types agent/cbor.py writes: int, str, bytes, list, dict (no tags, no floats)."""
     if isinstance(obj, bool) or obj is None:
@@ -204,7 +220,51 @@ def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
     return bytes(out), off
 
 
+_ORDER = sorted(FIELDS, key=cbor.dumps)  # agent.cbor writes map keys sorted by their encoded bytes
+_CTR_AT = _ORDER.index("ctr")
+_BEFORE = _ORDER[:_CTR_AT]
+_AFTER = _ORDER[_CTR_AT + 1:]
+_CTR_KEY = cbor.dumps("ctr")
+
+
+def _plain(v: Any) -> bool:
+    """Values whose cbor2 encoding is agent.cbor's: str, int in (-2^63, 2^63), lists of such ints."""
+    if type(v) is int:
+        return -(1 << 63) < v < (1 << 63)
+    if type(v) is str:
+        return True
+    if type(v) is list:
+        return all(type(x) is int and -(1 << 63) < x < (1 << 63) for x in v)
+    return False
+
+
 def canonical_offset(m: dict[str, Any], payload: bytes) -> int:
+    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+
+    Fast path for a map with exactly the release fields: the parts before
+    and after the counters are encoded by cbor2's C encoder in agent.cbor's
+    key order (for str, int and int lists both write the same shortest-form
+    definite-length bytes; tests/test_host_decode.py checks the two paths
+    agree); anything else goes through :func:`canonical_offset_ref`.
+    """
+    if len(m) == len(FIELDS) and isinstance(m.get("ctr"), bytes):
+        try:
+            before = {k: m[k] for k in _BEFORE}
+            after = {k: m[k] for k in _AFTER}
+        except KeyError:
+            return canonical_offset_ref(m, payload)
+        if all(_plain(v) for v in before.values()) and all(_plain(v) for v in after.values()):
+            n = len(m["ctr"])
+            pre = cbor._head(5, len(FIELDS)) + cbor2.dumps(before)[1:] + _CTR_KEY + cbor._head(2, n)
+            post = cbor2.dumps(after)[1:]
+            off = len(pre)
+            if len(payload) != off + n + len(post) or not payload.startswith(pre) or not payload.endswith(post):
+                return -1
+            return off
+    return canonical_offset_ref(m, payload)
+
+
+def canonical_offset_ref(m: dict[str, Any], payload: bytes) -> int:
     """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
 
     Equivalent to ``canonical_with_offset(m) == (payload, off)`` without
@@ -261,7 +321,8 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("cbor", "malformed CBOR: %s" % (str(exc)[:200] or type(exc).__name__))
     if f.tell() != len(payload):
         raise Rejected("cbor", "malformed CBOR: %d trailing bytes after the release map" % (len(payload) - f.tell()))
-    _type_check(obj)
+    if not _type_check_fast(obj):
+        _type_check(obj)
     if not isinstance(obj, dict):
         raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
     if "v" not in obj:

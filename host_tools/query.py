@@ -350,6 +350,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
     p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
                                                   "(.png, .svg or .pdf; needs matplotlib)")
+    p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
+                   help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -407,7 +409,7 @@ def main(args: argparse.Namespace) -> int:
             return _err(str(exc), 2)
     try:
         store = open_store(cfg.aggregator.db, readonly=True)
-    except (FileNotFoundError, OSError, Exception) as exc:
+    except Exception as exc:  # missing file, PostgreSQL unreachable, ...
         return _err(str(exc), 1)
     t_start = time.perf_counter()
     try:
@@ -418,11 +420,11 @@ def main(args: argparse.Namespace) -> int:
         if args.qtype == "freq":
             items = [_item(x, args.as_int, "ITEM") for x in args.items]
             answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf)
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
         else:
             cands = read_candidates(args.candidates, args.as_int)
             answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf)
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
     except (QueryError, ValueError, OSError) as exc:
         return _err(str(exc), 1)
     finally:

@@ -313,6 +313,7 @@ class SQLStore:
     path: str
     readonly: bool
     has_rollups: bool = False
+    _devcache: dict[str, tuple[Any, ...]]  # committed device rows (never updated once written)
     _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
     _db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
@@ -328,6 +329,9 @@ class SQLStore:
 
     def _retryable(self, exc: BaseException) -> bool:
         return False
+
+    def background_checkpoints(self, interval: float = 0.25) -> None:
+        """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
 
     def close(self) -> None:
         raise NotImplementedError
@@ -419,10 +423,13 @@ class SQLStore:
             raise PermissionError("store opened read-only")
         for p in items:
             p.status, p.error = "", None
-        self._exec_tx(self._group, items, log_rejections)
+        seen: dict[str, tuple[Any, ...]] = {}
+        self._exec_tx(self._group, items, log_rejections, seen)
+        self._devcache.update(seen)  # committed: device rows never change once written
 
-    def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool) -> None:
+    def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]]) -> None:
         accs: dict[tuple[Any, ...], _Acc] = {}
+        seen.clear()
         for i, p in enumerate(items):
             p.status, p.error = "", None
             sp = "p%d" % i
@@ -430,7 +437,7 @@ class SQLStore:
             try:
                 if p.rel is not None and p.rej is None:
                     try:
-                        p.status = self._insert(cur, p.rel, p.topic, p.received)
+                        p.status = self._insert(cur, p.rel, p.topic, p.received, seen)
                     except Rejected as rej:
                         cur.execute("ROLLBACK TO SAVEPOINT " + sp)
                         p.rej, p.status = rej, "rejected"
@@ -463,12 +470,15 @@ class SQLStore:
                 (p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),
                  hashlib.sha256(p.payload).hexdigest(), keep))
 
-    def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float) -> str:
+    def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float,
+                seen: Optional[dict[str, tuple[Any, ...]]] = None) -> str:
+        mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        if self._devcache.get(rel.dev) == mine:  # known device, same parameters: insert, classify on conflict
+            return self._insert_release(cur, rel, topic, now)
         existing = self._classify(cur, rel, now)
         if existing is not None:
             return existing
         dev = self._x(cur, "SELECT salt, hv, kind, d, w, ep_s FROM devices WHERE device = ?", (rel.dev,)).fetchone()
-        mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
         if dev is None:
             self._x(cur, "INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO NOTHING", (rel.dev,) + mine + (now,))
@@ -479,6 +489,11 @@ class SQLStore:
             diffs = ["%s %s -> %s" % (n, a, b) for n, a, b in zip(names, dev, mine) if a != b]
             raise Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
                            "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+        if seen is not None:
+            seen[rel.dev] = mine
+        return self._insert_release(cur, rel, topic, now)
+
+    def _insert_release(self, cur: Any, rel: Release, topic: Optional[str], now: float) -> str:
         cur = self._x(cur, "INSERT INTO releases (%s) VALUES (%s) ON CONFLICT (device, elo, ehi, part) DO NOTHING"
                       % (", ".join(_INSERT_COLS), ", ".join("?" * len(_INSERT_COLS))),
                       (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1,
@@ -749,6 +764,8 @@ class Store(SQLStore):
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._ckpt: Optional[tuple[threading.Event, threading.Thread]] = None
+        self._devcache = {}
         if readonly:
             if not os.path.exists(path):
                 raise FileNotFoundError("no database at %s (run `pansketch aggregate` first)" % path)
@@ -768,6 +785,36 @@ class Store(SQLStore):
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
         self.has_rollups = self._meta("rollups") == "1"
 
+    def background_checkpoints(self, interval: float = 0.25) -> None:
+        """Move WAL checkpoints off the commit path (the aggregator's writer).
+
+        By default the connection that commits copies the WAL into the
+        database file whenever the WAL passes 1000 pages, inside COMMIT.
+        Here a thread with its own connection runs a PASSIVE checkpoint every
+        ``interval`` seconds instead (it never blocks writers; the I/O
+        overlaps the next group's validation). Stopped by :meth:`close`.
+        """
+        if self.readonly or self._ckpt is not None:
+            return
+        self.db.execute("PRAGMA wal_autocheckpoint = 0")
+        stop = threading.Event()
+
+        def loop() -> None:
+            con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            try:
+                while not stop.wait(interval):
+                    try:
+                        con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    except sqlite3.Error:
+                        pass  # busy: next round
+                con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            finally:
+                con.close()
+
+        t = threading.Thread(target=loop, name="pansketch-checkpoint", daemon=True)
+        self._ckpt = (stop, t)
+        t.start()
+
     def _cursor(self) -> sqlite3.Cursor:
         return self.db.cursor()
 
@@ -778,6 +825,10 @@ class Store(SQLStore):
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
     def close(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt[0].set()
+            self._ckpt[1].join(30)
+            self._ckpt = None
         with self._lock:
             self.db.close()
 

@@ -73,6 +73,7 @@ class PgStore(SQLStore):
         self.readonly = readonly
         self.timeout = timeout
         self._lock = threading.RLock()
+        self._devcache = {}
         self.conn: Any = None
         self._connect()
         if not readonly:

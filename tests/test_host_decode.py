@@ -228,3 +228,31 @@ def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch)
     out = agg.handle(topic("dev-a"), b"anything")
     assert out.code == "internal" and "ZeroDivisionError" in out.reason
     assert agg.store.snapshot()[3] == before[3]
+
+
+def test_fast_encoding_check_agrees_with_the_reference():
+    """canonical_offset (cbor2 C encoder around the counters) == canonical_offset_ref (agent.cbor)."""
+    import cbor2 as _cbor2
+
+    from host_tools.decode import canonical_offset, canonical_offset_ref
+
+    p = params(w=16)
+    good = encoded(p, seq=70000, fill=-3, nz=300)
+    m = _cbor2.loads(good)
+    assert canonical_offset(m, good) == canonical_offset_ref(m, good) > 0
+    variants = [
+        dumps(dict(m, seq=2**32 - 1)), dumps(dict(m, budget=[2**63 - 1, 3])), dumps(dict(m, dev="x" * 64)),
+        good[:-1] + b"\x00", good + b"\x00",
+        _cbor2.dumps(m),  # cbor2's own key order: not the device's
+        _cbor2.dumps(m, canonical=True),
+        good.replace(b"\x63dev", b"\x63dex", 1),
+    ]
+    big = dict(m, budget=[2**64 - 1, 1])  # outside the fast path's int range: reference path
+    variants.append(dumps(big))
+    for v in variants:
+        try:
+            mv = _cbor2.loads(v)
+        except Exception:
+            continue
+        assert canonical_offset(mv, v) == canonical_offset_ref(mv, v)
+        assert canonical_offset(mv, good) == canonical_offset_ref(mv, good)
