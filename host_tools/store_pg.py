@@ -29,9 +29,15 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
-from host_tools.store import _COLS, _SCHEMA, SCHEMA_VERSION, SQLStore, StoreError
+import hashlib
+import json
+
+import numpy as np
+
+from host_tools.decode import Rejected
+from host_tools.store import _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc, rollup_key
 
 _SERIALS = itertools.count()
 
@@ -53,6 +59,56 @@ def redact(dsn: str) -> str:
         return dsn.split("@")[-1] if "@" in dsn else dsn
     return "postgresql://%s@%s:%s/%s" % (d.get("user", ""), d.get("host", "localhost"), d.get("port", 5432),
                                          d.get("dbname", ""))
+
+
+_PUT_ARGS = ("device text", "elo bigint", "ehi bigint", "part bigint", "seq bigint", "win bigint", "win_s bigint",
+             "ep_s bigint", "t0 bigint", "t1 bigint", "mode text", "kind text", "d bigint", "w bigint", "hv bigint",
+             "salt text", "clip bigint", "mech text", "budget_num bigint", "budget_den bigint", "nint_num bigint",
+             "nint_den bigint", "nout_num bigint", "nout_den bigint", "nz bigint", "L bigint", "sha256 text",
+             "payload bytea", "ctr_off bigint", "topic text", "received double precision")
+
+# One release in one round trip: the same checks as SQLStore._insert, in a PL/pgSQL block whose EXCEPTION
+# clause makes it a subtransaction (a savepoint per release: an error rolls back this release alone).
+# Returns 'stored' | 'duplicate' | 'conflict:<stored seq>' | 'device:<stored parameters as JSON>' |
+# 'error:<sqlstate>:<message>'; deadlocks and serialisation failures propagate (the group is retried).
+_PUT_FN = """
+CREATE OR REPLACE FUNCTION pansketch_put(%(args)s) RETURNS text LANGUAGE plpgsql AS $f$
+DECLARE r record; dv record; n bigint;
+BEGIN
+  BEGIN
+    SELECT x.sha256, x.seq INTO r FROM releases x
+     WHERE x.device = a_device AND x.elo = a_elo AND x.ehi = a_ehi AND x.part = a_part;
+    IF NOT FOUND THEN
+      INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received)
+      VALUES (a_device, a_salt, a_hv, a_kind, a_d, a_w, a_ep_s, a_received) ON CONFLICT (device) DO NOTHING;
+      SELECT x.salt, x.hv, x.kind, x.d, x.w, x.ep_s INTO dv FROM devices x WHERE x.device = a_device;
+      IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM (a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) THEN
+        RETURN 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
+      END IF;
+      INSERT INTO releases (%(cols)s) VALUES (%(vals)s) ON CONFLICT (device, elo, ehi, part) DO NOTHING;
+      GET DIAGNOSTICS n = ROW_COUNT;
+      IF n = 1 THEN
+        RETURN 'stored';
+      END IF;
+      SELECT x.sha256, x.seq INTO r FROM releases x  -- another aggregator committed the key meanwhile
+       WHERE x.device = a_device AND x.elo = a_elo AND x.ehi = a_ehi AND x.part = a_part;
+    END IF;
+    IF r.sha256 = a_sha256 THEN
+      INSERT INTO duplicates (device, elo, ehi, part, received) VALUES (a_device, a_elo, a_ehi, a_part, a_received);
+      RETURN 'duplicate';
+    END IF;
+    RETURN 'conflict:' || r.seq;
+  EXCEPTION WHEN OTHERS THEN
+    IF SQLSTATE IN ('40P01', '40001', '55P03') THEN
+      RAISE;
+    END IF;
+    RETURN 'error:' || SQLSTATE || ':' || SQLERRM;
+  END;
+END
+$f$
+""" % {"args": ", ".join("a_" + a for a in _PUT_ARGS),
+       "cols": ", ".join(a.split()[0] for a in _PUT_ARGS),
+       "vals": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
 
 
 class PgStore(SQLStore):
@@ -123,12 +179,51 @@ class PgStore(SQLStore):
         cur.execute("SELECT pg_advisory_xact_lock(7243310)")  # aggregators starting together create it once
         for stmt in pg_schema():
             cur.execute(stmt)
+        cur.execute(_PUT_FN)
         cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
                     (str(SCHEMA_VERSION),))
         cur.execute("SELECT value FROM meta WHERE key = 'rollups'")
         if cur.fetchone() is None:
             self._rebuild_rollups(cur)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+
+    def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool,
+               seen: dict[str, tuple[Any, ...]]) -> None:
+        """The group in a few round trips: every release through pansketch_put (pipelined), then the
+        rejections, then the roll-ups."""
+        accs: dict[tuple[Any, ...], _Acc] = {}
+        seen.clear()
+        todo = [p for p in items if p.rel is not None and p.rej is None]
+        for p in items:
+            p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
+        if todo:
+            cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
+                            [_put_args(p) for p in todo], returning=True)
+            results: list[str] = []
+            while True:
+                results.append(cur.fetchone()[0])
+                if not cur.nextset():
+                    break
+            if len(results) != len(todo):
+                raise StoreError("pansketch_put returned %d results for %d releases" % (len(results), len(todo)))
+            for p, res in zip(todo, results):
+                _apply_result(p, res)
+        rej = [p for p in items if p.status == "rejected" and p.rej is not None]
+        if log_rejections and rej:
+            cur.executemany("INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                            [(p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),  # type: ignore
+                              hashlib.sha256(p.payload).hexdigest(),
+                              p.payload if len(p.payload) <= p.keep_bytes else None) for p in rej])
+        for p in todo:
+            if p.status == "stored" and p.rel is not None:
+                k = rollup_key(p.rel)
+                if k is not None:
+                    acc = accs.get(k)
+                    if acc is None:
+                        acc = accs[k] = _Acc(np.zeros((p.rel.d, p.rel.w), dtype=np.int64))
+                    acc.add(p.rel, p.rel.counters())
+        self._apply_rollups(cur, accs)
 
     def _meta(self, key: str) -> Optional[str]:
         try:
@@ -155,3 +250,37 @@ class PgStore(SQLStore):
             cur = self._cursor()
             cur.execute(self._sql(sql), tuple(args))
             return [tuple(r) for r in cur.fetchall()]
+
+
+def _put_args(p: Pending) -> tuple[Any, ...]:
+    rel = p.rel
+    assert rel is not None
+    return (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
+            rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
+            rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, p.topic,
+            p.received)
+
+
+def _apply_result(p: Pending, res: str) -> None:
+    """pansketch_put's answer -> the Pending's status, with SQLStore._insert's messages."""
+    rel = p.rel
+    assert rel is not None
+    kind, _, rest = res.partition(":")
+    if kind in ("stored", "duplicate"):
+        p.status = kind
+    elif kind == "conflict":
+        p.status = "rejected"
+        p.rej = Rejected("conflict", "release (dev %s, epochs [%d, %d), part %d) is already stored with different "
+                         "bytes (stored seq %s, this seq %d): noise re-drawn or device state reset? "
+                         "the stored one is kept" % (rel.dev, rel.elo, rel.ehi, rel.part, rest, rel.seq))
+    elif kind == "device":
+        dev = json.loads(rest)
+        mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        names = ("salt id", "hash version", "kind", "d", "w", "ep_s")
+        diffs = ["%s %s -> %s" % (n, a, b) for n, a, b in zip(names, dev, mine) if a != b]
+        p.status = "rejected"
+        p.rej = Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
+                         "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+    else:
+        p.status = "error"
+        p.error = StoreError("storing release %s seq %d failed: %s" % (rel.dev, rel.seq, rest))

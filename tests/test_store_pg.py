@@ -102,8 +102,29 @@ def test_group_commit_savepoints(dsn):
             (topic("pg-g"), encoded(p, seq=2, elo=e + 2, fill=4))]
     outs = agg.handle_many(msgs)
     assert [o.status for o in outs] == ["stored", "rejected", "rejected", "stored"]
+    assert outs[1].code == "conflict" and "stored seq 0, this seq 9" in (outs[1].reason or "")
     m, _ = query.select_merged(agg.store, salt=SALT)
     assert m.releases == 3 and int(m.counters[0, 0]) == 7
+    # a database error on one release rolls back that release alone (its subtransaction)
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                  "IF NEW.device = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END $$")
+        c.execute("CREATE TRIGGER boom BEFORE INSERT ON releases FOR EACH ROW EXECUTE FUNCTION boom()")
+    items = [agg.validate(topic("pg-g"), encoded(p, seq=3, elo=e + 3, fill=8)),
+             agg.validate(topic("boom"), encoded(params("boom", w=16), seq=0, elo=e, fill=3)),
+             agg.validate(topic("pg-g"), encoded(params("pg-g", w=32), seq=4, elo=e + 4)),  # device parameters
+             agg.validate(topic("pg-g"), encoded(p, seq=0, elo=e, fill=1))]  # duplicate
+    agg.store.commit_group(items)
+    assert [x.status for x in items] == ["stored", "error", "rejected", "duplicate"]
+    assert "boom refused" in str(items[1].error)
+    assert items[2].rej is not None and "w 16 -> 32" in items[2].rej.reason
+    st = open_store(dsn, readonly=True)
+    assert [d[0] for d in st.devices()] == ["pg-g"]  # boom's device row was rolled back with it
+    m, _ = query.select_merged(st, salt=SALT)
+    assert m.releases == 4 and int(m.counters[0, 0]) == 15
+    st.close()
     agg.close()
 
 
