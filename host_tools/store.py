@@ -522,6 +522,8 @@ class SQLStore:
 
     def _apply_rollups(self, cur: Any, accs: dict[tuple[Any, ...], _Acc]) -> None:
         """Add a group's increments to the roll-ups (sorted: concurrent writers lock rows in one order)."""
+        noise: list[tuple[Any, ...]] = []
+        devs: list[tuple[Any, ...]] = []
         for key in sorted(accs):
             acc = accs[key]
             d, w = key[3], key[4]
@@ -536,13 +538,15 @@ class SQLStore:
             self._x(cur, "UPDATE rollups SET releases = ?, t0 = ?, t1 = ?, sums = ? WHERE id = ?",
                     (int(n) + acc.releases, min(int(t0), acc.t0), max(int(t1), acc.t1),
                      sums.astype("<i8").tobytes(), rid))
-            for (mech, num, den), c in sorted(acc.noise.items()):
-                self._x(cur, "INSERT INTO rollup_noise (rollup, mech, num, den, count) VALUES (?, ?, ?, ?, ?) "
-                             "ON CONFLICT (rollup, mech, num, den) DO UPDATE SET count = rollup_noise.count + excluded.count",
-                        (rid, mech, num, den, c))
-            for dev in sorted(acc.devices):
-                self._x(cur, "INSERT INTO rollup_devices (rollup, device) VALUES (?, ?) "
-                             "ON CONFLICT (rollup, device) DO NOTHING", (rid, dev))
+            noise += [(rid, mech, num, den, c) for (mech, num, den), c in sorted(acc.noise.items())]
+            devs += [(rid, dev) for dev in sorted(acc.devices)]
+        if noise:  # one batch each (PostgreSQL: pipelined, one round trip)
+            cur.executemany(self._sql("INSERT INTO rollup_noise (rollup, mech, num, den, count) VALUES (?, ?, ?, ?, ?) "
+                                      "ON CONFLICT (rollup, mech, num, den) DO UPDATE "
+                                      "SET count = rollup_noise.count + excluded.count"), noise)
+        if devs:
+            cur.executemany(self._sql("INSERT INTO rollup_devices (rollup, device) VALUES (?, ?) "
+                                      "ON CONFLICT (rollup, device) DO NOTHING"), devs)
 
     def _rebuild_rollups(self, cur: Any) -> None:
         """Recompute every roll-up from the stored releases (one window at a time)."""

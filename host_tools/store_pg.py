@@ -179,6 +179,9 @@ class PgStore(SQLStore):
         cur.execute("SELECT pg_advisory_xact_lock(7243310)")  # aggregators starting together create it once
         for stmt in pg_schema():
             cur.execute(stmt)
+        # releases are written once and rarely read; counters hardly compress: no pglz on every insert
+        cur.execute("ALTER TABLE releases ALTER COLUMN payload SET STORAGE EXTERNAL")
+        cur.execute("ALTER TABLE rollups ALTER COLUMN sums SET STORAGE EXTERNAL")
         cur.execute(_PUT_FN)
         cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
                     (str(SCHEMA_VERSION),))
