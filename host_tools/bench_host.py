@@ -164,8 +164,9 @@ def _count(db: str) -> int:
         try:
             import psycopg
 
-            with psycopg.connect(db, connect_timeout=5) as con:
-                return int(con.execute("SELECT COUNT(*) FROM releases").fetchone()[0])
+            with psycopg.connect(db, connect_timeout=5) as pcon:
+                row = pcon.execute("SELECT COUNT(*) FROM releases").fetchone()
+                return int(row[0]) if row else 0
         except Exception:
             return 0
     import sqlite3
@@ -221,15 +222,15 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         groups = list(by_dev.values())
         start = ctx.Event()
         done: Any = ctx.Queue()
-        procs = [ctx.Process(target=_publisher, args=(port, groups[i::workers], start, done, tag))
-                 for i in range(workers)]
-        for p in procs:
-            p.start()
+        pubs = [ctx.Process(target=_publisher, args=(port, groups[i::workers], start, done, tag))
+                for i in range(workers)]
+        for pub in pubs:
+            pub.start()
         time.sleep(1.5)  # publishers connected
         t0 = time.perf_counter()
         t0_wall = time.time()
         start.set()
-        published = sum(done.get(timeout=600) for _ in procs)
+        published = sum(done.get(timeout=600) for _ in pubs)
         t_pub = time.perf_counter() - t0
         if peer:
             stored, t_end = peer_out.get(timeout=600)
@@ -241,8 +242,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
                 time.sleep(0.05)
             t_all = time.perf_counter() - t0
             stored = _count(db)
-        for p in procs:
-            p.join(30)
+        for pub in pubs:
+            pub.join(30)
     finally:
         for a in procs_agg:
             a.terminate()

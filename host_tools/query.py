@@ -189,8 +189,8 @@ def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
         acc += r.counters()
     terms = store.rollup_noise(ids) if ids else {}
     for r in raw:
-        for k, c in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
-            terms[k] = terms.get(k, 0) + c
+        for k, n in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
+            terms[k] = terms.get(k, 0) + n
     devices = (store.rollup_devices(ids) if ids else set()) | {r.device for r in raw}
     return Merged(kind=kind, d=d, w=w, hv=hv, salt=salt, counters=acc,
                   releases=sum(i.releases for i in use) + len(raw), devices=sorted(devices),

@@ -314,6 +314,8 @@ class SQLStore:
     readonly: bool
     has_rollups: bool = False
     _devcache: dict[str, tuple[Any, ...]]  # committed device rows (never updated once written)
+    _lock: threading.RLock
+    _cols: str  # release columns to select (old files: "2 AS nz")
     _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
     _db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
