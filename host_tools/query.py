@@ -120,10 +120,11 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         raise QueryError("empty time range: until must be after since")
     sel = Selection(window=window, since=since, until=until, devices=_devices(device))
     m: Optional[Merged] = None
-    if use_rollups and sel.devices is None and store.has_rollups:
-        m = _from_rollups(store, sel)
-    if m is None:
-        m = _from_releases(store, sel)
+    with store.read_tx():  # one snapshot, while aggregators keep committing
+        if use_rollups and sel.devices is None and store.has_rollups:
+            m = _from_rollups(store, sel)
+        if m is None:
+            m = _from_releases(store, sel)
     if salt is not None and hashing.salt_id(salt) != m.salt:
         raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
                          % (hashing.salt_id(salt), m.salt))

@@ -68,6 +68,7 @@ acknowledges the MQTT message.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -575,6 +576,23 @@ class SQLStore:
         return True
 
     # -- reads ---------------------------------------------------------
+    _read_begin = "BEGIN"
+
+    @contextlib.contextmanager
+    def read_tx(self) -> Iterator[None]:
+        """One read snapshot for several reads (roll-ups + boundary releases, metadata + payloads):
+        releases committed meanwhile by an aggregator are either all seen or not at all."""
+        with self._lock:
+            cur = self._cursor()
+            cur.execute(self._read_begin)
+            try:
+                yield
+            finally:
+                try:
+                    cur.execute("COMMIT")
+                except self._db_errors:
+                    pass
+
     def _q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             cur = self._cursor()

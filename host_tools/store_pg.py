@@ -115,6 +115,7 @@ class PgStore(SQLStore):
     """The release store in the PostgreSQL database ``dsn``."""
 
     _for_update = " FOR UPDATE"
+    _read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     def __init__(self, dsn: str, readonly: bool = False, timeout: float = 30.0) -> None:
         try:

@@ -213,3 +213,19 @@ def test_fleet_exercises_keep_epochs_and_straddling(fleet):
     _m, sel = query.select_merged(st, salt=SALT, since=T0 + 1500, until=T0 + 2 * 3600 + 600)
     assert sel.partial > 0
     st.close()
+
+
+def test_queries_read_one_snapshot_while_an_aggregator_commits(tmp_path):
+    a = Aggregator(host_cfg(tmp_path))
+    p = params("snap", w=16)
+    assert a.handle(topic("snap"), encoded(p, seq=0, fill=1)).stored
+    st = Store(a.store.path, readonly=True)
+    with st.read_tx():
+        before = (st.release_count(), [i.releases for i in st.rollups()])
+        assert a.handle(topic("snap"), encoded(p, seq=1, elo=T0 // 3600 + 1, fill=2)).stored  # committed meanwhile
+        assert (st.release_count(), [i.releases for i in st.rollups()]) == before
+    assert st.release_count() == 2
+    m, _ = query.select_merged(st, salt=SALT)
+    assert m.releases == 2 and int(m.counters[0, 0]) == 3
+    st.close()
+    a.close()
