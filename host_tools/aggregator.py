@@ -334,7 +334,10 @@ class _Writer:
             self._busy[0] = True
             batch, end = self._take(self.q, first, GROUP_MAX, lambda _m: 1)
             try:
-                self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
+                # a device's status (gap detection) is recorded and acknowledged here, off the network thread
+                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.client, m)]
+                if batch:
+                    self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
             except Exception as exc:  # validate() turns validator bugs into rejections; this is worse
                 log.exception("validator failed")
                 self._fatal("validator failed: %s" % exc)
@@ -472,7 +475,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     writer = _Writer(agg, client, stop, state)
 
     def on_message(_c: Any, _u: Any, msg: Any) -> None:
-        # paho's network thread only queues: validation, storage and acks run in the writer thread
+        # paho's network thread only queues: status recording, validation, storage and acks run in the
+        # validator and writer threads
         state["last"] = time.monotonic()
         writer.put(msg)
 

@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 from host_tools import ledger as ledger_mod
 from host_tools.query import iso
-from host_tools.store import SQLStore, StoredRelease, open_store
+from host_tools.store import SQLStore as Store, StoredRelease, open_store
 
 
 LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
@@ -67,7 +67,83 @@ def _absent(lo: int, hi: int, have: list[int], limit: int = LIST_LIMIT) -> tuple
     return out, total
 
 
-def report(store: SQLStore, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10) -> dict[str, Any]:
+def classify(stored: list[int], rejected: dict[int, str], st: Any = None,
+             limit: int = LIST_LIMIT) -> dict[str, Any]:
+    """Every seq of one device as stored / rejected / pending / lost (or unknown without a status).
+
+    ``stored``: the seqs stored; ``rejected``: seq -> code of releases the host refused (not
+    stored); ``st``: the device's latest status (store.DeviceStatus) or None. Works on counts
+    and sorted lists, never on the whole range (a status may claim a huge next_seq).
+    """
+    s_set = set(stored)
+    rej = sorted(q for q in rejected if q not in s_set)
+    have = sorted(s_set | set(rej))
+    top = have[-1] + 1 if have else 0
+    out: dict[str, Any] = {"stored_count": len(s_set), "rejected_seqs": rej[:limit], "rejected_count": len(rej),
+                           "rejected_codes": {str(q): rejected[q] for q in rej[:limit]}}
+    if st is not None and st.next_seq is not None:
+        end = max(st.next_seq, top)
+        # below `cut` the device holds nothing any more; from it on (its oldest pending release,
+        # or the first release after the status when its outbox was empty) it may still hold it
+        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
+        lost, n_lost = _absent(0, cut, have, limit)
+        pend, n_pend = _absent(cut, end, have, limit)
+        out.update(checked=[0, end], basis="device status", lost_seqs=lost, lost_count=n_lost,
+                   pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
+    else:
+        unk, n_unk = _absent(0, top, have, limit)
+        # lost and pending cannot be told apart without the device's word: not reported (None)
+        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
+                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
+    return out
+
+
+def late_grace(ep_s: int, grace: Optional[float]) -> float:
+    """Seconds after the end of its epochs before a release counts as late."""
+    return float(grace) if grace is not None else float(max(ep_s, DEFAULT_LATE_GRACE_MIN_S))
+
+
+def seq_ranges(seqs: list[int], limit: int = 20) -> str:
+    """'0-3, 7, 9-10' for the first ``limit`` seqs of a sorted list."""
+    parts: list[str] = []
+    run: list[int] = []
+    for q in sorted(set(seqs))[:limit]:
+        if run and q == run[-1] + 1:
+            run.append(q)
+            continue
+        if run:
+            parts.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else str(run[0]))
+        run = [q]
+    if run:
+        parts.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else str(run[0]))
+    return ", ".join(parts)
+
+
+def _status_dict(st: Any, now: float) -> Optional[dict[str, Any]]:
+    if st is None:
+        return None
+    return {"state": st.state, "received": iso(st.received), "received_unix": st.received, "ts": st.ts,
+            "next_seq": st.next_seq, "oldest_pending": st.oldest_pending, "pending": st.pending,
+            "acked_seq": st.acked_seq, "rejected": st.rejected, "state_received_unix": st.state_received}
+
+
+def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: Any,
+              grace: Optional[float]) -> dict[str, Any]:
+    out = classify([r.seq for r in rs], rejected, st)
+    late = sorted((r for r in rs if r.received - r.t1 > late_grace(r.ep_s, grace)), key=lambda r: r.seq)
+    out.update(late_seqs=[r.seq for r in late[:LIST_LIMIT]], late_count=len(late),
+               late_max_s=round(max((r.received - r.t1 for r in late), default=0.0), 1),
+               backlog=st.pending if st is not None else None, status=_status_dict(st, 0))
+    # everything not stored in the checked range (pending, rejected, lost or unknown)
+    out["missing_seqs"] = sorted(out["lost_seqs"] + out["pending_seqs"] + out["unknown_seqs"]
+                                 + out["rejected_seqs"])[:LIST_LIMIT]
+    out["missing_seq_count"] = ((out["lost_count"] or 0) + (out["pending_count"] or 0) + out["unknown_count"]
+                                + out["rejected_count"])
+    return out
+
+
+def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
+           late_grace_s: Optional[float] = None) -> dict[str, Any]:
     """The status as a dict (what ``--json`` prints)."""
     now = time.time() if now is None else now
     rels = store.releases()

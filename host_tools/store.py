@@ -17,6 +17,11 @@ Tables (schema version 1)::
     rejections      every refused message: time, topic, device (if known),
                     code, reason, size, SHA-256 and the bytes (if <= max_bytes)
     duplicates      redeliveries of a stored release (identical bytes)
+    device_status   per device the latest status message it published
+                    (docs/FORMAT.md section 3: next_seq, oldest_pending,
+                    pending, acked_seq, rejected, ts, and online/offline);
+                    written by host_tools/devstatus.py, read by ``status``
+                    to tell lost releases from pending ones
     rollups         per (window length, window id, kind, d, w, hv, salt id):
                     the int64 sum of the counters of every stored release of
                     that window, the number of releases, the covered time
@@ -62,7 +67,10 @@ rejections.
 SQLite concurrency: each group runs in one ``BEGIN IMMEDIATE`` transaction
 (the checks and inserts see one snapshot and no other writer interleaves),
 with a busy timeout, so any number of aggregator processes can write to
-one file. ``synchronous=FULL``: a commit is on disk before the aggregator
+one file. Opening is retried the same way: several processes opening a
+fresh file at once race to switch it to WAL, and SQLite refuses the loser
+immediately ("database is locked", no busy wait for a read-to-write lock
+upgrade). ``synchronous=FULL``: a commit is on disk before the aggregator
 acknowledges the MQTT message.
 """
 
@@ -111,6 +119,11 @@ CREATE TABLE IF NOT EXISTS rejections (
 CREATE TABLE IF NOT EXISTS duplicates (
     device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
     received REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS device_status (
+    device TEXT PRIMARY KEY, received REAL NOT NULL, ts INTEGER, next_seq INTEGER, oldest_pending INTEGER,
+    pending INTEGER, acked_seq INTEGER, rejected INTEGER, doc TEXT NOT NULL,
+    state TEXT NOT NULL, state_received REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rollups (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -220,6 +233,12 @@ class StoredRelease:
         return np.frombuffer(self.payload, dtype="<i4", count=self.d * self.w, offset=self.ctr_off).reshape(self.d, self.w)
 
 
+def _locked(exc: BaseException) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; worth retrying."""
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
 def _row_to_release(r: Sequence[Any], with_payload: bool) -> StoredRelease:
     (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
      bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off) = r[:28]
@@ -313,6 +332,7 @@ class SQLStore:
 
     path: str
     readonly: bool
+    timeout: float
     has_rollups: bool = False
     _devcache: dict[str, tuple[Any, ...]]  # committed device rows (never updated once written)
     _lock: threading.RLock
@@ -468,10 +488,10 @@ class SQLStore:
     def _log_rejection(self, cur: Any, p: Pending) -> None:
         assert p.rej is not None
         keep = p.payload if len(p.payload) <= p.keep_bytes else None
-        self._x(cur, "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        self._x(cur, "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),
-                 hashlib.sha256(p.payload).hexdigest(), keep))
+                 hashlib.sha256(p.payload).hexdigest(), keep, rejected_seq(keep, p.device)))
 
     def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float,
                 seen: Optional[dict[str, tuple[Any, ...]]] = None) -> str:
@@ -574,6 +594,49 @@ class SQLStore:
 
     def _has_nz(self, cur: Any) -> bool:
         return True
+
+    def put_status(self, device: str, doc: dict[str, Any], received: Optional[float] = None) -> bool:
+        """Keep ``doc`` as ``device``'s latest status (docs/FORMAT.md section 3); True if anything changed.
+
+        ``doc`` is a parsed status object (host_tools/devstatus.py validates it). A status without
+        ``next_seq`` (the last will ``{"state": "offline"}``) only updates the device's state and keeps
+        the numbers of its last full status; a full status older (by its ``ts``) than the one kept is
+        ignored (a retained copy delivered again, messages crossing), so the numbers never go back.
+        """
+        if self.readonly:
+            raise PermissionError("store opened read-only")
+        import json
+
+        now = time.time() if received is None else received
+        state = str(doc.get("state", "online"))[:32]
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        full = doc.get("next_seq") is not None
+
+        def tx(cur: Any) -> bool:
+            row = self._x(cur, "SELECT ts, doc, state FROM device_status WHERE device = ?", (device,)).fetchone()
+            if not full:
+                if row is None:
+                    self._x(cur, "INSERT INTO device_status (device, received, doc, state, state_received) "
+                                 "VALUES (?, ?, ?, ?, ?)", (device, now, text, state, now))
+                    return True
+                if row[2] == state:
+                    return False
+                self._x(cur, "UPDATE device_status SET state = ?, state_received = ? WHERE device = ?",
+                        (state, now, device))
+                return True
+            ts = doc.get("ts")
+            if row is not None and row[0] is not None and ts is not None and ts < row[0]:
+                return False
+            if row is not None and row[1] == text and row[2] == state:
+                return False
+            vals = tuple(doc.get(k) for k in STATUS_INTS)
+            cols = ("received",) + STATUS_INTS + ("doc", "state", "state_received")
+            self._x(cur, "INSERT INTO device_status (device, %s) VALUES (?, %s) ON CONFLICT (device) DO UPDATE SET %s"
+                    % (", ".join(cols), ", ".join("?" * len(cols)), ", ".join("%s = excluded.%s" % (c, c) for c in cols)),
+                    (device, now) + vals + (text, state, now))
+            return True
+
+        return bool(self._exec_tx(tx))
 
     # -- reads ---------------------------------------------------------
     _read_begin = "BEGIN"
@@ -704,7 +767,7 @@ class SQLStore:
         try:
             rows = self._q("SELECT device, received, %s, doc, state, state_received FROM device_status"
                            % ", ".join(STATUS_INTS))
-        except sqlite3.OperationalError as exc:
+        except self._db_errors as exc:
             if "no such table" in str(exc):  # written before devices reported status
                 return {}
             raise
@@ -722,7 +785,7 @@ class SQLStore:
         try:
             rows = self._q("SELECT device, seq, code FROM rejections WHERE seq IS NOT NULL AND device IS NOT NULL "
                            "ORDER BY id")
-        except sqlite3.OperationalError as exc:
+        except self._db_errors as exc:
             if "no such column" in str(exc):  # a read-only open of a file no new aggregator has opened
                 return {}
             raise
@@ -793,21 +856,27 @@ class Store(SQLStore):
         if readonly:
             if not os.path.exists(path):
                 raise FileNotFoundError("no database at %s (run `pansketch aggregate` first)" % path)
+        self.timeout = timeout
         self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout = %d" % int(timeout * 1000))
         if not readonly:
-            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # The switch to WAL takes the write lock while holding a read lock; when several
+            # processes open a fresh file at once SQLite refuses one of them at once with
+            # "database is locked" instead of waiting (no busy handler for a lock upgrade that
+            # could deadlock), so it is retried like a busy BEGIN IMMEDIATE.
+            mode = self._retry_locked(lambda: self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
             self.db.execute("PRAGMA synchronous = FULL")
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
-        self._cols = ", ".join(c if c != "nz" or self._has_nz(self.db) else "2 AS nz" for c in _COLS)
-        v = self._meta("schema_version")
+        has_nz = self._retry_locked(lambda: self._has_nz(self.db))
+        self._cols = ", ".join(c if c != "nz" or has_nz else "2 AS nz" for c in _COLS)
+        v = self._retry_locked(lambda: self._meta("schema_version"))
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
-        self.has_rollups = self._meta("rollups") == "1"
+        self.has_rollups = self._retry_locked(lambda: self._meta("rollups")) == "1"
 
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Move WAL checkpoints off the commit path (the aggregator's writer).
@@ -846,7 +915,7 @@ class Store(SQLStore):
         cur.execute("BEGIN IMMEDIATE")
 
     def _retryable(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+        return isinstance(exc, sqlite3.OperationalError) and _locked(exc)
 
     def close(self) -> None:
         if self._ckpt is not None:
@@ -870,6 +939,14 @@ class Store(SQLStore):
         cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
         if "nz" not in cols:  # a database from before releases carried nz (see module docstring)
             cur.execute("ALTER TABLE releases ADD COLUMN nz INTEGER NOT NULL DEFAULT 2")
+        rcols = {r[1] for r in cur.execute("PRAGMA table_info(rejections)").fetchall()}
+        if "seq" not in rcols:  # before status told lost from rejected releases: attribute the old ones
+            cur.execute("ALTER TABLE rejections ADD COLUMN seq INTEGER")
+            for rid, dev, pl in cur.execute("SELECT id, device, payload FROM rejections "
+                                            "WHERE device IS NOT NULL AND payload IS NOT NULL").fetchall():
+                seq = rejected_seq(pl, dev)
+                if seq is not None:
+                    cur.execute("UPDATE rejections SET seq = ? WHERE id = ?", (seq, rid))
         cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         if cur.execute("SELECT value FROM meta WHERE key = 'rollups'").fetchone() is None:
             self._rebuild_rollups(cur)  # a database from before roll-ups (or a new one: nothing to sum)
@@ -878,6 +955,8 @@ class Store(SQLStore):
     def _meta(self, key: str) -> Optional[str]:
         try:
             r = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        except sqlite3.OperationalError:
-            return None
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a read-only open of a file no aggregator has written yet
+                return None
+            raise
         return r[0] if r else None

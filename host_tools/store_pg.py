@@ -37,7 +37,8 @@ import json
 import numpy as np
 
 from host_tools.decode import Rejected
-from host_tools.store import _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc, rollup_key
+from host_tools.store import (_COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc, rejected_seq,
+                              rollup_key)
 
 _SERIALS = itertools.count()
 
@@ -214,11 +215,13 @@ class PgStore(SQLStore):
                 _apply_result(p, res)
         rej = [p for p in items if p.status == "rejected" and p.rej is not None]
         if log_rejections and rej:
-            cur.executemany("INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload) "
-                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            cur.executemany("INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                             [(p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),  # type: ignore
                               hashlib.sha256(p.payload).hexdigest(),
-                              p.payload if len(p.payload) <= p.keep_bytes else None) for p in rej])
+                              p.payload if len(p.payload) <= p.keep_bytes else None,
+                              rejected_seq(p.payload if len(p.payload) <= p.keep_bytes else None, p.device))
+                             for p in rej])
         for p in todo:
             if p.status == "stored" and p.rel is not None:
                 k = rollup_key(p.rel)

@@ -264,3 +264,24 @@ def test_aggregators_share_the_subscription_and_one_database(dsn, tmp_path):
     assert rcs == [0, 0, 0]
     assert sum(1 for a in aggs if a.counts["stored"] > 0) >= 2  # the load was split
     assert sum(a.counts["stored"] for a in aggs) == len(msgs)
+
+
+def test_device_status_and_rejected_seqs_on_postgresql(dsn):
+    import json as _json
+
+    from host_tools import devstatus
+
+    st = open_store(dsn)
+    t = "pansketch/pi-1/status"
+    assert devstatus.record(st, t, _json.dumps({"dev": "pi-1", "ts": T0, "next_seq": 5, "oldest_pending": 3}).encode())
+    assert not devstatus.record(st, t, _json.dumps({"dev": "pi-1", "ts": T0 - 60, "next_seq": 2}).encode())
+    assert devstatus.record(st, t, b'{"state":"offline"}')
+    d = st.device_statuses()["pi-1"]
+    assert (d.state, d.next_seq, d.oldest_pending, d.ts) == ("offline", 5, 3, T0)
+    p = params("pi-1", w=16)
+    assert st.insert(decode(encoded(p, fill=1))) == "stored"
+    agg = Aggregator(_cfg(dsn), store=st)
+    out = agg.handle(topic("pi-1"), encoded(p, seq=4, fill=9))  # same key, other bytes
+    assert out.code == "conflict"
+    assert st.rejected_seqs() == {"pi-1": {4: "conflict"}}
+    st.close()
