@@ -184,8 +184,8 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
             or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
         raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
     n, d = v
-    if n <= 0 or d <= 0 or n >= 1 << 64 or d >= 1 << 64:
-        raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^64" % (k, n, d))
+    if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
+        raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^63" % (k, n, d))
     return (n, d)
 
 

@@ -54,17 +54,20 @@ def test_nz_error_names_the_field():
     assert ei.value.code == "schema" and ei.value.reason == "missing field 'nz'"
 
 
-def test_ratio_bound_is_below_2_pow_64():
-    """2^64 - 1 fits the device encoder and passes the range check (fails later on calibration);
-    2^64 is out of range (it used to crash the canonical re-encoding with ValueError)."""
+def test_ratio_bound_is_below_2_pow_63():
+    """2^63 - 1 passes the range check (fails later on calibration); 2^63 and up
+    are out of range: the store keeps them as signed 64-bit integers (a release
+    that validated but could not be stored used to stop the aggregator), and
+    2^64 used to crash the canonical re-encoding with ValueError."""
     m = release_map(params())
     with pytest.raises(Rejected) as ei:
-        decode(dumps(dict(m, budget=[(1 << 64) - 1, 1])))
+        decode(dumps(dict(m, budget=[(1 << 63) - 1, 1])))
     assert ei.value.code == "noise"
-    for k, v in (("budget", [1 << 64, 1]), ("nout", [1, 1 << 64]), ("nint", [1 << 64, 1 << 64])):
+    for k, v in (("budget", [1 << 63, 1]), ("nout", [1, 1 << 63]), ("budget", [1 << 64, 1]),
+                 ("nint", [1 << 64, 1 << 64])):
         with pytest.raises(Rejected) as ei:
             decode(cbor2.dumps(dict(m, **{k: v}), canonical=True))
-        assert ei.value.code == "schema" and "2^64" in ei.value.reason, (k, ei.value.reason)
+        assert ei.value.code == "schema" and "2^63" in ei.value.reason, (k, ei.value.reason)
 
 
 def bad_cases():
