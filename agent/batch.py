@@ -21,23 +21,14 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from agent.sketch import Sketch
+from agent.sketch import Sketch, totals
 
 SMALL = 64  # fewer distinct items than this: the plain path is as fast
 
 
 def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]] = None) -> None:
     """``sk.update_many(items, weights)``, vectorised."""
-    agg: dict[Any, int] = {}
-    if weights is None:
-        get = agg.get
-        for x in items:
-            agg[x] = get(x, 0) + 1
-    else:
-        c = sk.clip
-        for x, v in zip(items, weights):
-            v = c if v > c else (-c if v < -c else v)
-            agg[x] = agg.get(x, 0) + v
+    agg: dict[Any, int] = totals(items, weights, sk.clip)
     n = len(agg)
     if n < SMALL:
         for x in agg:

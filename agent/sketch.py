@@ -48,6 +48,27 @@ def new_counters(n):
     return a
 
 
+def totals(items, weights, clip):
+    """{item: sum of its clipped weights} of one batch (weights None: all 1).
+
+    The batch's exact per-item totals: callers clear the dict as soon as the
+    batch is counted (docs/PRIVACY.md, "The intruder's view").
+    """
+    agg = {}
+    if weights is None:
+        get = agg.get
+        for x in items:
+            agg[x] = get(x, 0) + 1
+    else:
+        for x, v in zip(items, weights):
+            if v > clip:
+                v = clip
+            elif v < -clip:
+                v = -clip
+            agg[x] = agg.get(x, 0) + v
+    return agg
+
+
 class Sketch:
     """A d x w linear sketch of int32 counters.
 
@@ -186,19 +207,7 @@ class Sketch:
         sketch is linear), and much faster on skewed streams because the
         SHA-256 is paid once per distinct item, not once per event.
         """
-        agg = {}
-        if weights is None:
-            get = agg.get
-            for x in items:
-                agg[x] = get(x, 0) + 1
-        else:
-            c = self.clip
-            for x, v in zip(items, weights):
-                if v > c:
-                    v = c
-                elif v < -c:
-                    v = -c
-                agg[x] = agg.get(x, 0) + v
+        agg = totals(items, weights, self.clip)
         for x in agg:
             v = agg[x]
             if v:

@@ -1,4 +1,4 @@
-"""The aggregator: MQTT releases -> validation -> SQLite; ``pansketch aggregate``.
+"""The aggregator: MQTT releases -> validation -> store (SQLite or PostgreSQL); ``pansketch aggregate``.
 
 :class:`Aggregator` is the transport-free core: ``handle(topic, payload)``
 validates one message (host_tools.decode), stores it idempotently
@@ -9,10 +9,15 @@ validates one message (host_tools.decode), stores it idempotently
 * subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
   QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
   ``shared_group`` is set, so several aggregators split the load;
-* acknowledges a message only after its outcome is committed to SQLite
-  (manual acks): a crash before the commit means the broker redelivers,
-  and redelivery is harmless (idempotent store);
-* after the commit, tells the device: ``{"dev", "ok": [seq]}`` on
+* paho's network thread only queues each message; a writer thread
+  validates what has queued up and stores it as one group commit (one
+  transaction, a savepoint per message, so one bad message rolls back
+  alone; host_tools.store), which amortises the fsync over the group;
+* acknowledges a message only after its outcome is committed to the
+  store (manual acks): a crash before the commit means the broker
+  redelivers, and redelivery is harmless (idempotent store);
+* after the commit, tells each device of the group, in one message per
+  device: ``{"dev", "ok": [seq, ...]}`` on
   ``<prefix>/<device>/ack`` (QoS 1) for a stored release or a duplicate of
   one, ``{"dev", "bad": [[seq, code]]}`` for a release it will never store
   (docs/FORMAT.md section 7). The device deletes a release from its outbox
@@ -36,18 +41,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import queue
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
 from host_tools import devstatus, hostconfig, metrics
 from host_tools.decode import Rejected, decode, topic_device
 from host_tools.hostconfig import HostConfig
-from host_tools.store import Store
+from host_tools.store import Pending, SQLStore, open_store
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -56,7 +62,7 @@ log = logging.getLogger("pansketch.aggregator")
 class Outcome:
     """What happened to one message."""
 
-    status: str  # 'stored' | 'duplicate' | 'rejected'
+    status: str  # 'stored' | 'duplicate' | 'rejected' | 'error' (database error on this message: not stored)
     reason: Optional[str] = None
     code: Optional[str] = None
     device: Optional[str] = None
@@ -76,10 +82,10 @@ class Outcome:
 class Aggregator:
     """Validate and store releases; one instance per process (thread-safe)."""
 
-    def __init__(self, cfg: HostConfig, store: Optional[Store] = None,
+    def __init__(self, cfg: HostConfig, store: Optional[SQLStore] = None,
                  logger: Optional[logging.Logger] = None) -> None:
         self.cfg = cfg
-        self.store = store if store is not None else Store(cfg.aggregator.db)
+        self.store = store if store is not None else open_store(cfg.aggregator.db)
         self.log = logger or log
         self.counts = {"stored": 0, "duplicate": 0, "rejected": 0}
         self._lock = threading.Lock()
@@ -89,8 +95,13 @@ class Aggregator:
 
     def handle(self, topic: str, payload: bytes, received: Optional[float] = None) -> Outcome:
         """Validate and store one message. Storage errors (disk full...) propagate."""
+        return self.handle_many([(topic, payload)], received)[0]
+
+    def validate(self, topic: str, payload: bytes, received: Optional[float] = None) -> Pending:
+        """Decode and validate one message (no storage): a :class:`Pending` for the store."""
         now = time.time() if received is None else received
         payload = bytes(payload)
+        keep = self.cfg.aggregator.max_bytes
         try:
             try:
                 rel = decode(payload, topic=topic, max_bytes=self.cfg.aggregator.max_bytes, fleet=self.cfg.fleet)
@@ -99,27 +110,65 @@ class Aggregator:
             except Exception as exc:  # a validator bug must not turn one message into a crash loop
                 self.log.exception("validating message on %s failed unexpectedly", topic)
                 raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
-            status = self.store.insert(rel, topic=topic, received=now)
         except Rejected as rej:
-            dev = topic_device(topic) if topic else None
-            self.store.reject(rej.code, rej.reason, payload, topic=topic, device=dev, received=now,
-                              keep_bytes=self.cfg.aggregator.max_bytes)
-            self.log.warning("rejected message on %s (%d bytes): %s: %s", topic, len(payload), rej.code, rej.reason)
+            return Pending(payload, topic, now, rej=rej, device=topic_device(topic) if topic else None,
+                           keep_bytes=keep)
+        return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
+
+    def handle_many(self, msgs: Sequence[tuple[str, bytes]], received: Optional[float] = None,
+                    pending: Optional[Sequence[Pending]] = None) -> list[Outcome]:
+        """Validate and store messages in one transaction (a savepoint each); outcomes in order.
+
+        A database error that concerns one message alone (rolled back to its
+        savepoint) raises :class:`MessageError` for it after the others are
+        committed; a failure of the transaction raises and stores nothing.
+        """
+        items = list(pending) if pending is not None else [self.validate(t, p, received) for t, p in msgs]
+        self.store.commit_group(items)
+        out: list[Outcome] = []
+        failed: list[tuple[int, BaseException]] = []
+        for i, p in enumerate(items):
+            if p.status == "error":
+                assert p.error is not None
+                failed.append((i, p.error))
+                out.append(Outcome("error", str(p.error), None, p.device, None, None))
+                continue
+            out.append(self._outcome(p))
+        if failed:
+            raise MessageError(out, failed)
+        return out
+
+    def _outcome(self, p: Pending) -> Outcome:
+        if p.status == "rejected":
+            assert p.rej is not None
+            self.log.warning("rejected message on %s (%d bytes): %s: %s", p.topic, len(p.payload), p.rej.code,
+                             p.rej.reason)
             self._count("rejected")
-            metrics.record(self, "rejected", rej.code, None, now)
-            return Outcome("rejected", rej.reason, rej.code, dev, None, _seq_of(payload))
-        if status == "duplicate":
+            metrics.record(self, "rejected", p.rej.code, None, p.received)
+            return Outcome("rejected", p.rej.reason, p.rej.code, p.device, None, _seq_of(p.payload))
+        rel = p.rel
+        assert rel is not None
+        if p.status == "duplicate":
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
                           rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
-        else:
-            self.log.info("stored %s seq %d: %s, %d bytes", rel.dev, rel.seq, _span(rel), len(payload))
-        self._count(status)
-        metrics.record(self, status, None, rel.t1, now)
-        return Outcome(status, None, None, rel.dev, rel.key, rel.seq)
+        elif self.log.isEnabledFor(logging.INFO):
+            self.log.info("stored %s seq %d: %s, %d bytes", rel.dev, rel.seq, _span(rel), len(p.payload))
+        self._count(p.status)
+        metrics.record(self, p.status, None, rel.t1, p.received)
+        return Outcome(p.status, None, None, rel.dev, rel.key, rel.seq)
 
     def _count(self, k: str) -> None:
         with self._lock:
             self.counts[k] += 1
+
+
+class MessageError(Exception):
+    """Some messages of a group hit a database error of their own (the rest is committed)."""
+
+    def __init__(self, outcomes: list[Outcome], failed: list[tuple[int, BaseException]]) -> None:
+        Exception.__init__(self, "; ".join("message %d: %s" % (i, e) for i, e in failed))
+        self.outcomes = outcomes
+        self.failed = failed
 
 
 def _seq_of(payload: bytes) -> Optional[int]:
@@ -173,6 +222,29 @@ def _span(rel: Any) -> str:
     return what + (" part %d" % rel.part if rel.part else "")
 
 
+def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
+    """One acknowledgement per device for a committed group: (ack topic, payload), in first-seen order.
+
+    docs/FORMAT.md section 7: one message may acknowledge several releases
+    of one device (``ok`` and ``bad`` lists); the rules per outcome are
+    those of :func:`ack_payload`.
+    """
+    import json
+
+    docs: dict[str, dict[str, Any]] = {}
+    for topic, out in done:
+        one = ack_payload(out)
+        if one is None:
+            continue
+        doc = json.loads(one)
+        t = ack_topic(topic)
+        acc = docs.setdefault(t, {"dev": doc["dev"]})
+        for k in ("ok", "bad"):
+            if k in doc:
+                acc.setdefault(k, []).extend(doc[k])
+    return [(t, json.dumps(d, separators=(",", ":")).encode()) for t, d in docs.items()]
+
+
 def _client(cfg: HostConfig, cid: str) -> Any:
     import paho.mqtt.client as mqtt
 
@@ -184,6 +256,160 @@ def _client(cfg: HostConfig, cid: str) -> Any:
         c.username_pw_set(b.username, b.password)
     c.reconnect_delay_set(min_delay=max(1, int(b.reconnect_min_s)), max_delay=max(1, int(b.reconnect_max_s)))
     return c
+
+
+GROUP_MAX = 256  # messages per group commit
+RECEIVE_MAXIMUM = 1024  # unacknowledged QoS 1 messages the broker may send us (MQTT v5 Receive Maximum)
+
+
+class _Writer:
+    """Takes received messages off paho's network thread: a validator and a writer thread.
+
+    The validator thread decodes and validates whatever has queued up; the
+    writer thread stores what is validated (at most :data:`GROUP_MAX`
+    messages) as one group commit (a savepoint per message), and only then
+    acknowledges each message to the broker (PUBACK) and publishes the host
+    acknowledgements to the devices (one per device per group). Validation
+    of the next messages overlaps the commit (its disk I/O releases the
+    GIL). A failed transaction is retried 3 times with backoff; then the
+    aggregator stops without acknowledging anything of that group (the
+    broker redelivers it; storing is idempotent).
+    """
+
+    def __init__(self, agg: Aggregator, client: Any, stop: threading.Event, state: dict[str, Any]) -> None:
+        self.agg = agg
+        self.client = client
+        self.stop = stop
+        self.state = state
+        self.q: "queue.Queue[Any]" = queue.Queue()  # raw messages
+        self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
+        self._busy = [False, False]
+        self._dead = False
+        self.groups = 0
+        self.messages = 0
+        self.threads = [threading.Thread(target=self._validate_loop, name="pansketch-validate", daemon=True),
+                        threading.Thread(target=self._write_loop, name="pansketch-writer", daemon=True)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def put(self, msg: Any) -> None:
+        self.q.put(msg)
+
+    def idle(self) -> bool:
+        return self.q.empty() and self.valid.empty() and not any(self._busy)
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._dead and not self.idle() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.q.put(None)
+        for t in self.threads:
+            t.join(30)
+
+    @staticmethod
+    def _take(q: "queue.Queue[Any]", first: Any, limit: int, size: Any) -> tuple[list[Any], bool]:
+        batch = [first]
+        n = size(first)
+        while n < limit:
+            try:
+                m = q.get_nowait()
+            except queue.Empty:
+                break
+            if m is None:
+                return batch, True
+            batch.append(m)
+            n += size(m)
+        return batch, False
+
+    def _validate_loop(self) -> None:
+        while True:
+            first = self.q.get()
+            if first is None:
+                self.valid.put(None)
+                return
+            self._busy[0] = True
+            batch, end = self._take(self.q, first, GROUP_MAX, lambda _m: 1)
+            try:
+                # a device's status (gap detection) is recorded and acknowledged here, off the network thread
+                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.client, m)]
+                if batch:
+                    self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
+            except Exception as exc:  # validate() turns validator bugs into rejections; this is worse
+                log.exception("validator failed")
+                self._fatal("validator failed: %s" % exc)
+            finally:
+                self._busy[0] = False
+            if end:
+                self.valid.put(None)
+                return
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self.valid.get()
+            if first is None:
+                return
+            self._busy[1] = True
+            chunks, end = self._take(self.valid, first, GROUP_MAX, len)
+            batch = [x for c in chunks for x in c]
+            try:
+                if not self._dead:
+                    self.groups += 1
+                    self.messages += len(batch)
+                    self._store(batch)
+            except Exception as exc:  # never let the writer die silently
+                log.exception("writer failed")
+                self._fatal("writer failed: %s" % exc)
+            finally:
+                self._busy[1] = False
+            if end:
+                return
+
+    def _fatal(self, why: str) -> None:
+        self._dead = True
+        self.state["fatal"] = why
+        self.stop.set()
+
+    def _store(self, batch: list[tuple[Any, Pending]]) -> None:
+        msgs = [m for m, _p in batch]
+        pend = [p for _m, p in batch]
+        todo = list(range(len(batch)))
+        done: list[tuple[int, Outcome]] = []
+        delay = 0.5
+        why = ""
+        for attempt in range(4):
+            try:
+                outs = self.agg.handle_many([], pending=[pend[i] for i in todo])
+                done += list(zip(todo, outs))
+                todo = []
+                break
+            except MessageError as exc:  # the others are committed: acknowledge them, retry the failed ones
+                bad = {j for j, _e in exc.failed}
+                done += [(todo[j], o) for j, o in enumerate(exc.outcomes) if j not in bad]
+                why = str(exc)
+                todo = [todo[j] for j in sorted(bad)]
+            except Exception as exc:  # the transaction failed: nothing of the group is stored
+                why = "%s: %s" % (type(exc).__name__, exc)
+            if attempt == 3:
+                break
+            log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
+            time.sleep(delay)
+            delay *= 2
+        self._ack(msgs, done)
+        if todo:
+            log.error("cannot store %d message(s) (first on %s): %s; stopping without acknowledging them",
+                      len(todo), msgs[todo[0]].topic, why)
+            self._fatal("storage failed: %s" % why)
+
+    def _ack(self, batch: list[Any], done: list[tuple[int, Outcome]]) -> None:
+        done.sort(key=lambda x: x[0])
+        for i, _o in done:  # committed: the broker may forget them ...
+            self.client.ack(batch[i].mid, batch[i].qos)
+        for topic, payload in group_acks([(batch[i].topic, o) for i, o in done]):
+            self.client.publish(topic, payload, qos=1)  # ... and so may the devices
 
 
 def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
@@ -201,6 +427,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
 
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
+    agg.store.background_checkpoints()
     cid = hostconfig.default_client_id(cfg)
     client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
@@ -245,29 +472,13 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         if not stop.is_set() and not state["closing"]:
             log.warning("disconnected from broker (%s); reconnecting", rc)
 
-    def on_message(c: Any, _u: Any, msg: Any) -> None:
+    writer = _Writer(agg, client, stop, state)
+
+    def on_message(_c: Any, _u: Any, msg: Any) -> None:
+        # paho's network thread only queues: status recording, validation, storage and acks run in the
+        # validator and writer threads
         state["last"] = time.monotonic()
-        if devstatus.handle_message(agg.store, c, msg):
-            return
-        delay = 0.5
-        out: Optional[Outcome] = None
-        for attempt in range(4):
-            try:
-                out = agg.handle(msg.topic, msg.payload)
-                break
-            except Exception as exc:  # storage failure: do not ack, the broker keeps the message
-                if attempt == 3:
-                    log.error("cannot store message on %s: %s; stopping without acknowledging it", msg.topic, exc)
-                    state["fatal"] = "storage failed: %s" % exc
-                    stop.set()
-                    return
-                log.warning("storing message on %s failed (%s); retrying", msg.topic, exc)
-                time.sleep(delay)
-                delay *= 2
-        c.ack(msg.mid, msg.qos)
-        ack = ack_payload(out) if out is not None else None
-        if ack is not None:  # committed: now the device may forget it
-            c.publish(ack_topic(msg.topic), ack, qos=1)
+        writer.put(msg)
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
@@ -278,6 +489,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     client.on_message = on_message
 
     props = Properties(PacketTypes.CONNECT)
+    props.ReceiveMaximum = RECEIVE_MAXIMUM
     if persistent:
         props.SessionExpiryInterval = cfg.aggregator.session_expiry_s
     old_handlers = {}
@@ -290,12 +502,14 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     try:
         client.connect_async(cfg.broker.host, cfg.broker.port, keepalive=cfg.broker.keepalive,
                              clean_start=not persistent, properties=props)
+        writer.start()
         client.loop_start()
         start = time.monotonic()
         while not stop.is_set():
             stop.wait(0.05)
-            if until_idle is not None and time.monotonic() - state["last"] > until_idle:
+            if until_idle is not None and time.monotonic() - state["last"] > until_idle and writer.idle():
                 break
+        writer.drain(5.0)  # messages already received: store and acknowledge them before disconnecting
         if state["fatal"]:
             log.error("stopping: %s", state["fatal"])
             return 1
@@ -311,13 +525,15 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         except Exception:  # pragma: no cover
             pass
         client.loop_stop()
+        writer.close()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts
         if counts is not None:
             counts.update(c)
-        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected", c["stored"], c["duplicate"],
-                 c["rejected"])
+        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected; %d group commit(s), %.1f messages "
+                 "per group", c["stored"], c["duplicate"], c["rejected"], writer.groups,
+                 writer.messages / max(1, writer.groups))
         agg.close()
 
 

@@ -1,19 +1,26 @@
-"""Host benchmark: ingest rate through mosquitto, release size, query latency.
+"""Host benchmark: ingest through mosquitto (SQLite and PostgreSQL), release size, queries.
 
-    python -m host_tools.bench_host [--devices 50] [--per-device 40] [--out bench-results/host.json]
+    python -m host_tools.bench_host [--devices 50] [--per-device 80] [--rounds 2]
+                                    [--query-devices 50] [--query-windows 168] [--out bench-results/host.json]
 
 * release size: encoded bytes of a release for a few (kind, d, w);
 * ingest: ``devices`` concurrent MQTT clients (one per device id, spread
-  over worker processes) publish pre-encoded valid releases at QoS 1 to a
-  mosquitto started on a free loopback port; one ``pansketch aggregate``
-  process validates and stores them. Rate = releases stored / seconds from
-  the first publish to the last commit. Baseline in the same run: the same
-  releases through ``Aggregator.handle`` in-process (validation + SQLite,
-  no MQTT), so the ratio shows what the transport costs;
-* query latency: ``freq`` of one item over one window (``devices``
-  releases merged) and over everything; ``topk`` over 100,000 candidates
-  in one window; baseline: hashing the candidates with the device path
-  (agent.hashing) instead of host_tools.fasthash.
+  over publisher processes) publish pre-encoded valid releases at QoS 1 to
+  a mosquitto started on a free loopback port; ``pansketch aggregate``
+  process(es) validate, store (group commit) and acknowledge them. Rate =
+  releases stored / seconds from the first publish to the last commit.
+  Peer, measured in the same run with the same publishers, interleaved
+  round by round: a bare paho subscriber process that only acknowledges
+  (rate = messages received / seconds to the last one). Also in-process
+  (no MQTT): ``Aggregator.handle`` one by one vs ``handle_many`` groups;
+* PostgreSQL (when its server binaries and psycopg are installed): the
+  same ingest with 1, 2 and 4 aggregators on a shared subscription
+  writing to one server started for the run (fsync on);
+* queries over ``query-devices`` x ``query-windows`` hourly releases
+  (d=4, w=1024): ``freq`` of one item over everything and ``topk`` over
+  100,000 candidates, from roll-ups vs from raw releases (the peer, the
+  same query with ``use_rollups=False``), in-process median times, and the
+  ``pansketch query`` CLI process (wall time and peak RSS) for both.
 
 The counters are random int32 values, not noise drawn by agent.noise: they
 are benchmark payloads of the right size and format, not private data.
@@ -98,13 +105,13 @@ def _start_mosquitto(tmp: str) -> Optional[tuple[subprocess.Popen[bytes], int]]:
     return None
 
 
-def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, done: Any) -> None:
+def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, done: Any, tag: str) -> None:
     import paho.mqtt.client as mqtt
 
     clients = []
     for msgs in batches:
         dev = msgs[0][0].split("/")[1]
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=dev, protocol=mqtt.MQTTv5)
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="%s-%s" % (dev, tag), protocol=mqtt.MQTTv5)
         c.max_inflight_messages_set(20)
         c.connect("127.0.0.1", port)
         c.loop_start()
@@ -124,7 +131,44 @@ def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, do
     done.put(len(infos))
 
 
+def _bare_subscriber(port: int, n: int, ready: Any, out: Any) -> None:
+    """The peer: a paho subscriber that only acknowledges (QoS 1, MQTT v5)."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+
+    got = [0]
+    fin = threading.Event()
+    t_last = [0.0]
+
+    def on_message(_c: Any, _u: Any, _m: Any) -> None:
+        got[0] += 1
+        if got[0] >= n:
+            t_last[0] = time.perf_counter()
+            fin.set()
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bare-peer", protocol=mqtt.MQTTv5)
+    c.on_message = on_message
+    c.on_subscribe = lambda *_a: ready.set()
+    c.connect("127.0.0.1", port)
+    c.subscribe("pansketch/+/release", qos=1)
+    c.loop_start()
+    fin.wait(600)
+    c.disconnect()
+    c.loop_stop()
+    out.put((got[0], time.time()))
+
+
 def _count(db: str) -> int:
+    if db.startswith("postgresql://"):
+        try:
+            import psycopg
+
+            with psycopg.connect(db, connect_timeout=5) as pcon:
+                row = pcon.execute("SELECT COUNT(*) FROM releases").fetchone()
+                return int(row[0]) if row else 0
+        except Exception:
+            return 0
     import sqlite3
 
     try:
@@ -137,70 +181,103 @@ def _count(db: str) -> int:
         return 0
 
 
-def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str) -> dict[str, Any]:
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str, db: Optional[str] = None,
+                 aggregators: int = 1, peer: bool = False, tag: str = "r") -> dict[str, Any]:
+    """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber)."""
     started = _start_mosquitto(tmp)
     if started is None:
         return {"skipped": "mosquitto not installed"}
     broker, port = started
-    db = os.path.join(tmp, "ingest.db")
-    conf = os.path.join(tmp, "host.toml")
-    with open(conf, "w") as f:
-        f.write('[broker]\nhost = "127.0.0.1"\nport = %d\n[aggregator]\ndb = "%s"\nmax_bytes = 65536\n'
-                '[fleet]\nsalt = "%s"\n' % (port, db, SALT))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.pathsep + env.get("PYTHONPATH", "")
-    agg = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "5"],
-                           env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agg.log"), "w"))
+    procs_agg: list[subprocess.Popen[bytes]] = []
+    ctx = mp.get_context("fork")
+    peer_out: Any = ctx.Queue()
     try:
+        if peer:
+            ready = ctx.Event()
+            sub = ctx.Process(target=_bare_subscriber, args=(port, len(msgs), ready, peer_out))
+            sub.start()
+            ready.wait(30)
+        else:
+            assert db is not None
+            for k in range(aggregators):
+                conf = os.path.join(tmp, "host-%s-%d.toml" % (tag, k))
+                with open(conf, "w") as f:
+                    f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "agg-%s-%d"\n'
+                            '[aggregator]\ndb = "%s"\nmax_bytes = 65536\n%s'
+                            '[fleet]\nsalt = "%s"\n' % (port, tag, k, db,
+                                                          'shared_group = "aggs"\n' if aggregators > 1 else "", SALT))
+                procs_agg.append(subprocess.Popen(
+                    [sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
+                    env=_env(), stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agg-%s-%d.log" % (tag, k)), "w")))
+            time.sleep(2.0)  # aggregators subscribed
         by_dev: dict[str, list[tuple[str, bytes]]] = {}
         for t, p in msgs:
             by_dev.setdefault(t, []).append((t, p))
         groups = list(by_dev.values())
-        ctx = mp.get_context("fork")
         start = ctx.Event()
         done: Any = ctx.Queue()
-        procs = [ctx.Process(target=_publisher, args=(port, groups[i::workers], start, done)) for i in range(workers)]
-        for p in procs:
-            p.start()
-        time.sleep(2.0)  # aggregator subscribed, publishers connected
+        pubs = [ctx.Process(target=_publisher, args=(port, groups[i::workers], start, done, tag))
+                for i in range(workers)]
+        for pub in pubs:
+            pub.start()
+        time.sleep(1.5)  # publishers connected
         t0 = time.perf_counter()
+        t0_wall = time.time()
         start.set()
-        published = sum(done.get(timeout=600) for _ in procs)
+        published = sum(done.get(timeout=600) for _ in pubs)
         t_pub = time.perf_counter() - t0
-        while _count(db) < len(msgs) and time.perf_counter() - t0 < 600:
-            time.sleep(0.02)
-        t_all = time.perf_counter() - t0
-        stored = _count(db)
-        for p in procs:
-            p.join(30)
+        if peer:
+            stored, t_end = peer_out.get(timeout=600)
+            t_all = t_end - t0_wall
+            sub.join(30)
+        else:
+            assert db is not None
+            while _count(db) < len(msgs) and time.perf_counter() - t0 < 600:
+                time.sleep(0.05)
+            t_all = time.perf_counter() - t0
+            stored = _count(db)
+        for pub in pubs:
+            pub.join(30)
     finally:
-        agg.terminate()
-        agg.wait(30)
+        for a in procs_agg:
+            a.terminate()
+        for a in procs_agg:
+            a.wait(30)
         broker.terminate()
         broker.wait(10)
-    return {"clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
-            "stored": stored, "seconds_to_publish_all": round(t_pub, 3), "seconds_to_store_all": round(t_all, 3),
-            "releases_per_second": round(stored / t_all, 1), "release_bytes": len(msgs[0][1]),
-            "megabytes_per_second": round(stored * len(msgs[0][1]) / t_all / 1e6, 2)}
+    return {"consumer": "bare paho subscriber (acks only)" if peer else "%d x pansketch aggregate" % aggregators,
+            "clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
+            "received_or_stored": stored, "seconds_to_publish_all": round(t_pub, 3),
+            "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
+            "release_bytes": len(msgs[0][1])}
 
 
 def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:
+    """In-process, no MQTT: one transaction per release vs group commits of 256."""
     from host_tools import hostconfig
     from host_tools.aggregator import Aggregator
     from host_tools.decode import decode
 
-    cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": os.path.join(tmp, "direct.db")}})
-    a = Aggregator(cfg)
-    t = time.perf_counter()
-    for tp, pl in msgs:
-        a.handle(tp, pl)
-    dt = time.perf_counter() - t
-    a.close()
+    out: dict[str, Any] = {}
+    for name, group in (("one_by_one", 1), ("groups_of_256", 256)):
+        cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": os.path.join(tmp, "direct-%s.db" % name)}})
+        a = Aggregator(cfg)
+        t = time.perf_counter()
+        for i in range(0, len(msgs), group):
+            a.handle_many(msgs[i:i + group])
+        out["%s_per_second" % name] = round(len(msgs) / (time.perf_counter() - t), 1)
+        a.close()
     t = time.perf_counter()
     for tp, pl in msgs:
         decode(pl, tp)
-    dv = time.perf_counter() - t
-    return {"releases_per_second": round(len(msgs) / dt, 1), "validate_only_per_second": round(len(msgs) / dv, 1)}
+    out["validate_only_per_second"] = round(len(msgs) / (time.perf_counter() - t), 1)
+    return out
 
 
 def _timeit(fn: Any, reps: int = 5) -> float:
@@ -212,50 +289,179 @@ def _timeit(fn: Any, reps: int = 5) -> float:
     return statistics.median(ts)
 
 
-def bench_query(db: str, n_cand: int = 100_000) -> dict[str, Any]:
-    from host_tools import fasthash, query
-    from host_tools.store import Store
+def build_query_db(path: str, devices: int, windows: int, d: int = 4, w: int = 1024) -> int:
+    """``devices`` x ``windows`` hourly window releases stored through the store's group commit."""
+    from host_tools.decode import decode
+    from host_tools.store import Pending, open_store
 
-    st = Store(db, readonly=True)
+    rng = np.random.default_rng(7)
+    st = open_store(path)
+    n = 0
+    for k in range(windows):
+        group = []
+        for dv in range(devices):
+            p = Params({"device": "q-%03d" % dv, "salt": SALT, "kind": "cs", "d": d, "w": w})
+            ctr = array.array("i")
+            ctr.frombytes(rng.integers(-60, 60, d * w, dtype=np.int32).astype("<i4").tobytes())
+            rel = decode(release.encode(p, k, EPOCH0 + k, EPOCH0 + k + 1, 0, ctr))
+            group.append(Pending(rel.payload, None, time.time(), rel=rel, device=rel.dev))
+        st.commit_group(group)
+        n += len(group)
+    st.close()
+    return n
+
+
+def _cli_run(conf: str, args: list[str]) -> dict[str, Any]:
+    """Run ``pansketch query`` as its own process: wall time, peak RSS, the time it reports.
+
+    Peak RSS comes from GNU time (``/usr/bin/time -f %M``) when installed:
+    the rusage of a child forked from this (large) benchmark process would
+    count the parent's pages it held before exec.
+    """
+    gtime = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
+    cmd = [sys.executable, "-m", "host_tools.cli", "query", "--config", conf] + args
+    if gtime:
+        cmd = [gtime, "-f", "MAXRSS_KB %M"] + cmd
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError("pansketch query failed: %s" % proc.stderr.decode()[-500:])
+    rss = None
+    for ln in proc.stderr.decode().splitlines():
+        if ln.startswith("MAXRSS_KB "):
+            rss = round(int(ln.split()[1]) / 1024, 1)
+    answered = [ln for ln in proc.stdout.decode().splitlines() if ln.startswith("# answered in")]
+    return {"process_wall_s": round(wall, 3), "peak_rss_mb": rss,
+            "answered_in": answered[0][len("# answered in "):] if answered else None}
+
+
+def bench_query(db: str, tmp: str, n_cand: int = 100_000) -> dict[str, Any]:
+    """Roll-ups vs raw releases (the peer), interleaved, in-process and as CLI processes."""
+    from host_tools import fasthash, query
+    from host_tools.store import open_store
+
+    st = open_store(db, readonly=True)
     cands = ["cand-%d" % i for i in range(n_cand)]
     out: dict[str, Any] = {"releases_in_db": st.release_count()}
-    out["freq_1_item_one_window_s"] = round(_timeit(lambda: query.freq(st, ["cand-1"], salt=SALT, window=EPOCH0)), 4)
-    out["freq_1_item_all_releases_s"] = round(_timeit(lambda: query.freq(st, ["cand-1"], salt=SALT), 3), 4)
-    out["topk_10_of_%d_one_window_s" % n_cand] = round(
-        _timeit(lambda: query.topk(st, cands, 10, salt=SALT, window=EPOCH0), 3), 4)
+    a = query.freq(st, ["cand-1"], salt=SALT)[0].to_dict()
+    b = query.freq(st, ["cand-1"], salt=SALT, use_rollups=False)[0].to_dict()
+    out["freq_answers_equal"] = a == b
+    for name, fn in (
+            ("freq_1_item_all", lambda ru: query.freq(st, ["cand-1"], salt=SALT, use_rollups=ru)),
+            ("freq_1_item_one_window", lambda ru: query.freq(st, ["cand-1"], salt=SALT, window=EPOCH0, use_rollups=ru)),
+            ("topk_10_of_%d_all" % n_cand, lambda ru: query.topk(st, cands, 10, salt=SALT, use_rollups=ru))):
+        reps = 5 if name.startswith("freq") else 3
+        tr, tw = [], []
+        for _ in range(2):  # interleaved rounds
+            tr.append(_timeit(lambda: fn(True), reps))
+            tw.append(_timeit(lambda: fn(False), max(1, reps // 2)))
+        out[name] = {"rollups_s": round(min(tr), 4), "raw_releases_s (peer)": round(min(tw), 4),
+                     "speedup": round(min(tw) / min(tr), 1)}
     t_fast = _timeit(lambda: fasthash.cols_signs(fasthash.streams(cands, SALT, 4), 4, 1024), 3)
-    prefix = hashing.salt_prefix(SALT)
-    t_dev = _timeit(lambda: [hashing.columns(prefix, x, 4, 1024) for x in cands], 1)
     out["hash_%d_candidates_fasthash_s" % n_cand] = round(t_fast, 4)
-    out["hash_%d_candidates_device_path_s" % n_cand] = round(t_dev, 4)
-    out["fasthash_speedup"] = round(t_dev / t_fast, 1)
     st.close()
+    if not db.startswith("postgresql://"):
+        conf = os.path.join(tmp, "query.toml")
+        with open(conf, "w") as f:
+            f.write('[aggregator]\ndb = "%s"\n[fleet]\nsalt = "%s"\n' % (db, SALT))
+        cfile = os.path.join(tmp, "cands.txt")
+        with open(cfile, "w") as f:
+            f.write("\n".join(cands) + "\n")
+        cli: dict[str, Any] = {}
+        for rnd in range(2):
+            for name, args in (("freq_all", ["freq", "cand-1"]),
+                               ("freq_all_raw_releases (peer)", ["freq", "cand-1", "--no-rollups"]),
+                               ("topk_all", ["topk", "-k", "10", "--candidates", cfile]),
+                               ("topk_all_raw_releases (peer)", ["topk", "-k", "10", "--candidates", cfile,
+                                                                 "--no-rollups"])):
+                r = _cli_run(conf, args)
+                if rnd == 0 or r["process_wall_s"] < cli[name]["process_wall_s"]:
+                    cli[name] = r
+        out["cli"] = cli
+        out["cli_peak_rss_note"] = "RSS of the whole pansketch query process (python + numpy + answer)"
     return out
+
+
+def _pg_available() -> Optional[str]:
+    from host_tools import pgserver
+
+    if pgserver.binaries() is None:
+        return pgserver.MISSING
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg 3 not installed"
+    return None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", type=int, default=50)
-    ap.add_argument("--per-device", type=int, default=40)
-    ap.add_argument("--workers", type=int, default=5, help="publisher processes (devices are spread over them)")
+    ap.add_argument("--per-device", type=int, default=80)
+    ap.add_argument("--workers", type=int, default=4, help="publisher processes (devices are spread over them)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of peer / aggregator ingest")
+    ap.add_argument("--query-devices", type=int, default=50)
+    ap.add_argument("--query-windows", type=int, default=168)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,query")
     ap.add_argument("--out", default="bench-results/host.json")
     args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
     tmp = tempfile.mkdtemp(prefix="pansketch-bench-")
     msgs = make_releases(args.devices, args.per_device)
     res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                       "platform": platform.platform()},
+                                       "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
                            "command": "python -m host_tools.bench_host " + " ".join(argv if argv is not None else sys.argv[1:])}
     res["release_bytes"] = release_sizes()
-    print("release sizes:", res["release_bytes"])
-    res["ingest_direct_baseline"] = bench_direct(msgs, tmp)
-    print("direct (no MQTT):", res["ingest_direct_baseline"])
-    res["ingest_mqtt"] = bench_ingest(msgs, args.devices, args.workers, tmp)
-    print("through mosquitto:", res["ingest_mqtt"])
-    if "releases_per_second" in res["ingest_mqtt"]:
-        res["ingest_mqtt_vs_direct"] = round(res["ingest_mqtt"]["releases_per_second"]
-                                             / res["ingest_direct_baseline"]["releases_per_second"], 3)
-    res["query"] = bench_query(os.path.join(tmp, "direct.db"))
-    print("query:", res["query"])
+    print("release sizes:", res["release_bytes"], flush=True)
+    if "ingest" not in skip:
+        res["ingest_direct"] = bench_direct(msgs, tmp)
+        print("direct (no MQTT):", res["ingest_direct"], flush=True)
+        rounds = []
+        for r in range(args.rounds):
+            peer = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="p%d" % r)
+            print("peer (bare subscriber):", peer, flush=True)
+            ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=os.path.join(tmp, "ingest-%d.db" % r),
+                                tag="s%d" % r)
+            print("aggregator, SQLite:", ours, flush=True)
+            rounds.append({"peer": peer, "aggregator_sqlite": ours})
+        res["ingest_mqtt_rounds"] = rounds
+        if all("releases_per_second" in x["peer"] and "releases_per_second" in x["aggregator_sqlite"] for x in rounds):
+            res["ingest_mqtt_summary"] = {
+                "aggregator_sqlite_per_second": [x["aggregator_sqlite"]["releases_per_second"] for x in rounds],
+                "peer_per_second": [x["peer"]["releases_per_second"] for x in rounds],
+                "ratio_per_round": [round(x["aggregator_sqlite"]["releases_per_second"]
+                                          / x["peer"]["releases_per_second"], 3) for x in rounds]}
+            print("ingest summary:", res["ingest_mqtt_summary"], flush=True)
+    if "pg" not in skip:
+        why = _pg_available()
+        if why is not None:
+            res["ingest_postgresql"] = {"skipped": why}
+        else:
+            from host_tools import pgserver
+
+            srv = pgserver.PgServer.start(fsync=True)
+            try:
+                pg: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir}
+                for k in (1, 2, 4):
+                    dsn = srv.create_database("bench%d" % k)
+                    peer = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="pp%d" % k)
+                    ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k, tag="pg%d" % k)
+                    pg["%d_aggregators" % k] = {"aggregators_per_second": ours.get("releases_per_second"),
+                                                "peer_per_second": peer.get("releases_per_second"),
+                                                "run": ours}
+                    print("PostgreSQL, %d aggregator(s):" % k, pg["%d_aggregators" % k], flush=True)
+                res["ingest_postgresql"] = pg
+            finally:
+                srv.stop()
+    if "query" not in skip:
+        qdb = os.path.join(tmp, "query.db")
+        t = time.perf_counter()
+        n = build_query_db(qdb, args.query_devices, args.query_windows)
+        print("query db: %d releases in %.1f s" % (n, time.perf_counter() - t), flush=True)
+        res["query"] = {"devices": args.query_devices, "windows": args.query_windows, "d": 4, "w": 1024}
+        res["query"].update(bench_query(qdb, tmp))
+        print("query:", json.dumps(res["query"]), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)

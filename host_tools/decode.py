@@ -151,6 +151,22 @@ class Release:
         return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
 
 
+def _type_check_fast(obj: Any) -> bool:
+    """True when ``obj`` is a map of str keys to str/int/bytes/int-list values (the release shape)."""
+    if type(obj) is not dict:
+        return False
+    for k, v in obj.items():
+        if type(k) is not str:
+            return False
+        t = type(v)
+        if t is int or t is str or t is bytes:
+            continue
+        if t is list and all(type(x) is int for x in v):
+            continue
+        return False
+    return True
+
+
 def _type_check(obj: Any, depth: int = 0) -> None:
     """Only the types agent/cbor.py writes: int, str, bytes, list, dict (no tags, no floats)."""
     if isinstance(obj, bool) or obj is None:
@@ -195,8 +211,8 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
             or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
         raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
     n, d = v
-    if n <= 0 or d <= 0 or n >= 1 << 64 or d >= 1 << 64:
-        raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^64" % (k, n, d))
+    if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
+        raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^63" % (k, n, d))
     return (n, d)
 
 
@@ -231,6 +247,85 @@ def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
     return bytes(out), off
 
 
+_ORDER = sorted(FIELDS, key=cbor.dumps)  # agent.cbor writes map keys sorted by their encoded bytes
+_CTR_AT = _ORDER.index("ctr")
+_BEFORE = _ORDER[:_CTR_AT]
+_AFTER = _ORDER[_CTR_AT + 1:]
+_CTR_KEY = cbor.dumps("ctr")
+
+
+def _plain(v: Any) -> bool:
+    """Values whose cbor2 encoding is agent.cbor's: str, int in (-2^63, 2^63), lists of such ints."""
+    if type(v) is int:
+        return -(1 << 63) < v < (1 << 63)
+    if type(v) is str:
+        return True
+    if type(v) is list:
+        return all(type(x) is int and -(1 << 63) < x < (1 << 63) for x in v)
+    return False
+
+
+def canonical_offset(m: dict[str, Any], payload: bytes) -> int:
+    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+
+    Fast path for a map with exactly the release fields: the parts before
+    and after the counters are encoded by cbor2's C encoder in agent.cbor's
+    key order (for str, int and int lists both write the same shortest-form
+    definite-length bytes; tests/test_host_decode.py checks the two paths
+    agree); anything else goes through :func:`canonical_offset_ref`.
+    """
+    if len(m) == len(FIELDS) and isinstance(m.get("ctr"), bytes):
+        try:
+            before = {k: m[k] for k in _BEFORE}
+            after = {k: m[k] for k in _AFTER}
+        except KeyError:
+            return canonical_offset_ref(m, payload)
+        if all(_plain(v) for v in before.values()) and all(_plain(v) for v in after.values()):
+            n = len(m["ctr"])
+            pre = cbor._head(5, len(FIELDS)) + cbor2.dumps(before)[1:] + _CTR_KEY + cbor._head(2, n)
+            post = cbor2.dumps(after)[1:]
+            off = len(pre)
+            if len(payload) != off + n + len(post) or not payload.startswith(pre) or not payload.endswith(post):
+                return -1
+            return off
+    return canonical_offset_ref(m, payload)
+
+
+def canonical_offset_ref(m: dict[str, Any], payload: bytes) -> int:
+    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+
+    Equivalent to ``canonical_with_offset(m) == (payload, off)`` without
+    re-encoding or copying the counters: the map head, every other key and
+    value, the ``ctr`` key and its byte-string head are encoded and compared
+    with the payload before and after the counter bytes. The counter bytes
+    themselves need no comparison: ``m`` was decoded from ``payload``, and
+    when everything before them is byte-identical the decoder read ``ctr``
+    from exactly ``payload[off:off + len(ctr)]``.
+    """
+    keys = sorted((cbor.dumps(k), k) for k in m)
+    pre = bytearray(cbor._head(5, len(keys)))
+    post = bytearray()
+    off = -1
+    n = 0
+    for kb, k in keys:
+        part = pre if off < 0 else post
+        part += kb
+        if k == "ctr":
+            v = m[k]
+            if not isinstance(v, bytes):
+                return -1
+            n = len(v)
+            pre += cbor._head(2, n)
+            off = len(pre)
+        else:
+            part += cbor.dumps(m[k])
+    if off < 0 or len(payload) != off + n + len(post):
+        return -1
+    if not payload.startswith(pre) or not payload.endswith(post):
+        return -1
+    return off
+
+
 def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
            fleet: Any = None) -> Release:
     """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
@@ -253,7 +348,8 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("cbor", "malformed CBOR: %s" % (str(exc)[:200] or type(exc).__name__))
     if f.tell() != len(payload):
         raise Rejected("cbor", "malformed CBOR: %d trailing bytes after the release map" % (len(payload) - f.tell()))
-    _type_check(obj)
+    if not _type_check_fast(obj):
+        _type_check(obj)
     if not isinstance(obj, dict):
         raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
     if "v" not in obj:
@@ -349,8 +445,8 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
                        % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
 
-    enc, off = canonical_with_offset(obj)
-    if enc != payload:
+    off = canonical_offset(obj, payload)
+    if off < 0:
         raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
 
     if topic is not None:

@@ -286,7 +286,7 @@ class Mqtt311Aggregator:
 
 def run_demo(args: argparse.Namespace) -> int:
     from host_tools import aggregator, query
-    from host_tools.store import Store
+    from host_tools.store import open_store as Store
 
     t_start = time.monotonic()
     out = sys.stdout

@@ -32,10 +32,22 @@ def streams_prefix(items: Sequence[Any], prefix: bytes, d: int) -> np.ndarray:
     canonical = hashing.canonical
     if nb == 1:
         buf = bytearray()
-        for x in items:
-            h = base.copy()
-            h.update(canonical(x))
-            buf += h.digest()
+        sbase = base.copy()
+        sbase.update(b"s")
+        cp = sbase.copy
+        try:  # the common case, text items: canonical(x) = b"s" + UTF-8 (str subclasses and others: below)
+            for x in items:
+                if type(x) is not str:
+                    raise TypeError
+                h = cp()
+                h.update(x.encode())
+                buf += h.digest()
+        except TypeError:
+            buf = bytearray()
+            for x in items:
+                h = base.copy()
+                h.update(canonical(x))
+                buf += h.digest()
         if items:
             out[:] = np.frombuffer(bytes(buf), dtype=np.uint8).reshape(len(items), 32)
         return out

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from host_tools import ledger as ledger_mod
 from host_tools import status as status_mod
 from host_tools.query import iso
-from host_tools.store import Store
+from host_tools.store import SQLStore as Store
 
 DELIVERY = ("lost", "pending", "late", "rejected")
 

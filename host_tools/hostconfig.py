@@ -6,7 +6,8 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   tls_ca, tls_cert, tls_key, username, password, password_file,
                   client_id (see below), keepalive (60),
                   reconnect_min_s (1), reconnect_max_s (60)
-    [aggregator]  db ("pansketch.db", relative to the config file),
+    [aggregator]  db ("pansketch.db", relative to the config file; or a
+                  "postgresql://user@host:port/dbname" URL: host_tools.store_pg),
                   topic ("pansketch/+/release"), shared_group (""),
                   max_bytes (1048576), qos (1), session_expiry_s (86400)
     [fleet]       salt or salt_id (one is required; queries need salt),
@@ -233,12 +234,16 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     a = sec("aggregator")
     db = _get(a, "aggregator", "db", str, "pansketch.db")
     if not db:
-        raise ConfigError("aggregator.db", "must be a file path")
+        raise ConfigError("aggregator.db", "must be a file path or a postgresql:// URL")
+    is_pg = db.startswith(("postgresql://", "postgres://"))
+    if not is_pg and "://" in db:
+        raise ConfigError("aggregator.db", "unsupported database URL scheme %r (use a SQLite file path or "
+                                           "postgresql://user@host:port/dbname)" % db.split("://", 1)[0])
     shared = _get(a, "aggregator", "shared_group", str, "")
     if shared and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", shared):
         raise ConfigError("aggregator.shared_group", "must be 1-64 letters, digits, '_', '.' or '-'")
     agg = AggregatorConfig(
-        db=_path(base_dir, db) or db,
+        db=db if is_pg else (_path(base_dir, db) or db),
         topic=_topic_filter(_get(a, "aggregator", "topic", str, DEFAULT_TOPIC), "aggregator.topic"),
         shared_group=shared,
         max_bytes=_int_range(a, "aggregator", "max_bytes", 1 << 20, 64, 256 << 20),

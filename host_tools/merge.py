@@ -104,8 +104,14 @@ class Merged:
         return math.sqrt(self.noise_var)
 
 
-def merge(rels: Sequence[StoredRelease]) -> Merged:
-    """Sum releases (loaded with payload). Raises MergeError with the reason."""
+def merge(rels: Sequence[StoredRelease], counters: Optional[Iterable[np.ndarray]] = None) -> Merged:
+    """Sum releases. Raises MergeError with the reason.
+
+    The counters come from ``rels`` (loaded with payload), or, streaming,
+    from ``counters`` (one array per release of ``rels``, same order, e.g.
+    :meth:`host_tools.store.SQLStore.iter_counters`): memory stays
+    O(d*w) plus the releases' metadata.
+    """
     if not rels:
         raise MergeError("no releases to merge")
     groups = Counter(r.group for r in rels)
@@ -119,8 +125,14 @@ def merge(rels: Sequence[StoredRelease]) -> Merged:
     kind, d, w, hv, salt = rels[0].group[:5]
     acc = np.zeros(rels[0].shape, dtype=np.int64)
     terms: Counter[tuple[str, int, int]] = Counter()
+    n = 0
+    for c in (counters if counters is not None else (r.counters() for r in rels)):
+        acc += c
+        n += 1
+    if n != len(rels):
+        raise MergeError("the store changed during the query (%d releases selected, %d read); run it again"
+                         % (len(rels), n))
     for r in rels:
-        acc += r.counters()
         terms[(r.mech, r.nint[0], r.nint[1])] += r.nz - 1
         terms[(r.mech, r.nout[0], r.nout[1])] += 1
     noise = [NoiseTerm(m, n, dd, c) for (m, n, dd), c in sorted(terms.items())]

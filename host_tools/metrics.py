@@ -74,14 +74,14 @@ class StoreCollector:
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from host_tools.store import Store
+        from host_tools.store import open_store
 
         t_start = time.perf_counter()
         up = GaugeMetricFamily("pansketch_store_up", "1 when the release database could be read")
         size = GaugeMetricFamily("pansketch_store_size_bytes", "bytes on disk of the database, its WAL and shm")
         size.add_metric([], store_size(self.db))
         try:
-            st = Store(self.db, readonly=True)
+            st = open_store(self.db, readonly=True)
         except Exception:
             up.add_metric([], 0)
             yield up

@@ -33,8 +33,8 @@ import numpy as np
 
 from agent import hashing
 from host_tools import dyadic_cli, estimators
-from host_tools.merge import MergeError, Merged, merge
-from host_tools.store import Store
+from host_tools.merge import MergeError, Merged, NoiseTerm, merge
+from host_tools.store import RollupInfo, SQLStore, StoredRelease, open_store
 
 try:
     from host_tools import fasthash
@@ -101,34 +101,105 @@ def _devices(device: Union[None, str, Sequence[str]]) -> Optional[list[str]]:
     return list(device) or None
 
 
-def select_merged(store: Store, window: Optional[int] = None, since: Optional[float] = None,
+def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
-                  salt: Optional[str] = None) -> tuple[Merged, Selection]:
-    """Merge the selected releases; raises QueryError with the reason."""
+                  salt: Optional[str] = None, use_rollups: bool = True) -> tuple[Merged, Selection]:
+    """Merge the selected releases; raises QueryError with the reason.
+
+    Fleet-wide selections (no ``device``) are answered from the per-window
+    roll-ups the store maintains at ingest, plus the raw releases of the
+    windows that straddle a range bound; ``--device`` selections, stores
+    without roll-ups and selections that span several merge groups (to
+    report them) are merged from the raw releases, streaming (one payload
+    in memory at a time). Both give the same :class:`Merged`
+    (tests/test_host_rollups.py).
+    """
     if window is not None and (since is not None or until is not None):
         raise QueryError("give either a window id or a time range, not both")
     if since is not None and until is not None and until <= since:
         raise QueryError("empty time range: until must be after since")
     sel = Selection(window=window, since=since, until=until, devices=_devices(device))
-    rels = store.releases(devices=sel.devices, window=window, since=since, until=until, with_payload=True)
+    m: Optional[Merged] = None
+    with store.read_tx():  # one snapshot, while aggregators keep committing
+        # a store that also holds releases no roll-up sums (kinds dcs/dbits, tree nodes) merges raw
+        # releases: the roll-ups alone would answer a mixed selection from its cms/cs part only
+        if use_rollups and sel.devices is None and store.has_rollups and not store.has_unrolled():
+            m = _from_rollups(store, sel)
+        if m is None:
+            m = _from_releases(store, sel)
+    if salt is not None and hashing.salt_id(salt) != m.salt:
+        raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
+                         % (hashing.salt_id(salt), m.salt))
+    return m, sel
+
+
+def _window_lengths(window: int, lens: set[int]) -> None:
+    if len(lens) > 1:
+        raise QueryError("window %d means different times for devices with window lengths %s seconds; "
+                         "query a time range (--since/--until) or one device" % (window, sorted(lens)))
+
+
+def _from_releases(store: SQLStore, sel: Selection) -> Merged:
+    """Merge the raw releases of the selection (streaming)."""
+    window, since, until = sel.window, sel.since, sel.until
+    rels = store.releases(devices=sel.devices, window=window, since=since, until=until)
     if since is not None or until is not None:
         sel.partial = store.count_partial(since, until, sel.devices)
     if not rels:
         extra = " (%d release(s) straddle the range bounds)" % sel.partial if sel.partial else ""
         raise QueryError("no releases match %s%s" % (sel.describe(), extra))
     if window is not None:
-        lens = sorted({r.win_s for r in rels})
-        if len(lens) > 1:
-            raise QueryError("window %d means different times for devices with window lengths %s seconds; "
-                             "query a time range (--since/--until) or one device" % (window, lens))
+        _window_lengths(window, {r.win_s for r in rels})
     try:
-        m = merge(rels)
+        return merge(rels, store.iter_counters(devices=sel.devices, window=window, since=since, until=until))
     except MergeError as exc:
         raise QueryError(str(exc))
-    if salt is not None and hashing.salt_id(salt) != m.salt:
-        raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
-                         % (hashing.salt_id(salt), m.salt))
-    return m, sel
+
+
+def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
+    """The selection from roll-ups (+ raw releases of boundary windows), or None to merge raw releases."""
+    infos = store.rollups(window=sel.window)
+    if sel.window is not None:
+        _window_lengths(sel.window, {i.win_s for i in infos})
+    use: list[RollupInfo] = []
+    boundary: set[tuple[int, int]] = set()
+    if sel.since is None and sel.until is None:
+        use = infos
+    else:
+        lo = sel.since if sel.since is not None else -math.inf
+        hi = sel.until if sel.until is not None else math.inf
+        for i in infos:
+            if i.t0 >= lo and i.t1 <= hi:
+                use.append(i)  # every release of this roll-up lies inside the range
+            elif i.t0 < hi and i.t1 > lo:
+                boundary.add((i.win_s, i.win))  # some may, some may straddle: raw releases
+    raw: list[StoredRelease] = []
+    for ws, win in sorted(boundary):
+        raw += store.releases(window=win, win_s=ws, since=sel.since, until=sel.until, with_payload=True)
+    if boundary:
+        sel.partial = store.count_partial(sel.since, sel.until, windows=boundary)
+    if not use and not raw:
+        return None  # the raw path reports "no releases match" with the straddling count
+    groups = {i.group for i in use} | {r.group for r in raw}
+    if len(groups) != 1:
+        return None  # the raw path names the groups and their devices
+    kind, d, w, hv, salt = next(iter(groups))
+    ids = [i.id for i in use]
+    acc = np.zeros((d, w), dtype=np.int64)
+    for c in store.rollup_sums(ids):
+        acc += c
+    for r in raw:
+        acc += r.counters()
+    terms = store.rollup_noise(ids) if ids else {}
+    for r in raw:
+        for k, n in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
+            terms[k] = terms.get(k, 0) + n
+    devices = (store.rollup_devices(ids) if ids else set()) | {r.device for r in raw}
+    return Merged(kind=kind, d=d, w=w, hv=hv, salt=salt, counters=acc,
+                  releases=sum(i.releases for i in use) + len(raw), devices=sorted(devices),
+                  noise=[NoiseTerm(mm, n, dd, c) for (mm, n, dd), c in sorted(terms.items())],
+                  t0=min([i.t0 for i in use] + [r.t0 for r in raw]), t1=max([i.t1 for i in use] + [r.t1 for r in raw]),
+                  windows=sorted({(i.win_s, i.win) for i in use} | {(r.win_s, r.win) for r in raw}))
 
 
 # -- answers -----------------------------------------------------------------
@@ -212,11 +283,12 @@ def _point_kind(m: Merged) -> None:
         raise QueryError("releases of kind dcs answer quantile, cdf and heavy (not freq/topk)")
 
 
-def freq(store: Store, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
+def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
-         device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95) -> list[Answer]:
+         device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
+         use_rollups: bool = True) -> list[Answer]:
     """Estimated frequency of each item (in order) over the selection, with intervals."""
-    m, sel = select_merged(store, window, since, until, device, salt)
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
@@ -225,9 +297,10 @@ def freq(store: Store, items: Sequence[Any], *, salt: str, window: Optional[int]
     return _answers(m, sel, items, est, rule, range(len(items)), False)
 
 
-def topk(store: Store, candidates: Sequence[Any], k: int, *, salt: str, window: Optional[int] = None,
+def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
-         device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95) -> list[Answer]:
+         device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
+         use_rollups: bool = True) -> list[Answer]:
     """The k candidates with the largest estimates, best first, with intervals.
 
     Intervals are per item (each covers its own count at ``confidence``),
@@ -235,7 +308,7 @@ def topk(store: Store, candidates: Sequence[Any], k: int, *, salt: str, window: 
     """
     if k < 1:
         raise QueryError("k must be at least 1")
-    m, sel = select_merged(store, window, since, until, device, salt)
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
     _point_kind(m)
     cands = list(dict.fromkeys(candidates))  # distinct, first-seen order
     if not cands:
@@ -287,6 +360,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
     p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
                                                   "(.png, .svg or .pdf; needs matplotlib)")
+    p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
+                   help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -344,8 +419,8 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _err(str(exc), 2)
     try:
-        store = Store(cfg.aggregator.db, readonly=True)
-    except (FileNotFoundError, OSError, Exception) as exc:
+        store = open_store(cfg.aggregator.db, readonly=True)
+    except Exception as exc:  # missing file, PostgreSQL unreachable, ...
         return _err(str(exc), 1)
     t_start = time.perf_counter()
     if args.qtype in dyadic_cli.QTYPES:
@@ -363,11 +438,11 @@ def main(args: argparse.Namespace) -> int:
         if args.qtype == "freq":
             items = [_item(x, args.as_int, "ITEM") for x in args.items]
             answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf)
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
         else:
             cands = read_candidates(args.candidates, args.as_int)
             answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf)
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
     except (QueryError, ValueError, OSError) as exc:
         return _err(str(exc), 1)
     finally:

@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence, Union
 
 from host_tools import query
 from host_tools.query import Answer, QueryError, iso
-from host_tools.store import Store
+from host_tools.store import SQLStore as Store
 
 MAX_BUCKETS = 2000
 

@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 from host_tools import ledger as ledger_mod
 from host_tools.query import iso
-from host_tools.store import Store, StoredRelease
+from host_tools.store import SQLStore as Store, StoredRelease, open_store
 
 
 LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
@@ -354,7 +354,7 @@ def main(args: argparse.Namespace) -> int:
         print("pansketch: config error: %s" % exc, file=sys.stderr)
         return 2
     try:
-        store = Store(cfg.aggregator.db, readonly=True)
+        store = open_store(cfg.aggregator.db, readonly=True)
     except Exception as exc:
         print("pansketch status: %s" % exc, file=sys.stderr)
         return 1

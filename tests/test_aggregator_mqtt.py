@@ -241,3 +241,49 @@ def test_cli_until_idle_and_exit_codes(tmp_path):
         r = _cli(*cmd)
         assert r.returncode == 2, (cmd, r.stderr)
         assert r.stderr.strip().count("\n") == 0 and "fleet.kind" in r.stderr
+
+
+def test_acks_follow_the_group_commit(tmp_path):
+    """A burst is stored in group commits; every host ack names releases already committed (checked
+    from another connection when the ack arrives), one ack message per device per group, and bad
+    releases in a group are refused alone."""
+    import json
+
+    b = start_mosquitto(tmp_path)
+    cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1"})
+    seen: list[tuple[str, list[int], list[Any], bool]] = []
+
+    def on_ack(_c: Any, _u: Any, m: Any) -> None:
+        doc = json.loads(m.payload)
+        st = Store(cfg.aggregator.db, readonly=True)
+        try:
+            have = {r.seq for r in st.releases(devices=[doc["dev"]])}
+        finally:
+            st.close()
+        seen.append((doc["dev"], doc.get("ok", []), doc.get("bad", []), set(doc.get("ok", [])) <= have))
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ack-watch", protocol=mqtt.MQTTv5)
+    sub.on_message = on_ack
+    sub.connect("127.0.0.1", b.port)
+    sub.subscribe("pansketch/+/ack", qos=1)
+    sub.loop_start()
+    a = AggThread(cfg)
+    try:
+        msgs = []
+        for dv in range(6):
+            p = params("g%d" % dv, w=64)
+            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(40)]
+        bad = params("g0", w=64)
+        msgs.insert(100, (topic("g0"), encoded(bad, seq=99, elo=T0 // 3600, fill=77)))  # conflict with seq 0
+        publish_all(b.port, msgs)
+        wait_for(lambda: sum(len(s[1]) for s in seen) == 240 and any(s[2] for s in seen))
+    finally:
+        rc = a.close()
+        sub.disconnect()
+        sub.loop_stop()
+        b.stop()
+    assert rc == 0
+    assert all(ok for _d, _o, _b, ok in seen)  # nothing acknowledged before its commit
+    assert sorted(s for d, o, _b, _k in seen for s in o if d == "g3") == list(range(40))
+    assert [x for _d, _o, bads, _k in seen for x in bads] == [[99, "conflict"]]
+    assert any(len(o) > 1 for _d, o, _b, _k in seen)  # groups: several releases of a device in one ack

@@ -54,17 +54,20 @@ def test_nz_error_names_the_field():
     assert ei.value.code == "schema" and ei.value.reason == "missing field 'nz'"
 
 
-def test_ratio_bound_is_below_2_pow_64():
-    """2^64 - 1 fits the device encoder and passes the range check (fails later on calibration);
-    2^64 is out of range (it used to crash the canonical re-encoding with ValueError)."""
+def test_ratio_bound_is_below_2_pow_63():
+    """2^63 - 1 passes the range check (fails later on calibration); 2^63 and up
+    are out of range: the store keeps them as signed 64-bit integers (a release
+    that validated but could not be stored used to stop the aggregator), and
+    2^64 used to crash the canonical re-encoding with ValueError."""
     m = release_map(params())
     with pytest.raises(Rejected) as ei:
-        decode(dumps(dict(m, budget=[(1 << 64) - 1, 1])))
+        decode(dumps(dict(m, budget=[(1 << 63) - 1, 1])))
     assert ei.value.code == "noise"
-    for k, v in (("budget", [1 << 64, 1]), ("nout", [1, 1 << 64]), ("nint", [1 << 64, 1 << 64])):
+    for k, v in (("budget", [1 << 63, 1]), ("nout", [1, 1 << 63]), ("budget", [1 << 64, 1]),
+                 ("nint", [1 << 64, 1 << 64])):
         with pytest.raises(Rejected) as ei:
             decode(cbor2.dumps(dict(m, **{k: v}), canonical=True))
-        assert ei.value.code == "schema" and "2^64" in ei.value.reason, (k, ei.value.reason)
+        assert ei.value.code == "schema" and "2^63" in ei.value.reason, (k, ei.value.reason)
 
 
 def bad_cases():
@@ -228,3 +231,31 @@ def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch)
     out = agg.handle(topic("dev-a"), b"anything")
     assert out.code == "internal" and "ZeroDivisionError" in out.reason
     assert agg.store.snapshot()[3] == before[3]
+
+
+def test_fast_encoding_check_agrees_with_the_reference():
+    """canonical_offset (cbor2 C encoder around the counters) == canonical_offset_ref (agent.cbor)."""
+    import cbor2 as _cbor2
+
+    from host_tools.decode import canonical_offset, canonical_offset_ref
+
+    p = params(w=16)
+    good = encoded(p, seq=70000, fill=-3, nz=300)
+    m = _cbor2.loads(good)
+    assert canonical_offset(m, good) == canonical_offset_ref(m, good) > 0
+    variants = [
+        dumps(dict(m, seq=2**32 - 1)), dumps(dict(m, budget=[2**63 - 1, 3])), dumps(dict(m, dev="x" * 64)),
+        good[:-1] + b"\x00", good + b"\x00",
+        _cbor2.dumps(m),  # cbor2's own key order: not the device's
+        _cbor2.dumps(m, canonical=True),
+        good.replace(b"\x63dev", b"\x63dex", 1),
+    ]
+    big = dict(m, budget=[2**64 - 1, 1])  # outside the fast path's int range: reference path
+    variants.append(dumps(big))
+    for v in variants:
+        try:
+            mv = _cbor2.loads(v)
+        except Exception:
+            continue
+        assert canonical_offset(mv, v) == canonical_offset_ref(mv, v)
+        assert canonical_offset(mv, good) == canonical_offset_ref(mv, good)

@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, urlencode
 from host_tools import fleetview, metrics, query, series
 from host_tools.hostconfig import HostConfig
 from host_tools.query import QueryError, iso
-from host_tools.store import Store
+from host_tools.store import SQLStore as Store, open_store
 
 log = logging.getLogger("pansketch.serve")
 
@@ -299,7 +299,7 @@ class Dashboard:
 
     @contextmanager
     def _store(self) -> Iterator[Store]:
-        st = Store(self.db, readonly=True)
+        st = open_store(self.db, readonly=True)
         try:
             yield st
         finally:

@@ -1,0 +1,323 @@
+"""The PostgreSQL store against a real server (initdb + pg_ctl into a temp dir).
+
+Checks: idempotency, conflicts and device parameters enforced by the
+database (also across concurrent aggregator processes delivering the same
+releases); roll-up answers equal raw answers; read-only readers; several
+aggregators sharing an MQTT v5 subscription and one database through a
+real mosquitto; clear errors for a bad DSN and a server that goes away,
+with everything committed kept. Skipped with the reason when PostgreSQL's
+server binaries are not installed (``.ci/run`` installs Debian's
+``postgresql``); under CI a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from host_tools import hostconfig, pgserver, query
+from host_tools.aggregator import Aggregator
+from host_tools.decode import Rejected, decode
+from host_tools.store import Pending, StoreError, open_store
+from tests.test_host_support import SALT, T0, encoded, params, record, topic, zipf_stream
+
+try:
+    import psycopg  # noqa: F401
+
+    _PSYCOPG = True
+except ImportError:  # pragma: no cover
+    _PSYCOPG = False
+
+if os.environ.get("CI") and (pgserver.binaries() is None or not _PSYCOPG):
+    raise RuntimeError("CI must run the PostgreSQL tests: " + (pgserver.MISSING if _PSYCOPG else "psycopg missing"))
+pytestmark = [pytest.mark.skipif(pgserver.binaries() is None, reason=pgserver.MISSING),
+              pytest.mark.skipif(not _PSYCOPG, reason="psycopg 3 is not installed (pip install 'psycopg[binary]')")]
+
+_N = iter(range(10**6))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[pgserver.PgServer]:
+    srv = pgserver.PgServer.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def dsn(server: pgserver.PgServer) -> str:
+    return server.create_database("t%d" % next(_N))
+
+
+def _cfg(dsn: str, **extra: Any) -> hostconfig.HostConfig:
+    raw: dict[str, Any] = {"fleet": {"salt": SALT}, "aggregator": {"db": dsn}}
+    for k, v in extra.items():
+        raw.setdefault(k, {}).update(v)
+    return hostconfig.from_dict(raw)
+
+
+def test_config_keeps_the_url_and_refuses_other_schemes(tmp_path):
+    p = tmp_path / "h.toml"
+    p.write_text('[aggregator]\ndb = "postgresql://agg@db.example:5432/pansketch"\n[fleet]\nsalt = "fleet-salt-1"\n')
+    assert hostconfig.load(str(p)).aggregator.db == "postgresql://agg@db.example:5432/pansketch"
+    p.write_text('[aggregator]\ndb = "mysql://agg@db/x"\n[fleet]\nsalt = "fleet-salt-1"\n')
+    with pytest.raises(hostconfig.ConfigError, match="unsupported database URL scheme 'mysql'"):
+        hostconfig.load(str(p))
+
+
+def test_idempotency_conflicts_and_devices_enforced_by_the_database(dsn):
+    st = open_store(dsn)
+    p = params("pg-a", w=16)
+    e = T0 // 3600
+    assert st.insert(decode(encoded(p, fill=1))) == "stored"
+    assert st.insert(decode(encoded(p, fill=1))) == "duplicate"
+    with pytest.raises(Rejected, match="conflict"):
+        st.insert(decode(encoded(p, fill=2)))
+    with pytest.raises(Rejected, match="changed parameters"):
+        st.insert(decode(encoded(params("pg-a", w=32), seq=1, elo=e + 1)))
+    st.reject("cbor", "broken", b"\x00\x01", topic="pansketch/pg-a/release", device="pg-a")
+    assert st.snapshot()[:3] == (1, 1, 1)
+    assert [r[0] for r in st.devices()] == ["pg-a"]
+    st.close()
+    # the database refuses a second row with the key, whoever writes it
+    import psycopg
+
+    with psycopg.connect(dsn) as c:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            c.execute("INSERT INTO releases SELECT * FROM releases")
+
+
+def test_group_commit_savepoints(dsn):
+    agg = Aggregator(_cfg(dsn))
+    p = params("pg-g", w=16)
+    e = T0 // 3600
+    assert agg.handle(topic("pg-g"), encoded(p, seq=0, elo=e, fill=1)).stored
+    msgs = [(topic("pg-g"), encoded(p, seq=1, elo=e + 1, fill=2)),
+            (topic("pg-g"), encoded(p, seq=9, elo=e, fill=5)),  # conflict
+            (topic("pg-g"), b"\xa1\x61v\x02"),  # invalid
+            (topic("pg-g"), encoded(p, seq=2, elo=e + 2, fill=4))]
+    outs = agg.handle_many(msgs)
+    assert [o.status for o in outs] == ["stored", "rejected", "rejected", "stored"]
+    assert outs[1].code == "conflict" and "stored seq 0, this seq 9" in (outs[1].reason or "")
+    m, _ = query.select_merged(agg.store, salt=SALT)
+    assert m.releases == 3 and int(m.counters[0, 0]) == 7
+    # a database error on one release rolls back that release alone (its subtransaction)
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                  "IF NEW.device = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END $$")
+        c.execute("CREATE TRIGGER boom BEFORE INSERT ON releases FOR EACH ROW EXECUTE FUNCTION boom()")
+    items = [agg.validate(topic("pg-g"), encoded(p, seq=3, elo=e + 3, fill=8)),
+             agg.validate(topic("boom"), encoded(params("boom", w=16), seq=0, elo=e, fill=3)),
+             agg.validate(topic("pg-g"), encoded(params("pg-g", w=32), seq=4, elo=e + 4)),  # device parameters
+             agg.validate(topic("pg-g"), encoded(p, seq=0, elo=e, fill=1))]  # duplicate
+    agg.store.commit_group(items)
+    assert [x.status for x in items] == ["stored", "error", "rejected", "duplicate"]
+    assert "boom refused" in str(items[1].error)
+    assert items[2].rej is not None and "w 16 -> 32" in items[2].rej.reason
+    st = open_store(dsn, readonly=True)
+    assert [d[0] for d in st.devices()] == ["pg-g"]  # boom's device row was rolled back with it
+    m, _ = query.select_merged(st, salt=SALT)
+    assert m.releases == 4 and int(m.counters[0, 0]) == 15
+    st.close()
+    agg.close()
+
+
+def test_rollup_answers_equal_raw_answers(dsn, tmp_path):
+    agg = Aggregator(_cfg(dsn))
+    for dv in range(3):
+        p = params("pg-r%d" % dv, d=5, w=64)
+        wins = [zipf_stream(300, 200, 1.2, 10 * dv + k) for k in range(3)]
+        for raw in record(p, str(tmp_path / p.device), wins, persists=dv % 2):
+            assert agg.handle(topic(p.device), raw).stored
+    pk = params("pg-k", d=5, w=64, mode="keep", window_s=3600, epoch_s=600)
+    for k in range(14):
+        assert agg.handle(topic("pg-k"), encoded(pk, seq=k, elo=T0 // 600 + k, fill=k, nz=2 + k % 2)).stored
+    agg.close()
+    st = open_store(dsn, readonly=True)
+    assert st.has_rollups
+    items = ["item-%d" % i for i in range(30)]
+    for sel in ({}, {"window": T0 // 3600 + 1}, {"since": T0 + 1200, "until": T0 + 2 * 3600 + 600},
+                {"device": "pg-r1"}):
+        a, sa = query.select_merged(st, salt=SALT, use_rollups=True, **sel)
+        b, sb = query.select_merged(st, salt=SALT, use_rollups=False, **sel)
+        assert np.array_equal(a.counters, b.counters) and a.noise == b.noise and sa.partial == sb.partial
+        assert (a.releases, a.devices, a.t0, a.t1, a.windows) == (b.releases, b.devices, b.t0, b.t1, b.windows)
+        fa = [x.to_dict() for x in query.freq(st, items, salt=SALT, use_rollups=True, **sel)]
+        fb = [x.to_dict() for x in query.freq(st, items, salt=SALT, use_rollups=False, **sel)]
+        assert fa == fb
+    with pytest.raises(Exception, match="read-only"):
+        st.commit_group([Pending(b"", None, 0.0, rel=decode(encoded(params("pg-x", w=16))))])
+    st.close()
+
+
+def _writer(dsn: str, payloads: list[tuple[str, bytes]], out: "mp.Queue[list[str]]") -> None:
+    a = Aggregator(_cfg(dsn))
+    res = []
+    for i in range(0, len(payloads), 7):  # groups of 7, like the writer thread
+        res += [o.status for o in a.handle_many(payloads[i:i + 7])]
+    a.close()
+    out.put(res)
+
+
+def test_concurrent_aggregator_processes_store_each_release_once(dsn):
+    pl = []
+    for dv in range(6):
+        p = params("pc%02d" % dv, w=32)
+        pl += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=dv * 100 + k)) for k in range(10)]
+    ctx = mp.get_context("fork")
+    q: "mp.Queue[list[str]]" = ctx.Queue()
+    orders = [pl, list(reversed(pl)), pl[30:] + pl[:30], pl[::2] + pl[1::2]]
+    procs = [ctx.Process(target=_writer, args=(dsn, o, q)) for o in orders]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    statuses = [s for r in results for s in r]
+    assert statuses.count("stored") == len(pl)
+    assert statuses.count("duplicate") == 3 * len(pl)
+    st = open_store(dsn, readonly=True)
+    assert st.snapshot()[:3] == (len(pl), 0, 3 * len(pl))
+    m, _ = query.select_merged(st, salt=SALT)
+    raw, _ = query.select_merged(st, salt=SALT, use_rollups=False)
+    assert m.releases == len(pl) and np.array_equal(m.counters, raw.counters)  # roll-ups summed each once
+    st.close()
+
+
+def test_bad_dsn_and_server_down_say_what_is_wrong(server, dsn):
+    with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x"):
+        open_store("postgresql://postgres:secret@127.0.0.1:1/x", timeout=2)
+    try:
+        open_store("postgresql://postgres:secret@127.0.0.1:1/x", timeout=2)
+    except StoreError as exc:
+        assert "secret" not in str(exc)
+    with pytest.raises(StoreError, match="no pansketch tables"):
+        open_store(server.create_database("empty%d" % next(_N)), readonly=True)
+    # the server goes away under a running store: the group fails with the server's error, what is committed
+    # stays, and the store reconnects when the server is back
+    st = open_store(dsn)
+    p = params("pg-d", w=16)
+    assert st.insert(decode(encoded(p, seq=0, fill=1))) == "stored"
+    server.stop(remove=False)
+    try:
+        with pytest.raises(Exception) as ei:
+            st.insert(decode(encoded(p, seq=1, elo=T0 // 3600 + 1, fill=2)))
+        assert "server" in str(ei.value).lower() or "connect" in str(ei.value).lower()
+    finally:
+        server.restart()
+    pgserver.wait_ready(server.port)
+    for _ in range(50):
+        try:
+            assert st.insert(decode(encoded(p, seq=1, elo=T0 // 3600 + 1, fill=2))) == "stored"
+            break
+        except Exception:
+            time.sleep(0.1)
+    assert st.release_count() == 2
+    st.close()
+
+
+def test_aggregators_share_the_subscription_and_one_database(dsn, tmp_path):
+    import json
+
+    import paho.mqtt.client as mqtt
+
+    from tests.broker import mosquitto_path, start_mosquitto
+    from tests.test_aggregator_mqtt import AggThread, publish_all, wait_for
+
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed (.ci/run installs it)")
+    b = start_mosquitto(tmp_path)
+    cfg = _cfg(dsn, broker={"port": b.port, "host": "127.0.0.1"}, aggregator={"shared_group": "aggs"})
+    acks: list[dict[str, Any]] = []
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ack-watch", protocol=mqtt.MQTTv5)
+    sub.on_message = lambda _c, _u, m: acks.append(json.loads(m.payload))
+    sub.connect("127.0.0.1", b.port)
+    sub.subscribe("pansketch/+/ack", qos=1)
+    sub.loop_start()
+    aggs = [AggThread(cfg) for _ in range(3)]
+    try:
+        msgs = []
+        for dv in range(10):
+            p = params("ps%d" % dv, w=32)
+            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(12)]
+        publish_all(b.port, msgs)
+        publish_all(b.port, msgs[:20], client_id="again")  # re-sends: duplicates, acknowledged again
+        st = open_store(dsn, readonly=True)
+        wait_for(lambda: st.release_count() == len(msgs) and st.duplicate_count() == 20)
+        wait_for(lambda: sum(len(a.get("ok", [])) for a in acks) == len(msgs) + 20)
+        assert st.snapshot()[:3] == (len(msgs), 0, 20)
+        m, _ = query.select_merged(st, salt=SALT)
+        assert m.releases == len(msgs) and len(m.devices) == 10
+        st.close()
+    finally:
+        rcs = [a.close() for a in aggs]
+        sub.disconnect()
+        sub.loop_stop()
+        b.stop()
+    assert rcs == [0, 0, 0]
+    assert sum(1 for a in aggs if a.counts["stored"] > 0) >= 2  # the load was split
+    assert sum(a.counts["stored"] for a in aggs) == len(msgs)
+
+
+def test_device_status_and_rejected_seqs_on_postgresql(dsn):
+    import json as _json
+
+    from host_tools import devstatus
+
+    st = open_store(dsn)
+    t = "pansketch/pi-1/status"
+    assert devstatus.record(st, t, _json.dumps({"dev": "pi-1", "ts": T0, "next_seq": 5, "oldest_pending": 3}).encode())
+    assert not devstatus.record(st, t, _json.dumps({"dev": "pi-1", "ts": T0 - 60, "next_seq": 2}).encode())
+    assert devstatus.record(st, t, b'{"state":"offline"}')
+    d = st.device_statuses()["pi-1"]
+    assert (d.state, d.next_seq, d.oldest_pending, d.ts) == ("offline", 5, 3, T0)
+    p = params("pi-1", w=16)
+    assert st.insert(decode(encoded(p, fill=1))) == "stored"
+    agg = Aggregator(_cfg(dsn), store=st)
+    out = agg.handle(topic("pi-1"), encoded(p, seq=4, fill=9))  # same key, other bytes
+    assert out.code == "conflict"
+    assert st.rejected_seqs() == {"pi-1": {4: "conflict"}}
+    st.close()
+
+
+def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
+    """Format v2 (kinds dcs/dbits): v, lvl, b, map stored through pansketch_put and read back; a
+    database from before those columns gains them (defaults for its rows) when an aggregator opens it."""
+    import psycopg
+
+    from host_tools.store import Store
+    from tests import test_dcs_host as dcs
+
+    st = open_store(dsn)
+    assert st.insert(decode(encoded(params("pg-v1", w=16), fill=1))) == "stored"
+    st.close()
+    with psycopg.connect(dsn, autocommit=True) as c:  # as written by pansketch before format v2
+        c.execute("ALTER TABLE releases DROP COLUMN v, DROP COLUMN lvl, DROP COLUMN b, DROP COLUMN map_num, "
+                  "DROP COLUMN map_den, DROP COLUMN map_off")
+    st = open_store(dsn)
+    old = st.releases()
+    assert [(r.v, r.lvl, r.b, r.map) for r in old] == [(1, 0, 0, None)]
+    lite = Store(str(tmp_path / "same.db"))
+    for dv in range(2):
+        p = dcs.params("pg-dcs-%d" % dv)
+        for k in range(2):
+            raw = dcs.payload(p, [1, 2, 3, 50 + dv], seq=k, epoch=dcs.T0 // 3600 + k)
+            assert st.insert(decode(raw, dcs.topic(p.device))) == "stored"
+            assert lite.insert(decode(raw, dcs.topic(p.device))) == "stored"
+    got = [r for r in st.releases() if r.kind == "dcs"]
+    assert [(r.v, r.lvl, r.b, r.map) for r in got] == [(2, 0, 8, (1, 1, 0))] * 4
+    assert st.rollups() and all(i.kind != "dcs" for i in st.rollups()) and st.has_unrolled()
+    st.close()
+    with open_store(dsn, readonly=True) as ro:
+        a, _ = query.select_merged(ro, salt=dcs.SALT, device=["pg-dcs-0", "pg-dcs-1"])
+    b, _ = query.select_merged(lite, salt=dcs.SALT)
+    lite.close()
+    assert a.kind == b.kind == "dcs" and a.releases == b.releases == 4
+    assert np.array_equal(a.counters, b.counters) and a.noise == b.noise
