@@ -103,7 +103,7 @@ class Agent:
 
     def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None) -> None:
         from agent.publisher import Publisher
-        from agent.recorder import Recorder
+        from agent.recorder import make
         from agent.sources import make_source
 
         self.cfg = cfg
@@ -111,8 +111,8 @@ class Agent:
         self.log = _logger(cfg.device, args.quiet)
         self.clock = Clock(args.clock_start, args.clock_speed)
         rng = _make_rng(args, self.log)
-        self.rec = Recorder(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log,
-                            outbox_max=cfg.outbox_max)
+        self.rec = make(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log,
+                        outbox_max=cfg.outbox_max)
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=8)  # few raw events in flight (pan-privacy)
         scfg = cfg.source
         if source_type is not None and source_type != scfg.type:

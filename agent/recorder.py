@@ -51,6 +51,16 @@ def _log(msg):
     print("pansketch: " + msg)
 
 
+def make(params, root, now, rng=None, log=None, outbox_max=0):
+    """The recorder for ``params.mode``: Recorder (window, keep) or
+    agent.tree.TreeRecorder (tree); both have the same interface."""
+    if params.mode == "tree":
+        from agent.tree import TreeRecorder
+
+        return TreeRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+    return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+
+
 class Recorder:
     """The device core: count events into a noisy sketch, commit releases.
 

@@ -251,7 +251,7 @@ def _state_complete(path):
 
 def _marker_complete(path):
     parts = read(path).split()
-    if len(parts) != 4:
+    if not parts or len(parts) % 4:
         return False
     for p in parts:
         if not p.isdigit():
@@ -265,10 +265,131 @@ def write_marker(path, seq, elo, ehi, part):
 
 def read_marker(path):
     """(seq, elo, ehi, part) of the last committed release, or None."""
+    lines = read_markers(path)
+    return lines[-1] if lines else None
+
+
+def write_markers(path, lines):
+    """Tree mode: the keys released since the last state write, one per line
+    ("<seq> <elo> <ehi> <part>", oldest first); the last line is the last release."""
+    out = []
+    for ln in lines:
+        out.append(("%d %d %d %d\n" % ln).encode())
+    write_atomic(path, out)
+
+
+def read_markers(path):
+    """All (seq, elo, ehi, part) lines of the marker, oldest first ([] if none)."""
     recover(path, _marker_complete)
     if not exists(path):
-        return None
+        return []
     parts = read(path).decode().split()
-    if len(parts) != 4:
+    if not parts or len(parts) % 4:
         raise StateError("marker %s is corrupt" % path)
-    return (int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]))
+    out = []
+    for i in range(0, len(parts), 4):
+        out.append((int(parts[i]), int(parts[i + 1]), int(parts[i + 2]), int(parts[i + 3])))
+    return out
+
+
+# -- tree mode state (agent/tree.py) ------------------------------------------
+TREE_MAGIC = b"PSKT"
+TREE_VERSION = 1
+# magic, version, levels, pad, fingerprint(8), seq, ncells per array
+_THDR = "<4sBB2x8sII"
+_THDR_LEN = struct.calcsize(_THDR)
+# per level: node start epoch, part, noise draws, status (0 open, 1 closed awaiting its release)
+_TLVL = "<qIIB3x"
+_TLVL_LEN = struct.calcsize(_TLVL)
+
+
+def write_tree_state(path, fingerprint, seq, nodes, arrays):
+    """Persist all L node accumulators (only ever noisy) in one file.
+
+    ``nodes`` is a list of (elo, part, nz, status) per level, ``arrays``
+    the L counter arrays. Header, level table, L*ncells int32, SHA-256.
+    """
+    n = len(arrays[0])
+    hdr = struct.pack(_THDR, TREE_MAGIC, TREE_VERSION, len(arrays), fingerprint, seq, n)
+    tab = b""
+    for (elo, part, nz, status) in nodes:
+        tab += struct.pack(_TLVL, elo, part, nz, status)
+    h = hashlib.sha256(hdr)
+    h.update(tab)
+    for a in arrays:
+        h.update(a)
+
+    def body(write):
+        write(hdr)
+        write(tab)
+        for a in arrays:
+            write(a)
+        write(h.digest())
+
+    write_atomic(path, body)
+
+
+def read_tree_state(path, fingerprint, arrays):
+    """Load a tree state into the preallocated ``arrays``.
+
+    Returns (seq, [(elo, part, nz, status) per level]) or None; raises
+    StateError if the file is corrupt or was made with other parameters.
+    """
+    recover(path, _tree_complete)
+    if not exists(path):
+        return None
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_THDR_LEN)
+        if len(hdr) != _THDR_LEN:
+            raise StateError("state file %s is truncated" % path)
+        magic, ver, levels, fp, seq, n = struct.unpack(_THDR, hdr)
+        if magic != TREE_MAGIC or ver != TREE_VERSION:
+            raise StateError("state file %s has an unknown format" % path)
+        if fp != fingerprint or levels != len(arrays) or n != len(arrays[0]):
+            raise StateError(
+                "state file %s was written with different parameters; "
+                "restore the old config or move the directory away" % path
+            )
+        tab = f.read(_TLVL_LEN * levels)
+        if len(tab) != _TLVL_LEN * levels:
+            raise StateError("state file %s is truncated" % path)
+        h = hashlib.sha256(hdr)
+        h.update(tab)
+        for a in arrays:
+            if f.readinto(a) != 4 * n:
+                raise StateError("state file %s is truncated" % path)
+            h.update(a)
+        trailer = f.read(32)
+        if len(trailer) != 32 or f.read(1):
+            raise StateError("state file %s is truncated" % path)
+    finally:
+        f.close()
+    if h.digest() != trailer:
+        raise StateError("state file %s fails its checksum" % path)
+    nodes = []
+    for i in range(levels):
+        elo, part, nz, status = struct.unpack_from(_TLVL, tab, i * _TLVL_LEN)
+        nodes.append((elo, part, nz, status))
+    return (seq, nodes)
+
+
+def _tree_complete(path):
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_THDR_LEN)
+        if len(hdr) != _THDR_LEN or hdr[:4] != TREE_MAGIC:
+            return False
+        levels = hdr[5]
+        n = struct.unpack(_THDR, hdr)[-1]
+        h = hashlib.sha256(hdr)
+        left = _TLVL_LEN * levels + 4 * n * levels
+        while left > 0:
+            chunk = f.read(min(left, 512))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        return f.read(32) == h.digest() and not f.read(1)
+    finally:
+        f.close()

@@ -58,7 +58,11 @@ Older databases (written before releases carried ``nz``) lack the
 ``releases.nz`` column. Opening one for writing adds it with
 ``ALTER TABLE ... DEFAULT 2`` (those releases came from devices that drew
 exactly one internal and one output noise value per cell); a read-only
-open reads such rows as nz = 2 without changing the file. Likewise
+open reads such rows as nz = 2 without changing the file (the same for
+``releases.lvl``, format v2's tree level, default 0: the level of every
+window/keep and v1 release). A device's releases are all tree nodes of
+one shape (L, win_s) or none is (code ``device``): mixing would let a
+range query count the same events twice. Likewise
 ``rejections.seq`` (the refused release's seq, when its bytes parse that
 far and name the topic's device) is added and filled in from the kept
 bytes; a read-only open of such a file attributes no seq to old
@@ -103,7 +107,7 @@ CREATE TABLE IF NOT EXISTS releases (
     clip INTEGER NOT NULL, mech TEXT NOT NULL, budget_num INTEGER NOT NULL, budget_den INTEGER NOT NULL,
     nint_num INTEGER NOT NULL, nint_den INTEGER NOT NULL, nout_num INTEGER NOT NULL, nout_den INTEGER NOT NULL,
     nz INTEGER NOT NULL, L INTEGER NOT NULL, sha256 TEXT NOT NULL, payload BLOB NOT NULL, ctr_off INTEGER NOT NULL,
-    topic TEXT, received REAL NOT NULL,
+    topic TEXT, received REAL NOT NULL, lvl INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (device, elo, ehi, part)
 );
 CREATE INDEX IF NOT EXISTS releases_win ON releases (win, win_s);
@@ -145,13 +149,16 @@ CREATE TABLE IF NOT EXISTS rollup_devices (
 # status fields kept as columns (non-negative integers or null)
 STATUS_INTS = ("ts", "next_seq", "oldest_pending", "pending", "acked_seq", "rejected")
 
+# defaults of columns older databases lack (read-only opens cannot add them)
+_DEFAULTS = {"nz": "2", "lvl": "0"}
+
 # release columns read back for queries (payload last)
 _COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
          "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
-         "nout_den", "nz", "L", "received", "ctr_off")
+         "nout_den", "nz", "L", "received", "ctr_off", "lvl")
 _INSERT_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
                 "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
-                "nout_den", "nz", "L", "sha256", "payload", "ctr_off", "topic", "received")
+                "nout_den", "nz", "L", "sha256", "payload", "ctr_off", "topic", "received", "lvl")
 _CHUNK = 500  # ids per IN (...) list
 
 
@@ -222,6 +229,7 @@ class StoredRelease:
     received: float
     ctr_off: int
     payload: Optional[bytes] = None
+    lvl: int = 0  # tree level (ehi - elo == 2**lvl in tree mode)
 
     @property
     def group(self) -> tuple[str, int, int, int, str]:
@@ -241,11 +249,11 @@ def _locked(exc: BaseException) -> bool:
 
 def _row_to_release(r: Sequence[Any], with_payload: bool) -> StoredRelease:
     (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
-     bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off) = r[:28]
+     bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off, lvl) = r[:29]
     return StoredRelease(device, int(elo), int(ehi), int(part), int(seq), int(win), int(win_s), int(ep_s), int(t0),
                          int(t1), mode, kind, int(d), int(w), int(hv), salt, int(clip), mech, (int(bn), int(bd)),
                          (int(inn), int(ind)), (int(onn), int(ond)), int(nz), int(L), float(received), int(ctr_off),
-                         bytes(r[28]) if with_payload else None)
+                         bytes(r[29]) if with_payload else None, int(lvl))
 
 
 @dataclass(frozen=True)
@@ -292,7 +300,7 @@ class Pending:
 
 def rollup_key(rel: Release) -> Optional[tuple[int, int, str, int, int, int, str]]:
     """(win_s, win, kind, d, w, hv, salt) of the roll-up ``rel`` is summed into, or None."""
-    if rel.mode not in ROLLUP_MODES or rel.kind not in ROLLUP_KINDS or getattr(rel, "lvl", None) is not None:
+    if rel.mode not in ROLLUP_MODES or rel.kind not in ROLLUP_KINDS:  # tree nodes overlap: never rolled up
         return None
     return (rel.win_s, rel.win, rel.kind, rel.d, rel.w, rel.hv, rel.salt)
 
@@ -496,6 +504,7 @@ class SQLStore:
     def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float,
                 seen: Optional[dict[str, tuple[Any, ...]]] = None) -> str:
         mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        self._check_shape(cur, rel)
         if self._devcache.get(rel.dev) == mine:  # known device, same parameters: insert, classify on conflict
             return self._insert_release(cur, rel, topic, now)
         existing = self._classify(cur, rel, now)
@@ -516,13 +525,31 @@ class SQLStore:
             seen[rel.dev] = mine
         return self._insert_release(cur, rel, topic, now)
 
+    def _check_shape(self, cur: Any, rel: Release) -> None:
+        """A device's releases are all tree nodes of one shape (L, win_s) or none is a tree node:
+        otherwise a range query would count the same events twice (code ``device``)."""
+        tree = rel.mode == "tree"
+        shape = (tree, rel.L if tree else 0, rel.win_s if tree else 0)
+        cache = self.__dict__.setdefault("_shapecache", {})
+        if cache.get(rel.dev) == shape:
+            return
+        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? AND ((mode = 'tree') != ? "
+                             "OR (mode = 'tree' AND (L != ? OR win_s != ?))) LIMIT 1",
+                        (rel.dev, tree, rel.L, rel.win_s)).fetchone()
+        if other is not None:
+            raise Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
+                           "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
+                           "query would count events twice; give the reconfigured device a new id"
+                           % (rel.dev, other[0], other[1], other[2], rel.mode, rel.L, rel.win_s))
+        cache[rel.dev] = shape
+
     def _insert_release(self, cur: Any, rel: Release, topic: Optional[str], now: float) -> str:
         cur = self._x(cur, "INSERT INTO releases (%s) VALUES (%s) ON CONFLICT (device, elo, ehi, part) DO NOTHING"
                       % (", ".join(_INSERT_COLS), ", ".join("?" * len(_INSERT_COLS))),
                       (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1,
                        rel.mode, rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0],
                        rel.budget[1], rel.nint[0], rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256,
-                       rel.payload, rel.ctr_off, topic, now))
+                       rel.payload, rel.ctr_off, topic, now, rel.lvl))
         if cur.rowcount == 0:  # another aggregator stored the key meanwhile (PostgreSQL): classify against it
             existing = self._classify(cur, rel, now)
             if existing is not None:
@@ -576,7 +603,8 @@ class SQLStore:
         for t in ("rollup_devices", "rollup_noise", "rollups"):
             cur.execute("DELETE FROM " + t)
         wins = self._x(cur, "SELECT DISTINCT win_s, win FROM releases ORDER BY win_s, win").fetchall()
-        cols = ", ".join(c if c != "nz" or self._has_nz(cur) else "2 AS nz" for c in _COLS)
+        have = self._columns(cur)
+        cols = ", ".join(c if not have or c in have else "%s AS %s" % (_DEFAULTS[c], c) for c in _COLS)
         for win_s, win in wins:
             accs: dict[tuple[Any, ...], _Acc] = {}
             rows = self._x(cur, "SELECT %s, payload FROM releases WHERE win_s = ? AND win = ?" % cols,
@@ -592,8 +620,9 @@ class SQLStore:
                 acc.add(r, r.counters())
             self._apply_rollups(cur, accs)
 
-    def _has_nz(self, cur: Any) -> bool:
-        return True
+    def _columns(self, cur: Any) -> set[str]:
+        """Release columns the backend has (empty: all of _COLS)."""
+        return set()
 
     def put_status(self, device: str, doc: dict[str, Any], received: Optional[float] = None) -> bool:
         """Keep ``doc`` as ``device``'s latest status (docs/FORMAT.md section 3); True if anything changed.
@@ -717,12 +746,15 @@ class SQLStore:
                       devices: Optional[Iterable[str]] = None,
                       windows: Optional[Iterable[tuple[int, int]]] = None) -> int:
         """Releases that overlap [since, until) without lying inside it (cannot be split).
+        Tree-mode nodes are not counted (host_tools.query.cover uses smaller ones).
 
         ``windows`` ((win_s, win) pairs) restricts the count to those windows.
         """
         lo = since if since is not None else -1
         hi = until if until is not None else 1 << 62
-        base = "SELECT COUNT(*) FROM releases WHERE t0 < ? AND t1 > ? AND NOT (t0 >= ? AND t1 <= ?)"
+        # tree nodes are not counted: smaller nodes of the same device cover what a straddling one holds
+        base = ("SELECT COUNT(*) FROM releases WHERE t0 < ? AND t1 > ? AND NOT (t0 >= ? AND t1 <= ?) "
+                "AND mode != 'tree'")
         args: list[Any] = [hi, lo, lo, hi]
         if devices is not None:
             devs = list(devices)
@@ -871,8 +903,8 @@ class Store(SQLStore):
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
-        has_nz = self._retry_locked(lambda: self._has_nz(self.db))
-        self._cols = ", ".join(c if c != "nz" or has_nz else "2 AS nz" for c in _COLS)
+        have = self._retry_locked(lambda: self._columns(self.db))
+        self._cols = ", ".join(c if not have or c in have else "%s AS %s" % (_DEFAULTS[c], c) for c in _COLS)
         v = self._retry_locked(lambda: self._meta("schema_version"))
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
@@ -928,9 +960,9 @@ class Store(SQLStore):
     def __enter__(self) -> "Store":
         return self
 
-    def _has_nz(self, cur: Any) -> bool:
-        cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
-        return not cols or "nz" in cols  # no table yet (read-only open of an empty file): nothing to adapt
+    def _columns(self, cur: Any) -> set[str]:
+        """Columns of the releases table (empty: no table yet, nothing to adapt)."""
+        return {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
 
     def _init_schema(self, cur: sqlite3.Cursor) -> None:
         for stmt in _SCHEMA.split(";"):
@@ -939,6 +971,8 @@ class Store(SQLStore):
         cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
         if "nz" not in cols:  # a database from before releases carried nz (see module docstring)
             cur.execute("ALTER TABLE releases ADD COLUMN nz INTEGER NOT NULL DEFAULT 2")
+        if "lvl" not in cols:  # from before format v2
+            cur.execute("ALTER TABLE releases ADD COLUMN lvl INTEGER NOT NULL DEFAULT 0")
         rcols = {r[1] for r in cur.execute("PRAGMA table_info(rejections)").fetchall()}
         if "seq" not in rcols:  # before status told lost from rejected releases: attribute the old ones
             cur.execute("ALTER TABLE rejections ADD COLUMN seq INTEGER")

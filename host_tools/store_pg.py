@@ -66,7 +66,7 @@ _PUT_ARGS = ("device text", "elo bigint", "ehi bigint", "part bigint", "seq bigi
              "ep_s bigint", "t0 bigint", "t1 bigint", "mode text", "kind text", "d bigint", "w bigint", "hv bigint",
              "salt text", "clip bigint", "mech text", "budget_num bigint", "budget_den bigint", "nint_num bigint",
              "nint_den bigint", "nout_num bigint", "nout_den bigint", "nz bigint", "L bigint", "sha256 text",
-             "payload bytea", "ctr_off bigint", "topic text", "received double precision")
+             "payload bytea", "ctr_off bigint", "topic text", "received double precision", "lvl bigint")
 
 # One release in one round trip: the same checks as SQLStore._insert, in a PL/pgSQL block whose EXCEPTION
 # clause makes it a subtransaction (a savepoint per release: an error rolls back this release alone).
@@ -85,6 +85,12 @@ BEGIN
       SELECT x.salt, x.hv, x.kind, x.d, x.w, x.ep_s INTO dv FROM devices x WHERE x.device = a_device;
       IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM (a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) THEN
         RETURN 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
+      END IF;
+      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device
+         AND ((x.mode = 'tree') <> (a_mode = 'tree') OR (x.mode = 'tree' AND (x.L <> a_L OR x.win_s <> a_win_s)))
+       LIMIT 1;
+      IF FOUND THEN  -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
+        RETURN 'shape:' || json_build_array(dv.mode, dv.L, dv.win_s)::text;
       END IF;
       INSERT INTO releases (%(cols)s) VALUES (%(vals)s) ON CONFLICT (device, elo, ehi, part) DO NOTHING;
       GET DIAGNOSTICS n = ROW_COUNT;
@@ -182,6 +188,7 @@ class PgStore(SQLStore):
         for stmt in pg_schema():
             cur.execute(stmt)
         # releases are written once and rarely read; counters hardly compress: no pglz on every insert
+        cur.execute("ALTER TABLE releases ADD COLUMN IF NOT EXISTS lvl BIGINT NOT NULL DEFAULT 0")  # before v2
         cur.execute("ALTER TABLE releases ALTER COLUMN payload SET STORAGE EXTERNAL")
         cur.execute("ALTER TABLE rollups ALTER COLUMN sums SET STORAGE EXTERNAL")
         cur.execute(_PUT_FN)
@@ -265,7 +272,7 @@ def _put_args(p: Pending) -> tuple[Any, ...]:
     return (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
             rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
             rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, p.topic,
-            p.received)
+            p.received, rel.lvl)
 
 
 def _apply_result(p: Pending, res: str) -> None:
@@ -288,6 +295,13 @@ def _apply_result(p: Pending, res: str) -> None:
         p.status = "rejected"
         p.rej = Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
                          "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+    elif kind == "shape":
+        mode, L, win_s = json.loads(rest)
+        p.status = "rejected"
+        p.rej = Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
+                         "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
+                         "query would count events twice; give the reconfigured device a new id"
+                         % (rel.dev, mode, L, win_s, rel.mode, rel.L, rel.win_s))
     else:
         p.status = "error"
         p.error = StoreError("storing release %s seq %d failed: %s" % (rel.dev, rel.seq, rest))

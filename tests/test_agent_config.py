@@ -81,7 +81,7 @@ BAD = [
     ("d = 3", 'd = "3"', "sketch.d", "integer"),
     ('kind = "cms"', 'kind = "bloom"', "sketch.kind", "'cms' or 'cs'"),
     ("epoch_s = 900", "epoch_s = 700", "privacy.epoch_s", "divide"),
-    ('mode = "keep"', 'mode = "tree"', "privacy.mode", "window"),
+    ('mode = "keep"', 'mode = "binary"', "privacy.mode", "window"),
     ('mechanism = "dlap"', 'mechanism = "laplace"', "privacy.mechanism", "dlap"),
     ('id = "pi-1"', 'id = "pi 1"', "device.id", "letters"),
     ('id = "pi-1"\n', "", "device.id", "required"),

@@ -58,7 +58,7 @@ REC_ATTRS = {
     "_pending": "public", "nz": "public", "resumed": "public", "last_persist": "public",
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
-SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs"}
+SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "arrays"}
 RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public"}
 
 
