@@ -742,6 +742,10 @@ class SQLStore:
         for d, w, off, blob in self._iter(sql, args):
             yield np.frombuffer(blob, dtype="<i4", count=d * w, offset=off).reshape(d, w)
 
+    def has_tree(self) -> bool:
+        """True if any tree-mode release is stored (they are never rolled up)."""
+        return bool(self._q("SELECT 1 FROM releases WHERE mode = 'tree' LIMIT 1"))
+
     def count_partial(self, since: Optional[float], until: Optional[float],
                       devices: Optional[Iterable[str]] = None,
                       windows: Optional[Iterable[tuple[int, int]]] = None) -> int:
