@@ -257,3 +257,35 @@ def test_range_interval_coverage(tmp_path, kind, mech, budget):
           % (kind, mech, rate, conf, n, np.mean(widths)))
     assert rate >= conf - 0.02, rate
     assert all(math.isfinite(x) for x in widths)
+
+
+# -- host validation of tree nodes ---------------------------------------------------------------
+
+def _tree_map(**kw):
+    import array
+
+    from agent import release
+
+    p = tparams("val")
+    m = release.release_map(p, 3, E0 + 4, E0 + 8, 0, array.array("i", [0] * (p.d * p.w)), 2, 2)
+    m["ctr"] = bytes(m["ctr"])
+    m.update(kw)
+    return m
+
+
+@pytest.mark.parametrize("name,kw,code", [
+    ("misaligned", dict(elo=E0 + 2, ehi=E0 + 6, win=(E0 + 2) * EP // (EP * 16)), "schema"),
+    ("wrong-length", dict(ehi=E0 + 7), "schema"),
+    ("level-above-root", dict(lvl=5, elo=E0, ehi=E0 + 32), "schema"),
+    ("horizon-mismatch", dict(win_s=EP * 8, win=(E0 + 4) // 8), "schema"),
+    ("L-1-calibration", dict(L=1, win_s=EP, lvl=0, ehi=E0 + 5, win=E0 + 4), "noise"),
+    ("too-many-levels", dict(L=25), "schema"),
+])
+def test_tree_node_validation(name, kw, code):
+    from agent import cbor
+    from host_tools.decode import Rejected, decode
+
+    decode(cbor.dumps(_tree_map()))  # the unmodified node is valid
+    with pytest.raises(Rejected) as ei:
+        decode(cbor.dumps(_tree_map(**kw)))
+    assert ei.value.code == code, (name, ei.value.reason)
