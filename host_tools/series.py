@@ -268,8 +268,8 @@ def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float],
                 print(json.dumps(d, ensure_ascii=False))
         return 0
     width = max(8, min(40, max(len(ln.label) for ln in s.lines)))
-    print("# %d s buckets; %g%% intervals per point; * = interval includes 0; DRAWS = noise draws per cell "
-          "combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))
+    print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
+          "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))
     print("%-*s  %-20s  %12s  %-24s %6s  %12s  %-24s %6s" % (width, "LINE", "FROM (UTC)", "ESTIMATE", "INTERVAL",
                                                             "DRAWS", "RUNNING", "INTERVAL", "DRAWS"))
     for ln in s.lines:
@@ -279,11 +279,12 @@ def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float],
             else:
                 line = "%-*s  %-20s  %12s  %-24s %6d" % (
                     width, ln.label[:width], iso(p.t0), query._fmt(p.answer.estimate),
-                    "[%s, %s]%s" % (query._fmt(p.answer.lo), query._fmt(p.answer.hi), " *" if p.includes_zero else ""),
-                    p.answer.noise_draws)
+                    "[%s, %s]" % (query._fmt(p.answer.lo), query._fmt(p.answer.hi)), p.answer.noise_draws)
             r = p.running
             if r is not None:
                 line += "  %12s  %-24s %6d" % (query._fmt(r.estimate), "[%s, %s]" % (query._fmt(r.lo), query._fmt(r.hi)),
                                                r.noise_draws)
+            if p.answer is not None and p.includes_zero:
+                line += " *"  # the point's interval (not the running one) includes 0
             print(line)
     return 0

@@ -284,3 +284,19 @@ def test_failed_release_keeps_the_node_and_retries_without_growing(tmp_path, mon
     root_want = exact(p, [x for k in range(4) for x in events_of(k)] + ["late"] * 3 + ["lost-for-levels-0-1"])
     assert np.abs(c[(2, 0)] - root_want).max() <= 1
     assert late.any()
+
+
+def test_daemon_batch_path_updates_every_level(tmp_path):
+    """agent/batch.py (the Pi daemon's numpy path) adds a chunk to all L open accumulators."""
+    from agent.batch import add_batch
+
+    p = params(kind="cs")
+    items = ["it-%d" % (i % 300) for i in range(2000)] + [5, b"x"]
+    weights = [(-1) ** i for i in range(len(items))]
+    a = make(p, str(tmp_path / "a"), T0, rng=Rng(DeterministicSource("b")), log=quiet)
+    b = make(p, str(tmp_path / "b"), T0, rng=Rng(DeterministicSource("b")), log=quiet)
+    a.add_many(items, weights, adder=add_batch)
+    b.add_many(items, weights)
+    for x, y in zip(a.nodes, b.nodes):
+        assert x.tobytes() == y.tobytes()
+    assert not a.relbuf.tobytes().strip(b"\0")
