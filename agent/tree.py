@@ -46,6 +46,9 @@ The other nodes resume from flash and get a fresh draw before counting
 again (no noise is re-drawn for anything released).
 """
 
+import hashlib
+import struct
+
 from agent import hashing, release, storage
 from agent.noise import add_noise, wrap32
 from agent.rng import Rng
@@ -59,6 +62,109 @@ STALE = 3  # persisted, but the fresh draw after the write failed: no events unt
 
 def _log(msg):
     print("pansketch: " + msg)
+
+
+# -- the tree-mode state file (docs/FORMAT.md section 6) --------------------
+TREE_MAGIC = b"PSKT"
+TREE_VERSION = 1
+# magic, version, levels, pad, fingerprint(8), seq, ncells per array
+_THDR = "<4sBB2x8sII"
+_THDR_LEN = struct.calcsize(_THDR)
+# per level: node start epoch, part, noise draws, status (0 open, 1 closed awaiting its release)
+_TLVL = "<qIIB3x"
+_TLVL_LEN = struct.calcsize(_TLVL)
+
+
+def write_tree_state(path, fingerprint, seq, nodes, arrays):
+    """Persist all L node accumulators (only ever noisy) in one file.
+
+    ``nodes`` is a list of (elo, part, nz, status) per level, ``arrays``
+    the L counter arrays. Header, level table, L*ncells int32, SHA-256.
+    """
+    n = len(arrays[0])
+    hdr = struct.pack(_THDR, TREE_MAGIC, TREE_VERSION, len(arrays), fingerprint, seq, n)
+    tab = b""
+    for (elo, part, nz, status) in nodes:
+        tab += struct.pack(_TLVL, elo, part, nz, status)
+    h = hashlib.sha256(hdr)
+    h.update(tab)
+    for a in arrays:
+        h.update(a)
+
+    def body(write):
+        write(hdr)
+        write(tab)
+        for a in arrays:
+            write(a)
+        write(h.digest())
+
+    storage.write_atomic(path, body)
+
+
+def read_tree_state(path, fingerprint, arrays):
+    """Load a tree state into the preallocated ``arrays``.
+
+    Returns (seq, [(elo, part, nz, status) per level]) or None; raises
+    StateError if the file is corrupt or was made with other parameters.
+    """
+    storage.recover(path, _tree_complete)
+    if not storage.exists(path):
+        return None
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_THDR_LEN)
+        if len(hdr) != _THDR_LEN:
+            raise storage.StateError("state file %s is truncated" % path)
+        magic, ver, levels, fp, seq, n = struct.unpack(_THDR, hdr)
+        if magic != TREE_MAGIC or ver != TREE_VERSION:
+            raise storage.StateError("state file %s has an unknown format" % path)
+        if fp != fingerprint or levels != len(arrays) or n != len(arrays[0]):
+            raise storage.StateError(
+                "state file %s was written with different parameters; "
+                "restore the old config or move the directory away" % path
+            )
+        tab = f.read(_TLVL_LEN * levels)
+        if len(tab) != _TLVL_LEN * levels:
+            raise storage.StateError("state file %s is truncated" % path)
+        h = hashlib.sha256(hdr)
+        h.update(tab)
+        for a in arrays:
+            if f.readinto(a) != 4 * n:
+                raise storage.StateError("state file %s is truncated" % path)
+            h.update(a)
+        trailer = f.read(32)
+        if len(trailer) != 32 or f.read(1):
+            raise storage.StateError("state file %s is truncated" % path)
+    finally:
+        f.close()
+    if h.digest() != trailer:
+        raise storage.StateError("state file %s fails its checksum" % path)
+    nodes = []
+    for i in range(levels):
+        elo, part, nz, status = struct.unpack_from(_TLVL, tab, i * _TLVL_LEN)
+        nodes.append((elo, part, nz, status))
+    return (seq, nodes)
+
+
+def _tree_complete(path):
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_THDR_LEN)
+        if len(hdr) != _THDR_LEN or hdr[:4] != TREE_MAGIC:
+            return False
+        levels = hdr[5]
+        n = struct.unpack(_THDR, hdr)[-1]
+        h = hashlib.sha256(hdr)
+        left = _TLVL_LEN * levels + 4 * n * levels
+        while left > 0:
+            chunk = f.read(min(left, 512))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        return f.read(32) == h.digest() and not f.read(1)
+    finally:
+        f.close()
 
 
 class TreeRecorder:
@@ -189,7 +295,7 @@ class TreeRecorder:
                 storage.remove(self.outbox.path(s, ".tmp"))
         cur = now // self.p.epoch_s
         L = len(self.nodes)
-        st = storage.read_tree_state(self.state_path, self._fp, self.nodes)
+        st = read_tree_state(self.state_path, self._fp, self.nodes)
         if st is None:
             self.seq = last + 1 if last is not None else 0
             self.marks = marks[-1:]
@@ -323,7 +429,7 @@ class TreeRecorder:
         for lv in range(len(self.nodes)):
             tab.append((self.lo[lv], self.parts[lv], self.nzs[lv], 1 if self.status[lv] == CLOSED else 0))
         try:
-            storage.write_tree_state(self.state_path, self._fp, self.seq, tab, self.nodes)
+            write_tree_state(self.state_path, self._fp, self.seq, tab, self.nodes)
         except OSError as exc:
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False

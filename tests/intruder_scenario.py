@@ -122,7 +122,9 @@ def tree_snapshot(op, rec, n_events, root):
     for _ in range(rec.p.levels):
         bufs.append(array.array("i", bytes(4 * rec.p.d * rec.p.w)))
     try:
-        if storage.read_tree_state(storage.join(root, "state.bin"), rec._fp, bufs) is not None:
+        from agent.tree import read_tree_state
+
+        if read_tree_state(storage.join(root, "state.bin"), rec._fp, bufs) is not None:
             flash = []
             for b in bufs:
                 flash.append(list(b))
