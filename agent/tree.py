@@ -192,8 +192,9 @@ class TreeRecorder:
         self.parts = [0] * L
         self.nzs = [0] * L  # internal noise draws per cell in each accumulator
         self.status = [PENDING] * L
-        self.marks = []  # (seq, elo, ehi, part) committed since the last state write
+        self.marks = []  # (seq, elo, ehi, part) of releases boot may need (see _keep)
         self.state_seq = 0  # seq recorded in the last state file written
+        self.state_keys = []  # (elo, ehi, part) of the nodes in the last state file written
         self.seq = 0
         self.resumed = False
         self.last_persist = now
@@ -284,6 +285,33 @@ class TreeRecorder:
             return (cur - cur % (1 << lv), 0)
         return (elo, part + 1)  # flush, or a clock behind the released node
 
+    def _keep(self, marks, cur):
+        """The marker lines boot can need, at most 2L + 1 (the file is
+        rewritten at every release, so it must stay small):
+
+        * releases of nodes in the last state file written (a node whose
+          key is listed is not resumed: nothing is released twice);
+        * per node range that has not ended (a flush, or a clock behind),
+          its highest released part (the next part must be higher);
+        * the last release (its seq; the clock-behind rule).
+        """
+        keep = []
+        best = {}
+        for m in marks:
+            if (m[1], m[2], m[3]) in self.state_keys and m[0] >= self.state_seq:
+                keep.append(m)
+            elif cur is None or m[2] > cur:
+                b = best.get((m[1], m[2]))
+                if b is None or m[3] > b[3]:
+                    best[(m[1], m[2])] = m
+        for k in best:
+            if best[k] not in keep:
+                keep.append(best[k])
+        if marks and marks[-1] not in keep:
+            keep.append(marks[-1])
+        keep.sort()
+        return keep
+
     # -- start-up --------------------------------------------------------
     def _boot(self, now):
         marks = storage.read_markers(self.marker_path)
@@ -298,12 +326,12 @@ class TreeRecorder:
         st = read_tree_state(self.state_path, self._fp, self.nodes)
         if st is None:
             self.seq = last + 1 if last is not None else 0
-            self.marks = marks[-1:]
+            self.marks = self._keep(marks, cur)
             self.state_seq = self.seq
             e = cur
             for m in marks:
-                if m[2] - 1 > e:
-                    e = m[2] - 1  # the clock is behind a release: count into its last epoch
+                if m[1] > e:
+                    e = m[1]  # the clock is behind a release: count into the epoch it started at
             for lv in range(L):
                 a = e - e % (1 << lv)
                 part = 0
@@ -320,8 +348,9 @@ class TreeRecorder:
             return
         seq, tab = st
         self.state_seq = seq
-        self.marks = [m for m in marks if m[0] >= seq]
-        released = [(m[1], m[2], m[3]) for m in self.marks]
+        self.state_keys = [(tab[lv][0], tab[lv][0] + (1 << lv), tab[lv][1]) for lv in range(L)]
+        released = [(m[1], m[2], m[3]) for m in marks if m[0] >= seq]
+        self.marks = self._keep(marks, cur)
         self.seq = seq if last is None or last < seq else last + 1
         for lv in range(L):
             elo, part, nz, status = tab[lv]
@@ -434,7 +463,10 @@ class TreeRecorder:
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False
         self.state_seq = self.seq
-        self.marks = self.marks[-1:]  # older lines now describe nothing in the state file
+        self.state_keys = []
+        for lv in range(len(self.nodes)):
+            self.state_keys.append((self.lo[lv], self.lo[lv] + (1 << lv), self.parts[lv]))
+        self.marks = self._keep(self.marks, None)  # lines about older state files are not needed
         for lv in range(len(self.nodes)):
             if self.status[lv] == OPEN:
                 self.status[lv] = STALE  # no event may be counted between the write and the draw
@@ -463,7 +495,7 @@ class TreeRecorder:
         part = self.parts[lv]
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nzs[lv] + 1
-        marks = self.marks + [(s, elo, ehi, part)]
+        marks = self._keep(self.marks + [(s, elo, ehi, part)], None if now is None else now // self.p.epoch_s)
         try:
             if self.outbox.full():
                 raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)

@@ -266,7 +266,7 @@ TREE_REC_ATTRS = {
     "relbuf": "scratch",  # the ONE shared scratch array, all zeros between calls
     "root": "public", "state_path": "public", "marker_path": "public", "_fp": "public",
     "lo": "public", "parts": "public", "nzs": "public", "status": "public", "marks": "public",
-    "state_seq": "public", "seq": "public", "resumed": "public", "last_persist": "public",
+    "state_seq": "public", "state_keys": "public", "seq": "public", "resumed": "public", "last_persist": "public",
 }
 
 

@@ -300,3 +300,23 @@ def test_daemon_batch_path_updates_every_level(tmp_path):
     for x, y in zip(a.nodes, b.nodes):
         assert x.tobytes() == y.tobytes()
     assert not a.relbuf.tobytes().strip(b"\0")
+
+
+def test_marker_stays_small_and_flush_parts_survive_a_restart_without_state(tmp_path):
+    """The marker is rewritten at every release: it keeps at most 2L + 1 lines
+    however long the device runs without persisting; and after a flush and a
+    restart with no state file, the next parts do not reuse released keys."""
+    p = params(levels=4)
+    rec = make(p, str(tmp_path), T0, rng=Rng(DeterministicSource("mk")), log=quiet)
+    drive(rec, 200)
+    lines = storage.read_markers(rec.marker_path)
+    assert len(lines) <= 2 * 4 + 1 and lines[-1][0] == rec.seq - 1
+    rec.add("x")
+    assert rec.flush(T0 + 200 * EP + 5) == 4  # all four open nodes, part 0
+    storage.remove(rec.state_path)
+    rec2 = make(p, str(tmp_path), T0 + 200 * EP + 9, rng=Rng(DeterministicSource("mk2")), log=quiet)
+    assert rec2.parts == [1, 1, 1, 1] and not rec2.resumed
+    rec2.add("y")
+    rec2.tick(T0 + 208 * EP)
+    keys = [decode(b).key for b in outbox(tmp_path)]
+    assert len(keys) == len(set(keys))
