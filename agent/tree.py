@@ -38,10 +38,11 @@ Memory: L accumulators of d*w int32 plus ONE shared scratch array (release
 copy, or a fresh draw staged before it touches an accumulator), all zeros
 between calls.
 
-Crash safety: the marker file lists every release committed since the last
-state write ("seq elo ehi part" per line). At boot a node of the state file
-whose key is listed was released after the state was written: it is not
-resumed (nothing is released twice) and the next node of its level opens.
+Crash safety: the marker file lists the releases boot may need ("seq elo
+ehi part" per line, at most 2L + 1: see ``_keep``). At boot a node of the
+state file whose key is listed was released after the state was written:
+it is not resumed (nothing is released twice) and the next node of its
+level opens.
 The other nodes resume from flash and get a fresh draw before counting
 again (no noise is re-drawn for anything released).
 """
