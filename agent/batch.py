@@ -56,8 +56,11 @@ def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]]
         wts = np.broadcast_to(vals[:, None], (n, d))
     # exact: bincount's float64 sums are exact below 2**53 (clip * events in a chunk)
     tot = np.bincount(idx.ravel(), weights=wts.ravel(), minlength=d * w)
-    cells = np.frombuffer(sk.counters, dtype=np.int32)  # a view: writes go to the array
-    cells += tot.astype(np.int64).astype(np.int32)  # int32 arithmetic wraps mod 2**32 (wrap32)
+    add = tot.astype(np.int64).astype(np.int32)
+    for arr in (sk.arrays if sk.arrays is not None else (sk.counters,)):  # tree mode: every open level
+        cells = np.frombuffer(arr, dtype=np.int32)  # a view: writes go to the array
+        cells += add  # int32 arithmetic wraps mod 2**32 (wrap32)
+    add.fill(0)
     for a in (words, idx, vals, tot):
         a.fill(0)
     if sk.signed:

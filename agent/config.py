@@ -39,6 +39,7 @@ PARAM_KEYS: dict[str, str] = {
     "privacy.mode": "mode",
     "privacy.window_s": "window_s",
     "privacy.epoch_s": "epoch_s",
+    "privacy.levels": "levels",
     "privacy.mechanism": "mechanism",
     "privacy.budget": "budget",
     "storage.persist_s": "persist_s",
@@ -57,7 +58,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": BROKER_KEYS,
     "device": ("id", "salt"),
     "sketch": ("kind", "d", "w", "clip", "b", "map"),
-    "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s"),
+    "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s", "levels"),
     "storage": ("dir", "persist_s", "outbox_max"),
     "source": SOURCE_KEYS,
 }

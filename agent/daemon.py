@@ -103,7 +103,7 @@ class Agent:
 
     def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None) -> None:
         from agent.publisher import Publisher
-        from agent.recorder import make_recorder
+        from agent.recorder import make
         from agent.sources import make_source
 
         self.cfg = cfg
@@ -111,8 +111,8 @@ class Agent:
         self.log = _logger(cfg.device, args.quiet)
         self.clock = Clock(args.clock_start, args.clock_speed)
         rng = _make_rng(args, self.log)
-        self.rec = make_recorder(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log,
-                                 outbox_max=cfg.outbox_max)
+        self.rec = make(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log,
+                        outbox_max=cfg.outbox_max)
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=8)  # few raw events in flight (pan-privacy)
         scfg = cfg.source
         if source_type is not None and source_type != scfg.type:
@@ -313,18 +313,35 @@ def cmd_check(args: argparse.Namespace) -> int:
     name, g = calibrate.guarantee(p.noise, 1 if p.kind == "dbits" else p.d, p.clip, p.arrays)
     elo = int(time.time()) // p.epoch_s  # today's epoch numbers: the same metadata widths as a real release
     size = len(release.encode(p, 0, elo, elo + 1, 0, new_counters(p.cells)))
+    if p.mode == "tree":  # a node of today's largest level: the same widths as a real one
+        lv = p.levels - 1
+        a = elo - elo % (1 << lv)
+        size = len(release.encode(p, 0, a, a + (1 << lv), 0, new_counters(p.cells), 2, lv))
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
     print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.cells))
     print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
           % ((2**31 - 1) // p.clip, p.clip))
-    print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))
+    if p.mode == "tree":
+        print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
+              % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))
+        print("memory      %d accumulators + 1 scratch = %d bytes of counters"
+              % (p.levels, 4 * (p.levels + 1) * p.d * p.w))
+    else:
+        print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))
     what = "discrete Gaussian sigma^2" if p.noise.mech == "dgauss" else "discrete Laplace scale t"
     print("noise       %s = %s per cell, drawn twice (internal + output)"
           % (what, calibrate.ratio_str((p.noise.num, p.noise.den))))
     print("guarantee   %s = %s for each event, against all releases plus one intrusion (docs/PRIVACY.md)"
           % (name, calibrate.ratio_str(g)))
-    print("release     %d bytes to %s" % (size, cfg.topic("release")))
+    print("release     %d bytes to %s%s" % (size, cfg.topic("release"),
+                                            ", %.3f releases per epoch on average" % (2 - 2.0 ** (1 - p.levels))
+                                            if p.mode == "tree" else ""))
+    from agent import plan
+
+    lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
+    for line in plan.report(p, lengths, args.levels):
+        print(line)
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
     warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
@@ -429,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "is down)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for the broker (default %(default)s)")
+    p.add_argument("--range-epochs", type=int, action="append", metavar="K",
+                   help="range lengths (epochs) your queries use: compares window/keep and tree noise for them "
+                        "(repeatable; default 1, 24, 168, 720, 10080)")
+    p.add_argument("--levels", type=int, metavar="L", help="tree levels to compare with (default: the config's, or 8)")
     p.set_defaults(func=cmd_check)
     return parser
 

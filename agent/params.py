@@ -11,6 +11,9 @@ from agent import calibrate, hashing
 from agent.sketch import KINDS
 
 
+MAX_LEVELS = 24  # 2**23 epochs per tree; memory (L arrays) is the real limit
+
+
 class ParamError(ValueError):
     """A bad parameter; ``key`` names it."""
 
@@ -34,8 +37,12 @@ class Params:
 
     Keys (defaults): device (required), salt (required), kind ('cs'),
     d (4), w (1024), clip (1), mode ('window'), window_s (3600),
-    epoch_s (= window_s in window mode, 600 in keep mode), mechanism
-    ('dgauss'), budget ('1/2': rho for dgauss, eps for dlap),
+    epoch_s (= window_s in window mode, 600 in keep mode, 3600 in tree
+    mode), levels (tree mode only, default 8: L, the arrays one event
+    touches; the tree's horizon is 2**(L-1) epochs and window_s is derived
+    as epoch_s * 2**(L-1)), mechanism ('dgauss'), budget ('1/2': rho for
+    dgauss, eps for dlap: the per-event guarantee against every release
+    plus one intrusion, in tree mode over all L nodes holding the event),
     persist_s (600: each persist adds one noise draw to the release, docs/PRIVACY.md).
     Kind 'dcs' only: b (16, domain bits) and map ([1, 1, 0]: scale_num,
     scale_den, offset of the reading -> domain map, agent/dcs.py).
@@ -62,15 +69,28 @@ class Params:
         self.w = _int(cfg, "w", 1024, 2, 1 << 24)
         self.clip = _int(cfg, "clip", 1, 1, 1 << 20)
         self.mode = cfg.get("mode", "window")
-        if self.mode not in ("window", "keep"):
-            raise ParamError("mode", "must be 'window' or 'keep' (tree is not implemented yet), got %r" % (self.mode,))
-        self.window_s = _int(cfg, "window_s", 3600, 1, 366 * 86400)
-        default_epoch = self.window_s if self.mode == "window" else min(600, self.window_s)
-        self.epoch_s = _int(cfg, "epoch_s", default_epoch, 1, self.window_s)
-        if self.window_s % self.epoch_s:
-            raise ParamError("epoch_s", "must divide window_s (%d)" % self.window_s)
-        if self.mode == "window" and self.epoch_s != self.window_s:
-            raise ParamError("epoch_s", "must equal window_s in window mode (use mode = 'keep' for epochs)")
+        if self.mode not in ("window", "keep", "tree"):
+            raise ParamError("mode", "must be 'window', 'keep' or 'tree', got %r" % (self.mode,))
+        if self.mode == "tree":
+            # L levels 0..L-1; a level-l node covers 2**l epochs aligned to
+            # absolute epoch 0; the root (level L-1) is the horizon: one tree.
+            self.levels = _int(cfg, "levels", 8, 1, MAX_LEVELS)
+            self.epoch_s = _int(cfg, "epoch_s", 3600, 1, 366 * 86400)
+            self.window_s = self.epoch_s << (self.levels - 1)
+            if "window_s" in cfg and cfg["window_s"] != self.window_s:
+                raise ParamError("window_s", "is derived in tree mode: epoch_s * 2**(levels-1) = %d (leave it out)"
+                                 % self.window_s)
+        else:
+            if "levels" in cfg and cfg["levels"] != 1:
+                raise ParamError("levels", "only tree mode has levels")
+            self.levels = 1
+            self.window_s = _int(cfg, "window_s", 3600, 1, 366 * 86400)
+            default_epoch = self.window_s if self.mode == "window" else min(600, self.window_s)
+            self.epoch_s = _int(cfg, "epoch_s", default_epoch, 1, self.window_s)
+            if self.window_s % self.epoch_s:
+                raise ParamError("epoch_s", "must divide window_s (%d)" % self.window_s)
+            if self.mode == "window" and self.epoch_s != self.window_s:
+                raise ParamError("epoch_s", "must equal window_s in window mode (use mode = 'keep' for epochs)")
         self.mechanism = cfg.get("mechanism", "dgauss")
         if self.mechanism not in calibrate.MECHANISMS:
             raise ParamError("mechanism", "must be 'dlap' or 'dgauss', got %r" % (self.mechanism,))
@@ -82,9 +102,10 @@ class Params:
             raise ParamError("budget", "must be positive")
         self.persist_s = _int(cfg, "persist_s", 600, 1, 86400)
         # kind dcs (agent/dcs.py): b domain bits, b + 1 levels of d x w, one event touches all levels
+        # (dcs_levels; not the tree's levels, which is L in tree mode and 1 otherwise)
         self.b = 0
         self.map = None
-        self.levels = 1
+        self.dcs_levels = 1
         if self.kind == "dcs":
             self.b = _int(cfg, "b", 16, 1, 62)  # agent.dcs.MAX_B (not imported: boards load dcs only for kind dcs)
             m = cfg.get("map", [1, 1, 0])
@@ -94,11 +115,15 @@ class Params:
             if not (0 < m[0] < 1 << 62 and 0 < m[1] < 1 << 62 and -(1 << 62) < m[2] < 1 << 62):
                 raise ParamError("map", "scale_num and scale_den must be in [1, 2^62), |offset| < 2^62")
             self.map = (m[0], m[1], m[2])
-            self.levels = self.b + 1
+            self.dcs_levels = self.b + 1
         elif "b" in cfg or "map" in cfg:
             raise ParamError("b" if "b" in cfg else "map", "only applies to kind 'dcs'")
-        self.cells = self.levels * self.d * self.w
-        self.arrays = calibrate.arrays_touched(self.mode) * self.levels
+        if self.mode == "tree" and self.kind not in ("cms", "cs"):
+            # a tree of dcs would hold L x (b + 1) arrays (calibration arrays = L * (b + 1)) and
+            # a tree of dbits has no count-noise chain: neither is implemented (docs/PRIVACY.md)
+            raise ParamError("kind", "tree mode supports kinds cms and cs, got %r" % (self.kind,))
+        self.cells = self.dcs_levels * self.d * self.w
+        self.arrays = calibrate.arrays_touched(self.mode, self.levels) * self.dcs_levels
         if self.kind == "dbits":
             # agent/dbits.py: d levels of w bits; the release is d counts with dlap(1/eps) noise (one
             # item moves one count by at most 1); the bits' bias eps/4 needs eps <= 2

@@ -1,4 +1,4 @@
-"""Release messages: what leaves a device (format version 1, docs/FORMAT.md).
+"""Release messages: what leaves a device (format version 2, docs/FORMAT.md).
 
 A release is a deterministic-CBOR map (agent.cbor) of integers, text and
 one byte string: the noisy counters as d*w little-endian int32 values. Its
@@ -9,12 +9,13 @@ exact event count is included.
 
 from agent import cbor, hashing
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # v2 adds ``lvl`` (tree node level; 0 in window/keep mode). Hosts still read v1.
 
 
-def release_map(params, seq, elo, ehi, part, counters, nz=2):
+def release_map(params, seq, elo, ehi, part, counters, nz=2, lvl=0):
     """The release as a dict; ``counters`` is the noisy array('i') carrying
-    ``nz`` independent noise draws per cell (nz - 1 internal, 1 output)."""
+    ``nz`` independent noise draws per cell (nz - 1 internal, 1 output).
+    ``lvl`` is the tree level of the node [elo, ehi) (ehi - elo = 2**lvl)."""
     spec = params.noise
     m = {
         "v": FORMAT_VERSION,
@@ -33,6 +34,7 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2):
         "nout": [spec.num, spec.den],
         "nz": nz,
         "L": params.arrays,
+        "lvl": lvl,
         "win_s": params.window_s,
         "ep_s": params.epoch_s,
         "win": (elo * params.epoch_s) // params.window_s,
@@ -41,21 +43,16 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2):
         "part": part,
         "ctr": counters,
     }
-    if params.kind == "dbits":  # format version 2, no extra keys (docs/FORMAT.md)
-        m["v"] = 2
-        m["lvl"] = 0
-    if params.kind == "dcs":  # format version 2 (docs/FORMAT.md): lvl, and the kind's own keys
-        m["v"] = 2
-        m["lvl"] = 0
+    if params.kind == "dcs":  # the kind's own keys (docs/FORMAT.md); dbits has none
         m["b"] = params.b
         m["map"] = [params.map[0], params.map[1], params.map[2]]
     return m
 
 
-def encode_to(params, seq, elo, ehi, part, counters, write, nz=2):
+def encode_to(params, seq, elo, ehi, part, counters, write, nz=2, lvl=0):
     """Stream the encoded release through ``write`` (no full copy in RAM)."""
-    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters, nz), write)
+    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters, nz, lvl), write)
 
 
-def encode(params, seq, elo, ehi, part, counters, nz=2):
-    return cbor.dumps(release_map(params, seq, elo, ehi, part, counters, nz))
+def encode(params, seq, elo, ehi, part, counters, nz=2, lvl=0):
+    return cbor.dumps(release_map(params, seq, elo, ehi, part, counters, nz, lvl))

@@ -94,6 +94,9 @@ class Sketch:
         elif len(counters) != d * w:
             raise ValueError("counters have %d cells, need %d" % (len(counters), d * w))
         self.counters = counters
+        # tree mode (agent/tree.py): every event goes into each of these
+        # arrays (the open node of every level); None = ``counters`` only
+        self.arrays = None
         self._words = struct.Struct("<%dI" % d).unpack_from if _WORDS else None
         # Text items with d <= 8 (one SHA-256 block) take a shortcut with the
         # same bytes as hashing.digest (hash version 1): the hash state of
@@ -130,7 +133,7 @@ class Sketch:
             if not weight:
                 return
         hs = self._hs
-        if hs is not None and type(item) is str:
+        if hs is not None and type(item) is str and self.arrays is None:
             # CPython, text item: digest and add_stream inlined (the hot path)
             h = hs.copy()
             h.update(item.encode())
@@ -164,6 +167,9 @@ class Sketch:
         a small int. One pass, nothing kept: the sketch holds no record of
         which cells the last event touched (an intruder reads every byte).
         """
+        if self.arrays is not None:
+            self._add_stream_all(stream, weight)
+            return
         a = self.counters
         w = self.w
         neg = -weight
@@ -199,6 +205,23 @@ class Sketch:
                 a[j] = a[j] + (neg if (signed and b3 & 0x80) else weight)
                 o += 4
                 i += w
+
+    def _add_stream_all(self, stream, weight):
+        """add_stream into every array of ``self.arrays``: the cell index and
+        sign of each row are computed once and applied to all L arrays."""
+        arrays = self.arrays
+        w = self.w
+        signed = self.signed
+        for r in range(self.d):
+            o = 4 * r
+            b3 = stream[o + 3]
+            i = r * w + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
+            v = -weight if (signed and b3 & 0x80) else weight
+            for a in arrays:
+                nv = a[i] + v
+                if nv > INT32_MAX or nv < INT32_MIN:
+                    nv = wrap32(nv)
+                a[i] = nv
 
     def update_many(self, items, weights=None):
         """Batch update: clip each event, then hash each distinct item once.

@@ -251,7 +251,7 @@ def _state_complete(path):
 
 def _marker_complete(path):
     parts = read(path).split()
-    if len(parts) != 4:
+    if not parts or len(parts) % 4:
         return False
     for p in parts:
         if not p.isdigit():
@@ -265,10 +265,28 @@ def write_marker(path, seq, elo, ehi, part):
 
 def read_marker(path):
     """(seq, elo, ehi, part) of the last committed release, or None."""
+    lines = read_markers(path)
+    return lines[-1] if lines else None
+
+
+def write_markers(path, lines):
+    """Tree mode: the keys released since the last state write, one per line
+    ("<seq> <elo> <ehi> <part>", oldest first); the last line is the last release."""
+    out = []
+    for ln in lines:
+        out.append(("%d %d %d %d\n" % ln).encode())
+    write_atomic(path, out)
+
+
+def read_markers(path):
+    """All (seq, elo, ehi, part) lines of the marker, oldest first ([] if none)."""
     recover(path, _marker_complete)
     if not exists(path):
-        return None
+        return []
     parts = read(path).decode().split()
-    if len(parts) != 4:
+    if not parts or len(parts) % 4:
         raise StateError("marker %s is corrupt" % path)
-    return (int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]))
+    out = []
+    for i in range(0, len(parts), 4):
+        out.append((int(parts[i]), int(parts[i + 1]), int(parts[i + 2]), int(parts[i + 3])))
+    return out

@@ -50,7 +50,7 @@ import gc
 import sys
 
 from agent import hashing, storage
-from agent.recorder import Recorder, make_recorder
+from agent.recorder import make as make_recorder
 from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
 from firmware import clock, config
 from firmware.clock import MIN_VALID_UNIX
@@ -311,7 +311,11 @@ class App:
         now = self.clock.now()
         ep = self.p.epoch_s
         if now // ep >= rec.ehi:
-            rec.persist(now)  # nothing counted is lost if power fails during the commit
+            if self.p.mode != "tree":
+                # nothing counted is lost if power fails during the commit (in tree
+                # mode the other levels keep counting: a persist here would add a
+                # noise draw to every open node each epoch; persist_s decides)
+                rec.persist(now)
             if rec.tick(now):
                 self.link.status_dirty = True
                 self.outbox_hint = True
@@ -364,7 +368,7 @@ class App:
                     part = marker[3] + 1
             log("the open accumulator was dated by an unset clock; it now covers epochs [%d, %d)" % (elo, cur + 1))
             rec.redate(elo, cur + 1, part, now)
-        elif rec.ehi < cur + 1:
+        elif rec.ehi < cur + 1 and self.p.mode != "tree":  # tree nodes never grow: tick releases them
             log("the open accumulator [%d, %d) also holds events counted since boot: it now ends with epoch %d"
                 % (rec.elo, rec.ehi, cur))
             rec.redate(rec.elo, cur + 1, rec.part, now)

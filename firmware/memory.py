@@ -17,8 +17,10 @@ straight into the accumulator at boot (agent/storage.read_state), so
 BOOT_CELL, the extra per cell while it loads, is 0. The boot happens
 before WiFi/TLS come up (firmware/app.py allocates the sketch first), so
 the two peaks do not add. Window and keep mode need the same memory (one
-accumulator + one release buffer); tree mode is not implemented by the
-core yet (it would need L accumulators).
+accumulator + one release buffer). Tree mode holds L accumulators (one
+per level) and ONE shared scratch buffer: 4*(L+1) bytes per cell
+(``cell_bytes``), plus the tree module's code (TREE_CODE_*); the tree
+state file is read straight into the L accumulators (BOOT_CELL stays 0).
 
 The constants marked *measured* come from the MicroPython VM
 (tests/test_firmware_memory.py re-measures them and fails if they drift;
@@ -28,14 +30,20 @@ checked with ``report()`` on the real board.
 """
 
 # -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
-CODE_PY = 95500      # live heap of core + firmware + umqtt.simple imported from .py sources
-CODE_MPY = 66300     # ... imported from .mpy files (deploy/flash.sh --mpy)
-CODE_FROZEN = 21700  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
+CODE_PY = 96900      # live heap of core + firmware + umqtt.simple imported from .py sources
+CODE_MPY = 67300     # ... imported from .mpy files (deploy/flash.sh --mpy)
+CODE_FROZEN = 21900  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
 APP_FIXED = 3500     # App, Link, Wifi, source buffers, config object after boot
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
 BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
+TREE_CODE_PY = 10300 # agent/tree.py imported from .py (measured in the VM)
+TREE_CODE_MPY = 7300  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py)
+TREE_CODE_FROZEN = 2200  # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
+# tree mode, measured in the VM (host_tools/bench_core.py --tree-only, bench-results/tree.json):
+# microseconds per event (SHA-256 + counter updates of every level), cs d=4 w=256
+TREE_US_PER_EVENT = {1: 14.0, 8: 37.0, 12: 54.0, 16: 64.0, 24: 88.0}
 
 # -- assumed board profiles --------------------------------------------------
 # free:   Python heap free after boot with WiFi up, before importing pansketch.
@@ -65,32 +73,73 @@ def profile(name):
     raise ValueError("unknown board %r (known: %s)" % (name, ", ".join([k for k, _ in PROFILES])))
 
 
-def code_bytes(code):
+def code_bytes(code, levels=1):
+    """Heap of the imported code; tree mode (levels > 1) also imports agent/tree.py."""
     if code == "py":
-        return CODE_PY
-    if code == "mpy":
-        return CODE_MPY
-    if code == "frozen":
-        return CODE_FROZEN
-    raise ValueError("code must be py, mpy or frozen")
+        base, tree = CODE_PY, TREE_CODE_PY
+    elif code == "mpy":
+        base, tree = CODE_MPY, TREE_CODE_MPY
+    elif code == "frozen":
+        base, tree = CODE_FROZEN, TREE_CODE_FROZEN
+    else:
+        raise ValueError("code must be py, mpy or frozen")
+    return base + (tree if levels > 1 else 0)
 
 
-def max_cells(free, tls_heap, code="mpy", tls=True, max_events=64):
+def cell_bytes(levels=1):
+    """Steady heap per sketch cell: L accumulators + one scratch (window/keep: L = 1, 8 bytes)."""
+    return CELL if levels <= 1 else 4 * (levels + 1)
+
+
+def max_cells(free, tls_heap, code="mpy", tls=True, max_events=64, levels=1):
     """Largest d*w that fits in ``free`` bytes of heap (0 if none)."""
-    fixed = code_bytes(code) + APP_FIXED + RESERVE
+    fixed = code_bytes(code, levels) + APP_FIXED + RESERVE
     steady = free - fixed - (tls_heap if tls else 0) - STEP_EVENT * max_events
     boot = free - fixed
-    n = min(steady // CELL, boot // (CELL + BOOT_CELL))
+    cell = cell_bytes(levels)
+    n = min(steady // cell, boot // (cell + BOOT_CELL))
     return n if n > 0 else 0
 
 
-def need(d, w, tls_heap, code="mpy", tls=True, max_events=64):
+def need(d, w, tls_heap, code="mpy", tls=True, max_events=64, levels=1):
     """Heap (bytes) a d x w sketch needs at its worst moment."""
     n = d * w
-    fixed = code_bytes(code) + APP_FIXED + RESERVE
-    steady = fixed + CELL * n + STEP_EVENT * max_events + (tls_heap if tls else 0)
-    boot = fixed + (CELL + BOOT_CELL) * n
+    fixed = code_bytes(code, levels) + APP_FIXED + RESERVE
+    cell = cell_bytes(levels)
+    steady = fixed + cell * n + STEP_EVENT * max_events + (tls_heap if tls else 0)
+    boot = fixed + (cell + BOOT_CELL) * n
     return steady if steady > boot else boot
+
+
+def max_levels(free, tls_heap, d, w, code="mpy", tls=True, max_events=64):
+    """Largest tree L (2..24) whose d x w sketch fits, 0 if none."""
+    best = 0
+    for L in range(2, 25):
+        if need(d, w, tls_heap, code, tls, max_events, L) <= free:
+            best = L
+    return best
+
+
+def tree_table(shapes=((4, 64), (4, 128), (4, 256), (4, 512), (8, 256)), tls=True):
+    """Markdown table: largest tree L per board and sketch shape, and per-event cost per L."""
+    lines = [
+        "| board | code | TLS | " + " | ".join("d=%d w=%d: max L" % s for s in shapes) + " |",
+        "|---|---|---|" + "---|" * len(shapes),
+    ]
+    for key, p in PROFILES:
+        cells = []
+        for d, w in shapes:
+            L = max_levels(p["free"], p["tls"], d, w, p["code"], tls, p["events"])
+            cells.append("%d" % L if L else "-")
+        lines.append("| %s | %s | %s | %s |" % (p["name"], p["code"], "on" if tls else "off", " | ".join(cells)))
+    lines.append("")
+    lines.append("| L | heap per cell | d=4 w=256 sketch | µs per event in the VM (d=4) | releases per epoch (avg) |")
+    lines.append("|---|---|---|---|---|")
+    for L in sorted(TREE_US_PER_EVENT):
+        lines.append("| %s | %d B | %.1f KB | %.0f | %s |" % (
+            "1 (window/keep)" if L == 1 else "%d" % L, cell_bytes(L), cell_bytes(L) * 1024 / 1000.0,
+            TREE_US_PER_EVENT[L], "1" if L == 1 else "%.3f" % (2 - 2.0 ** (1 - L))))
+    return "\n".join(lines)
 
 
 def _pow2_le(x):
@@ -139,14 +188,17 @@ def kind_table(tls=True):
     return "\n".join(lines)
 
 
-def estimate_lines(d, w, tls=True, max_events=64, code=None):
+def estimate_lines(d, w, tls=True, max_events=64, code=None, levels=1):
     out = []
     for key, p in PROFILES:
         c = code or p["code"]
-        n = max_cells(p["free"], p["tls"], c, tls, max_events)
-        req = need(d, w, p["tls"], c, tls, max_events)
-        out.append("%-8s %-6s needs %6d of %6d bytes: %s; largest w for d=%d: %d" % (
-            key, c, req, p["free"], "fits" if req <= p["free"] else "DOES NOT FIT", d, n // d))
+        n = max_cells(p["free"], p["tls"], c, tls, max_events, levels)
+        req = need(d, w, p["tls"], c, tls, max_events, levels)
+        line = "%-8s %-6s needs %6d of %6d bytes: %s; largest w for d=%d: %d" % (
+            key, c, req, p["free"], "fits" if req <= p["free"] else "DOES NOT FIT", d, n // d)
+        if levels > 1:
+            line += "; largest L for %dx%d: %d" % (d, w, max_levels(p["free"], p["tls"], d, w, c, tls, max_events))
+        out.append(line)
     return out
 
 
@@ -161,11 +213,11 @@ def report(path=None):
     free = gc.mem_free()
     p = cfg.params
     print("config: %s %dx%d (%d cells = %d bytes of sketch), TLS %s" % (
-        p.kind, p.d, p.w, p.cells, CELL * p.cells, "on" if cfg.tls else "off"))
+        p.kind, p.d, p.w, p.cells, cell_bytes(p.levels) * p.cells, "on" if cfg.tls else "off"))
     print("heap free now: %d bytes; a step of %d events makes ~%d bytes of garbage" % (
         free, cfg.max_events, STEP_EVENT * cfg.max_events))
     print("if the sketch is allocated (app running), more cells that would fit: %d" % (
-        max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // CELL)))
+        max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // cell_bytes(p.levels))))
 
 
 def main(argv=None):
@@ -176,6 +228,7 @@ def main(argv=None):
                                  description="Heap estimate of the pansketch firmware per board profile.")
     ap.add_argument("--config", help="board config file (pansketch.json) to check")
     ap.add_argument("--table", action="store_true", help="print the table of largest sketches")
+    ap.add_argument("--tree", action="store_true", help="print the tree-mode table (largest L per board)")
     ap.add_argument("--no-tls", action="store_true", help="assume a plain MQTT connection")
     ap.add_argument("--code", choices=("py", "mpy", "frozen"), help="how the code is installed (default per board)")
     a = ap.parse_args(argv)
@@ -194,8 +247,11 @@ def main(argv=None):
         p = cfg.params
         print("%s: %s d=%d w=%d (%d cells), %s mode, TLS %s" % (
             a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "on" if tls else "off"))
-        for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code):
+        for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels):
             print(line)
+        return 0
+    if a.tree:
+        print(tree_table(tls=tls))
         return 0
     print(table((True, False) if tls else (False,)))
     return 0

@@ -170,12 +170,130 @@ def bench_micropython(events: int = 10_000, chunk: int = 500) -> dict[str, Any]:
     }
 
 
+MP_TREE_SETUP = """
+import gc, time
+from agent.params import Params
+from agent.recorder import make
+from agent.rng import Rng, DeterministicSource
+cfg = {"device": "bench-t", "salt": %r, "kind": "cs", "d": %d, "w": %d, "epoch_s": 60, "persist_s": 86400}
+if %d > 1:
+    cfg["mode"] = "tree"
+    cfg["levels"] = %d
+else:
+    cfg["mode"] = "window"
+    cfg["window_s"] = 60
+P = Params(cfg)
+import agent.tree
+NAMES = ["device-%%09d" %% j for j in range(200)]
+def step(k, n):
+    t = time.ticks_us()
+    for i in range(n):
+        rec.add(NAMES[(i * 7919 + k) %% 200])
+    print("@step %%d %%d" %% (k, time.ticks_diff(time.ticks_us(), t)))
+"""
+MP_TREE_OPEN = """
+t = time.ticks_us()
+rec = make(P, "/flash/dev", %d, rng=Rng(DeterministicSource(b"bench")), log=lambda m: None)
+print("@open_us", time.ticks_diff(time.ticks_us(), t))
+"""
+
+
+MP_UPDATE = """
+import time
+from agent import hashing
+from agent.sketch import Sketch, new_counters
+pre = hashing.salt_prefix(%r)
+d, w = %d, %d
+NAMES = ["device-%%09d" %% j for j in range(200)]
+streams = [hashing.digest(pre, x, d) for x in NAMES]
+sk = Sketch("cs", d, w, pre, 1, new_counters(d * w))
+best = {}
+def timed(key, fn):
+    t = time.ticks_us()
+    for i in range(2000):
+        fn(i)
+    best[key] = min(best.get(key, 1e9), time.ticks_diff(time.ticks_us(), t) / 2000)
+for rep in range(%d):
+    timed("hash", lambda i: hashing.digest(pre, NAMES[i %% 200], d))
+    sk.arrays = None
+    timed("window", lambda i: sk.add_stream(streams[i %% 200], 1))
+    for L in %r:
+        sk.arrays = [new_counters(d * w) for _ in range(L)]
+        timed(L, lambda i: sk.add_stream(streams[i %% 200], 1))
+print("@best", repr(best))
+"""
+
+
+def bench_tree_update_mp(levels: tuple[int, ...] = (1, 8, 12, 16, 24), d: int = 4, w: int = 256,
+                         reps: int = 12) -> dict[str, float]:
+    """µs per event in the VM: SHA-256 + counter updates for L arrays (min over interleaved repeats of
+    2000 events, robust to a loaded machine; the port's clock ticks in ms). 'window' is the single-array path of window/keep mode."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests import mpvm
+
+    if not mpvm.available():
+        return {}
+    r = mpvm.run(MP_UPDATE % (SALT, d, w, reps, tuple(levels)), heap=512 * 1024).check()
+    best = eval(r.values()["best"], {})  # a dict literal of numbers printed by the guest
+    h = best.pop("hash")
+    out = {"hash_us": h, "window_us_per_event": h + best.pop("window")}
+    for L, v in best.items():
+        out["tree_L%d_us_per_event" % L] = h + v
+    return out
+
+
+def bench_tree_micropython(levels: tuple[int, ...] = (1, 8, 12, 16), d: int = 4, w: int = 256,
+                           events: int = 5000, chunk: int = 250) -> dict[str, Any]:
+    """Per-event time, recorder heap and tick/persist cost in tree mode, per L (L=1: window mode)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests import mpvm
+
+    if not mpvm.available():
+        return {"skipped": "MicroPython VM not installed (make setup)"}
+    t0 = 200_000 * 3600
+    out: dict[str, Any] = {"vm": "MicroPython 1.27 WebAssembly port (node)", "config": "cs d=%d w=%d" % (d, w),
+                           "events": events, "levels": {}}
+    for L in levels:
+        steps = [MP_TREE_SETUP % (SALT, d, w, L, L), MP_TREE_OPEN % t0]
+        steps += ["step(%d, %d)" % (k, chunk) for k in range(events // chunk)]
+        # the end of epoch 2^(L-1) - 1 closes every level at once: the worst tick
+        e_all = ((t0 // 60) | ((1 << (L - 1)) - 1)) + 1
+        steps.append("t = time.ticks_us(); n = rec.tick(%d); print('@tick_all_us', time.ticks_diff(time.ticks_us(), t)); "
+                     "print('@tick_all_releases', n)" % (e_all * 60))
+        steps.append("t = time.ticks_us(); rec.persist(%d); print('@persist_us', time.ticks_diff(time.ticks_us(), t))"
+                     % (e_all * 60 + 1))
+        with tempfile.TemporaryDirectory() as td:
+            r = mpvm.run(steps, heap=max(128 * 1024, (L + 2) * 4 * d * w + 96 * 1024), flash=td).check()
+        chunks = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("@step")]
+        v = r.values()
+        out["levels"][str(L)] = {
+            "us_per_event": sum(chunks) / events,
+            "us_per_event_best_chunk": min(chunks) / chunk,
+            "recorder_bytes": r.live[1] - r.live[0],  # live heap after opening minus before (same imports)
+            "live_heap_high_water_bytes": r.peak_live,
+            "open_ms": int(v["open_us"]) / 1000,
+            "tick_all_levels_ms": int(v["tick_all_us"]) / 1000,
+            "tick_all_levels_releases": int(v["tick_all_releases"]),
+            "persist_ms": int(v["persist_us"]) / 1000,
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000, help="CPython stream length (default 200000)")
     ap.add_argument("--out", default="bench-results", help="directory for core.json (default bench-results)")
     ap.add_argument("--no-mp", action="store_true", help="skip the MicroPython VM measurements")
+    ap.add_argument("--tree-only", action="store_true", help="only the tree-mode MicroPython figures (tree.json)")
     a = ap.parse_args(argv)
+    if a.tree_only:
+        res_t = bench_tree_micropython()
+        res_t["update"] = bench_tree_update_mp()
+        print(json.dumps(res_t, indent=2))
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "tree.json").write_text(json.dumps(res_t, indent=2))
+        return 0
     print("CPython: %d Zipf events ..." % a.events, flush=True)
     res: dict[str, Any] = {"cpython": bench_cpython(a.events)}
     c = res["cpython"]

@@ -1,4 +1,4 @@
-"""Parse and validate one release message (format v1, agent/release.py).
+"""Parse and validate one release message (format v2 and v1, agent/release.py).
 
 Checks, in order; the first failure raises :class:`Rejected` with a short
 ``code`` and a human ``reason`` (logged and kept in the rejections table):
@@ -22,6 +22,14 @@ noise      ``nint``/``nout`` are not the noise that ``budget`` calibrates to
            (agent.calibrate.noise_for): a release may not claim a budget
            its noise does not give
 =========  =================================================================
+
+Versions: v2 (current devices) has the key ``lvl`` and allows mode
+``tree``; v1 (older devices) has no ``lvl`` and only window/keep. Tree
+nodes must be dyadic: ``ehi - elo == 2**lvl``, ``elo % 2**lvl == 0``,
+``lvl <= L - 1`` (the root is the horizon) and ``win_s == ep_s * 2**(L-1)``
+(``win`` is then the tree's index). In window/keep mode ``L == 1`` (``b + 1``
+for kind dcs) and ``lvl == 0``. Kinds dcs (keys ``b``, ``map``) and dbits
+exist only in v2 and never in tree mode (tree nodes are cms/cs sketches).
 
 ``nz`` (2 <= nz <= MAX_NZ) is the number of independent noise draws per
 cell of ``ctr``: nz - 1 draws of the internal noise ``nint`` (the initial
@@ -47,20 +55,25 @@ import cbor2
 import numpy as np
 
 from agent import calibrate, cbor, hashing
+from agent.params import MAX_LEVELS
 from agent.release import FORMAT_VERSION
 
-FIELDS = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
-          "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
+FIELDS_V1 = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
+             "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
+FIELDS = FIELDS_V1 + ("lvl",)  # format v2
+VERSIONS = {1: FIELDS_V1, 2: FIELDS}
 MAX_EPOCH = 1 << 53  # keeps every epoch index and epoch*ep_s exact in SQLite and float
 MAX_U32 = 0xFFFFFFFF
 MAX_NZ = 1_000_000  # noise draws per cell (internal draws + 1 output draw)
 MAX_SPAN = 1 << 20  # epochs one release may cover (a range grows only while a device's flash is full)
-SUPPORTED_MODES = ("window", "keep")
+SUPPORTED_MODES = ("window", "keep", "tree")
+MODES_BY_VERSION = {1: ("window", "keep"), 2: SUPPORTED_MODES}
 SUPPORTED_VERSIONS = (1, 2)
 # format version 2 (docs/FORMAT.md): every release has ``lvl``; kind dcs adds ``b`` and ``map``
-FIELDS_V2 = FIELDS + ("lvl",)
+FIELDS_V2 = FIELDS
 KIND_FIELDS = {"dcs": ("b", "map")}
 V2_KINDS = ("cms", "cs", "dcs", "dbits")
+TREE_KINDS = ("cms", "cs")  # agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
 MAX_MAP = 1 << 62
 
 
@@ -102,7 +115,7 @@ class Release:
     ctr_off: int  # offset of the counter bytes in payload
     sha256: str
     v: int = FORMAT_VERSION
-    lvl: int = 0  # v2: tree level (0 outside tree mode)
+    lvl: int = 0  # v2: tree level of the node [elo, ehi) (0 in window/keep mode)
     b: int = 0  # dcs: domain bits (levels = b + 1)
     map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
 
@@ -355,17 +368,17 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     if "v" not in obj:
         raise Rejected("version", "field 'v' (format version) is missing")
     v = obj["v"]
-    if isinstance(v, bool) or not isinstance(v, int) or v not in SUPPORTED_VERSIONS:
+    if isinstance(v, bool) or not isinstance(v, int) or v not in VERSIONS:
         raise Rejected("version", "unsupported release format version %r (this host reads v1 and v2)" % (v,))
-    fields: tuple[str, ...] = FIELDS
+    fields = VERSIONS[v]
     if v == 2:
         k0 = obj.get("kind")
-        fields = FIELDS_V2 + (KIND_FIELDS.get(k0, ()) if isinstance(k0, str) else ())
+        fields = fields + (KIND_FIELDS.get(k0, ()) if isinstance(k0, str) else ())
     for k in obj:
         if not isinstance(k, str):
             raise Rejected("schema", "map key %r is not a text string" % (k,))
         if k not in fields:
-            raise Rejected("schema", "unknown field %r" % k)
+            raise Rejected("schema", "unknown field %r (format v%d)" % (k, v))
     for k in fields:
         if k not in obj:
             raise Rejected("schema", "missing field %r" % k)
@@ -375,12 +388,12 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("schema", "field 'dev' = %r is not a valid device id" % dev[:80])
     seq = _int(obj, "seq", 0, MAX_U32)
     mode = _str(obj, "mode")
-    if mode not in SUPPORTED_MODES:
-        raise Rejected("schema", "mode %r is not supported by this host (window, keep)" % mode)
+    if mode not in MODES_BY_VERSION[v]:
+        raise Rejected("schema", "mode %r is not supported in format v%d (%s)"
+                       % (mode, v, ", ".join(MODES_BY_VERSION[v])))
     kind = _str(obj, "kind", V2_KINDS if v == 2 else ("cms", "cs"))
-    lvl = _int(obj, "lvl", 0, 63) if v == 2 else 0
-    if lvl and mode != "tree":
-        raise Rejected("schema", "lvl = %d outside tree mode (must be 0)" % lvl)
+    if mode == "tree" and kind not in TREE_KINDS:
+        raise Rejected("schema", "tree mode supports kinds cms and cs, got %r" % kind)
     b = 0
     dmap: Optional[tuple[int, int, int]] = None
     if kind == "dcs":
@@ -391,7 +404,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
             raise Rejected("schema", "field 'map' must be [scale_num, scale_den, offset] with 0 < scale < 2^62, "
                                      "|offset| < 2^62")
         dmap = (mv[0], mv[1], mv[2])
-    levels = b + 1 if kind == "dcs" else 1
+    levels = b + 1 if kind == "dcs" else 1  # dcs levels (not tree levels)
     d = _int(obj, "d", 1, 32)
     w = _int(obj, "w", 2, 1 << 24)
     hv = _int(obj, "hv", 0, MAX_U32)
@@ -412,8 +425,19 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("schema", "field 'nz' = %d out of range [2, %d]: every cell carries at least one "
                        "internal and one output noise draw" % (nz, MAX_NZ))
     L = _int(obj, "L", 1, 4096)
-    win_s = _int(obj, "win_s", 1, 366 * 86400)
+    lvl = _int(obj, "lvl", 0, 63) if v >= 2 else 0
+    win_s = _int(obj, "win_s", 1, MAX_EPOCH if mode == "tree" else 366 * 86400)
     ep_s = _int(obj, "ep_s", 1, 366 * 86400)
+    if mode == "tree":
+        if L > MAX_LEVELS:
+            raise Rejected("schema", "tree with L = %d levels (at most %d)" % (L, MAX_LEVELS))
+        if win_s != ep_s << (L - 1):
+            raise Rejected("schema", "tree mode needs win_s = ep_s * 2^(L-1) (the horizon) = %d, got %d"
+                           % (ep_s << (L - 1), win_s))
+        if lvl > L - 1:
+            raise Rejected("schema", "node level %d above the root of an L = %d tree" % (lvl, L))
+    elif lvl != 0:
+        raise Rejected("schema", "lvl = %d but mode %r has no tree levels" % (lvl, mode))
     if win_s % ep_s:
         raise Rejected("schema", "ep_s = %d does not divide win_s = %d" % (ep_s, win_s))
     if mode == "window" and ep_s != win_s:
@@ -422,7 +446,11 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     ehi = _int(obj, "ehi", 0, MAX_EPOCH // ep_s)
     if ehi <= elo:
         raise Rejected("schema", "epoch range [%d, %d) is empty" % (elo, ehi))
-    if ehi - elo > MAX_SPAN:
+    if mode == "tree":
+        if ehi - elo != 1 << lvl or elo % (1 << lvl):
+            raise Rejected("schema", "tree node [%d, %d) is not the aligned level-%d node (2^%d epochs starting at "
+                           "a multiple of 2^%d)" % (elo, ehi, lvl, lvl, lvl))
+    elif ehi - elo > MAX_SPAN:
         raise Rejected("schema", "epoch range [%d, %d) spans more than %d epochs" % (elo, ehi, MAX_SPAN))
     win = _int(obj, "win", 0, MAX_EPOCH)
     if win != (elo * ep_s) // win_s:
@@ -441,7 +469,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     elif len(ctr) != 4 * levels * d * w:
         raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
                        % (len(ctr), levels, d, w, 4 * levels * d * w))
-    if L != calibrate.arrays_touched(mode) * levels:
+    if mode != "tree" and L != calibrate.arrays_touched(mode) * levels:
         raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
                        % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
 

@@ -103,6 +103,11 @@ class Merged:
     def noise_sd(self) -> float:
         return math.sqrt(self.noise_var)
 
+    @property
+    def noise_draws(self) -> int:
+        """Independent noise draws per cell in the merged counters."""
+        return int(sum(t.count for t in self.noise))
+
 
 def merge(rels: Sequence[StoredRelease], counters: Optional[Iterable[np.ndarray]] = None) -> Merged:
     """Sum releases. Raises MergeError with the reason.

@@ -16,6 +16,19 @@ that ``win``; they must share one window length), or a time range
 out, counted in ``Selection.partial``), optionally restricted to devices.
 The selection is merged (host_tools.merge; different sketch parameters are
 refused with the reason) and answered by host_tools.estimators.
+
+Tree-mode devices (format v2, agent/tree.py) release every dyadic node of
+epochs, so their releases overlap: level-l nodes hold the events of the
+2**l leaves below them. For each such device the selection keeps only the
+*fewest* stored nodes that cover its selected epochs (:func:`cover`: from
+the left, the largest aligned node that fits, i.e. the canonical dyadic
+decomposition, at most 2 per level), adding all parts of a node. Devices
+in window/keep mode are summed as before. Every answer reports how many
+releases and noise draws per cell it combined; the intervals come from the
+merged noise (host_tools.estimators), whatever mix of nodes it is.
+
+Series over time (``pansketch query series``) are in host_tools/series.py:
+each bucket and each running total is one such range query.
 """
 
 from __future__ import annotations
@@ -80,6 +93,9 @@ class Selection:
     until: Optional[float] = None
     devices: Optional[list[str]] = None
     partial: int = 0  # releases straddling the range bounds, left out
+    tree_nodes: int = 0  # tree-mode nodes used (all their parts are in the merge)
+    tree_skipped: int = 0  # tree-mode releases inside the range not needed by the cover
+    missing_epochs: int = 0  # epochs of tree-mode devices inside their covered span with no node
 
     def describe(self) -> str:
         if self.window is not None:
@@ -99,6 +115,61 @@ def _devices(device: Union[None, str, Sequence[str]]) -> Optional[list[str]]:
     if isinstance(device, str):
         return [device]
     return list(device) or None
+
+
+def cover(nodes: dict[tuple[int, int], Any], lo: int, hi: int) -> tuple[list[tuple[int, int]], int]:
+    """Fewest aligned dyadic nodes among ``nodes`` (keys (elo, ehi)) covering [lo, hi).
+
+    From the left, take the largest stored node [x, x + 2**l) with x = 0 mod
+    2**l that fits in [lo, hi); with every node stored this is the canonical
+    decomposition (at most two nodes per level, minimal). Epochs no stored
+    node covers are skipped and counted. Returns (nodes used, epochs missing).
+    """
+    top = 0
+    for a, b in nodes:
+        top = max(top, (b - a).bit_length() - 1)
+    used: list[tuple[int, int]] = []
+    missing = 0
+    x = lo
+    while x < hi:
+        lv = top
+        while lv >= 0:
+            n = 1 << lv
+            if x % n == 0 and x + n <= hi and (x, x + n) in nodes:
+                break
+            lv -= 1
+        if lv < 0:
+            missing += 1
+            x += 1
+            continue
+        used.append((x, x + (1 << lv)))
+        x += 1 << lv
+    return used, missing
+
+
+def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
+    """Replace each tree-mode device's releases by the parts of its covering nodes."""
+    out = [r for r in rels if r.mode != "tree"]
+    by_dev: dict[str, list[Any]] = {}
+    for r in rels:
+        if r.mode == "tree":
+            by_dev.setdefault(r.device, []).append(r)
+    for dev in sorted(by_dev):
+        rs = by_dev[dev]
+        nodes: dict[tuple[int, int], list[Any]] = {}
+        for r in rs:
+            nodes.setdefault((r.elo, r.ehi), []).append(r)
+        lo = min(r.elo for r in rs)
+        hi = max(r.ehi for r in rs)
+        used, missing = cover(nodes, lo, hi)
+        n = 0
+        for k in used:
+            out.extend(nodes[k])
+            n += len(nodes[k])
+        sel.tree_nodes += len(used)
+        sel.tree_skipped += len(rs) - n
+        sel.missing_epochs += missing
+    return out
 
 
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
@@ -142,22 +213,35 @@ def _window_lengths(window: int, lens: set[int]) -> None:
 def _from_releases(store: SQLStore, sel: Selection) -> Merged:
     """Merge the raw releases of the selection (streaming)."""
     window, since, until = sel.window, sel.since, sel.until
-    rels = store.releases(devices=sel.devices, window=window, since=since, until=until)
+    every = store.releases(devices=sel.devices, window=window, since=since, until=until)
     if since is not None or until is not None:
         sel.partial = store.count_partial(since, until, sel.devices)
+    kept = {id(r) for r in _tree_cover(every, sel)}
+    rels = [r for r in every if id(r) in kept]  # the store's order, which iter_counters follows
     if not rels:
         extra = " (%d release(s) straddle the range bounds)" % sel.partial if sel.partial else ""
         raise QueryError("no releases match %s%s" % (sel.describe(), extra))
     if window is not None:
         _window_lengths(window, {r.win_s for r in rels})
+
+    def counters() -> Any:
+        for r, c in zip(every, store.iter_counters(devices=sel.devices, window=window, since=since, until=until)):
+            if id(r) in kept:
+                yield c
+
     try:
-        return merge(rels, store.iter_counters(devices=sel.devices, window=window, since=since, until=until))
+        return merge(rels, counters())
     except MergeError as exc:
         raise QueryError(str(exc))
 
 
 def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
-    """The selection from roll-ups (+ raw releases of boundary windows), or None to merge raw releases."""
+    """The selection from roll-ups (+ raw releases of boundary windows), or None to merge raw releases.
+
+    Tree-mode nodes overlap and are never rolled up: a store holding any
+    takes the raw path, which covers each tree device with its fewest nodes."""
+    if store.has_tree():
+        return None
     infos = store.rollups(window=sel.window)
     if sel.window is not None:
         _window_lengths(sel.window, {i.win_s for i in infos})
@@ -221,6 +305,7 @@ class Answer:
     offset: float = 0.0
     rank: Optional[int] = None
     partial_excluded: int = 0
+    noise_draws: int = 0  # independent noise draws per cell summed by the merge
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,7 +318,7 @@ class Answer:
             "confidence": self.confidence, "window": self.window,
             "range": {"since": iso(self.since), "until": iso(self.until), "since_unix": self.since,
                       "until_unix": self.until},
-            "devices": self.devices, "releases": self.releases, "kind": self.kind,
+            "devices": self.devices, "releases": self.releases, "noise_draws": self.noise_draws, "kind": self.kind,
             "noise_sd": round(self.noise_sd, 3), "method": self.method,
         })
         if self.kind == "cms":
@@ -265,6 +350,12 @@ def _hash(items: Sequence[Any], salt: str, d: int, w: int) -> tuple[np.ndarray, 
     return cols, signs
 
 
+def _tree_extra(sel: Selection) -> dict[str, Any]:
+    if not (sel.tree_nodes or sel.missing_epochs):
+        return {}
+    return {"tree_nodes": sel.tree_nodes, "tree_missing_epochs": sel.missing_epochs}
+
+
 def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, rule: estimators.IntervalRule,
              idx: Iterable[int], ranked: bool) -> list[Answer]:
     out = []
@@ -274,7 +365,7 @@ def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, r
                           confidence=rule.confidence, window=sel.window, since=m.t0, until=m.t1,
                           devices=m.devices, releases=m.releases, kind=m.kind, noise_sd=rule.noise_sd,
                           method=rule.method, offset=rule.offset, rank=rank if ranked else None,
-                          partial_excluded=sel.partial))
+                          partial_excluded=sel.partial, noise_draws=m.noise_draws, extra=_tree_extra(sel)))
     return out
 
 
@@ -475,9 +566,14 @@ def _print_table(answers: list[Answer], ranked: bool, elapsed: float) -> None:
         return
     a0 = answers[0]
     where = "window %d" % a0.window if a0.window is not None else "epochs [%s, %s)" % (iso(a0.since), iso(a0.until))
-    print("# %s; %d release(s) from %d device(s) (%s); %s sketch, noise sd %.1f per cell; %.0f%% intervals (%s)"
+    print("# %s; %d release(s) from %d device(s) (%s), %d noise draws per cell; %s sketch, noise sd %.1f per cell; "
+          "%.0f%% intervals (%s)"
           % (where, a0.releases, len(a0.devices), ",".join(a0.devices[:8]) + ("..." if len(a0.devices) > 8 else ""),
-             a0.kind, a0.noise_sd, 100 * a0.confidence, a0.method))
+             a0.noise_draws, a0.kind, a0.noise_sd, 100 * a0.confidence, a0.method))
+    if a0.extra.get("tree_nodes"):
+        print("# tree-mode devices: %d dyadic node(s) cover the range" % a0.extra["tree_nodes"]
+              + ("; %d epoch(s) without any node" % a0.extra["tree_missing_epochs"]
+                 if a0.extra.get("tree_missing_epochs") else ""))
     if a0.partial_excluded:
         print("# %d release(s) straddling the range bounds were left out" % a0.partial_excluded)
     width = max(8, min(40, max(len(str(a.item)) for a in answers)))

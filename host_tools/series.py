@@ -10,9 +10,12 @@ release is a point without an answer (``error`` says why), never a zero.
 
 This is the single place where a series is computed: the web UI
 (host_tools/web), the JSON API and ``pansketch query series --plot`` use it.
-Today each bucket is one window-and-keep-mode range merge; when range
-queries over ``tree`` releases exist, :func:`bucket_answers` is the
-function to switch to them (the points keep their shape).
+Each bucket is one range query (host_tools.query.freq): window/keep
+devices' releases inside it are summed, and each tree-mode device
+contributes the fewest dyadic nodes covering it (host_tools.query.cover).
+With ``running`` each point also carries the running total from the
+first bucket's start to its end, again one range query: with tree-mode
+devices its noise grows with log(length), not with the number of buckets.
 
     from host_tools import series
     s = series.series(store, ["apple"], salt=cfg.fleet.salt, per_device=True)
@@ -45,6 +48,7 @@ class Point:
     # devices that released before and after this bucket but have no release in it: a fleet total
     # without them is lower because data are missing, not because the item was seen less
     missing_devices: list[str] = field(default_factory=list)
+    running: Optional[Answer] = None  # the total from the series' start to t1 (series(running=True))
 
     @property
     def estimate(self) -> Optional[float]:
@@ -72,11 +76,15 @@ class Point:
             d.update({"estimate": None, "lo": None, "hi": None, "includes_zero": None, "error": self.error})
             return d
         a = self.answer.to_dict()
-        for k in ("estimate", "lo", "hi", "confidence", "window", "devices", "releases", "noise_sd", "method",
-                  "offset", "partial_excluded"):
+        for k in ("estimate", "lo", "hi", "confidence", "window", "devices", "releases", "noise_draws", "noise_sd",
+                  "method", "offset", "partial_excluded", "tree_nodes", "tree_missing_epochs"):
             if k in a:
                 d[k] = a[k]
         d["includes_zero"] = self.includes_zero
+        if self.running is not None:
+            r = self.running.to_dict()
+            d["running"] = {k: r[k] for k in ("estimate", "lo", "hi", "releases", "noise_draws", "noise_sd",
+                                              "range", "tree_nodes") if k in r}
         return d
 
 
@@ -114,8 +122,9 @@ class Series:
 
 
 def default_step(store: Store, devices: Optional[list[str]] = None) -> int:
-    """The bucket length: the least common multiple of the selected releases' window lengths."""
-    lens = {r.win_s for r in store.releases(devices=devices)}
+    """The bucket length: the least common multiple of the selected releases' window lengths
+    (for tree-mode releases their epoch length: a tree's "window" is its whole horizon)."""
+    lens = {r.ep_s if r.mode == "tree" else r.win_s for r in store.releases(devices=devices)}
     if not lens:
         raise QueryError("no releases%s" % (" for device %s" % ",".join(devices) if devices else ""))
     step = 1
@@ -160,7 +169,7 @@ def bucket_answers(store: Store, items: Sequence[Any], salt: str, t0: int, t1: i
 def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[float] = None,
            until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
            per_device: bool = False, step: Optional[int] = None, confidence: float = 0.95,
-           limit: int = MAX_BUCKETS) -> Series:
+           limit: int = MAX_BUCKETS, running: bool = False) -> Series:
     """Per-bucket estimates with intervals of ``items``.
 
     ``device``: restrict to these devices (merged, unless ``per_device``);
@@ -188,9 +197,12 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
         mine = [Line(x, g[0] if per_device and g else None) for x in items]
         for t0, t1 in bks:
             expected = [d for d in (g if g else sorted(span)) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
-            for ln, p in zip(mine, bucket_answers(store, items, salt, t0, t1, g, confidence)):
+            run = bucket_answers(store, items, salt, bks[0][0], t1, g, confidence) if running else None
+            for i, (ln, p) in enumerate(zip(mine, bucket_answers(store, items, salt, t0, t1, g, confidence))):
                 got = set(p.answer.devices) if p.answer is not None else set()
                 p.missing_devices = [d for d in expected if d not in got]
+                if run is not None:
+                    p.running = run[i].answer
                 ln.points.append(p)
         lines.extend(mine)
     return Series(items, step, confidence, devs, per_device, lines, cut)
@@ -201,9 +213,26 @@ def add_subparser(sub: Any, common: Any) -> None:
     """Register ``pansketch query series`` (``common`` adds the shared selection/output options)."""
     s = sub.add_parser("series", help="count per window (or --step bucket) with intervals; --plot draws bands")
     s.add_argument("items", nargs="+", metavar="ITEM")
-    s.add_argument("--step", type=int, metavar="SECONDS", help="bucket length (default: the window length)")
+    s.add_argument("--step", type=parse_step, metavar="S",
+                   help="bucket length in seconds or with a unit: 90s, 15m, 1h, 1d (default: the window length; "
+                        "the epoch length for tree-mode devices)")
+    s.add_argument("--no-running", dest="running", action="store_false",
+                   help="leave out the running total since the first bucket")
     s.add_argument("--per-device", action="store_true", help="one line per item and device")
     common(s)
+
+
+def parse_step(txt: str) -> int:
+    """Seconds from '3600', '90s', '15m', '1h', '1d' or '1w'."""
+    t = str(txt).strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    try:
+        v = int(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else int(t)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError("not a step: %r (seconds, or 15m, 1h, 1d)" % txt)
+    return v
 
 
 def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float], until: Optional[float]) -> int:
@@ -219,7 +248,8 @@ def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float],
     try:
         items = [query._item(x, args.as_int, "ITEM") for x in args.items]
         s = series(store, items, salt=salt, since=since, until=until, device=args.device,
-                   per_device=args.per_device, step=args.step, confidence=conf)
+                   per_device=args.per_device, step=args.step, confidence=conf,
+                   running=getattr(args, "running", True))
     except (QueryError, ValueError) as exc:
         return err(str(exc), 1)
     if args.plot:
@@ -238,14 +268,23 @@ def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float],
                 print(json.dumps(d, ensure_ascii=False))
         return 0
     width = max(8, min(40, max(len(ln.label) for ln in s.lines)))
-    print("# %d s buckets; %g%% intervals per point; * = interval includes 0" % (s.step, 100 * conf))
-    print("%-*s  %-20s  %12s  %s" % (width, "LINE", "FROM (UTC)", "ESTIMATE", "INTERVAL"))
+    print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
+          "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))
+    print("%-*s  %-20s  %12s  %-24s %6s  %12s  %-24s %6s" % (width, "LINE", "FROM (UTC)", "ESTIMATE", "INTERVAL",
+                                                            "DRAWS", "RUNNING", "INTERVAL", "DRAWS"))
     for ln in s.lines:
         for p in ln.points:
             if p.answer is None:
-                print("%-*s  %-20s  %12s  (%s)" % (width, ln.label[:width], iso(p.t0), "-", p.error))
+                line = "%-*s  %-20s  %12s  (%s)" % (width, ln.label[:width], iso(p.t0), "-", p.error)
             else:
-                print("%-*s  %-20s  %12s  [%s, %s]%s" % (
-                    width, ln.label[:width], iso(p.t0), query._fmt(p.answer.estimate), query._fmt(p.answer.lo),
-                    query._fmt(p.answer.hi), " *" if p.includes_zero else ""))
+                line = "%-*s  %-20s  %12s  %-24s %6d" % (
+                    width, ln.label[:width], iso(p.t0), query._fmt(p.answer.estimate),
+                    "[%s, %s]" % (query._fmt(p.answer.lo), query._fmt(p.answer.hi)), p.answer.noise_draws)
+            r = p.running
+            if r is not None:
+                line += "  %12s  %-24s %6d" % (query._fmt(r.estimate), "[%s, %s]" % (query._fmt(r.lo), query._fmt(r.hi)),
+                                               r.noise_draws)
+            if p.answer is not None and p.includes_zero:
+                line += " *"  # the point's interval (not the running one) includes 0
+            print(line)
     return 0

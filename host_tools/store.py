@@ -58,7 +58,11 @@ Older databases (written before releases carried ``nz``) lack the
 ``releases.nz`` column. Opening one for writing adds it with
 ``ALTER TABLE ... DEFAULT 2`` (those releases came from devices that drew
 exactly one internal and one output noise value per cell); a read-only
-open reads such rows as nz = 2 without changing the file. Likewise
+open reads such rows as nz = 2 without changing the file (the same for
+``releases.lvl``, format v2's tree level, default 0: the level of every
+window/keep and v1 release). A device's releases are all tree nodes of
+one shape (L, win_s) or none is (code ``device``): mixing would let a
+range query count the same events twice. Likewise
 ``rejections.seq`` (the refused release's seq, when its bytes parse that
 far and name the topic's device) is added and filled in from the kept
 bytes; a read-only open of such a file attributes no seq to old
@@ -547,6 +551,7 @@ class SQLStore:
     def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float,
                 seen: Optional[dict[str, tuple[Any, ...]]] = None) -> str:
         mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        self._check_shape(cur, rel)
         if self._devcache.get(rel.dev) == mine:  # known device, same parameters: insert, classify on conflict
             return self._insert_release(cur, rel, topic, now)
         existing = self._classify(cur, rel, now)
@@ -566,6 +571,24 @@ class SQLStore:
         if seen is not None:
             seen[rel.dev] = mine
         return self._insert_release(cur, rel, topic, now)
+
+    def _check_shape(self, cur: Any, rel: Release) -> None:
+        """A device's releases are all tree nodes of one shape (L, win_s) or none is a tree node:
+        otherwise a range query would count the same events twice (code ``device``)."""
+        tree = rel.mode == "tree"
+        shape = (tree, rel.L if tree else 0, rel.win_s if tree else 0)
+        cache = self.__dict__.setdefault("_shapecache", {})
+        if cache.get(rel.dev) == shape:
+            return
+        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? AND ((mode = 'tree') != ? "
+                             "OR (mode = 'tree' AND (L != ? OR win_s != ?))) LIMIT 1",
+                        (rel.dev, tree, rel.L, rel.win_s)).fetchone()
+        if other is not None:
+            raise Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
+                           "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
+                           "query would count events twice; give the reconfigured device a new id"
+                           % (rel.dev, other[0], other[1], other[2], rel.mode, rel.L, rel.win_s))
+        cache[rel.dev] = shape
 
     def _insert_release(self, cur: Any, rel: Release, topic: Optional[str], now: float) -> str:
         cur = self._x(cur, "INSERT INTO releases (%s) VALUES (%s) ON CONFLICT (device, elo, ehi, part) DO NOTHING"
@@ -779,16 +802,23 @@ class SQLStore:
         for row in self._iter(sql, args):  # shape from kind, d, w, b (dcs: (b + 1) * d rows; dbits: 1 x d)
             yield _row_to_release(row, True).counters()
 
+    def has_tree(self) -> bool:
+        """True if any tree-mode release is stored (they are never rolled up)."""
+        return bool(self._q("SELECT 1 FROM releases WHERE mode = 'tree' LIMIT 1"))
+
     def count_partial(self, since: Optional[float], until: Optional[float],
                       devices: Optional[Iterable[str]] = None,
                       windows: Optional[Iterable[tuple[int, int]]] = None) -> int:
         """Releases that overlap [since, until) without lying inside it (cannot be split).
+        Tree-mode nodes are not counted (host_tools.query.cover uses smaller ones).
 
         ``windows`` ((win_s, win) pairs) restricts the count to those windows.
         """
         lo = since if since is not None else -1
         hi = until if until is not None else 1 << 62
-        base = "SELECT COUNT(*) FROM releases WHERE t0 < ? AND t1 > ? AND NOT (t0 >= ? AND t1 <= ?)"
+        # tree nodes are not counted: smaller nodes of the same device cover what a straddling one holds
+        base = ("SELECT COUNT(*) FROM releases WHERE t0 < ? AND t1 > ? AND NOT (t0 >= ? AND t1 <= ?) "
+                "AND mode != 'tree'")
         args: list[Any] = [hi, lo, lo, hi]
         if devices is not None:
             devs = list(devices)

@@ -94,6 +94,12 @@ BEGIN
       IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM (a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) THEN
         RETURN 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
       END IF;
+      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device
+         AND ((x.mode = 'tree') <> (a_mode = 'tree') OR (x.mode = 'tree' AND (x.L <> a_L OR x.win_s <> a_win_s)))
+       LIMIT 1;
+      IF FOUND THEN  -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
+        RETURN 'shape:' || json_build_array(dv.mode, dv.L, dv.win_s)::text;
+      END IF;
       INSERT INTO releases (%(cols)s) VALUES (%(vals)s) ON CONFLICT (device, elo, ehi, part) DO NOTHING;
       GET DIAGNOSTICS n = ROW_COUNT;
       IF n = 1 THEN
@@ -298,6 +304,13 @@ def _apply_result(p: Pending, res: str) -> None:
         p.status = "rejected"
         p.rej = Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
                          "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+    elif kind == "shape":
+        mode, L, win_s = json.loads(rest)
+        p.status = "rejected"
+        p.rej = Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
+                         "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
+                         "query would count events twice; give the reconfigured device a new id"
+                         % (rel.dev, mode, L, win_s, rel.mode, rel.L, rel.win_s))
     else:
         p.status = "error"
         p.error = StoreError("storing release %s seq %d failed: %s" % (rel.dev, rel.seq, rest))

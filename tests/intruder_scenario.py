@@ -116,3 +116,84 @@ def run(root, seed, cfg=None):
     snaps.append(snapshot("release", rec, len(stream), root))
     add(8)
     return {"snaps": snaps, "stream": stream}
+
+
+# -- tree mode (agent/tree.py) -------------------------------------------------
+CFG_TREE = {"device": "dev-t", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 32, "mode": "tree",
+            "levels": 3, "epoch_s": 60, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
+
+
+def tree_snapshot(op, rec, n_events, root):
+    """Every attribute of a TreeRecorder, its Sketch and Rng, and every
+    accumulator of the state file on flash at that moment."""
+    flash = None
+    bufs = []
+    for _ in range(rec.p.levels):
+        bufs.append(array.array("i", bytes(4 * rec.p.d * rec.p.w)))
+    try:
+        from agent.tree import read_tree_state
+
+        if read_tree_state(storage.join(root, "state.bin"), rec._fp, bufs) is not None:
+            flash = []
+            for b in bufs:
+                flash.append(list(b))
+    except Exception:
+        flash = None
+    return {
+        "op": op,
+        "events": n_events,
+        "rec": _attrs(rec, ("p", "rng", "sketch", "log", "outbox")),
+        "sketch": _attrs(rec.sketch, ("counters", "arrays")),
+        "arrays": len(rec.sketch.arrays),
+        "rng": _attrs(rec.rng, ("source",)),
+        "flash": flash,
+    }
+
+
+def run_tree(root, seed):
+    """A tree-mode device: adds, persists, a restart mid-node, node releases
+    at epoch ends (levels 0, 1 and 2 close together at epoch 4), a flush."""
+    from agent.recorder import make
+
+    p = Params(CFG_TREE)
+    quiet = lambda m: None  # noqa: E731
+    rec = make(p, root, T0, rng=Rng(DeterministicSource(seed)), log=quiet)
+    stream = []
+    snaps = [tree_snapshot("boot", rec, 0, root)]
+
+    def add(step):
+        for x in events_for(step):
+            rec.add(x)
+            stream.append(x)
+        snaps.append(tree_snapshot("add", rec, len(stream), root))
+
+    add(1)
+    rec.persist(T0 + 10)
+    snaps.append(tree_snapshot("persist", rec, len(stream), root))
+    add(2)
+    rec.tick(T0 + 60)  # leaf [0, 1)
+    snaps.append(tree_snapshot("release", rec, len(stream), root))
+    add(3)
+    rec.persist(T0 + 70)
+    snaps.append(tree_snapshot("persist", rec, len(stream), root))
+    add(4)
+    # power cut and restart mid-node
+    rec = make(p, root, T0 + 90, rng=Rng(DeterministicSource(seed + "-boot")), log=quiet)
+    snaps.append(tree_snapshot("restart", rec, len(stream), root))
+    add(5)
+    rec.tick(T0 + 120)  # leaf [1, 2) and level-1 node [0, 2)
+    snaps.append(tree_snapshot("release", rec, len(stream), root))
+    add(6)
+    rec.tick(T0 + 180)  # leaf [2, 3)
+    snaps.append(tree_snapshot("release", rec, len(stream), root))
+    add(7)
+    rec.persist(T0 + 200)
+    snaps.append(tree_snapshot("persist", rec, len(stream), root))
+    add(8)
+    rec.tick(T0 + 240)  # leaf [3, 4), [2, 4), root [0, 4)
+    snaps.append(tree_snapshot("release", rec, len(stream), root))
+    add(9)
+    rec.flush(T0 + 250)  # early release of all three open nodes; they go on as part 1
+    snaps.append(tree_snapshot("flush", rec, len(stream), root))
+    add(10)
+    return {"snaps": snaps, "stream": stream}

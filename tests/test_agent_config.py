@@ -81,7 +81,7 @@ BAD = [
     ("d = 3", 'd = "3"', "sketch.d", "integer"),
     ('kind = "cms"', 'kind = "bloom"', "sketch.kind", "'cms', 'cs', 'dcs' or 'dbits'"),
     ("epoch_s = 900", "epoch_s = 700", "privacy.epoch_s", "divide"),
-    ('mode = "keep"', 'mode = "tree"', "privacy.mode", "window"),
+    ('mode = "keep"', 'mode = "binary"', "privacy.mode", "window"),
     ('mechanism = "dlap"', 'mechanism = "laplace"', "privacy.mechanism", "dlap"),
     ('id = "pi-1"', 'id = "pi 1"', "device.id", "letters"),
     ('id = "pi-1"\n', "", "device.id", "required"),
@@ -171,3 +171,21 @@ def test_systemd_unit_waits_for_ntp_sync():
     after = unit["Unit"]["After"].split()
     for name in ("time-sync.target", "systemd-time-wait-sync.service", "network-online.target"):
         assert name in wants and name in after, name
+
+
+def test_check_tree_mode_recommends_by_query_pattern(tmp_path, capsys):
+    tree = (BASE.replace('mode = "keep"', 'mode = "tree"\nlevels = 12').replace("window_s = 3600\n", "")
+            .replace("epoch_s = 900", "epoch_s = 60").replace("persist_s = 30", "persist_s = 86400"))
+    path = write(tmp_path, tree)
+    assert main(["check", "--offline", "--config", path, "--range-epochs", "1", "--range-epochs", "10080"]) == 0
+    out = capsys.readouterr().out
+    assert "tree, L = 12 levels" in out and "discrete Laplace scale t = 288" in out  # 12 * 3 * 2 / (1/4)
+    assert "eps = 1/4" in out  # the guarantee over all 12 nodes holding an event
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("  1 ") or
+            line.startswith("  10080 ")}
+    assert rows == {"1": "window/keep", "10080": "tree"}
+    assert 'mode = "tree"' in out and "recommendation" in out
+    # frequent persists add a draw to every open node: the tree never pays off
+    path = write(tmp_path, tree.replace("persist_s = 86400", "persist_s = 30"))
+    assert main(["check", "--offline", "--config", path]) == 0
+    assert "tree mode never has less noise" in capsys.readouterr().out

@@ -50,7 +50,7 @@ def test_map_scale_offset_clip():
 
 def test_params_and_layout():
     p = Params({"device": "a", "salt": "fleet-salt-1", "kind": "dcs", "b": 16, "d": 4, "w": 1024})
-    assert p.levels == 17 and p.cells == 17 * 4 * 1024 and p.arrays == 17 and p.map == (1, 1, 0)
+    assert p.dcs_levels == 17 and p.levels == 1 and p.cells == 17 * 4 * 1024 and p.arrays == 17 and p.map == (1, 1, 0)
     assert (p.noise.num, p.noise.den) == (68, 1)  # sigma^2 = L d c^2 / (2 rho) = 17*4/1
     assert exact_from(16, 1024) == 6 and exact_from(4, 8) == 1 and exact_from(3, 8) == 0
     with pytest.raises(ParamError) as e:
@@ -196,3 +196,38 @@ def test_sources_emit_numbers_the_map_reads():
             assert xs == [want], (body, items)
     items, _ = parse_lines(b"21.37\n-5\r\n  7.5 \nabc\n", Warner(lambda m: None))
     assert [map_value(x, 16, m) for x in items] == [6137, 3500, 4750, None]
+
+
+def test_tree_mode_refuses_dcs_and_dbits():
+    """Tree mode is implemented for cms/cs only (docs/PRIVACY.md): a tree of dcs would need
+    L x (b + 1) arrays; Params refuses both kinds by name and the host rejects such a release."""
+    import pytest
+
+    from agent.params import ParamError, Params
+
+    base = {"device": "dev-1", "salt": "fleet-salt-1", "mode": "tree", "levels": 4}
+    for extra in ({"kind": "dcs", "b": 4}, {"kind": "dbits", "d": 4, "w": 64, "mechanism": "dlap", "budget": "1"}):
+        with pytest.raises(ParamError) as ei:
+            Params(dict(base, **extra))
+        assert ei.value.key == "kind" and "tree mode supports kinds cms and cs" in str(ei.value)
+    for kind in ("cms", "cs"):
+        p = Params(dict(base, kind=kind))
+        assert p.levels == 4 and p.dcs_levels == 1 and p.arrays == 4 and p.cells == p.d * p.w
+
+
+def test_host_rejects_a_tree_dcs_release():
+    from agent import cbor, release
+    from agent.params import Params
+    from agent.sketch import new_counters
+    from host_tools.decode import Rejected, decode
+
+    p = Params({"device": "dev-1", "salt": "fleet-salt-1", "kind": "dcs", "b": 2, "d": 1, "w": 2})
+    m = release.release_map(p, 0, 8, 9, 0, new_counters(p.cells))
+    m["mode"], m["L"], m["win_s"], m["ep_s"] = "tree", 1, 3600, 3600
+    m["ctr"] = bytes(m["ctr"])
+    try:
+        decode(cbor.dumps(m))
+    except Rejected as exc:
+        assert "tree mode supports kinds cms and cs" in str(exc)
+    else:
+        raise AssertionError("a tree-mode dcs release was accepted")

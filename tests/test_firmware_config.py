@@ -39,7 +39,7 @@ BAD = [
     ("salt", "short", "salt"),
     ("sketch.d", 0, "sketch.d"),
     ("sketch.w", "1024", "sketch.w"),
-    ("sketch.mode", "tree", "sketch.mode"),
+    ("sketch.mode", "binary", "sketch.mode"),
     ("sketch.budget", 0.5, "sketch.budget"),
     ("sketch.epoch_s", 300, "sketch.epoch_s"),
     ("mqtt.host", KeyError, "mqtt.host"),

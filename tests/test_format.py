@@ -13,22 +13,52 @@ from agent.sketch import new_counters
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 
 
-def example_bytes():
-    p = Params({"device": "pico-7", "salt": "fleet-salt-1", "kind": "cs", "d": 2, "w": 3, "mode": "keep",
-                "window_s": 3600, "epoch_s": 600, "mechanism": "dgauss", "budget": "1/2"})
+def _ctr():
     c = new_counters(6)
     for i, v in enumerate([5, -2, 0, 1, 70000, -1]):
         c[i] = v
-    return release.encode(p, 42, 1200000, 1200001, 0, c, nz=3)
+    return c
+
+
+def example_bytes():
+    """The version-1 example: what a device before format v2 sent (no lvl)."""
+    p = Params({"device": "pico-7", "salt": "fleet-salt-1", "kind": "cs", "d": 2, "w": 3, "mode": "keep",
+                "window_s": 3600, "epoch_s": 600, "mechanism": "dgauss", "budget": "1/2"})
+    m = release.release_map(p, 42, 1200000, 1200001, 0, _ctr(), nz=3)
+    del m["lvl"]
+    m["v"] = 1
+    m["ctr"] = bytes(m["ctr"])
+    return cbor.dumps(m)
+
+
+def tree_example_bytes():
+    p = Params({"device": "pico-7", "salt": "fleet-salt-1", "kind": "cs", "d": 2, "w": 3, "mode": "tree",
+                "levels": 4, "epoch_s": 3600, "mechanism": "dgauss", "budget": "1/2"})
+    return release.encode(p, 42, 480000, 480004, 0, _ctr(), nz=3, lvl=2)
+
+
+def _doc_block(n):
+    text = DOC.read_text()
+    return bytes.fromhex(re.search(r"%d bytes:\n\n```\n([0-9a-f\n]+)```" % n, text).group(1).replace("\n", ""))
 
 
 def test_worked_example_matches_encoder():
-    text = DOC.read_text()
-    block = re.search(r"%d bytes:\n\n```\n([0-9a-f\n]+)```" % len(example_bytes()), text).group(1)
-    assert bytes.fromhex(block.replace("\n", "")) == example_bytes()
+    assert _doc_block(len(example_bytes())) == example_bytes()
+
+
+def test_tree_worked_example_matches_encoder_and_host():
+    from host_tools.decode import decode
+
+    b = tree_example_bytes()
+    assert _doc_block(len(b)) == b
+    r = decode(b)
+    assert (r.v, r.mode, r.lvl, r.L, r.win, r.win_s, r.nint) == (2, "tree", 2, 4, 60000, 28800, (8, 1))
+    r1 = decode(example_bytes())  # hosts still read version 1
+    assert (r1.v, r1.lvl, r1.mode) == (1, 0, "keep")
 
 
 def test_release_is_canonical_cbor_without_tags_or_floats():
+    assert len(cbor2.loads(tree_example_bytes())) == 24
     b = example_bytes()
     m = cbor2.loads(b)
     assert len(m) == 23

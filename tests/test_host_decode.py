@@ -88,7 +88,11 @@ def bad_cases():
     yield "missing-field", dumps({k: v for k, v in m.items() if k != "seq"}), "schema"
     yield "wrong-type", dumps(dict(m, d="4")), "schema"
     yield "negative-seq", dumps(dict(m, seq=-1)), "schema"
-    yield "tree-mode", dumps(dict(m, mode="tree")), "schema"
+    v1 = {k: v for k, v in m.items() if k != "lvl"}
+    yield "tree-mode-in-v1", dumps(dict(v1, v=1, mode="tree")), "schema"
+    yield "lvl-in-v1", dumps(dict(m, v=1)), "schema"
+    yield "missing-lvl-v2", dumps(v1), "schema"
+    yield "lvl-in-window-mode", dumps(dict(m, lvl=1)), "schema"
     yield "wrong-shape", dumps(dict(m, ctr=m["ctr"][:-4])), "shape"
     yield "shape-vs-w", dumps(dict(m, w=65)), "shape"
     yield "empty-range", dumps(dict(m, ehi=m["elo"])), "schema"

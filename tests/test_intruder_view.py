@@ -59,7 +59,7 @@ REC_ATTRS = {
     "_pending": "public", "nz": "public", "resumed": "public", "last_persist": "public",
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
-SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs"}
+SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "arrays"}
 # kind dcs (agent/dcs.DyadicSketch): all public parameters or derived from them (the level hash prefixes)
 DCS_ATTRS = {"kind", "b", "d", "w", "clip", "levels", "map", "exact", "prefixes", "_words"}
 RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public"}
@@ -270,3 +270,93 @@ def test_whole_view_micropython_is_the_same(tmp_path, cfg):
 
     assert same(run["snaps"]) == same(want["snaps"])
     assert [r.tobytes() for r in _releases(flash / "dev")] == [r.tobytes() for r in _releases(cp)]
+
+
+# -- tree mode: L accumulators, one scratch buffer ---------------------------------
+
+# Every attribute of a TreeRecorder the tree whole-view test knows (docs/PRIVACY.md).
+TREE_REC_ATTRS = {
+    "nodes": "noisy",  # the L open accumulators, one per level
+    "relbuf": "scratch",  # the ONE shared scratch array, all zeros between calls
+    "root": "public", "state_path": "public", "marker_path": "public", "_fp": "public",
+    "lo": "public", "parts": "public", "nzs": "public", "status": "public", "marks": "public",
+    "state_seq": "public", "state_keys": "public", "seq": "public", "resumed": "public", "last_persist": "public",
+}
+
+
+def tree_params():
+    return Params(dict(scen.CFG_TREE))
+
+
+def check_tree_view(run: dict, releases: list[np.ndarray]) -> None:
+    p = tree_params()
+    n = p.d * p.w
+    scale = p.noise.num / p.noise.den  # 3 levels x 4 rows / (1/2) = 24
+    q = math.exp(-1 / scale)
+    var = 2 * q / (1 - q) ** 2
+    stream = run["stream"]
+    snaps = run["snaps"]
+    marks = sorted({s["events"] for s in snaps} | {len(stream)})
+    E = np.stack([exact(p, stream[a:b]) for a, b in itertools.combinations(marks, 2)] + [np.zeros(n, np.int64)])
+    assert len(releases) == 4 + 2 + 1 + 3  # leaves 0-3, [0,2) and [2,4), root [0,4), flush of 3 nodes
+    flash_seen: list[np.ndarray] = []
+    worst = math.inf
+    for snap in snaps:
+        assert set(snap["rec"]) == set(TREE_REC_ATTRS), set(snap["rec"]) ^ set(TREE_REC_ATTRS)
+        assert set(snap["sketch"]) == SKETCH_ATTRS - {"arrays"}, snap["sketch"].keys()
+        assert set(snap["rng"]) == set(RNG_ATTRS)
+        assert len(snap["rec"]["nodes"]) == p.levels  # one accumulator per level, no more
+        assert not any(snap["rec"]["relbuf"]), snap["op"]
+        assert not any(snap["rng"]["_buf"]) and not any(snap["rng"]["_zero"]), snap["op"]
+        assert snap["rng"]["_pos"] == len(snap["rng"]["_buf"]), snap["op"]
+        assert snap["arrays"] == p.levels, snap["op"]  # every level counts between calls
+        if snap["flash"] is not None:
+            for a in snap["flash"]:
+                flash_seen.append(np.array(a, np.int64))
+        ram = [np.array(a, np.int64) for a in snap["rec"]["nodes"]]
+        view = _dedupe(ram + flash_seen + releases)
+        V = np.stack(view)
+        for k in (1, 2, 3):
+            for idx in itertools.combinations(range(len(view)), k):
+                base = V[idx[0]]
+                for signs in itertools.product((1, -1), repeat=k - 1):
+                    combo = base + sum(s * V[i] for s, i in zip(signs, idx[1:]))
+                    ms = ((combo[None, :] - E) ** 2).mean(axis=1).min()
+                    worst = min(worst, ms)
+    assert worst > var / 4, (worst, var)
+
+
+def test_tree_whole_view_cpython(tmp_path):
+    run = scen.run_tree(str(tmp_path), "tview")
+    check_tree_view(run, _releases(tmp_path))
+
+
+@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM (tests/mpnode) not installed")
+def test_tree_whole_view_micropython_is_the_same(tmp_path):
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    (mod / "intruder_scenario.py").write_text(Path(scen.__file__).read_text())
+    code = ("import sys\nsys.path.insert(0, '/src/t')\nimport json, intruder_scenario as s\n"
+            "r = s.run_tree('/flash/dev', 'tview')\nprint('@run', json.dumps(r))")
+    res = mpvm.run(code, heap=256 * 1024, flash=flash, mounts={"/src/t": mod}).check()
+    run = json.loads(res.values()["run"])
+    check_tree_view(run, _releases(flash / "dev"))
+    cp = tmp_path / "cp"
+    want = scen.run_tree(str(cp), "tview")
+
+    def same(snaps: list[dict]) -> str:
+        for sn in snaps:
+            for k in ("root", "state_path", "marker_path"):
+                sn["rec"].pop(k)
+            sn["sketch"].pop("_words")
+            sn["sketch"].pop("_hs")  # CPython keeps a hash state of the public prefix
+        return json.dumps(snaps, sort_keys=True)
+
+    assert same(run["snaps"]) == same(want["snaps"])
+    ob_mp = storage.Outbox(str(flash / "dev"))
+    ob_cp = storage.Outbox(str(cp))
+    assert ob_mp.pending() == ob_cp.pending()
+    assert [ob_mp.read(s) for s in ob_mp.pending()] == [ob_cp.read(s) for s in ob_cp.pending()]
+    assert (flash / "dev" / "state.bin").read_bytes() == (cp / "state.bin").read_bytes()

@@ -380,7 +380,7 @@ def test_counters_wrap_mod_2_32_and_nothing_is_refused():
 @pytest.mark.parametrize(
     "cfg,key",
     [({"device": ""}, "device"), ({"d": 0}, "d"), ({"kind": "hll"}, "kind"), ({"budget": "-1"}, "budget"),
-     ({"epoch_s": 7}, "epoch_s"), ({"mode": "tree"}, "mode"), ({"salt": "short"}, "salt")],
+     ({"epoch_s": 7}, "epoch_s"), ({"mode": "binary"}, "mode"), ({"mode": "tree", "levels": 0}, "levels"), ({"mode": "tree", "window_s": 7200}, "window_s"), ({"salt": "short"}, "salt")],
 )
 def test_bad_params_name_the_key(cfg, key):
     with pytest.raises(ParamError) as ei:

@@ -1,0 +1,518 @@
+"""Tree mode: pan-private continual observation over a dyadic tree of epochs.
+
+DESIGN.md "Release modes", item 3; the binary mechanism of
+lazy-sketch-continual-observation (GaussBM) made pan-private as in Dwork
+et al. 2010: every array an intruder can read starts with internal noise,
+every release adds fresh output noise.
+
+* Epochs are the leaves (epoch k = UTC seconds [k*epoch_s, (k+1)*epoch_s)).
+  A node of level l covers the 2**l epochs [a, a + 2**l) with a = 0 mod
+  2**l, in *absolute* epoch numbering, so the trees of all devices align and
+  the host can add nodes of different devices. There are L = ``levels``
+  levels 0..H (H = L - 1); the root (level H) is the horizon of 2**H epochs,
+  ``window_s = epoch_s * 2**H``; a new tree starts after it (the next root).
+* At any time exactly one node per level is open: the one containing the
+  current epoch. Its accumulator starts as one draw of internal noise per
+  cell. An event is added to all L open accumulators (one hash, d*L cell
+  additions: agent.sketch.Sketch.arrays).
+* When a node ends (the clock passes its last epoch) it is released once:
+  state + fresh output noise, through the outbox exactly as in the other
+  modes (write .tmp, marker, rename), and the next node of its level opens
+  with fresh internal noise. At the end of epoch e, the nodes of levels
+  0..t close, t = the number of trailing one bits of e: 2 releases per epoch
+  on average, at most L.
+* Persist writes all L accumulators into one state file, then adds a fresh
+  draw to every accumulator that keeps counting (its ``nz`` grows by one),
+  as in the other modes: RAM minus any flash copy is events plus a full draw.
+* If the outbox cannot be written (full flash, or ``outbox_max`` releases
+  the host has not acknowledged), the closed node keeps its accumulator
+  (it takes no more events: a node's range never grows, the host relies on
+  aligned power-of-two ranges) and its release is retried at every tick. Its
+  level counts nothing until then: the next node of that level opens, with
+  fresh noise, only once the release is committed, so it misses the events
+  in between (like events lost in a power cut; the leaves and the other
+  levels still hold them). Releases that follow a failed one wait for it
+  (one failure stops the tick), so the outbox order stays by level.
+
+Memory: L accumulators of d*w int32 plus ONE shared scratch array (release
+copy, or a fresh draw staged before it touches an accumulator), all zeros
+between calls.
+
+Crash safety: the marker file lists the releases boot may need ("seq elo
+ehi part" per line, at most 2L + 1: see ``_keep``). At boot a node of the
+state file whose key is listed was released after the state was written:
+it is not resumed (nothing is released twice) and the next node of its
+level opens.
+The other nodes resume from flash and get a fresh draw before counting
+again (no noise is re-drawn for anything released).
+"""
+
+import hashlib
+import struct
+
+from agent import hashing, release, storage
+from agent.noise import add_noise, wrap32
+from agent.rng import Rng
+from agent.sketch import Sketch, new_counters
+
+OPEN = 0  # counting
+CLOSED = 1  # ended, release not committed yet (outbox full): no events
+PENDING = 2  # released; the next node's noise is not drawn yet: no events
+STALE = 3  # persisted, but the fresh draw after the write failed: no events until it succeeds
+
+
+def _log(msg):
+    print("pansketch: " + msg)
+
+
+# -- the tree-mode state file (docs/FORMAT.md section 6) --------------------
+TREE_MAGIC = b"PSKT"
+TREE_VERSION = 1
+# magic, version, levels, pad, fingerprint(8), seq, ncells per array
+_THDR = "<4sBB2x8sII"
+_THDR_LEN = struct.calcsize(_THDR)
+# per level: node start epoch, part, noise draws, status (0 open, 1 closed awaiting its release)
+_TLVL = "<qIIB3x"
+_TLVL_LEN = struct.calcsize(_TLVL)
+
+
+def write_tree_state(path, fingerprint, seq, nodes, arrays):
+    """Persist all L node accumulators (only ever noisy) in one file.
+
+    ``nodes`` is a list of (elo, part, nz, status) per level, ``arrays``
+    the L counter arrays. Header, level table, L*ncells int32, SHA-256.
+    """
+    n = len(arrays[0])
+    hdr = struct.pack(_THDR, TREE_MAGIC, TREE_VERSION, len(arrays), fingerprint, seq, n)
+    tab = b""
+    for (elo, part, nz, status) in nodes:
+        tab += struct.pack(_TLVL, elo, part, nz, status)
+    h = hashlib.sha256(hdr)
+    h.update(tab)
+    for a in arrays:
+        h.update(a)
+
+    def body(write):
+        write(hdr)
+        write(tab)
+        for a in arrays:
+            write(a)
+        write(h.digest())
+
+    storage.write_atomic(path, body)
+
+
+def read_tree_state(path, fingerprint, arrays):
+    """Load a tree state into the preallocated ``arrays``.
+
+    Returns (seq, [(elo, part, nz, status) per level]) or None; raises
+    StateError if the file is corrupt or was made with other parameters.
+    """
+    storage.recover(path, _tree_complete)
+    if not storage.exists(path):
+        return None
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_THDR_LEN)
+        if len(hdr) != _THDR_LEN:
+            raise storage.StateError("state file %s is truncated" % path)
+        magic, ver, levels, fp, seq, n = struct.unpack(_THDR, hdr)
+        if magic != TREE_MAGIC or ver != TREE_VERSION:
+            raise storage.StateError("state file %s has an unknown format" % path)
+        if fp != fingerprint or levels != len(arrays) or n != len(arrays[0]):
+            raise storage.StateError(
+                "state file %s was written with different parameters; "
+                "restore the old config or move the directory away" % path
+            )
+        tab = f.read(_TLVL_LEN * levels)
+        if len(tab) != _TLVL_LEN * levels:
+            raise storage.StateError("state file %s is truncated" % path)
+        h = hashlib.sha256(hdr)
+        h.update(tab)
+        for a in arrays:
+            if f.readinto(a) != 4 * n:
+                raise storage.StateError("state file %s is truncated" % path)
+            h.update(a)
+        trailer = f.read(32)
+        if len(trailer) != 32 or f.read(1):
+            raise storage.StateError("state file %s is truncated" % path)
+    finally:
+        f.close()
+    if h.digest() != trailer:
+        raise storage.StateError("state file %s fails its checksum" % path)
+    nodes = []
+    for i in range(levels):
+        elo, part, nz, status = struct.unpack_from(_TLVL, tab, i * _TLVL_LEN)
+        nodes.append((elo, part, nz, status))
+    return (seq, nodes)
+
+
+def _tree_complete(path):
+    f = open(path, "rb")
+    try:
+        hdr = f.read(_THDR_LEN)
+        if len(hdr) != _THDR_LEN or hdr[:4] != TREE_MAGIC:
+            return False
+        levels = hdr[5]
+        n = struct.unpack(_THDR, hdr)[-1]
+        h = hashlib.sha256(hdr)
+        left = _TLVL_LEN * levels + 4 * n * levels
+        while left > 0:
+            chunk = f.read(min(left, 512))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        return f.read(32) == h.digest() and not f.read(1)
+    finally:
+        f.close()
+
+
+class TreeRecorder:
+    """The device core in tree mode (same interface as agent.recorder.Recorder)."""
+
+    def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
+        self.p = params
+        self.root = root
+        self.rng = rng if rng is not None else Rng()
+        self.log = log if log is not None else _log
+        storage.makedirs(root)
+        self.outbox = storage.Outbox(root, outbox_max)
+        self.state_path = storage.join(root, "state.bin")
+        self.marker_path = storage.join(root, "released")
+        n = params.d * params.w
+        L = params.levels
+        # L accumulators (one per level) and one shared scratch buffer
+        self.relbuf = new_counters(n)
+        self.nodes = [new_counters(n) for _ in range(L)]
+        self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
+                             self.nodes[0])
+        self.sketch.arrays = []
+        self._fp = params.fingerprint()
+        self.lo = [0] * L  # first epoch of each level's node (aligned to 2**l)
+        self.parts = [0] * L
+        self.nzs = [0] * L  # internal noise draws per cell in each accumulator
+        self.status = [PENDING] * L
+        self.marks = []  # (seq, elo, ehi, part) of releases boot may need (see _keep)
+        self.state_seq = 0  # seq recorded in the last state file written
+        self.state_keys = []  # (elo, ehi, part) of the nodes in the last state file written
+        self.seq = 0
+        self.resumed = False
+        self.last_persist = now
+        self._boot(now)
+
+    # -- leaf view (what the daemon and firmware schedule on) -------------
+    @property
+    def elo(self):
+        return self.lo[0]
+
+    @property
+    def ehi(self):
+        return self.lo[0] + 1
+
+    @property
+    def part(self):
+        return self.parts[0]
+
+    @property
+    def nz(self):
+        return self.nzs[0]
+
+    # -- helpers ---------------------------------------------------------
+    def _arrays(self):
+        """Point the sketch at the accumulators that count."""
+        a = self.sketch.arrays
+        del a[:]
+        for lv in range(len(self.nodes)):
+            if self.status[lv] == OPEN:
+                a.append(self.nodes[lv])
+        self.sketch.counters = self.nodes[0]
+
+    def _wipe(self):
+        b = self.relbuf
+        for i in range(len(b)):
+            b[i] = 0
+
+    def _fresh(self):
+        self._wipe()
+        try:
+            add_noise(self.relbuf, self.p.noise, self.rng)
+        except BaseException:
+            self._wipe()
+            raise
+
+    def _refresh(self, lv):
+        """nodes[lv] += one fresh draw (mod 2**32); the draw leaves RAM."""
+        self._fresh()
+        a = self.nodes[lv]
+        b = self.relbuf
+        for i in range(len(a)):
+            a[i] = wrap32(a[i] + b[i])
+            b[i] = 0
+        self.nzs[lv] += 1
+
+    def _open(self, lv, cur=None):
+        """Open level lv's next node (lo/parts already set): a fresh Z_int
+        array swapped in; the old array (released data) is wiped."""
+        if cur is not None and self.lo[lv] + (1 << lv) <= cur:
+            # the target ended while its noise could not be drawn: start at the current node
+            self.lo[lv] = cur - cur % (1 << lv)
+            self.parts[lv] = 0
+        self._fresh()
+        self.nodes[lv], self.relbuf = self.relbuf, self.nodes[lv]
+        self._wipe()
+        self.nzs[lv] = 1
+        self.status[lv] = OPEN
+        self._arrays()
+
+    def _retry(self, cur):
+        """Draw the noise that failed earlier (new nodes, post-persist draws)."""
+        for lv in range(len(self.nodes)):
+            st = self.status[lv]
+            try:
+                if st == PENDING:
+                    self._open(lv, cur)
+                elif st == STALE:
+                    self._refresh(lv)
+                    self.status[lv] = OPEN
+                    self._arrays()
+            except Exception as exc:  # MemoryError, NoEntropyError: retry at the next tick
+                self.log("cannot draw noise for level %d (%r); that level is not counting" % (lv, exc))
+
+    @staticmethod
+    def _next(lv, cur, elo, part):
+        """(elo, part) of the node that follows the released (elo, part) at level lv."""
+        if cur >= elo + (1 << lv):
+            return (cur - cur % (1 << lv), 0)
+        return (elo, part + 1)  # flush, or a clock behind the released node
+
+    def _keep(self, marks, cur):
+        """The marker lines boot can need, at most 2L + 1 (the file is
+        rewritten at every release, so it must stay small):
+
+        * releases of nodes in the last state file written (a node whose
+          key is listed is not resumed: nothing is released twice);
+        * per node range that has not ended (a flush, or a clock behind),
+          its highest released part (the next part must be higher);
+        * the last release (its seq; the clock-behind rule).
+        """
+        keep = []
+        best = {}
+        for m in marks:
+            if (m[1], m[2], m[3]) in self.state_keys and m[0] >= self.state_seq:
+                keep.append(m)
+            elif cur is None or m[2] > cur:
+                b = best.get((m[1], m[2]))
+                if b is None or m[3] > b[3]:
+                    best[(m[1], m[2])] = m
+        for k in best:
+            if best[k] not in keep:
+                keep.append(best[k])
+        if marks and marks[-1] not in keep:
+            keep.append(marks[-1])
+        keep.sort()
+        return keep
+
+    # -- start-up --------------------------------------------------------
+    def _boot(self, now):
+        marks = storage.read_markers(self.marker_path)
+        last = marks[-1][0] if marks else None
+        for s in self.outbox.uncommitted():
+            if last is not None and s <= last:
+                storage.rename(self.outbox.path(s, ".tmp"), self.outbox.path(s))
+            else:
+                storage.remove(self.outbox.path(s, ".tmp"))
+        cur = now // self.p.epoch_s
+        L = len(self.nodes)
+        st = read_tree_state(self.state_path, self._fp, self.nodes)
+        if st is None:
+            self.seq = last + 1 if last is not None else 0
+            self.marks = self._keep(marks, cur)
+            self.state_seq = self.seq
+            e = cur
+            for m in marks:
+                if m[1] > e:
+                    e = m[1]  # the clock is behind a release: count into the epoch it started at
+            for lv in range(L):
+                a = e - e % (1 << lv)
+                part = 0
+                for m in marks:
+                    if m[1] == a and m[2] == a + (1 << lv) and m[3] >= part:
+                        part = m[3] + 1
+                self.lo[lv] = a
+                self.parts[lv] = part
+                self.status[lv] = PENDING
+            for lv in range(L):
+                for i in range(len(self.nodes[lv])):
+                    self.nodes[lv][i] = 0
+            self._retry(cur)
+            return
+        seq, tab = st
+        self.state_seq = seq
+        self.state_keys = [(tab[lv][0], tab[lv][0] + (1 << lv), tab[lv][1]) for lv in range(L)]
+        released = [(m[1], m[2], m[3]) for m in marks if m[0] >= seq]
+        self.marks = self._keep(marks, cur)
+        self.seq = seq if last is None or last < seq else last + 1
+        for lv in range(L):
+            elo, part, nz, status = tab[lv]
+            if (elo, elo + (1 << lv), part) in released:
+                self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
+                self.status[lv] = PENDING
+            else:
+                self.lo[lv] = elo
+                self.parts[lv] = part
+                self.nzs[lv] = nz
+                # an open node keeps counting: it needs a fresh draw first (RAM != flash)
+                self.status[lv] = CLOSED if status == CLOSED else STALE
+        self.resumed = True
+        self.log("resumed tree state seq %d, leaf [%d, %d) part %d" % (self.seq, self.lo[0], self.lo[0] + 1,
+                                                                       self.parts[0]))
+        self._retry(cur)
+
+    # -- events ----------------------------------------------------------
+    def add(self, item, weight=1):
+        self.sketch.update(item, weight)
+
+    def add_many(self, items, weights=None, adder=None):
+        """Add a batch; ``adder(sketch, items, weights)`` may replace
+        ``Sketch.update_many`` (the Pi daemon's numpy path, which also
+        honours ``Sketch.arrays``)."""
+        if adder is None:
+            self.sketch.update_many(items, weights)
+        else:
+            adder(self.sketch, items, weights)
+
+    # -- clock -----------------------------------------------------------
+    def tick(self, now):
+        """Release every node that has ended; persist when due.
+
+        Returns the number of releases committed.
+        """
+        cur = now // self.p.epoch_s
+        self._retry(cur)
+        changed = False
+        for lv in range(len(self.nodes)):
+            if self.status[lv] == OPEN and self.lo[lv] + (1 << lv) <= cur:
+                self.status[lv] = CLOSED
+                changed = True
+        if changed:
+            self._arrays()
+        n = 0
+        for lv in range(len(self.nodes)):
+            if self.status[lv] != CLOSED:
+                continue
+            if not self._release(lv, now):
+                break  # outbox full or no noise: retry this node (and the later ones) next tick
+            n += 1
+            self.lo[lv], self.parts[lv] = self._next(lv, cur, self.lo[lv], self.parts[lv])
+            self.status[lv] = PENDING
+            try:
+                self._open(lv, cur)
+            except Exception as exc:
+                self.log("release committed, but the noise of level %d's next node failed (%r); retrying"
+                         % (lv, exc))
+        if now - self.last_persist >= self.p.persist_s:
+            self.persist(now)
+        return n
+
+    def flush(self, now):
+        """Release every node now (end of a batch input); each continues as its next part."""
+        cur = now // self.p.epoch_s
+        self._retry(cur)
+        n = 0
+        for lv in range(len(self.nodes)):
+            if self.status[lv] not in (OPEN, CLOSED):
+                continue
+            self.status[lv] = CLOSED
+            self._arrays()
+            if not self._release(lv, now):
+                break
+            n += 1
+            self.lo[lv], self.parts[lv] = self._next(lv, cur, self.lo[lv], self.parts[lv])
+            self.status[lv] = PENDING
+            try:
+                self._open(lv, cur)
+            except Exception as exc:
+                self.log("release committed, but the noise of level %d's next node failed (%r); retrying"
+                         % (lv, exc))
+        # a node closed above whose release failed stays CLOSED; one still in its
+        # time re-opens as its next part only after its release (retried at tick)
+        return n
+
+    def redate(self, elo, ehi, part, now=None):
+        """Move every node to the one containing epoch ehi - 1 (events counted
+        before the clock was set are dated to that epoch), then persist."""
+        if not (0 <= elo < ehi):
+            raise ValueError("epoch range must satisfy 0 <= elo < ehi")
+        e = ehi - 1
+        for lv in range(len(self.nodes)):
+            self.lo[lv] = e - e % (1 << lv)
+            self.parts[lv] = part
+        self.persist(now)
+
+    def persist(self, now=None):
+        """Write all L accumulators, then a fresh draw into each counting one."""
+        for st in self.status:
+            if st == PENDING or st == STALE:
+                return False  # released data or an unrefreshed copy may not be written
+        tab = []
+        for lv in range(len(self.nodes)):
+            tab.append((self.lo[lv], self.parts[lv], self.nzs[lv], 1 if self.status[lv] == CLOSED else 0))
+        try:
+            write_tree_state(self.state_path, self._fp, self.seq, tab, self.nodes)
+        except OSError as exc:
+            self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
+            return False
+        self.state_seq = self.seq
+        self.state_keys = []
+        for lv in range(len(self.nodes)):
+            self.state_keys.append((self.lo[lv], self.lo[lv] + (1 << lv), self.parts[lv]))
+        self.marks = self._keep(self.marks, None)  # lines about older state files are not needed
+        for lv in range(len(self.nodes)):
+            if self.status[lv] == OPEN:
+                self.status[lv] = STALE  # no event may be counted between the write and the draw
+        self._arrays()
+        self._retry(None)
+        if now is not None:
+            self.last_persist = now
+        return True
+
+    # -- releases --------------------------------------------------------
+    def _release(self, lv, now=None):
+        """Commit node lv (state + Z_out) to the outbox. True if committed."""
+        rel = self.relbuf
+        c = self.nodes[lv]
+        for i in range(len(c)):
+            rel[i] = c[i]
+        try:
+            add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+        except Exception as exc:
+            self._wipe()
+            self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
+            return False
+        s = self.seq
+        elo = self.lo[lv]
+        ehi = elo + (1 << lv)
+        part = self.parts[lv]
+        tmp = self.outbox.path(s, ".tmp")
+        nz = self.nzs[lv] + 1
+        marks = self._keep(self.marks + [(s, elo, ehi, part)], None if now is None else now // self.p.epoch_s)
+        try:
+            if self.outbox.full():
+                raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
+            storage.write_atomic(
+                tmp, lambda write: release.encode_to(self.p, s, elo, ehi, part, rel, write, nz, lv))
+            storage.write_markers(self.marker_path, marks)
+        except OSError as exc:
+            self._wipe()
+            storage.remove(tmp)
+            self.log("cannot write release %d (%s); node [%d, %d) kept, retried at the next tick"
+                     % (s, exc, elo, ehi))
+            return False
+        self._wipe()
+        self.marks = marks
+        storage.rename(tmp, self.outbox.path(s))
+        self.seq = s + 1
+        # the persist clock is not reset: the other levels keep counting and
+        # must stay durable (every persist_s), unlike a window's fresh accumulator
+        return True
