@@ -39,11 +39,11 @@ def _patch(obj: object, name: str, value: object) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _skip_noise_in(method: str) -> Iterator[None]:
-    """add_noise does nothing while Recorder.<method> runs."""
+def _skip_noise_in(method: str, cls: type = Recorder, module: object = recorder) -> Iterator[None]:
+    """add_noise does nothing while cls.<method> runs (``module``: where cls finds add_noise)."""
     depth = [0]
-    real_add = recorder.add_noise
-    real_method = getattr(Recorder, method)
+    real_add = module.add_noise  # type: ignore[attr-defined]
+    real_method = getattr(cls, method)
 
     def add_noise(arr, spec, rng, start=0, stop=None):  # type: ignore[no-untyped-def]
         if depth[0]:
@@ -57,7 +57,7 @@ def _skip_noise_in(method: str) -> Iterator[None]:
         finally:
             depth[0] -= 1
 
-    with _patch(recorder, "add_noise", add_noise), _patch(Recorder, method, wrapped):
+    with _patch(module, "add_noise", add_noise), _patch(cls, method, wrapped):
         yield
 
 
@@ -93,6 +93,23 @@ CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 assert noise.add_noise is recorder.add_noise  # the hook patches the name the Recorder calls
+
+
+def _tree_controls() -> dict[str, Callable[[], contextlib.AbstractContextManager[None]]]:
+    """The same defects in tree mode (agent/tree.py's TreeRecorder)."""
+    from agent import tree
+
+    assert noise.add_noise is tree.add_noise
+    return {
+        "tree-output-noise-skipped": lambda: _skip_noise_in("_release", tree.TreeRecorder, tree),
+        "tree-fresh-draw-skipped": lambda: _skip_noise_in("_retry", tree.TreeRecorder, tree),
+        # not "scale halved": halving t with L = 2 levels doubles the per-node
+        # epsilon only up to the claim; beating it needs the evidence of all L
+        # nodes summed, and the distinguisher tests one combination of arrays
+    }
+
+
+TREE_CONTROLS = _tree_controls()
 
 
 def _add_counting(real):  # type: ignore[no-untyped-def]

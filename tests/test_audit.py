@@ -31,7 +31,7 @@ CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4,
 def params(**kw: object) -> Params:
     c = dict(CFG)
     c.update(kw)
-    return Params(c)
+    return Params({k: v for k, v in c.items() if v is not None})  # window_s=None: derived (tree mode)
 
 
 # -- statistics ----------------------------------------------------------------------
@@ -134,6 +134,28 @@ def test_sound_device_stays_below_the_claim(mode: str, extra: dict) -> None:
     intr = [r for r in summary if r.view == "intrusion"][0]
     # the audit is also tight: one full-scale draw per increment is close to eps
     assert 0.35 < intr.eps_lower <= 0.5
+
+
+def test_sound_tree_device_stays_below_the_claim() -> None:
+    """Tree mode (2 levels): the event is in a leaf and a level-1 node, each
+    released with its own output noise; the calibration carries the L factor."""
+    p = params(mode="tree", levels=2, window_s=None)
+    names = ["before-persist", "after-restart", "second-epoch", "tree-outbox-failure"]
+    audits, summary = engine.audit(p, trials=20000, scenario_names=names, verify_trials=2)
+    for a in audits:
+        for r in a.results.values():
+            assert r.path == "model" and not r.flagged, r
+
+
+@pytest.mark.parametrize("control", sorted(audit_controls.TREE_CONTROLS))
+def test_tree_negative_control_is_flagged(control: str) -> None:
+    with audit_controls.TREE_CONTROLS[control]():
+        p = params(mode="tree", levels=2, window_s=None)
+        _, summary = engine.audit(p, views=["intrusion"], trials=20000,
+                                  scenario_names=["before-persist", "after-last-persist", "second-epoch"],
+                                  real_trials=150, verify_trials=2)
+    (r,) = summary
+    assert r.flagged, (control, r)
 
 
 def test_real_code_path_agrees_on_a_sound_device() -> None:

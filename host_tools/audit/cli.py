@@ -79,6 +79,9 @@ def _params(args: argparse.Namespace) -> Params:
     raw = {"device": p.device, "salt": p.salt, "kind": p.kind, "d": p.d, "w": args.w, "clip": p.clip,
            "mode": p.mode, "window_s": p.window_s, "epoch_s": p.epoch_s, "mechanism": p.mechanism,
            "budget": "%d/%d" % p.budget, "persist_s": p.persist_s}
+    if p.mode == "tree":  # window_s is derived from the levels
+        del raw["window_s"]
+        raw["levels"] = p.levels
     return Params(raw)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from agent import hashing, storage
 from agent.params import Params
-from agent.recorder import Recorder
+from agent.recorder import Recorder, make
 from agent.rng import NoEntropyError, Rng
 
 from host_tools.audit.scenarios import Scenario
@@ -197,7 +197,7 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
     t0 = (1_700_000_000 // p.window_s) * p.window_s
     quiet = lambda m: None  # noqa: E731
     srcs = [RecordingSource(source_for(0))]
-    rec = Recorder(p, root, t0, rng=Rng(srcs[0]), log=quiet, outbox_max=sc.outbox_max)
+    rec = make(p, root, t0, rng=Rng(srcs[0]), log=quiet, outbox_max=sc.outbox_max)
     item = target_item(p)
     flash: list[np.ndarray] = []
     flash_meta: list[tuple] = []
@@ -216,6 +216,15 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
         if raw == last_flash:
             return
         last_flash = raw
+        if p.mode == "tree":  # one file, one array per level (agent/tree.py)
+            from agent.tree import read_tree_state
+
+            bufs = [array.array("i", bytes(4 * p.d * p.w)) for _ in range(p.levels)]
+            seq, nodes = read_tree_state(path, rec._fp, bufs)
+            for b, node in zip(bufs, nodes):
+                flash.append(np.array(b, dtype=np.int64))
+                flash_meta.append((seq,) + tuple(node))
+            return
         meta = storage.read_state(path, rec._fp, buf)
         flash.append(np.array(buf, dtype=np.int64))
         flash_meta.append(meta)
@@ -234,7 +243,7 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
             rec.persist(now)
         elif op.kind == "restart":
             srcs.append(RecordingSource(source_for(len(srcs))))
-            rec = Recorder(p, root, now, rng=Rng(srcs[-1]), log=quiet, outbox_max=sc.outbox_max)
+            rec = make(p, root, now, rng=Rng(srcs[-1]), log=quiet, outbox_max=sc.outbox_max)
         elif op.kind == "tick":
             rec.tick(now)
         elif op.kind == "flush":

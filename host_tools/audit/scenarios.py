@@ -103,10 +103,26 @@ COMMON: tuple[Scenario, ...] = (
                   ("persist", "16/10"), ("tick", "2"))),
 )
 
-# mode -> scenarios; a new mode (tree) registers its own list here.
+# Tree mode (agent/tree.py): the same persist/restart/flush positions, each
+# event lands in every open node (L accumulators); a tick releases every node
+# that closes, so ticks at epochs 1 and 2 also release the level-1 node
+# [e, e+2) that holds the event. A failed outbox write keeps the node and
+# retries it (no range growth), so the outbox scenarios are tree-specific.
+TREE: tuple[Scenario, ...] = tuple(
+    Scenario(s.name, s.doc + "; tree: the level-1 node closes at epoch 2",
+             s.ops + ((Op("bg", F(15, 10)), Op("tick", F(2))) if all(o.at <= 1 for o in s.ops) else ()),
+             s.sign, s.outbox_max)
+    for s in COMMON if not s.name.startswith("outbox")) + (
+    Scenario("tree-outbox-failure", "the release of the closing nodes fails (flash full) and is retried later",
+             _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("outbox_fail", "9/10"),
+                  ("tick", "1"), ("outbox_heal", "11/10"), ("bg", "12/10"), ("tick", "12/10"), ("tick", "2"))),
+)
+
+# mode -> scenarios; a new mode registers its own list here.
 MODE_SCENARIOS: dict[str, tuple[Scenario, ...]] = {
     "window": COMMON + (COMMON[2].negated(),),
     "keep": COMMON + (COMMON[2].negated(),),
+    "tree": TREE + (TREE[2].negated(),),
 }
 
 
