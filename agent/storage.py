@@ -228,16 +228,20 @@ def read_state(path, fingerprint, counters):
     return (seq, elo, ehi, part, nz)
 
 
-def _state_complete(path):
-    """True if a state file is whole: its length and SHA-256 trailer match."""
+def complete(path, hdr_len, magic, body_len):
+    """True if a file is whole: header with ``magic``, then ``body_len(hdr)``
+    bytes, then the SHA-256 of everything before it, and nothing after.
+
+    For state files (this module's and agent/tree.py's): a power cut can
+    leave a half-written ``.new``, which must not be adopted.
+    """
     f = open(path, "rb")
     try:
-        hdr = f.read(_HDR_LEN)
-        if len(hdr) != _HDR_LEN or hdr[:4] != STATE_MAGIC:
+        hdr = f.read(hdr_len)
+        if len(hdr) != hdr_len or hdr[:4] != magic:
             return False
-        n = struct.unpack(_HDR, hdr)[-1]
         h = hashlib.sha256(hdr)
-        left = 4 * n
+        left = body_len(hdr)
         while left > 0:
             chunk = f.read(min(left, 512))
             if not chunk:
@@ -247,6 +251,11 @@ def _state_complete(path):
         return f.read(32) == h.digest() and not f.read(1)
     finally:
         f.close()
+
+
+def _state_complete(path):
+    """True if a state file is whole: its length and SHA-256 trailer match."""
+    return complete(path, _HDR_LEN, STATE_MAGIC, lambda hdr: 4 * struct.unpack(_HDR, hdr)[-1])
 
 
 def _marker_complete(path):

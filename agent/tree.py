@@ -147,25 +147,14 @@ def read_tree_state(path, fingerprint, arrays):
     return (seq, nodes)
 
 
+def _tree_body(hdr):
+    levels = hdr[5]
+    return _TLVL_LEN * levels + 4 * struct.unpack(_THDR, hdr)[-1] * levels
+
+
 def _tree_complete(path):
-    f = open(path, "rb")
-    try:
-        hdr = f.read(_THDR_LEN)
-        if len(hdr) != _THDR_LEN or hdr[:4] != TREE_MAGIC:
-            return False
-        levels = hdr[5]
-        n = struct.unpack(_THDR, hdr)[-1]
-        h = hashlib.sha256(hdr)
-        left = _TLVL_LEN * levels + 4 * n * levels
-        while left > 0:
-            chunk = f.read(min(left, 512))
-            if not chunk:
-                return False
-            h.update(chunk)
-            left -= len(chunk)
-        return f.read(32) == h.digest() and not f.read(1)
-    finally:
-        f.close()
+    """True if a tree state file is whole (storage.complete)."""
+    return storage.complete(path, _THDR_LEN, TREE_MAGIC, _tree_body)
 
 
 class TreeRecorder:
