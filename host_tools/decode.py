@@ -86,8 +86,42 @@ class Rejected(Exception):
         self.reason = reason
 
 
+class SketchShape:
+    """Shape and merge group of a release: shared by the validated message
+    (:class:`Release`) and the stored row (host_tools.store.StoredRelease)."""
+
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    b: int
+    map: Optional[tuple[int, int, int]]
+
+    @property
+    def levels(self) -> int:
+        return self.b + 1 if self.kind == "dcs" else 1
+
+    @property
+    def rows(self) -> int:
+        """Counter rows of w cells: levels * d."""
+        return self.levels * self.d
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Shape of ``counters()``: (levels * d, w); (1, d) for kind dbits (d per-level counts)."""
+        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """What must be identical for releases to merge: (kind, d, w, hv, salt id[, b, map])."""
+        if self.kind == "dcs":
+            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
+        return (self.kind, self.d, self.w, self.hv, self.salt)
+
+
 @dataclass(frozen=True)
-class Release:
+class Release(SketchShape):
     """A validated release (all fields of the map, plus the raw bytes)."""
 
     dev: str
@@ -120,30 +154,9 @@ class Release:
     map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
 
     @property
-    def levels(self) -> int:
-        return self.b + 1 if self.kind == "dcs" else 1
-
-    @property
-    def rows(self) -> int:
-        """Counter rows of w cells: levels * d."""
-        return self.levels * self.d
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """Shape of ``counters()``: (levels * d, w); (1, d) for kind dbits (d per-level counts)."""
-        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
-
-    @property
     def key(self) -> tuple[str, int, int, int]:
         """The idempotency key (device, elo, ehi, part)."""
         return (self.dev, self.elo, self.ehi, self.part)
-
-    @property
-    def group(self) -> tuple[Any, ...]:
-        """What must be identical for releases to merge: (kind, d, w, hv, salt id[, b, map])."""
-        if self.kind == "dcs":
-            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
-        return (self.kind, self.d, self.w, self.hv, self.salt)
 
     @property
     def t0(self) -> int:

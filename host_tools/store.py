@@ -91,7 +91,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from host_tools.decode import Rejected, Release
+from host_tools.decode import Rejected, Release, SketchShape
 
 SCHEMA_VERSION = 1
 ROLLUP_MODES = ("window", "keep")
@@ -218,7 +218,7 @@ def rejected_seq(payload: Optional[bytes], device: Optional[str]) -> Optional[in
 
 
 @dataclass(frozen=True)
-class StoredRelease:
+class StoredRelease(SketchShape):
     """A release row as read back (counters decoded on demand)."""
 
     device: str
@@ -251,24 +251,6 @@ class StoredRelease:
     lvl: int = 0
     b: int = 0  # dcs: domain bits
     map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
-
-    @property
-    def levels(self) -> int:
-        return self.b + 1 if self.kind == "dcs" else 1
-
-    @property
-    def rows(self) -> int:
-        return self.levels * self.d
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
-
-    @property
-    def group(self) -> tuple[Any, ...]:
-        if self.kind == "dcs":
-            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
-        return (self.kind, self.d, self.w, self.hv, self.salt)
 
     def counters(self) -> np.ndarray:
         """int32 counters, shape (levels * d, w) (levels = 1 except kind dcs)."""
