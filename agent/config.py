@@ -43,6 +43,7 @@ PARAM_KEYS: dict[str, str] = {
     "privacy.mechanism": "mechanism",
     "privacy.budget": "budget",
     "storage.persist_s": "persist_s",
+    "storage.persist_noise": "persist_noise",
 }
 PARAM_TO_TOML: dict[str, str] = {v: k for k, v in PARAM_KEYS.items()}
 
@@ -59,7 +60,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "device": ("id", "salt"),
     "sketch": ("kind", "d", "w", "clip", "b", "map"),
     "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s", "levels"),
-    "storage": ("dir", "persist_s", "outbox_max"),
+    "storage": ("dir", "persist_s", "persist_noise", "outbox_max"),
     "source": SOURCE_KEYS,
 }
 SOURCE_TYPES = ("stdin", "file", "mqtt")

@@ -43,7 +43,12 @@ class Params:
     as epoch_s * 2**(L-1)), mechanism ('dgauss'), budget ('1/2': rho for
     dgauss, eps for dlap: the per-event guarantee against every release
     plus one intrusion, in tree mode over all L nodes holding the event),
-    persist_s (600: each persist adds one noise draw to the release, docs/PRIVACY.md).
+    persist_s (600: how often the state goes to flash), persist_noise ('auto':
+    'refresh' adds one internal draw to the release per persist, 'shadow'
+    keeps the release at one internal draw at half the budget whatever the
+    number of persists, with one more array in RAM; 'auto' picks shadow
+    when that gives the smaller release variance, docs/PRIVACY.md
+    "Persisting without growing the noise").
     Kind 'dcs' only: b (16, domain bits) and map ([1, 1, 0]: scale_num,
     scale_den, offset of the reading -> domain map, agent/dcs.py).
     """
@@ -101,6 +106,9 @@ class Params:
         if self.budget[0] <= 0:
             raise ParamError("budget", "must be positive")
         self.persist_s = _int(cfg, "persist_s", 600, 1, 86400)
+        self.persist_noise = cfg.get("persist_noise", "auto")
+        if self.persist_noise not in ("auto", "refresh", "shadow"):
+            raise ParamError("persist_noise", "must be 'auto', 'refresh' or 'shadow', got %r" % (self.persist_noise,))
         # kind dcs (agent/dcs.py): b domain bits, b + 1 levels of d x w, one event touches all levels
         # (dcs_levels; not the tree's levels, which is L in tree mode and 1 otherwise)
         self.b = 0
@@ -141,13 +149,40 @@ class Params:
             self.noise = calibrate.noise_for("dlap", self.budget, 1, 1, 1)
         else:
             self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
+        self.shadow = self._shadow()
+        self.inoise = self.internal_noise(self.shadow)
+
+    def internal_noise(self, shadow):
+        """The internal noise (Z_int, persist draws) under a persist scheme. Under shadow an
+        event is in two independent noisy views -- the accumulator and one increment of the
+        flash track -- so each gets half the budget: the calibration of 2x the arrays."""
+        if not shadow:
+            return self.noise
+        return calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, 2 * self.arrays)
+
+    def persists_per_epoch(self):
+        """Persists inside one accumulator's life with no restart: ceil(epoch_s / persist_s) - 1."""
+        return (self.epoch_s - 1) // self.persist_s
+
+    def _shadow(self):
+        """Resolve persist_noise. Shadow's internal variance is 2x (dgauss: sigma^2 doubles) or
+        about 4x (dlap: the scale t doubles) one refresh draw; refresh carries 1 + p draws."""
+        pn = self.persist_noise
+        if self.mode == "tree" or self.kind == "dbits":
+            if pn == "shadow":  # tree: one shadow per level (2L arrays) is not built; dbits never persists
+                raise ParamError("persist_noise", "'shadow' applies to modes window/keep and kinds cms, cs, dcs")
+            return False
+        if pn != "auto":
+            return pn == "shadow"
+        return 1 + self.persists_per_epoch() > (2 if self.mechanism == "dgauss" else 4)
 
     @property
     def epochs_per_window(self):
         return self.window_s // self.epoch_s
 
-    def fingerprint(self):
-        """Hex id of everything that must not change under a persisted state."""
+    def fingerprint(self, shadow=None):
+        """Id of everything that must not change under a persisted state
+        (``shadow``: of the state written under that persist scheme)."""
         s = "%s|%s|%s|%d|%d|%d|%s|%d|%d|%s|%d/%d" % (
             self.device,
             hashing.salt_id(self.salt),
@@ -164,5 +199,7 @@ class Params:
         )
         if self.kind == "dcs":
             s += "|%d|%d,%d,%d" % (self.b, self.map[0], self.map[1], self.map[2])
+        if self.shadow if shadow is None else shadow:
+            s += "|shadow"  # state.bin then holds the flash track, not the accumulator
         h = hashlib.sha256(s.encode()).digest()
         return h[:8]

@@ -9,11 +9,22 @@ Implements the ``window`` and ``keep`` release modes of DESIGN.md:
 * the accumulator of the open epoch starts as internal noise Z_int
   (one independent draw per cell), so the state an intruder can read is
   exact counts + noise;
-* every time the state is persisted, the snapshot is written and then a
-  fresh independent draw is added to the accumulator in RAM (also after a
-  restart, before counting resumes). Otherwise the RAM state minus the
-  flash copy -- or two stale copies a copy-on-write filesystem leaves in
-  free blocks -- would be the exact events in between;
+* persisting must not let RAM minus the flash copy -- or two stale copies
+  a copy-on-write filesystem leaves in free blocks -- be the exact events
+  in between. Two schemes (``persist_noise``, docs/PRIVACY.md):
+
+  - ``refresh``: the snapshot is written and then a fresh independent draw
+    is added to the accumulator in RAM (also after a restart, before
+    counting resumes); the release carries one more draw per persist;
+  - ``shadow``: the accumulator R = Z_int + events is never written. A
+    second array, the shadow M (pure noise: Z_int plus one fresh draw G
+    per persist), gives the flash track: a persist writes S = R - M and
+    then adds a fresh G to M, so consecutive snapshots differ by the
+    events in between minus an independent G, and RAM minus flash by the
+    later events minus the newest G. The release (R + Z_out) carries one
+    internal draw, at half the budget, however many persists there were.
+    A restart rebuilds R = S + fresh Z_int, so after one the release also
+    carries the G draws inside S (one per persist before the restart);
 * when the epoch closes, a release = state + Z_out (fresh noise, same
   scale) is committed to the outbox, and a new accumulator with fresh
   Z_int opens. This is the pan-private variant of intermittent-queries
@@ -73,6 +84,12 @@ class Recorder:
     ``params`` is an :class:`agent.params.Params`; ``root`` a directory for
     the outbox and state; ``rng`` an :class:`agent.rng.Rng` (default: system
     CSPRNG); ``now`` the current UTC time in seconds (int).
+
+    Draw counts (all per cell): ``nz`` internal draws in the accumulator
+    (the release carries nz + 1); under shadow, ``nzm`` draws in R - M,
+    i.e. in the snapshot the next persist writes. ``sh`` is the persist
+    scheme of the open accumulator: the configured one, or that of a state
+    file written before the config changed (until its release).
     """
 
     def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
@@ -86,8 +103,11 @@ class Recorder:
         self.marker_path = storage.join(root, "released")
         self._make_state(params)
         self._fp = params.fingerprint()
+        self._fps = (params.fingerprint(False), params.fingerprint(True))  # state.bin id per persist scheme
         self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
         self.nz = 0
+        self.nzm = 0
+        self.sh = params.shadow
         self.resumed = False  # True when boot continued a persisted accumulator
         self.last_persist = now
         self._boot(now)
@@ -100,6 +120,8 @@ class Recorder:
         # is part of the intruder's view (docs/PRIVACY.md), and a staged draw
         # left in it would give counters - relbuf - state.bin = exact events.
         self.relbuf = new_counters(n)
+        # shadow scheme: M, pure noise (Z_int + one G per persist); R - M is the flash track
+        self.shadow = new_counters(n) if params.shadow else None
         if params.kind == "dcs":
             from agent.dcs import DyadicSketch  # imported on demand: a board counting cs/cms keeps the heap
 
@@ -119,13 +141,24 @@ class Recorder:
             else:
                 storage.remove(self.outbox.path(s, ".tmp"))
         cur = now // self.p.epoch_s
-        st = storage.read_state(self.state_path, self._fp, self.counters)
+        # a state written under the other persist scheme (config changed) is continued in
+        # that scheme until its release: its draws are of that scheme's scale
+        st = storage.read_state(self.state_path, self._fp, self.counters,
+                                self.p.fingerprint(not self.p.shadow))
         if st is not None and (marker is None or st[0] > marker[0]):
-            self.seq, self.elo, self.ehi, self.part, self.nz = st
+            self.seq, self.elo, self.ehi, self.part, nz, other = st
             self.log("resumed state seq %d epochs [%d, %d) part %d" % st[:4])
             self.resumed = True
+            self.sh = self.p.shadow != other
+            if other:
+                self.log("the state was written under persist_noise = %s; the config's scheme starts "
+                         "with the next accumulator" % ("shadow" if self.sh else "refresh"))
+            if self.sh:
+                self._resume_shadow(nz)
+                return
             # The flash copy must not equal the RAM state we now count into,
             # or RAM - flash would show the next events exactly: refresh.
+            self.nz = nz
             self._refresh()
             return
         self.seq = marker[0] + 1 if marker is not None else 0
@@ -157,13 +190,14 @@ class Recorder:
             b[i] = 0
 
     def _fresh(self):
-        """Fill the scratch buffer with one fresh independent noise draw per cell.
+        """Fill the scratch buffer with one fresh independent internal noise draw per cell
+        (at the scale of the open accumulator's persist scheme).
 
         On failure (no entropy, low memory) the partial draw is wiped.
         """
         self._wipe()
         try:
-            add_noise(self.relbuf, self.p.noise, self.rng)
+            add_noise(self.relbuf, self.p.internal_noise(self.sh), self.rng)
         except BaseException:
             self._wipe()
             raise
@@ -172,6 +206,45 @@ class Recorder:
         """Add a fresh noise draw to the live accumulator (it stays noisy)."""
         self._fresh()
         self._add_fresh()
+
+    def _draw_shadow(self):
+        """M = a fresh G (the array is zeroed first; wiped again if the draw fails)."""
+        if self.shadow is None:
+            self.shadow = new_counters(self.p.cells)
+        m = self.shadow
+        for i in range(len(m)):
+            m[i] = 0
+        try:
+            add_noise(m, self.p.internal_noise(True), self.rng)
+        except BaseException:
+            for i in range(len(m)):
+                m[i] = 0
+            raise
+
+    def _resume_shadow(self, nz):
+        """After a restart under shadow: counters hold the snapshot S = R - M.
+
+        R = S + fresh Z_int' and M = Z_int' + fresh G: R - M = S - G, so the
+        next snapshot again differs from this one by events minus a fresh G,
+        and R - S = Z_int' + later events. The lost R's own Z_int is gone
+        with the RAM; the nz draws inside S stay in R.
+        """
+        self._fresh()  # relbuf = Z_int'
+        try:
+            self._draw_shadow()  # M = G
+        except BaseException:
+            self._wipe()
+            raise
+        a = self.counters
+        m = self.shadow
+        b = self.relbuf
+        for i in range(len(a)):
+            z = b[i]
+            a[i] = wrap32(a[i] + z)
+            m[i] = wrap32(m[i] + z)
+            b[i] = 0
+        self.nz = nz + 1
+        self.nzm = nz + 1
 
     def _add_fresh(self):
         """counters += the staged fresh draw (mod 2**32), then wipe the draw.
@@ -195,7 +268,20 @@ class Recorder:
         data and a half-noised array would expose events.
         """
         self._pending = (epoch, part)
+        self.sh = self.p.shadow
+        if self.shadow is not None and not self.p.shadow:
+            self._drop_shadow()  # the config's scheme is refresh (a migrated state was released)
         self._fresh()
+        if self.p.shadow:
+            try:
+                self._draw_shadow()  # M = G_0 (the old accumulator's shadow leaves RAM)
+            except BaseException:
+                self._wipe()
+                raise
+            m = self.shadow
+            b = self.relbuf
+            for i in range(len(m)):
+                m[i] = wrap32(m[i] + b[i])  # M = Z_int + G_0
         self.counters, self.relbuf = self.relbuf, self.counters
         self.sketch.counters = self.counters
         self._wipe()  # the old accumulator (released data) leaves RAM
@@ -203,7 +289,14 @@ class Recorder:
         self.ehi = epoch + 1
         self.part = part
         self.nz = 1
+        self.nzm = 1
         self._pending = None
+
+    def _drop_shadow(self):
+        m = self.shadow
+        for i in range(len(m)):
+            m[i] = 0
+        self.shadow = None
 
     def _ensure_open(self):
         if self._pending is not None:
@@ -273,14 +366,15 @@ class Recorder:
         return self._release(epoch, part, now)
 
     def persist(self, now=None):
-        """Write the noisy state to flash, then add fresh noise to it in RAM.
+        """Write the noisy state to flash so that it never differs from RAM
+        or from an earlier copy by exact events (docs/PRIVACY.md).
 
-        Without the second step the RAM state minus the flash copy (or two
-        stale flash copies that a copy-on-write filesystem leaves behind)
-        would be the exact events in between. With it, every snapshot and
-        the RAM state differ by events *plus* an independent full-scale
-        noise draw (docs/PRIVACY.md); the price is one more noise draw per
-        cell in the release (counted in its ``nz`` field).
+        refresh: write the accumulator, then add a fresh draw to it in RAM;
+        every snapshot and the RAM state differ by events *plus* an
+        independent draw, and the release carries one more draw per cell
+        (its ``nz`` field). shadow: write S = R - M, then add a fresh G to
+        M; the accumulator R is untouched. In both, the fresh draw is made
+        *before* the write, so a failed draw leaves flash as it was.
         """
         if self._pending is not None:
             return False  # nothing of the released array may be persisted
@@ -289,14 +383,41 @@ class Recorder:
         except Exception as exc:
             self.log("cannot draw noise (%r); state not persisted" % (exc,))
             return False
+        if self.sh:
+            return self._persist_shadow(now)
         try:
-            storage.write_state(self.state_path, self._fp, self.seq, self.elo, self.ehi, self.part, self.nz,
+            storage.write_state(self.state_path, self._fps[0], self.seq, self.elo, self.ehi, self.part, self.nz,
                                 self.counters)
         except OSError as exc:
             self._wipe()  # the unused draw must not stay beside the state
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False
         self._add_fresh()
+        if now is not None:
+            self.last_persist = now
+        return True
+
+    def _persist_shadow(self, now):
+        """relbuf holds a fresh G. M becomes S = R - M for the write (S is
+        what flash gets, so holding it in RAM meanwhile shows nothing more),
+        then M = R - S + G: the old shadow plus the fresh draw."""
+        a = self.counters
+        m = self.shadow
+        b = self.relbuf
+        for i in range(len(m)):
+            m[i] = wrap32(a[i] - m[i])
+        try:
+            storage.write_state(self.state_path, self._fps[1], self.seq, self.elo, self.ehi, self.part, self.nzm, m)
+        except OSError as exc:
+            for i in range(len(m)):
+                m[i] = wrap32(a[i] - m[i])  # the shadow back, unchanged
+            self._wipe()
+            self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
+            return False
+        for i in range(len(m)):
+            m[i] = wrap32(a[i] - m[i] + b[i])
+            b[i] = 0
+        self.nzm += 1
         if now is not None:
             self.last_persist = now
         return True
@@ -326,11 +447,13 @@ class Recorder:
         s = self.seq
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nz + 1
+        inoise = self.p.internal_noise(self.sh)
         try:
             if self.outbox.full():
                 raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
             storage.write_atomic(
-                tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz))
+                tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz, 0,
+                                                     inoise))
             storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
         except OSError as exc:
             self._wipe()

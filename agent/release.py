@@ -12,11 +12,13 @@ from agent import cbor, hashing
 FORMAT_VERSION = 2  # v2 adds ``lvl`` (tree node level; 0 in window/keep mode). Hosts still read v1.
 
 
-def release_map(params, seq, elo, ehi, part, counters, nz=2, lvl=0):
+def release_map(params, seq, elo, ehi, part, counters, nz=2, lvl=0, inoise=None):
     """The release as a dict; ``counters`` is the noisy array('i') carrying
-    ``nz`` independent noise draws per cell (nz - 1 internal, 1 output).
+    ``nz`` independent noise draws per cell (nz - 1 internal at ``inoise``,
+    default ``params.inoise``; 1 output at ``params.noise``).
     ``lvl`` is the tree level of the node [elo, ehi) (ehi - elo = 2**lvl)."""
     spec = params.noise
+    ispec = inoise if inoise is not None else params.inoise
     m = {
         "v": FORMAT_VERSION,
         "dev": params.device,
@@ -30,7 +32,7 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2, lvl=0):
         "clip": params.clip,
         "mech": params.mechanism,
         "budget": [params.budget[0], params.budget[1]],
-        "nint": [spec.num, spec.den],
+        "nint": [ispec.num, ispec.den],
         "nout": [spec.num, spec.den],
         "nz": nz,
         "L": params.arrays,
@@ -49,9 +51,9 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2, lvl=0):
     return m
 
 
-def encode_to(params, seq, elo, ehi, part, counters, write, nz=2, lvl=0):
+def encode_to(params, seq, elo, ehi, part, counters, write, nz=2, lvl=0, inoise=None):
     """Stream the encoded release through ``write`` (no full copy in RAM)."""
-    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters, nz, lvl), write)
+    cbor.encode_to(release_map(params, seq, elo, ehi, part, counters, nz, lvl, inoise), write)
 
 
 def encode(params, seq, elo, ehi, part, counters, nz=2, lvl=0):

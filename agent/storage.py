@@ -192,12 +192,14 @@ def write_state(path, fingerprint, seq, elo, ehi, part, nz, counters):
     write_atomic(path, body)
 
 
-def read_state(path, fingerprint, counters):
+def read_state(path, fingerprint, counters, alt=None):
     """Load a state file into ``counters``; returns (seq, elo, ehi, part, nz) or None.
 
     The counters are read straight into the preallocated array (no copy of
     the file in RAM: on a board that copy would set the boot-time heap peak).
     Raises StateError if the file is corrupt or was made with other params.
+    With ``alt`` (a second accepted fingerprint) the tuple has a sixth
+    element, True when the file carries ``alt``.
     """
     recover(path, _state_complete)
     if not exists(path):
@@ -210,7 +212,7 @@ def read_state(path, fingerprint, counters):
         magic, ver, fp, seq, elo, ehi, part, nz, n = struct.unpack(_HDR, hdr)
         if magic != STATE_MAGIC or ver != STATE_VERSION:
             raise StateError("state file %s has an unknown format" % path)
-        if fp != fingerprint or n != len(counters):
+        if (fp != fingerprint and (alt is None or fp != alt)) or n != len(counters):
             raise StateError(
                 "state file %s was written with different parameters; "
                 "restore the old config or move the directory away" % path
@@ -225,6 +227,8 @@ def read_state(path, fingerprint, counters):
     h.update(counters)
     if h.digest() != trailer:
         raise StateError("state file %s fails its checksum" % path)
+    if alt is not None:
+        return (seq, elo, ehi, part, nz, fp != fingerprint)
     return (seq, elo, ehi, part, nz)
 
 

@@ -18,9 +18,11 @@ encoding   not the deterministic CBOR agent/cbor.py writes (so equal
 topic      the topic's device level differs from ``dev``
 fleet      parameters differ from the fleet config (salt id, kind, d, w,
            mechanism)
-noise      ``nint``/``nout`` are not the noise that ``budget`` calibrates to
-           (agent.calibrate.noise_for): a release may not claim a budget
-           its noise does not give
+noise      ``nout`` is not the noise that ``budget`` calibrates to
+           (agent.calibrate.noise_for), or ``nint`` is neither that nor
+           (v2, window/keep) the calibration for 2L arrays (the shadow
+           persist scheme): a release may not claim a budget its noise
+           does not give
 =========  =================================================================
 
 Versions: v2 (current devices) has the key ``lvl`` and allows mode
@@ -33,9 +35,10 @@ exist only in v2 and never in tree mode (tree nodes are cms/cs sketches).
 
 ``nz`` (2 <= nz <= MAX_NZ) is the number of independent noise draws per
 cell of ``ctr``: nz - 1 draws of the internal noise ``nint`` (the initial
-one plus a fresh one after every persist and every restart, so a copy of
-the state on flash never differs from a later one by the exact events
-alone) and one draw of the output noise ``nout``. A release with nz < 2
+one plus, under the refresh persist scheme, a fresh one after every
+persist and every restart, so a copy of the state on flash never differs
+from a later one by the exact events alone; under shadow, the G draws of
+the flash track a restart carried in) and one draw of the output noise ``nout``. A release with nz < 2
 would claim less than the internal + output noise every release carries.
 
 Per-device consistency with earlier releases and key conflicts need the
@@ -510,11 +513,21 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
                 else calibrate.noise_for(mech, budget, d, clip, L))
     except (ValueError, ZeroDivisionError) as exc:
         raise Rejected("noise", "cannot calibrate %s budget %d/%d: %s" % (mech, budget[0], budget[1], exc))
-    for name, (n, dd) in (("nint", nint), ("nout", nout)):
-        if n * spec.den != spec.num * dd:
-            raise Rejected("noise", "%s = %d/%d does not match the %s noise for budget %d/%d "
-                           "(d=%d, clip=%d, L=%d): expected %d/%d"
-                           % (name, n, dd, mech, budget[0], budget[1], d, clip, L, spec.num, spec.den))
+    if nout[0] * spec.den != spec.num * nout[1]:
+        raise Rejected("noise", "nout = %d/%d does not match the %s noise for budget %d/%d "
+                       "(d=%d, clip=%d, L=%d): expected %d/%d"
+                       % (nout[0], nout[1], mech, budget[0], budget[1], d, clip, L, spec.num, spec.den))
+    # nint: the same calibration, or (v2, window/keep, kinds cms/cs/dcs) that of 2L arrays: the
+    # shadow persist scheme gives the accumulator and its flash track half the budget each
+    # (docs/PRIVACY.md "Persisting without growing the noise")
+    allowed = [spec]
+    if v >= 2 and mode != "tree" and kind != "dbits":
+        allowed.append(calibrate.noise_for(mech, budget, d, clip, 2 * L))
+    if not any(nint[0] * a.den == a.num * nint[1] for a in allowed):
+        raise Rejected("noise", "nint = %d/%d does not match the %s noise for budget %d/%d "
+                       "(d=%d, clip=%d, L=%d): expected %s"
+                       % (nint[0], nint[1], mech, budget[0], budget[1], d, clip, L,
+                          " or ".join("%d/%d" % (a.num, a.den) for a in allowed)))
 
     return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
                    budget=budget, nint=nint, nout=nout, nz=nz, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,

@@ -25,6 +25,13 @@ CFG = {"device": "dev-x", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 32
 CFG_DCS = {"device": "dev-x", "salt": "fleet-salt-1", "kind": "dcs", "b": 4, "map": [2, 1, 10], "d": 4, "w": 8,
            "mode": "keep", "window_s": 600, "epoch_s": 60, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
 
+# the same two under persist_noise = "shadow" (the accumulator is never written; a pure-noise
+# shadow gives the flash track, agent/recorder.py)
+CFG_SHADOW = dict(CFG)
+CFG_SHADOW["persist_noise"] = "shadow"
+CFG_DCS_SHADOW = dict(CFG_DCS)
+CFG_DCS_SHADOW["persist_noise"] = "shadow"
+
 
 def _plain(v):
     """JSON-able copy of an attribute value (arrays and byte buffers as int lists)."""

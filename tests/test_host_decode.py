@@ -30,9 +30,15 @@ def test_valid_release_roundtrip():
     rel = decode(raw, topic=topic("dev-a"))
     assert (rel.dev, rel.seq, rel.elo, rel.ehi, rel.part, rel.kind, rel.d, rel.w) == ("dev-a", 7, 100, 101, 2, "cms", 3, 10)
     assert rel.counters().ravel().tolist() == list(range(-15, 15))
-    assert rel.nint == rel.nout == (3, 1)  # dlap scale d*clip/eps
+    assert rel.nout == (3, 1)  # dlap scale d*clip/eps
+    # persist_noise auto: 5 persists per hourly window (persist_s 600) > 4, so shadow: the
+    # internal noise has half the budget (scale 2*d*clip/eps, docs/PRIVACY.md)
+    assert p.shadow and rel.nint == (6, 1)
     assert rel.nz == 2
     assert rel.payload == raw
+    r2 = decode(release.encode(params(kind="cms", d=3, w=10, mechanism="dlap", budget="1",
+                                      persist_noise="refresh"), 7, 100, 101, 2, ctr), topic=topic("dev-a"))
+    assert r2.nint == r2.nout == (3, 1)
 
 
 @pytest.mark.parametrize("nz", [2, 3, 17, 1_000_000])
@@ -184,7 +190,24 @@ def test_noise_calibration_matches_agent():
         p = params(mechanism=mech, budget=budget, d=d, clip=clip)
         rel = decode(encoded(p))
         spec = calibrate.noise_for(mech, budget, d, clip)
-        assert rel.nint == rel.nout == (spec.num, spec.den)
+        half = calibrate.noise_for(mech, budget, d, clip, 2)
+        assert rel.nout == (spec.num, spec.den)
+        assert rel.nint == ((half.num, half.den) if p.shadow else (spec.num, spec.den))
+
+
+def test_internal_noise_other_than_the_two_schemes_is_rejected():
+    """nint may be the calibration of L arrays (refresh) or 2L (shadow), nothing else; tree
+    releases (no shadow scheme) only the first."""
+    p = params(mechanism="dlap", budget="1", d=4, persist_noise="refresh")
+    m = release.release_map(p, 0, 100, 101, 0, array.array("i", bytes(4 * p.cells)))
+    for nint, ok in (([4, 1], True), ([8, 1], True), ([12, 1], False), ([2, 1], False)):
+        m["nint"] = nint
+        if ok:
+            assert decode(dumps(m)).nint == tuple(nint)
+        else:
+            with pytest.raises(Rejected) as e:
+                decode(dumps(m))
+            assert e.value.code == "noise" and "expected 4/1 or 8/1" in e.value.reason
 
 
 def test_max_bytes_checked_before_decoding(tmp_path):

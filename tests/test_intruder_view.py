@@ -55,8 +55,10 @@ KURT = 6 + 1 / VAR  # excess kurtosis of the (discrete) Laplace is ~3; E[X^4] ~ 
 REC_ATTRS = {
     "counters": "noisy",  # the accumulator (same object as sketch.counters)
     "relbuf": "scratch",  # must be all zeros between calls
-    "root": "public", "state_path": "public", "marker_path": "public", "_fp": "public",
-    "_pending": "public", "nz": "public", "resumed": "public", "last_persist": "public",
+    "shadow": "noisy",  # persist_noise shadow: M = Z_int + one G per persist (pure noise); None under refresh
+    "root": "public", "state_path": "public", "marker_path": "public", "_fp": "public", "_fps": "public",
+    "_pending": "public", "nz": "public", "nzm": "public", "sh": "public", "resumed": "public",
+    "last_persist": "public",
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
 SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "arrays"}
@@ -222,7 +224,11 @@ def check_whole_view(run: dict, releases: list[np.ndarray], cfg: dict = scen.CFG
         assert snap["rng"]["_pos"] == len(snap["rng"]["_buf"]), snap["op"]  # no tail kept
         if snap["flash"] is not None:
             flash_seen.append(np.array(snap["flash"], np.int64))
-        view = _dedupe([np.array(snap["rec"]["counters"], np.int64)] + flash_seen + releases)
+        ram = [np.array(snap["rec"]["counters"], np.int64)]
+        assert (snap["rec"]["shadow"] is not None) == p.shadow, snap["op"]
+        if snap["rec"]["shadow"] is not None:
+            ram.append(np.array(snap["rec"]["shadow"], np.int64))
+        view = _dedupe(ram + flash_seen + releases)
         V = np.stack(view)
         for k in (1, 2, 3):
             for idx in itertools.combinations(range(len(view)), k):
@@ -235,7 +241,8 @@ def check_whole_view(run: dict, releases: list[np.ndarray], cfg: dict = scen.CFG
     assert worst > var / 4, (worst, var)
 
 
-CFGS = pytest.mark.parametrize("cfg", [scen.CFG, scen.CFG_DCS], ids=["cms", "dcs"])
+CFGS = pytest.mark.parametrize("cfg", [scen.CFG, scen.CFG_DCS, scen.CFG_SHADOW, scen.CFG_DCS_SHADOW],
+                               ids=["cms", "dcs", "cms-shadow", "dcs-shadow"])
 
 
 @CFGS
@@ -360,3 +367,25 @@ def test_tree_whole_view_micropython_is_the_same(tmp_path):
     assert ob_mp.pending() == ob_cp.pending()
     assert [ob_mp.read(s) for s in ob_mp.pending()] == [ob_cp.read(s) for s in ob_cp.pending()]
     assert (flash / "dev" / "state.bin").read_bytes() == (cp / "state.bin").read_bytes()
+
+
+def test_negative_control_shadow_without_a_fresh_draw_is_caught(tmp_path, monkeypatch):
+    """The whole-view check has power under shadow: a persist that writes S = R - M but
+    never adds a fresh G to M leaves R - M - S = the exact events since the persist."""
+    from agent.noise import wrap32
+
+    def broken(self, now):
+        a, m, b = self.counters, self.shadow, self.relbuf
+        for i in range(len(m)):
+            m[i] = wrap32(a[i] - m[i])
+        storage.write_state(self.state_path, self._fps[1], self.seq, self.elo, self.ehi, self.part, self.nzm, m)
+        for i in range(len(m)):
+            m[i] = wrap32(a[i] - m[i])
+            b[i] = 0
+        return True
+
+    monkeypatch.setattr(Recorder, "_persist_shadow", broken)
+    run = scen.run(str(tmp_path), "view", scen.CFG_SHADOW)
+    with pytest.raises(AssertionError) as e:
+        check_whole_view(run, _releases(tmp_path), scen.CFG_SHADOW)
+    assert "(np.float64(0.0)" in str(e.value) or "0.0," in str(e.value)

@@ -1,0 +1,241 @@
+"""The shadow persist scheme (persist_noise = "shadow", agent/recorder.py).
+
+The accumulator R = Z_int + events is never written; the shadow M (pure
+noise) gives the flash track S = R - M. Noise comes from a
+DeterministicSource, so the draws are replayed and the structure checked
+exactly (docs/PRIVACY.md "Persisting without growing the noise"):
+
+* snapshot j = events up to persist j - (G_0 + ... + G_{j-1});
+* M = Z_int + G_0 + ... + G_k after k persists (no event in it);
+* the release = events + Z_int + Z_out, nz = 2, however many persists;
+* after a restart on snapshot k: R = S_k + Z_int', nz = k + 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cbor2
+import pytest
+
+from agent import calibrate, hashing, storage
+from agent.noise import wrap32
+from agent.params import ParamError, Params
+from agent.recorder import Recorder
+from agent.rng import DeterministicSource, Rng
+from agent.sketch import Sketch
+
+T0 = 200_000 * 3600
+HOUR = 3600
+
+
+def params(**kw):
+    cfg = {"device": "dev-s", "salt": "fleet-salt-1", "kind": "cs", "d": 3, "w": 16, "mode": "window",
+           "window_s": HOUR, "mechanism": "dgauss", "budget": "1/2", "persist_s": 600,
+           "persist_noise": "shadow"}
+    cfg.update(kw)
+    return Params(cfg)
+
+
+class Replay:
+    """The draws a Recorder makes from DeterministicSource(seed), in order."""
+
+    def __init__(self, seed: str) -> None:
+        self.rng = Rng(DeterministicSource(seed))
+
+    def take(self, n: int, spec) -> list[int]:
+        return [spec.sample(self.rng) for _ in range(n)]
+
+
+def exact(p: Params, events: list[str]) -> list[int]:
+    s = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
+    for x in events:
+        s.update(x)
+    return list(s.counters)
+
+
+def vec(*parts: list[int], signs: tuple[int, ...] = ()) -> list[int]:
+    sg = signs or (1,) * len(parts)
+    return [wrap32(sum(s * p[i] for s, p in zip(sg, parts))) for i in range(len(parts[0]))]
+
+
+def flash(rec: Recorder) -> tuple[list[int], int]:
+    import array
+
+    buf = array.array("i", bytes(4 * rec.p.cells))
+    st = storage.read_state(rec.state_path, rec._fps[1], buf)
+    assert st is not None
+    return list(buf), st[4]
+
+
+def the_release(root) -> dict:
+    ob = storage.Outbox(str(root))
+    (s,) = ob.pending()
+    return cbor2.loads(ob.read(s))
+
+
+def ctr(rel: dict) -> list[int]:
+    return list(memoryview(rel["ctr"]).cast("i"))
+
+
+def test_flash_track_and_release_structure_exactly(tmp_path):
+    p = params()
+    n = p.cells
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("s1")), log=lambda m: None)
+    rp = Replay("s1")
+    z_int = rp.take(n, p.inoise)
+    gs = [rp.take(n, p.inoise)]  # G_0, drawn at open
+    assert list(rec.counters) == z_int
+    assert list(rec.shadow) == vec(z_int, gs[0])
+    events: list[str] = []
+    for j in range(1, 6):  # five persists in the hour (persist_s = 600)
+        batch = ["e%d" % ((j * 7 + i) % 11) for i in range(40 + j)]
+        for x in batch:
+            rec.add(x)
+        events += batch
+        assert rec.persist(T0 + 600 * j)
+        gs.append(rp.take(n, p.inoise))
+        s, nz = flash(rec)
+        # snapshot j = exact(events so far) - (G_0 + ... + G_{j-1}): j draws
+        assert s == vec(exact(p, events), *gs[:j], signs=(1,) + (-1,) * j)
+        assert nz == j
+        # the shadow is pure noise: Z_int + G_0..G_j; R - M - S = -G_j (no event since the persist)
+        assert list(rec.shadow) == vec(z_int, *gs)
+        assert list(rec.counters) == vec(exact(p, events), z_int)
+        assert not any(rec.relbuf)
+    tail = ["late"] * 9
+    for x in tail:
+        rec.add(x)
+    assert rec.tick(T0 + HOUR) == 1
+    z_out = rp.take(n, p.noise)
+    rel = the_release(tmp_path)
+    # one internal draw (at half the budget) + Z_out, not 1 + 5 + 1 draws
+    assert rel["nz"] == 2
+    assert tuple(rel["nint"]) == (p.inoise.num, p.inoise.den) and tuple(rel["nout"]) == (p.noise.num, p.noise.den)
+    assert ctr(rel) == vec(exact(p, events + tail), z_int, z_out)
+    # the released accumulator's shadow left RAM: the next one is fresh (Z_int' + G_0')
+    z2 = rp.take(n, p.inoise)
+    g2 = rp.take(n, p.inoise)
+    assert list(rec.counters) == z2 and list(rec.shadow) == vec(z2, g2)
+
+
+def test_restart_rebuilds_from_the_flash_track(tmp_path):
+    p = params()
+    n = p.cells
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("s2")), log=lambda m: None)
+    rp = Replay("s2")
+    rp.take(n, p.inoise)  # Z_int (lost with the RAM)
+    gs = [rp.take(n, p.inoise)]
+    events: list[str] = []
+    for j in (1, 2, 3):
+        batch = ["r%d" % (i % 5) for i in range(20 * j)]
+        for x in batch:
+            rec.add(x)
+        events += batch
+        rec.persist(T0 + 600 * j)
+        gs.append(rp.take(n, p.inoise))
+    for x in ["lost"] * 7:  # after the last persist: lost in the power cut
+        rec.add(x)
+    rec2 = Recorder(p, str(tmp_path), T0 + 1900, rng=Rng(DeterministicSource("s2b")), log=lambda m: None)
+    rp2 = Replay("s2b")
+    z_new = rp2.take(n, p.inoise)
+    g_new = rp2.take(n, p.inoise)
+    s3 = vec(exact(p, events), *gs[:3], signs=(1, -1, -1, -1))
+    assert rec2.resumed and rec2.nz == 4 and rec2.nzm == 4
+    assert list(rec2.counters) == vec(s3, z_new)  # R = S_3 + Z_int'
+    assert list(rec2.shadow) == vec(z_new, g_new)  # M = Z_int' + G'
+    more = ["after"] * 5
+    for x in more:
+        rec2.add(x)
+    rec2.persist(T0 + 2400)
+    s4, nz4 = flash(rec2)
+    assert s4 == vec(s3, exact(p, more), g_new, signs=(1, 1, -1)) and nz4 == 4
+    rp2.take(n, p.inoise)  # the persist's G
+    assert rec2.tick(T0 + HOUR) == 1
+    z_out = rp2.take(n, p.noise)
+    rel = the_release(tmp_path)
+    # the release carries Z_int' + the three G inside S_3 + Z_out
+    assert rel["nz"] == 5
+    assert ctr(rel) == vec(s3, exact(p, more), z_new, z_out)
+
+
+def test_failed_write_keeps_the_shadow_and_wipes_the_draw(tmp_path, monkeypatch):
+    p = params()
+    rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("s3")), log=lambda m: None)
+    rec.add("x")
+    m0 = list(rec.shadow)
+    r0 = list(rec.counters)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage, "write_state", full)
+    assert rec.persist(T0 + 600) is False
+    assert list(rec.shadow) == m0 and list(rec.counters) == r0 and not any(rec.relbuf)
+    assert rec.nzm == 1
+
+
+def test_calibration_splits_the_budget_between_the_two_views():
+    """An event sits in R (Z_int) and in one flash-track increment (one G): the two
+    privacy losses add up to the budget exactly. With the refresh scale (the L factor
+    of 2 dropped) they would add up to twice the budget."""
+    for mech, budget, d, clip in (("dlap", "1/2", 4, 1), ("dgauss", "1/2", 4, 1), ("dgauss", "1/10", 5, 2)):
+        p = params(mechanism=mech, budget=budget, d=d, clip=clip)
+        b = calibrate.parse_ratio(budget)
+        name, g = calibrate.guarantee(p.inoise, d, clip, 1)  # the loss of one view at sensitivity 1 array
+        assert 2 * g[0] * b[1] == b[0] * g[1], (mech, g, b)
+        name, g = calibrate.guarantee(p.noise, d, clip, 1)  # Z_out alone covers the release at the budget
+        assert g == b
+        # numerically: dlap d*c/t_int + d*c/t_int = eps; dgauss 2 * d*c^2/(2 sigma_int^2) = rho
+        if mech == "dlap":
+            loss = 2 * d * clip * p.inoise.den / p.inoise.num
+        else:
+            loss = 2 * d * clip * clip * p.inoise.den / (2 * p.inoise.num)
+        assert math.isclose(loss, b[0] / b[1])
+
+
+@pytest.mark.parametrize("mech,persist_s,want", [
+    ("dgauss", 3600, False), ("dgauss", 1800, False), ("dgauss", 1200, True), ("dgauss", 60, True),
+    ("dlap", 900, False), ("dlap", 720, True), ("dlap", 600, True)])
+def test_auto_picks_the_smaller_release_variance(mech, persist_s, want):
+    """shadow carries 2x (dgauss) or ~4x (dlap) one refresh draw; refresh carries 1 + p draws,
+    p = ceil(3600 / persist_s) - 1 persists per hourly window."""
+    p = params(persist_noise="auto", mechanism=mech, persist_s=persist_s)
+    assert p.shadow is want
+    assert p.inoise == (p.internal_noise(True) if want else p.noise)
+
+
+def test_modes_without_a_shadow():
+    assert not params(persist_noise="auto", mode="tree", levels=3, epoch_s=60, window_s=240).shadow
+    with pytest.raises(ParamError) as e:
+        params(mode="tree", levels=3, epoch_s=60, window_s=240)
+    assert e.value.key == "persist_noise"
+    with pytest.raises(ParamError) as e:
+        params(persist_noise="sometimes")
+    assert e.value.key == "persist_noise"
+
+
+@pytest.mark.parametrize("first,then", [("refresh", "shadow"), ("shadow", "refresh")])
+def test_changed_scheme_finishes_the_persisted_accumulator_in_its_own(tmp_path, first, then):
+    """A config change of persist_noise never strands a persisted state: the accumulator
+    on flash is continued and released in the scheme (and noise scale) it was written
+    with; the next accumulator uses the new one."""
+    p1 = params(persist_noise=first)
+    rec = Recorder(p1, str(tmp_path), T0, rng=Rng(DeterministicSource("m1")), log=lambda m: None)
+    for x in ["a"] * 30:
+        rec.add(x)
+    assert rec.persist(T0 + 600)
+    p2 = params(persist_noise=then)
+    logs: list[str] = []
+    rec2 = Recorder(p2, str(tmp_path), T0 + 700, rng=Rng(DeterministicSource("m2")), log=logs.append)
+    assert rec2.resumed and rec2.sh == (first == "shadow")
+    assert any("persist_noise" in m for m in logs)
+    rec2.add("b")
+    assert rec2.persist(T0 + 1200)  # written in the old scheme, readable on the next boot
+    assert rec2.tick(T0 + HOUR) == 1
+    rel = the_release(tmp_path)
+    old = p1.inoise
+    assert tuple(rel["nint"]) == (old.num, old.den)
+    # the state file's draw count: refresh 1 + persist + restart; shadow: G_0 + restart G
+    assert rel["nz"] == (3 + 1 if first == "refresh" else 2 + 1)
+    assert rec2.sh == (then == "shadow") and (rec2.shadow is not None) == (then == "shadow")
