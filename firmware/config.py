@@ -33,7 +33,7 @@ from agent.params import ParamError, Params
 DEFAULT_PATH = "/pansketch.json"
 
 SKETCH_KEYS = ("kind", "d", "w", "clip", "b", "map", "mode", "window_s", "epoch_s", "levels", "mechanism", "budget",
-               "persist_s")
+               "persist_s", "persist_noise")
 TOP_KEYS = (
     "device", "salt", "sketch", "wifi", "ntp", "mqtt", "source", "watchdog_s", "state_dir",
     "max_events_per_step", "idle_ms", "insecure_rng_seed", "outbox_max",

@@ -17,7 +17,9 @@ straight into the accumulator at boot (agent/storage.read_state), so
 BOOT_CELL, the extra per cell while it loads, is 0. The boot happens
 before WiFi/TLS come up (firmware/app.py allocates the sketch first), so
 the two peaks do not add. Window and keep mode need the same memory (one
-accumulator + one release buffer). Tree mode holds L accumulators (one
+accumulator + one release buffer), plus SHADOW_CELL = 4 bytes per cell
+under persist_noise = "shadow" (the shadow array M, agent/recorder.py;
+"auto" picks it when persists are frequent: check ``Params.shadow``). Tree mode holds L accumulators (one
 per level) and ONE shared scratch buffer: 4*(L+1) bytes per cell
 (``cell_bytes``), plus the tree module's code (TREE_CODE_*); the tree
 state file is read straight into the L accumulators (BOOT_CELL stays 0).
@@ -33,8 +35,9 @@ checked with ``report()`` on the real board.
 CODE_PY = 96900      # live heap of core + firmware + umqtt.simple imported from .py sources
 CODE_MPY = 67300     # ... imported from .mpy files (deploy/flash.sh --mpy)
 CODE_FROZEN = 21900  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
-APP_FIXED = 3500     # App, Link, Wifi, source buffers, config object after boot
+APP_FIXED = 3900     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
+SHADOW_CELL = 4      # per cell, the shadow array of persist_noise = "shadow"
 BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
@@ -86,26 +89,29 @@ def code_bytes(code, levels=1):
     return base + (tree if levels > 1 else 0)
 
 
-def cell_bytes(levels=1):
-    """Steady heap per sketch cell: L accumulators + one scratch (window/keep: L = 1, 8 bytes)."""
-    return CELL if levels <= 1 else 4 * (levels + 1)
+def cell_bytes(levels=1, shadow=False):
+    """Steady heap per sketch cell: L accumulators + one scratch (window/keep: L = 1, 8 bytes),
+    + the shadow array under persist_noise = "shadow" (window/keep only)."""
+    if levels > 1:
+        return 4 * (levels + 1)
+    return CELL + (SHADOW_CELL if shadow else 0)
 
 
-def max_cells(free, tls_heap, code="mpy", tls=True, max_events=64, levels=1):
+def max_cells(free, tls_heap, code="mpy", tls=True, max_events=64, levels=1, shadow=False):
     """Largest d*w that fits in ``free`` bytes of heap (0 if none)."""
     fixed = code_bytes(code, levels) + APP_FIXED + RESERVE
     steady = free - fixed - (tls_heap if tls else 0) - STEP_EVENT * max_events
     boot = free - fixed
-    cell = cell_bytes(levels)
+    cell = cell_bytes(levels, shadow)
     n = min(steady // cell, boot // (cell + BOOT_CELL))
     return n if n > 0 else 0
 
 
-def need(d, w, tls_heap, code="mpy", tls=True, max_events=64, levels=1):
+def need(d, w, tls_heap, code="mpy", tls=True, max_events=64, levels=1, shadow=False):
     """Heap (bytes) a d x w sketch needs at its worst moment."""
     n = d * w
     fixed = code_bytes(code, levels) + APP_FIXED + RESERVE
-    cell = cell_bytes(levels)
+    cell = cell_bytes(levels, shadow)
     steady = fixed + cell * n + STEP_EVENT * max_events + (tls_heap if tls else 0)
     boot = fixed + (cell + BOOT_CELL) * n
     return steady if steady > boot else boot
@@ -152,15 +158,17 @@ def _pow2_le(x):
 def table(tls_modes=(True, False)):
     """Markdown table of the largest sketches per board profile (window and keep mode alike)."""
     lines = [
-        "| board | code | TLS | events/step | max d*w cells | d=4: max w (power of 2) | d=8: max w (power of 2) |",
-        "|---|---|---|---|---|---|---|",
+        "| board | code | TLS | events/step | max d*w cells | d=4: max w (power of 2) | d=8: max w (power of 2) "
+        "| shadow: max d*w | shadow d=4: max w (power of 2) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, p in PROFILES:
         for tls in tls_modes:
             n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"])
-            lines.append("| %s | %s | %s | %d | %d | %d (%d) | %d (%d) |" % (
+            ns = max_cells(p["free"], p["tls"], p["code"], tls, p["events"], 1, True)
+            lines.append("| %s | %s | %s | %d | %d | %d (%d) | %d (%d) | %d | %d (%d) |" % (
                 p["name"], p["code"], "on" if tls else "off", p["events"], n, n // 4, _pow2_le(n // 4),
-                n // 8, _pow2_le(n // 8)))
+                n // 8, _pow2_le(n // 8), ns, ns // 4, _pow2_le(ns // 4)))
     lines.append("")
     for key, p in PROFILES:
         lines.append("* %s: %s." % (p["name"], p["note"]))
@@ -188,12 +196,12 @@ def kind_table(tls=True):
     return "\n".join(lines)
 
 
-def estimate_lines(d, w, tls=True, max_events=64, code=None, levels=1):
+def estimate_lines(d, w, tls=True, max_events=64, code=None, levels=1, shadow=False):
     out = []
     for key, p in PROFILES:
         c = code or p["code"]
-        n = max_cells(p["free"], p["tls"], c, tls, max_events, levels)
-        req = need(d, w, p["tls"], c, tls, max_events, levels)
+        n = max_cells(p["free"], p["tls"], c, tls, max_events, levels, shadow)
+        req = need(d, w, p["tls"], c, tls, max_events, levels, shadow)
         line = "%-8s %-6s needs %6d of %6d bytes: %s; largest w for d=%d: %d" % (
             key, c, req, p["free"], "fits" if req <= p["free"] else "DOES NOT FIT", d, n // d)
         if levels > 1:
@@ -213,11 +221,11 @@ def report(path=None):
     free = gc.mem_free()
     p = cfg.params
     print("config: %s %dx%d (%d cells = %d bytes of sketch), TLS %s" % (
-        p.kind, p.d, p.w, p.cells, cell_bytes(p.levels) * p.cells, "on" if cfg.tls else "off"))
+        p.kind, p.d, p.w, p.cells, cell_bytes(p.levels, p.shadow) * p.cells, "on" if cfg.tls else "off"))
     print("heap free now: %d bytes; a step of %d events makes ~%d bytes of garbage" % (
         free, cfg.max_events, STEP_EVENT * cfg.max_events))
     print("if the sketch is allocated (app running), more cells that would fit: %d" % (
-        max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // cell_bytes(p.levels))))
+        max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // cell_bytes(p.levels, p.shadow))))
 
 
 def main(argv=None):
@@ -245,9 +253,10 @@ def main(argv=None):
             return 2
         tls = cfg.tls and not a.no_tls
         p = cfg.params
-        print("%s: %s d=%d w=%d (%d cells), %s mode, TLS %s" % (
-            a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "on" if tls else "off"))
-        for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels):
+        print("%s: %s d=%d w=%d (%d cells), %s mode, persist noise %s, TLS %s" % (
+            a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "shadow" if p.shadow else "refresh",
+            "on" if tls else "off"))
+        for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow):
             print(line)
         return 0
     if a.tree:

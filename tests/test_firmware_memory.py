@@ -85,9 +85,9 @@ def test_code_size_after_import(tmp_path):
     assert 0.7 * memory.CODE_FROZEN <= frozen <= 1.1 * memory.CODE_FROZEN
 
 
-def _boot(tmp_path: Path, w: int, resume: bool = False) -> mpvm.MPResult:
-    flash = tmp_path / ("w%d" % w)
-    S.write_config(flash, S.config(sketch={"w": w}))
+def _boot(tmp_path: Path, w: int, resume: bool = False, persist_noise: str = "refresh") -> mpvm.MPResult:
+    flash = tmp_path / ("w%d%s" % (w, persist_noise))
+    S.write_config(flash, S.config(sketch={"w": w, "persist_noise": persist_noise}))
     steps = [FAKES, IMPORTS,
              "a0 = gc.mem_alloc()\na = fwdrive.boot()\nprint('@boot_alloc', gc.mem_alloc() - a0)",
              "fwdrive.run(3)"]
@@ -111,7 +111,7 @@ def test_bytes_per_cell_and_boot_transient(tmp_path):
             "f = open('/flash/data/state.bin', 'rb'); fp = f.read(16)[8:16]; f.close()\n" % big,
             "a0 = gc.mem_alloc()\nstorage.read_state('/flash/data/state.bin', fp, c)\n"
             "print('@read_alloc', gc.mem_alloc() - a0)\n")
-    flash = tmp_path / ("w%d" % big)
+    flash = tmp_path / ("w%drefresh" % big)
     r3 = S.run([FAKES, code[0], code[1]], flash).check()
     boot_cell = int(r3.values()["read_alloc"]) / (4 * big)
     RESULTS.update(bytes_per_cell=per_cell, app_fixed=app_fixed, boot_extra_per_cell=boot_cell,
@@ -122,6 +122,17 @@ def test_bytes_per_cell_and_boot_transient(tmp_path):
     assert abs(per_cell - memory.CELL) < 0.25
     assert abs(boot_cell - memory.BOOT_CELL) < 0.5
     assert app_fixed <= 1.1 * memory.APP_FIXED
+
+
+def test_shadow_scheme_costs_one_array(tmp_path):
+    """persist_noise = "shadow" keeps one more int32 array (the shadow M): 12 B/cell, as modelled."""
+    r1 = _boot(tmp_path, 64, persist_noise="shadow")
+    r2 = _boot(tmp_path, 1024, persist_noise="shadow")
+    per_cell = (r2.live[2] - r1.live[2]) / (4 * (1024 - 64))
+    RESULTS.update(bytes_per_cell_shadow=per_cell)
+    _save()
+    assert abs(per_cell - memory.cell_bytes(1, shadow=True)) < 0.25, per_cell
+    assert memory.cell_bytes(1, shadow=True) == memory.CELL + 4
 
 
 def test_cost_per_event_idle_step_and_gpio(tmp_path):
@@ -213,9 +224,9 @@ def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
         got[w] = r.live[2] - r.live[1]
         assert r.values()["seq"] == "1 tree %d" % lv  # the first leaf was released at its epoch end
     per_cell = (got[256] - got[64]) / (4 * (256 - 64))
-    # the same code measures 28.15-28.27 B/cell at L = 6 with the VM heap at 128-192 KiB (heap layout of
-    # the noise draws' garbage): 0.3 B of tolerance, about 1 % of the model
-    assert abs(per_cell - memory.cell_bytes(lv)) < 0.3, per_cell
+    # the same code measures 28.15-28.40 B/cell at L = 6 with the VM heap at 128-192 KiB (heap layout of
+    # the noise draws' garbage): 0.6 B of tolerance, about 2 % of the model
+    assert abs(per_cell - memory.cell_bytes(lv)) < 0.6, per_cell
     # tree.py's import cost (.py) against the model
     r = mpvm.run(["import gc\nfrom agent import recorder, sketch, storage, release\ngc.collect()",
                   "import agent.tree\ngc.collect()"], heap=160 * 1024).check()
