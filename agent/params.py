@@ -168,10 +168,13 @@ class Params:
         """Resolve persist_noise. Shadow's internal variance is 2x (dgauss: sigma^2 doubles) or
         about 4x (dlap: the scale t doubles) one refresh draw; refresh carries 1 + p draws."""
         pn = self.persist_noise
-        if self.mode == "tree" or self.kind == "dbits":
-            if pn == "shadow":  # tree: one shadow per level (2L arrays) is not built; dbits never persists
-                raise ParamError("persist_noise", "'shadow' applies to modes window/keep and kinds cms, cs, dcs")
+        if self.kind == "dbits":
+            if pn == "shadow":  # dbits never persists (agent/dbits.py)
+                raise ParamError("persist_noise", "kind 'dbits' keeps no persisted counts: no 'shadow'")
             return False
+        if self.mode == "tree":
+            # a shadow per level doubles the tree's L arrays: only when asked for
+            return pn == "shadow"
         if pn != "auto":
             return pn == "shadow"
         return 1 + self.persists_per_epoch() > (2 if self.mechanism == "dgauss" else 4)
@@ -199,7 +202,9 @@ class Params:
         )
         if self.kind == "dcs":
             s += "|%d|%d,%d,%d" % (self.b, self.map[0], self.map[1], self.map[2])
-        if self.shadow if shadow is None else shadow:
-            s += "|shadow"  # state.bin then holds the flash track, not the accumulator
+        if (self.shadow if shadow is None else shadow) and self.mode != "tree":
+            # state.bin then holds the flash track, not the accumulator (the tree state
+            # file records the scheme per level instead)
+            s += "|shadow"
         h = hashlib.sha256(s.encode()).digest()
         return h[:8]

@@ -24,6 +24,12 @@ every release adds fresh output noise.
 * Persist writes all L accumulators into one state file, then adds a fresh
   draw to every accumulator that keeps counting (its ``nz`` grows by one),
   as in the other modes: RAM minus any flash copy is events plus a full draw.
+  Under ``persist_noise = "shadow"`` (agent/recorder.py, docs/PRIVACY.md)
+  each level also keeps a shadow M (pure noise): the file gets R - M per
+  level and the fresh draw goes into M, so a node's release carries one
+  internal draw (at 2L arrays) however many persists it lived through.
+  The scheme is recorded per level in the state file and changes only when
+  a level opens its next node (a config change never strands a node).
 * If the outbox cannot be written (full flash, or ``outbox_max`` releases
   the host has not acknowledged), the closed node keeps its accumulator
   (it takes no more events: a node's range never grows, the host relies on
@@ -36,7 +42,7 @@ every release adds fresh output noise.
 
 Memory: L accumulators of d*w int32 plus ONE shared scratch array (release
 copy, or a fresh draw staged before it touches an accumulator), all zeros
-between calls.
+between calls; under shadow, L shadow arrays more.
 
 Crash safety: the marker file lists the releases boot may need ("seq elo
 ehi part" per line, at most 2L + 1: see ``_keep``). At boot a node of the
@@ -59,6 +65,7 @@ OPEN = 0  # counting
 CLOSED = 1  # ended, release not committed yet (outbox full): no events
 PENDING = 2  # released; the next node's noise is not drawn yet: no events
 STALE = 3  # persisted, but the fresh draw after the write failed: no events until it succeeds
+REBUILD = 4  # shadow level resumed from flash: holds the snapshot S; needs Z_int' and a new shadow
 
 
 def _log(msg):
@@ -71,22 +78,25 @@ TREE_VERSION = 1
 # magic, version, levels, pad, fingerprint(8), seq, ncells per array
 _THDR = "<4sBB2x8sII"
 _THDR_LEN = struct.calcsize(_THDR)
-# per level: node start epoch, part, noise draws, status (0 open, 1 closed awaiting its release)
-_TLVL = "<qIIB3x"
+# per level: node start epoch, part, noise draws, status (0 open, 1 closed awaiting its release),
+# persist scheme (0 refresh: the accumulator; 1 shadow: accumulator - shadow); files written before
+# the scheme byte existed have 0 there
+_TLVL = "<qIIBB2x"
 _TLVL_LEN = struct.calcsize(_TLVL)
 
 
 def write_tree_state(path, fingerprint, seq, nodes, arrays):
     """Persist all L node accumulators (only ever noisy) in one file.
 
-    ``nodes`` is a list of (elo, part, nz, status) per level, ``arrays``
-    the L counter arrays. Header, level table, L*ncells int32, SHA-256.
+    ``nodes`` is a list of (elo, part, nz, status, shadow) per level,
+    ``arrays`` the L counter arrays (the snapshot R - M for a shadow level).
+    Header, level table, L*ncells int32, SHA-256.
     """
     n = len(arrays[0])
     hdr = struct.pack(_THDR, TREE_MAGIC, TREE_VERSION, len(arrays), fingerprint, seq, n)
     tab = b""
-    for (elo, part, nz, status) in nodes:
-        tab += struct.pack(_TLVL, elo, part, nz, status)
+    for (elo, part, nz, status, sh) in nodes:
+        tab += struct.pack(_TLVL, elo, part, nz, status, sh)
     h = hashlib.sha256(hdr)
     h.update(tab)
     for a in arrays:
@@ -105,7 +115,7 @@ def write_tree_state(path, fingerprint, seq, nodes, arrays):
 def read_tree_state(path, fingerprint, arrays):
     """Load a tree state into the preallocated ``arrays``.
 
-    Returns (seq, [(elo, part, nz, status) per level]) or None; raises
+    Returns (seq, [(elo, part, nz, status, shadow) per level]) or None; raises
     StateError if the file is corrupt or was made with other parameters.
     """
     storage.recover(path, _tree_complete)
@@ -142,8 +152,8 @@ def read_tree_state(path, fingerprint, arrays):
         raise storage.StateError("state file %s fails its checksum" % path)
     nodes = []
     for i in range(levels):
-        elo, part, nz, status = struct.unpack_from(_TLVL, tab, i * _TLVL_LEN)
-        nodes.append((elo, part, nz, status))
+        elo, part, nz, status, sh = struct.unpack_from(_TLVL, tab, i * _TLVL_LEN)
+        nodes.append((elo, part, nz, status, sh))
     return (seq, nodes)
 
 
@@ -174,6 +184,10 @@ class TreeRecorder:
         # L accumulators (one per level) and one shared scratch buffer
         self.relbuf = new_counters(n)
         self.nodes = [new_counters(n) for _ in range(L)]
+        # persist_noise shadow: one shadow per level (allocated when a level first needs one)
+        self.shadows = [new_counters(n) if params.shadow else None for _ in range(L)]
+        self.shs = [params.shadow] * L  # persist scheme of each level's node
+        self.nzms = [0] * L  # draws per cell in R - M (shadow levels): the next snapshot's
         self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                              self.nodes[0])
         self.sketch.arrays = []
@@ -222,35 +236,93 @@ class TreeRecorder:
         for i in range(len(b)):
             b[i] = 0
 
-    def _fresh(self):
+    def _fresh(self, lv):
+        """relbuf = one fresh internal draw per cell at level lv's scheme's scale."""
         self._wipe()
         try:
-            add_noise(self.relbuf, self.p.noise, self.rng)
+            add_noise(self.relbuf, self.p.internal_noise(self.shs[lv]), self.rng)
         except BaseException:
             self._wipe()
             raise
 
+    def _draw_shadow(self, lv):
+        """shadows[lv] = a fresh G (zeroed first; wiped again if the draw fails)."""
+        if self.shadows[lv] is None:
+            self.shadows[lv] = new_counters(len(self.relbuf))
+        m = self.shadows[lv]
+        for i in range(len(m)):
+            m[i] = 0
+        try:
+            add_noise(m, self.p.internal_noise(True), self.rng)
+        except BaseException:
+            for i in range(len(m)):
+                m[i] = 0
+            raise
+
     def _refresh(self, lv):
-        """nodes[lv] += one fresh draw (mod 2**32); the draw leaves RAM."""
-        self._fresh()
-        a = self.nodes[lv]
+        """After a persist: refresh, nodes[lv] += one fresh draw; shadow,
+        shadows[lv] += one fresh G (mod 2**32). The draw leaves RAM."""
+        self._fresh(lv)
+        sh = self.shs[lv]
+        a = self.shadows[lv] if sh else self.nodes[lv]
         b = self.relbuf
         for i in range(len(a)):
             a[i] = wrap32(a[i] + b[i])
             b[i] = 0
+        if sh:
+            self.nzms[lv] += 1
+        else:
+            self.nzs[lv] += 1
+
+    def _rebuild(self, lv):
+        """Shadow level resumed from flash (nodes[lv] = S): R = S + Z_int',
+        M = Z_int' + G', as agent.recorder.Recorder._resume_shadow."""
+        self._fresh(lv)
+        try:
+            self._draw_shadow(lv)
+        except BaseException:
+            self._wipe()
+            raise
+        a = self.nodes[lv]
+        m = self.shadows[lv]
+        b = self.relbuf
+        for i in range(len(a)):
+            z = b[i]
+            a[i] = wrap32(a[i] + z)
+            m[i] = wrap32(m[i] + z)
+            b[i] = 0
         self.nzs[lv] += 1
+        self.nzms[lv] = self.nzs[lv]
 
     def _open(self, lv, cur=None):
         """Open level lv's next node (lo/parts already set): a fresh Z_int
-        array swapped in; the old array (released data) is wiped."""
+        array swapped in (and, under shadow, M = Z_int + G_0); the old
+        array (released data) and its shadow are overwritten."""
         if cur is not None and self.lo[lv] + (1 << lv) <= cur:
             # the target ended while its noise could not be drawn: start at the current node
             self.lo[lv] = cur - cur % (1 << lv)
             self.parts[lv] = 0
-        self._fresh()
+        sh = self.shs[lv] = self.p.shadow
+        if not sh and self.shadows[lv] is not None:  # the config's scheme is refresh (migrated level)
+            m = self.shadows[lv]
+            for i in range(len(m)):
+                m[i] = 0
+            self.shadows[lv] = None
+        self._fresh(lv)
+        if sh:
+            try:
+                self._draw_shadow(lv)
+            except BaseException:
+                self._wipe()
+                raise
+            m = self.shadows[lv]
+            b = self.relbuf
+            for i in range(len(m)):
+                m[i] = wrap32(m[i] + b[i])
         self.nodes[lv], self.relbuf = self.relbuf, self.nodes[lv]
         self._wipe()
         self.nzs[lv] = 1
+        self.nzms[lv] = 1
         self.status[lv] = OPEN
         self._arrays()
 
@@ -263,6 +335,10 @@ class TreeRecorder:
                     self._open(lv, cur)
                 elif st == STALE:
                     self._refresh(lv)
+                    self.status[lv] = OPEN
+                    self._arrays()
+                elif st == REBUILD:
+                    self._rebuild(lv)
                     self.status[lv] = OPEN
                     self._arrays()
             except Exception as exc:  # MemoryError, NoEntropyError: retry at the next tick
@@ -343,7 +419,7 @@ class TreeRecorder:
         self.marks = self._keep(marks, cur)
         self.seq = seq if last is None or last < seq else last + 1
         for lv in range(L):
-            elo, part, nz, status = tab[lv]
+            elo, part, nz, status, sh = tab[lv]
             if (elo, elo + (1 << lv), part) in released:
                 self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
                 self.status[lv] = PENDING
@@ -351,8 +427,22 @@ class TreeRecorder:
                 self.lo[lv] = elo
                 self.parts[lv] = part
                 self.nzs[lv] = nz
-                # an open node keeps counting: it needs a fresh draw first (RAM != flash)
-                self.status[lv] = CLOSED if status == CLOSED else STALE
+                self.shs[lv] = bool(sh)
+                if sh and status == CLOSED:
+                    # a closed shadow node counts nothing more: R = S as it is (RAM = flash
+                    # shows nothing), an all-zero shadow so later persists write S again
+                    if self.shadows[lv] is None:
+                        self.shadows[lv] = new_counters(len(self.relbuf))
+                    m = self.shadows[lv]
+                    for i in range(len(m)):
+                        m[i] = 0
+                    self.nzms[lv] = nz
+                    self.status[lv] = CLOSED
+                elif sh:
+                    self.status[lv] = REBUILD  # R = S + Z_int', a new shadow: before any event
+                else:
+                    # an open node keeps counting: it needs a fresh draw first (RAM != flash)
+                    self.status[lv] = CLOSED if status == CLOSED else STALE
         self.resumed = True
         self.log("resumed tree state seq %d, leaf [%d, %d) part %d" % (self.seq, self.lo[0], self.lo[0] + 1,
                                                                        self.parts[0]))
@@ -439,19 +529,37 @@ class TreeRecorder:
             self.parts[lv] = part
         self.persist(now)
 
+    def _flip(self):
+        """Every shadow level: M = R - M (an involution: twice gives M back).
+        Between two flips M holds the snapshot S that goes to flash."""
+        for lv in range(len(self.nodes)):
+            if self.shs[lv]:
+                a = self.nodes[lv]
+                m = self.shadows[lv]
+                for i in range(len(m)):
+                    m[i] = wrap32(a[i] - m[i])
+
     def persist(self, now=None):
-        """Write all L accumulators, then a fresh draw into each counting one."""
+        """Write all L accumulators (R - M for a shadow level), then a fresh
+        draw into each counting one (into its shadow for a shadow level)."""
         for st in self.status:
-            if st == PENDING or st == STALE:
+            if st == PENDING or st == STALE or st == REBUILD:
                 return False  # released data or an unrefreshed copy may not be written
         tab = []
+        arrays = []
         for lv in range(len(self.nodes)):
-            tab.append((self.lo[lv], self.parts[lv], self.nzs[lv], 1 if self.status[lv] == CLOSED else 0))
+            sh = self.shs[lv]
+            tab.append((self.lo[lv], self.parts[lv], self.nzms[lv] if sh else self.nzs[lv],
+                        1 if self.status[lv] == CLOSED else 0, 1 if sh else 0))
+            arrays.append(self.shadows[lv] if sh else self.nodes[lv])
+        self._flip()
         try:
-            write_tree_state(self.state_path, self._fp, self.seq, tab, self.nodes)
+            write_tree_state(self.state_path, self._fp, self.seq, tab, arrays)
         except OSError as exc:
+            self._flip()
             self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
             return False
+        self._flip()
         self.state_seq = self.seq
         self.state_keys = []
         for lv in range(len(self.nodes)):
@@ -474,7 +582,7 @@ class TreeRecorder:
         for i in range(len(c)):
             rel[i] = c[i]
         try:
-            add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
+            add_noise(rel, self.p.noise, self.rng)  # fresh Z_out (output noise: L arrays, both schemes)
         except Exception as exc:
             self._wipe()
             self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
@@ -490,7 +598,8 @@ class TreeRecorder:
             if self.outbox.full():
                 raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
             storage.write_atomic(
-                tmp, lambda write: release.encode_to(self.p, s, elo, ehi, part, rel, write, nz, lv))
+                tmp, lambda write: release.encode_to(self.p, s, elo, ehi, part, rel, write, nz, lv,
+                                                     self.p.internal_noise(self.shs[lv])))
             storage.write_markers(self.marker_path, marks)
         except OSError as exc:
             self._wipe()

@@ -174,8 +174,10 @@ class App:
         except MemoryError:
             gc.collect()
             raise StartError("out of memory allocating the sketch: d*w = %d cells need about %d bytes of heap "
-                             "(%d free after collect); lower sketch.w (python -m firmware.memory --config ... "
-                             "prints what fits)" % (n, 16 * n, gc.mem_free()))
+                             "(%d free after collect); lower sketch.w%s (python -m firmware.memory --config ... "
+                             "prints what fits)" % (n, 16 * n, gc.mem_free(),
+                                                    " or set sketch.persist_noise = \"refresh\" (one array less)"
+                                                    if self.p.shadow else ""))
         except storage.StateError as exc:
             raise StartError("%s. Pending releases are in %s/outbox." % (exc, cfg.state_dir))
         except OSError as exc:

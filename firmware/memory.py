@@ -91,9 +91,9 @@ def code_bytes(code, levels=1):
 
 def cell_bytes(levels=1, shadow=False):
     """Steady heap per sketch cell: L accumulators + one scratch (window/keep: L = 1, 8 bytes),
-    + the shadow array under persist_noise = "shadow" (window/keep only)."""
+    + the shadow array(s) under persist_noise = "shadow" (one per level in tree mode)."""
     if levels > 1:
-        return 4 * (levels + 1)
+        return 4 * (levels + 1) + (SHADOW_CELL * levels if shadow else 0)  # + one shadow per level
     return CELL + (SHADOW_CELL if shadow else 0)
 
 

@@ -128,6 +128,8 @@ def run(root, seed, cfg=None):
 # -- tree mode (agent/tree.py) -------------------------------------------------
 CFG_TREE = {"device": "dev-t", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 32, "mode": "tree",
             "levels": 3, "epoch_s": 60, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
+CFG_TREE_SHADOW = dict(CFG_TREE)
+CFG_TREE_SHADOW["persist_noise"] = "shadow"
 
 
 def tree_snapshot(op, rec, n_events, root):
@@ -157,12 +159,12 @@ def tree_snapshot(op, rec, n_events, root):
     }
 
 
-def run_tree(root, seed):
+def run_tree(root, seed, cfg=None):
     """A tree-mode device: adds, persists, a restart mid-node, node releases
     at epoch ends (levels 0, 1 and 2 close together at epoch 4), a flush."""
     from agent.recorder import make
 
-    p = Params(CFG_TREE)
+    p = Params(cfg if cfg is not None else CFG_TREE)
     quiet = lambda m: None  # noqa: E731
     rec = make(p, root, T0, rng=Rng(DeterministicSource(seed)), log=quiet)
     stream = []

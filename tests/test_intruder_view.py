@@ -285,18 +285,19 @@ def test_whole_view_micropython_is_the_same(tmp_path, cfg):
 TREE_REC_ATTRS = {
     "nodes": "noisy",  # the L open accumulators, one per level
     "relbuf": "scratch",  # the ONE shared scratch array, all zeros between calls
+    "shadows": "noisy",  # persist_noise shadow: per level M = Z_int + G's (pure noise); None under refresh
     "root": "public", "state_path": "public", "marker_path": "public", "_fp": "public",
-    "lo": "public", "parts": "public", "nzs": "public", "status": "public", "marks": "public",
+    "lo": "public", "parts": "public", "nzs": "public", "nzms": "public", "shs": "public", "status": "public",
+    "marks": "public",
     "state_seq": "public", "state_keys": "public", "seq": "public", "resumed": "public", "last_persist": "public",
 }
 
 
-def tree_params():
-    return Params(dict(scen.CFG_TREE))
+TREE_CFGS = pytest.mark.parametrize("cfg", [scen.CFG_TREE, scen.CFG_TREE_SHADOW], ids=["refresh", "shadow"])
 
 
-def check_tree_view(run: dict, releases: list[np.ndarray]) -> None:
-    p = tree_params()
+def check_tree_view(run: dict, releases: list[np.ndarray], cfg: dict = scen.CFG_TREE) -> None:
+    p = Params(dict(cfg))
     n = p.d * p.w
     scale = p.noise.num / p.noise.den  # 3 levels x 4 rows / (1/2) = 24
     q = math.exp(-1 / scale)
@@ -321,6 +322,11 @@ def check_tree_view(run: dict, releases: list[np.ndarray]) -> None:
             for a in snap["flash"]:
                 flash_seen.append(np.array(a, np.int64))
         ram = [np.array(a, np.int64) for a in snap["rec"]["nodes"]]
+        assert snap["rec"]["shs"] == [p.shadow] * p.levels, snap["op"]
+        for m in snap["rec"]["shadows"]:
+            assert (m is not None) == p.shadow, snap["op"]
+            if m is not None:
+                ram.append(np.array(m, np.int64))
         view = _dedupe(ram + flash_seen + releases)
         V = np.stack(view)
         for k in (1, 2, 3):
@@ -333,25 +339,27 @@ def check_tree_view(run: dict, releases: list[np.ndarray]) -> None:
     assert worst > var / 4, (worst, var)
 
 
-def test_tree_whole_view_cpython(tmp_path):
-    run = scen.run_tree(str(tmp_path), "tview")
-    check_tree_view(run, _releases(tmp_path))
+@TREE_CFGS
+def test_tree_whole_view_cpython(tmp_path, cfg):
+    run = scen.run_tree(str(tmp_path), "tview", cfg)
+    check_tree_view(run, _releases(tmp_path), cfg)
 
 
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM (tests/mpnode) not installed")
-def test_tree_whole_view_micropython_is_the_same(tmp_path):
+@TREE_CFGS
+def test_tree_whole_view_micropython_is_the_same(tmp_path, cfg):
     flash = tmp_path / "flash"
     flash.mkdir()
     mod = tmp_path / "mod"
     mod.mkdir()
     (mod / "intruder_scenario.py").write_text(Path(scen.__file__).read_text())
     code = ("import sys\nsys.path.insert(0, '/src/t')\nimport json, intruder_scenario as s\n"
-            "r = s.run_tree('/flash/dev', 'tview')\nprint('@run', json.dumps(r))")
+            "r = s.run_tree('/flash/dev', 'tview', %r)\nprint('@run', json.dumps(r))" % (cfg,))
     res = mpvm.run(code, heap=256 * 1024, flash=flash, mounts={"/src/t": mod}).check()
     run = json.loads(res.values()["run"])
-    check_tree_view(run, _releases(flash / "dev"))
+    check_tree_view(run, _releases(flash / "dev"), cfg)
     cp = tmp_path / "cp"
-    want = scen.run_tree(str(cp), "tview")
+    want = scen.run_tree(str(cp), "tview", cfg)
 
     def same(snaps: list[dict]) -> str:
         for sn in snaps:

@@ -205,10 +205,14 @@ def test_auto_picks_the_smaller_release_variance(mech, persist_s, want):
     assert p.inoise == (p.internal_noise(True) if want else p.noise)
 
 
-def test_modes_without_a_shadow():
+def test_where_shadow_applies():
+    # tree mode: only when asked for (a shadow per level doubles its L arrays)
     assert not params(persist_noise="auto", mode="tree", levels=3, epoch_s=60, window_s=240).shadow
+    assert params(mode="tree", levels=3, epoch_s=60, window_s=240).shadow
+    # kind dbits keeps no persisted counts
+    assert not params(persist_noise="auto", kind="dbits", w=64, mechanism="dlap", budget="1").shadow
     with pytest.raises(ParamError) as e:
-        params(mode="tree", levels=3, epoch_s=60, window_s=240)
+        params(kind="dbits", w=64, mechanism="dlap", budget="1")
     assert e.value.key == "persist_noise"
     with pytest.raises(ParamError) as e:
         params(persist_noise="sometimes")
@@ -239,3 +243,95 @@ def test_changed_scheme_finishes_the_persisted_accumulator_in_its_own(tmp_path, 
     # the state file's draw count: refresh 1 + persist + restart; shadow: G_0 + restart G
     assert rel["nz"] == (3 + 1 if first == "refresh" else 2 + 1)
     assert rec2.sh == (then == "shadow") and (rec2.shadow is not None) == (then == "shadow")
+
+
+# -- tree mode: one shadow per level (agent/tree.py) ----------------------------------
+
+def tree_params(**kw):
+    cfg = {"device": "dev-t", "salt": "fleet-salt-1", "kind": "cs", "d": 4, "w": 256, "mode": "tree",
+           "levels": 3, "epoch_s": 60, "mechanism": "dgauss", "budget": "1/2", "persist_s": 10,
+           "persist_noise": "shadow"}
+    cfg.update(kw)
+    return Params(cfg)
+
+
+def tree_run(root, p, seed, restart_at=None):
+    """Four epochs (one tree), a persist every 10 s, 20 events per 10 s; returns
+    ({(lvl, elo): (counters, nz, nint)}, events per epoch)."""
+    from agent.recorder import make
+
+    quiet = lambda m: None  # noqa: E731
+    rec = make(p, str(root), T0, rng=Rng(DeterministicSource(seed)), log=quiet)
+    per_epoch: dict[int, list[str]] = {}
+    for t in range(0, 240, 10):
+        batch = ["i%d" % ((t * 13 + i) % 23) for i in range(20)]
+        for x in batch:
+            rec.add(x)
+        per_epoch.setdefault(T0 // 60 + t // 60, []).extend(batch)
+        rec.tick(T0 + t + 10)
+        if restart_at is not None and t + 10 == restart_at:
+            rec = make(p, str(root), T0 + t + 10, rng=Rng(DeterministicSource(seed + "-boot")), log=quiet)
+    ob = storage.Outbox(str(root))
+    out = {}
+    for s in ob.pending():
+        m = cbor2.loads(ob.read(s))
+        out[(m["lvl"], m["elo"])] = (list(memoryview(m["ctr"]).cast("i")), m["nz"], tuple(m["nint"]))
+    return out, per_epoch
+
+
+def test_tree_nodes_carry_one_internal_draw_however_many_persists(tmp_path):
+    """24 persists inside the root: under refresh it would carry 1 + 24 + 1 draws; under
+    shadow every node carries Z_int at the 2L-array scale + Z_out at L arrays: per-cell
+    noise variance 2 sigma^2 + sigma^2. Dropping the factor 2 gives 2 sigma^2, refresh ~26."""
+    p = tree_params()
+    got, per_epoch = tree_run(tmp_path, p, "tree-a")
+    e0 = T0 // 60
+    assert len(got) == 4 + 2 + 1
+    for (lvl, elo), (ctr, nz, nint) in got.items():
+        assert nz == 2 and nint == (p.inoise.num, p.inoise.den), (lvl, elo, nz)
+    root_ctr = got[(2, e0)][0]
+    events = [x for e in sorted(per_epoch) for x in per_epoch[e]]
+    noise = [a - b for a, b in zip(root_ctr, exact(p, events))]
+    sigma2 = p.noise.num / p.noise.den
+    var = sum(z * z for z in noise) / len(noise) / sigma2
+    # 1024 cells: sd of the variance estimate ~ 3 * sqrt(2 / 1024) = 0.13
+    assert 2.6 < var < 3.4, var
+
+
+def test_tree_restart_mid_node_rebuilds_each_level(tmp_path):
+    p = tree_params()
+    got, per_epoch = tree_run(tmp_path, p, "tree-b", restart_at=90)
+    e0 = T0 // 60
+    # the power cut follows tick(T0 + 90), which persisted: the snapshot of the leaf [1, 2)
+    # (opened at 60) holds the G of the persists at 60, 70, 80, 90; those of [0, 2) and the
+    # root (opened at T0) the 9 of 10..90
+    assert len(got) == 7  # nothing released twice, nothing lost
+    nz_leaf1 = got[(0, e0 + 1)][1]
+    nz_l1 = got[(1, e0)][1]
+    nz_root = got[(2, e0)][1]
+    # a rebuilt level carries the G draws of its snapshot + Z_int' + Z_out
+    assert (nz_leaf1, nz_l1, nz_root) == (4 + 2, 9 + 2, 9 + 2)
+    # nodes opened after the restart are back to one internal draw
+    assert got[(0, e0 + 2)][1] == 2 and got[(1, e0 + 2)][1] == 2
+
+
+def test_tree_scheme_change_keeps_each_level_in_its_own_until_it_closes(tmp_path):
+    from agent.recorder import make
+
+    quiet = lambda m: None  # noqa: E731
+    p1 = tree_params(persist_noise="refresh")
+    rec = make(p1, str(tmp_path), T0, rng=Rng(DeterministicSource("mig")), log=quiet)
+    rec.add("x")
+    assert rec.persist(T0 + 30)
+    p2 = tree_params()
+    rec2 = make(p2, str(tmp_path), T0 + 40, rng=Rng(DeterministicSource("mig2")), log=quiet)
+    assert rec2.resumed and rec2.shs == [False, False, False]
+    rec2.tick(T0 + 60)  # the leaf closes (refresh), its successor opens under shadow
+    assert rec2.shs == [True, False, False]
+    ob = storage.Outbox(str(tmp_path))
+    (s,) = ob.pending()
+    m = cbor2.loads(ob.read(s))
+    assert tuple(m["nint"]) == (p1.inoise.num, p1.inoise.den)  # the refresh scale of the node it was
+    assert rec2.persist(T0 + 70)
+    rec3 = make(p2, str(tmp_path), T0 + 80, rng=Rng(DeterministicSource("mig3")), log=quiet)
+    assert rec3.shs == [True, False, False]  # per level, from the state file
