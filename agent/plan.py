@@ -8,14 +8,20 @@ the noise calibrated with L = 1 at the same budget):
 
 * window/keep, one release per epoch: k * (2 + p) draws of v1, where
   p = ceil(epoch_s / persist_s) - 1 persists per epoch (a release resets
-  the persist clock);
+  the persist clock); under persist_noise = "shadow", k * (u(2) + 1):
+  one internal draw at the calibration of 2 arrays + Z_out, whatever p
+  (u(a) = a for the discrete Gaussian, about a^2 for discrete Laplace);
 * tree with L levels: every draw is calibrated for L arrays, so it has
   variance L * v1 (discrete Gaussian: sigma^2 scales with Delta2^2) or
   about L^2 * v1 (discrete Laplace: the scale t scales with Delta1);
   a range uses nodes(k) nodes (the canonical dyadic cover, averaged over
   the range's position) with 2 draws each (Z_int, Z_out) plus one draw
   per persist inside the range (k * epoch_s / persist_s: in tree mode the
-  persists go on while nodes are released).
+  persists go on while nodes are released); under shadow, nodes(k) *
+  (u(2L) + u(L)): no persist term.
+
+Restarts are not modelled (under shadow a restart adds the flash track's
+draws to the nodes open at the time, docs/PRIVACY.md).
 """
 
 import math
@@ -46,12 +52,21 @@ def avg_nodes(k, levels, samples=256):
     return tot / float(n)
 
 
-def range_variance(mode, k, epoch_s, persist_s, levels=1, mech="dgauss"):
+def _unit(arrays, mech):
+    """Variance of one draw calibrated for ``arrays`` arrays, in units of v1."""
+    return float(arrays) if mech == "dgauss" else float(arrays * arrays)
+
+
+def range_variance(mode, k, epoch_s, persist_s, levels=1, mech="dgauss", shadow=False):
     """Per-cell noise variance of a k-epoch range, in units of v1 (see module doc)."""
     if mode != "tree":
+        if shadow:
+            return k * (_unit(2, mech) + 1.0)
         p = max(0, -(-epoch_s // persist_s) - 1)
         return k * (2.0 + p)
-    per = float(levels) if mech == "dgauss" else float(levels * levels)
+    per = _unit(levels, mech)
+    if shadow:
+        return avg_nodes(k, levels) * (_unit(2 * levels, mech) + per)
     return per * (2.0 * avg_nodes(k, levels) + k * epoch_s / float(persist_s))
 
 
@@ -60,8 +75,8 @@ def crossover(pw, pt, limit=1 << 22):
     window/keep params ``pw``, or None below ``limit`` (binary search on the
     trend, then a linear check down)."""
     def better(k):
-        return (range_variance("tree", k, pt.epoch_s, pt.persist_s, pt.levels, pt.mechanism)
-                < range_variance(pw.mode, k, pw.epoch_s, pw.persist_s, 1, pw.mechanism))
+        return (range_variance("tree", k, pt.epoch_s, pt.persist_s, pt.levels, pt.mechanism, pt.shadow)
+                < range_variance(pw.mode, k, pw.epoch_s, pw.persist_s, 1, pw.mechanism, pw.shadow))
 
     k = 1
     while k < limit and not better(k):
@@ -84,26 +99,37 @@ def report(p, lengths=(1, 24, 168, 720, 10080), tree_levels=None):
     base = {"device": p.device, "salt": p.salt, "kind": p.kind, "d": p.d, "w": p.w, "clip": p.clip,
             "mechanism": p.mechanism, "budget": "%d/%d" % p.budget, "epoch_s": p.epoch_s, "persist_s": p.persist_s}
     L = tree_levels or (p.levels if p.mode == "tree" else 8)
-    cfg_w = dict(base, mode="window", window_s=p.epoch_s)
+    # window/keep with the config's persist scheme (auto resolves per epoch length); the tree both ways
+    cfg_w = dict(base, mode="window", window_s=p.epoch_s,
+                 persist_noise="auto" if p.mode == "tree" else p.persist_noise)
     pw = Params(cfg_w)
-    pt = Params(dict(base, mode="tree", levels=L))
+    pt = Params(dict(base, mode="tree", levels=L, persist_noise="refresh"))
+    ps = Params(dict(base, mode="tree", levels=L, persist_noise="shadow"))
     v1 = pw.noise.num / pw.noise.den
     if pw.mechanism == "dlap":
         t = v1
         q = math.exp(-1.0 / t)
         v1 = 2 * q / (1 - q) ** 2
     out = ["range noise (per cell sd) at this budget, epoch %d s, persist %d s:" % (p.epoch_s, p.persist_s),
-           "  %-10s %14s %14s  %s" % ("epochs", "per epoch", "tree L=%d" % L, "better")]
+           "  %-10s %18s %14s %16s  %s" % ("epochs", "per epoch (%s)" % ("shadow" if pw.shadow else "refresh"),
+                                           "tree L=%d" % L, "tree+shadow", "better")]
     for k in lengths:
-        vw = range_variance("window", k, p.epoch_s, p.persist_s, 1, p.mechanism)
+        vw = range_variance("window", k, p.epoch_s, p.persist_s, 1, p.mechanism, pw.shadow)
         vt = range_variance("tree", k, p.epoch_s, p.persist_s, L, p.mechanism)
-        out.append("  %-10d %14.1f %14.1f  %s" % (k, math.sqrt(vw * v1), math.sqrt(vt * v1),
-                                                   "tree" if vt < vw else "window/keep"))
+        vs = range_variance("tree", k, p.epoch_s, p.persist_s, L, p.mechanism, True)
+        best = min(vw, vt, vs)
+        out.append("  %-10d %18.1f %14.1f %16.1f  %s" % (
+            k, math.sqrt(vw * v1), math.sqrt(vt * v1), math.sqrt(vs * v1),
+            "window/keep" if best == vw else ("tree" if best == vt else "tree+shadow")))
     c = crossover(pw, pt)
-    if c is None:
-        out.append("recommendation: tree mode never has less noise here (persists too frequent for the tree: "
-                   "raise persist_s); use window/keep")
+    cs = crossover(pw, ps)
+    if c is None and cs is None:
+        out.append("recommendation: tree mode never has less noise here; use window/keep")
     else:
-        out.append("recommendation: ranges of %d epochs or more -> mode = \"tree\" (levels = %d, horizon %d epochs); "
-                   "shorter ranges -> window/keep" % (c, L, 1 << (L - 1)))
+        use_shadow = cs is not None and (c is None or cs < c)
+        k0 = cs if use_shadow else c
+        out.append("recommendation: ranges of %d epochs or more -> mode = \"tree\" (levels = %d, horizon %d epochs%s); "
+                   "shorter ranges -> window/keep" % (k0, L, 1 << (L - 1),
+                                                       ", persist_noise = \"shadow\": %d more arrays of RAM" % L
+                                                       if use_shadow else ""))
     return out

@@ -1,7 +1,8 @@
 """Evidence for tree mode: range-count error and interval width vs range length.
 
     python -m host_tools.bench_tree [--epochs 10080] [--epoch-s 60] [--levels 15] [--w 256]
-                                    [--persist-s 86400] [--out bench-results/tree_evidence.json]
+                                    [--persist-s 86400] [--persist-noise refresh|shadow]
+                                    [--out bench-results/tree_evidence.json]
 
 One stream (Zipf items, a few events per epoch) is counted by two real
 device cores with the same parameters and the same per-event guarantee,
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--w", type=int, default=256)
     ap.add_argument("--budget", default="1/2")
     ap.add_argument("--persist-s", type=int, default=86400)
+    ap.add_argument("--persist-noise", default="refresh", choices=("refresh", "shadow"),
+                    help="the tree device's persist scheme (docs/PRIVACY.md); the window device uses auto")
     ap.add_argument("--rate", type=float, default=3.0, help="events per epoch (Poisson mean)")
     ap.add_argument("--positions", type=int, default=12, help="range positions per length")
     ap.add_argument("--lengths", default=",".join(str(x) for x in LENGTHS))
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {"salt": SALT, "kind": "cs", "d": a.d, "w": a.w, "mechanism": "dgauss", "budget": a.budget,
             "epoch_s": a.epoch_s, "persist_s": a.persist_s}
     pw = Params(dict(base, device="win-dev", mode="window", window_s=a.epoch_s))
-    pt = Params(dict(base, device="tree-dev", mode="tree", levels=a.levels))
+    pt = Params(dict(base, device="tree-dev", mode="tree", levels=a.levels, persist_noise=a.persist_noise))
     epochs = stream(a.epochs, a.rate, 500, 1.1, 7)
     db = os.path.join(work, "host.db")
     conf = os.path.join(work, "host.toml")
@@ -162,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cross = plan.crossover(pw, pt)
     out = {"config": {"epochs": a.epochs, "epoch_s": a.epoch_s, "levels": a.levels, "d": a.d, "w": a.w,
-                      "budget": a.budget, "mechanism": "dgauss", "persist_s": a.persist_s, "rate": a.rate,
+                      "budget": a.budget, "mechanism": "dgauss", "persist_s": a.persist_s,
+                      "persist_noise_tree": a.persist_noise, "rate": a.rate,
                       "events": int(truth.sum()), "items_queried": len(qitems)},
            "rows": rows, "crossover_epochs_model": cross}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
