@@ -308,3 +308,24 @@ def test_bad_inputs_and_wrong_kinds_are_refused(kinds: dict[str, Any]) -> None:
         assert code == 200, path
         if not path.startswith("/api/"):
             assert "script-src 'self'" in headers["Content-Security-Policy"]
+
+
+def test_kind_pages_before_the_first_release(tmp_path: Any) -> None:
+    pytest.importorskip("waitress")
+    from host_tools.store import Store
+    from host_tools.web import Dashboard
+    from tests.test_dashboard import _wsgi
+    from tests.test_host_support import host_cfg
+
+    cfg = host_cfg(tmp_path)
+    app = Dashboard(cfg)
+    for path in ("/quantiles", "/heavy", "/distinct"):
+        status, _h, body = _wsgi(app, path)
+        assert status.startswith("200") and "No data yet" in body
+        assert _wsgi(app, "/api" + path)[0].startswith("503")
+    Store(cfg.aggregator.db).close()
+    for path in ("/quantiles", "/heavy", "/distinct"):
+        status, _h, body = _wsgi(app, path)
+        assert status.startswith("200") and 'id="missing-kind"' in body and "It holds no releases." in body
+        status, _h, body = _wsgi(app, "/api" + path)
+        assert status.startswith("404") and "no releases of kind" in json.loads(body)["error"]
