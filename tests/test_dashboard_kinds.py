@@ -202,6 +202,16 @@ def test_quantiles_follow_the_selection(kinds: dict[str, Any]) -> None:
     assert chart_attrs(dom, "cdf-chart")["quantiles"] == "3"
     # window 3 of temp-1 is centred at 24 C: its median is far from the whole fleet's
     assert 23.5 <= want[1]["reading"][0] <= 27
+    # a given reading range for the curve: its points are the CLI's CDF at those readings
+    code, html, _h = get(kinds["url"] + "/quantiles?" + q(**{"from": "18", "to": "26", "points": 9}))
+    assert code == 200
+    cdf_rows = re.findall(r"<tr><td>([^<]+)</td><td class=\"n\">(\d+)</td>", table(html, "cdf"))
+    grid = ["[%d, %d.1)" % (x, x) for x in range(18, 27)]  # 9 evenly spaced points, plus the quantiles inside
+    assert cdf_rows[0][0] == grid[0] and cdf_rows[-1][0] == grid[-1] and set(grid) <= {r[0] for r in cdf_rows}
+    assert len(cdf_rows) <= 9 + 2, cdf_rows
+    at = cli(kinds["conf"], "cdf", "--at", *[r[0][1:].split(",")[0] for r in cdf_rows], *devs(DCS))
+    assert [int(v) for _r, v in cdf_rows] == [a["value"] for a in at]
+    assert "[%.4f, %.4f]" % (at[4]["cdf_lo"], at[4]["cdf_hi"]) in html
 
 
 @needs_chromium

@@ -200,12 +200,15 @@ class KindPages:
         lo_x = map_value(xmin, r0["b"], mp) if xmin is not None else min(r["value"] for r in (zrows or qrows))
         hi_x = map_value(xmax, r0["b"], mp) if xmax is not None else max(r["value"] for r in (zrows or qrows))
         lo_x, hi_x = min(lo_x, hi_x), max(lo_x, hi_x)
-        lo_x = min([lo_x] + [r["value"] for r in qrows])
-        hi_x = max([hi_x] + [r["value"] for r in qrows])
+        if xmin is None:  # an automatic range includes every chosen quantile; a given one is kept
+            lo_x = min([lo_x] + [r["value"] for r in qrows])
+        if xmax is None:
+            hi_x = max([hi_x] + [r["value"] for r in qrows])
         if hi_x == lo_x:
             lo_x, hi_x = max(0, lo_x - 1), min((1 << r0["b"]) - 1, hi_x + 1)
         span = hi_x - lo_x
-        xs = sorted({lo_x + (i * span) // (points - 1) for i in range(points)} | {r["value"] for r in qrows})
+        xs = sorted({lo_x + (i * span) // (points - 1) for i in range(points)}
+                    | {r["value"] for r in qrows if lo_x <= r["value"] <= hi_x})
         crow = dyadic_cli.cdf(st, at=[value_reading(x, mp) for x in xs], salt=salt, confidence=conf, **sel)
         for r in qrows:
             r["label"] = q_label(r["q"])
@@ -219,7 +222,7 @@ class KindPages:
             r["reading_label"] = reading_label(r["reading"])
         return {"rows": qrows, "cdf": crow, "chart": chart, "meta": r0,
                 "form": {"q": " ".join("%g" % q for q in qs), "points": points, "from": xmin or "", "to": xmax or "",
-                         "zoom": zrows and [reading_label(zrows[0]["reading"]), reading_label(zrows[-1]["reading"])]}}
+                         "zoom": bool(zrows)}}
 
     def page_quantiles(self, p: Any) -> Resp:
         return self._kind_page(p, "dcs", "quantiles.html", "quantiles", self._quantiles)
