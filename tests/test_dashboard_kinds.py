@@ -239,7 +239,8 @@ def test_distinct_page_shows_the_clis_counts_per_window(kinds: dict[str, Any], t
     card = re.search(r'<div class="card wide" id="distinct-total"([^>]*)>(.*?)</div>\s*</div>', dom, re.S)
     assert card, dom[:3000]
     attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', card.group(1)))
-    assert (float(attrs["estimate"]), float(attrs["lo"]), float(attrs["hi"])) == (want["estimate"], want["lo"], want["hi"])
+    assert (float(attrs["estimate"]), float(attrs["lo"]), float(attrs["hi"])) == \
+        (want["estimate"], want["lo"], want["hi"])
     assert '<span class="estimate">%s</span>' % num(want["estimate"]) in card.group(2)
     truth = 2 * sum(DISTINCT_PER_WINDOW)
     assert want["lo"] <= truth <= want["hi"]
@@ -247,7 +248,8 @@ def test_distinct_page_shows_the_clis_counts_per_window(kinds: dict[str, Any], t
     assert [int(r["window"]) for r in got] == WINDOWS
     for r, w, d in zip(got, WINDOWS, DISTINCT_PER_WINDOW):
         (one,) = cli(kinds["conf"], "distinct", "--window", str(w), *devs(DBITS))
-        assert float(r["estimate"]) == one["estimate"] and r["cells"][4] == "[%s, %s]" % (num(one["lo"]), num(one["hi"]))
+        assert float(r["estimate"]) == one["estimate"]
+        assert r["cells"][4] == "[%s, %s]" % (num(one["lo"]), num(one["hi"]))
         assert one["lo"] <= 2 * d <= one["hi"], (one, d)
     a = chart_attrs(dom, "chart")  # several windows: the per-window chart with its band
     assert int(a["drawn"]) >= 1 and a["points"] == "3" and a["bands"] == "1", a
