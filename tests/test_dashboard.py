@@ -293,7 +293,7 @@ def test_public_bind_needs_a_token(conf: str) -> None:
     assert r.returncode == 2 and "refusing to bind 0.0.0.0" in r.stderr
 
 
-WEB_MODULES = ["host_tools/web/app.py", "host_tools/serve.py", "host_tools/series.py", "host_tools/fleetview.py",
+WEB_MODULES = ["host_tools/web/app.py", "host_tools/web/kinds.py", "host_tools/serve.py", "host_tools/series.py", "host_tools/fleetview.py",
                "host_tools/metrics.py", "host_tools/plot.py"]
 
 

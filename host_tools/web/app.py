@@ -1,4 +1,5 @@
-"""The dashboard as a WSGI application: fleet, item and top-k pages, a JSON API and /metrics.
+"""The dashboard as a WSGI application: fleet, item and top-k pages, quantile / heavy-hitter / distinct pages
+(host_tools/web/kinds.py), a JSON API and /metrics.
 
 Read-only by construction:
 
@@ -37,6 +38,7 @@ from host_tools import fleetview, metrics, query, series
 from host_tools.hostconfig import HostConfig
 from host_tools.query import QueryError, iso
 from host_tools.store import SQLStore as Store, open_store
+from host_tools.web.kinds import KindPages
 
 log = logging.getLogger("pansketch.serve")
 
@@ -173,7 +175,7 @@ def _pct(c: float) -> str:
     return ("%d%%" % p) if abs(p - round(p)) < 1e-9 else ("%.1f%%" % p)
 
 
-class Dashboard:
+class Dashboard(KindPages):
     """WSGI app over the store of ``cfg``; see the module docstring."""
 
     def __init__(self, cfg: HostConfig, token: Optional[str] = None, candidates: Optional[list[Any]] = None,
@@ -198,6 +200,7 @@ class Dashboard:
             "/api/status": self.api_status, "/api/series": self.api_series, "/api/topk": self.api_topk,
             "/api/freq": self.api_freq, "/metrics": self.metrics, "/healthz": self.healthz,
         }
+        self.routes.update(self.kind_routes())
 
     # -- WSGI ------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
