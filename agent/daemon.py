@@ -325,13 +325,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
               % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))
-        print("memory      %d accumulators + 1 scratch = %d bytes of counters"
-              % (p.levels, 4 * (p.levels + 1) * p.d * p.w))
+        print("memory      %d accumulators%s + 1 scratch = %d bytes of counters"
+              % (p.levels, " + %d shadows" % p.levels if p.shadow else "",
+                 4 * (p.levels * (2 if p.shadow else 1) + 1) * p.d * p.w))
     else:
         print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))
     what = "discrete Gaussian sigma^2" if p.noise.mech == "dgauss" else "discrete Laplace scale t"
-    print("noise       %s = %s per cell, drawn twice (internal + output)"
-          % (what, calibrate.ratio_str((p.noise.num, p.noise.den))))
+    if p.shadow:
+        print("noise       %s = %s per cell internal (half the budget), %s output"
+              % (what, calibrate.ratio_str((p.inoise.num, p.inoise.den)),
+                 calibrate.ratio_str((p.noise.num, p.noise.den))))
+    else:
+        print("noise       %s = %s per cell, drawn twice (internal + output)"
+              % (what, calibrate.ratio_str((p.noise.num, p.noise.den))))
+    per = p.persists_per_epoch()
+    print("persists    every %d s (%d per epoch); persist_noise %s -> %s: %s"
+          % (p.persist_s, per, p.persist_noise, "shadow" if p.shadow else "refresh",
+             "a release carries 1 internal draw whatever the persists (+1 per persist before a restart); "
+             "one more array in RAM" if p.shadow else
+             "a release carries 1 + %d internal draws (one per persist and restart)" % per))
     print("guarantee   %s = %s for each event, against all releases plus one intrusion (docs/PRIVACY.md)"
           % (name, calibrate.ratio_str(g)))
     print("release     %d bytes to %s%s" % (size, cfg.topic("release"),
