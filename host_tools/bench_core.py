@@ -175,7 +175,8 @@ import gc, time
 from agent.params import Params
 from agent.recorder import make
 from agent.rng import Rng, DeterministicSource
-cfg = {"device": "bench-t", "salt": %r, "kind": "cs", "d": %d, "w": %d, "epoch_s": 60, "persist_s": 86400}
+cfg = {"device": "bench-t", "salt": %r, "kind": "cs", "d": %d, "w": %d, "epoch_s": 60, "persist_s": 86400,
+       "persist_noise": %r}
 if %d > 1:
     cfg["mode"] = "tree"
     cfg["levels"] = %d
@@ -243,8 +244,9 @@ def bench_tree_update_mp(levels: tuple[int, ...] = (1, 8, 12, 16, 24), d: int = 
 
 
 def bench_tree_micropython(levels: tuple[int, ...] = (1, 8, 12, 16), d: int = 4, w: int = 256,
-                           events: int = 5000, chunk: int = 250) -> dict[str, Any]:
-    """Per-event time, recorder heap and tick/persist cost in tree mode, per L (L=1: window mode)."""
+                           events: int = 5000, chunk: int = 250, persist_noise: str = "refresh") -> dict[str, Any]:
+    """Per-event time, recorder heap and tick/persist cost in tree mode, per L (L=1: window mode),
+    under one persist scheme (shadow: one more array per level)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests import mpvm
 
@@ -252,9 +254,9 @@ def bench_tree_micropython(levels: tuple[int, ...] = (1, 8, 12, 16), d: int = 4,
         return {"skipped": "MicroPython VM not installed (make setup)"}
     t0 = 200_000 * 3600
     out: dict[str, Any] = {"vm": "MicroPython 1.27 WebAssembly port (node)", "config": "cs d=%d w=%d" % (d, w),
-                           "events": events, "levels": {}}
+                           "events": events, "persist_noise": persist_noise, "levels": {}}
     for L in levels:
-        steps = [MP_TREE_SETUP % (SALT, d, w, L, L), MP_TREE_OPEN % t0]
+        steps = [MP_TREE_SETUP % (SALT, d, w, persist_noise, L, L), MP_TREE_OPEN % t0]
         steps += ["step(%d, %d)" % (k, chunk) for k in range(events // chunk)]
         # the end of epoch 2^(L-1) - 1 closes every level at once: the worst tick
         e_all = ((t0 // 60) | ((1 << (L - 1)) - 1)) + 1
@@ -263,7 +265,8 @@ def bench_tree_micropython(levels: tuple[int, ...] = (1, 8, 12, 16), d: int = 4,
         steps.append("t = time.ticks_us(); rec.persist(%d); print('@persist_us', time.ticks_diff(time.ticks_us(), t))"
                      % (e_all * 60 + 1))
         with tempfile.TemporaryDirectory() as td:
-            r = mpvm.run(steps, heap=max(128 * 1024, (L + 2) * 4 * d * w + 96 * 1024), flash=td).check()
+            arrays = (2 * L if persist_noise == "shadow" else L) + 2
+            r = mpvm.run(steps, heap=max(128 * 1024, arrays * 4 * d * w + 96 * 1024), flash=td).check()
         chunks = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("@step")]
         v = r.values()
         out["levels"][str(L)] = {
@@ -288,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.tree_only:
         res_t = bench_tree_micropython()
+        res_t["shadow"] = bench_tree_micropython(persist_noise="shadow")
         res_t["update"] = bench_tree_update_mp()
         print(json.dumps(res_t, indent=2))
         out = Path(a.out)
