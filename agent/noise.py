@@ -192,3 +192,23 @@ def add_noise(arr, spec, rng, start=0, stop=None):
         stop = len(arr)
     for i in range(start, stop):
         arr[i] = wrap32(arr[i] + spec.sample(rng))
+
+
+def zero(arr):
+    """Zero an array in place (no allocation): wiping a buffer the intruder could read."""
+    for i in range(len(arr)):
+        arr[i] = 0
+
+
+def draw_into(arr, spec, rng):
+    """arr = one fresh independent draw of ``spec`` per cell.
+
+    The array is zeroed first and zeroed again if the draw fails (no
+    entropy, low memory): a half draw is never left beside the state.
+    """
+    zero(arr)
+    try:
+        add_noise(arr, spec, rng)
+    except BaseException:
+        zero(arr)
+        raise

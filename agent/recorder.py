@@ -53,7 +53,7 @@ and its epoch range [elo, ehi) grows until a release succeeds.
 """
 
 from agent import hashing, release, storage
-from agent.noise import add_noise, wrap32
+from agent.noise import add_noise, draw_into, wrap32, zero
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
 
@@ -185,9 +185,7 @@ class Recorder:
 
     def _wipe(self):
         """Zero the scratch buffer in place (no allocation)."""
-        b = self.relbuf
-        for i in range(len(b)):
-            b[i] = 0
+        zero(self.relbuf)
 
     def _fresh(self):
         """Fill the scratch buffer with one fresh independent internal noise draw per cell
@@ -195,12 +193,7 @@ class Recorder:
 
         On failure (no entropy, low memory) the partial draw is wiped.
         """
-        self._wipe()
-        try:
-            add_noise(self.relbuf, self.p.internal_noise(self.sh), self.rng)
-        except BaseException:
-            self._wipe()
-            raise
+        draw_into(self.relbuf, self.p.internal_noise(self.sh), self.rng)
 
     def _refresh(self):
         """Add a fresh noise draw to the live accumulator (it stays noisy)."""
@@ -211,15 +204,7 @@ class Recorder:
         """M = a fresh G (the array is zeroed first; wiped again if the draw fails)."""
         if self.shadow is None:
             self.shadow = new_counters(self.p.cells)
-        m = self.shadow
-        for i in range(len(m)):
-            m[i] = 0
-        try:
-            add_noise(m, self.p.internal_noise(True), self.rng)
-        except BaseException:
-            for i in range(len(m)):
-                m[i] = 0
-            raise
+        draw_into(self.shadow, self.p.internal_noise(True), self.rng)
 
     def _resume_shadow(self, nz):
         """After a restart under shadow: counters hold the snapshot S = R - M.
@@ -293,9 +278,7 @@ class Recorder:
         self._pending = None
 
     def _drop_shadow(self):
-        m = self.shadow
-        for i in range(len(m)):
-            m[i] = 0
+        zero(self.shadow)
         self.shadow = None
 
     def _ensure_open(self):

@@ -57,7 +57,7 @@ import hashlib
 import struct
 
 from agent import hashing, release, storage
-from agent.noise import add_noise, wrap32
+from agent.noise import add_noise, draw_into, wrap32, zero
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
 
@@ -232,32 +232,17 @@ class TreeRecorder:
         self.sketch.counters = self.nodes[0]
 
     def _wipe(self):
-        b = self.relbuf
-        for i in range(len(b)):
-            b[i] = 0
+        zero(self.relbuf)
 
     def _fresh(self, lv):
         """relbuf = one fresh internal draw per cell at level lv's scheme's scale."""
-        self._wipe()
-        try:
-            add_noise(self.relbuf, self.p.internal_noise(self.shs[lv]), self.rng)
-        except BaseException:
-            self._wipe()
-            raise
+        draw_into(self.relbuf, self.p.internal_noise(self.shs[lv]), self.rng)
 
     def _draw_shadow(self, lv):
         """shadows[lv] = a fresh G (zeroed first; wiped again if the draw fails)."""
         if self.shadows[lv] is None:
             self.shadows[lv] = new_counters(len(self.relbuf))
-        m = self.shadows[lv]
-        for i in range(len(m)):
-            m[i] = 0
-        try:
-            add_noise(m, self.p.internal_noise(True), self.rng)
-        except BaseException:
-            for i in range(len(m)):
-                m[i] = 0
-            raise
+        draw_into(self.shadows[lv], self.p.internal_noise(True), self.rng)
 
     def _refresh(self, lv):
         """After a persist: refresh, nodes[lv] += one fresh draw; shadow,
@@ -304,9 +289,7 @@ class TreeRecorder:
             self.parts[lv] = 0
         sh = self.shs[lv] = self.p.shadow
         if not sh and self.shadows[lv] is not None:  # the config's scheme is refresh (migrated level)
-            m = self.shadows[lv]
-            for i in range(len(m)):
-                m[i] = 0
+            zero(self.shadows[lv])
             self.shadows[lv] = None
         self._fresh(lv)
         if sh:
@@ -433,9 +416,7 @@ class TreeRecorder:
                     # shows nothing), an all-zero shadow so later persists write S again
                     if self.shadows[lv] is None:
                         self.shadows[lv] = new_counters(len(self.relbuf))
-                    m = self.shadows[lv]
-                    for i in range(len(m)):
-                        m[i] = 0
+                    zero(self.shadows[lv])
                     self.nzms[lv] = nz
                     self.status[lv] = CLOSED
                 elif sh:
