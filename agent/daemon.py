@@ -332,9 +332,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("mode        %s, window %d s, epoch %d s" % (p.mode, p.window_s, p.epoch_s))
     what = "discrete Gaussian sigma^2" if p.noise.mech == "dgauss" else "discrete Laplace scale t"
     if p.shadow:
-        print("noise       %s = %s per cell internal (half the budget), %s output"
-              % (what, calibrate.ratio_str((p.inoise.num, p.inoise.den)),
-                 calibrate.ratio_str((p.noise.num, p.noise.den))))
+        print("noise       %s = %s per cell output; %s internal (half the budget each for the accumulator "
+              "and its flash track)" % (what, calibrate.ratio_str((p.noise.num, p.noise.den)),
+                                        calibrate.ratio_str((p.inoise.num, p.inoise.den))))
     else:
         print("noise       %s = %s per cell, drawn twice (internal + output)"
               % (what, calibrate.ratio_str((p.noise.num, p.noise.den))))

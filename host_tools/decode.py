@@ -20,9 +20,9 @@ fleet      parameters differ from the fleet config (salt id, kind, d, w,
            mechanism)
 noise      ``nout`` is not the noise that ``budget`` calibrates to
            (agent.calibrate.noise_for), or ``nint`` is neither that nor
-           (v2, window/keep) the calibration for 2L arrays (the shadow
-           persist scheme): a release may not claim a budget its noise
-           does not give
+           (v2) the calibration for 2L arrays (the shadow persist
+           scheme): a release may not claim a budget its noise does not
+           give
 =========  =================================================================
 
 Versions: v2 (current devices) has the key ``lvl`` and allows mode
@@ -517,11 +517,11 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("noise", "nout = %d/%d does not match the %s noise for budget %d/%d "
                        "(d=%d, clip=%d, L=%d): expected %d/%d"
                        % (nout[0], nout[1], mech, budget[0], budget[1], d, clip, L, spec.num, spec.den))
-    # nint: the same calibration, or (v2, window/keep, kinds cms/cs/dcs) that of 2L arrays: the
+    # nint: the same calibration, or (v2, kinds cms/cs/dcs, any mode) that of 2L arrays: the
     # shadow persist scheme gives the accumulator and its flash track half the budget each
     # (docs/PRIVACY.md "Persisting without growing the noise")
     allowed = [spec]
-    if v >= 2 and mode != "tree" and kind != "dbits":
+    if v >= 2 and kind != "dbits":
         allowed.append(calibrate.noise_for(mech, budget, d, clip, 2 * L))
     if not any(nint[0] * a.den == a.num * nint[1] for a in allowed):
         raise Rejected("noise", "nint = %d/%d does not match the %s noise for budget %d/%d "

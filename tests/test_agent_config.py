@@ -140,6 +140,8 @@ def test_check_prints_noise_and_size(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "discrete Laplace scale t = 24" in out  # Delta1/eps = d*clip/eps = 3*2*4
     assert "eps = 1/4" in out
+    # 29 persists per 900 s epoch: auto picks shadow, whose internal noise is calibrated for 2 arrays
+    assert "24 per cell output; 48 internal" in out and "persist_noise auto -> shadow" in out
 
 
 def test_help_mentions_commands_and_exit_codes(capsys):
@@ -185,7 +187,12 @@ def test_check_tree_mode_recommends_by_query_pattern(tmp_path, capsys):
             line.startswith("  10080 ")}
     assert rows == {"1": "window/keep", "10080": "tree"}
     assert 'mode = "tree"' in out and "recommendation" in out
-    # frequent persists add a draw to every open node: the tree never pays off
+    # frequent persists add a draw to every open node under refresh: the tree pays off only with
+    # persist_noise = "shadow", and check says so
     path = write(tmp_path, tree.replace("persist_s = 86400", "persist_s = 30"))
-    assert main(["check", "--offline", "--config", path]) == 0
-    assert "tree mode never has less noise" in capsys.readouterr().out
+    assert main(["check", "--offline", "--config", path, "--range-epochs", "1", "--range-epochs", "10080"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("  1 ") or
+            line.startswith("  10080 ")}
+    assert rows == {"1": "window/keep", "10080": "tree+shadow"}
+    assert 'persist_noise = "shadow"' in out.split("recommendation")[1]

@@ -24,7 +24,8 @@ T0 = 200_000 * 3600
 # reviewed attributes (docs/PRIVACY.md, "Distinct counts"): the bits (counters), the zeroed release scratch
 # (relbuf), and clock/commit-driven or public values
 REC_ATTRS = {"p", "root", "rng", "log", "outbox", "state_path", "marker_path", "relbuf", "sketch", "counters", "_fp",
-             "_pending", "nz", "resumed", "last_persist", "seq", "elo", "ehi", "part"}
+             "_pending", "nz", "resumed", "last_persist", "seq", "elo", "ehi", "part",
+             "_fps", "nzm", "sh"}  # the Recorder's persist-scheme bookkeeping: public, constant for dbits
 SK_ATTRS = {"kind", "d", "w", "prefix", "p_num", "p_den", "counters"}
 CFG = {"device": "pi-1", "salt": "fleet-salt-1", "kind": "dbits", "d": 12, "w": 512, "mechanism": "dlap",
        "budget": "1", "mode": "keep", "window_s": 3600, "epoch_s": 600}

@@ -196,8 +196,7 @@ def test_noise_calibration_matches_agent():
 
 
 def test_internal_noise_other_than_the_two_schemes_is_rejected():
-    """nint may be the calibration of L arrays (refresh) or 2L (shadow), nothing else; tree
-    releases (no shadow scheme) only the first."""
+    """nint may be the calibration of L arrays (refresh) or 2L (shadow), nothing else."""
     p = params(mechanism="dlap", budget="1", d=4, persist_noise="refresh")
     m = release.release_map(p, 0, 100, 101, 0, array.array("i", bytes(4 * p.cells)))
     for nint, ok in (([4, 1], True), ([8, 1], True), ([12, 1], False), ([2, 1], False)):
@@ -208,6 +207,14 @@ def test_internal_noise_other_than_the_two_schemes_is_rejected():
             with pytest.raises(Rejected) as e:
                 decode(dumps(m))
             assert e.value.code == "noise" and "expected 4/1 or 8/1" in e.value.reason
+    # a tree node (L = 3 levels) under shadow: nint at 6 arrays, nout at 3
+    from agent.params import Params
+
+    pt = Params({"device": "dev-a", "salt": SALT, "kind": "cs", "d": 4, "w": 64, "mechanism": "dlap", "budget": "1",
+                 "mode": "tree", "levels": 3, "epoch_s": 60, "persist_noise": "shadow"})
+    elo = T0 // 60 - (T0 // 60) % 4
+    rel = decode(release.encode(pt, 0, elo, elo + 4, 0, array.array("i", bytes(4 * pt.cells)), 2, 2))
+    assert rel.nint == (24, 1) and rel.nout == (12, 1)
 
 
 def test_max_bytes_checked_before_decoding(tmp_path):

@@ -22,7 +22,14 @@ import pytest
 from host_tools import estimators, query
 from host_tools.aggregator import Aggregator
 from host_tools.merge import NoiseTerm, noise_variance
-from tests.test_host_support import SALT, host_cfg, params, record, topic, zipf_stream
+from tests.test_host_support import SALT, host_cfg, params as _params, record, topic, zipf_stream
+
+
+def params(device: str = "dev-a", **kw):
+    """These tests count the refresh scheme's draws (one per persist); the shadow scheme's
+    releases (nz = 2, nint at 2L arrays) have their own coverage config below."""
+    kw.setdefault("persist_noise", "refresh")
+    return _params(device, **kw)
 
 
 # -- noise distributions -------------------------------------------------------
@@ -102,8 +109,12 @@ CONFIGS = {
     "cms-d3-dgauss": (dict(kind="cms", d=3, w=512, mechanism="dgauss", budget="1/4"), 2, 2, 5000, 2000, 1.5),
     "cms-d4-dlap-persist": (dict(kind="cms", d=4, w=256, mechanism="dlap", budget="1"), 3, 1, 8000, 3000, 1.1),
     "cs-d5-dgauss-persist": (dict(kind="cs", d=5, w=256, mechanism="dgauss", budget="1/2"), 3, 1, 8000, 3000, 1.1),
+    # persist_noise shadow: 3 persists, yet nz = 2 with the internal draw at the 2-array calibration
+    "cs-d5-dgauss-shadow": (dict(kind="cs", d=5, w=256, mechanism="dgauss", budget="1/2", persist_noise="shadow"),
+                            3, 1, 8000, 3000, 1.1),
 }
-PERSISTS = {"cms-d4-dlap-persist": 4, "cs-d5-dgauss-persist": 3}  # Recorder.persist() calls per window
+PERSISTS = {"cms-d4-dlap-persist": 4, "cs-d5-dgauss-persist": 3,
+            "cs-d5-dgauss-shadow": 3}  # Recorder.persist() calls per window
 SEEDS = (11, 22, 33)
 
 
@@ -124,8 +135,12 @@ def run_config(tmp_path, name, seed, confidence=0.95):
         for raw in record(p, str(tmp_path / ("%s-%d-%s" % (name, seed, dev))), windows, seed="%s%d" % (dev, seed),
                           persists=PERSISTS.get(name, 0)):
             assert agg.handle(topic(dev), raw).stored
-    nzs = [r.nz for r in agg.store.releases()]
-    assert min(nzs) >= 2 + PERSISTS.get(name, 0), nzs  # every persist added one internal draw
+    rels = agg.store.releases()
+    nzs = [r.nz for r in rels]
+    if pkw.get("persist_noise") == "shadow":
+        assert nzs == [2] * len(rels) and all(r.nint != r.nout for r in rels), nzs
+    else:
+        assert min(nzs) >= 2 + PERSISTS.get(name, 0), nzs  # every persist added one internal draw
     items = ["item-%d" % k for k in range(universe)]
     ans = query.freq(agg.store, items, salt=salt, confidence=confidence)
     agg.close()
