@@ -22,7 +22,8 @@ For each u the test is the Neyman–Pearson one: the log-likelihood ratio
     LLR = sum_r log P_a(s_r - m_r) - log P_a(s_r)
 
 with P_a the exact pmf of sum_k a_k Z_k (convolution of the dlap or dgauss
-pmf), thresholded. When the intruder reads CSPRNG bytes in RAM that fix
+pmfs, each Z_k with its own distribution: under ``persist_noise = "shadow"``
+the internal and the output noise have different scales), thresholded. When the intruder reads CSPRNG bytes in RAM that fix
 some future draws (issue 13's Rng tail), those draws are subtracted from
 s_r and removed from a before the LLR (:func:`llr_known`).
 
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from host_tools.audit import stats
-from host_tools.audit.model import Model, Pmf, pmf_of
+from host_tools.audit import device
+from host_tools.audit.model import Model, Pmf, base_pmf, pmf_mixed, pmf_of
 
 
 @dataclass
@@ -115,16 +117,53 @@ def _label(model: Model, mo: int | None, u: tuple[tuple[int, int], ...]) -> str:
 
 
 class LLR:
-    """Log-likelihood ratios of statistics, with the pmfs cached by noise pattern."""
+    """Log-likelihood ratios of statistics, with the pmfs cached by noise pattern.
 
-    def __init__(self, base: Pmf) -> None:
+    ``base`` is the pmf of every noise array; ``bases`` (optional, one per
+    array k) gives each Z_k its own pmf instead (:meth:`for_model`)."""
+
+    def __init__(self, base: Pmf, bases: list[Pmf] | None = None, groups: list[int] | None = None) -> None:
         self.base = base
-        self._cache: dict[tuple[int, ...], Pmf] = {}
+        self.bases = bases  # None: every array has ``base``
+        self.groups = groups  # bases[k] is the group-th distinct pmf (cache keys)
+        self._cache: dict[tuple, Pmf] = {}
+
+    @classmethod
+    def for_model(cls, model: Model) -> "LLR":
+        """One pmf per distinct distribution of the model's noise arrays."""
+        p = model.p
+        specs = model.specs or [p.noise] * model.K
+        uniq: dict[tuple, int] = {}
+        pm: list[Pmf] = []
+        groups = []
+        for sp in specs:
+            key = device.spec_key(sp)
+            if key not in uniq:
+                uniq[key] = len(pm)
+                pm.append(base_pmf(sp))
+            groups.append(uniq[key])
+        if len(pm) <= 1:
+            return cls(pm[0] if pm else base_pmf(p.noise))
+        return cls(pm[0], [pm[g] for g in groups], groups)
+
+    @property
+    def mixed(self) -> bool:
+        return self.bases is not None
 
     def pmf(self, a: np.ndarray) -> Pmf:
-        key = tuple(sorted(abs(int(x)) for x in a if x))
+        if self.bases is None:
+            key: tuple = tuple(sorted(abs(int(x)) for x in a if x))
+            if key not in self._cache:
+                self._cache[key] = pmf_of(self.base, key)
+            return self._cache[key]
+        assert self.groups is not None
+        terms = sorted((self.groups[k], abs(int(x))) for k, x in enumerate(a) if x)
+        key = ("mixed",) + tuple(terms)
         if key not in self._cache:
-            self._cache[key] = pmf_of(self.base, key)
+            first = {}
+            for k, g in enumerate(self.groups):
+                first.setdefault(g, k)
+            self._cache[key] = pmf_mixed(tuple((self.bases[first[g]], c) for g, c in terms))
         return self._cache[key]
 
     def llr(self, cand: Candidate, s: np.ndarray) -> np.ndarray:

@@ -104,7 +104,7 @@ def _model_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish
     """Trials sampled from the verified model: s = world*m + a·Z on the touched cells."""
     d = len(m.cells)
     out = []
-    z = [mdl.sample(L.base, (T, m.K, d), gen) for _ in (0, 1)]
+    z = [mdl.sample_arrays(L.bases or [L.base] * m.K, T, d, gen) for _ in (0, 1)]
     for c in cands:
         pair = []
         for w in (0, 1):
@@ -124,8 +124,9 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
 
     The intruder runs the device's sampler on the bytes the Rng holds
     (a copy with a source that has no more bytes); each sample that completes
-    is a future draw of the device. The auditor finds its index by matching
-    the Rng's state against the replayed stream.
+    is a future draw of the device, of the distribution the device used for
+    that draw (recorded by device.run). The auditor finds its index by
+    matching the Rng's state against the replayed stream.
     """
     mom = r.moments[mo]
     n = p.d * p.w
@@ -140,12 +141,16 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
     rng.source = _Dry()
     out: dict[int, int] = {}
     g = offset + done
+    specs = decs[mom.instance].specs
+    j = done
     while len(out) < n:
+        spec = specs[j] if j < len(specs) else p.noise  # a draw the run never made: the configured noise
         try:
-            out[g] = p.noise.sample(rng)
+            out[g] = spec.sample(rng)
         except NoEntropyError:
             break
         g += 1
+        j += 1
     return out
 
 
@@ -225,7 +230,7 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
             raise
         return _metadata_audit(p, sc, views, trials, real_trials, claim, leaks, source)
     mdl.verify(m, verify_trials, source)
-    L = distinguish.LLR(mdl.base_pmf(p.noise))
+    L = distinguish.LLR.for_model(m)
     use_real = real or not m.exact
     T = max(trials // 2, 1)
     Tc = max(trials // 4, 1)
