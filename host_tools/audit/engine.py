@@ -101,15 +101,20 @@ class Sets:
 
 def _model_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.LLR, T: int,
                 gen: np.random.Generator) -> Sets:
-    """Trials sampled from the verified model: s = world*m + a·Z on the touched cells."""
+    """Trials sampled from the verified model: s = world*m + a·Z on the touched cells
+    (a joint test sums the LLRs of its statistics, computed on the same draws)."""
     d = len(m.cells)
     out = []
     z = [mdl.sample_arrays(L.bases or [L.base] * m.K, T, d, gen) for _ in (0, 1)]
     for c in cands:
         pair = []
         for w in (0, 1):
-            s = np.einsum("k,tkd->td", c.a, z[w]) + w * c.m[None, :]
-            pair.append(L.llr(c, s))
+            tot = None
+            for part in c.atoms():
+                s = np.einsum("k,tkd->td", part.a, z[w]) + w * part.m[None, :]
+                x = L.llr(part, s)
+                tot = x if tot is None else tot + x
+            pair.append(tot)
         out.append((pair[0], pair[1]))
     return Sets(out)
 
@@ -156,13 +161,15 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
 
 def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.LLR, T: int,
                source: Callable[[], Any]) -> Sets:
-    """Trials on the real code path: run the Recorder, read the view, apply each statistic."""
+    """Trials on the real code path: run the Recorder, read the view, apply each statistic
+    (a joint test: each of its statistics, LLRs summed)."""
     p = m.p
     n = p.d * p.w
     cells = [c for c, _ in m.cells]
     E0 = m.E0[:, cells]
-    S: dict[tuple[int, int], list[np.ndarray]] = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
-    K: dict[tuple[int, int], list[dict[int, int]]] = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
+    atoms = [(ci, ai, a) for ci, c in enumerate(cands) for ai, a in enumerate(c.atoms())]
+    S: dict[tuple[int, int, int], list[np.ndarray]] = {(ci, ai, w): [] for ci, ai, _ in atoms for w in (0, 1)}
+    K: dict[tuple[int, int, int], list[dict[int, int]]] = {(ci, ai, w): [] for ci, ai, _ in atoms for w in (0, 1)}
     for w in (0, 1):
         for _ in range(T):
             r = device.run(p, m.scenario, w, lambda i: source())
@@ -170,15 +177,21 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
             X = np.stack([v[k][cells] for k in m.keys]) - E0
             _, decs = mdl.draws_of(p, r)
             pred: dict[int | None, dict[int, int]] = {None: {}}
-            for ci, c in enumerate(cands):
+            for ci, ai, c in atoms:
                 if c.moment is not None and c.moment not in pred:
                     pred[c.moment] = predicted_draws(p, r, decs, c.moment)
-                S[(ci, w)].append(sum(coef * X[i] for i, coef in c.u))
-                K[(ci, w)].append(pred[c.moment])
+                S[(ci, ai, w)].append(sum(coef * X[i] for i, coef in c.u))
+                K[(ci, ai, w)].append(pred[c.moment])
     out = []
     for ci, c in enumerate(cands):
-        l0, l1 = (L.llr_known(c, np.array(S[(ci, w)]), K[(ci, w)], cells, n) for w in (0, 1))
-        out.append((l0, l1))
+        pair = []
+        for w in (0, 1):
+            tot = None
+            for ai, a in enumerate(c.atoms()):
+                x = L.llr_known(a, np.array(S[(ci, ai, w)]), K[(ci, ai, w)], cells, n)
+                tot = x if tot is None else tot + x
+            pair.append(tot)
+        out.append((pair[0], pair[1]))
     return Sets(out)
 
 
@@ -242,7 +255,8 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
     results: dict[str, Result] = {}
     cal_eps: dict[str, float] = {}
     for view in views:
-        cands = distinguish.candidates(m, view)
+        # shadow: an event before the intrusion is in two coordinates at half the budget each
+        cands = distinguish.candidates(m, view, joint=bool(p.shadow))
         if not cands:
             raise RuntimeError("scenario %s: the event leaves no trace in the %s view" % (sc.name, view))
         if use_real:
