@@ -79,6 +79,7 @@ class Result:
     w: int = 0
     cal_eps: float = 0.0
     notes: list[str] = field(default_factory=list)
+    persist_noise: str = ""  # the resolved persist scheme audited: "refresh" or "shadow"
 
     @property
     def flagged(self) -> bool:
@@ -90,6 +91,10 @@ class Result:
         if not math.isfinite(out["threshold"]):
             out["threshold"] = None
         return out
+
+
+def _scheme(p: Params) -> str:
+    return "shadow" if p.shadow else "refresh"
 
 
 @dataclass
@@ -278,7 +283,7 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
             eps_claimed=claim.eps, delta=claim.delta, eps_lower=eps, trials=len(l0) + len(l1),
             calibration_trials=2 * Tc, fp=fp, fn=fn, path="real" if use_real else "model",
             statistic=cands[best_i].label, threshold=best.tau, verified_real_trials=m.verified,
-            kind=p.kind, d=p.d, w=p.w, cal_eps=best.eps, notes=list(m.notes))
+            kind=p.kind, d=p.d, w=p.w, cal_eps=best.eps, notes=list(m.notes), persist_noise=_scheme(p))
         cal_eps[view] = best.eps
         vleaks = {k: v for k, v in leaks.items() if device.in_view(k, view)}
         if vleaks:  # the event changes something that is not a noisy array: test that too
@@ -303,7 +308,8 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
         if not keys:
             cal[view] = 0.0
             results[view] = Result(p.mode, view, sc.name, claim.mech, claim.budget, claim.eps, claim.delta, 0.0, 0, 0,
-                                   0, 0, "real", "metadata (none visible)", math.inf, 0, p.kind, p.d, p.w, 0.0, [note])
+                                   0, 0, "real", "metadata (none visible)", math.inf, 0, p.kind, p.d, p.w, 0.0, [note],
+                                   _scheme(p))
             continue
         cfp, cfn = _metadata_counts(p, sc, keys, Tc, source)
         cal[view] = stats.eps_lower_bound(cfp, Tc, cfn, Tc, claim.delta)
@@ -311,7 +317,7 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
         eps = stats.eps_lower_bound(fp, T, fn, T, claim.delta)
         results[view] = Result(p.mode, view, sc.name, claim.mech, claim.budget, claim.eps, claim.delta, eps, 2 * T,
                                2 * Tc, fp, fn, "real", "metadata: " + ", ".join(sorted(keys)[:3]), math.inf, 0,
-                               p.kind, p.d, p.w, cal[view], [note])
+                               p.kind, p.d, p.w, cal[view], [note], _scheme(p))
     return ScenarioAudit(sc, None, results, cal)  # type: ignore[arg-type]
 
 
