@@ -15,6 +15,15 @@ defect. ``tests/test_audit.py`` requires the audit to flag every one of them
 * ``rng-tail-kept``          -- issue 13 bug 2: ``Rng.wipe`` keeps the buffer and its tail;
 * ``event-count-kept``       -- the Recorder keeps an exact count of events in RAM (not an
   array: caught by the metadata test, which compares every non-array attribute).
+
+Under ``persist_noise = "shadow"`` (:data:`SHADOW_CONTROLS`, audited with
+:data:`SHADOW_CFG`):
+
+* ``shadow-g-skipped``       -- a persist writes S = R - M but never adds the fresh G
+  to the shadow M: R - M - S = the exact events since the persist;
+* ``shadow-refresh-scale``   -- the internal noise (Z_int, the G's) is drawn at the
+  refresh calibration ``p.noise`` instead of ``p.inoise`` (2x the arrays): an event
+  before the intrusion is then in two coordinates each at the full budget, loss 2 eps.
 """
 
 from __future__ import annotations
@@ -123,6 +132,37 @@ def _add_counting(real):  # type: ignore[no-untyped-def]
 CONTROLS["event-count-kept"] = lambda: _patch(Recorder, "add", _add_counting(Recorder.add))
 
 
+def _persist_shadow_no_g(self, now):  # type: ignore[no-untyped-def]
+    """Recorder._persist_shadow with the fresh G (staged in relbuf) never added to M."""
+    a = self.counters
+    m = self.shadow
+    b = self.relbuf
+    for i in range(len(m)):
+        m[i] = wrap32(a[i] - m[i])
+    from agent import storage
+
+    storage.write_state(self.state_path, self._fps[1], self.seq, self.elo, self.ehi, self.part, self.nzm, m)
+    for i in range(len(m)):
+        m[i] = wrap32(a[i] - m[i])  # M back as it was: no fresh G
+        b[i] = 0
+    self.nzm += 1
+    if now is not None:
+        self.last_persist = now
+    return True
+
+
+def _internal_at_refresh_scale():  # type: ignore[no-untyped-def]
+    from agent.params import Params
+
+    return _patch(Params, "internal_noise", lambda self, shadow: self.noise)
+
+
+SHADOW_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "shadow-g-skipped": lambda: _patch(Recorder, "_persist_shadow", _persist_shadow_no_g),
+    "shadow-refresh-scale": _internal_at_refresh_scale,
+}
+
+
 DESCRIPTIONS = {
     "output-noise-skipped": "release = state, no Z_out",
     "internal-noise-skipped": "accumulator opens at zero, no Z_int",
@@ -131,10 +171,14 @@ DESCRIPTIONS = {
     "scratch-not-wiped": "issue 13 bug 1: Y stays in `relbuf`",
     "rng-tail-kept": "issue 13 bug 2: `Rng` keeps its buffer and tail",
     "event-count-kept": "an exact event count attribute in RAM",
+    "shadow-g-skipped": "shadow: a persist never adds the fresh G to M (R − M − S = exact events)",
+    "shadow-refresh-scale": "shadow: Z_int and the G's at `p.noise` (L arrays), not `p.inoise` (2L)",
 }
 SCENARIOS = ["before-persist", "after-last-persist"]
 CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",
        "window_s": 600, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
+SHADOW_CFG = dict(CFG, persist_s=60, persist_noise="shadow")
+SHADOW_SCENARIOS = ["before-persist", "between-persists", "after-last-persist"]
 
 
 def main() -> None:
@@ -144,11 +188,13 @@ def main() -> None:
 
     print("| control | defect | claimed ε | measured ε lower bound | trials | path | statistic |")
     print("|---|---|---|---|---|---|---|")
-    for name, ctl in CONTROLS.items():
+    runs = [(n, c, CFG, SCENARIOS) for n, c in CONTROLS.items()]
+    runs += [(n, c, SHADOW_CFG, SHADOW_SCENARIOS) for n, c in SHADOW_CONTROLS.items()]
+    for name, ctl, cfg, names in runs:
         with ctl():
-            p = Params(CFG)
+            p = Params(cfg)
             _, (r,) = engine.audit(p, views=["intrusion"], trials=100000, real_trials=1000, verify_trials=3,
-                                   scenario_names=SCENARIOS)
+                                   scenario_names=names)
         print("| `%s` | %s | %.1f | **%.2f** | %d | %s | %s: `%s` (fp %d, fn %d) |"
               % (name, DESCRIPTIONS[name], r.eps_claimed, r.eps_lower, r.trials, r.path, r.scenario.split(" (")[0],
                  r.statistic, r.fp, r.fn), flush=True)

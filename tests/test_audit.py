@@ -113,6 +113,54 @@ def test_model_and_real_code_path_give_the_same_llr_distribution() -> None:
                 assert sst.chi2_contingency(table)[1] > 1e-4, table
 
 
+def _key(spec: object) -> tuple:
+    return device.spec_key(spec)
+
+
+@pytest.mark.parametrize("mode,names", [
+    ("window", ["restart-between-persists", "outbox-failure", "flush-part0"]),
+    ("tree", ["restart-after-event", "tree-outbox-failure"]),
+])
+def test_model_decodes_shadow_runs_bit_for_bit(mode: str, names: list[str]) -> None:
+    """persist_noise = shadow: the run draws arrays of two distributions (internal noise at
+    2x the arrays, output noise at 1x). Each array is decoded with its own sampler and the
+    model reproduces real os.urandom runs bit for bit; a single-spec replay would not."""
+    # tree: 2 levels, w = 8 (enough learning equations for its ~25 noise arrays)
+    extra = {"levels": 2, "window_s": None, "w": 8} if mode == "tree" else {}
+    p = params(mode=mode, persist_s=60, persist_noise="shadow", **extra)
+    assert p.shadow and _key(p.inoise) != _key(p.noise)
+    for sc in scenarios.for_mode(mode, names):
+        m = model.learn(p, sc)
+        model.verify(m, 2)
+        assert m.exact and m.verified == 4 and m.notes == [], (sc.name, m.notes)
+        keys = [_key(s) for s in m.specs]
+        assert set(keys) == {_key(p.noise), _key(p.inoise)} and len(keys) == m.K
+        assert keys[0] == _key(p.inoise)  # the first accumulator's Z_int (or its shadow's G_0)
+        # every release carries exactly one output-noise array, all other draws are internal
+        for ri in m.release_idx:
+            outs = [k for k in range(m.K) if m.C[ri, k] and keys[k] == _key(p.noise)]
+            assert len(outs) == 1 and m.C[ri, outs[0]] == 1, (sc.name, m.C[ri])
+        # replaying every draw with the output sampler (the old single-spec auditor) mis-decodes
+        r = device.run(p, sc, 1, lambda i: DeterministicSource("x%d" % i))
+        right = device.decode_draws(p.noise, r.streams[0], r.specs[0]).draws
+        assert device.decode_draws(p.noise, r.streams[0]).draws[: len(right)] != right
+
+
+def test_sample_arrays_per_spec() -> None:
+    lap4, lap8 = (model.base_pmf(Params(dict(CFG, budget=b)).noise) for b in ("1/2", "1/4"))
+    a = model.sample_arrays([lap4, lap4], 10, 2, np.random.default_rng(3))
+    assert (a == model.sample(lap4, (10, 2, 2), np.random.default_rng(3))).all()  # one spec: unchanged
+    x = model.sample_arrays([lap4, lap8], 100000, 1, np.random.default_rng(4))
+    q4, q8 = math.exp(-1 / 4), math.exp(-1 / 8)
+    assert x[:, 0].var() == pytest.approx(2 * q4 / (1 - q4) ** 2, rel=0.03)
+    assert x[:, 1].var() == pytest.approx(2 * q8 / (1 - q8) ** 2, rel=0.03)
+    # the LLR's pmf of a_0 Z_0 + a_1 Z_1 convolves each array's own pmf
+    L = engine.distinguish.LLR(lap4, [lap4, lap8], [0, 1])
+    P = L.pmf(np.array([1, -1]))
+    assert P.p.sum() == pytest.approx(1) and float((P.p * (np.arange(len(P.p)) + P.lo) ** 2).sum()) == \
+        pytest.approx(2 * q4 / (1 - q4) ** 2 + 2 * q8 / (1 - q8) ** 2, rel=1e-9)
+
+
 def test_sampler_matches_pmf() -> None:
     base = model.base_pmf(params().noise)  # dlap t = 4
     x = model.sample(base, (200000,), np.random.default_rng(5))
@@ -156,6 +204,37 @@ def test_tree_negative_control_is_flagged(control: str) -> None:
                                   real_trials=150, verify_trials=2)
     (r,) = summary
     assert r.flagged, (control, r)
+
+
+@pytest.mark.parametrize("mode", ["window", "tree"])
+def test_sound_shadow_device_stays_below_the_claim(mode: str) -> None:
+    """persist_noise = shadow: each array sampled from its own pmf, joint tests of the two
+    coordinates an event is in; the device stays below the claim, and (window) the joint
+    test of R and the flash increment reaches close to it."""
+    extra = {"levels": 2, "window_s": None} if mode == "tree" else {}
+    p = params(mode=mode, persist_s=60, persist_noise="shadow", **extra)
+    names = ["before-persist", "between-persists", "after-restart"] if mode == "window" else ["between-persists"]
+    audits, summary = engine.audit(p, trials=20000, scenario_names=names, verify_trials=1)
+    for a in audits:
+        for r in a.results.values():
+            assert r.path == "model" and not r.flagged and r.persist_noise == "shadow", r
+    if mode == "window":
+        intr = [r for r in summary if r.view == "intrusion"][0]
+        assert 0.35 < intr.eps_lower <= 0.5
+
+
+@pytest.mark.parametrize("control", sorted(audit_controls.SHADOW_CONTROLS))
+def test_shadow_negative_control_is_flagged(control: str) -> None:
+    with audit_controls.SHADOW_CONTROLS[control]():
+        p = Params(audit_controls.SHADOW_CFG)
+        assert p.shadow
+        _, (r,) = engine.audit(p, views=["intrusion"], trials=20000, scenario_names=audit_controls.SHADOW_SCENARIOS,
+                               verify_trials=1)
+    assert r.flagged and r.path == "model", (control, r)
+    if control == "shadow-g-skipped":
+        assert r.eps_lower > 5, r  # R - M - S: an exact recovery
+    else:
+        assert " & " in r.statistic, r  # only the joint test of both coordinates sees the 2 eps
 
 
 def test_real_code_path_agrees_on_a_sound_device() -> None:
@@ -218,6 +297,23 @@ def test_cli_json_lines(tmp_path, capsys) -> None:
             assert k in d
         assert d["mode"] == "keep" and d["w"] == 8 and d["delta"] == 1e-5
         assert d["eps_claimed"] == pytest.approx(stats.zcdp_to_dp(0.5, 1e-5))
+
+
+def test_cli_passes_persist_noise(tmp_path) -> None:
+    """The audit audits the config as the device runs it: persist_noise is passed through
+    (with persist_s 86400, 'auto' alone would resolve to refresh)."""
+    import argparse
+
+    from host_tools.audit import cli as audit_cli
+
+    conf = tmp_path / "agent.toml"
+    body = ('[device]\nid = "d1"\nsalt = "fleet-salt-x"\n[sketch]\nkind = "cms"\nd = 2\nw = 64\n'
+            '[privacy]\nmechanism = "dlap"\nbudget = "1/2"\nwindow_s = 600\n'
+            '[storage]\ndir = "state"\npersist_s = 86400\n%s')
+    for line, shadow in (('persist_noise = "shadow"\n', True), ("", False), ('persist_noise = "refresh"\n', False)):
+        conf.write_text(body % line)
+        p = audit_cli._params(argparse.Namespace(config=str(conf), w=8))
+        assert p.shadow is shadow and p.w == 8
 
 
 def test_cli_errors(tmp_path, capsys) -> None:

@@ -16,12 +16,23 @@ and at the end every release, read back from the outbox with ``cbor2`` (the
 bytes a broker would receive). The CSPRNG bytes each ``Rng`` reads are
 recorded (:class:`RecordingSource`), so :func:`decode_draws` can replay them
 through the device's own samplers and name every noise draw.
+
+A run may draw noise of several distributions (``persist_noise = "shadow"``:
+the internal noise at the calibration of 2x the arrays, the output noise at
+that of the arrays). While :func:`run` drives the device, the auditor wraps
+``NoiseSpec.sample`` (audit-only instrumentation, restored afterwards; the
+device code is unchanged) and records, per Rng instance, the distribution of
+every sample actually drawn (:attr:`Run.specs`, run-length encoded). The
+replay then uses each draw's own distribution. Wrapping the sampler rather
+than ``add_noise`` records what was really drawn, also when a negative
+control patches ``add_noise`` to skip a draw.
 """
 
 from __future__ import annotations
 
 import array
 import copy
+import math
 import os
 import shutil
 import tempfile
@@ -31,7 +42,7 @@ from typing import Any, Callable
 import cbor2
 import numpy as np
 
-from agent import hashing, storage
+from agent import hashing, noise, storage
 from agent.params import Params
 from agent.recorder import Recorder, make
 from agent.rng import NoEntropyError, Rng
@@ -73,32 +84,97 @@ def _rng_state(rng: Rng) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in rng.__dict__.items() if k != "source"))
 
 
+def spec_key(spec: Any) -> tuple:
+    """A hashable, exact identity of a noise distribution (mechanism, reduced parameter)."""
+    g = math.gcd(spec.num, spec.den)
+    return (spec.mech, spec.num // g, spec.den // g)
+
+
+SpecRuns = list  # [[spec, count], ...]: consecutive samples of one distribution, in draw order
+
+
 @dataclass
 class Decoded:
     """Noise draws of one Rng instance, in order, and the Rng state after each."""
 
     draws: list[int]
     states: list[tuple[int, tuple]]  # (bytes consumed, rng state) after 0, 1, ... draws
+    specs: list[Any] = field(default_factory=list)  # the distribution of each draw (when recorded)
 
 
-def decode_draws(spec: Any, data: bytes) -> Decoded:
+def decode_draws(spec: Any, data: bytes, specs: SpecRuns | None = None) -> Decoded:
     """Replay recorded CSPRNG bytes through the device's sampler (``spec.sample``).
 
     The samplers consume bytes in a fixed order, so this names every draw the
-    device made, in order. Stops when the bytes run out.
+    device made, in order. Without ``specs`` every draw is replayed with
+    ``spec`` until the bytes run out. With ``specs`` (the recorded run-length
+    list of the distribution of each sample, :attr:`Run.specs`) exactly those
+    samples are replayed, each with its own distribution; running out of bytes
+    before that is an error (the recorded bytes do not explain the draws).
     """
     src = ReplaySource(data)
     rng = Rng(src)
     draws: list[int] = []
     states = [(0, _rng_state(rng))]
-    while True:
-        try:
-            x = spec.sample(rng)
-        except NoEntropyError:
-            break
-        draws.append(x)
-        states.append((src.pos, _rng_state(rng)))
-    return Decoded(draws, states)
+    per: list[Any] = []
+    if specs is None:
+        while True:
+            try:
+                x = spec.sample(rng)
+            except NoEntropyError:
+                break
+            draws.append(x)
+            per.append(spec)
+            states.append((src.pos, _rng_state(rng)))
+        return Decoded(draws, states, per)
+    for sp, count in specs:
+        for _ in range(count):
+            x = sp.sample(rng)  # NoEntropyError: the bytes do not cover the recorded samples
+            draws.append(x)
+            per.append(sp)
+            states.append((src.pos, _rng_state(rng)))
+    return Decoded(draws, states, per)
+
+
+class SpecRecorder:
+    """Wraps ``NoiseSpec.sample`` while the device runs and records, per Rng
+    instance (identified by its byte source), the distribution of every sample.
+
+    Audit-only instrumentation: the class attribute is restored on exit, and
+    the wrapped sampler is the device's own (same bytes, same draws).
+    """
+
+    def __init__(self) -> None:
+        self.sources: list[Any] = []
+        self.specs: list[SpecRuns] = []
+
+    def add_source(self, src: Any) -> None:
+        self.sources.append(src)
+        self.specs.append([])
+
+    def __enter__(self) -> "SpecRecorder":
+        real = noise.NoiseSpec.sample
+        self._real = real
+        rec = self
+
+        def sample(spec, rng):  # type: ignore[no-untyped-def]
+            x = real(spec, rng)
+            src = getattr(rng, "source", None)
+            for i, s in enumerate(rec.sources):
+                if s is src:
+                    runs = rec.specs[i]
+                    if runs and spec_key(runs[-1][0]) == spec_key(spec):
+                        runs[-1][1] += 1
+                    else:
+                        runs.append([spec, 1])
+                    break
+            return x
+
+        noise.NoiseSpec.sample = sample  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        noise.NoiseSpec.sample = self._real  # type: ignore[method-assign]
 
 
 @dataclass
@@ -124,6 +200,7 @@ class Run:
     release_meta: list[dict[str, Any]]
     streams: list[bytes]
     cells: list[tuple[int, int]] = field(default_factory=list)  # (index, sign) of the target's cells
+    specs: list[SpecRuns] | None = None  # per Rng instance: the distribution of every sample drawn
 
 
 def target_item(p: Params) -> str:
@@ -188,15 +265,20 @@ def run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], w
     base = workdir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
     root = tempfile.mkdtemp(prefix="pansketch-audit-", dir=base)
     try:
-        return _run(p, sc, world, source_for, root)
+        with SpecRecorder() as specs:
+            r = _run(p, sc, world, source_for, root, specs)
+        r.specs = specs.specs
+        return r
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], root: str) -> Run:
+def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], root: str,
+         specs: SpecRecorder) -> Run:
     t0 = (1_700_000_000 // p.window_s) * p.window_s
     quiet = lambda m: None  # noqa: E731
     srcs = [RecordingSource(source_for(0))]
+    specs.add_source(srcs[0])
     rec = make(p, root, t0, rng=Rng(srcs[0]), log=quiet, outbox_max=sc.outbox_max)
     item = target_item(p)
     flash: list[np.ndarray] = []
@@ -243,6 +325,7 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
             rec.persist(now)
         elif op.kind == "restart":
             srcs.append(RecordingSource(source_for(len(srcs))))
+            specs.add_source(srcs[-1])
             rec = make(p, root, now, rng=Rng(srcs[-1]), log=quiet, outbox_max=sc.outbox_max)
         elif op.kind == "tick":
             rec.tick(now)

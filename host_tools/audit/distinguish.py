@@ -22,7 +22,8 @@ For each u the test is the Neyman–Pearson one: the log-likelihood ratio
     LLR = sum_r log P_a(s_r - m_r) - log P_a(s_r)
 
 with P_a the exact pmf of sum_k a_k Z_k (convolution of the dlap or dgauss
-pmf), thresholded. When the intruder reads CSPRNG bytes in RAM that fix
+pmfs, each Z_k with its own distribution: under ``persist_noise = "shadow"``
+the internal and the output noise have different scales), thresholded. When the intruder reads CSPRNG bytes in RAM that fix
 some future draws (issue 13's Rng tail), those draws are subtracted from
 s_r and removed from a before the LLR (:func:`llr_known`).
 
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from host_tools.audit import stats
-from host_tools.audit.model import Model, Pmf, pmf_of
+from host_tools.audit import device
+from host_tools.audit.model import Model, Pmf, base_pmf, pmf_mixed, pmf_of
 
 
 @dataclass
@@ -52,6 +54,11 @@ class Candidate:
     m: np.ndarray  # (d,) the event's trace on the touched cells
     label: str
     score: float
+    parts: tuple["Candidate", ...] = ()  # a joint test: the LLRs of these statistics, summed
+
+    def atoms(self) -> tuple["Candidate", ...]:
+        """The single statistics whose LLRs this test sums (itself when it is one)."""
+        return self.parts or (self,)
 
 
 def visible(model: Model, view: str, moment: int | None) -> list[int]:
@@ -63,12 +70,23 @@ def visible(model: Model, view: str, moment: int | None) -> list[int]:
     return list(ram) + list(model.flash_idx[:n_flash]) + list(model.release_idx)
 
 
-def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24) -> list[Candidate]:
-    """The most promising statistics of a view, best first (score = |m|^2 / |a|^2)."""
+def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24, joint: bool = False,
+               joint_cap: int = 12) -> list[Candidate]:
+    """The most promising statistics of a view, best first (score = |m|^2 / |a|^2).
+
+    ``joint``: also pairs of statistics of one moment whose noises are
+    independent (disjoint draws: a_1 and a_2 have disjoint supports), tested
+    by the sum of their LLRs -- the exact LLR of the pair. Under
+    ``persist_noise = "shadow"`` the proof puts an event before the intrusion
+    in two coordinates (R and one increment of the flash track), each at half
+    the budget: only the pair sees the whole loss. At most ``joint_cap``
+    pairs are added to the ``cap`` single statistics."""
     cells = [c for c, _ in model.cells]
     sig = model.delta[:, cells]
+    wvar = _relative_variances(model)  # None: one distribution, every draw weighs 1
     moments: list[int | None] = [None] if view == "release" else list(range(len(model.moments)))
     out: list[Candidate] = []
+    pairs: list[Candidate] = []
     seen: set[tuple] = set()
     for mo in moments:
         vis = []
@@ -88,7 +106,7 @@ def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24) -> l
                     m = sum(c * sig[i] for i, c in u)
                     if not np.any(m):
                         continue
-                    na = float((a * a).sum())
+                    na = float((a * a).sum()) if wvar is None else float((a * a * wvar).sum())
                     score = math.inf if na == 0 else float((m * m).sum()) / na
                     found.append(Candidate(view, mo, u, a, m, _label(model, mo, u), score))
         found.sort(key=lambda c: (-c.score, len(c.u)))
@@ -97,8 +115,58 @@ def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24) -> l
             if key not in seen:
                 seen.add(key)
                 out.append(c)
+        if joint:
+            for c in _pairs(found, per_moment):
+                key = tuple(tuple(x) for p in c.parts for x in (p.a, p.m))
+                if key not in seen:
+                    seen.add(key)
+                    pairs.append(c)
     out.sort(key=lambda c: (-c.score, len(c.u)))
-    return out[:cap]
+    pairs.sort(key=lambda c: -c.score)
+    return out[:cap] + pairs[:joint_cap]
+
+
+def _variance(spec: object) -> float:
+    if spec.mech == "dlap":  # type: ignore[attr-defined]
+        q = math.exp(-spec.den / spec.num)  # type: ignore[attr-defined]
+        return 2 * q / (1 - q) ** 2
+    return spec.num / spec.den  # type: ignore[attr-defined]  (dgauss: ~sigma^2)
+
+
+def _relative_variances(model: Model) -> np.ndarray | None:
+    """Variance of each noise array's draws relative to the configured output noise
+    (ranks statistics whose noises have different scales); None if all are equal."""
+    if not model.specs or len({device.spec_key(s) for s in model.specs}) <= 1:
+        return None
+    v0 = _variance(model.p.noise)
+    return np.array([_variance(s) / v0 for s in model.specs])
+
+
+def _pairs(found: list[Candidate], keep: int, top: int = 40) -> list[Candidate]:
+    """The best pairs of statistics with independent noise (disjoint draws), by summed score."""
+    pool = [c for c in found if math.isfinite(c.score)][:top]
+    supp = [frozenset(np.nonzero(c.a)[0].tolist()) for c in pool]
+    best: list[Candidate] = []
+    for i in range(len(pool)):
+        for j in range(i + 1, len(pool)):
+            if supp[i] & supp[j]:
+                continue
+            c1, c2 = pool[i], pool[j]
+            best.append(Candidate(c1.view, c1.moment, c1.u + c2.u, c1.a + c2.a,  # the draws involved
+                                  np.concatenate([c1.m, c2.m]), _joint_label(c1, c2), c1.score + c2.score,
+                                  (c1, c2)))
+    best.sort(key=lambda c: -c.score)
+    return best[:keep]
+
+
+def _joint_label(c1: Candidate, c2: Candidate) -> str:
+    where = ""
+    l1, l2 = c1.label, c2.label
+    if " @ " in l1:
+        l1, where = l1.split(" @ ", 1)
+        l2 = l2.split(" @ ", 1)[0]
+        where = " @ " + where
+    return "(%s) & (%s)%s" % (l1, l2, where)
 
 
 def _name(model: Model, i: int) -> str:
@@ -115,16 +183,53 @@ def _label(model: Model, mo: int | None, u: tuple[tuple[int, int], ...]) -> str:
 
 
 class LLR:
-    """Log-likelihood ratios of statistics, with the pmfs cached by noise pattern."""
+    """Log-likelihood ratios of statistics, with the pmfs cached by noise pattern.
 
-    def __init__(self, base: Pmf) -> None:
+    ``base`` is the pmf of every noise array; ``bases`` (optional, one per
+    array k) gives each Z_k its own pmf instead (:meth:`for_model`)."""
+
+    def __init__(self, base: Pmf, bases: list[Pmf] | None = None, groups: list[int] | None = None) -> None:
         self.base = base
-        self._cache: dict[tuple[int, ...], Pmf] = {}
+        self.bases = bases  # None: every array has ``base``
+        self.groups = groups  # bases[k] is the group-th distinct pmf (cache keys)
+        self._cache: dict[tuple, Pmf] = {}
+
+    @classmethod
+    def for_model(cls, model: Model) -> "LLR":
+        """One pmf per distinct distribution of the model's noise arrays."""
+        p = model.p
+        specs = model.specs or [p.noise] * model.K
+        uniq: dict[tuple, int] = {}
+        pm: list[Pmf] = []
+        groups = []
+        for sp in specs:
+            key = device.spec_key(sp)
+            if key not in uniq:
+                uniq[key] = len(pm)
+                pm.append(base_pmf(sp))
+            groups.append(uniq[key])
+        if len(pm) <= 1:
+            return cls(pm[0] if pm else base_pmf(p.noise))
+        return cls(pm[0], [pm[g] for g in groups], groups)
+
+    @property
+    def mixed(self) -> bool:
+        return self.bases is not None
 
     def pmf(self, a: np.ndarray) -> Pmf:
-        key = tuple(sorted(abs(int(x)) for x in a if x))
+        if self.bases is None:
+            key: tuple = tuple(sorted(abs(int(x)) for x in a if x))
+            if key not in self._cache:
+                self._cache[key] = pmf_of(self.base, key)
+            return self._cache[key]
+        assert self.groups is not None
+        terms = sorted((self.groups[k], abs(int(x))) for k, x in enumerate(a) if x)
+        key = ("mixed",) + tuple(terms)
         if key not in self._cache:
-            self._cache[key] = pmf_of(self.base, key)
+            first = {}
+            for k, g in enumerate(self.groups):
+                first.setdefault(g, k)
+            self._cache[key] = pmf_mixed(tuple((self.bases[first[g]], c) for g, c in terms))
         return self._cache[key]
 
     def llr(self, cand: Candidate, s: np.ndarray) -> np.ndarray:

@@ -79,6 +79,7 @@ class Result:
     w: int = 0
     cal_eps: float = 0.0
     notes: list[str] = field(default_factory=list)
+    persist_noise: str = ""  # the resolved persist scheme audited: "refresh" or "shadow"
 
     @property
     def flagged(self) -> bool:
@@ -92,6 +93,10 @@ class Result:
         return out
 
 
+def _scheme(p: Params) -> str:
+    return "shadow" if p.shadow else "refresh"
+
+
 @dataclass
 class Sets:
     """LLRs of every candidate on one set of trials: cand index -> (world-0, world-1)."""
@@ -101,15 +106,20 @@ class Sets:
 
 def _model_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.LLR, T: int,
                 gen: np.random.Generator) -> Sets:
-    """Trials sampled from the verified model: s = world*m + a·Z on the touched cells."""
+    """Trials sampled from the verified model: s = world*m + a·Z on the touched cells
+    (a joint test sums the LLRs of its statistics, computed on the same draws)."""
     d = len(m.cells)
     out = []
-    z = [mdl.sample(L.base, (T, m.K, d), gen) for _ in (0, 1)]
+    z = [mdl.sample_arrays(L.bases or [L.base] * m.K, T, d, gen) for _ in (0, 1)]
     for c in cands:
         pair = []
         for w in (0, 1):
-            s = np.einsum("k,tkd->td", c.a, z[w]) + w * c.m[None, :]
-            pair.append(L.llr(c, s))
+            tot = None
+            for part in c.atoms():
+                s = np.einsum("k,tkd->td", part.a, z[w]) + w * part.m[None, :]
+                x = L.llr(part, s)
+                tot = x if tot is None else tot + x
+            pair.append(tot)
         out.append((pair[0], pair[1]))
     return Sets(out)
 
@@ -124,8 +134,9 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
 
     The intruder runs the device's sampler on the bytes the Rng holds
     (a copy with a source that has no more bytes); each sample that completes
-    is a future draw of the device. The auditor finds its index by matching
-    the Rng's state against the replayed stream.
+    is a future draw of the device, of the distribution the device used for
+    that draw (recorded by device.run). The auditor finds its index by
+    matching the Rng's state against the replayed stream.
     """
     mom = r.moments[mo]
     n = p.d * p.w
@@ -140,24 +151,30 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
     rng.source = _Dry()
     out: dict[int, int] = {}
     g = offset + done
+    specs = decs[mom.instance].specs
+    j = done
     while len(out) < n:
+        spec = specs[j] if j < len(specs) else p.noise  # a draw the run never made: the configured noise
         try:
-            out[g] = p.noise.sample(rng)
+            out[g] = spec.sample(rng)
         except NoEntropyError:
             break
         g += 1
+        j += 1
     return out
 
 
 def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.LLR, T: int,
                source: Callable[[], Any]) -> Sets:
-    """Trials on the real code path: run the Recorder, read the view, apply each statistic."""
+    """Trials on the real code path: run the Recorder, read the view, apply each statistic
+    (a joint test: each of its statistics, LLRs summed)."""
     p = m.p
     n = p.d * p.w
     cells = [c for c, _ in m.cells]
     E0 = m.E0[:, cells]
-    S: dict[tuple[int, int], list[np.ndarray]] = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
-    K: dict[tuple[int, int], list[dict[int, int]]] = {(ci, w): [] for ci in range(len(cands)) for w in (0, 1)}
+    atoms = [(ci, ai, a) for ci, c in enumerate(cands) for ai, a in enumerate(c.atoms())]
+    S: dict[tuple[int, int, int], list[np.ndarray]] = {(ci, ai, w): [] for ci, ai, _ in atoms for w in (0, 1)}
+    K: dict[tuple[int, int, int], list[dict[int, int]]] = {(ci, ai, w): [] for ci, ai, _ in atoms for w in (0, 1)}
     for w in (0, 1):
         for _ in range(T):
             r = device.run(p, m.scenario, w, lambda i: source())
@@ -165,15 +182,21 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
             X = np.stack([v[k][cells] for k in m.keys]) - E0
             _, decs = mdl.draws_of(p, r)
             pred: dict[int | None, dict[int, int]] = {None: {}}
-            for ci, c in enumerate(cands):
+            for ci, ai, c in atoms:
                 if c.moment is not None and c.moment not in pred:
                     pred[c.moment] = predicted_draws(p, r, decs, c.moment)
-                S[(ci, w)].append(sum(coef * X[i] for i, coef in c.u))
-                K[(ci, w)].append(pred[c.moment])
+                S[(ci, ai, w)].append(sum(coef * X[i] for i, coef in c.u))
+                K[(ci, ai, w)].append(pred[c.moment])
     out = []
     for ci, c in enumerate(cands):
-        l0, l1 = (L.llr_known(c, np.array(S[(ci, w)]), K[(ci, w)], cells, n) for w in (0, 1))
-        out.append((l0, l1))
+        pair = []
+        for w in (0, 1):
+            tot = None
+            for ai, a in enumerate(c.atoms()):
+                x = L.llr_known(a, np.array(S[(ci, ai, w)]), K[(ci, ai, w)], cells, n)
+                tot = x if tot is None else tot + x
+            pair.append(tot)
+        out.append((pair[0], pair[1]))
     return Sets(out)
 
 
@@ -225,7 +248,7 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
             raise
         return _metadata_audit(p, sc, views, trials, real_trials, claim, leaks, source)
     mdl.verify(m, verify_trials, source)
-    L = distinguish.LLR(mdl.base_pmf(p.noise))
+    L = distinguish.LLR.for_model(m)
     use_real = real or not m.exact
     T = max(trials // 2, 1)
     Tc = max(trials // 4, 1)
@@ -237,7 +260,8 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
     results: dict[str, Result] = {}
     cal_eps: dict[str, float] = {}
     for view in views:
-        cands = distinguish.candidates(m, view)
+        # shadow: an event before the intrusion is in two coordinates at half the budget each
+        cands = distinguish.candidates(m, view, joint=bool(p.shadow))
         if not cands:
             raise RuntimeError("scenario %s: the event leaves no trace in the %s view" % (sc.name, view))
         if use_real:
@@ -259,7 +283,7 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
             eps_claimed=claim.eps, delta=claim.delta, eps_lower=eps, trials=len(l0) + len(l1),
             calibration_trials=2 * Tc, fp=fp, fn=fn, path="real" if use_real else "model",
             statistic=cands[best_i].label, threshold=best.tau, verified_real_trials=m.verified,
-            kind=p.kind, d=p.d, w=p.w, cal_eps=best.eps, notes=list(m.notes))
+            kind=p.kind, d=p.d, w=p.w, cal_eps=best.eps, notes=list(m.notes), persist_noise=_scheme(p))
         cal_eps[view] = best.eps
         vleaks = {k: v for k, v in leaks.items() if device.in_view(k, view)}
         if vleaks:  # the event changes something that is not a noisy array: test that too
@@ -284,7 +308,8 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
         if not keys:
             cal[view] = 0.0
             results[view] = Result(p.mode, view, sc.name, claim.mech, claim.budget, claim.eps, claim.delta, 0.0, 0, 0,
-                                   0, 0, "real", "metadata (none visible)", math.inf, 0, p.kind, p.d, p.w, 0.0, [note])
+                                   0, 0, "real", "metadata (none visible)", math.inf, 0, p.kind, p.d, p.w, 0.0, [note],
+                                   _scheme(p))
             continue
         cfp, cfn = _metadata_counts(p, sc, keys, Tc, source)
         cal[view] = stats.eps_lower_bound(cfp, Tc, cfn, Tc, claim.delta)
@@ -292,7 +317,7 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
         eps = stats.eps_lower_bound(fp, T, fn, T, claim.delta)
         results[view] = Result(p.mode, view, sc.name, claim.mech, claim.budget, claim.eps, claim.delta, eps, 2 * T,
                                2 * Tc, fp, fn, "real", "metadata: " + ", ".join(sorted(keys)[:3]), math.inf, 0,
-                               p.kind, p.d, p.w, cal[view], [note])
+                               p.kind, p.d, p.w, cal[view], [note], _scheme(p))
     return ScenarioAudit(sc, None, results, cal)  # type: ignore[arg-type]
 
 

@@ -23,7 +23,9 @@ this module assumes that form: :func:`learn` *measures* it.
    (the Rng's) to hold the same constant as in the learning runs.
 
 When both hold, the view is a fixed function of (world, Z), and Z is a
-vector of independent draws of the configured distribution (the samplers
+vector of independent draws, array k of distribution ``Model.specs[k]``
+(recorded per sample while the device runs, device.py: under
+``persist_noise = "shadow"`` the internal and the output noise differ) (the samplers
 are exact, CKS 2020; ``tests/test_noise.py`` checks them against the pmf).
 So sampling Z with numpy from the exact pmf and forming E + C·Z gives the
 view's distribution exactly (up to float resolution of the inverse-CDF
@@ -71,18 +73,47 @@ def view_arrays(r: device.Run) -> dict[Key, np.ndarray]:
 
 def draws_of(p: Params, r: device.Run) -> tuple[np.ndarray, list[device.Decoded]]:
     """All draws of a run as a (K, n) array, and the per-instance decodings."""
+    Z, decs, _ = decode(p, r)
+    return Z, decs
+
+
+def decode(p: Params, r: device.Run) -> tuple[np.ndarray, list[device.Decoded], list[Any]]:
+    """All draws of a run as a (K, n) array, the per-instance decodings, and the
+    distribution (agent.noise.NoiseSpec) of each of the K noise arrays.
+
+    With the distributions recorded by device.run (:attr:`device.Run.specs`)
+    every draw is replayed with its own sampler, and every array of n
+    consecutive draws must have one distribution. Without them (a Run built
+    elsewhere) every draw is replayed with ``p.noise``.
+    """
     n = p.d * p.w
-    decs = [device.decode_draws(p.noise, s) for s in r.streams]
+    if r.specs is None:
+        decs = [device.decode_draws(p.noise, s) for s in r.streams]
+    else:
+        try:
+            decs = [device.decode_draws(p.noise, s, sp) for s, sp in zip(r.streams, r.specs)]
+        except device.NoEntropyError:
+            raise ModelError("the recorded CSPRNG bytes do not cover the recorded noise draws")
     flat: list[int] = []
+    per: list[Any] = []
     for dec in decs:
         # The device draws whole arrays of n; bytes left over at the end of a
         # boot (an Rng that keeps a tail) can replay into a few phantom draws
-        # it never made. verify() catches any case this rule gets wrong.
-        dec.draws = dec.draws[: len(dec.draws) - len(dec.draws) % n]
+        # it never made (only without recorded distributions). verify()
+        # catches any case this rule gets wrong.
+        keep = len(dec.draws) - len(dec.draws) % n
+        dec.draws = dec.draws[:keep]
         flat.extend(dec.draws)
+        per.extend(dec.specs[:keep])
     if len(flat) % n:
         raise ModelError("%d draws is not a whole number of noise arrays of %d cells" % (len(flat), n))
-    return np.array(flat, dtype=np.int64).reshape(-1, n), decs
+    specs = []
+    for k in range(len(flat) // n):
+        keys = {device.spec_key(sp) for sp in per[k * n:(k + 1) * n]}
+        if len(keys) != 1:
+            raise ModelError("noise array %d mixes distributions %s" % (k, sorted(keys)))
+        specs.append(per[k * n])
+    return np.array(flat, dtype=np.int64).reshape(-1, n), decs, specs
 
 
 class ModelError(Exception):
@@ -102,6 +133,7 @@ class Model:
     release_idx: list[int]
     flash_idx: list[int]
     buffers: dict[tuple[int, str], bytes]  # learned constant byte buffers per moment
+    specs: list[Any] = field(default_factory=list)  # the distribution of each noise array Z_k (K of them)
     exact: bool = True
     notes: list[str] = field(default_factory=list)
     verified: int = 0  # real trials reproduced bit for bit
@@ -131,15 +163,24 @@ def learn(p: Params, sc: Scenario, seeds: int = 4) -> Model:
         if list(v) != keys:
             raise ModelError("the set of arrays in the view depends on the seed or the data")
     Z = []
+    speckeys = []
+    specs: list[Any] = []
     for r0, r1 in zip(runs0, runs1):
-        z0, _ = draws_of(p, r0)
-        z1, _ = draws_of(p, r1)
+        z0, _, s0 = decode(p, r0)
+        z1, _, s1 = decode(p, r1)
         if z0.shape != z1.shape or (z0 != z1).any():
             notes.append("the noise draws differ between the worlds for the same CSPRNG bytes")
         Z.append(z0)
+        k0 = [device.spec_key(x) for x in s0]
+        if k0 != [device.spec_key(x) for x in s1]:
+            raise ModelError("the distributions of the noise arrays depend on the data")
+        speckeys.append(k0)
+        specs = s0
     K = Z[0].shape[0]
     if any(z.shape[0] != K for z in Z):
         raise ModelError("the number of noise draws depends on the seed")
+    if any(k != speckeys[0] for k in speckeys):
+        raise ModelError("the distributions of the noise arrays depend on the seed")
     for r0, r1 in zip(runs0, runs1):
         for m0, m1 in zip(r0.moments, r1.moments):
             for k in m0.meta:
@@ -186,18 +227,21 @@ def learn(p: Params, sc: Scenario, seeds: int = 4) -> Model:
         if nz is not None and int(np.abs(C[ri]).sum()) != nz:
             notes.append("release %d says nz=%s but carries %d noise draws per cell" % (j, nz, int(np.abs(C[ri]).sum())))
     flash = [idx[k] for k in keys if k[0] == "flash"]
-    return Model(p, sc, keys, C, E0, delta, runs0[0].cells, moments, releases, flash, buffers, exact, notes)
+    return Model(p, sc, keys, C, E0, delta, runs0[0].cells, moments, releases, flash, buffers, list(specs), exact,
+                 notes)
 
 
 def check_run(model: Model, r: device.Run, world: int) -> list[str]:
     """Differences between a real run and the model (empty: bit-for-bit equal)."""
     bad: list[str] = []
     try:
-        Z, _ = draws_of(model.p, r)
+        Z, _, specs = decode(model.p, r)
     except ModelError as exc:
         return [str(exc)]
     if Z.shape[0] != model.K:
         return ["%d noise arrays drawn, the model has %d" % (Z.shape[0], model.K)]
+    if [device.spec_key(x) for x in specs] != [device.spec_key(x) for x in model.specs]:
+        return ["the noise arrays' distributions differ from the model's"]
     v = view_arrays(r)
     if list(v) != model.keys:
         return ["the view has other arrays than the model"]
@@ -292,9 +336,35 @@ def pmf_of(base: Pmf, coefs: tuple[int, ...]) -> Pmf:
     return out
 
 
+def pmf_mixed(terms: tuple[tuple[Pmf, int], ...]) -> Pmf:
+    """The pmf of sum_k a_k * X_k for independent X_k ~ base_k, ``terms`` = ((base_k, a_k), ...)."""
+    out = POINT
+    for base, a in terms:
+        if a:
+            out = out.conv(base.scaled(a))
+    return out
+
+
 def sample(base: Pmf, size: tuple[int, ...], gen: np.random.Generator) -> np.ndarray:
     """Independent draws from ``base`` by inverse CDF (numpy; equivalence: module doc)."""
     cdf = np.cumsum(base.p)
     cdf /= cdf[-1]
     u = gen.random(size)
     return np.searchsorted(cdf, u, side="right").astype(np.int64) + base.lo
+
+
+def sample_arrays(bases: list[Pmf], T: int, d: int, gen: np.random.Generator) -> np.ndarray:
+    """(T, K, d) independent draws, Z[:, k, :] from ``bases[k]`` (inverse CDF, one uniform per draw).
+
+    With one distribution for all k this consumes the generator exactly as
+    ``sample(base, (T, K, d), gen)`` and returns the same array."""
+    K = len(bases)
+    if K and all(b is bases[0] for b in bases):
+        return sample(bases[0], (T, K, d), gen)
+    u = gen.random((T, K, d))
+    out = np.empty((T, K, d), dtype=np.int64)
+    for k, base in enumerate(bases):
+        cdf = np.cumsum(base.p)
+        cdf /= cdf[-1]
+        out[:, k, :] = np.searchsorted(cdf, u[:, k, :], side="right").astype(np.int64) + base.lo
+    return out

@@ -46,6 +46,8 @@ def markdown(rows: Iterable[Result]) -> str:
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         cfg = "%s %d×%d, %s %s" % (r.kind.upper(), r.d, r.w, r.mech, r.budget)
+        if r.persist_noise == "shadow":
+            cfg += ", `persist_noise = \"shadow\"`"
         scen = r.scenario.split(" (")[0]
         out.append("| %s | %s | %s | %s | %.3f | %d | %s: `%s` |" % (cfg, r.mode, r.view, _claim(r), r.eps_lower,
                                                                      r.trials, scen, r.statistic))
