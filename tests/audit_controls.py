@@ -54,10 +54,18 @@ def _skip_noise_in(method: str, cls: type = Recorder, module: object = recorder)
     real_add = module.add_noise  # type: ignore[attr-defined]
     real_method = getattr(cls, method)
 
+    real_draw = module.draw_into  # type: ignore[attr-defined]
+
     def add_noise(arr, spec, rng, start=0, stop=None):  # type: ignore[no-untyped-def]
         if depth[0]:
             return
         real_add(arr, spec, rng, start, stop)
+
+    def draw_into(arr, spec, rng):  # type: ignore[no-untyped-def]
+        if depth[0]:
+            noise.zero(arr)  # the "draw" is all zeros
+            return
+        real_draw(arr, spec, rng)
 
     def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
         depth[0] += 1
@@ -66,7 +74,8 @@ def _skip_noise_in(method: str, cls: type = Recorder, module: object = recorder)
         finally:
             depth[0] -= 1
 
-    with _patch(module, "add_noise", add_noise), _patch(cls, method, wrapped):
+    with _patch(module, "add_noise", add_noise), _patch(module, "draw_into", draw_into), \
+            _patch(cls, method, wrapped):
         yield
 
 
@@ -101,14 +110,15 @@ CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "rng-tail-kept": lambda: _patch(Rng, "wipe", lambda self: None),
 }
 
-assert noise.add_noise is recorder.add_noise  # the hook patches the name the Recorder calls
+# the hook patches the names the Recorder calls
+assert noise.add_noise is recorder.add_noise and noise.draw_into is recorder.draw_into
 
 
 def _tree_controls() -> dict[str, Callable[[], contextlib.AbstractContextManager[None]]]:
     """The same defects in tree mode (agent/tree.py's TreeRecorder)."""
     from agent import tree
 
-    assert noise.add_noise is tree.add_noise
+    assert noise.add_noise is tree.add_noise and noise.draw_into is tree.draw_into
     return {
         "tree-output-noise-skipped": lambda: _skip_noise_in("_release", tree.TreeRecorder, tree),
         "tree-fresh-draw-skipped": lambda: _skip_noise_in("_retry", tree.TreeRecorder, tree),
