@@ -46,7 +46,10 @@ point, not simultaneous over a whole CDF. Coverage is checked by
 simulation in tests/test_dcs_host.py and host_tools.bench_kinds.
 
 Quantile q: the smallest x with estimated rank_le(x) >= q * n (descends
-the bits of x); the answer carries the rank interval of that x.
+the bits of x); the answer carries the rank of that x estimated from the
+nodes the search never read (n minus x's right siblings,
+:meth:`DyadicView.rank_le_right`), with its interval: the search chose x
+by the left nodes' errors, so their estimate at x is a selected one.
 
 Heavy hitters without candidates: descend from the root; at each level keep
 the ``beam`` (default max(4k, 64)) children with the largest estimates;
@@ -238,6 +241,34 @@ class DyadicView:
     def rank_le(self, xs: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.rank_lt(np.asarray(xs, dtype=np.int64) + 1)
 
+    def rank_le_right(self, xs: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(estimate, half-width) of the events <= x from the complement: n minus the right
+        siblings, rank_le(x) = n - sum over levels l < b with bit l of x clear of node (x >> l) + 1.
+
+        For the answers of :meth:`quantile`. Its search reads only rank_lt of candidates,
+        i.e. nodes (c >> l) - 1 left of or on x's path, never a right sibling of x's path,
+        so the answer x is chosen independently of these nodes' errors (given the
+        counters) and the interval keeps its calibration at the chosen x. rank_le(x)
+        evaluated on the left nodes is the very estimate that stopped the search (it
+        was >= q n), so its error is selected: its intervals over-cover in sparse parts
+        of the distribution (0.93 at a nominal 0.90) and under-cover in dense ones.
+        """
+        x = np.asarray(xs, dtype=np.int64)
+        if x.size and (x.min() < 0 or x.max() >= (1 << self.b)):
+            raise ValueError("rank query outside [0, 2^b)")
+        n, _ = self.total()
+        est = np.full(x.shape, n, dtype=np.float64)
+        for lv in range(self.b):
+            node = x >> lv
+            sel = (node & 1) == 0
+            if sel.any():
+                est[sel] -= self.node_est(lv, node[sel] + 1)
+        half = np.zeros(x.shape, dtype=np.float64)
+        for i, xv in np.ndenumerate(x):
+            xv = int(xv)
+            half[i] = self.sum_halfwidth([self.b] + [lv for lv in range(self.b) if not (xv >> lv) & 1])
+        return est, half
+
     def quantile(self, qs: Sequence[float] | np.ndarray, n: Optional[float] = None) -> np.ndarray:
         """Smallest x with estimated rank_le(x) >= q * n, for each q."""
         q = np.asarray(qs, dtype=np.float64)
@@ -327,8 +358,10 @@ class RankAnswer:
 
 def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int]
                  ) -> list[RankAnswer]:
+    """Rows for the values ``xs``: quantile answers (``qs`` given: ranks from the right siblings,
+    :meth:`DyadicView.rank_le_right`, as x was selected by the left ones) or cdf points (Algorithm 5)."""
     n, tn = v.total()
-    r, h = v.rank_le(xs)
+    r, h = v.rank_le_right(xs) if qs is not None else v.rank_le(xs)
     out = []
     for i, x in enumerate(xs):
         lo, hi = reading_range(int(x), v.b, mapping)
