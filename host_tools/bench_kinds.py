@@ -2,9 +2,11 @@
 
 * dcs quantiles: rank error of the answered quantile x_q (the distance from
   q to [F(x_q - 1), F(x_q)], 0 for an exact quantile) and the
-  coverage of its rank interval, for b = 16 and 32 at the default device
-  parameters (d = 4, w = 1024, dgauss rho = 1/2, nz = 2 draws per cell and
-  release) merged over ``devices`` releases;
+  coverage and half-width of its calibrated rank interval (the quantile
+  row's, DyadicView.rank_le_right) at 90% and 95%, next to the former union
+  bound's at 95%, for b = 16 and 32 at the default device parameters
+  (d = 4, w = 1024, dgauss rho = 1/2, nz = 2 draws per cell and release)
+  merged over ``devices`` releases, 100 trials (``--quantile-trials``);
 * dcs heavy hitters: precision and recall of ``heavy -k K`` against the
   true top K of a Zipf stream over 32-bit values (IPv4-like);
 * distinct counts: relative error of pan-private-sketches Alg. 1
@@ -17,7 +19,7 @@ host_tools.algorithms.vnoise) at the variance the device calibrates; the
 counters are the device's (host_tools.dyadic.exact_counters equals
 agent.dcs.DyadicSketch, tests/test_dcs_device.py). Fixed seeds.
 
-    python -m host_tools.bench_kinds [--trials N] [--json]
+    python -m host_tools.bench_kinds [--trials N] [--quantile-trials N] [--json]
 """
 
 from __future__ import annotations
