@@ -2,9 +2,11 @@
 
 * dcs quantiles: rank error of the answered quantile x_q (the distance from
   q to [F(x_q - 1), F(x_q)], 0 for an exact quantile) and the
-  coverage of its rank interval, for b = 16 and 32 at the default device
-  parameters (d = 4, w = 1024, dgauss rho = 1/2, nz = 2 draws per cell and
-  release) merged over ``devices`` releases;
+  coverage and half-width of its calibrated rank interval (the quantile
+  row's, DyadicView.rank_le_right) at 90% and 95%, next to the former union
+  bound's at 95%, for b = 16 and 32 at the default device parameters
+  (d = 4, w = 1024, dgauss rho = 1/2, nz = 2 draws per cell and release)
+  merged over ``devices`` releases, 100 trials (``--quantile-trials``);
 * dcs heavy hitters: precision and recall of ``heavy -k K`` against the
   true top K of a Zipf stream over 32-bit values (IPv4-like);
 * distinct counts: relative error of pan-private-sketches Alg. 1
@@ -17,7 +19,7 @@ host_tools.algorithms.vnoise) at the variance the device calibrates; the
 counters are the device's (host_tools.dyadic.exact_counters equals
 agent.dcs.DyadicSketch, tests/test_dcs_device.py). Fixed seeds.
 
-    python -m host_tools.bench_kinds [--trials N] [--json]
+    python -m host_tools.bench_kinds [--trials N] [--quantile-trials N] [--json]
 """
 
 from __future__ import annotations
@@ -65,11 +67,17 @@ def rank_error(srt: np.ndarray, xs: np.ndarray, qs: np.ndarray) -> np.ndarray:
     return np.maximum(0.0, np.maximum(lo - qs, qs - hi))
 
 
-def quantile_eval(b: int, n: int = 100_000, devices: int = 4, trials: int = 20, d: int = 4, w: int = 1024,
-                  confidence: float = 0.95, seed: int = 1) -> dict[str, Any]:
+def quantile_eval(b: int, n: int = 100_000, devices: int = 4, trials: int = 100, d: int = 4, w: int = 1024,
+                  confidences: tuple[float, ...] = (0.9, 0.95), seed: int = 1) -> dict[str, Any]:
+    """Rank error of the answered quantiles and coverage of their rank intervals (the rows of
+    ``pansketch query quantile``: host_tools.dyadic.rank_answers) at each confidence; ``union_*``
+    is the former union bound over levels (each level at alpha / 2b, for comparison)."""
     qs = np.array([0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99])
     var = default_var(b, d)
-    errs, cover, width = [], 0, []
+    errs: list[float] = []
+    cover = {c: 0 for c in confidences}
+    width: dict[float, list[float]] = {c: [] for c in confidences}
+    ucover, uwidth = 0, []
     total = 0
     for t in range(trials):
         vals = readings(b, n, seed + t)
@@ -77,19 +85,35 @@ def quantile_eval(b: int, n: int = 100_000, devices: int = 4, trials: int = 20, 
         salt = "bench-%d" % t
         ex = exact_counters(vals, b, d, w, salt)
         C, terms = noisy(ex, var, devices, BulkNoise(seed * 1000 + t))
-        v = DyadicView(C, b, d, w, salt, terms, confidence)
-        xs = v.quantile(qs)
-        r, h = v.rank_le(xs)
-        true = np.searchsorted(srt, xs, side="right")
-        errs += list(rank_error(srt, xs, qs))
-        cover += int(((r - h <= true) & (true <= r + h)).sum())
-        width += list(h / n)
+        true = None
+        for i, conf in enumerate(confidences):
+            v = DyadicView(C, b, d, w, salt, terms, conf)
+            xs = v.quantile(qs)  # the estimates do not depend on the confidence
+            r, h = v.rank_le_right(xs)
+            if true is None:
+                true = np.searchsorted(srt, xs, side="right")
+                errs += list(rank_error(srt, xs, qs))
+            cover[conf] += int(((r - h <= true) & (true <= r + h)).sum())
+            width[conf] += list(h / n)
+            if conf == 0.95:
+                ru, _ = v.rank_le(xs)
+                a = v.alpha / (2.0 * b)
+                hu = np.array([sum(v.halfwidth(lv, a) for lv in range(b) if ((int(x) + 1) >> lv) & 1) for x in xs])
+                ucover += int(((ru - hu <= true) & (true <= ru + hu)).sum())
+                uwidth += list(hu / n)
         total += len(qs)
     e = np.array(errs)
-    return {"b": b, "n": n, "devices": devices, "trials": trials, "d": d, "w": w, "sigma2_per_draw": str(var),
-            "rank_err_mean": float(e.mean()), "rank_err_p95": float(np.quantile(e, 0.95)),
-            "rank_err_max": float(e.max()), "coverage": cover / total, "answers": total,
-            "halfwidth_mean_frac": float(np.mean(width)), "confidence": confidence}
+    out: dict[str, Any] = {"b": b, "n": n, "devices": devices, "trials": trials, "d": d, "w": w,
+                           "sigma2_per_draw": str(var), "rank_err_mean": float(e.mean()),
+                           "rank_err_p95": float(np.quantile(e, 0.95)), "rank_err_max": float(e.max()),
+                           "answers": total}
+    for c in confidences:
+        out["coverage_%g" % c] = cover[c] / total
+        out["halfwidth_mean_frac_%g" % c] = float(np.mean(width[c]))
+    if 0.95 in confidences:
+        out["union_coverage_0.95"] = ucover / total
+        out["union_halfwidth_mean_frac_0.95"] = float(np.mean(uwidth))
+    return out
 
 
 def zipf_values(b: int, n: int, n_items: int, s: float, seed: int) -> np.ndarray:
@@ -131,9 +155,10 @@ def heavy_eval(b: int = 32, k: int = 10, n: int = 100_000, n_items: int = 50_000
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--quantile-trials", type=int, default=100, help="trials of the quantile rows (9 answers each)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    rows = [quantile_eval(16, trials=a.trials), quantile_eval(32, trials=a.trials),
+    rows = [quantile_eval(16, trials=a.quantile_trials), quantile_eval(32, trials=a.quantile_trials),
             heavy_eval(k=10, trials=max(1, a.trials // 4)), heavy_eval(k=100, trials=max(1, a.trials // 4))]
     rows += distinct_eval(trials=a.trials, m=1024, K=16) + distinct_eval(trials=a.trials)
     for r in rows:

@@ -56,7 +56,7 @@ def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float =
     m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
     xs = v.quantile(qs)
     meta = _meta(m, s, v)
-    return [dict(a.to_dict(), method="dcs-rank-union", **meta) for a in dyadic.rank_answers(v, xs, qs, m.map)]
+    return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, qs, m.map)]
 
 
 def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] = None, confidence: float = 0.95,
@@ -74,7 +74,7 @@ def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] 
             raise QueryError("--points must be at least 2")
         xs = np.unique(np.array([min(top, (i * (top + 1)) // (points - 1)) for i in range(points)], dtype=np.int64))
     meta = _meta(m, s, v)
-    return [dict(a.to_dict(), method="dcs-rank-union", **meta) for a in dyadic.rank_answers(v, xs, None, m.map)]
+    return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, None, m.map)]
 
 
 def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, confidence: float = 0.95,

@@ -9,10 +9,11 @@ interval (95%), and the point answers must be close to the truth:
 * heavy hitters: IPv4 addresses (b = 32, map [1, 1, 0]) from a Zipf stream,
   no candidate list; the true top 10 must be found.
 
-The reported intervals are union bounds (host_tools/dyadic.py): a correct
-implementation covers with probability >= 95% per answer, so with fixed
-seeds a miss means a bug; a broken sketch (e.g. wrong level layout) gives
-ranks off by thousands and fails.
+The rank intervals are calibrated (host_tools/dyadic.py): a correct
+implementation covers with probability 95% per answer, so of the 15 rank
+rows below a few may miss (at most 3: P(Binomial(15, 0.05) > 3) = 0.006;
+the seeds are fixed); a broken sketch (e.g. wrong level layout) gives
+ranks off by thousands and misses them all.
 """
 
 from __future__ import annotations
@@ -92,12 +93,14 @@ def test_quantiles_and_cdf_of_readings(tmp_path):
         n = len(values)
         qa = _query(hcfg, "quantile", "--q", "0.05", "0.5", "0.95")
         assert [a["q"] for a in qa] == [0.05, 0.5, 0.95]
+        misses = []  # rank rows whose interval misses the true rank (calibrated 95%: a few may)
         for a in qa:
             assert a["devices"] == ["pi-0", "pi-1", "pi-2"] and a["releases"] == 3 and a["b"] == 16
             true_rank = sum(1 for v in values if v <= a["value"])
-            assert a["rank_lo"] <= true_rank <= a["rank_hi"], (a, true_rank)
+            if not a["rank_lo"] <= true_rank <= a["rank_hi"]:
+                misses.append((a, true_rank))
             assert a["n_lo"] <= n <= a["n_hi"]
-            assert a["cdf_lo"] <= true_rank / n <= a["cdf_hi"]
+            assert (a["cdf_lo"] <= true_rank / n <= a["cdf_hi"]) or misses and misses[-1][0] is a
             # the answer is a true quantile up to 1% of rank
             assert abs(true_rank / n - a["q"]) <= 0.01, (a, true_rank / n)
             lo, hi = a["reading"]
@@ -109,11 +112,15 @@ def test_quantiles_and_cdf_of_readings(tmp_path):
             x = int(round((t + 40) * 100))
             assert a["value"] == x
             true_rank = sum(1 for v in values if v <= x)
-            assert a["rank_lo"] <= true_rank <= a["rank_hi"], (a, true_rank)
+            if not a["rank_lo"] <= true_rank <= a["rank_hi"]:
+                misses.append((a, true_rank))
         grid = _query(hcfg, "cdf", "--points", "9")
         assert len(grid) == 9 and grid[-1]["value"] == 65535
-        misses = sum(1 for a in grid if not a["rank_lo"] <= sum(1 for v in values if v <= a["value"]) <= a["rank_hi"])
-        assert misses == 0
+        for a in grid:
+            true_rank = sum(1 for v in values if v <= a["value"])
+            if not a["rank_lo"] <= true_rank <= a["rank_hi"]:
+                misses.append((a, true_rank))
+        assert len(misses) <= 3, misses
         # a cs query on dcs releases is refused with the reason
         q = subprocess.run(pansketch_cmd("query", "--config", hcfg, "freq", "x"), capture_output=True,
                            env=agent_env(), cwd=REPO, timeout=60)

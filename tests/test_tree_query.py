@@ -224,9 +224,9 @@ SEEDS = range(8)
 
 @pytest.mark.parametrize("kind,mech,budget", [("cs", "dgauss", "1/2"), ("cms", "dlap", "1")])
 def test_range_interval_coverage(tmp_path, kind, mech, budget):
-    """Coverage of range-query intervals over fresh salts and noise: within 2
-    points of nominal from below (the order-statistic bound is conservative
-    by construction, so the measured rate is reported, not bounded above)."""
+    """Coverage of range-query intervals over fresh salts and noise is calibrated:
+    within max(2 points, 3 binomial sd) of nominal on both sides (the earlier
+    order-statistic union bound covered 0.970 for CountSketch at 0.90)."""
     conf = 0.9
     inside = n = 0
     widths = []
@@ -255,7 +255,7 @@ def test_range_interval_coverage(tmp_path, kind, mech, budget):
     rate = inside / n
     print("tree range coverage %s/%s: %.4f at nominal %.2f over %d intervals, mean width %.1f"
           % (kind, mech, rate, conf, n, np.mean(widths)))
-    assert rate >= conf - 0.02, rate
+    assert abs(rate - conf) <= max(0.02, 3 * math.sqrt(conf * (1 - conf) / n)), rate
     assert all(math.isfinite(x) for x in widths)
 
 
