@@ -184,7 +184,9 @@ def test_quantiles_page_shows_the_clis_median_and_p95(kinds: dict[str, Any], tmp
     assert "<canvas" in dom
     png = str(tmp_path / "dashboard-quantiles.png")
     chromium(kinds["url"] + "/quantiles", screenshot=png, size="1400,1250")
-    assert _band_pixels(png, (215, 231, 242)) > 5000  # the band: #1f77b4 at alpha 0.18 over white
+    # the band: #1f77b4 at alpha 0.18 over white (a few hundred pixels: the calibrated band is narrow;
+    # none without it)
+    assert _band_pixels(png, (215, 231, 242)) > 300
     assert _band_pixels(png, (214, 39, 40), tol=20) > 150  # the red quantile markers and whiskers
 
 
