@@ -260,7 +260,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     summary["cs_are_by_hash"] = {k: (v["mean"], v["sd"], v["n"]) for k, v in hc.items() if isinstance(v, dict)}
     res["summary"] = summary
     res["seconds"] = t.elapsed()
-    plots(f1, f2, out)
+    plots(f1, f2, out, cfg["n"])
     (out / "dp_linear.md").write_text(report(f1, f2, summary, cfg, res["seconds"], hc))
     save_json(out / "dp_linear.json", res)
     return res
@@ -292,51 +292,68 @@ def summarise(f1: dict[str, Any], f2: dict[str, Any], cfg: dict[str, Any]) -> di
     return s
 
 
-def plots(f1: dict[str, Any], f2: dict[str, Any], out: Path) -> None:
+# 11 clearly different colours (tab10 + black), one per Fig. 1 series
+SERIES_COLOURS = ("#000000", "#7f7f7f", "#1f77b4", "#17becf", "#9467bd", "#d62728", "#ff7f0e", "#bcbd22",
+                  "#8c564b", "#e377c2", "#2ca02c")
+
+
+def fig1_series(sname: str) -> list[str]:
+    series = ["CMS", "CS"] + ["PCS rho=%g" % r for r in RHOS]
+    series += ["PCMS rho=%g (%s)" % (r, "paper E" if sname == "paper" else "notebook E") for r in RHOS]
+    series += ["PCMS rho=%g (union E)" % r for r in RHOS]
+    return series
+
+
+def plots(f1: dict[str, Any], f2: dict[str, Any], out: Path, n: int) -> None:
     p = plt()
     for sname in ("paper", "notebook"):
         data = f1[sname]
         keys = sorted(data)
         x = [data[k]["shape"]["label_kb"] for k in keys]
+        series = fig1_series(sname)
+        colour = dict(zip(series, SERIES_COLOURS))
         for mi, metric in enumerate(("ARE", "F1 top-10")):
-            fig, ax = p.subplots(figsize=(10, 5.5))
-            series = ["CMS", "CS"] + ["PCS rho=%g" % r for r in RHOS]
-            series += ["PCMS rho=%g (%s)" % (r, "paper E" if sname == "paper" else "notebook E") for r in RHOS]
-            series += ["PCMS rho=%g (union E)" % r for r in RHOS]
-            colours = p.get_cmap("tab20")(np.linspace(0, 1, len(series)))  # one distinct colour per series
-            for ci, sname2 in enumerate(series):
+            fig, ax = p.subplots(figsize=(13, 6.5))
+            for sname2 in series:
                 ys = [data[k]["m"][sname2][mi] for k in keys]
                 style = "--" if "union" in sname2 else ("-." if sname2.startswith("PCMS") else "-")
-                ax.plot(x, ys, style, marker="o", color=colours[ci], label=sname2)
-            if sname == "notebook" and mi == 0:
+                marker = "s" if "union" in sname2 else ("^" if sname2.startswith("PCMS") else "o")
+                ax.plot(x, ys, style, marker=marker, color=colour[sname2], label=sname2)
+            if mi == 0 and len(keys) == len(GAMMAS):
+                # the published Fig. 1(a) curves (the notebook's Zipf run, its own shapes and offset), first and
+                # last space point, as crosses in the colour of the matching series
                 for k2, (a0, a1) in PUBLISHED_ARE_ZIPF.items():
-                    ax.plot([x[0], x[-1]], [a0, a1], "x", color="k", markersize=8)
-                ax.plot([], [], "x", color="k", label="published Zipf endpoints (authors' notebook)")
-            ax.set_xscale("log", base=2)
+                    ser = k2 + (" (paper E)" if sname == "paper" else " (notebook E)") if k2.startswith("PCMS") else k2
+                    ax.plot([x[0], x[-1]], [a0, a1], "X", color=colour[ser], markersize=13, markeredgecolor="k",
+                            markeredgewidth=0.8, linestyle="none")
+                ax.plot([], [], "X", color="w", markeredgecolor="k", markersize=13,
+                        label="published Fig. 1(a) endpoints\n(authors' notebook, Zipf run;\ncolour of the series)")
             if mi == 0:
                 ax.set_yscale("log")
             else:
+                ax.axhline(1.0, color="k", ls=":", lw=1.2, label="paper §5.3: private CMS F1 = 1.0")
                 ax.set_ylim(0.0, 1.05)  # F1 in [0, 1]: a 0.98-1.0 axis magnified one point
+            ax.set_xscale("log", base=2)
             ax.set_xlabel("paper's space label (KB) = ln(1/beta)/gamma*4/1024; real shapes: %s" %
-                          ("6 x 1/gamma" if sname == "paper" else "d=7..10 x 100"))
-            ax.set_ylabel(metric)
-            ax.set_title("dp-linear-sketches Fig. 1, Zipf(1), %s shapes" % sname)
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # outside the data
+                          ("6 x 1/gamma" if sname == "paper" else "d=7..10 x 100"), fontsize=11)
+            ax.set_ylabel(metric, fontsize=11)
+            ax.set_title("dp-linear-sketches Fig. 1, Zipf(1), %s shapes" % sname, fontsize=12)
+            ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # outside the data
             fig.tight_layout()
-            fig.savefig(out / ("fig1_%s_%s.png" % ("are" if mi == 0 else "f1", sname)), dpi=110)
+            fig.savefig(out / ("fig1_%s_%s.png" % ("are" if mi == 0 else "f1", sname)), dpi=100)
             p.close(fig)
     fig, axes = p.subplots(1, 2, figsize=(11, 4.5))
     for ax, sname in zip(axes, ("paper", "notebook")):
         for name, v in f2[sname]["err"].items():
             ms = sorted(v)
             ax.plot(ms, [v[m] for m in ms], marker="o", label=name)
-        ax.axhline(1000, color="k", ls=":", label="gamma*N")
+        ax.axhline(0.01 * n, color="k", ls=":", label="paper §5.4: bound gamma*N = %g" % (0.01 * n))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("number of evenly spaced quantiles m")
         ax.set_ylabel("average rank error")
         ax.set_title("Fig. 2 DCS, %s shape d=%d w=%d" % (sname, f2[sname]["d"], f2[sname]["w"]))
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9, loc="upper right", bbox_to_anchor=(1.0, 0.93))  # between the curves and the bound
     fig.tight_layout()
     fig.savefig(out / "fig2_rank_error.png", dpi=110)
     p.close(fig)
