@@ -150,18 +150,9 @@ def _one(xs: set[float]) -> float:
     return next(iter(xs))
 
 
-def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
-    check_scale(scale)
-    cfg = CONFIG[scale]
-    out.mkdir(parents=True, exist_ok=True)
-    t = Timer()
-    T, U = cfg["T"], cfg["U"]
-    gen = np.random.default_rng(seed)
-    noise = BulkNoise(seed + 5)
-    res: dict[str, Any] = {"scale": scale, "T": T}
-    base_skew, base_eps = 1.3, 0.3
-    items = [int(x) for x in zipf_stream(np.random.default_rng(seed + 9), min(T, 1 << 17), U, base_skew)]
-
+def timing_runs(cfg: dict[str, Any], T: int, items: list[int], base_eps: float
+                ) -> tuple[dict[str, dict[float, dict[str, Any]]], dict[int, dict[str, Any]]]:
+    """Fig. 4(a) timing (per method and memory) and Lazy vs Punctual at the same width."""
     # (a) timing vs memory: medians over ``reps`` interleaved runs of ``run_s`` seconds each (one
     # short timed prefix moved by +-60% between runs under load), next to the work per arrival,
     # counted: Lazy feeds d binary-mechanism counters per arrival, Punctual d*w
@@ -185,7 +176,6 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
             timing[m][mem] = {"w": w, "s_per_update": per, "s_2^20": per * (1 << 20),
                               "timed_updates": counts_a[m][mem], "runs": runs_a[m][mem],
                               "bm_updates_per_arrival": _one(ops_a[m][mem])}
-    res["fig4a"] = timing
     same: dict[int, dict[str, Any]] = {}
     for w in cfg["same_w"]:
         rl: list[float] = []
@@ -205,7 +195,22 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
         row["ops_LazyCMS"], row["ops_PunctualCMS"] = _one(ol), _one(op)  # counted: 3 and 3w
         row["ops_ratio"] = row["ops_PunctualCMS"] / row["ops_LazyCMS"]
         same[w] = row
-    res["same_width"] = same
+    return timing, same
+
+
+def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
+    check_scale(scale)
+    cfg = CONFIG[scale]
+    out.mkdir(parents=True, exist_ok=True)
+    t = Timer()
+    T, U = cfg["T"], cfg["U"]
+    gen = np.random.default_rng(seed)
+    noise = BulkNoise(seed + 5)
+    res: dict[str, Any] = {"scale": scale, "T": T}
+    base_skew, base_eps = 1.3, 0.3
+    items = [int(x) for x in zipf_stream(np.random.default_rng(seed + 9), min(T, 1 << 17), U, base_skew)]
+
+    res["fig4a"], res["same_width"] = timing_runs(cfg, T, items, base_eps)
     # the privacy path: node noise drawn one at a time by agent.noise (exact, os.urandom)
     w_ex = cfg["same_w"][1]
     exact: dict[str, float] = {}
