@@ -11,6 +11,10 @@ theorems' bounds on Zipf and uniform streams.
   device's own noise draws (agent.noise, exact, big integers). We report the
   estimate without noise (the estimator itself), with noise, and Lemma 4's
   additive term xi*sf for several hash resolutions b (M = 2^((b+F)q)).
+* Distinct count as the paper writes it (:func:`exact_pstable_exp`): exact
+  p-stable projections stable(r1, r2, p) in floats (log space) for every item
+  of a universe [m], ||X_j||_inf over the universe, Laplace noise: its floor
+  is Theta(m) too, so bounding the projections is not what causes it.
 * Cropped sum over U = 2^16 (full space) and HH(k) over a hashed universe of
   size h: exact final-state simulation (:func:`simulate_cropped_sum`).
 """
