@@ -14,11 +14,15 @@ CountSketch, rho in {0.1, 1, 10}, beta = 1%, Zipf(1) on 1..2^16-1, N = 1e5,
 
 Count-Min is reported with the paper's E, the notebook's E (notebook shapes)
 and the tighter :func:`union_E`. Figure 2: average rank error of (private)
-DCS on m evenly spaced quantiles, gamma = 1%, U = 2^16.
+DCS on m evenly spaced quantiles, gamma = 1%, U = 2^16. :func:`hash_check`:
+non-private CountSketch at the notebook's shapes with the authors' fixed md5
+hash, other prefixes of that construction, and our salts (where the gap to the
+published CS comes from).
 """
 
 from __future__ import annotations
 
+import hashlib
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -58,9 +62,9 @@ PUBLISHED_ARE_ZIPF = {
 }
 
 CONFIG = {
-    "tiny": dict(n=20000, runs=1, gammas=GAMMAS[:3:2], ms=(1, 4, 16), dcs_runs=1),
-    "small": dict(n=100000, runs=5, gammas=GAMMAS, ms=(1, 2, 4, 8, 16, 32, 64), dcs_runs=5),
-    "paper": dict(n=100000, runs=5, gammas=GAMMAS, ms=(1, 2, 4, 8, 16, 32, 64, 99), dcs_runs=5),
+    "tiny": dict(n=20000, runs=1, gammas=GAMMAS[:3:2], ms=(1, 4, 16), dcs_runs=1, hash_prefixes=3),
+    "small": dict(n=100000, runs=5, gammas=GAMMAS, ms=(1, 2, 4, 8, 16, 32, 64), dcs_runs=5, hash_prefixes=16),
+    "paper": dict(n=100000, runs=5, gammas=GAMMAS, ms=(1, 2, 4, 8, 16, 32, 64, 99), dcs_runs=5, hash_prefixes=16),
 }
 
 
@@ -145,6 +149,65 @@ def fig1(cfg: dict[str, Any], seed: int) -> dict[str, Any]:
     return res
 
 
+def md5_columns_signs(keys: np.ndarray, d: int, w: int, prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The authors' hash construction (their CountMin.py / CountMedian.py): row i's column is
+    int(md5(s + "0" + "1" + ... + str(i)).hexdigest(), 16) % w with s = prefix + str(hash(x)) (one
+    md5 object updated row after row), the sign likewise from sha256 (even -> -1). The authors use
+    prefix "" for every run: a single fixed hash. Rows are cumulative, so the first d' < d rows of a
+    d-row table are the d'-row table."""
+    cols = np.empty((keys.size, d), dtype=np.int64)
+    signs = np.empty((keys.size, d), dtype=np.int64)
+    for k, x in enumerate(keys.tolist()):
+        base = (prefix + str(hash(x))).encode()
+        m5, sh = hashlib.md5(base), hashlib.sha256(base)
+        for i in range(d):
+            tag = str(i).encode()
+            m5.update(tag)
+            sh.update(tag)
+            cols[k, i] = int(m5.hexdigest(), 16) % w
+            signs[k, i] = 1 if int(sh.hexdigest(), 16) % 2 else -1
+    return cols, signs
+
+
+def hash_check(cfg: dict[str, Any], seed: int, n_prefixes: int = 16) -> dict[str, Any]:
+    """Non-private CountSketch ARE at the notebook's shapes (w = 100, d = 7 and 10) on the same Zipf
+    streams as :func:`fig1`, for the authors' fixed md5 hash, for n_prefixes - 1 other prefixes of the
+    same construction, and for n_prefixes families of our salts (hash version 1): is the gap between
+    our CS and the notebook's Zipf CS (50.3 -> 40.8) the hash draw?"""
+    gen = np.random.default_rng(seed)  # the same streams as fig1 (same generator, same calls)
+    ds, w = (int(np.ceil(np.log(1 / cfg["gammas"][0]))), int(np.ceil(np.log(1 / cfg["gammas"][-1])))), 100
+    dmax = max(ds)
+    are: dict[str, dict[int, list[list[float]]]] = {"authors md5": {d: [] for d in ds},
+                                                     "md5 prefixes": {d: [] for d in ds},
+                                                     "our salts": {d: [] for d in ds}}
+    for run in range(cfg["runs"]):
+        stream = zipf_stream(gen, cfg["n"], (1 << 16) - 1, 1.0)
+        keys, true = np.unique(stream, return_counts=True)
+        true = true.astype(np.int64)
+        variants: list[tuple[str, int, tuple[np.ndarray, np.ndarray]]] = []
+        for k in range(n_prefixes):
+            variants.append(("authors md5" if k == 0 else "md5 prefixes", k,
+                             md5_columns_signs(keys, dmax, w, "" if k == 0 else "%d:" % k)))
+            salt = "repro/dpl/run%d" % run if k == 0 else "repro/dpl/salt%d/run%d" % (k, run)
+            variants.append(("our salts", k, fasthash.cols_signs(fasthash.streams([int(x) for x in keys], salt, dmax),
+                                                                 dmax, w)))
+        for name, k, (cols, signs) in variants:
+            for d in ds:
+                c, sg = cols[:, :d], signs[:, :d]
+                est = _est(_counts(c, sg, true, "cs", w), c, sg, "cs")
+                lst = are[name][d]
+                while len(lst) <= k:
+                    lst.append([])
+                lst[k].append(float(np.mean(np.abs(est - true) / true)))
+    out: dict[str, Any] = {"w": w, "runs": cfg["runs"], "n_prefixes": n_prefixes}
+    for name, by_d in are.items():
+        for d, per_k in by_d.items():
+            vals = [float(np.mean(v)) for v in per_k if v]  # ARE averaged over the runs, per hash
+            out["%s d=%d" % (name, d)] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1)) if len(
+                vals) > 1 else 0.0, "n": len(vals), "values": vals}
+    return out
+
+
 def fig2(cfg: dict[str, Any], seed: int) -> dict[str, Any]:
     gen = np.random.default_rng(seed + 7)
     noise = BulkNoise(seed + 8)
@@ -194,12 +257,14 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     t = Timer()
     f1 = fig1(cfg, seed)
     f2 = fig2(cfg, seed)
-    res = {"fig1": f1, "fig2": f2, "scale": scale, "seed": seed}
+    hc = hash_check(cfg, seed, cfg["hash_prefixes"])
+    res = {"fig1": f1, "fig2": f2, "hash_check": hc, "scale": scale, "seed": seed}
     summary = summarise(f1, f2, cfg)
+    summary["cs_are_by_hash"] = {k: (v["mean"], v["sd"], v["n"]) for k, v in hc.items() if isinstance(v, dict)}
     res["summary"] = summary
     res["seconds"] = t.elapsed()
-    plots(f1, f2, out)
-    (out / "dp_linear.md").write_text(report(f1, f2, summary, cfg, res["seconds"]))
+    plots(f1, f2, out, cfg["n"])
+    (out / "dp_linear.md").write_text(report(f1, f2, summary, cfg, res["seconds"], hc))
     save_json(out / "dp_linear.json", res)
     return res
 
@@ -230,57 +295,75 @@ def summarise(f1: dict[str, Any], f2: dict[str, Any], cfg: dict[str, Any]) -> di
     return s
 
 
-def plots(f1: dict[str, Any], f2: dict[str, Any], out: Path) -> None:
+# 11 clearly different colours (tab10 + black), one per Fig. 1 series
+SERIES_COLOURS = ("#000000", "#7f7f7f", "#1f77b4", "#17becf", "#9467bd", "#d62728", "#ff7f0e", "#bcbd22",
+                  "#8c564b", "#e377c2", "#2ca02c")
+
+
+def fig1_series(sname: str) -> list[str]:
+    series = ["CMS", "CS"] + ["PCS rho=%g" % r for r in RHOS]
+    series += ["PCMS rho=%g (%s)" % (r, "paper E" if sname == "paper" else "notebook E") for r in RHOS]
+    series += ["PCMS rho=%g (union E)" % r for r in RHOS]
+    return series
+
+
+def plots(f1: dict[str, Any], f2: dict[str, Any], out: Path, n: int) -> None:
     p = plt()
     for sname in ("paper", "notebook"):
         data = f1[sname]
         keys = sorted(data)
         x = [data[k]["shape"]["label_kb"] for k in keys]
+        series = fig1_series(sname)
+        colour = dict(zip(series, SERIES_COLOURS))
         for mi, metric in enumerate(("ARE", "F1 top-10")):
-            fig, ax = p.subplots(figsize=(10, 5.5))
-            series = ["CMS", "CS"] + ["PCS rho=%g" % r for r in RHOS]
-            series += ["PCMS rho=%g (%s)" % (r, "paper E" if sname == "paper" else "notebook E") for r in RHOS]
-            series += ["PCMS rho=%g (union E)" % r for r in RHOS]
-            colours = p.get_cmap("tab20")(np.linspace(0, 1, len(series)))  # one distinct colour per series
-            for ci, sname2 in enumerate(series):
+            fig, ax = p.subplots(figsize=(13, 6.5))
+            for sname2 in series:
                 ys = [data[k]["m"][sname2][mi] for k in keys]
                 style = "--" if "union" in sname2 else ("-." if sname2.startswith("PCMS") else "-")
-                ax.plot(x, ys, style, marker="o", color=colours[ci], label=sname2)
-            if sname == "notebook" and mi == 0:
+                marker = "s" if "union" in sname2 else ("^" if sname2.startswith("PCMS") else "o")
+                ax.plot(x, ys, style, marker=marker, color=colour[sname2], label=sname2)
+            if mi == 0 and len(keys) == len(GAMMAS):
+                # the published Fig. 1(a) curves (the notebook's Zipf run, its own shapes and offset), first and
+                # last space point, as crosses in the colour of the matching series
                 for k2, (a0, a1) in PUBLISHED_ARE_ZIPF.items():
-                    ax.plot([x[0], x[-1]], [a0, a1], "x", color="k", markersize=8)
-                ax.plot([], [], "x", color="k", label="published Zipf endpoints (authors' notebook)")
-            ax.set_xscale("log", base=2)
+                    ser = k2 + (" (paper E)" if sname == "paper" else " (notebook E)") if k2.startswith("PCMS") else k2
+                    ax.plot([x[0], x[-1]], [a0, a1], "X", color=colour[ser], markersize=13, markeredgecolor="k",
+                            markeredgewidth=0.8, linestyle="none")
+                ax.plot([], [], "X", color="w", markeredgecolor="k", markersize=13,
+                        label="published Fig. 1(a) endpoints\n(authors' notebook, Zipf run;\ncolour of the series)")
             if mi == 0:
                 ax.set_yscale("log")
             else:
+                ax.axhline(1.0, color="k", ls=":", lw=1.2, label="paper §5.3: private CMS F1 = 1.0")
                 ax.set_ylim(0.0, 1.05)  # F1 in [0, 1]: a 0.98-1.0 axis magnified one point
+            ax.set_xscale("log", base=2)
             ax.set_xlabel("paper's space label (KB) = ln(1/beta)/gamma*4/1024; real shapes: %s" %
-                          ("6 x 1/gamma" if sname == "paper" else "d=7..10 x 100"))
-            ax.set_ylabel(metric)
-            ax.set_title("dp-linear-sketches Fig. 1, Zipf(1), %s shapes" % sname)
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # outside the data
+                          ("6 x 1/gamma" if sname == "paper" else "d=7..10 x 100"), fontsize=11)
+            ax.set_ylabel(metric, fontsize=11)
+            ax.set_title("dp-linear-sketches Fig. 1, Zipf(1), %s shapes" % sname, fontsize=12)
+            ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # outside the data
             fig.tight_layout()
-            fig.savefig(out / ("fig1_%s_%s.png" % ("are" if mi == 0 else "f1", sname)), dpi=110)
+            fig.savefig(out / ("fig1_%s_%s.png" % ("are" if mi == 0 else "f1", sname)), dpi=100)
             p.close(fig)
     fig, axes = p.subplots(1, 2, figsize=(11, 4.5))
     for ax, sname in zip(axes, ("paper", "notebook")):
         for name, v in f2[sname]["err"].items():
             ms = sorted(v)
             ax.plot(ms, [v[m] for m in ms], marker="o", label=name)
-        ax.axhline(1000, color="k", ls=":", label="gamma*N")
+        ax.axhline(0.01 * n, color="k", ls=":", label="paper §5.4: bound gamma*N = %g" % (0.01 * n))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("number of evenly spaced quantiles m")
         ax.set_ylabel("average rank error")
         ax.set_title("Fig. 2 DCS, %s shape d=%d w=%d" % (sname, f2[sname]["d"], f2[sname]["w"]))
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9, loc="upper right", bbox_to_anchor=(1.0, 0.93))  # between the curves and the bound
     fig.tight_layout()
     fig.savefig(out / "fig2_rank_error.png", dpi=110)
     p.close(fig)
 
 
-def report(f1: dict[str, Any], f2: dict[str, Any], s: dict[str, Any], cfg: dict[str, Any], secs: float) -> str:
+def report(f1: dict[str, Any], f2: dict[str, Any], s: dict[str, Any], cfg: dict[str, Any], secs: float,
+           hc: dict[str, Any]) -> str:
     lines = ["# dp-linear-sketches reproduction", "",
              "N = %d, runs = %d, Zipf(1) on 1..2^16-1, beta = 1%%, exact discrete Gaussian noise; %.1f s." % (
                  cfg["n"], cfg["runs"], secs), ""]
@@ -302,6 +385,18 @@ def report(f1: dict[str, Any], f2: dict[str, Any], s: dict[str, Any], cfg: dict[
                 rows.append(["published Zipf ARE " + k2, a0, "", "", "", a1])
         lines.append(md_table(hdr, rows))
         lines.append("")
+    lines.append("## Non-private CountSketch ARE by hash (notebook shapes, w = %d, the streams of Fig. 1)" % hc["w"])
+    lines.append("")
+    lines.append("The authors' single fixed md5/sha256 hash, %d other prefixes of the same construction, and %d "
+                 "families of our salts (hash version 1, one salt per run); mean and s.d. over the hashes of the "
+                 "ARE averaged over %d runs. The notebook's Zipf run printed CS %.1f (d = 7) -> %.1f (d = 10)." % (
+                     hc["n_prefixes"] - 1, hc["n_prefixes"], hc["runs"], PUBLISHED_ARE_ZIPF["CS"][0],
+                     PUBLISHED_ARE_ZIPF["CS"][1]))
+    lines.append("")
+    lines.append(md_table(["hash", "ARE mean", "s.d.", "hashes", "values"],
+                          [[k, v["mean"], v["sd"], v["n"], " ".join("%.1f" % x for x in v["values"])]
+                           for k, v in hc.items() if isinstance(v, dict)]))
+    lines.append("")
     lines.append("## Fig. 2, average rank error of DCS (rank of the true quantile items)")
     lines.append("")
     for sname in ("paper", "notebook"):

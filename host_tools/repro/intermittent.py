@@ -154,9 +154,12 @@ def plots(curves: dict[tuple, np.ndarray], cfg: dict[str, Any], grid: np.ndarray
                 ax.set_yscale("log")
                 ax.set_xlabel("time (arrivals)", fontsize=8)
                 ax.set_ylabel("cum. mean rel. error", fontsize=8)
-                ax.legend(fontsize=7)
+        # one legend for all panels (the curves are the same d in every panel), below them: panel
+        # legends sat on the curves of some panels
+        h, lab = axes[0][0].get_legend_handles_labels()
+        fig.legend(h, lab, loc="lower center", ncol=len(cfg["ds"]), fontsize=10, frameon=False)
         fig.suptitle("intermittent-queries Fig. %d (Algorithm 4, w=%d)" % (fig_no, W))
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.045, 1, 1))
         fig.savefig(out / ("fig%d_%s.png" % (fig_no, axis_name)), dpi=100)
         p.close(fig)
 

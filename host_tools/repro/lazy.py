@@ -7,10 +7,13 @@ Streams of 2^20 Zipf(skew) updates over 2^20 items, delta = 0.001, depth 3.
   :mod:`host_tools.algorithms.continual`, pure Python, node noise drawn from a
   pre-drawn pool of exact discrete Gaussians so that the timing measures the
   algorithms' work, as the paper's C++ does with a cheap normal sampler).
-  Each configuration is timed on a prefix of the stream until ~``budget_s``
-  seconds have passed and extrapolated linearly to 2^20 updates (the
-  amortised GaussBM cost is constant per update, so linear extrapolation is
-  fair); the prefix length is reported. Widths per memory budget follow the
+  Each configuration is timed ``reps`` times, interleaved (every configuration
+  once per round), each time on a prefix of the stream until ~``run_s``
+  seconds have passed; the median is extrapolated linearly to 2^20 updates
+  (the amortised GaussBM cost is constant per update, so linear extrapolation
+  is fair). The work per arrival (binary-mechanism updates, counted from the
+  GaussBM counters after each run) is reported next to it: Lazy d, Punctual
+  d*w, so their ratio is Punctual's width. Widths per memory budget follow the
   paper's 24 KB example (CMS 2000, Lazy 55, Punctual 33 columns) scaled
   linearly with memory.
 * (b) ARE on the top-15 items vs memory; (c) vs depth; (d) vs skew;
@@ -43,13 +46,13 @@ METHODS = ("CMS", "CS", "LazyCMS", "LazyCS", "PunctualCMS", "PunctualCS")
 
 CONFIG = {
     "tiny": dict(T=1 << 12, U=1 << 12, mems=(24, 96), depths=(3, 5), skews=(1.1, 2.1), epss=(0.1, 1.0),
-                 trials=1, budget_s=0.15, same_w=(100, 500), vec_n=1 << 14, reps=2),
+                 trials=1, budget_s=0.15, same_w=(100, 500), vec_n=1 << 14, reps=2, run_s=0.04),
     "small": dict(T=1 << 20, U=1 << 20, mems=(24, 48, 96, 192), depths=(1, 3, 5, 7), skews=(1.1, 1.3, 1.5, 1.7, 1.9, 2.1),
                   epss=(0.05, 0.1, 0.3, 1.0, 3.0), trials=5, budget_s=1.5, same_w=(100, 500, 1000, 2000),
-                  vec_n=1 << 20),
+                  vec_n=1 << 20, reps=5, run_s=0.5),
     "paper": dict(T=1 << 20, U=1 << 20, mems=(24, 48, 96, 192, 384), depths=(1, 3, 5, 7, 9),
                   skews=(1.1, 1.3, 1.5, 1.7, 1.9, 2.1), epss=(0.05, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0), trials=20,
-                  budget_s=5.0, same_w=(100, 250, 500, 1000, 2000, 4000), vec_n=1 << 20),
+                  budget_s=5.0, same_w=(100, 250, 500, 1000, 2000, 4000), vec_n=1 << 20, reps=7, run_s=1.0),
 }
 
 
@@ -107,30 +110,92 @@ def method_w(method: str, mem: float) -> int:
     return ws["Lazy"] if method.startswith("Lazy") else ws["Punctual"]
 
 
-def time_method(method: str, d: int, w: int, T: int, eps: float, items: list[int], budget_s: float) -> tuple[float, int]:
-    """(seconds per update, prefix length timed) for the per-event implementation."""
+def time_method(method: str, d: int, w: int, T: int, eps: float, items: list[int],
+                budget_s: float) -> tuple[float, int, float]:
+    """(seconds per update, prefix length timed, binary-mechanism updates per arrival) for the
+    per-event implementation. The last number is counted after the timing from the GaussBM
+    counters' own update counts (``GaussBM.t``), so counting costs nothing inside the timed loop;
+    it is 0 for the non-private sketches."""
     kind = "cms" if method.endswith("CMS") else "cs"
+    sk: Any
     if method in ("CMS", "CS"):
         sk = Sketch(kind, d, w, hashing.salt_prefix("timing"))
-        upd = sk.update
     elif method.startswith("Lazy"):
-        upd = LazySketch(kind, d, w, "timing", T, eps, DELTA, BulkNoise(7)).update
+        sk = LazySketch(kind, d, w, "timing", T, eps, DELTA, BulkNoise(7))
     else:
-        upd = PunctualSketch(kind, d, w, "timing", T, eps, DELTA, BulkNoise(7)).update
+        sk = PunctualSketch(kind, d, w, "timing", T, eps, DELTA, BulkNoise(7))
+    upd = sk.update
     for x in items[:8]:  # warm-up: first pool refill, imports
         upd(x)
     n = 0
     t0 = time.perf_counter()
     chunk = 8
     while True:
-        for x in items[8 + n:8 + n + chunk]:
+        batch = items[8 + n:8 + n + chunk]
+        for x in batch:
             upd(x)
-        n += chunk
+        n += len(batch)
         el = time.perf_counter() - t0
         if el >= budget_s or 8 + n >= len(items):
             break
         chunk = min(chunk * 2, 4096)
-    return el / n, n
+    ops = sum(bm.t for row in sk.O for bm in row) if hasattr(sk, "O") else 0
+    return el / n, n, ops / (n + 8)  # every arrival (warm-up included) does the same work
+
+
+def _one(xs: set[float]) -> float:
+    """The single value of a set of per-arrival work counts (every run does the same work)."""
+    if len(xs) != 1:
+        raise AssertionError("work per arrival differs between runs: %r" % sorted(xs))
+    return next(iter(xs))
+
+
+def timing_runs(cfg: dict[str, Any], T: int, items: list[int], base_eps: float
+                ) -> tuple[dict[str, dict[float, dict[str, Any]]], dict[int, dict[str, Any]]]:
+    """Fig. 4(a) timing (per method and memory) and Lazy vs Punctual at the same width."""
+    # (a) timing vs memory: medians over ``reps`` interleaved runs of ``run_s`` seconds each (one
+    # short timed prefix moved by +-60% between runs under load), next to the work per arrival,
+    # counted: Lazy feeds d binary-mechanism counters per arrival, Punctual d*w
+    reps, run_s = cfg["reps"], cfg["run_s"]
+    runs_a: dict[str, dict[float, list[float]]] = {m: {mem: [] for mem in cfg["mems"]} for m in METHODS}
+    counts_a: dict[str, dict[float, int]] = {m: {} for m in METHODS}
+    ops_a: dict[str, dict[float, set[float]]] = {m: {mem: set() for mem in cfg["mems"]} for m in METHODS}
+    for _ in range(reps):  # interleaved: every configuration once per round
+        for mem in cfg["mems"]:
+            for m in METHODS:
+                per, n, ops = time_method(m, 3, method_w(m, mem), T, base_eps, items, run_s)
+                runs_a[m][mem].append(per)
+                counts_a[m][mem] = counts_a[m].get(mem, 0) + n
+                ops_a[m][mem].add(ops)
+    timing: dict[str, dict[float, dict[str, Any]]] = {}
+    for m in METHODS:
+        timing[m] = {}
+        for mem in cfg["mems"]:
+            w = method_w(m, mem)
+            per = float(np.median(runs_a[m][mem]))
+            timing[m][mem] = {"w": w, "s_per_update": per, "s_2^20": per * (1 << 20),
+                              "timed_updates": counts_a[m][mem], "runs": runs_a[m][mem],
+                              "bm_updates_per_arrival": _one(ops_a[m][mem])}
+    same: dict[int, dict[str, Any]] = {}
+    for w in cfg["same_w"]:
+        rl: list[float] = []
+        rp: list[float] = []
+        ol: set[float] = set()
+        op: set[float] = set()
+        for _ in range(reps):  # interleaved: Lazy, Punctual, Lazy, ...
+            per, _n, ops = time_method("LazyCMS", 3, w, T, base_eps, items, run_s)
+            rl.append(per)
+            ol.add(ops)
+            per, _n, ops = time_method("PunctualCMS", 3, w, T, base_eps, items, run_s)
+            rp.append(per)
+            op.add(ops)
+        row: dict[str, Any] = {"LazyCMS": float(np.median(rl)), "PunctualCMS": float(np.median(rp))}
+        row["ratio"] = row["PunctualCMS"] / row["LazyCMS"]
+        row["ratio_runs"] = [b / a for a, b in zip(rl, rp)]
+        row["ops_LazyCMS"], row["ops_PunctualCMS"] = _one(ol), _one(op)  # counted: 3 and 3w
+        row["ops_ratio"] = row["ops_PunctualCMS"] / row["ops_LazyCMS"]
+        same[w] = row
+    return timing, same
 
 
 def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
@@ -145,42 +210,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     base_skew, base_eps = 1.3, 0.3
     items = [int(x) for x in zipf_stream(np.random.default_rng(seed + 9), min(T, 1 << 17), U, base_skew)]
 
-    # (a) timing vs memory: medians over ``reps`` interleaved runs (one short timed prefix moves by
-    # +-60% between runs under load), next to the work per update, which is exact: Lazy feeds d
-    # binary-mechanism counters per arrival, Punctual d*w (tests/test_algorithms_continual.py)
-    reps = cfg.get("reps", 3)
-    runs_a: dict[str, dict[float, list[float]]] = {m: {mem: [] for mem in cfg["mems"]} for m in METHODS}
-    counts_a: dict[str, dict[float, int]] = {m: {} for m in METHODS}
-    for _ in range(reps):
-        for mem in cfg["mems"]:
-            for m in METHODS:
-                per, n = time_method(m, 3, method_w(m, mem), T, base_eps, items, cfg["budget_s"] / reps)
-                runs_a[m][mem].append(per)
-                counts_a[m][mem] = counts_a[m].get(mem, 0) + n
-    timing: dict[str, dict[float, dict[str, Any]]] = {}
-    for m in METHODS:
-        timing[m] = {}
-        for mem in cfg["mems"]:
-            w = method_w(m, mem)
-            per = float(np.median(runs_a[m][mem]))
-            timing[m][mem] = {"w": w, "s_per_update": per, "s_2^20": per * (1 << 20),
-                              "timed_updates": counts_a[m][mem], "runs": runs_a[m][mem],
-                              "bm_updates_per_arrival": 3 * w if m.startswith("Punctual") else (
-                                  3 if m.startswith("Lazy") else 0)}
-    res["fig4a"] = timing
-    same: dict[int, dict[str, Any]] = {}
-    for w in cfg["same_w"]:
-        rl: list[float] = []
-        rp: list[float] = []
-        for _ in range(reps):  # interleaved: Lazy, Punctual, Lazy, ...
-            rl.append(time_method("LazyCMS", 3, w, T, base_eps, items, cfg["budget_s"] / (2 * reps))[0])
-            rp.append(time_method("PunctualCMS", 3, w, T, base_eps, items, cfg["budget_s"] / (2 * reps))[0])
-        row: dict[str, Any] = {"LazyCMS": float(np.median(rl)), "PunctualCMS": float(np.median(rp))}
-        row["ratio"] = row["PunctualCMS"] / row["LazyCMS"]
-        row["ratio_runs"] = [b / a for a, b in zip(rl, rp)]
-        row["ops_ratio"] = w  # 3*w binary-mechanism updates per arrival against 3
-        same[w] = row
-    res["same_width"] = same
+    res["fig4a"], res["same_width"] = timing_runs(cfg, T, items, base_eps)
     # the privacy path: node noise drawn one at a time by agent.noise (exact, os.urandom)
     w_ex = cfg["same_w"][1]
     exact: dict[str, float] = {}
@@ -265,6 +295,10 @@ def summarise(res: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     s["lazy_over_punctual_throughput_by_memory"] = {
         mem: a["PunctualCMS"][mem]["s_per_update"] / a["LazyCMS"][mem]["s_per_update"] for mem in cfg["mems"]}
     s["lazy_over_punctual_same_width"] = {w: r["ratio"] for w, r in res["same_width"].items()}
+    s["lazy_over_punctual_ops_by_memory"] = {
+        mem: a["PunctualCMS"][mem]["bm_updates_per_arrival"] / a["LazyCMS"][mem]["bm_updates_per_arrival"]
+        for mem in cfg["mems"]}
+    s["punctual_width_by_memory"] = {mem: a["PunctualCMS"][mem]["w"] for mem in cfg["mems"]}
     s["lazy_over_punctual_same_width_ops"] = {w: r["ops_ratio"] for w, r in res["same_width"].items()}
     s["lazy_faster_at_w_ge_500"] = all(r["ratio"] > 1 for w, r in res["same_width"].items() if w >= 500)
     b = res["fig4b"]
@@ -281,17 +315,29 @@ def summarise(res: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
+COLOURS = {"CMS": "#000000", "CS": "#7f7f7f", "LazyCMS": "#1f77b4", "LazyCS": "#2ca02c", "PunctualCMS": "#d62728",
+           "PunctualCS": "#ff7f0e"}
+
+
 def plots(res: dict[str, Any], cfg: dict[str, Any], out: Path) -> None:
     p = plt()
-    fig, axes = p.subplots(2, 3, figsize=(17, 8.5))
+    fig, axes = p.subplots(2, 3, figsize=(17, 9))
     ax = axes[0][0]
     for m in METHODS:
         xs = cfg["mems"]
-        ax.plot(xs, [res["fig4a"][m][x]["s_2^20"] for x in xs], marker="o", label=m)
+        ax.plot(xs, [res["fig4a"][m][x]["s_2^20"] for x in xs], marker="o", color=COLOURS[m], label=m)
     ax.set_yscale("log")
     ax.set_xlabel("memory (KB; widths scaled from the paper's 24 KB example)")
-    ax.set_ylabel("s per 2^20 updates (extrapolated)")
+    ax.set_ylabel("s per 2^20 updates (extrapolated, median)")
     ax.set_title("(a) eps=0.3, skew=1.3")
+    # the paper's reference number (§5.4): LazyCMS up to 250x the throughput of PunctualCMS
+    mems = cfg["mems"]
+    a = res["fig4a"]
+    ratio = a["PunctualCMS"][mems[-1]]["s_per_update"] / a["LazyCMS"][mems[-1]]["s_per_update"]
+    work = a["PunctualCMS"][mems[-1]]["bm_updates_per_arrival"] / a["LazyCMS"][mems[-1]]["bm_updates_per_arrival"]
+    ax.text(0.97, 0.5, "paper: LazyCMS up to 250x PunctualCMS\nhere at %g KB: %.0fx (time, median)\n"
+            "work ratio %.0fx (= Punctual's width)" % (mems[-1], ratio, work), transform=ax.transAxes,
+            ha="right", va="center", fontsize=9, bbox=dict(facecolor="white", edgecolor="0.6", alpha=0.9))
     panels = [(axes[0][1], "fig4b", "memory (KB)", "(b) ARE top-15 vs memory"),
               (axes[0][2], "fig4c", "depth d (widths of 24 KB)", "(c) ARE vs depth"),
               (axes[1][0], "fig4d", "skew", "(d) ARE vs skew, 24 KB, eps=0.3"),
@@ -300,11 +346,12 @@ def plots(res: dict[str, Any], cfg: dict[str, Any], out: Path) -> None:
     for ax, key, xl, title in panels:
         for m in METHODS:
             xs = sorted(res[key][m])
-            ax.plot(xs, [res[key][m][x] for x in xs], marker="o", label=m)
+            ax.plot(xs, [res[key][m][x] for x in xs], marker="o", color=COLOURS[m], label=m)
         if key == "fig4b":
             for m in METHODS[2:]:
                 xs = sorted(res["fig4b_at_T-1"][m])
-                ax.plot(xs, [res["fig4b_at_T-1"][m][x] for x in xs], ":", marker=".", label=m + " at T-1")
+                ax.plot(xs, [res["fig4b_at_T-1"][m][x] for x in xs], ":", marker="x", color=COLOURS[m],
+                        label=m + " queried at T-1")
         ax.set_yscale("log")
         if key in ("fig4e", "fig4f"):
             ax.set_xscale("log")
@@ -313,9 +360,9 @@ def plots(res: dict[str, Any], cfg: dict[str, Any], out: Path) -> None:
         ax.set_title(title)
     # one legend for every panel, below them (panel legends covered the curves of (b))
     h, lab = axes[0][1].get_legend_handles_labels()
-    fig.legend(h, lab, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.legend(h, lab, loc="lower center", ncol=5, fontsize=10, frameon=False)
     fig.suptitle("lazy-sketch Fig. 4 reproduction (T = %d, delta = 0.001)" % res["T"])
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(out / "fig4.png", dpi=100)
     p.close(fig)
 
@@ -328,10 +375,25 @@ def report(res: dict[str, Any], cfg: dict[str, Any]) -> str:
                                                  res["fig4a"][m][mem]["timed_updates"]) for mem in cfg["mems"]]
             for m in METHODS]
     L.append(md_table(hdr, rows))
+    a = res["fig4a"]
+    L += ["", "LazyCMS vs PunctualCMS at the same memory: time ratio (Punctual / Lazy) of the medians of %d "
+          "interleaved runs of %g s each, the per-run ratios' range, and the work per arrival (binary-mechanism "
+          "updates, counted):" % (cfg["reps"], cfg["run_s"]), ""]
+    rr = []
+    for mem in cfg["mems"]:
+        lz, pu = a["LazyCMS"][mem], a["PunctualCMS"][mem]
+        per_run = [q / z for z, q in zip(lz["runs"], pu["runs"])]
+        rr.append(["%g KB" % mem, "%d / %d" % (lz["w"], pu["w"]), pu["s_per_update"] / lz["s_per_update"],
+                   "%.0f-%.0f" % (min(per_run), max(per_run)),
+                   "%g / %g" % (lz["bm_updates_per_arrival"], pu["bm_updates_per_arrival"]),
+                   pu["bm_updates_per_arrival"] / lz["bm_updates_per_arrival"]])
+    L.append(md_table(["memory", "w Lazy / Punctual", "time ratio (median)", "per-run ratios",
+                       "work per arrival Lazy / Punctual", "work ratio"], rr))
     L += ["", "Lazy vs Punctual (CMS) at the same width: medians of %d interleaved timed runs (time ratio = "
-          "Punctual / Lazy), the spread over runs, and the exact work ratio (binary-mechanism updates per "
-          "arrival: 3w against 3):" % cfg.get("reps", 3), ""]
-    L.append(md_table(["w", "Lazy s/update", "Punctual s/update", "time ratio (median)", "runs", "work ratio"],
+          "Punctual / Lazy), the per-run ratios' range, and the work ratio (binary-mechanism updates per "
+          "arrival, counted: 3w against 3):" % cfg["reps"], ""]
+    L.append(md_table(["w", "Lazy s/update", "Punctual s/update", "time ratio (median)", "per-run ratios",
+                       "work ratio"],
                       [[w, r["LazyCMS"], r["PunctualCMS"], r["ratio"],
                         "%.0f-%.0f" % (min(r["ratio_runs"]), max(r["ratio_runs"])), r["ops_ratio"]]
                        for w, r in res["same_width"].items()]))
