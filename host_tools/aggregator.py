@@ -53,6 +53,7 @@ from agent.tomlconf import placeholder_salt_warning
 from host_tools import devstatus, hostconfig, metrics
 from host_tools.decode import Rejected, decode, topic_device
 from host_tools.hostconfig import HostConfig
+from host_tools.mqttproc import Msg, MQTTProcess, Settings
 from host_tools.store import Pending, SQLStore, open_store
 
 log = logging.getLogger("pansketch.aggregator")
@@ -245,40 +246,27 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
     return [(t, json.dumps(d, separators=(",", ":")).encode()) for t, d in docs.items()]
 
 
-def _client(cfg: HostConfig, cid: str) -> Any:
-    import paho.mqtt.client as mqtt
-
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True)
-    b = cfg.broker
-    if b.tls:
-        c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
-    if b.username is not None:
-        c.username_pw_set(b.username, b.password)
-    c.reconnect_delay_set(min_delay=max(1, int(b.reconnect_min_s)), max_delay=max(1, int(b.reconnect_max_s)))
-    return c
-
-
 GROUP_MAX = 256  # messages per group commit
-RECEIVE_MAXIMUM = 1024  # unacknowledged QoS 1 messages the broker may send us (MQTT v5 Receive Maximum)
 
 
 class _Writer:
-    """Takes received messages off paho's network thread: a validator and a writer thread.
+    """Validates and stores what the MQTT process received: a validator and a writer thread.
 
     The validator thread decodes and validates whatever has queued up; the
     writer thread stores what is validated (at most :data:`GROUP_MAX`
     messages) as one group commit (a savepoint per message), and only then
     acknowledges each message to the broker (PUBACK) and publishes the host
-    acknowledgements to the devices (one per device per group). Validation
+    acknowledgements to the devices (one per device per group), both in one
+    request to the MQTT process (``transport``). Validation
     of the next messages overlaps the commit (its disk I/O releases the
     GIL). A failed transaction is retried 3 times with backoff; then the
     aggregator stops without acknowledging anything of that group (the
     broker redelivers it; storing is idempotent).
     """
 
-    def __init__(self, agg: Aggregator, client: Any, stop: threading.Event, state: dict[str, Any]) -> None:
+    def __init__(self, agg: Aggregator, transport: MQTTProcess, stop: threading.Event, state: dict[str, Any]) -> None:
         self.agg = agg
-        self.client = client
+        self.transport = transport
         self.stop = stop
         self.state = state
         self.q: "queue.Queue[Any]" = queue.Queue()  # raw messages
@@ -294,8 +282,9 @@ class _Writer:
         for t in self.threads:
             t.start()
 
-    def put(self, msg: Any) -> None:
-        self.q.put(msg)
+    def put(self, msgs: list[Msg]) -> None:
+        for m in msgs:
+            self.q.put(m)
 
     def idle(self) -> bool:
         return self.q.empty() and self.valid.empty() and not any(self._busy)
@@ -335,7 +324,7 @@ class _Writer:
             batch, end = self._take(self.q, first, GROUP_MAX, lambda _m: 1)
             try:
                 # a device's status (gap detection) is recorded and acknowledged here, off the network thread
-                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.client, m)]
+                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.transport, m)]
                 if batch:
                     self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
             except Exception as exc:  # validate() turns validator bugs into rejections; this is worse
@@ -373,7 +362,7 @@ class _Writer:
         self.state["fatal"] = why
         self.stop.set()
 
-    def _store(self, batch: list[tuple[Any, Pending]]) -> None:
+    def _store(self, batch: list[tuple[Msg, Pending]]) -> None:
         msgs = [m for m, _p in batch]
         pend = [p for _m, p in batch]
         todo = list(range(len(batch)))
@@ -404,94 +393,76 @@ class _Writer:
                       len(todo), msgs[todo[0]].topic, why)
             self._fatal("storage failed: %s" % why)
 
-    def _ack(self, batch: list[Any], done: list[tuple[int, Outcome]]) -> None:
+    def _ack(self, batch: list[Msg], done: list[tuple[int, Outcome]]) -> None:
         done.sort(key=lambda x: x[0])
-        for i, _o in done:  # committed: the broker may forget them ...
-            self.client.ack(batch[i].mid, batch[i].qos)
-        for topic, payload in group_acks([(batch[i].topic, o) for i, o in done]):
-            self.client.publish(topic, payload, qos=1)  # ... and so may the devices
+        # committed: the broker may forget them (PUBACK), and so may the devices (host acks)
+        self.transport.acknowledge([(batch[i].mid, batch[i].qos) for i, _o in done],
+                                   group_acks([(batch[i].topic, o) for i, o in done]))
 
 
 def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
         ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
 
-    ``ready`` is set once the subscription is acknowledged; ``counts``, if
-    given, receives the numbers of stored/duplicate/rejected messages at
-    exit. Returns an exit code.
+    The MQTT client runs in a child process (host_tools.mqttproc); this
+    process validates, stores and decides every acknowledgement. ``ready``
+    is set once the subscription is acknowledged; ``counts``, if given,
+    receives the numbers of stored/duplicate/rejected messages at exit.
+    Returns an exit code (1 also when the MQTT process dies).
     """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-    from paho.mqtt.subscribeoptions import SubscribeOptions
-
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
     agg.store.background_checkpoints()
     cid = hostconfig.default_client_id(cfg)
-    client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
     state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
                              "fail_logged": -1e9}
     persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
+    # releases (maybe a shared subscription) and every device's retained status
+    # (never shared: each aggregator keeps its own copy; gap detection)
+    settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
+                        cfg.aggregator.session_expiry_s, verbose=log.isEnabledFor(logging.DEBUG))
 
-    def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
-        if rc.is_failure:
-            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, rc)
-            return
-        state["connected"] = True
-        state["ever"] = True
-        state["fail_logged"] = -1e9
-        log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
-        # releases (maybe a shared subscription) and every device's retained
-        # status (never shared: each aggregator keeps its own copy; gap detection)
-        c.subscribe([(sub, SubscribeOptions(qos=cfg.aggregator.qos)),
-                     (devstatus.status_filter(cfg), SubscribeOptions(qos=1))])
+    def fatal(why: str) -> None:
+        state["fatal"] = why
+        stop.set()
 
-    def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
-        bad = [r for r in rcs if r.is_failure]
-        if bad:
-            log.error("broker refused the subscription to %s: %s", sub, bad[0])
-            state["fatal"] = "subscription refused: %s" % bad[0]
-            stop.set()
-            return
-        log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
-                 ", persistent session" if persistent else "", cfg.aggregator.db)
-        if ready is not None:
-            ready.set()
+    def on_event(ev: tuple[Any, ...]) -> None:
+        """Connection events of the MQTT process (its reader thread)."""
+        kind = ev[0]
+        if kind == "connected":
+            state["connected"] = state["ever"] = True
+            state["fail_logged"] = -1e9
+            log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+        elif kind == "refused":
+            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, ev[1])
+        elif kind == "subscribed" and ev[1] is not None:
+            log.error("broker refused the subscription to %s: %s", sub, ev[1])
+            fatal("subscription refused: %s" % ev[1])
+        elif kind == "subscribed":
+            log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
+                     ", persistent session" if persistent else "", cfg.aggregator.db)
+            if ready is not None:
+                ready.set()
+        elif kind == "connect_failed":
+            now = time.monotonic()
+            if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
+                state["fail_logged"] = now
+                log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
+                            cfg.broker.port, cfg.broker.reconnect_max_s)
+        elif kind == "disconnected":
+            state["connected"] = False
+            if not stop.is_set() and not state["closing"]:
+                log.warning("disconnected from broker (%s); reconnecting", ev[1])
+        elif kind == "exited":
+            fatal("the MQTT process (pid %s) exited unexpectedly (exit code %s)" % (transport.pid, ev[1]))
 
-    def on_connect_fail(_c: Any, _u: Any) -> None:
-        now = time.monotonic()
-        if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
-            state["fail_logged"] = now
-            log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
-                        cfg.broker.port, cfg.broker.reconnect_max_s)
-
-    def on_disconnect(_c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
-        state["connected"] = False
-        if not stop.is_set() and not state["closing"]:
-            log.warning("disconnected from broker (%s); reconnecting", rc)
-
-    writer = _Writer(agg, client, stop, state)
-
-    def on_message(_c: Any, _u: Any, msg: Any) -> None:
-        # paho's network thread only queues: status recording, validation, storage and acks run in the
-        # validator and writer threads
+    def on_messages(msgs: list[Msg]) -> None:
         state["last"] = time.monotonic()
-        writer.put(msg)
+        writer.put(msgs)
 
-    client.on_connect = on_connect
-    client.on_subscribe = on_subscribe
-    client.on_disconnect = on_disconnect
-    client.on_connect_fail = on_connect_fail
-    if log.isEnabledFor(logging.DEBUG):  # -v: the MQTT client's packet log
-        client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
-    client.on_message = on_message
-
-    props = Properties(PacketTypes.CONNECT)
-    props.ReceiveMaximum = RECEIVE_MAXIMUM
-    if persistent:
-        props.SessionExpiryInterval = cfg.aggregator.session_expiry_s
+    transport = MQTTProcess(settings, on_messages, on_event)
+    writer = _Writer(agg, transport, stop, state)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -500,10 +471,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     if warning:
         log.warning("%s", warning)
     try:
-        client.connect_async(cfg.broker.host, cfg.broker.port, keepalive=cfg.broker.keepalive,
-                             clean_start=not persistent, properties=props)
         writer.start()
-        client.loop_start()
+        transport.start()
         start = time.monotonic()
         while not stop.is_set():
             stop.wait(0.05)
@@ -520,11 +489,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         return 0
     finally:
         state["closing"] = True  # our own disconnect is not a lost connection
-        try:
-            client.disconnect()
-        except Exception:  # pragma: no cover
-            pass
-        client.loop_stop()
+        transport.close()
         writer.close()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
