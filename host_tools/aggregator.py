@@ -40,6 +40,7 @@ warnings and errors, ``-v`` adds the MQTT client's packet log.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import queue
 import signal
@@ -184,24 +185,21 @@ def _seq_of(payload: bytes) -> Optional[int]:
         return None
 
 
-def ack_payload(out: Outcome) -> Optional[bytes]:
-    """The host acknowledgement for one outcome (docs/FORMAT.md section 7), or None.
+def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
+    """What a host acknowledgement says of one outcome: ``("ok", seq)``, ``("bad", [seq, code])`` or None.
 
     Stored and duplicate releases are acknowledged as stored; a rejected one
     whose seq is known as refused for good, except ``internal`` (a validator
-    bug: the device should keep it and send it again after the fix).
+    bug: the device should keep it and send it again after the fix) and
+    ``topic``.
     """
-    import json
-
     if out.device is None or out.seq is None:
         return None
     if out.status in ("stored", "duplicate"):
-        doc: dict[str, Any] = {"dev": out.device, "ok": [out.seq]}
-    elif out.code is not None and out.code not in ("internal", "topic"):
-        doc = {"dev": out.device, "bad": [[out.seq, out.code]]}
-    else:
-        return None
-    return json.dumps(doc, separators=(",", ":")).encode()
+        return ("ok", out.seq)
+    if out.code is not None and out.code not in ("internal", "topic"):
+        return ("bad", [out.seq, out.code])
+    return None
 
 
 def ack_topic(release_topic: str) -> str:
@@ -228,21 +226,18 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
 
     docs/FORMAT.md section 7: one message may acknowledge several releases
     of one device (``ok`` and ``bad`` lists); the rules per outcome are
-    those of :func:`ack_payload`.
+    those of :func:`_ack_entry`.
     """
-    import json
-
     docs: dict[str, dict[str, Any]] = {}
     for topic, out in done:
-        one = ack_payload(out)
-        if one is None:
+        e = _ack_entry(out)
+        if e is None:
             continue
-        doc = json.loads(one)
         t = ack_topic(topic)
-        acc = docs.setdefault(t, {"dev": doc["dev"]})
-        for k in ("ok", "bad"):
-            if k in doc:
-                acc.setdefault(k, []).extend(doc[k])
+        doc = docs.get(t)
+        if doc is None:
+            doc = docs[t] = {"dev": out.device}
+        doc.setdefault(e[0], []).append(e[1])
     return [(t, json.dumps(d, separators=(",", ":")).encode()) for t, d in docs.items()]
 
 
@@ -269,7 +264,7 @@ class _Writer:
         self.transport = transport
         self.stop = stop
         self.state = state
-        self.q: "queue.Queue[Any]" = queue.Queue()  # raw messages
+        self.q: "queue.Queue[Any]" = queue.Queue()  # lists of received messages
         self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
         self._busy = [False, False]
         self._dead = False
@@ -283,8 +278,8 @@ class _Writer:
             t.start()
 
     def put(self, msgs: list[Msg]) -> None:
-        for m in msgs:
-            self.q.put(m)
+        for i in range(0, len(msgs), GROUP_MAX):
+            self.q.put(msgs[i:i + GROUP_MAX])
 
     def idle(self) -> bool:
         return self.q.empty() and self.valid.empty() and not any(self._busy)
@@ -321,9 +316,10 @@ class _Writer:
                 self.valid.put(None)
                 return
             self._busy[0] = True
-            batch, end = self._take(self.q, first, GROUP_MAX, lambda _m: 1)
+            chunks, end = self._take(self.q, first, GROUP_MAX, len)
+            batch = [m for c in chunks for m in c]
             try:
-                # a device's status (gap detection) is recorded and acknowledged here, off the network thread
+                # a device's status (gap detection) is recorded and acknowledged here, like a release
                 batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.transport, m)]
                 if batch:
                     self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
@@ -455,7 +451,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             if not stop.is_set() and not state["closing"]:
                 log.warning("disconnected from broker (%s); reconnecting", ev[1])
         elif kind == "exited":
-            fatal("the MQTT process (pid %s) exited unexpectedly (exit code %s)" % (transport.pid, ev[1]))
+            how = "killed by %s" % signal.Signals(-ev[1]).name if ev[1] is not None and ev[1] < 0 else \
+                "exit code %s" % ev[1]
+            fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, how))
 
     def on_messages(msgs: list[Msg]) -> None:
         state["last"] = time.monotonic()

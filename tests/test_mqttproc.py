@@ -1,0 +1,125 @@
+"""The aggregator's MQTT process (host_tools/mqttproc.py) against a real mosquitto.
+
+Checks: if the MQTT child dies, the aggregator stops with exit code 1 and
+says so, and what it had received and committed stays stored; if the
+aggregator process is killed, the child does not linger (it disconnects and
+exits); SIGTERM to the whole process group (systemd, Ctrl-C) is a clean
+exit 0 that stores what was received.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Optional
+
+from tests.broker import needs_mosquitto, start_mosquitto
+from tests.test_aggregator_mqtt import REPO, AggThread, _toml, counts, publish_all, wait_for
+from tests.test_host_support import T0, encoded, host_cfg, params, topic
+
+pytestmark = needs_mosquitto
+
+
+def mqtt_children(parent: int) -> list[int]:
+    """Pids of the ``host_tools.mqttproc`` processes whose parent is ``parent``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"host_tools.mqttproc" in cmd:
+            out.append(int(d))
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
+    except OSError:
+        return True
+
+
+def test_dead_mqtt_process_stops_the_aggregator(tmp_path, caplog):
+    b = start_mosquitto(tmp_path)
+    try:
+        cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1"})
+        a = AggThread(cfg)
+        p = params("child", w=32)
+        publish_all(b.port, [(topic("child"), encoded(p, seq=0, fill=3))])
+        wait_for(lambda: counts(cfg.aggregator.db)[0] == 1)
+        (child,) = mqtt_children(os.getpid())
+        with caplog.at_level(logging.ERROR, logger="pansketch.aggregator"):
+            os.kill(child, signal.SIGKILL)
+            a.t.join(20)
+            assert not a.t.is_alive()
+        assert a.rc == [1]
+        assert "MQTT process (pid %d) exited unexpectedly (killed by SIGKILL)" % child in caplog.text
+        assert counts(cfg.aggregator.db)[0] == 1
+    finally:
+        b.stop()
+
+
+def _start_cli(conf: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stderr is not None
+    while True:
+        line = proc.stderr.readline()
+        assert line, "aggregator exited"
+        if "subscribed to" in line:
+            return proc
+
+
+def _child_of(pid: int) -> int:
+    found: list[int] = []
+    wait_for(lambda: bool(found.extend(mqtt_children(pid)) or found), 10)
+    return found[0]
+
+
+def test_killed_aggregator_takes_its_mqtt_process_along(tmp_path):
+    b = start_mosquitto(tmp_path)
+    proc: Optional[subprocess.Popen[str]] = None
+    try:
+        proc = _start_cli(_toml(tmp_path / "host.toml", b.port))
+        child = _child_of(proc.pid)
+        proc.kill()
+        proc.wait(10)
+        wait_for(lambda: gone(child), 10)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        b.stop()
+
+
+def test_sigterm_to_the_group_is_a_clean_exit(tmp_path):
+    b = start_mosquitto(tmp_path)
+    proc: Optional[subprocess.Popen[str]] = None
+    try:
+        proc = _start_cli(_toml(tmp_path / "host.toml", b.port))
+        child = _child_of(proc.pid)
+        p = params("grp", w=32)
+        publish_all(b.port, [(topic("grp"), encoded(p, seq=k, elo=T0 // 3600 + k, fill=2)) for k in range(20)])
+        db = str(tmp_path / "agg.db")
+        wait_for(lambda: os.path.exists(db) and counts(db)[0] >= 1)
+        os.killpg(proc.pid, signal.SIGTERM)  # systemd's KillMode=control-group, Ctrl-C: both processes
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert gone(child)
+        assert "aggregator stopped: " in err
+        stored, _rej, _dup = counts(db)
+        assert stored == 20, err
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        b.stop()
