@@ -51,11 +51,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
-from host_tools import devstatus, hostconfig, metrics
-from host_tools.decode import Rejected, decode, topic_device
+from host_tools import child, devstatus, hostconfig, metrics
+from host_tools.decode import Rejected, Release, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.mqttproc import Msg, MQTTProcess, Settings
 from host_tools.store import Pending, SQLStore, open_store
+from host_tools.validproc import Settings as ValidationSettings
+from host_tools.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -90,6 +92,7 @@ class Aggregator:
         self.store = store if store is not None else open_store(cfg.aggregator.db)
         self.log = logger or log
         self.counts = {"stored": 0, "duplicate": 0, "rejected": 0}
+        self.validation = ValidationSettings(cfg.fleet, cfg.aggregator.max_bytes)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -101,21 +104,18 @@ class Aggregator:
 
     def validate(self, topic: str, payload: bytes, received: Optional[float] = None) -> Pending:
         """Decode and validate one message (no storage): a :class:`Pending` for the store."""
+        return self.pending(topic, payload, verdict(self.validation, topic, payload), received)
+
+    def pending(self, topic: str, payload: bytes, v: Verdict, received: Optional[float] = None) -> Pending:
+        """The :class:`Pending` for one message and its validation verdict (host_tools.validproc)."""
         now = time.time() if received is None else received
         payload = bytes(payload)
         keep = self.cfg.aggregator.max_bytes
-        try:
-            try:
-                rel = decode(payload, topic=topic, max_bytes=self.cfg.aggregator.max_bytes, fleet=self.cfg.fleet)
-            except Rejected:
-                raise
-            except Exception as exc:  # a validator bug must not turn one message into a crash loop
-                self.log.exception("validating message on %s failed unexpectedly", topic)
-                raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
-        except Rejected as rej:
-            return Pending(payload, topic, now, rej=rej, device=topic_device(topic) if topic else None,
-                           keep_bytes=keep)
-        return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
+        if v[0] == "ok":
+            rel = Release.from_state(v[1], payload)
+            return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
+        return Pending(payload, topic, now, rej=Rejected(v[1], v[2]), device=topic_device(topic) if topic else None,
+                       keep_bytes=keep)
 
     def handle_many(self, msgs: Sequence[tuple[str, bytes]], received: Optional[float] = None,
                     pending: Optional[Sequence[Pending]] = None) -> list[Outcome]:
@@ -242,6 +242,9 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
 
 
 GROUP_MAX = 256  # messages per group commit
+# unacknowledged messages the broker may send (MQTT v5 Receive Maximum): several groups, so the
+# next ones arrive and are validated while one commits
+RECEIVE_MAXIMUM = 4 * GROUP_MAX
 
 
 class _Writer:
@@ -259,8 +262,10 @@ class _Writer:
     broker redelivers it; storing is idempotent).
     """
 
-    def __init__(self, agg: Aggregator, transport: MQTTProcess, stop: threading.Event, state: dict[str, Any]) -> None:
+    def __init__(self, agg: Aggregator, validator: ValidatorProcess, transport: MQTTProcess, stop: threading.Event,
+                 state: dict[str, Any]) -> None:
         self.agg = agg
+        self.validator = validator
         self.transport = transport
         self.stop = stop
         self.state = state
@@ -322,8 +327,11 @@ class _Writer:
                 # a device's status (gap detection) is recorded and acknowledged here, like a release
                 batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.transport, m)]
                 if batch:
-                    self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
-            except Exception as exc:  # validate() turns validator bugs into rejections; this is worse
+                    verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
+                    self.valid.put([(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)])
+            except ValidatorDied as exc:
+                self._fatal(str(exc))
+            except Exception as exc:  # verdict() turns validator bugs into rejections; this is worse
                 log.exception("validator failed")
                 self._fatal("validator failed: %s" % exc)
             finally:
@@ -417,7 +425,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     # releases (maybe a shared subscription) and every device's retained status
     # (never shared: each aggregator keeps its own copy; gap detection)
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
-                        cfg.aggregator.session_expiry_s, verbose=log.isEnabledFor(logging.DEBUG))
+                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
 
     def fatal(why: str) -> None:
         state["fatal"] = why
@@ -451,16 +459,15 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             if not stop.is_set() and not state["closing"]:
                 log.warning("disconnected from broker (%s); reconnecting", ev[1])
         elif kind == "exited":
-            how = "killed by %s" % signal.Signals(-ev[1]).name if ev[1] is not None and ev[1] < 0 else \
-                "exit code %s" % ev[1]
-            fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, how))
+            fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, child.exit_status(ev[1])))
 
     def on_messages(msgs: list[Msg]) -> None:
         state["last"] = time.monotonic()
         writer.put(msgs)
 
     transport = MQTTProcess(settings, on_messages, on_event)
-    writer = _Writer(agg, transport, stop, state)
+    validator = ValidatorProcess(agg.validation)
+    writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -469,11 +476,16 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     if warning:
         log.warning("%s", warning)
     try:
+        validator.start()
         writer.start()
         transport.start()
         start = time.monotonic()
         while not stop.is_set():
             stop.wait(0.05)
+            try:
+                validator.check()
+            except ValidatorDied as exc:
+                fatal(str(exc))
             if until_idle is not None and time.monotonic() - state["last"] > until_idle and writer.idle():
                 break
         writer.drain(5.0)  # messages already received: store and acknowledge them before disconnecting
@@ -489,6 +501,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         state["closing"] = True  # our own disconnect is not a lost connection
         transport.close()
         writer.close()
+        validator.close()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts

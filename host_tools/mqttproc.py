@@ -4,8 +4,7 @@ Why a process: receiving a 16 kB QoS 1 publish costs paho about as much
 CPU as validating it, and in one process the two share the GIL. Here the
 paho client (network thread, reconnects, manual acks) runs in a child
 process; the aggregator (validation, group commit, host_tools.aggregator)
-keeps the parent. They talk over one socket pair, with pickled tuples
-framed by :class:`multiprocessing.connection.Connection`:
+keeps the parent. They talk over one socket pair (host_tools/child.py):
 
 child -> parent
     ``("msgs", [(topic, payload, mid, qos), ...])`` what arrived since the
@@ -28,9 +27,6 @@ child's end close and stops the aggregator (:class:`MQTTProcess`).
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,10 +34,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, NamedTuple, Optional
 
+from host_tools import child
+
 log = logging.getLogger("pansketch.aggregator")
-
-RECEIVE_MAXIMUM = 1024  # unacknowledged QoS 1 messages the broker may send us (MQTT v5 Receive Maximum)
-
 
 class Msg(NamedTuple):
     """One received message, as the aggregator needs it (paho's MQTTMessage does not cross processes)."""
@@ -61,6 +56,7 @@ class Settings:
     subscriptions: tuple[tuple[str, int], ...]  # (topic filter, QoS)
     persistent: bool  # clean_start off, session expiry below
     session_expiry_s: int
+    receive_maximum: int  # unacknowledged QoS 1 messages the broker may send us (MQTT v5 Receive Maximum)
     verbose: bool = False  # -v: paho's packet log on stderr
 
 
@@ -133,7 +129,7 @@ def serve(conn: Connection, s: Settings) -> int:
     if s.verbose:
         client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
     props = Properties(PacketTypes.CONNECT)
-    props.ReceiveMaximum = RECEIVE_MAXIMUM
+    props.ReceiveMaximum = s.receive_maximum
     if s.persistent:
         props.SessionExpiryInterval = s.session_expiry_s
     client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive, clean_start=not s.persistent,
@@ -187,15 +183,7 @@ class MQTTProcess:
         self._reader: Optional[threading.Thread] = None
 
     def start(self) -> None:
-        mine, theirs = socket.socketpair()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")  # this checkout, not another install
-        with theirs:
-            self.proc = subprocess.Popen([sys.executable, "-m", "host_tools.mqttproc", str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
-        self.conn = Connection(mine.detach())
-        self._send(self.settings)
+        self.proc, self.conn = child.spawn("host_tools.mqttproc", self.settings)
         self._reader = threading.Thread(target=self._read_loop, name="pansketch-mqtt-reader", daemon=True)
         self._reader.start()
 
@@ -261,14 +249,8 @@ class MQTTProcess:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Child entry point: ``python -m host_tools.mqttproc FD`` (FD: our end of the socket pair)."""
-    args = sys.argv[1:] if argv is None else argv
-    # the parent decides when to stop: Ctrl-C and systemd signal the whole group, and the
-    # parent must first drain and commit what it received, then have us acknowledge it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    conn = Connection(int(args[0]))
     try:
-        settings = conn.recv()
+        conn, settings = child.attach(argv)
     except (EOFError, OSError):
         return 1
     assert isinstance(settings, Settings)
