@@ -9,10 +9,23 @@ validates one message (host_tools.decode), stores it idempotently
 * subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
   QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
   ``shared_group`` is set, so several aggregators split the load;
-* paho's network thread only queues each message; a writer thread
-  validates what has queued up and stores it as one group commit (one
-  transaction, a savepoint per message, so one bad message rolls back
-  alone; host_tools.store), which amortises the fsync over the group;
+* three processes, so that no CPU work competes with the writer for
+  this process's GIL (docs/HOST.md, "Performance")::
+
+      mosquitto ──▶ MQTT process ──batches──▶ aggregator ──(topic, payload)──▶ validation process
+                   (host_tools.mqttproc:      │ validator thread ◀──verdicts──┘ (host_tools.validproc)
+                    paho client, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
+                         ▲                     │
+                         └──── PUBACKs + host acks, after each commit
+
+  the MQTT process only forwards what arrives and sends what it is told;
+  the validator thread hands each batch to the validation process and
+  turns its verdicts into store items; the writer thread stores them as
+  one group commit (one transaction, a savepoint per message, so one bad
+  message rolls back alone; host_tools.store), which amortises the fsync
+  over the group. If a helper process dies the aggregator stops with exit
+  code 1 and says which (nothing committed is lost; what was not is
+  redelivered); if the aggregator dies its helpers exit too;
 * acknowledges a message only after its outcome is committed to the
   store (manual acks): a crash before the commit means the broker
   redelivers, and redelivery is harmless (idempotent store);
@@ -29,7 +42,9 @@ validates one message (host_tools.decode), stores it idempotently
   reconnects with capped exponential backoff (``reconnect_min_s`` ..
   ``reconnect_max_s``);
 * ``until_idle``: exit 0 after that many seconds without a message
-  (exit 1 if it never managed to connect).
+  (exit 1 if it never managed to connect); SIGINT/SIGTERM: store and
+  acknowledge what was received, then exit 0 (the helpers ignore both
+  signals and stop when told).
 
 Output (stderr, ``logging``): a line per connection and when the
 subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
@@ -250,14 +265,14 @@ RECEIVE_MAXIMUM = 4 * GROUP_MAX
 class _Writer:
     """Validates and stores what the MQTT process received: a validator and a writer thread.
 
-    The validator thread decodes and validates whatever has queued up; the
-    writer thread stores what is validated (at most :data:`GROUP_MAX`
+    The validator thread has whatever has queued up validated by the
+    validation process (``validator``) and records device status messages;
+    the writer thread stores what is validated (at most :data:`GROUP_MAX`
     messages) as one group commit (a savepoint per message), and only then
     acknowledges each message to the broker (PUBACK) and publishes the host
     acknowledgements to the devices (one per device per group), both in one
-    request to the MQTT process (``transport``). Validation
-    of the next messages overlaps the commit (its disk I/O releases the
-    GIL). A failed transaction is retried 3 times with backoff; then the
+    request to the MQTT process (``transport``). Validation of the next
+    messages overlaps the commit. A failed transaction is retried 3 times with backoff; then the
     aggregator stops without acknowledging anything of that group (the
     broker redelivers it; storing is idempotent).
     """
