@@ -1,10 +1,12 @@
 """The aggregator's MQTT transport, in a process of its own (``python -m host_tools.mqttproc``).
 
 Why a process: receiving a 16 kB QoS 1 publish costs paho about as much
-CPU as validating it, and in one process the two share the GIL. Here the
-paho client (network thread, reconnects, manual acks) runs in a child
-process; the aggregator (validation, group commit, host_tools.aggregator)
-keeps the parent. They talk over one socket pair (host_tools/child.py):
+CPU as validating it (MQTT v5 properties, packet parsing), and in the
+aggregator's process that work would compete with the writer for the GIL.
+Here the paho client (network thread, reconnects, manual acks) runs in a
+helper process; the aggregator (group commit, every acknowledgement,
+host_tools.aggregator) is the parent. They talk over one socket pair
+(host_tools/child.py):
 
 child -> parent
     ``("msgs", [(topic, payload, mid, qos), ...])`` what arrived since the
@@ -37,6 +39,7 @@ from typing import Any, Callable, NamedTuple, Optional
 from host_tools import child
 
 log = logging.getLogger("pansketch.aggregator")
+
 
 class Msg(NamedTuple):
     """One received message, as the aggregator needs it (paho's MQTTMessage does not cross processes)."""
