@@ -13,7 +13,9 @@
   shared subscription writing one SQLite file.
   Peer, measured in the same run with the same publishers, interleaved
   round by round: a bare paho subscriber process that only acknowledges
-  (rate = messages received / seconds to the last one). Also in-process
+  (rate = messages received / seconds to the last one). Each run also
+  reports the CPU time per release of every process involved (aggregator,
+  its MQTT and validation helpers, mosquitto; from /proc). Also in-process
   (no MQTT): ``Aggregator.handle`` one by one vs ``handle_many`` groups;
 * PostgreSQL (when its server binaries and psycopg are installed): the
   same ingest with 1, 2 and 4 aggregators on a shared subscription
@@ -154,11 +156,39 @@ def _bare_subscriber(port: int, n: int, ready: Any, out: Any) -> None:
     c.on_subscribe = lambda *_a: ready.set()
     c.connect("127.0.0.1", port)
     c.subscribe("pansketch/+/release", qos=1)
+    cpu0 = time.process_time()
     c.loop_start()
     fin.wait(600)
+    cpu = time.process_time() - cpu0
     c.disconnect()
     c.loop_stop()
-    out.put((got[0], time.time()))
+    out.put((got[0], time.time(), cpu))
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (0 once it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _helpers(pid: int) -> dict[int, str]:
+    """``pid`` and its child processes, each named by its role (``aggregator`` or the helper's module)."""
+    out = {pid: "aggregator"}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    argv = f.read().split(b"\0")
+                out[int(d)] = argv[2].decode() if len(argv) > 2 and argv[1] == b"-m" else "child"
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _count(db: str) -> int:
@@ -232,13 +262,18 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         for pub in pubs:
             pub.start()
         time.sleep(1.5)  # publishers connected
+        roles: dict[int, str] = {broker.pid: "mosquitto"}
+        for a in procs_agg:
+            roles.update(_helpers(a.pid))
+        cpu0 = {pid: _cpu_s(pid) for pid in roles}
         t0 = time.perf_counter()
         t0_wall = time.time()
         start.set()
         published = sum(done.get(timeout=600) for _ in pubs)
         t_pub = time.perf_counter() - t0
+        cpu: dict[str, float] = {}
         if peer:
-            stored, t_end = peer_out.get(timeout=600)
+            stored, t_end, cpu["bare subscriber"] = peer_out.get(timeout=600)
             t_all = t_end - t0_wall
             sub.join(30)
         else:
@@ -247,6 +282,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
                 time.sleep(0.05)
             t_all = time.perf_counter() - t0
             stored = _count(db)
+        for pid, role in roles.items():  # CPU seconds per role over the run (all aggregators together)
+            cpu[role] = cpu.get(role, 0.0) + _cpu_s(pid) - cpu0[pid]
         for pub in pubs:
             pub.join(30)
     finally:
@@ -260,7 +297,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             "clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
             "received_or_stored": stored, "seconds_to_publish_all": round(t_pub, 3),
             "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
-            "release_bytes": len(msgs[0][1])}
+            "release_bytes": len(msgs[0][1]),
+            "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())}}
 
 
 def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:
