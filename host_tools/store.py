@@ -94,7 +94,6 @@ import numpy as np
 from host_tools.decode import Rejected, Release, SketchShape
 
 SCHEMA_VERSION = 1
-WRITER_CACHE_KIB = 64 * 1024  # page cache of a writing connection (SQLite): several group commits
 ROLLUP_MODES = ("window", "keep")
 ROLLUP_KINDS = ("cms", "cs")
 
@@ -949,10 +948,6 @@ class Store(SQLStore):
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
             self.db.execute("PRAGMA synchronous = FULL")
-            # a group commit of 256 releases (4 MB at d=4, w=1024) must fit in the page cache: with
-            # SQLite's default 2 MB the transaction spills to the WAL before COMMIT and the writer
-            # halves its rate (measured, docs/HOST.md "Performance")
-            self.db.execute("PRAGMA cache_size = -%d" % WRITER_CACHE_KIB)
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
