@@ -272,9 +272,9 @@ class _Writer:
     acknowledges each message to the broker (PUBACK) and publishes the host
     acknowledgements to the devices (one per device per group), both in one
     request to the MQTT process (``transport``). Validation of the next
-    messages overlaps the commit. A failed transaction is retried 3 times with backoff; then the
-    aggregator stops without acknowledging anything of that group (the
-    broker redelivers it; storing is idempotent).
+    messages overlaps the commit. A failed transaction is retried 3 times
+    with backoff; then the aggregator stops without acknowledging anything
+    of that group (the broker redelivers it; storing is idempotent).
     """
 
     def __init__(self, agg: Aggregator, validator: ValidatorProcess, transport: MQTTProcess, stop: threading.Event,
@@ -423,11 +423,12 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
 
-    The MQTT client runs in a child process (host_tools.mqttproc); this
-    process validates, stores and decides every acknowledgement. ``ready``
-    is set once the subscription is acknowledged; ``counts``, if given,
-    receives the numbers of stored/duplicate/rejected messages at exit.
-    Returns an exit code (1 also when the MQTT process dies).
+    The MQTT client and validation run in helper processes
+    (host_tools.mqttproc, host_tools.validproc); this process stores and
+    decides every acknowledgement. ``ready`` is set once the subscription
+    is acknowledged; ``counts``, if given, receives the numbers of
+    stored/duplicate/rejected messages at exit. Returns an exit code (1
+    also when a helper process dies).
     """
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
