@@ -9,10 +9,23 @@ validates one message (host_tools.decode), stores it idempotently
 * subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
   QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
   ``shared_group`` is set, so several aggregators split the load;
-* paho's network thread only queues each message; a writer thread
-  validates what has queued up and stores it as one group commit (one
-  transaction, a savepoint per message, so one bad message rolls back
-  alone; host_tools.store), which amortises the fsync over the group;
+* three processes, so that no CPU work competes with the writer for
+  this process's GIL (docs/HOST.md, "Performance")::
+
+      mosquitto ──▶ MQTT process ──batches──▶ aggregator ──(topic, payload)──▶ validation process
+                   (host_tools.mqttproc:      │ validator thread ◀──verdicts──┘ (host_tools.validproc)
+                    paho client, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
+                         ▲                     │
+                         └──── PUBACKs + host acks, after each commit
+
+  the MQTT process only forwards what arrives and sends what it is told;
+  the validator thread hands each batch to the validation process and
+  turns its verdicts into store items; the writer thread stores them as
+  one group commit (one transaction, a savepoint per message, so one bad
+  message rolls back alone; host_tools.store), which amortises the fsync
+  over the group. If a helper process dies the aggregator stops with exit
+  code 1 and says which (nothing committed is lost; what was not is
+  redelivered); if the aggregator dies its helpers exit too;
 * acknowledges a message only after its outcome is committed to the
   store (manual acks): a crash before the commit means the broker
   redelivers, and redelivery is harmless (idempotent store);
@@ -29,7 +42,9 @@ validates one message (host_tools.decode), stores it idempotently
   reconnects with capped exponential backoff (``reconnect_min_s`` ..
   ``reconnect_max_s``);
 * ``until_idle``: exit 0 after that many seconds without a message
-  (exit 1 if it never managed to connect).
+  (exit 1 if it never managed to connect); SIGINT/SIGTERM: store and
+  acknowledge what was received, then exit 0 (the helpers ignore both
+  signals and stop when told).
 
 Output (stderr, ``logging``): a line per connection and when the
 subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
@@ -40,6 +55,7 @@ warnings and errors, ``-v`` adds the MQTT client's packet log.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import queue
 import signal
@@ -50,10 +66,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
-from host_tools import devstatus, hostconfig, metrics
-from host_tools.decode import Rejected, decode, topic_device
+from host_tools import child, devstatus, hostconfig, metrics
+from host_tools.decode import Rejected, Release, topic_device
 from host_tools.hostconfig import HostConfig
+from host_tools.mqttproc import Msg, MQTTProcess, Settings
 from host_tools.store import Pending, SQLStore, open_store
+from host_tools.validproc import Settings as ValidationSettings
+from host_tools.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -88,6 +107,7 @@ class Aggregator:
         self.store = store if store is not None else open_store(cfg.aggregator.db)
         self.log = logger or log
         self.counts = {"stored": 0, "duplicate": 0, "rejected": 0}
+        self.validation = ValidationSettings(cfg.fleet, cfg.aggregator.max_bytes)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -99,21 +119,18 @@ class Aggregator:
 
     def validate(self, topic: str, payload: bytes, received: Optional[float] = None) -> Pending:
         """Decode and validate one message (no storage): a :class:`Pending` for the store."""
+        return self.pending(topic, payload, verdict(self.validation, topic, payload), received)
+
+    def pending(self, topic: str, payload: bytes, v: Verdict, received: Optional[float] = None) -> Pending:
+        """The :class:`Pending` for one message and its validation verdict (host_tools.validproc)."""
         now = time.time() if received is None else received
         payload = bytes(payload)
         keep = self.cfg.aggregator.max_bytes
-        try:
-            try:
-                rel = decode(payload, topic=topic, max_bytes=self.cfg.aggregator.max_bytes, fleet=self.cfg.fleet)
-            except Rejected:
-                raise
-            except Exception as exc:  # a validator bug must not turn one message into a crash loop
-                self.log.exception("validating message on %s failed unexpectedly", topic)
-                raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
-        except Rejected as rej:
-            return Pending(payload, topic, now, rej=rej, device=topic_device(topic) if topic else None,
-                           keep_bytes=keep)
-        return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
+        if v[0] == "ok":
+            rel = Release.from_state(v[1], payload)
+            return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
+        return Pending(payload, topic, now, rej=Rejected(v[1], v[2]), device=topic_device(topic) if topic else None,
+                       keep_bytes=keep)
 
     def handle_many(self, msgs: Sequence[tuple[str, bytes]], received: Optional[float] = None,
                     pending: Optional[Sequence[Pending]] = None) -> list[Outcome]:
@@ -183,24 +200,21 @@ def _seq_of(payload: bytes) -> Optional[int]:
         return None
 
 
-def ack_payload(out: Outcome) -> Optional[bytes]:
-    """The host acknowledgement for one outcome (docs/FORMAT.md section 7), or None.
+def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
+    """What a host acknowledgement says of one outcome: ``("ok", seq)``, ``("bad", [seq, code])`` or None.
 
     Stored and duplicate releases are acknowledged as stored; a rejected one
     whose seq is known as refused for good, except ``internal`` (a validator
-    bug: the device should keep it and send it again after the fix).
+    bug: the device should keep it and send it again after the fix) and
+    ``topic``.
     """
-    import json
-
     if out.device is None or out.seq is None:
         return None
     if out.status in ("stored", "duplicate"):
-        doc: dict[str, Any] = {"dev": out.device, "ok": [out.seq]}
-    elif out.code is not None and out.code not in ("internal", "topic"):
-        doc = {"dev": out.device, "bad": [[out.seq, out.code]]}
-    else:
-        return None
-    return json.dumps(doc, separators=(",", ":")).encode()
+        return ("ok", out.seq)
+    if out.code is not None and out.code not in ("internal", "topic"):
+        return ("bad", [out.seq, out.code])
+    return None
 
 
 def ack_topic(release_topic: str) -> str:
@@ -227,61 +241,50 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
 
     docs/FORMAT.md section 7: one message may acknowledge several releases
     of one device (``ok`` and ``bad`` lists); the rules per outcome are
-    those of :func:`ack_payload`.
+    those of :func:`_ack_entry`.
     """
-    import json
-
     docs: dict[str, dict[str, Any]] = {}
     for topic, out in done:
-        one = ack_payload(out)
-        if one is None:
+        e = _ack_entry(out)
+        if e is None:
             continue
-        doc = json.loads(one)
         t = ack_topic(topic)
-        acc = docs.setdefault(t, {"dev": doc["dev"]})
-        for k in ("ok", "bad"):
-            if k in doc:
-                acc.setdefault(k, []).extend(doc[k])
+        doc = docs.get(t)
+        if doc is None:
+            doc = docs[t] = {"dev": out.device}
+        doc.setdefault(e[0], []).append(e[1])
     return [(t, json.dumps(d, separators=(",", ":")).encode()) for t, d in docs.items()]
 
 
-def _client(cfg: HostConfig, cid: str) -> Any:
-    import paho.mqtt.client as mqtt
-
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True)
-    b = cfg.broker
-    if b.tls:
-        c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
-    if b.username is not None:
-        c.username_pw_set(b.username, b.password)
-    c.reconnect_delay_set(min_delay=max(1, int(b.reconnect_min_s)), max_delay=max(1, int(b.reconnect_max_s)))
-    return c
-
-
 GROUP_MAX = 256  # messages per group commit
-RECEIVE_MAXIMUM = 1024  # unacknowledged QoS 1 messages the broker may send us (MQTT v5 Receive Maximum)
+# unacknowledged messages the broker may send (MQTT v5 Receive Maximum): several groups, so the
+# next ones arrive and are validated while one commits
+RECEIVE_MAXIMUM = 4 * GROUP_MAX
 
 
 class _Writer:
-    """Takes received messages off paho's network thread: a validator and a writer thread.
+    """Validates and stores what the MQTT process received: a validator and a writer thread.
 
-    The validator thread decodes and validates whatever has queued up; the
-    writer thread stores what is validated (at most :data:`GROUP_MAX`
+    The validator thread has whatever has queued up validated by the
+    validation process (``validator``) and records device status messages;
+    the writer thread stores what is validated (at most :data:`GROUP_MAX`
     messages) as one group commit (a savepoint per message), and only then
     acknowledges each message to the broker (PUBACK) and publishes the host
-    acknowledgements to the devices (one per device per group). Validation
-    of the next messages overlaps the commit (its disk I/O releases the
-    GIL). A failed transaction is retried 3 times with backoff; then the
-    aggregator stops without acknowledging anything of that group (the
-    broker redelivers it; storing is idempotent).
+    acknowledgements to the devices (one per device per group), both in one
+    request to the MQTT process (``transport``). Validation of the next
+    messages overlaps the commit. A failed transaction is retried 3 times
+    with backoff; then the aggregator stops without acknowledging anything
+    of that group (the broker redelivers it; storing is idempotent).
     """
 
-    def __init__(self, agg: Aggregator, client: Any, stop: threading.Event, state: dict[str, Any]) -> None:
+    def __init__(self, agg: Aggregator, validator: ValidatorProcess, transport: MQTTProcess, stop: threading.Event,
+                 state: dict[str, Any]) -> None:
         self.agg = agg
-        self.client = client
+        self.validator = validator
+        self.transport = transport
         self.stop = stop
         self.state = state
-        self.q: "queue.Queue[Any]" = queue.Queue()  # raw messages
+        self.q: "queue.Queue[Any]" = queue.Queue()  # lists of received messages
         self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
         self._busy = [False, False]
         self._dead = False
@@ -294,8 +297,9 @@ class _Writer:
         for t in self.threads:
             t.start()
 
-    def put(self, msg: Any) -> None:
-        self.q.put(msg)
+    def put(self, msgs: list[Msg]) -> None:
+        for i in range(0, len(msgs), GROUP_MAX):
+            self.q.put(msgs[i:i + GROUP_MAX])
 
     def idle(self) -> bool:
         return self.q.empty() and self.valid.empty() and not any(self._busy)
@@ -332,13 +336,17 @@ class _Writer:
                 self.valid.put(None)
                 return
             self._busy[0] = True
-            batch, end = self._take(self.q, first, GROUP_MAX, lambda _m: 1)
+            chunks, end = self._take(self.q, first, GROUP_MAX, len)
+            batch = [m for c in chunks for m in c]
             try:
-                # a device's status (gap detection) is recorded and acknowledged here, off the network thread
-                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.client, m)]
+                # a device's status (gap detection) is recorded and acknowledged here, like a release
+                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.transport, m)]
                 if batch:
-                    self.valid.put([(m, self.agg.validate(m.topic, m.payload)) for m in batch])
-            except Exception as exc:  # validate() turns validator bugs into rejections; this is worse
+                    verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
+                    self.valid.put([(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)])
+            except ValidatorDied as exc:
+                self._fatal(str(exc))
+            except Exception as exc:  # verdict() turns validator bugs into rejections; this is worse
                 log.exception("validator failed")
                 self._fatal("validator failed: %s" % exc)
             finally:
@@ -373,7 +381,7 @@ class _Writer:
         self.state["fatal"] = why
         self.stop.set()
 
-    def _store(self, batch: list[tuple[Any, Pending]]) -> None:
+    def _store(self, batch: list[tuple[Msg, Pending]]) -> None:
         msgs = [m for m, _p in batch]
         pend = [p for _m, p in batch]
         todo = list(range(len(batch)))
@@ -404,94 +412,78 @@ class _Writer:
                       len(todo), msgs[todo[0]].topic, why)
             self._fatal("storage failed: %s" % why)
 
-    def _ack(self, batch: list[Any], done: list[tuple[int, Outcome]]) -> None:
+    def _ack(self, batch: list[Msg], done: list[tuple[int, Outcome]]) -> None:
         done.sort(key=lambda x: x[0])
-        for i, _o in done:  # committed: the broker may forget them ...
-            self.client.ack(batch[i].mid, batch[i].qos)
-        for topic, payload in group_acks([(batch[i].topic, o) for i, o in done]):
-            self.client.publish(topic, payload, qos=1)  # ... and so may the devices
+        # committed: the broker may forget them (PUBACK), and so may the devices (host acks)
+        self.transport.acknowledge([(batch[i].mid, batch[i].qos) for i, _o in done],
+                                   group_acks([(batch[i].topic, o) for i, o in done]))
 
 
 def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
         ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
 
-    ``ready`` is set once the subscription is acknowledged; ``counts``, if
-    given, receives the numbers of stored/duplicate/rejected messages at
-    exit. Returns an exit code.
+    The MQTT client and validation run in helper processes
+    (host_tools.mqttproc, host_tools.validproc); this process stores and
+    decides every acknowledgement. ``ready`` is set once the subscription
+    is acknowledged; ``counts``, if given, receives the numbers of
+    stored/duplicate/rejected messages at exit. Returns an exit code (1
+    also when a helper process dies).
     """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-    from paho.mqtt.subscribeoptions import SubscribeOptions
-
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
     agg.store.background_checkpoints()
     cid = hostconfig.default_client_id(cfg)
-    client = _client(cfg, cid)
     sub = cfg.aggregator.subscription
     state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
                              "fail_logged": -1e9}
     persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
+    # releases (maybe a shared subscription) and every device's retained status
+    # (never shared: each aggregator keeps its own copy; gap detection)
+    settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
+                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
 
-    def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
-        if rc.is_failure:
-            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, rc)
-            return
-        state["connected"] = True
-        state["ever"] = True
-        state["fail_logged"] = -1e9
-        log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
-        # releases (maybe a shared subscription) and every device's retained
-        # status (never shared: each aggregator keeps its own copy; gap detection)
-        c.subscribe([(sub, SubscribeOptions(qos=cfg.aggregator.qos)),
-                     (devstatus.status_filter(cfg), SubscribeOptions(qos=1))])
+    def fatal(why: str) -> None:
+        state["fatal"] = why
+        stop.set()
 
-    def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
-        bad = [r for r in rcs if r.is_failure]
-        if bad:
-            log.error("broker refused the subscription to %s: %s", sub, bad[0])
-            state["fatal"] = "subscription refused: %s" % bad[0]
-            stop.set()
-            return
-        log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
-                 ", persistent session" if persistent else "", cfg.aggregator.db)
-        if ready is not None:
-            ready.set()
+    def on_event(ev: tuple[Any, ...]) -> None:
+        """Connection events of the MQTT process (its reader thread)."""
+        kind = ev[0]
+        if kind == "connected":
+            state["connected"] = state["ever"] = True
+            state["fail_logged"] = -1e9
+            log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+        elif kind == "refused":
+            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, ev[1])
+        elif kind == "subscribed" and ev[1] is not None:
+            log.error("broker refused the subscription to %s: %s", sub, ev[1])
+            fatal("subscription refused: %s" % ev[1])
+        elif kind == "subscribed":
+            log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
+                     ", persistent session" if persistent else "", cfg.aggregator.db)
+            if ready is not None:
+                ready.set()
+        elif kind == "connect_failed":
+            now = time.monotonic()
+            if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
+                state["fail_logged"] = now
+                log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
+                            cfg.broker.port, cfg.broker.reconnect_max_s)
+        elif kind == "disconnected":
+            state["connected"] = False
+            if not stop.is_set() and not state["closing"]:
+                log.warning("disconnected from broker (%s); reconnecting", ev[1])
+        elif kind == "exited":
+            fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, child.exit_status(ev[1])))
 
-    def on_connect_fail(_c: Any, _u: Any) -> None:
-        now = time.monotonic()
-        if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
-            state["fail_logged"] = now
-            log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
-                        cfg.broker.port, cfg.broker.reconnect_max_s)
-
-    def on_disconnect(_c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
-        state["connected"] = False
-        if not stop.is_set() and not state["closing"]:
-            log.warning("disconnected from broker (%s); reconnecting", rc)
-
-    writer = _Writer(agg, client, stop, state)
-
-    def on_message(_c: Any, _u: Any, msg: Any) -> None:
-        # paho's network thread only queues: status recording, validation, storage and acks run in the
-        # validator and writer threads
+    def on_messages(msgs: list[Msg]) -> None:
         state["last"] = time.monotonic()
-        writer.put(msg)
+        writer.put(msgs)
 
-    client.on_connect = on_connect
-    client.on_subscribe = on_subscribe
-    client.on_disconnect = on_disconnect
-    client.on_connect_fail = on_connect_fail
-    if log.isEnabledFor(logging.DEBUG):  # -v: the MQTT client's packet log
-        client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
-    client.on_message = on_message
-
-    props = Properties(PacketTypes.CONNECT)
-    props.ReceiveMaximum = RECEIVE_MAXIMUM
-    if persistent:
-        props.SessionExpiryInterval = cfg.aggregator.session_expiry_s
+    transport = MQTTProcess(settings, on_messages, on_event)
+    validator = ValidatorProcess(agg.validation)
+    writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -500,13 +492,16 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     if warning:
         log.warning("%s", warning)
     try:
-        client.connect_async(cfg.broker.host, cfg.broker.port, keepalive=cfg.broker.keepalive,
-                             clean_start=not persistent, properties=props)
+        validator.start()
         writer.start()
-        client.loop_start()
+        transport.start()
         start = time.monotonic()
         while not stop.is_set():
             stop.wait(0.05)
+            try:
+                validator.check()
+            except ValidatorDied as exc:
+                fatal(str(exc))
             if until_idle is not None and time.monotonic() - state["last"] > until_idle and writer.idle():
                 break
         writer.drain(5.0)  # messages already received: store and acknowledge them before disconnecting
@@ -520,12 +515,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         return 0
     finally:
         state["closing"] = True  # our own disconnect is not a lost connection
-        try:
-            client.disconnect()
-        except Exception:  # pragma: no cover
-            pass
-        client.loop_stop()
+        transport.close()
         writer.close()
+        validator.close()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts

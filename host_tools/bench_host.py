@@ -1,6 +1,6 @@
 """Host benchmark: ingest through mosquitto (SQLite and PostgreSQL), release size, queries.
 
-    python -m host_tools.bench_host [--devices 50] [--per-device 80] [--rounds 2]
+    python -m host_tools.bench_host [--devices 50] [--per-device 80] [--rounds 2] [--aggregators 1,2,4]
                                     [--query-devices 50] [--query-windows 168] [--out bench-results/host.json]
 
 * release size: encoded bytes of a release for a few (kind, d, w);
@@ -8,10 +8,14 @@
   over publisher processes) publish pre-encoded valid releases at QoS 1 to
   a mosquitto started on a free loopback port; ``pansketch aggregate``
   process(es) validate, store (group commit) and acknowledge them. Rate =
-  releases stored / seconds from the first publish to the last commit.
+  releases stored / seconds from the first publish to the last commit;
+  ``--aggregators 1,2,4`` repeats it with 2 and 4 aggregators on a
+  shared subscription writing one SQLite file.
   Peer, measured in the same run with the same publishers, interleaved
   round by round: a bare paho subscriber process that only acknowledges
-  (rate = messages received / seconds to the last one). Also in-process
+  (rate = messages received / seconds to the last one). Each run also
+  reports the CPU time per release of every process involved (aggregator,
+  its MQTT and validation helpers, mosquitto; from /proc). Also in-process
   (no MQTT): ``Aggregator.handle`` one by one vs ``handle_many`` groups;
 * PostgreSQL (when its server binaries and psycopg are installed): the
   same ingest with 1, 2 and 4 aggregators on a shared subscription
@@ -152,11 +156,39 @@ def _bare_subscriber(port: int, n: int, ready: Any, out: Any) -> None:
     c.on_subscribe = lambda *_a: ready.set()
     c.connect("127.0.0.1", port)
     c.subscribe("pansketch/+/release", qos=1)
+    cpu0 = time.process_time()
     c.loop_start()
     fin.wait(600)
+    cpu = time.process_time() - cpu0
     c.disconnect()
     c.loop_stop()
-    out.put((got[0], time.time()))
+    out.put((got[0], time.time(), cpu))
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (0 once it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _helpers(pid: int) -> dict[int, str]:
+    """``pid`` and its child processes, each named by its role (``aggregator`` or the helper's module)."""
+    out = {pid: "aggregator"}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    argv = f.read().split(b"\0")
+                out[int(d)] = argv[2].decode() if len(argv) > 2 and argv[1] == b"-m" else "child"
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _count(db: str) -> int:
@@ -215,7 +247,10 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
                 procs_agg.append(subprocess.Popen(
                     [sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
                     env=_env(), stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agg-%s-%d.log" % (tag, k)), "w")))
-            time.sleep(2.0)  # aggregators subscribed
+            logs = [os.path.join(tmp, "agg-%s-%d.log" % (tag, k)) for k in range(aggregators)]
+            deadline = time.monotonic() + 60
+            while not all("subscribed to" in open(lf).read() for lf in logs) and time.monotonic() < deadline:
+                time.sleep(0.05)
         by_dev: dict[str, list[tuple[str, bytes]]] = {}
         for t, p in msgs:
             by_dev.setdefault(t, []).append((t, p))
@@ -227,13 +262,18 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         for pub in pubs:
             pub.start()
         time.sleep(1.5)  # publishers connected
+        roles: dict[int, str] = {broker.pid: "mosquitto"}
+        for a in procs_agg:
+            roles.update(_helpers(a.pid))
+        cpu0 = {pid: _cpu_s(pid) for pid in roles}
         t0 = time.perf_counter()
         t0_wall = time.time()
         start.set()
         published = sum(done.get(timeout=600) for _ in pubs)
         t_pub = time.perf_counter() - t0
+        cpu: dict[str, float] = {}
         if peer:
-            stored, t_end = peer_out.get(timeout=600)
+            stored, t_end, cpu["bare subscriber"] = peer_out.get(timeout=600)
             t_all = t_end - t0_wall
             sub.join(30)
         else:
@@ -242,6 +282,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
                 time.sleep(0.05)
             t_all = time.perf_counter() - t0
             stored = _count(db)
+        for pid, role in roles.items():  # CPU seconds per role over the run (all aggregators together)
+            cpu[role] = cpu.get(role, 0.0) + _cpu_s(pid) - cpu0[pid]
         for pub in pubs:
             pub.join(30)
     finally:
@@ -255,7 +297,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             "clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
             "received_or_stored": stored, "seconds_to_publish_all": round(t_pub, 3),
             "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
-            "release_bytes": len(msgs[0][1])}
+            "release_bytes": len(msgs[0][1]),
+            "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())}}
 
 
 def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:
@@ -383,6 +426,10 @@ def bench_query(db: str, tmp: str, n_cand: int = 100_000) -> dict[str, Any]:
     return out
 
 
+def _sqlite_key(k: int) -> str:
+    return "aggregator_sqlite" if k == 1 else "%d_aggregators_sqlite" % k
+
+
 def _pg_available() -> Optional[str]:
     from host_tools import pgserver
 
@@ -401,6 +448,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--per-device", type=int, default=80)
     ap.add_argument("--workers", type=int, default=4, help="publisher processes (devices are spread over them)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of peer / aggregator ingest")
+    ap.add_argument("--aggregators", default="1", metavar="N,...",
+                    help="SQLite ingest with each of these numbers of aggregators on a shared subscription (1)")
     ap.add_argument("--query-devices", type=int, default=50)
     ap.add_argument("--query-windows", type=int, default=168)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,query")
@@ -418,21 +467,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         res["ingest_direct"] = bench_direct(msgs, tmp)
         print("direct (no MQTT):", res["ingest_direct"], flush=True)
         rounds = []
+        ks = [int(k) for k in args.aggregators.split(",")]
         for r in range(args.rounds):
-            peer = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="p%d" % r)
-            print("peer (bare subscriber):", peer, flush=True)
-            ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=os.path.join(tmp, "ingest-%d.db" % r),
-                                tag="s%d" % r)
-            print("aggregator, SQLite:", ours, flush=True)
-            rounds.append({"peer": peer, "aggregator_sqlite": ours})
+            rnd: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
+            rnd["peer"] = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="p%d" % r)
+            print("peer (bare subscriber):", rnd["peer"], flush=True)
+            for k in ks:
+                ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=os.path.join(tmp, "ingest-%d-%d.db" % (r, k)),
+                                    aggregators=k, tag="s%d-%d" % (r, k))
+                print("%d aggregator(s), SQLite:" % k, ours, flush=True)
+                rnd[_sqlite_key(k)] = ours
+            rounds.append(rnd)
         res["ingest_mqtt_rounds"] = rounds
-        if all("releases_per_second" in x["peer"] and "releases_per_second" in x["aggregator_sqlite"] for x in rounds):
-            res["ingest_mqtt_summary"] = {
-                "aggregator_sqlite_per_second": [x["aggregator_sqlite"]["releases_per_second"] for x in rounds],
-                "peer_per_second": [x["peer"]["releases_per_second"] for x in rounds],
-                "ratio_per_round": [round(x["aggregator_sqlite"]["releases_per_second"]
-                                          / x["peer"]["releases_per_second"], 3) for x in rounds]}
-            print("ingest summary:", res["ingest_mqtt_summary"], flush=True)
+        if all("releases_per_second" in x[key] for x in rounds for key in x if key != "loadavg_at_start"):
+            summary: dict[str, Any] = {"peer_per_second": [x["peer"]["releases_per_second"] for x in rounds],
+                                       "loadavg_1min_per_round": [round(x["loadavg_at_start"][0], 2) for x in rounds]}
+            summary["peer_median"] = statistics.median(summary["peer_per_second"])
+            for k in ks:
+                key = _sqlite_key(k)
+                rates = [x[key]["releases_per_second"] for x in rounds]
+                ratios = [round(x[key]["releases_per_second"] / x["peer"]["releases_per_second"], 3) for x in rounds]
+                summary[key] = {"per_second": rates, "median": statistics.median(rates), "ratio_to_peer": ratios,
+                                "median_ratio": statistics.median(ratios)}
+            res["ingest_mqtt_summary"] = summary
+            print("ingest summary:", summary, flush=True)
     if "pg" not in skip:
         why = _pg_available()
         if why is not None:

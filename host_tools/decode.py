@@ -51,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import cbor2
@@ -178,6 +178,18 @@ class Release(SketchShape):
         """The noisy counters as int32, shape :attr:`shape`."""
         r, c = self.shape
         return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
+
+    def state(self) -> tuple[Any, ...]:
+        """Every field but ``payload``, in :data:`STATE_FIELDS` order (small: sent between processes)."""
+        return tuple(getattr(self, n) for n in STATE_FIELDS)
+
+    @classmethod
+    def from_state(cls, state: tuple[Any, ...], payload: bytes) -> "Release":
+        """The release :meth:`state` was taken from, given its payload (no validation: it was validated)."""
+        return cls(payload=payload, **dict(zip(STATE_FIELDS, state)))
+
+
+STATE_FIELDS = tuple(f.name for f in fields(Release) if f.name != "payload")
 
 
 def _type_check_fast(obj: Any) -> bool:

@@ -8,15 +8,12 @@ backlog), ``acked_seq``, ``rejected`` and ``ts``; its last will is
 the store to tell *lost* releases (the device no longer holds them and the
 host never stored them) from *pending* ones (still on the device).
 
-For the aggregator's MQTT loop (host_tools/aggregator.py)::
-
-    # on connect, next to the release subscription (not shared: retained
-    # messages are not sent to shared subscriptions, and every aggregator
-    # keeps its own copy of each device's latest status)
-    c.subscribe(devstatus.status_filter(cfg), options=SubscribeOptions(qos=1))
-    # first thing in on_message
-    if devstatus.handle_message(agg.store, c, msg):
-        return
+For the aggregator (host_tools/aggregator.py): the MQTT process
+subscribes :func:`status_filter` next to the releases (not shared: retained
+messages are not sent to shared subscriptions, and every aggregator keeps
+its own copy of each device's latest status); the validator thread passes
+every received message to :func:`handle_message` first, which records and
+acknowledges a status and leaves anything else to validation.
 
 Everything here is best effort: a malformed status is logged and
 acknowledged (the broker must not redeliver it forever), never stored,

@@ -486,9 +486,11 @@ class SQLStore:
         accs: dict[tuple[Any, ...], _Acc] = {}
         unrolled = False
         seen.clear()
-        for i, p in enumerate(items):
+        for p in items:
             p.status, p.error = "", None
-            sp = "p%d" % i
+            # one name for every message's savepoint (each is released before the next begins): the
+            # same three statement texts each time stay prepared in the connection's statement cache
+            sp = "msg"
             cur.execute("SAVEPOINT " + sp)
             try:
                 if p.rel is not None and p.rej is None:

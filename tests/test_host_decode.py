@@ -255,12 +255,12 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch):
-    import host_tools.aggregator as A
+    import host_tools.validproc as V  # the aggregator's one validation step (in process here)
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr(A, "decode", boom)
+    monkeypatch.setattr(V, "decode", boom)
     before = agg.store.snapshot()
     out = agg.handle(topic("dev-a"), b"anything")
     assert out.code == "internal" and "ZeroDivisionError" in out.reason

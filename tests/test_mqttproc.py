@@ -1,0 +1,133 @@
+"""The aggregator's helper processes (MQTT: host_tools/mqttproc.py, validation:
+host_tools/validproc.py) against a real mosquitto.
+
+Checks: if either helper dies, the aggregator stops with exit code 1 and
+says which and how, and what it had committed stays stored; if the
+aggregator process is killed, its helpers do not linger (the MQTT one
+disconnects); SIGTERM to the whole process group (systemd, Ctrl-C) is a
+clean exit 0 that stores what was received.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Optional
+
+import pytest
+
+from tests.broker import needs_mosquitto, start_mosquitto
+from tests.test_aggregator_mqtt import REPO, AggThread, _toml, counts, publish_all, wait_for
+from tests.test_host_support import T0, encoded, host_cfg, params, topic
+
+pytestmark = needs_mosquitto
+
+
+def helpers(parent: int, module: str = "host_tools.mqttproc") -> list[int]:
+    """Pids of the ``python -m <module>`` processes whose parent is ``parent``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and module.encode() in cmd.split(b"\0"):
+            out.append(int(d))
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("module,name", [("host_tools.mqttproc", "MQTT process"),
+                                         ("host_tools.validproc", "validation process")])
+def test_dead_helper_stops_the_aggregator(tmp_path, caplog, module, name):
+    b = start_mosquitto(tmp_path)
+    try:
+        cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1"})
+        a = AggThread(cfg)
+        p = params("child", w=32)
+        publish_all(b.port, [(topic("child"), encoded(p, seq=0, fill=3))])
+        wait_for(lambda: counts(cfg.aggregator.db)[0] == 1)
+        (pid,) = helpers(os.getpid(), module)
+        with caplog.at_level(logging.ERROR, logger="pansketch.aggregator"):
+            os.kill(pid, signal.SIGKILL)
+            a.t.join(20)
+            assert not a.t.is_alive()
+        assert a.rc == [1]
+        assert "%s (pid %d) exited unexpectedly (killed by SIGKILL)" % (name, pid) in caplog.text
+        assert counts(cfg.aggregator.db)[0] == 1
+        assert not helpers(os.getpid(), "host_tools.mqttproc") and not helpers(os.getpid(), "host_tools.validproc")
+    finally:
+        b.stop()
+
+
+def _start_cli(conf: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stderr is not None
+    while True:
+        line = proc.stderr.readline()
+        assert line, "aggregator exited"
+        if "subscribed to" in line:
+            return proc
+
+
+def _helpers_of(pid: int) -> list[int]:
+    def both() -> list[int]:
+        return helpers(pid) + helpers(pid, "host_tools.validproc")
+
+    wait_for(lambda: len(both()) == 2, 10)
+    return both()
+
+
+def test_killed_aggregator_takes_its_helpers_along(tmp_path):
+    b = start_mosquitto(tmp_path)
+    proc: Optional[subprocess.Popen[str]] = None
+    try:
+        proc = _start_cli(_toml(tmp_path / "host.toml", b.port))
+        kids = _helpers_of(proc.pid)
+        proc.kill()
+        proc.wait(10)
+        wait_for(lambda: all(gone(k) for k in kids), 10)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        b.stop()
+
+
+def test_sigterm_to_the_group_is_a_clean_exit(tmp_path):
+    b = start_mosquitto(tmp_path)
+    proc: Optional[subprocess.Popen[str]] = None
+    try:
+        proc = _start_cli(_toml(tmp_path / "host.toml", b.port))
+        kids = _helpers_of(proc.pid)
+        p = params("grp", w=32)
+        publish_all(b.port, [(topic("grp"), encoded(p, seq=k, elo=T0 // 3600 + k, fill=2)) for k in range(20)])
+        db = str(tmp_path / "agg.db")
+        wait_for(lambda: os.path.exists(db) and counts(db)[0] >= 1)
+        os.killpg(proc.pid, signal.SIGTERM)  # systemd's KillMode=control-group, Ctrl-C: both processes
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert all(gone(k) for k in kids)
+        assert "aggregator stopped: " in err
+        stored, _rej, _dup = counts(db)
+        assert stored == 20, err
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        b.stop()
