@@ -121,7 +121,7 @@ def test_item_page_draws_series_with_interval_bands(server: Any, tmp_path: Any) 
     png = str(tmp_path / "dashboard-item.png")
     chromium(url, screenshot=png, size="1400,1050")
     # the first line's band: #1f77b4 at alpha 0.18 over white
-    assert _band_pixels(png, (215, 231, 242)) > 2000
+    assert _band_pixels(png, (215, 231, 242)) > 500  # the bands (calibrated, narrow: ~1600 pixels; none without)
 
 
 @needs_chromium
