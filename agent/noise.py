@@ -212,3 +212,21 @@ def draw_into(arr, spec, rng):
     except BaseException:
         zero(arr)
         raise
+
+
+def add_staged(staged, a, b=None):
+    """a (and b) += the staged draw, mod 2**32, then zero the draw: it leaves RAM.
+
+    Cannot fail once started (wrap32 never raises), so a draw is never
+    half-applied.
+    """
+    if b is None:
+        for i in range(len(a)):
+            a[i] = wrap32(a[i] + staged[i])
+            staged[i] = 0
+        return
+    for i in range(len(a)):
+        z = staged[i]
+        a[i] = wrap32(a[i] + z)
+        b[i] = wrap32(b[i] + z)
+        staged[i] = 0

@@ -53,7 +53,7 @@ and its epoch range [elo, ehi) grows until a release succeeds.
 """
 
 from agent import hashing, release, storage
-from agent.noise import add_noise, draw_into, wrap32, zero
+from agent.noise import add_noise, add_staged, draw_into, wrap32, zero
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
 
@@ -220,14 +220,7 @@ class Recorder:
         except BaseException:
             self._wipe()
             raise
-        a = self.counters
-        m = self.shadow
-        b = self.relbuf
-        for i in range(len(a)):
-            z = b[i]
-            a[i] = wrap32(a[i] + z)
-            m[i] = wrap32(m[i] + z)
-            b[i] = 0
+        add_staged(self.relbuf, self.counters, self.shadow)
         self.nz = nz + 1
         self.nzm = nz + 1
 
@@ -237,11 +230,7 @@ class Recorder:
         Cannot fail once started (wrap32 never raises), so the draw is
         never half-applied.
         """
-        a = self.counters
-        b = self.relbuf
-        for i in range(len(a)):
-            a[i] = wrap32(a[i] + b[i])
-            b[i] = 0
+        add_staged(self.relbuf, self.counters)
         self.nz += 1
 
     def _open(self, epoch, part):

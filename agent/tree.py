@@ -57,7 +57,7 @@ import hashlib
 import struct
 
 from agent import hashing, release, storage
-from agent.noise import add_noise, draw_into, wrap32, zero
+from agent.noise import add_noise, add_staged, draw_into, wrap32, zero
 from agent.rng import Rng
 from agent.sketch import Sketch, new_counters
 
@@ -249,11 +249,7 @@ class TreeRecorder:
         shadows[lv] += one fresh G (mod 2**32). The draw leaves RAM."""
         self._fresh(lv)
         sh = self.shs[lv]
-        a = self.shadows[lv] if sh else self.nodes[lv]
-        b = self.relbuf
-        for i in range(len(a)):
-            a[i] = wrap32(a[i] + b[i])
-            b[i] = 0
+        add_staged(self.relbuf, self.shadows[lv] if sh else self.nodes[lv])
         if sh:
             self.nzms[lv] += 1
         else:
@@ -268,14 +264,7 @@ class TreeRecorder:
         except BaseException:
             self._wipe()
             raise
-        a = self.nodes[lv]
-        m = self.shadows[lv]
-        b = self.relbuf
-        for i in range(len(a)):
-            z = b[i]
-            a[i] = wrap32(a[i] + z)
-            m[i] = wrap32(m[i] + z)
-            b[i] = 0
+        add_staged(self.relbuf, self.nodes[lv], self.shadows[lv])
         self.nzs[lv] += 1
         self.nzms[lv] = self.nzs[lv]
 

@@ -16,6 +16,7 @@ leaves one behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -59,3 +60,14 @@ def exit_status(rc: Optional[int]) -> str:
         except ValueError:
             return "killed by signal %d" % -rc
     return "exit code %d" % rc
+
+
+def log_to_stderr(level: Optional[int] = None) -> None:
+    """A helper process's logging: the parent's line format on stderr (shared with the parent),
+    under the ``pansketch`` logger; ``level`` None keeps the logger's default."""
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("pansketch")
+    root.addHandler(h)
+    if level is not None:
+        root.setLevel(level)

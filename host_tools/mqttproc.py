@@ -257,11 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (EOFError, OSError):
         return 1
     assert isinstance(settings, Settings)
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger("pansketch")
-    root.addHandler(h)
-    root.setLevel(logging.DEBUG if settings.verbose else logging.WARNING)
+    child.log_to_stderr(logging.DEBUG if settings.verbose else logging.WARNING)
     return serve(conn, settings)
 
 

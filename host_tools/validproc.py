@@ -108,9 +108,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (EOFError, OSError):
         return 1
     assert isinstance(settings, Settings)
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logging.getLogger("pansketch").addHandler(h)
+    child.log_to_stderr()
     while True:
         try:
             msgs = conn.recv()
