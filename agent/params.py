@@ -150,6 +150,7 @@ class Params:
         else:
             self.noise = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, self.arrays)
         self.shadow = self._shadow()
+        self._half = None
         self.inoise = self.internal_noise(self.shadow)
 
     def internal_noise(self, shadow):
@@ -158,7 +159,9 @@ class Params:
         flash track -- so each gets half the budget: the calibration of 2x the arrays."""
         if not shadow:
             return self.noise
-        return calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, 2 * self.arrays)
+        if self._half is None:  # computed once: the recorder asks at every draw
+            self._half = calibrate.noise_for(self.mechanism, self.budget, self.d, self.clip, 2 * self.arrays)
+        return self._half
 
     def persists_per_epoch(self):
         """Persists inside one accumulator's life with no restart: ceil(epoch_s / persist_s) - 1."""

@@ -102,8 +102,8 @@ class Recorder:
         self.state_path = storage.join(root, "state.bin")
         self.marker_path = storage.join(root, "released")
         self._make_state(params)
-        self._fp = params.fingerprint()
         self._fps = (params.fingerprint(False), params.fingerprint(True))  # state.bin id per persist scheme
+        self._fp = self._fps[1 if params.shadow else 0]
         self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
         self.nz = 0
         self.nzm = 0

@@ -533,8 +533,8 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     # shadow persist scheme gives the accumulator and its flash track half the budget each
     # (docs/PRIVACY.md "Persisting without growing the noise")
     allowed = [spec]
-    if v >= 2 and kind != "dbits":
-        allowed.append(calibrate.noise_for(mech, budget, d, clip, 2 * L))
+    if nint[0] * spec.den != spec.num * nint[1] and v >= 2 and kind != "dbits":
+        allowed.append(calibrate.noise_for(mech, budget, d, clip, 2 * L))  # only when the first does not match
     if not any(nint[0] * a.den == a.num * nint[1] for a in allowed):
         raise Rejected("noise", "nint = %d/%d does not match the %s noise for budget %d/%d "
                        "(d=%d, clip=%d, L=%d): expected %s"
