@@ -144,7 +144,7 @@ class Recorder:
         # a state written under the other persist scheme (config changed) is continued in
         # that scheme until its release: its draws are of that scheme's scale
         st = storage.read_state(self.state_path, self._fp, self.counters,
-                                self.p.fingerprint(not self.p.shadow))
+                                self._fps[0 if self.p.shadow else 1])
         if st is not None and (marker is None or st[0] > marker[0]):
             self.seq, self.elo, self.ehi, self.part, nz, other = st
             self.log("resumed state seq %d epochs [%d, %d) part %d" % st[:4])
