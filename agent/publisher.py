@@ -243,18 +243,23 @@ class Publisher:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Say offline (retained), disconnect, stop the threads. The outbox stays."""
+        """Report the last facts if they changed, say offline (retained), disconnect,
+        stop the threads. The outbox stays."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         if self._connected:
-            try:
-                mid, _ = self._publish(self.status_topic, OFFLINE, True, None)
-                if mid is not None and self._wait_mid(mid, min(timeout, 2.0), ignore_stop=True) is None:
-                    self._abandon(mid)
-            except Exception:
-                pass
+            # the drain thread may have stopped before reporting the last acknowledgements
+            # (feed stops as soon as the outbox is empty): the final facts first, then offline
+            final = [self.status()] if self._status_dirty else []
+            for doc in final + [OFFLINE]:
+                try:
+                    mid, _ = self._publish(self.status_topic, doc, True, None)
+                    if mid is not None and self._wait_mid(mid, min(timeout, 2.0), ignore_stop=True) is None:
+                        self._abandon(mid)
+                except Exception:
+                    pass
         try:
             self.client.disconnect()
         except Exception:

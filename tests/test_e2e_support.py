@@ -182,6 +182,9 @@ salt = "%s"
     return path
 
 
+LIVE: list["AggregatorThread"] = []  # started and not stopped yet (tests/conftest.py stops leftovers)
+
+
 class AggregatorThread:
     """The real aggregator (host_tools.aggregator.run) in a thread, subscribed when constructed."""
 
@@ -196,11 +199,14 @@ class AggregatorThread:
             target=lambda: self.rc.append(aggregator.run(self.cfg, stop=self.stop_ev, ready=self.ready)),
             name="aggregator", daemon=True)
         self.thread.start()
+        LIVE.append(self)
         assert self.ready.wait(15), "aggregator did not subscribe"
 
     def stop(self) -> int:
         self.stop_ev.set()
         self.thread.join(15)
+        if self in LIVE:
+            LIVE.remove(self)
         return self.rc[0] if self.rc else -1
 
 
