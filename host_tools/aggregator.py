@@ -472,7 +472,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             fatal("subscription refused: %s" % ev[1])
         elif kind == "subscribed":
             log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
-                     ", persistent session" if persistent else "", cfg.aggregator.db)
+                     ", persistent session" if persistent else ", clean session", cfg.aggregator.db)
             if ready is not None:
                 ready.set()
         elif kind == "connect_failed":
