@@ -7,7 +7,7 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   client_id (see below), keepalive (60),
                   reconnect_min_s (1), reconnect_max_s (60)
     [aggregator]  db ("pansketch.db", relative to the config file; or a
-                  "postgresql://user@host:port/dbname" URL: host_tools.store_pg),
+                  "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
                   max_bytes (1048576), qos (1), session_expiry_s (86400;
                   0 with a shared_group: see AggregatorConfig)

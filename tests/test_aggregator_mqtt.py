@@ -18,8 +18,9 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from host_tools import aggregator, query
-from host_tools.store import Store
+from host_tools.ingest import aggregator
+from host_tools.query import core as query
+from host_tools.store.core import Store
 from tests.broker import needs_mosquitto, start_mosquitto
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 

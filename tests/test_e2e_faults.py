@@ -34,7 +34,7 @@ releases released but not stored when the fault struck), printed at the
 end of the module and written to ``$PANSKETCH_FAULT_TABLE`` when set.
 
 The aggregator does not record device status messages yet; a small
-subscriber here feeds them to the store through host_tools/devstatus.py
+subscriber here feeds them to the store through host_tools/ingest/devstatus.py
 (what the aggregator will call), so ``status`` classifies with the
 devices' own next_seq and oldest_pending.
 """
@@ -55,8 +55,8 @@ from typing import Any, Optional
 import cbor2
 import pytest
 
-from host_tools import devstatus
-from host_tools.store import Store
+from host_tools.ingest import devstatus
+from host_tools.store.core import Store
 from tests.test_e2e_support import (REPO, SALT, agent_cmd, agent_env, agent_toml, needs_mosquitto, pansketch_cmd,
                                     start_mosquitto, wait_for)
 
@@ -246,7 +246,7 @@ def release_to_store_s(scene: "Scene", devs: list[Device], k: int, limit: float 
 
 
 class StatusRecorder:
-    """Device status messages -> the store via host_tools.devstatus (stands in for the aggregator's subscription)."""
+    """Device status messages -> the store via host_tools.ingest.devstatus (stands in for the aggregator's subscription)."""
 
     def __init__(self, port: int, db: str) -> None:
         import paho.mqtt.client as mqtt
