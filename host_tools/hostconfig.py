@@ -10,7 +10,12 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
                   max_bytes (1048576), qos (1), session_expiry_s (86400;
-                  0 with a shared_group: see AggregatorConfig)
+                  0 with a shared_group: see AggregatorConfig),
+                  group_wait_ms (20: how long the writer gathers a group
+                  commit), wal_limit_mb (64: SQLite WAL size that makes the
+                  writer run a TRUNCATE checkpoint), retain_raw_s (0: keep
+                  raw release payloads forever; else prune rolled-up ones
+                  that much older than their receipt: docs/HOST.md)
     [fleet]       salt or salt_id (one is required; queries need salt),
                   kind, d, w, mechanism (optional: enforced when given)
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
@@ -45,7 +50,8 @@ from agent.sketch import KINDS
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
                "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s"),
-    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s"),
+    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "group_wait_ms",
+                   "wal_limit_mb", "retain_raw_s"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
@@ -83,6 +89,9 @@ class AggregatorConfig:
     # across a restart), 0 for a shared-group member (clean start: a member that dies leaves the group
     # at once; mosquitto 2.0 would otherwise keep handing its offline session a share of the releases)
     session_expiry_s: int = -1
+    group_wait_ms: int = 20  # the writer waits up to this for more messages before a group commit
+    wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (TRUNCATE) by the writer
+    retain_raw_s: int = 0  # 0: keep raw payloads; else prune rolled-up releases received this long ago
 
     def __post_init__(self) -> None:
         if self.session_expiry_s < 0:
@@ -260,6 +269,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         qos=_int_range(a, "aggregator", "qos", 1, 0, 2),
         session_expiry_s=_int_range(a, "aggregator", "session_expiry_s",
                                     SHARED_SESSION_EXPIRY_S if shared else DEFAULT_SESSION_EXPIRY_S, 0, 0xFFFFFFFF),
+        group_wait_ms=_int_range(a, "aggregator", "group_wait_ms", 20, 0, 1000),
+        wal_limit_mb=_int_range(a, "aggregator", "wal_limit_mb", 64, 1, 1 << 20),
+        retain_raw_s=_int_range(a, "aggregator", "retain_raw_s", 0, 0, 100 * 365 * 86400),
     )
     if agg.qos == 0:
         raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")

@@ -164,6 +164,7 @@ _INSERT_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "
                 "nout_den", "nz", "L", "sha256", "payload", "ctr_off", "topic", "received", "v", "lvl", "b",
                 "map_num", "map_den", "map_off")
 _CHUNK = 500  # ids per IN (...) list
+WAL_KEEP_BYTES = 16 << 20  # SQLite journal_size_limit: a reset WAL file is truncated to this
 
 
 def _select_cols(have: Optional[set[str]]) -> str:
@@ -387,6 +388,10 @@ class SQLStore:
 
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
+
+    def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
+        """Bound the write-ahead log between group commits (SQLite; PostgreSQL: nothing to do)."""
+        return None
 
     def close(self) -> None:
         raise NotImplementedError
@@ -932,6 +937,7 @@ class Store(SQLStore):
         self.readonly = readonly
         self._lock = threading.RLock()
         self._ckpt: Optional[tuple[threading.Event, threading.Thread]] = None
+        self.checkpoints = [0, 0]  # writer's TRUNCATE checkpoints: [gave up (readers), completed]
         self._devcache = {}
         if readonly:
             if not os.path.exists(path):
@@ -948,6 +954,8 @@ class Store(SQLStore):
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
             self.db.execute("PRAGMA synchronous = FULL")
+            # after a checkpoint that resets the WAL, shrink the file to this (else it keeps its peak size)
+            self.db.execute("PRAGMA journal_size_limit = %d" % WAL_KEEP_BYTES)
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
@@ -986,6 +994,43 @@ class Store(SQLStore):
         t = threading.Thread(target=loop, name="pansketch-checkpoint", daemon=True)
         self._ckpt = (stop, t)
         t.start()
+
+    def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
+        """Bound the WAL: if it is larger than ``limit`` bytes, checkpoint it completely and truncate it.
+
+        Called by the aggregator's writer between group commits. The passive
+        checkpoints of :meth:`background_checkpoints` copy frames into the
+        database file but, under steady ingest, never catch up with the writer,
+        and SQLite only rewinds the WAL after a checkpoint that copied every
+        frame while no reader still uses one: the file then grows without
+        bound. A ``TRUNCATE`` checkpoint run by the writer itself between two
+        groups has no writer to race in this process (other aggregators on the
+        file wait on its lock) and waits up to ``wait`` seconds for readers to
+        leave (queries and dashboards hold short read transactions); when a
+        reader stays longer it gives up and the next group tries again.
+        Returns SQLite's (busy, WAL frames, frames checkpointed), or None when
+        nothing was done.
+        """
+        if self.readonly:
+            return None
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:
+            return None
+        if size <= limit:
+            return None
+        with self._lock:
+            self.db.execute("PRAGMA busy_timeout = %d" % int(wait * 1000))
+            try:
+                row = self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc):
+                    raise
+                row = (1, -1, -1)
+            finally:
+                self.db.execute("PRAGMA busy_timeout = %d" % int(self.timeout * 1000))
+        self.checkpoints[0 if row[0] else 1] += 1
+        return (int(row[0]), int(row[1]), int(row[2]))
 
     def _cursor(self) -> sqlite3.Cursor:
         return self.db.cursor()
