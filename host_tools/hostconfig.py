@@ -59,6 +59,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 DEFAULT_TOPIC = "pansketch/+/release"
 DEFAULT_SESSION_EXPIRY_S = 86400  # a lone aggregator: releases wait in its session over a restart
+MIN_RETAIN_RAW_S = 60  # retention: the shortest raw-payload lifetime accepted
 SHARED_SESSION_EXPIRY_S = 0  # a shared-group member: its session ends with its connection (docs/HOST.md)
 
 
@@ -275,6 +276,10 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     )
     if agg.qos == 0:
         raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")
+    if 0 < agg.retain_raw_s < MIN_RETAIN_RAW_S:
+        raise ConfigError("aggregator.retain_raw_s", "must be 0 (keep raw releases) or at least %d seconds (a "
+                                                     "release is pruned only well after it is committed, rolled "
+                                                     "up and acknowledged)" % MIN_RETAIN_RAW_S)
 
     # [fleet]
     fl = sec("fleet")

@@ -268,6 +268,8 @@ GROUP_MAX = 256  # messages per group commit
 # unacknowledged messages the broker may send (MQTT v5 Receive Maximum): several groups, so the
 # next ones arrive and are validated while one commits
 RECEIVE_MAXIMUM = 4 * GROUP_MAX
+PRUNE_BATCH = 2000  # releases pruned per transaction (retention), between two groups
+PRUNE_EVERY_S = 10.0
 
 
 class _Writer:
@@ -298,6 +300,8 @@ class _Writer:
         self._dead = False
         self.groups = 0
         self.messages = 0
+        self.pruned = 0
+        self._next_prune = 0.0
         self.threads = [threading.Thread(target=self._validate_loop, name="pansketch-validate", daemon=True),
                         threading.Thread(target=self._write_loop, name="pansketch-writer", daemon=True)]
 
@@ -416,9 +420,16 @@ class _Writer:
         return chunks, end
 
     def _housekeeping(self) -> None:
-        """Between groups (every message before is committed and acknowledged): bound the WAL."""
+        """Between groups (every message before is committed and acknowledged): bound the WAL, and
+        prune raw payloads past retention (a batch at a time; again after the next group while
+        batches come back full, else every PRUNE_EVERY_S)."""
         a = self.agg.cfg.aggregator
         self.agg.store.checkpoint_if_large(a.wal_limit_mb << 20)
+        now = time.monotonic()
+        if a.retain_raw_s > 0 and now >= self._next_prune:
+            n = self.agg.store.prune(time.time() - a.retain_raw_s, PRUNE_BATCH)
+            self.pruned += n
+            self._next_prune = now if n >= PRUNE_BATCH else now + PRUNE_EVERY_S
 
     def _fatal(self, why: str) -> None:
         self._dead = True
