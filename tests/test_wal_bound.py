@@ -33,11 +33,11 @@ def test_checkpoint_truncates_a_large_wal_and_waits_for_readers(tmp_path):
     assert reader.execute("SELECT COUNT(*) FROM releases").fetchone()[0] == 200
     assert agg.handle(topic("a"), encoded(p, seq=200, elo=T0 // 3600 + 200)).stored
     t = time.monotonic()
-    busy, frames, done = agg.store.checkpoint_if_large(1 << 20, wait=0.3)
+    busy, _frames, _done = agg.store.checkpoint_if_large(1 << 20, wait=0.3)
     assert busy == 1 and time.monotonic() - t < 5  # gave up after about `wait`, not the 30 s busy timeout
     assert _wal(db) > 1 << 20 and agg.store.checkpoints == [1, 0]
     reader.execute("COMMIT")  # the query ends: the next try completes and empties the WAL
-    busy, frames, done = agg.store.checkpoint_if_large(1 << 20)
+    busy, _frames, _done = agg.store.checkpoint_if_large(1 << 20)
     assert busy == 0 and _wal(db) == 0 and agg.store.checkpoints == [1, 1]
     assert reader.execute("SELECT COUNT(*) FROM releases").fetchone()[0] == 201  # nothing lost
     reader.close()

@@ -41,6 +41,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -275,8 +276,8 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
                            "stored": _stored_estimate(db)})
         try:
             results.append(out.get(timeout=0.2))
-        except Exception:
-            pass
+        except queue.Empty:
+            continue
     for p in procs:
         p.join(30)
     t_done = time.time()
