@@ -323,3 +323,29 @@ def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
     lite.close()
     assert a.kind == b.kind == "dcs" and a.releases == b.releases == 4
     assert np.array_equal(a.counters, b.counters) and a.noise == b.noise
+
+
+def test_concurrent_writers_add_to_roll_up_rows_of_their_own(dsn):
+    """Two aggregators write to one database at once: each adds to its own roll-up row of a window
+    (no hot row that every group locks until its commit), and queries sum both rows exactly."""
+    a, b = Aggregator(_cfg(dsn)), Aggregator(_cfg(dsn))
+    assert {a.store._rollup_shard, b.store._rollup_shard} == {0, 1}
+    for dv in range(4):
+        p = params("sh%d" % dv, w=32)
+        agg = a if dv % 2 else b
+        for k in range(3):
+            assert agg.handle(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=dv * 10 + k)).stored
+    a.close()
+    b.close()
+    st = open_store(dsn, readonly=True)
+    infos = st.rollups()
+    assert len(infos) == 6 and sorted({(i.win, i.releases) for i in infos}) == [(T0 // 3600 + k, 2) for k in range(3)]
+    for sel in ({}, {"window": T0 // 3600 + 1}):
+        m, _ = query.select_merged(st, salt=SALT, **sel)
+        raw, _ = query.select_merged(st, salt=SALT, use_rollups=False, **sel)
+        assert np.array_equal(m.counters, raw.counters) and m.noise == raw.noise
+        assert (m.releases, m.devices) == (raw.releases, raw.devices)
+    st.close()
+    c = Aggregator(_cfg(dsn))  # the slots were freed with the sessions: a restart takes slot 0 again
+    assert c.store._rollup_shard == 0
+    c.close()

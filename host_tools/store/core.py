@@ -380,6 +380,7 @@ class SQLStore:
     _lock: threading.RLock
     _cols: str  # release columns to select (old files: "2 AS nz")
     _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
+    _rollup_shard: Optional[int] = None  # PostgreSQL: this writer's roll-up rows (rollups.shard)
     _db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     # -- backend hooks ---------------------------------------------------
@@ -616,16 +617,20 @@ class SQLStore:
         """Add a group's increments to the roll-ups (sorted: concurrent writers lock rows in one order)."""
         noise: list[tuple[Any, ...]] = []
         devs: list[tuple[Any, ...]] = []
+        # PostgreSQL: each writer adds to roll-up rows of its own shard (PgStore), so concurrent
+        # aggregators never wait on one hot row; readers sum every row of a window (query.core)
+        shard = self._rollup_shard
+        kc, kw, ka = ((", shard", " AND shard = ?", (shard,)) if shard is not None else ("", "", ()))
         for key in sorted(accs):
             acc = accs[key]
             d, w = key[3], key[4]
-            self._x(cur, "INSERT INTO rollups (win_s, win, kind, d, w, hv, salt, releases, t0, t1, sums) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) "
-                         "ON CONFLICT (win_s, win, kind, d, w, hv, salt) DO NOTHING",
-                    key + (acc.t0, acc.t1, np.zeros(d * w, dtype="<i8").tobytes()))
+            self._x(cur, "INSERT INTO rollups (win_s, win, kind, d, w, hv, salt%s, releases, t0, t1, sums) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?%s, 0, ?, ?, ?) "
+                         "ON CONFLICT (win_s, win, kind, d, w, hv, salt%s) DO NOTHING" % (kc, ", ?" * len(ka), kc),
+                    key + ka + (acc.t0, acc.t1, np.zeros(d * w, dtype="<i8").tobytes()))
             rid, n, t0, t1, blob = self._x(
                 cur, "SELECT id, releases, t0, t1, sums FROM rollups WHERE win_s = ? AND win = ? AND kind = ? "
-                     "AND d = ? AND w = ? AND hv = ? AND salt = ?" + self._for_update, key).fetchone()
+                     "AND d = ? AND w = ? AND hv = ? AND salt = ?" + kw + self._for_update, key + ka).fetchone()
             sums = np.frombuffer(blob, dtype="<i8").reshape(d, w) + acc.sums
             self._x(cur, "UPDATE rollups SET releases = ?, t0 = ?, t1 = ?, sums = ? WHERE id = ?",
                     (int(n) + acc.releases, min(int(t0), acc.t0), max(int(t1), acc.t1),
