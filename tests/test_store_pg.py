@@ -349,3 +349,24 @@ def test_concurrent_writers_add_to_roll_up_rows_of_their_own(dsn):
     c = Aggregator(_cfg(dsn))  # the slots were freed with the sessions: a restart takes slot 0 again
     assert c.store._rollup_shard == 0
     c.close()
+
+
+def test_a_device_keeps_one_tree_shape_on_postgresql(dsn, tmp_path):
+    """pansketch_put's shape check (one stored row of the device decides) refuses a switch either way,
+    also after many releases of the device."""
+    from tests.test_tree_query import E0 as TE0
+    from tests.test_tree_query import record_epochs, tparams
+
+    agg = Aggregator(_cfg(dsn))
+    for raw in record_epochs(tparams("sw"), str(tmp_path / "a"), [["x"]] * 2, seed="a"):
+        assert agg.handle(topic("sw"), raw).stored
+    other = record_epochs(tparams("sw", levels=6), str(tmp_path / "b"), [["x"]] * 2, seed="b", start=TE0 + 64)
+    out = agg.handle(topic("sw"), other[0])
+    assert out.status == "rejected" and out.code == "device" and "tree shape" in (out.reason or "")
+    pw = params("win", w=128)  # window mode, the same kind, d, w as the tree parameters
+    for k in range(30):
+        assert agg.handle(topic("win"), encoded(pw, seq=k, elo=TE0 + k)).stored
+    tree = record_epochs(tparams("win"), str(tmp_path / "c"), [["x"]] * 2, seed="c", start=TE0 + 128)
+    out = agg.handle(topic("win"), tree[0])
+    assert out.status == "rejected" and out.code == "device" and "tree shape" in (out.reason or ""), out
+    agg.close()

@@ -579,10 +579,10 @@ class SQLStore:
         cache = self.__dict__.setdefault("_shapecache", {})
         if cache.get(rel.dev) == shape:
             return
-        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? AND ((mode = 'tree') != ? "
-                             "OR (mode = 'tree' AND (L != ? OR win_s != ?))) LIMIT 1",
-                        (rel.dev, tree, rel.L, rel.win_s)).fetchone()
-        if other is not None:
+        # any one stored release of the device: they all have one shape (this check keeps it so); a
+        # primary-key prefix probe, where scanning the device's releases grew with its history
+        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? LIMIT 1", (rel.dev,)).fetchone()
+        if other is not None and ((other[0] == "tree") != tree or (tree and (other[1], other[2]) != (rel.L, rel.win_s))):
             raise Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
                            "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
                            "query would count events twice; give the reconfigured device a new id"

@@ -101,10 +101,12 @@ BEGIN
       IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM (a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) THEN
         RETURN 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
       END IF;
-      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device
-         AND ((x.mode = 'tree') <> (a_mode = 'tree') OR (x.mode = 'tree' AND (x.L <> a_L OR x.win_s <> a_win_s)))
-       LIMIT 1;
-      IF FOUND THEN  -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
+      -- any one stored release of the device: they all have one shape (this check keeps it so), and a
+      -- PK-prefix probe stays O(log n) where a scan of the device's releases grew with its history
+      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device LIMIT 1;
+      IF FOUND AND ((dv.mode = 'tree') <> (a_mode = 'tree')
+                    OR (a_mode = 'tree' AND (dv.L <> a_L OR dv.win_s <> a_win_s))) THEN
+        -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
         RETURN 'shape:' || json_build_array(dv.mode, dv.L, dv.win_s)::text;
       END IF;
       INSERT INTO releases (%(cols)s) VALUES (%(vals)s) ON CONFLICT (device, elo, ehi, part) DO NOTHING;
