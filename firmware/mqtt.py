@@ -110,23 +110,11 @@ class _TLS:
             raise OSError(-0x2700, " ".join(str(exc).split()))
 
 
-# Mbed TLS error codes (negative) that MicroPython's tls module raises as OSError(code, text).
-_TLS_ERRORS = {
-    -0x2700: "TLS: the broker's certificate did not verify against mqtt.tls.ca (wrong CA, expired, "
-             "or not issued for mqtt.tls.server_hostname)",
-    -0x7780: "TLS: the broker ended the handshake with a fatal alert (does it require a client "
-             "certificate, mqtt.tls.cert/key, or refuse this one?)",
-    -0x7880: "TLS: the broker closed the connection during the handshake",
-    -0x7080: "TLS: no cipher suite or TLS version in common with the broker",
-}
-
-
-def _read_file(path, key):
-    """A certificate or key file's bytes (a missing file names its config key)."""
+def _file(path):
     try:
         f = open(path, "rb")
     except OSError:
-        raise ValueError("%s: cannot read %s" % (key, path))
+        raise ValueError("cannot read " + path)
     try:
         return f.read()
     finally:
@@ -142,12 +130,12 @@ def describe(exc):
         code = exc.args[0] if exc.args else None
         if code in (110, 116, 11):  # ETIMEDOUT (rp2/ESP32 numbering), EAGAIN
             return "timed out"
-        if isinstance(code, int) and code <= -0x1000:  # an Mbed TLS error
-            why = _TLS_ERRORS.get(code)
-            if why is None:
-                why = "TLS error -0x%04x" % -code
+        if isinstance(code, int) and code <= -0x1000:  # Mbed TLS (tls module)
+            why = "TLS error -0x%04x" % -code
+            if code == -0x2700:
+                why = "TLS: the broker's certificate did not verify against mqtt.tls.ca (or server_hostname)"
             if len(exc.args) > 1:
-                why += " [%s]" % str(exc.args[1]).replace("\n", " ")
+                why += " [%s]" % " ".join(str(exc.args[1]).split())
             return why
         return "network error %r" % (code,)
     if isinstance(exc, MemoryError):
@@ -341,29 +329,18 @@ class Link:
 
     # -- connection --------------------------------------------------------
     def _tls_wrapper(self):
-        """The TLS context, built once: the broker's CA (DER, or PEM) parsed here, not per connect.
-
-        ``ssl.SSLContext(PROTOCOL_TLS_CLIENT)`` with ``CERT_REQUIRED`` and
-        ``load_verify_locations(cadata=...)``: the handshake fails unless the
-        broker's certificate chains to ``mqtt.tls.ca`` and names
-        ``mqtt.tls.server_hostname``. A client certificate and key, if
-        configured, are presented to a broker that requires them.
-        """
+        """The TLS context, built once: ``SSLContext(PROTOCOL_TLS_CLIENT)``, ``CERT_REQUIRED`` with the
+        CA file's bytes (DER, or PEM) as ``cadata``, and the client certificate if configured."""
         if self.tls is None:
             import ssl
 
             c = self.cfg
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.verify_mode = ssl.CERT_REQUIRED if c.tls_verify else ssl.CERT_NONE
             if c.tls_verify:
-                ctx.verify_mode = ssl.CERT_REQUIRED
-                try:
-                    ctx.load_verify_locations(cadata=_read_file(c.tls_ca, "mqtt.tls.ca"))
-                except ValueError as exc:
-                    raise ValueError("mqtt.tls.ca: %s is not a CA certificate (DER, or PEM) (%s)" % (c.tls_ca, exc))
-            else:
-                ctx.verify_mode = ssl.CERT_NONE
+                ctx.load_verify_locations(cadata=_file(c.tls_ca))
             if c.tls_cert is not None:
-                ctx.load_cert_chain(_read_file(c.tls_cert, "mqtt.tls.cert"), _read_file(c.tls_key, "mqtt.tls.key"))
+                ctx.load_cert_chain(_file(c.tls_cert), _file(c.tls_key))
             self.tls = _TLS(ctx, c.tls_server_hostname)
         return self.tls
 
@@ -435,11 +412,9 @@ class Link:
             except Exception as exc:
                 why = describe(exc)
                 c = self.cfg
-                if c.tls and c.tls_cert is None and _closed_on_us(exc):
-                    # TLS 1.3: a broker that requires a client certificate finishes the handshake, then
-                    # drops the connection; all the board sees is a reset on its first write or read
-                    why += " (the broker closed the TLS session: does it require a client certificate, " \
-                           "mqtt.tls.cert and mqtt.tls.key?)"
+                if c.tls and c.tls_cert is None and _reset(exc):
+                    # TLS 1.3: a broker requiring a client certificate drops us after the handshake
+                    why += " (TLS session closed by the broker: client certificate required? mqtt.tls.cert/key)"
                 self.drop("cannot connect to %s:%d: %s" % (c.mqtt_host, c.mqtt_port, why), now_ms)
                 return False
             self.log("mqtt: connected to %s:%d%s" % (self.cfg.mqtt_host, self.cfg.mqtt_port,
@@ -492,11 +467,11 @@ class Link:
         return self.status_dirty
 
 
-def _closed_on_us(exc):
-    """The peer closed or reset the connection (EPIPE, ECONNRESET, umqtt's short read, -0x7880)."""
+def _reset(exc):
+    """The broker closed or reset the connection (EPIPE, ECONNRESET, umqtt's short read)."""
     if isinstance(exc, OSError):
         return bool(exc.args) and exc.args[0] in (32, 104, -1, -0x7880)
-    return isinstance(exc, (IndexError, AssertionError))  # umqtt.simple reading an empty CONNACK
+    return isinstance(exc, (IndexError, AssertionError))
 
 
 def _close(cl):
