@@ -104,21 +104,15 @@ class _TLS:
     def wrap_socket(self, sock, server_hostname=None):
         try:
             return self.ctx.wrap_socket(sock, server_hostname=self.server_hostname)
-        except ValueError as exc:
-            # MicroPython's tls raises ValueError with Mbed TLS's verify reasons (one per line) when the
-            # broker's certificate does not verify: the same error code as any other verify failure
-            raise OSError(-0x2700, " ".join(str(exc).split()))
+        except ValueError:  # what MicroPython's tls raises when the certificate does not verify
+            raise OSError(-0x2700, "broker certificate not verified with mqtt.tls.ca")
 
 
 def _file(path):
-    try:
-        f = open(path, "rb")
-    except OSError:
-        raise ValueError("cannot read " + path)
-    try:
-        return f.read()
-    finally:
-        f.close()
+    f = open(path, "rb")
+    b = f.read()
+    f.close()
+    return b
 
 
 def describe(exc):
@@ -130,17 +124,12 @@ def describe(exc):
         code = exc.args[0] if exc.args else None
         if code in (110, 116, 11):  # ETIMEDOUT (rp2/ESP32 numbering), EAGAIN
             return "timed out"
-        if isinstance(code, int) and code <= -0x1000:  # Mbed TLS (tls module)
-            why = "TLS error -0x%04x" % -code
-            if code == -0x2700:
-                why = "TLS: the broker's certificate did not verify against mqtt.tls.ca (or server_hostname)"
-            if len(exc.args) > 1:
-                why += " [%s]" % " ".join(str(exc.args[1]).split())
-            return why
+        if isinstance(code, int) and code <= -0x1000:  # Mbed TLS: OSError(code, text)
+            return "TLS error -0x%04x %s" % (-code, exc.args[-1])
         return "network error %r" % (code,)
     if isinstance(exc, MemoryError):
         return "out of memory"
-    return "%s %s" % (type(exc).__name__, " ".join(str(exc).split()))  # one log line
+    return "%s %s" % (type(exc).__name__, exc)
 
 
 if simple is not None:
@@ -410,12 +399,8 @@ class Link:
             try:
                 self.connect()
             except Exception as exc:
-                why = describe(exc)
-                c = self.cfg
-                if c.tls and c.tls_cert is None and _reset(exc):
-                    # TLS 1.3: a broker requiring a client certificate drops us after the handshake
-                    why += " (TLS session closed by the broker: client certificate required? mqtt.tls.cert/key)"
-                self.drop("cannot connect to %s:%d: %s" % (c.mqtt_host, c.mqtt_port, why), now_ms)
+                self.drop("cannot connect to %s:%d: %s" % (self.cfg.mqtt_host, self.cfg.mqtt_port, describe(exc)),
+                          now_ms)
                 return False
             self.log("mqtt: connected to %s:%d%s" % (self.cfg.mqtt_host, self.cfg.mqtt_port,
                                                       " (TLS)" if self.cfg.tls else ""))
@@ -465,13 +450,6 @@ class Link:
             self.drop("%s not delivered: %s" % (step, describe(exc)), now_ms)
             return False
         return self.status_dirty
-
-
-def _reset(exc):
-    """The broker closed or reset the connection (EPIPE, ECONNRESET, umqtt's short read)."""
-    if isinstance(exc, OSError):
-        return bool(exc.args) and exc.args[0] in (32, 104, -1, -0x7880)
-    return isinstance(exc, (IndexError, AssertionError))
 
 
 def _close(cl):
