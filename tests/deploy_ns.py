@@ -304,8 +304,17 @@ def run(work: Path) -> int:
     if not check("doc-steps-1-2", r.returncode == 0, "exit %d%s" % (r.returncode, "" if r.returncode == 0
                                                                        else ":\n" + tail)):
         return 1
-    pid = int((work / "mosquitto.shim.pid").read_text())
     etc = Path("/etc/mosquitto/pansketch")
+    # followed a second time (an operator repeating the steps): the CA and the accounts are kept
+    ca_before = (etc / "ca.crt").read_bytes()
+    r = subprocess.run(["bash", str(work / "steps.sh")], cwd=co, env=env, capture_output=True, text=True,
+                       timeout=240)
+    accounts = sorted(ln.split(":")[0] for ln in (etc / "passwd").read_text().splitlines() if ln)
+    check("doc-steps-again", r.returncode == 0 and (etc / "ca.crt").read_bytes() == ca_before
+          and accounts == ["agg-1", "pi-kitchen"] and (etc / "acl").read_text().count("\nuser agg-1\n") == 1,
+          "exit %d, same CA: %s, accounts %s%s" % (r.returncode, (etc / "ca.crt").read_bytes() == ca_before,
+                                                   accounts, "" if r.returncode == 0 else "\n" + r.stderr[-2000:]))
+    pid = int((work / "mosquitto.shim.pid").read_text())
     creds = co / "pansketch-creds"
     log = Path("/var/log/mosquitto/mosquitto.log")
 

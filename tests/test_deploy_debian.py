@@ -4,7 +4,8 @@ tests/deploy_ns.py runs inside ``unshare --mount --net`` (a private mount
 and network namespace, as root): it bind-mounts a copy of the stock
 /etc/mosquitto over /etc/mosquitto, extracts the doc's ```sh blocks of
 steps 1 and 2 at run time and runs them with bash (only ``apt-get`` and
-``systemctl`` are replaced by their effect), then checks that the broker
+``systemctl`` are replaced by their effect), twice (a repeat keeps the CA
+and the accounts), then checks that the broker
 runs, listens only where the doc says, that the password file is readable
 by the ``mosquitto`` user, that a device cannot take over the aggregator's
 (or another device's) session nor forge another device's ack, that an
@@ -57,6 +58,6 @@ def test_operations_steps_1_2_as_written_on_stock_debian(tmp_path):
     print("\n".join(checks))
     assert r.returncode == 0 and "RESULT ok" in out, out[-6000:]
     names = {ln.split(":")[0][6:] for ln in checks if ": ok" in ln}
-    assert names >= {"stock-conf", "doc-steps-1-2", "broker-running", "drop-in", "listeners", "passwd-readable",
+    assert names >= {"stock-conf", "doc-steps-1-2", "doc-steps-again", "broker-running", "drop-in", "listeners", "passwd-readable",
                      "acl-users", "name-collisions-refused", "tls", "aggregator-cannot-publish-release",
                      "no-session-takeover", "no-forged-ack", "tls-agent-to-aggregator"}, checks
