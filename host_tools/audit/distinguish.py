@@ -167,10 +167,13 @@ def _groups(found: list[Candidate], keep: int, size: int, top: int = 40) -> list
     supp = [frozenset(np.nonzero(c.a)[0].tolist()) for c in pool]
     out: list[Candidate] = []
     seen: set[tuple[int, ...]] = set()
-    for i in range(len(pool)):
+    # two greedy orders: best score first, and fewest arrays first (a sum of two releases would
+    # otherwise take the place of the two releases as separate, independently noised atoms)
+    orders = (list(range(len(pool))), sorted(range(len(pool)), key=lambda k: (len(pool[k].u), -pool[k].score)))
+    for i, order in ((i, o) for o in orders for i in o):
         chosen = [i]
         used = set(supp[i])
-        for j in range(len(pool)):
+        for j in order:
             if len(chosen) >= size:
                 break
             if j != i and not (supp[j] & used):

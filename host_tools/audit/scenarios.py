@@ -145,6 +145,10 @@ TREE: tuple[Scenario, ...] = tuple(
              s.ops + ((Op("bg", F(15, 10)), Op("tick", F(2))) if all(o.at <= 1 for o in s.ops) else ()),
              s.sign, s.outbox_max)
     for s in COMMON if not s.name.startswith("outbox")) + (
+    Scenario("tree-all-levels", "event in the first leaf; ticks until the level-2 node [e, e+4) closes: "
+             "the event is in three releases (summed evidence)",
+             _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("tick", "1"), ("bg", "15/10"),
+                  ("tick", "2"), ("bg", "25/10"), ("tick", "3"), ("tick", "4"))),
     Scenario("tree-outbox-failure", "the release of the closing nodes fails (flash full) and is retried later",
              _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("outbox_fail", "9/10"),
                   ("tick", "1"), ("outbox_heal", "11/10"), ("bg", "12/10"), ("tick", "12/10"), ("tick", "2"))),
