@@ -9,8 +9,10 @@ scenario's operations, on a real directory (``state.bin``, ``released``,
   ``array('i')`` attributes as integer arrays (the accumulator, the scratch
   buffer, and any array a future version adds), byte buffers as bytes (the
   Rng's CSPRNG buffer), everything else as its ``repr``;
-* every version of ``state.bin`` written so far (a copy-on-write flash keeps
-  stale copies: the intruder gets them all);
+* every file image written so far (:class:`FlashLog`: a copy-on-write flash
+  that keeps every byte ever written -- each ``state.bin.new``, each outbox
+  ``.tmp``, also when the write failed part way or the file was removed;
+  a write that was attempted counts as written, issue 18);
 
 and at the end every release, read back from the outbox with ``cbor2`` (the
 bytes a broker would receive). The CSPRNG bytes each ``Rng`` reads are

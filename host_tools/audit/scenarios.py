@@ -19,6 +19,11 @@ start, so the same scenario serves ``window`` mode (epoch = window) and
 ``outbox_heal`` the outbox is writable again
 ``ack``         the host acknowledges the oldest pending release (it leaves the
                 outbox; the audit keeps its bytes: it was published)
+``fault``       the next write of one file (``arg`` = target:stage[:exc], device.Fault:
+                state, tmp or marker; before, before-counters, mid-counters,
+                after-counters, before-trailer or at-close; enospc, eio or memory)
+                fails in the op right after it; every byte written stays on the
+                audited flash (device.FlashLog)
 ==============  ================================================================
 
 A scenario may set ``outbox_max`` (the Recorder's limit of unacknowledged
