@@ -385,7 +385,7 @@ class Recorder:
         if now is not None:
             self.last_persist = now  # an attempt is a persist: a full flash is retried after persist_s
         if self.sh:
-            return self._persist_shadow()
+            return self._persist_shadow(now)
         err = None
         try:
             storage.write_state(self.state_path, self._fps[0], self.seq, self.elo, self.ehi, self.part, self.nz,
@@ -405,7 +405,7 @@ class Recorder:
         self.log(msg % (err,))
         return False
 
-    def _persist_shadow(self):
+    def _persist_shadow(self, now=None):
         """relbuf holds a fresh G. M becomes S = R - M for the write (S is
         what flash gets, so holding it in RAM meanwhile shows nothing more),
         then M = R - S + G: the old shadow plus the fresh draw -- also when

@@ -290,6 +290,7 @@ TREE_REC_ATTRS = {
     "lo": "public", "parts": "public", "nzs": "public", "nzms": "public", "shs": "public", "status": "public",
     "marks": "public",
     "state_seq": "public", "state_keys": "public", "seq": "public", "resumed": "public", "last_persist": "public",
+    "_unrenamed": "public",
 }
 
 
