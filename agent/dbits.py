@@ -124,6 +124,25 @@ class DistinctRecorder(Recorder):
         self.part = part
         self.nz = 1
         self._pending = None
+        self._redraw = False
+
+    def _renoise(self):
+        """A failed commit counts as written (docs/PRIVACY.md "Failed commits"):
+        the .tmp (this epoch's counts + Z_out) may be on flash, so the bits
+        start afresh from Bern(1/2) before the next item, as after a restart
+        (the items before are lost for the distinct count). Counting waits
+        until the draw is complete."""
+        self._redraw = True
+        b = self.counters
+        for i in range(len(b)):
+            b[i] = 0
+        rng = self.rng
+        try:
+            for i in range(len(b)):
+                b[i] = rng.randbits(8)
+        finally:
+            rng.wipe()
+        self._redraw = False
 
     def _refresh(self):
         raise RuntimeError("dbits never resumes a persisted state")
@@ -132,7 +151,7 @@ class DistinctRecorder(Recorder):
         """Nothing is written (see the module docstring); the clock is noted."""
         if now is not None:
             self.last_persist = now
-        return self._pending is None
+        return self._pending is None and not self._redraw
 
     def _stage_release(self, rel):
         sk = self.sketch
@@ -155,7 +174,7 @@ class DistinctRecorder(Recorder):
             b[i] = b[i] & (0xFF ^ mask)
 
     def add(self, item, weight=1):
-        if self._pending is not None:
+        if self._pending is not None or self._redraw:
             self._ensure_open()
         if weight >= 1:
             self._arrive(self.sketch.position(item))
@@ -164,7 +183,7 @@ class DistinctRecorder(Recorder):
         """Each distinct item of the batch re-draws its bit once (a re-draw of a
         re-draw has the same distribution). ``adder`` (the daemon's numpy path
         for cms/cs) does not apply."""
-        if self._pending is not None:
+        if self._pending is not None or self._redraw:
             self._ensure_open()
         seen = {}
         i = 0
