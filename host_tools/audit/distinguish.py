@@ -184,7 +184,7 @@ def _groups(found: list[Candidate], keep: int, size: int, top: int = 40) -> list
             continue
         seen.add(key)
         cs = [pool[k] for k in chosen]
-        out.append(Candidate(cs[0].view, cs[0].moment, sum((c.u for c in cs), ()), sum(c.a for c in cs),
+        out.append(Candidate(cs[0].view, cs[0].moment, sum((c.u for c in cs), ()), np.sum([c.a for c in cs], axis=0),
                              np.concatenate([c.m for c in cs]), _group_label(cs), sum(c.score for c in cs),
                              tuple(cs)))
     out.sort(key=lambda c: -c.score)
