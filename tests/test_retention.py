@@ -24,6 +24,7 @@ from host_tools.ingest.aggregator import Aggregator, group_acks
 from host_tools.query import core as query
 from host_tools.query import status
 from host_tools.store.core import PrunedError, Store
+from tests.broker import needs_mosquitto, start_mosquitto
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
 
 E0 = T0 // 3600
@@ -176,3 +177,39 @@ def test_prune_cut_never_reaches_a_fresh_release(tmp_path):
     assert agg.store.prune(time.time() - hostconfig.MIN_RETAIN_RAW_S) == 0
     assert agg.store.prune(time.time() + 1) == 1  # (only to show the same release is prunable by age)
     agg.close()
+
+
+@needs_mosquitto
+def test_the_running_aggregator_prunes_between_groups(tmp_path):
+    """aggregator.run with retain_raw_s: after a group commit (acknowledged), releases received longer
+    ago than retain_raw_s lose their bytes, the ones just stored keep them; a re-send of a pruned
+    release over MQTT is acknowledged to the device as stored."""
+    from tests.test_aggregator_mqtt import AggThread, publish_all, wait_for
+
+    agg, sent = _fill(tmp_path)  # received at OLD / NEW (long ago): all due for pruning
+    agg.close()
+    b = start_mosquitto(tmp_path)
+    cfg = host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1"}, aggregator={"retain_raw_s": 60})
+    acks: list[bytes] = []
+    import paho.mqtt.client as mqtt
+
+    dev = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="dev-a", protocol=mqtt.MQTTv5)
+    dev.on_message = lambda _c, _u, m: acks.append(m.payload)
+    dev.connect("127.0.0.1", b.port)
+    dev.subscribe("pansketch/a/ack", qos=1)
+    dev.loop_start()
+    a = AggThread(cfg)
+    try:
+        fresh = encoded(params("a"), seq=4, elo=E0 + 4, fill=3)
+        publish_all(b.port, [(topic("a"), fresh), (topic("a"), sent[("a", 1)])], "pub-a")
+        wait_for(lambda: len(acks) >= 1 and Store(cfg.aggregator.db, readonly=True).pruned_count() == 8)
+    finally:
+        assert a.close() == 0
+        dev.loop_stop()
+        dev.disconnect()
+    oks = sorted(s for p in acks for s in json.loads(p).get("ok", []))
+    assert oks == [1, 4]  # the fresh release and the re-send of the pruned one
+    with Store(cfg.aggregator.db, readonly=True) as st:
+        sizes = _payload_sizes(st)
+        assert sizes[("a", 4)] == len(fresh) and sum(1 for n in sizes.values() if n == 0) == 8
+        assert sum(r.releases for r in st.rollups()) == 9 and st.duplicate_count() == 1

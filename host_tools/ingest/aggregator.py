@@ -380,7 +380,10 @@ class _Writer:
                     self.groups += 1
                     self.messages += len(batch)
                     self._store(batch)
-                    self._housekeeping()
+                    try:
+                        self._housekeeping()
+                    except Exception as exc:  # housekeeping is retried after the next group; ingest goes on
+                        log.warning("WAL checkpoint / retention failed (%s); trying again later", exc)
             except Exception as exc:  # never let the writer die silently
                 log.exception("writer failed")
                 self._fatal("writer failed: %s" % exc)
@@ -427,9 +430,11 @@ class _Writer:
         self.agg.store.checkpoint_if_large(a.wal_limit_mb << 20)
         now = time.monotonic()
         if a.retain_raw_s > 0 and now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY_S  # also when it fails: not again after every group
             n = self.agg.store.prune(time.time() - a.retain_raw_s, PRUNE_BATCH)
             self.pruned += n
-            self._next_prune = now if n >= PRUNE_BATCH else now + PRUNE_EVERY_S
+            if n >= PRUNE_BATCH:
+                self._next_prune = now
 
     def _fatal(self, why: str) -> None:
         self._dead = True
@@ -592,8 +597,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             # one line at exit, also under -q (the soak benchmark reads it)
             summary = logging.getLogger("pansketch.aggregator.summary")
             summary.setLevel(logging.INFO)
-            summary.info("WAL checkpoints: %d completed, %d gave up (readers); %d group commit(s), %.1f messages "
-                         "per group", ck[1], ck[0], writer.groups, writer.messages / max(1, writer.groups))
+            summary.info("WAL checkpoints: %d completed, %d gave up (readers); %d pruned (retention); %d group "
+                         "commit(s), %.1f messages per group", ck[1], ck[0], writer.pruned, writer.groups,
+                         writer.messages / max(1, writer.groups))
         agg.close()
 
 
