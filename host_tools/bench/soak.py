@@ -67,7 +67,9 @@ def _mosquitto_conf(tmp: str, port: int) -> str:
         f.write("listener %d 127.0.0.1\nallow_anonymous true\n"
                 "persistence true\npersistence_location %s/\nautosave_interval 1\nautosave_on_changes false\n"
                 "max_queued_messages 30000\nmax_queued_bytes 134217728\nmax_inflight_messages 20\n"
-                "max_packet_size 1100000\n" % (port, tmp))
+                "max_packet_size 1100000\n"
+                "log_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n"
+                % (port, tmp))
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             f.write("user root\n")
     return conf
@@ -215,7 +217,10 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
     broker = _start_broker(tmp, port)
     aggs = [_start_aggregator(tmp, conf, 0)]
     deadline = time.monotonic() + 60
-    while "subscribed" not in open(os.path.join(tmp, "agg-0.log")).read() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # the aggregator (quiet) has subscribed: the broker logs it
+        with open(os.path.join(tmp, "mosquitto.log"), "rb") as f:
+            if b"soak-agg 1 pansketch/+/release" in f.read():
+                break
         time.sleep(0.05)
     ctx = mp.get_context("fork")
     out: Any = ctx.Queue()
