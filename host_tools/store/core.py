@@ -10,7 +10,8 @@ supplies the connection, the transaction start, its DDL and its error types.
 Tables (schema version 1)::
 
     releases        one row per release, PRIMARY KEY (device, elo, ehi, part);
-                    every map field, the raw payload bytes, their SHA-256, the
+                    every map field, the raw payload bytes (empty once
+                    retention pruned them: SQLStore.prune), their SHA-256, the
                     topic and the time received
     devices         per device the parameters fixed by its first release
                     (salt id, hash version, kind, d, w, ep_s)
