@@ -322,6 +322,7 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
         groups = {"group_commits": int(m.group(1)), "releases_per_commit": float(m.group(2)),
                   "of": "the last aggregator incarnation (from its restart to the end)"}
     ck = re.findall(r"WAL checkpoints: (\d+) completed, (\d+) gave up", text)
+    pruned = re.findall(r"(\d+) pruned \(retention\)", text)
     stored = len(stored_rows)
     cpu_us = {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu_done.items())}
     cpu_us["total"] = sum(cpu_us.values())
@@ -337,6 +338,7 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             "db_final_mb": round(_db_files(db)[0] / 2**20, 1),
             "group_commit": groups,
             "wal_checkpoints": {"completed": int(ck[-1][0]), "gave_up": int(ck[-1][1])} if ck else None,
+            "pruned_by_last_aggregator": int(pruned[-1]) if pruned else None,
             "cpu_us_per_release": cpu_us,
             "ack_latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99),
                               "max": _pct(lat, 100), "n": len(lat)},
