@@ -495,7 +495,15 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         state["last"] = time.monotonic()
         writer.put(msgs)
 
-    transport = MQTTProcess(settings, on_messages, on_event)
+    transport: Any
+    if cfg.broker.kind == "rabbitmq":  # a quorum queue over AMQP (host_tools/ingest/amqp.py)
+        from host_tools.ingest import amqp
+
+        sub = "queue %s on %s" % (cfg.broker.queue, ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes))
+        transport = amqp.AMQPTransport(amqp.Settings(cfg.broker, cfg.aggregator.topic, RECEIVE_MAXIMUM, cid),
+                                       on_messages, on_event)
+    else:
+        transport = MQTTProcess(settings, on_messages, on_event)
     validator = ValidatorProcess(agg.validation)
     writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}

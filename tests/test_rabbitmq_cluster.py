@@ -1,0 +1,272 @@
+"""A three-node RabbitMQ cluster as the broker (issue 22 item 1; deploy/rabbitmq, host_tools/ingest/amqp.py).
+
+Real parts only: three rabbitmq-server nodes on loopback ports (tests/rabbit.py;
+one cluster for the module), the real device CLI (``python -m agent.daemon
+feed``, MQTT 3.1.1, a user per device) and two real ``pansketch aggregate``
+processes (``[broker] kind = "rabbitmq"``) consuming one quorum queue over
+AMQP into one SQLite store. Devices reach the cluster through a TCP front
+(tests/rabbit.Balancer, what HAProxy/DNS is in deploy/rabbitmq) so a device
+whose node dies reconnects to another node and resumes its mirrored session.
+
+1. ingest with two aggregators; mid-ingest ``kill -9`` of the node that leads
+   the quorum queue, then ``kill -9`` of one aggregator: every release is
+   stored exactly once, no device keeps anything in its outbox, and
+   ``pansketch status`` shows 0 lost (a row of the fault table);
+2. hostile devices, over TLS: a device cannot publish as another device, forge
+   another device's ack, read another device's acks or take another
+   device's client id's session; its own publish still works.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from tests.rabbit import AGG_PASSWORD, AGG_USER, Balancer, device_password, needs_rabbitmq, start_cluster
+from tests.test_e2e_faults import ROWS, Device, Scene
+from tests.test_e2e_support import REPO, SALT, agent_env, pansketch_cmd, wait_for
+from tests.broker import make_test_pki
+
+pytestmark = needs_rabbitmq
+
+DEVICES = ["dev0", "dev1", "dev2", "dev3"]
+QUEUE = "pansketch.releases"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: Any) -> Any:
+    base = tmp_path_factory.mktemp("rabbit")
+    pki = make_test_pki(base / "pki", clients=("dev0", "dev1"))
+    c = start_cluster(base / "cluster", devices=DEVICES, tls=pki)
+    c.pki = pki
+    sys.stderr.write("rabbitmq cluster up in %.1f s\n" % c.started_s)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+class RDevice(Device):
+    """A pansketch-agent feed process speaking MQTT 3.1.1 as its own broker user."""
+
+    def start(self, clock_start: float) -> None:
+        with open(self.config) as f:
+            text = f.read()
+        if "mqtt_version" not in text:
+            text = text.replace("[broker]\n", '[broker]\nmqtt_version = "3.1.1"\nusername = "%s"\npassword = "%s"\n'
+                                % (self.name, device_password(self.name)), 1)
+            with open(self.config, "w") as f:
+                f.write(text)
+        Device.start(self, clock_start)
+
+
+def rabbit_host_config(tmp: Any, cluster: Any, name: str) -> str:
+    path = str(tmp / ("%s.toml" % name))
+    nodes = ", ".join('"127.0.0.1:%d"' % n.amqp_port for n in cluster.nodes)
+    with open(path, "w") as f:
+        f.write('[broker]\nkind = "rabbitmq"\namqp_nodes = [%s]\nusername = "%s"\npassword = "%s"\n'
+                'client_id = "%s"\nreconnect_min_s = 1\nreconnect_max_s = 2\n'
+                '[aggregator]\ndb = "%s"\n[fleet]\nsalt = "%s"\n'
+                % (nodes, AGG_USER, AGG_PASSWORD, name, str(tmp / "fleet.db"), SALT))
+    return path
+
+
+class RHost:
+    """One ``pansketch aggregate -v`` on the cluster (the interface Scene needs: config, proc, text)."""
+
+    def __init__(self, tmp: Any, cluster: Any, name: str) -> None:
+        self.config = rabbit_host_config(tmp, cluster, name)
+        self.log = str(tmp / ("%s.log" % name))
+        out = open(self.log, "ab")
+        self.proc = subprocess.Popen(pansketch_cmd("aggregate", "--config", self.config, "-v"), stdout=out,
+                                     stderr=out, env=agent_env(), cwd=REPO)
+        out.close()
+        assert wait_for(lambda: "storing releases in" in self.text() or self.proc.poll() is not None, 60), self.text()
+        assert self.proc.poll() is None, self.text()
+
+    def text(self) -> str:
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+class RScene(Scene):
+    def __init__(self, tmp: Any, cluster: Any) -> None:  # no mosquitto, no status recorder: the aggregators do it
+        self.tmp = tmp
+        self.db = str(tmp / "fleet.db")
+        self.cluster = cluster
+        self.front = Balancer([n.mqtt_port for n in cluster.nodes])
+        self.port = self.front.port
+        self.devices: list[Device] = []
+        self.hosts: list[Any] = []
+
+    def device(self, name: str, **kw: Any) -> Device:
+        d = RDevice(self.tmp, name, self.port, **kw)
+        self.devices.append(d)
+        return d
+
+    def rhost(self, name: str) -> RHost:
+        h = RHost(self.tmp, self.cluster, name)
+        self.hosts.append(h)
+        return h
+
+    def close(self) -> None:
+        for d in self.devices:
+            d.cleanup()
+        for h in self.hosts:
+            if h.proc.poll() is None:
+                h.proc.kill()
+                h.proc.wait(10)
+        self.front.close()
+
+
+def test_two_aggregators_survive_leader_node_and_aggregator_kill(cluster, tmp_path):
+    s = RScene(tmp_path, cluster)
+    try:
+        a1 = s.rhost("agg1")  # declares and binds the queue before any device publishes
+        s.rhost("agg2")
+        devs = [s.device(n) for n in DEVICES]
+        t0 = time.monotonic()
+        assert wait_for(lambda: all(d.next_seq() >= 2 for d in devs), 60), [d.text()[-2000:] for d in devs]
+        leader = cluster.queue_leader(QUEUE)
+        li = cluster.nodes.index(leader)
+        at_risk = len(s.unstored(devs))
+        cluster.kill(li)  # kill -9 of the quorum queue's leader (and of the devices' sessions homed there)
+        killed_at = {d.name: d.next_seq() for d in devs}
+        assert wait_for(lambda: all(d.next_seq() >= killed_at[d.name] + 2 for d in devs), 60), \
+            [d.text()[-2000:] for d in devs]
+        new_leader = cluster.queue_leader(QUEUE)
+        assert new_leader is not leader
+        a1.kill()  # kill -9 of an aggregator mid-ingest: its unacknowledged deliveries go back to the queue
+        row = s.finish_and_check("rabbitmq: kill -9 queue-leader node %d, then aggregator 1" % (li + 1), at_risk)
+        assert row["lost"] == 0 and row["stored_twice"] == 0
+        sys.stderr.write("ingest with faults: %s in %.1f s\n" % (row, time.monotonic() - t0))
+        for h in s.hosts[1:]:
+            assert "Traceback" not in h.text(), h.text()
+    finally:
+        s.close()
+        if any(n.proc is not None and n.proc.poll() is not None for n in cluster.nodes):
+            for i, n in enumerate(cluster.nodes):
+                if n.proc is not None and n.proc.poll() is not None:
+                    cluster.restart(i)
+            cluster.ensure_mqtt_members()
+
+
+def _mqtt(cluster: Any, dev: str, client_id: str | None = None) -> Any:
+    """A paho MQTT 3.1.1 client of ``dev`` over TLS (its own client certificate and password)."""
+    import paho.mqtt.client as mqtt
+
+    pki = cluster.pki
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or dev, protocol=mqtt.MQTTv311,
+                    clean_session=False)
+    d = pki["dir"]
+    c.tls_set(ca_certs=pki["cafile"], certfile=os.path.join(d, "client-%s.crt" % dev),
+              keyfile=os.path.join(d, "client-%s.key" % dev))
+    c.username_pw_set(dev, device_password(dev))
+    return c
+
+
+def test_hostile_device_over_tls(cluster, tmp_path):
+    """dev1 tries to publish as dev0, forge dev0's ack, read dev0's acks and take dev0's session."""
+    import paho.mqtt.client as mqtt
+    import pika
+
+    node = cluster.running_nodes()[0]
+    port = node.mqtts_port
+    got: list[tuple[str, bytes]] = []
+    events: dict[str, Any] = {}
+
+    # dev0: a persistent session subscribed to its acks
+    d0 = _mqtt(cluster, "dev0")
+    d0.on_message = lambda c, u, m: got.append((m.topic, m.payload))
+    d0.on_connect = lambda c, u, f, rc, p=None: events.setdefault("d0", rc)
+    d0.connect("127.0.0.1", port)
+    d0.loop_start()
+    assert wait_for(lambda: "d0" in events, 20)
+    assert not events["d0"].is_failure
+    r, _mid = d0.subscribe("pansketch/dev0/ack", qos=1)
+    assert r == mqtt.MQTT_ERR_SUCCESS
+    time.sleep(0.5)
+
+    # an AMQP consumer standing in for the aggregator: what reaches the release queue
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.amqp_port, credentials=pika.PlainCredentials(AGG_USER, AGG_PASSWORD)))
+    ch = conn.channel()
+    ch.queue_declare("pansketch.hostile-check", durable=False, exclusive=True)
+    ch.queue_bind("pansketch.hostile-check", "amq.topic", routing_key="pansketch.*.*")
+
+    def drain() -> list[str]:
+        keys = []
+        while True:
+            m, _p, _b = ch.basic_get("pansketch.hostile-check", auto_ack=True)
+            if m is None:
+                return keys
+            keys.append(m.routing_key)
+
+    def attempt(topic: str, payload: bytes = b"x") -> bool:
+        """dev1 publishes once at QoS 1; True if the broker kept the connection (it closes it on a denial)."""
+        c = _mqtt(cluster, "dev1", "dev1-hostile")
+        ok: list[Any] = []
+        c.on_connect = lambda cl, u, f, rc, p=None: ok.append(rc)
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        try:
+            assert wait_for(lambda: bool(ok), 20) and not ok[0].is_failure
+            info = c.publish(topic, payload, qos=1)
+            return bool(wait_for(info.is_published, 3))
+        finally:
+            c.disconnect()
+            c.loop_stop()
+
+    assert attempt("pansketch/dev1/release")  # its own topic: accepted
+    assert not attempt("pansketch/dev0/release")  # as another device: refused
+    assert not attempt("pansketch/dev0/ack", b'{"dev":"dev0","ok":[0]}')  # a forged ack: refused
+    assert not attempt("pansketch/dev0/status")
+    time.sleep(0.5)
+    keys = drain()
+    assert keys == ["pansketch.dev1.release"], keys
+    assert got == [], got  # dev0 received no forged ack
+
+    # dev1 subscribing to dev0's acks: refused (SUBACK failure or the connection closed)
+    c = _mqtt(cluster, "dev1", "dev1-snoop")
+    sub: list[Any] = []
+    c.on_subscribe = lambda cl, u, mid, rcs, p=None: sub.append(rcs)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    time.sleep(0.5)
+    c.subscribe("pansketch/dev0/ack", qos=1)
+    wait_for(lambda: bool(sub) or not c.is_connected(), 10)
+    assert not c.is_connected() or all(getattr(r, "is_failure", r == 128) for r in sub[0]), sub
+    c.disconnect()
+    c.loop_stop()
+
+    # dev1 connecting with dev0's client id cannot use dev0's session queue
+    c = _mqtt(cluster, "dev1", "dev0")
+    stolen: list[bytes] = []
+    c.on_message = lambda cl, u, m: stolen.append(m.payload)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    time.sleep(2)
+    c.disconnect()
+    c.loop_stop()
+    # a real ack for dev0 from the aggregator user still reaches dev0's session (reconnect dev0 if kicked)
+    pub = conn.channel()
+    pub.confirm_delivery()
+    pub.basic_publish("amq.topic", "pansketch.dev0.ack", b'{"dev":"dev0","ok":[7]}',
+                      pika.BasicProperties(delivery_mode=2), mandatory=True)
+    if not d0.is_connected():
+        d0.reconnect()
+    assert wait_for(lambda: any(p == b'{"dev":"dev0","ok":[7]}' for _t, p in got), 20), got
+    assert all(t == "pansketch/dev0/ack" for t, _p in got)
+    assert stolen == [], stolen
+    d0.disconnect()
+    d0.loop_stop()
+    conn.close()
