@@ -174,7 +174,7 @@ class Cluster:
                       "ssl_options.certfile = %s" % self.tls["certfile"],
                       "ssl_options.keyfile = %s" % self.tls["keyfile"],
                       "ssl_options.verify = verify_peer",
-                      "ssl_options.fail_if_no_peer_cert = true",
+                      "ssl_options.fail_if_no_peer_cert = false",
                       "ssl_options.versions.1 = tlsv1.2", "ssl_options.versions.2 = tlsv1.3"]
         return "\n".join(lines) + "\n"
 

@@ -87,7 +87,7 @@ class Settings:
 
 
 def _parameters(b: Any, name: str) -> list[Any]:
-    import pika
+    import pika  # type: ignore[import-untyped]
 
     creds = pika.PlainCredentials(b.username or "guest", b.password or "guest")
     ctx = None
@@ -158,7 +158,7 @@ class AMQPTransport:
             self.on_event(("exited", "AMQP thread failed: %s" % exc))
 
     def _loop(self) -> None:
-        import pika.exceptions
+        import pika.exceptions  # type: ignore[import-untyped]
 
         b = self.s.broker
         params = _parameters(b, self.s.client_name)
@@ -194,7 +194,7 @@ class AMQPTransport:
                 self._stop.wait(0.2)
 
     def _session(self, conn: Any) -> None:
-        import pika
+        import pika  # type: ignore[import-untyped]
 
         gen = self._gen
         ch = conn.channel()
@@ -220,7 +220,7 @@ class AMQPTransport:
             self._flush(ch, pub, props, gen)
 
     def _flush(self, ch: Any, pub: Any, props: Any, gen: int) -> None:
-        import pika.exceptions
+        import pika.exceptions  # type: ignore[import-untyped]
 
         while True:
             try:
@@ -265,8 +265,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if cfg.broker.kind != "rabbitmq":
         print("pansketch: broker.kind is %r, not 'rabbitmq'" % cfg.broker.kind, file=sys.stderr)
         return 2
-    import pika
-    import pika.exceptions
+    import pika  # type: ignore[import-untyped]
+    import pika.exceptions  # type: ignore[import-untyped]
 
     s = Settings(cfg.broker, cfg.aggregator.topic, 1, "pansketch-declare")
     try:
