@@ -323,3 +323,37 @@ def test_two_aggregators_survive_broker_node_and_aggregator_kills(cluster, tmp_p
             assert "Traceback" not in h.text(), h.text()
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("broker, key", [
+    ('kind = "kafka"', "broker.kind"),
+    ('kind = "rabbitmq"\namqp_nodes = ["mq1"]', "broker.amqp_nodes"),
+    ('kind = "rabbitmq"\namqp_nodes = []', "broker.amqp_nodes"),
+    ('kind = "rabbitmq"\nqueue = "amq.releases"', "broker.queue"),
+])
+def test_broker_kind_config_errors(broker, key):
+    """[broker] kind and its AMQP keys: a clear error naming the key (no cluster needed)."""
+    from host_tools import hostconfig
+
+    with pytest.raises(hostconfig.ConfigError) as e:
+        hostconfig.loads('[broker]\n%s\n[fleet]\nsalt = "%s"\n' % (broker, SALT))
+    assert e.value.key == key, e.value
+
+
+def test_broker_kind_defaults_and_agent_mqtt_version(tmp_path):
+    from agent import config as agent_config
+    from host_tools import hostconfig
+
+    c = hostconfig.loads('[broker]\nhost = "mq.example.net"\ntls = true\nkind = "rabbitmq"\n[fleet]\nsalt = "%s"\n'
+                         % SALT)
+    assert (c.broker.kind, c.broker.amqp_nodes, c.broker.queue) == ("rabbitmq", (("mq.example.net", 5671),),
+                                                                     "pansketch.releases")
+    assert hostconfig.loads('[fleet]\nsalt = "%s"\n' % SALT).broker.kind == "mosquitto"
+    from tests.test_e2e_support import agent_toml
+
+    p = agent_toml(str(tmp_path / "a.toml"), "dev0", 1883, str(tmp_path / "st"), broker_extra='mqtt_version = "3.1.1"')
+    assert agent_config.load(p).broker.mqtt_version == "3.1.1"
+    p = agent_toml(str(tmp_path / "b.toml"), "dev0", 1883, str(tmp_path / "st"), broker_extra='mqtt_version = "4"')
+    with pytest.raises(agent_config.ConfigError) as e:
+        agent_config.load(p)
+    assert e.value.key == "broker.mqtt_version"
