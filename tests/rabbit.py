@@ -110,6 +110,7 @@ class Node:
         self.mqtt_port = free_port()
         self.dist_port = free_port()
         self.mqtts_port = free_port() if tls else None
+        self.amqps_port = free_port() if tls else None
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
 
@@ -170,6 +171,7 @@ class Cluster:
             lines.append("load_definitions = %s" % os.path.join(self.base, "definitions.json"))
         if self.tls and node.mqtts_port:
             lines += ["mqtt.listeners.ssl.default = 127.0.0.1:%d" % node.mqtts_port,
+                      "listeners.ssl.default = 127.0.0.1:%d" % node.amqps_port,
                       "ssl_options.cacertfile = %s" % self.tls["cafile"],
                       "ssl_options.certfile = %s" % self.tls["certfile"],
                       "ssl_options.keyfile = %s" % self.tls["keyfile"],

@@ -248,6 +248,24 @@ def test_hostile_device_over_tls(cluster, tmp_path):
     conn.close()
 
 
+def test_aggregator_declares_the_queue_over_tls(cluster, tmp_path):
+    """``python -m host_tools.ingest.amqp --declare`` (deploy/rabbitmq/setup.sh declare) over AMQP with TLS."""
+    path = tmp_path / "host.toml"
+    nodes = ", ".join('"localhost:%d"' % n.amqps_port for n in cluster.running_nodes())
+    path.write_text('[broker]\nkind = "rabbitmq"\namqp_nodes = [%s]\ntls_ca = "%s"\nusername = "%s"\npassword = "%s"\n'
+                    '[fleet]\nsalt = "%s"\n' % (nodes, cluster.pki["cafile"], AGG_USER, AGG_PASSWORD, SALT))
+    r = subprocess.run([sys.executable, "-m", "host_tools.ingest.amqp", "--declare", "--config", str(path)],
+                       capture_output=True, text=True, env=agent_env(), cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "queue pansketch.releases (quorum) bound to amq.topic with pansketch.*.release and pansketch.*.status" \
+        in r.stdout
+    # without the CA the server's certificate is not trusted: a clear failure, exit 1
+    path.write_text(path.read_text().replace('tls_ca = "%s"\n' % cluster.pki["cafile"], "tls = true\n"))
+    r = subprocess.run([sys.executable, "-m", "host_tools.ingest.amqp", "--declare", "--config", str(path)],
+                       capture_output=True, text=True, env=agent_env(), cwd=REPO, timeout=120)
+    assert r.returncode == 1 and "cannot connect" in r.stderr, (r.returncode, r.stderr)
+
+
 def test_setup_script_grants_what_the_test_cluster_grants(tmp_path):
     """deploy/rabbitmq/setup.sh and tests/rabbit.definitions state the same permissions (no cluster needed)."""
     from tests.rabbit import definitions

@@ -169,9 +169,11 @@ class AMQPTransport:
             start = (start + 1) % len(params)
             try:
                 conn = pika.BlockingConnection(order)
-            except pika.exceptions.AMQPError as exc:
+            except (pika.exceptions.AMQPError, OSError) as exc:  # OSError: e.g. TLS verification
                 if isinstance(exc, pika.exceptions.ProbableAuthenticationError):
                     self.on_event(("refused", "authentication failed"))
+                elif isinstance(exc, OSError):
+                    log.warning("cannot connect to %s: %s", b.amqp_nodes, exc)
                 self.on_event(("connect_failed",))
                 self._stop.wait(delay)
                 delay = min(b.reconnect_max_s, delay * 2)
@@ -271,8 +273,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     s = Settings(cfg.broker, cfg.aggregator.topic, 1, "pansketch-declare")
     try:
         conn = pika.BlockingConnection(_parameters(cfg.broker, s.client_name))
-    except pika.exceptions.AMQPError as exc:
-        print("pansketch: cannot connect to %s: %r" % (cfg.broker.amqp_nodes, exc), file=sys.stderr)
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        print("pansketch: cannot connect to %s: %s" % (", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes),
+                                                        exc or type(exc).__name__), file=sys.stderr)
         return 1
     try:
         declare(conn.channel(), s)
