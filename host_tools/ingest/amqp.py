@@ -21,7 +21,7 @@ runs unchanged:
 * ``acknowledge(acks, publishes)``: after the commit, ``basic.ack`` those
   deliveries, then publish each host acknowledgement to ``amq.topic`` with the
   routing key of ``<prefix>/<dev>/ack`` (persistent, ``mandatory``, publisher
-  confirms). A device's MQTT session is a queue on some node; if none is
+  confirms; :class:`AckPublisher`, on a connection of its own). A device's MQTT session is a queue on some node; if none is
   reachable the broker returns the ack (``mandatory``) and it is published
   again later (up to :data:`ACK_RETRIES` times). Without ``mandatory`` such an
   ack would be dropped silently. A device whose ack is lost for good re-sends
@@ -44,6 +44,7 @@ already requeued the message; the store is idempotent).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import queue
@@ -124,15 +125,15 @@ class AMQPTransport:
         self._req: "queue.Queue[tuple[list[tuple[int, int]], list[tuple[str, bytes]]]]" = queue.Queue()
         self._stop = threading.Event()
         self._gen = 0
-        self._retry: list[tuple[float, int, str, bytes]] = []  # (when, tries, routing key, body)
         self._thread = threading.Thread(target=self._main, name="pansketch-amqp", daemon=True)
-        self.returned = 0  # host acks the broker returned (no session queue reachable)
+        self.acks = AckPublisher(settings, self._stop)
 
     @property
     def pid(self) -> Optional[int]:
         return os.getpid()
 
     def start(self) -> None:
+        self.acks.thread.start()
         self._thread.start()
 
     def acknowledge(self, acks: list[tuple[int, int]], publishes: list[tuple[str, bytes]]) -> None:
@@ -143,10 +144,12 @@ class AMQPTransport:
 
     def close(self, timeout: float = 10.0) -> Optional[int]:
         deadline = time.monotonic() + timeout
-        while not self._req.empty() and self._thread.is_alive() and time.monotonic() < deadline:
+        while (not self._req.empty() or not self.acks.idle()) and self._thread.is_alive() \
+                and time.monotonic() < deadline:
             time.sleep(0.02)  # acks already decided: send them before disconnecting
         self._stop.set()
         self._thread.join(max(0.1, deadline - time.monotonic()))
+        self.acks.thread.join(max(0.1, deadline - time.monotonic()))
         return 0
 
     # -- the pika thread ------------------------------------------------------
@@ -196,14 +199,10 @@ class AMQPTransport:
                 self._stop.wait(0.2)
 
     def _session(self, conn: Any) -> None:
-        import pika  # type: ignore[import-untyped]
-
         gen = self._gen
         ch = conn.channel()
         declare(ch, self.s)
         ch.basic_qos(prefetch_count=self.s.prefetch)
-        pub = conn.channel()
-        pub.confirm_delivery()
         batch: list[Msg] = []
 
         def on_message(_ch: Any, method: Any, _props: Any, body: bytes) -> None:
@@ -212,18 +211,15 @@ class AMQPTransport:
         self.on_event(("connected",))
         ch.basic_consume(self.s.broker.queue, on_message, auto_ack=False)
         self.on_event(("subscribed", None))
-        props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
         while not self._stop.is_set():
             conn.process_data_events(time_limit=0.02)
             if batch:
                 got = batch[:]
                 del batch[:]
                 self.on_messages(got)
-            self._flush(ch, pub, props, gen)
+            self._flush(ch, gen)
 
-    def _flush(self, ch: Any, pub: Any, props: Any, gen: int) -> None:
-        import pika.exceptions  # type: ignore[import-untyped]
-
+    def _flush(self, ch: Any, gen: int) -> None:
         while True:
             try:
                 acks, publishes = self._req.get_nowait()
@@ -232,23 +228,117 @@ class AMQPTransport:
             for mid, _qos in acks:
                 if mid >> GEN_SHIFT == gen:  # else: its connection died, the broker requeued it
                     ch.basic_ack(mid & ((1 << GEN_SHIFT) - 1))
-            for topic, body in publishes:
-                self._retry.append((0.0, 0, mqtt_to_amqp(topic), body))
-        if not self._retry:
-            return
-        now = time.monotonic()
-        due = [r for r in self._retry if r[0] <= now]
-        self._retry = [r for r in self._retry if r[0] > now]
-        for _when, tries, key, body in due:
+            if publishes:
+                self.acks.put(publishes)
+
+
+class AckPublisher:
+    """Publishes host acks in a thread of its own, on its own connection, with confirms and ``mandatory``.
+
+    Why a second connection: a confirmed publish waits a round trip through
+    the device's (mirrored) session queue; done in the consuming thread it
+    would stall the deliveries behind it. Acks that queue up here while a
+    publish waits are merged per device (one message with all their ``ok``
+    and ``bad`` entries, docs/FORMAT.md section 7), so a backlog is at most
+    one message per device. A returned (unroutable) or nacked ack, or one
+    in flight when the connection died, is published again 1, 2, 4, ... s
+    later, at most :data:`ACK_RETRIES` times.
+    """
+
+    def __init__(self, settings: Settings, stop: threading.Event) -> None:
+        self.s = settings
+        self.stop = stop
+        self.q: "queue.Queue[list[tuple[str, bytes]]]" = queue.Queue()
+        self.fresh: dict[str, dict[str, Any]] = {}  # routing key -> merged ack document
+        self.retry: list[tuple[float, int, str, bytes]] = []  # (when, tries, routing key, body)
+        self.returned = 0
+        self.published = 0
+        self.busy = False
+        self.thread = threading.Thread(target=self._main, name="pansketch-amqp-acks", daemon=True)
+
+    def put(self, publishes: list[tuple[str, bytes]]) -> None:
+        self.q.put(publishes)
+
+    def idle(self) -> bool:
+        return self.q.empty() and not self.fresh and not self.busy and not any(r[1] == 0 for r in self.retry)
+
+    def _main(self) -> None:
+        import pika.exceptions  # type: ignore[import-untyped]
+
+        params = _parameters(self.s.broker, self.s.client_name + "-acks")
+        start = random.randrange(len(params))
+        while not self.stop.is_set():
+            order = params[start:] + params[:start]
+            start = (start + 1) % len(params)
             try:
-                pub.basic_publish("amq.topic", key, body, props, mandatory=True)
-            except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
-                self.returned += 1
-                if tries + 1 < ACK_RETRIES:
-                    self._retry.append((now + 2.0 ** tries, tries + 1, key, body))
+                conn = pika.BlockingConnection(order)
+            except (pika.exceptions.AMQPError, OSError):
+                self.stop.wait(1.0)
+                continue
+            try:
+                pub = conn.channel()
+                pub.confirm_delivery()
+                while not self.stop.is_set():
+                    self._take()
+                    self._publish(pub)
+                    conn.process_data_events(time_limit=0.02 if self.idle() else 0)
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                log.warning("host ack connection lost (%s: %s); reconnecting", type(exc).__name__, exc)
+            finally:
+                try:
+                    if conn.is_open:
+                        conn.close()
+                except Exception:
+                    pass
+
+    def _take(self) -> None:
+        while True:
+            try:
+                publishes = self.q.get_nowait()
+            except queue.Empty:
+                return
+            for topic, body in publishes:
+                key = mqtt_to_amqp(topic)
+                doc = json.loads(body)
+                have = self.fresh.get(key)
+                if have is None:
+                    self.fresh[key] = doc
                 else:
-                    log.warning("host ack on %s undeliverable after %d tries (the device will re-send)", key,
-                                ACK_RETRIES)
+                    for k in ("ok", "bad"):
+                        if k in doc:
+                            have.setdefault(k, []).extend(doc[k])
+
+    def _publish(self, pub: Any) -> None:
+        import pika  # type: ignore[import-untyped]
+        import pika.exceptions  # type: ignore[import-untyped]
+
+        now = time.monotonic()
+        todo = [(0, k, json.dumps(d, separators=(",", ":")).encode()) for k, d in self.fresh.items()]
+        self.fresh = {}
+        todo += [(t, k, b) for when, t, k, b in self.retry if when <= now]
+        self.retry = [r for r in self.retry if r[0] > now]
+        props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
+        self.busy = True
+        try:
+            for i, (tries, key, body) in enumerate(todo):
+                try:
+                    pub.basic_publish("amq.topic", key, body, props, mandatory=True)
+                    self.published += 1
+                except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+                    self.returned += 1
+                    self._again(now, tries, key, body)
+                except BaseException:  # connection lost: this one and the rest again later
+                    for t, k, b in todo[i:]:
+                        self._again(now, t, k, b)
+                    raise
+        finally:
+            self.busy = False
+
+    def _again(self, now: float, tries: int, key: str, body: bytes) -> None:
+        if tries + 1 < ACK_RETRIES:
+            self.retry.append((now + 2.0 ** tries, tries + 1, key, body))
+        else:
+            log.warning("host ack on %s undeliverable after %d tries (the device will re-send)", key, ACK_RETRIES)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
