@@ -174,7 +174,8 @@ class Aggregator:
                                % (str(p.topic)[:200], len(p.payload), p.rej.code, p.rej.reason[:300]))
             self._count("rejected")
             metrics.record(self, "rejected", p.rej.code, None, p.received)
-            return Outcome("rejected", p.rej.reason, p.rej.code, p.device, None, p.seq)
+            return Outcome("rejected", p.rej.reason, p.rej.code, p.device, None,
+                           p.rel.seq if p.rel is not None else p.seq)
         rel = p.rel
         assert rel is not None
         if p.status == "quarantined":

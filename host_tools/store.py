@@ -614,7 +614,8 @@ class SQLStore:
         assert p.rej is not None
         n = self.limits.keep_bytes if p.keep_bytes is None else min(p.keep_bytes, self.limits.keep_bytes)
         keep = bytes(p.payload[:n])
-        seq = p.seq if p.seq is not None and p.pdev is not None and p.pdev == p.device else None
+        seq, pdev = (p.rel.seq, p.rel.dev) if p.rel is not None else (p.seq, p.pdev)  # store-level refusals
+        seq = seq if pdev is not None and pdev == p.device else None
         self._x(cur, "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (p.received, _cut(p.topic, TOPIC_KEEP), _cut(p.device, 64), p.rej.code[:32],
