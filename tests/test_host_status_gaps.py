@@ -182,7 +182,8 @@ def test_status_cli_json_and_grace(tmp_path):
 
 
 def test_old_database_rejections_get_their_seq_on_write_open(tmp_path):
-    a = Aggregator(host_cfg(tmp_path))
+    # old databases kept whole payloads (now a bounded prefix): keep enough to reach 'seq' after 'ctr'
+    a = Aggregator(host_cfg(tmp_path, aggregator={"reject_keep_bytes": 65536}))
     p = params("pi-1")
     assert a.handle(topic("pi-1"), encoded(p, seq=0)).stored
     assert a.handle(topic("pi-1"), encoded(p, seq=1, fill=2)).status == "rejected"  # conflict
