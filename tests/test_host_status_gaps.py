@@ -145,7 +145,7 @@ def test_report_lists_lost_pending_rejected_late_and_backlog(tmp_path):
     assert d2["releases"] == 0 and d2["pending_seqs"] == [0, 1, 2] and d2["lost_count"] == 0 and d2["backlog"] == 3
     d3 = devs["pi-3"]
     assert d3["status"] is None and (d3["unknown_seqs"], d3["lost_count"], d3["pending_count"]) == ([0, 2], None, None)
-    assert rep["delivery"] == {"lost": 2, "pending": 5, "rejected": 1, "late": 1, "unknown": 2, "backlog": 5,
+    assert rep["delivery"] == {"lost": 2, "pending": 5, "rejected": 1, "late": 1, "unknown": 2, "backlog": 5, "quarantined": 0,
                                "devices_without_status": 1}
     # a longer grace: nothing late
     assert status.report(a.store, late_grace_s=7300)["delivery"]["late"] == 0
