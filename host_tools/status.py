@@ -287,8 +287,9 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                 d["noise_draws_max"]))
         t = rep["delivery"]
         p("")
-        p("delivery: %d lost, %d pending, %d rejected, %d quarantined, %d late%s; device backlog %d release(s)%s" % (
-            t["lost"], t["pending"], t["rejected"], t["quarantined"], t["late"],
+        p("delivery: %d lost, %d pending, %d rejected, %s%d late%s; device backlog %d release(s)%s" % (
+            t["lost"], t["pending"], t["rejected"],
+            "%d quarantined (held back, not merged), " % t["quarantined"] if t["quarantined"] else "", t["late"],
             ", %d unknown (no device status yet)" % t["unknown"] if t["unknown"] else "", t["backlog"],
             "; %d device(s) without a status yet: lost and pending not known for them" % t["devices_without_status"]
             if t["devices_without_status"] else ""))

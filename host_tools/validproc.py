@@ -53,6 +53,7 @@ class Settings:
     max_bytes: int
     topic_filter: str = DEFAULT_TOPIC  # [aggregator] topic: a release topic must be exactly this
     cpu_s: float = DEFAULT_CPU_S  # per-message CPU budget in the helper
+    spin_topic: Optional[str] = None  # tests only: a message on this topic spins the CPU (exercises the budget)
 
 
 def rejected(code: str, reason: str, payload: Optional[bytes]) -> Verdict:
@@ -63,6 +64,9 @@ def rejected(code: str, reason: str, payload: Optional[bytes]) -> Verdict:
 
 def verdict(s: Settings, topic: Optional[str], payload: bytes) -> Verdict:
     """Validate one message (no storage); a validator bug becomes the rejection ``internal``."""
+    if s.spin_topic is not None and topic == s.spin_topic:
+        while True:  # a stand-in for a validation bug that never ends (tests/test_hostile.py)
+            pass
     try:
         try:
             rel = decode(payload, topic=topic, max_bytes=s.max_bytes, fleet=s.fleet, topic_filter=s.topic_filter)
