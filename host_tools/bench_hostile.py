@@ -261,6 +261,71 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     return rows, summary
 
 
+def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str, Any]:
+    """The broker drops releases: the aggregator is down while poison, a flood and a real release arrive.
+
+    mosquitto keeps at most ``queue`` messages for the stopped aggregator's
+    session (``max_queued_messages``), so most of the flood and the agent's
+    first publish are dropped. The aggregator comes back: the poison among
+    the queued messages is refused again at once, and the agent's re-send
+    (after its ``ack_timeout_s``, 2 s here, 60 s by default) is stored and
+    acknowledged. Returns the seconds from the restart until the agent has
+    its acknowledgement.
+    """
+    import subprocess
+
+    from host_tools import aggregator, hostconfig
+    from host_tools.store import Store
+    from tests.broker import start_mosquitto
+    from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, host_toml
+
+    b = start_mosquitto(root, conf_extra="max_queued_messages %d\n" % queue)
+    db = os.path.join(root, "drop.db")
+    cfg = hostconfig.load(host_toml(os.path.join(root, "drop.toml"), b.port, db, client_id="drop-host"))
+
+    def start() -> tuple[threading.Thread, threading.Event]:
+        stop, ready = threading.Event(), threading.Event()
+        th = threading.Thread(target=aggregator.run, args=(cfg,), kwargs={"stop": stop, "ready": ready}, daemon=True)
+        th.start()
+        assert ready.wait(20), "aggregator did not subscribe"
+        return th, stop
+
+    rng = random.Random(5)
+    th, stop = start()
+    stop.set()
+    th.join(30)
+    poison = [(topic("fuzz-dev"), billion_laughs()), (topic("fuzz-dev"), nested_rationals())]
+    garbage = [(topic("flood-%d" % (i % 50)), bytes(rng.randrange(256) for _ in range(rng.randint(1, 1024))))
+               for i in range(flood)]
+    _publish(b.port, poison + garbage, "drop-flood")
+    acfg = agent_toml(os.path.join(root, "pi-drop.toml"), "pi-drop", b.port, os.path.join(root, "pi-drop"))
+    agent = subprocess.Popen(agent_cmd("feed", acfg, "--timeout", "60", "--insecure-seed", "pi-drop", "--clock-start",
+                                       str(T0 + 5), "--clock-speed", "0"), stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=agent_env(),
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert agent.stdin is not None
+    agent.stdin.write(b"apple\n" * 10)
+    agent.stdin.close()
+    time.sleep(3.0)  # its first publish went into the full queue
+    t0 = time.monotonic()
+    th, stop = start()
+    try:
+        rc = agent.wait(90)
+        t_stored = time.monotonic() - t0
+    finally:
+        stop.set()
+        th.join(30)
+        b.stop()
+    ro = Store(db, readonly=True)
+    try:
+        totals = {c: n for c, n, _t in ro.rejection_counts()}
+        stored = ro.release_count()
+    finally:
+        ro.close()
+    return {"queue": queue, "flood": flood, "agent_rc": rc, "stored_after_restart_s": round(t_stored, 2),
+            "releases": stored, "refused_after_restart": totals}
+
+
 def table(rows: list[dict[str, Any]], inproc: dict[str, tuple[int, float, dict[str, int]]]) -> str:
     out = ["| input class | messages | slowest in process (ms) | time to reject all (s) | aggregator alive | "
            "next valid release stored after (s) | rows kept | bytes kept |",
@@ -297,11 +362,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     inproc = in_process([(c, t, p) for c, ms in classes for t, p in ms])
     with tempfile.TemporaryDirectory() as root:
         rows, summary = live(classes, root, limits="rejections_max_rows = 2000\n")
+    with tempfile.TemporaryDirectory() as root:
+        drop = drop_scenario(root)
     md = table(rows, inproc)
     md += ("\n\nstop after the run: %.2f s (exit code %s); rejection rows kept %d (cap 2000), bytes kept %d; "
            "totals per code: %s\n" % (summary["stop_s"], summary["exit_code"], summary["rejection_rows"],
                                      summary["bytes_stored"],
                                      ", ".join("%s %d" % (c, n) for c, n, _t in summary["rejection_totals"])))
+    md += ("\nbroker drops (aggregator stopped, max_queued_messages %d, poison + %d garbage + one real release "
+           "published meanwhile): after the restart the queued poison is refused again (%s) and the agent's re-send "
+           "(ack_timeout_s = 2) is stored and acknowledged %.1f s after the restart (agent exit %s)\n"
+           % (drop["queue"], drop["flood"], ", ".join("%s %d" % kv for kv in sorted(drop["refused_after_restart"].items())),
+              drop["stored_after_restart_s"], drop["agent_rc"]))
+    summary["drop"] = drop
     print(md)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "hostile.md"), "w") as f:
@@ -312,7 +385,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f, indent=1, default=str)
     bad = [r for r in rows if not (r["alive"] and r["next_valid_stored"] and r["next_valid_s"] <= 10)]
     slow = [k for k, v in inproc.items() if v[1] > 50]
-    return 1 if bad or slow else 0
+    return 1 if bad or slow or drop["agent_rc"] != 0 else 0
 
 
 if __name__ == "__main__":
