@@ -46,9 +46,15 @@ validates one message (host_tools.decode), stores it idempotently
   acknowledge what was received, then exit 0 (the helpers ignore both
   signals and stop when told).
 
+Hostile input (docs/HOST.md "Hostile input"): validation has a per-message
+CPU budget in its helper (host_tools.validproc); refused messages are kept
+bounded (host_tools.store.Limits); a valid release from the future (beyond
+``max_clock_skew_s``) or with a seq jump beyond ``max_seq_jump`` is
+quarantined, not stored, and not acknowledged.
+
 Output (stderr, ``logging``): a line per connection and when the
 subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
-rejections and lost connections, a summary at exit; ``-q`` keeps only the
+rejections (at most 10 per ``reject_log_interval_s``, then a summary line) and lost connections, a summary at exit; ``-q`` keeps only the
 warnings and errors, ``-v`` adds the MQTT client's packet log.
 """
 

@@ -7,15 +7,20 @@ Checks, in order; the first failure raises :class:`Rejected` with a short
 code       meaning
 =========  =================================================================
 size       payload larger than ``max_bytes`` (checked before decoding)
-cbor       not decodable CBOR (truncated, trailing bytes, indefinite
-           lengths, duplicate map keys, too deep)
-type       tags, floats or other types the device encoder never writes
+cbor       not the CBOR subset of a release, found at the byte level
+           before any object is built (host_tools.cborscan): truncated,
+           trailing bytes, indefinite lengths, lengths beyond the message,
+           duplicate map keys, too deep, too many items
+type       tags (any), floats or simple values the device encoder never
+           writes (byte level: no tag reaches a CBOR object decoder)
 version    ``v`` missing or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
 schema     missing/unknown field, wrong type, value out of range
 shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; kind dbits: 4*d)
 encoding   not the deterministic CBOR agent/cbor.py writes (so equal
            content always has equal bytes)
-topic      the topic's device level differs from ``dev``
+topic      the topic is not exactly the configured filter (default
+           ``pansketch/+/release``) with a valid device id, or its device
+           level differs from ``dev``
 fleet      parameters differ from the fleet config (salt id, kind, d, w,
            mechanism)
 noise      ``nout`` is not the noise that ``budget`` calibrates to

@@ -373,3 +373,19 @@ def test_live_hostile_flood_then_real_agents_are_stored(tmp_path):
     assert summary["rejection_rows"] <= 500 and summary["exit_code"] == 0
     assert summary["stop_s"] < 30, summary
     assert sum(n for _c, n, _t in summary["rejection_totals"]) >= 10_000
+
+
+def test_hostile_input_settings_in_host_toml(tmp_path):
+    from host_tools import hostconfig
+
+    cfg = fleet_cfg(tmp_path)
+    a = cfg.aggregator
+    assert (a.validate_cpu_s, a.reject_keep_bytes, a.rejections_max_rows, a.max_clock_skew_s, a.max_seq_jump) == \
+        (1.0, 256, 10000, 600.0, 100000)
+    cfg = fleet_cfg(tmp_path, validate_cpu_s=0.5, reject_keep_bytes=0, rejections_retention_s=3600, max_seq_jump=10)
+    assert cfg.aggregator.validate_cpu_s == 0.5 and cfg.aggregator.max_seq_jump == 10
+    for k, v in (("validate_cpu_s", 0), ("validate_cpu_s", 120), ("reject_keep_bytes", -1), ("rejections_max_rows", 1),
+                 ("max_clock_skew_s", -5), ("max_seq_jump", 0), ("quarantine_max_bytes", "big")):
+        with pytest.raises(hostconfig.ConfigError) as ei:
+            fleet_cfg(tmp_path, **{k: v})
+        assert ei.value.key == "aggregator." + k, (k, ei.value)
