@@ -1,7 +1,7 @@
 """Hostile input and hostile devices (issue 19): bounded work, bounded storage, quarantine, identifiers, dashboard.
 
-The input classes come from host_tools/bench_hostile.py (the long version of
-the live run is ``python -m host_tools.bench_hostile``, docs/HOST.md
+The input classes come from host_tools/bench/hostile.py (the long version of
+the live run is ``python -m host_tools.bench.hostile``, docs/HOST.md
 "Hostile input").
 """
 
@@ -22,18 +22,21 @@ from typing import Any
 import pytest
 
 from agent.params import ParamError, Params
-from host_tools import bench_hostile as bh
-from host_tools import cborscan, status
-from host_tools.aggregator import Aggregator
-from host_tools.decode import decode, topic_device, valid_device
-from host_tools.store import Limits, Store
-from host_tools.validproc import Settings, ValidatorProcess, verdict
+from host_tools.bench import hostile as bh
+from host_tools.ingest import cborscan
+from host_tools.query import status
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.ingest.decode import decode, topic_device, valid_device
+from host_tools.store.core import Limits, Store
+from host_tools.ingest.validproc import Settings, ValidatorProcess, verdict
 from tests.broker import needs_mosquitto
 from tests.test_host_support import host_cfg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INGEST_MODULES = {"decode", "cborscan", "validproc", "aggregator", "store", "store_pg", "devstatus", "mqttproc",
-                  "child"}
+# the ingest path: every module of host_tools/ingest (aggregator, mqttproc, validproc, child, decode, cborscan,
+# devstatus) and the store that logs refusals
+INGEST_MODULES = {"ingest/aggregator", "ingest/mqttproc", "ingest/validproc", "ingest/child", "ingest/decode",
+                  "ingest/cborscan", "ingest/devstatus", "store/core", "store/pg"}
 
 
 def fleet_cfg(tmp_path: Any, **agg: Any) -> Any:
@@ -99,11 +102,11 @@ def _calls(tree: ast.AST) -> list[str]:
 
 def test_ingest_path_has_no_cbor_object_decoder():
     """No CBOR object decoder (cbor2.loads/load/CBORDecoder) in any module on the ingest path: untrusted
-    bytes go through host_tools.cborscan only (a tag never reaches a decoder). Files are found by name
-    anywhere under host_tools/ (modules may move into packages)."""
-    files = [f for f in glob.glob(os.path.join(REPO, "host_tools", "**", "*.py"), recursive=True)
-             if os.path.basename(f)[:-3] in INGEST_MODULES]
-    assert {os.path.basename(f)[:-3] for f in files} == INGEST_MODULES
+    bytes go through host_tools.ingest.cborscan only (a tag never reaches a decoder): every module of
+    host_tools/ingest/ and the store."""
+    files = glob.glob(os.path.join(REPO, "host_tools", "ingest", "*.py")) + \
+        [os.path.join(REPO, "host_tools", m + ".py") for m in ("store/core", "store/pg")]
+    assert INGEST_MODULES <= {os.path.relpath(f, os.path.join(REPO, "host_tools"))[:-3] for f in files}
     found = {}
     for f in files:
         with open(f) as fh:
@@ -141,7 +144,7 @@ def test_helpers_die_with_their_parent(tmp_path):
     """kill -9 of the aggregator's process while its validation helper spins in a message: the helper goes too."""
     script = textwrap.dedent("""
         import os, signal, sys, threading, time
-        from host_tools.validproc import Settings, ValidatorProcess
+        from host_tools.ingest.validproc import Settings, ValidatorProcess
         vp = ValidatorProcess(Settings(None, 1 << 20, cpu_s=60, spin_topic="x/spin/release"))
         vp.start()
         print(vp.proc.pid, flush=True)
@@ -313,7 +316,7 @@ def _store_states() -> list[tuple[str, list[tuple[str, bytes]]]]:
 
 def test_dashboard_never_500_on_any_store_state(tmp_path):
     pytest.importorskip("waitress")
-    from host_tools.web import Dashboard
+    from host_tools.web.app import Dashboard
 
     for i, (name, msgs) in enumerate(_store_states()):
         d = tmp_path / ("s%d" % i)
@@ -336,7 +339,7 @@ def test_dashboard_never_500_on_any_store_state(tmp_path):
 
 def test_dashboard_without_token_refuses_foreign_host_headers(tmp_path):
     pytest.importorskip("waitress")
-    from host_tools.web import Dashboard
+    from host_tools.web.app import Dashboard
     from host_tools.web.app import allowed_hosts_for
 
     cfg = fleet_cfg(tmp_path)
