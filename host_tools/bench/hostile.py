@@ -203,7 +203,8 @@ def _publish(port: int, msgs: list[tuple[str, bytes]], client_id: str = "hostile
 def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_timeout: float = 30,
          limits: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each class through mosquitto into a running aggregator, then one real agent's release."""
-    from host_tools import aggregator, hostconfig
+    from host_tools import hostconfig
+    from host_tools.ingest import aggregator
     from host_tools.store.core import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import host_toml
@@ -275,7 +276,8 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     """
     import subprocess
 
-    from host_tools import aggregator, hostconfig
+    from host_tools import hostconfig
+    from host_tools.ingest import aggregator
     from host_tools.store.core import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, host_toml
