@@ -392,3 +392,66 @@ def test_hostile_input_settings_in_host_toml(tmp_path):
         with pytest.raises(hostconfig.ConfigError) as ei:
             fleet_cfg(tmp_path, **{k: v})
         assert ei.value.key == "aggregator." + k, (k, ei.value)
+
+
+@needs_mosquitto
+def test_live_poison_redelivered_after_restart_and_broker_drops(tmp_path):
+    """Aggregator stopped; poison, garbage beyond the broker's queue and a real agent's release arrive. After
+    the restart the queued poison is refused again at once and the agent's re-send is stored and acknowledged."""
+    r = bh.drop_scenario(str(tmp_path), flood=600, queue=200)
+    assert r["agent_rc"] == 0 and r["releases"] == 1, r
+    assert r["stored_after_restart_s"] < 10, r
+    assert r["refused_after_restart"].get("type", 0) >= 2, r  # the two poison messages, refused again
+
+
+@needs_mosquitto
+def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch):
+    """Through mosquitto: a message over the CPU budget is refused with code 'timeout', the helper restarted,
+    the next real release stored; stopping while the helper is busy with a message takes a few seconds."""
+    import functools
+    import threading
+
+    from host_tools import hostconfig
+    from host_tools.ingest import aggregator, validproc
+    from tests.broker import start_mosquitto
+    from tests.test_aggregator_mqtt import publish_all
+    from tests.test_e2e_support import host_toml
+
+    spin = "pansketch/spin-dev/release"
+    b = start_mosquitto(tmp_path)
+    try:
+        conf = host_toml(str(tmp_path / "h.toml"), b.port, str(tmp_path / "h.db"), client_id="budget-host")
+        cfg = hostconfig.load(conf)
+        cfg.aggregator.validate_cpu_s = 0.3
+        monkeypatch.setattr(aggregator, "ValidationSettings",
+                            functools.partial(validproc.Settings, spin_topic=spin))
+        stop, ready = threading.Event(), threading.Event()
+        th = threading.Thread(target=aggregator.run, args=(cfg,), kwargs={"stop": stop, "ready": ready}, daemon=True)
+        th.start()
+        assert ready.wait(20)
+        ro = Store(cfg.aggregator.db, readonly=True)
+        publish_all(b.port, [(spin, b"\x00"), (bh.topic("pi-b"), bh.valid("pi-b"))], client_id="budget-pub")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10 and ro.release_count() < 1:
+            time.sleep(0.05)
+        assert ro.release_count() == 1 and th.is_alive()
+        assert [r[4] for r in ro.rejections()] == ["timeout"]
+        # stop while the helper spins in a message (budget 60 s): bounded by the helper's 2 s grace
+        cfg2 = hostconfig.load(conf)
+        cfg2.aggregator.validate_cpu_s = 60
+        stop.set()
+        th.join(30)
+        stop2, ready2 = threading.Event(), threading.Event()
+        th2 = threading.Thread(target=aggregator.run, args=(cfg2,), kwargs={"stop": stop2, "ready": ready2},
+                               daemon=True)
+        th2.start()
+        assert ready2.wait(20)
+        publish_all(b.port, [(spin, b"\x01")], client_id="budget-pub")
+        time.sleep(1.0)
+        t1 = time.monotonic()
+        stop2.set()
+        th2.join(60)
+        assert not th2.is_alive() and time.monotonic() - t1 < 15  # systemd allows 30 s
+        ro.close()
+    finally:
+        b.stop()
