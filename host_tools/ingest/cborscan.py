@@ -68,80 +68,84 @@ class _Reader:
         self.top: Optional[dict[str, Any]] = None  # the top-level map as read so far (for peek)
         self.partial = False
 
-    def _arg(self, ai: int) -> int:
-        buf, pos = self.buf, self.pos
-        if ai < 24:
-            return ai
-        if ai > 27:
-            if ai == 31:
-                raise ScanError("cbor", "indefinite length or break at byte %d (releases use definite lengths only)"
-                                % (pos - 1))
-            raise ScanError("cbor", "reserved additional information %d at byte %d" % (ai, pos - 1))
-        n = 1 << (ai - 24)
-        if pos + n > len(buf):
-            raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, n))
-        self.pos = pos + n
-        return int.from_bytes(buf[pos:pos + n], "big")
-
     def item(self, depth: int) -> Any:
+        # one function, locals only: this runs ~60 times per release (the hot path of validation)
         if depth > self.max_depth:
             raise ScanError("cbor", "nested deeper than %d levels" % self.max_depth)
         self.items += 1
         if self.items > self.max_items:
             raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
         buf = self.buf
-        if self.pos >= len(buf):
-            raise ScanError("cbor", "truncated at byte %d" % self.pos)
-        ib = buf[self.pos]
-        self.pos += 1
+        pos = self.pos
+        size = len(buf)
+        if pos >= size:
+            raise ScanError("cbor", "truncated at byte %d" % pos)
+        ib = buf[pos]
         major, ai = ib >> 5, ib & 31
         if major == 7:
             if ai in _SIMPLE:
+                self.pos = pos + 1
                 return _SIMPLE[ai]
             if ai in (25, 26, 27):
-                raise ScanError("type", "floating-point value at byte %d (releases carry integers only)" % (self.pos - 1))
+                raise ScanError("type", "floating-point value at byte %d (releases carry integers only)" % pos)
             if ai == 31:
-                raise ScanError("cbor", "break byte at %d without an indefinite-length item" % (self.pos - 1))
-            raise ScanError("type", "simple value (additional information %d) at byte %d" % (ai, self.pos - 1))
+                raise ScanError("cbor", "break byte at %d without an indefinite-length item" % pos)
+            raise ScanError("type", "simple value (additional information %d) at byte %d" % (ai, pos))
         if major == 6:
-            raise ScanError("type", "CBOR tag at byte %d (releases carry no tags)" % (self.pos - 1))
-        n = self._arg(ai)
+            raise ScanError("type", "CBOR tag at byte %d (releases carry no tags)" % pos)
+        pos += 1
+        if ai < 24:
+            n = ai
+        elif ai < 28:
+            k = 1 << (ai - 24)
+            if pos + k > size:
+                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, k))
+            n = int.from_bytes(buf[pos:pos + k], "big")
+            pos += k
+        elif ai == 31:
+            raise ScanError("cbor", "indefinite length or break at byte %d (releases use definite lengths only)"
+                            % (pos - 1))
+        else:
+            raise ScanError("cbor", "reserved additional information %d at byte %d" % (ai, pos - 1))
         if major == 0:
+            self.pos = pos
             return n
         if major == 1:
+            self.pos = pos
             return -1 - n
-        left = len(buf) - self.pos
+        left = size - pos
         if major == 2 or major == 3:
             if n > left:
-                raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left" % (n, self.pos, left))
-            s = buf[self.pos:self.pos + n]
-            self.pos += n
+                raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left" % (n, pos, left))
+            self.pos = pos + n
             if major == 2:
-                return s
+                return buf[pos:pos + n]
             try:
-                return s.decode("utf-8")
+                return buf[pos:pos + n].decode("utf-8")
             except UnicodeDecodeError:
-                raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (self.pos - n))
+                raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % pos)
+        self.pos = pos
         if major == 4:
             if n > self.max_array or n > left:
                 raise ScanError("cbor", "array of %d items at byte %d (at most %d in a release, %d bytes left)"
-                                % (n, self.pos, self.max_array, left))
+                                % (n, pos, self.max_array, left))
             return [self.item(depth + 1) for _ in range(n)]
         # major 5: map
         if n > self.max_map or 2 * n > left:
             raise ScanError("cbor", "map of %d pairs at byte %d (at most %d in a release, %d bytes left)"
-                            % (n, self.pos, self.max_map, left))
+                            % (n, pos, self.max_map, left))
         m: dict[str, Any] = {}
         if depth == 0:
             self.top = m
+        item = self.item
         for _ in range(n):
             at = self.pos
-            k = self.item(depth + 1)
+            k = item(depth + 1)
             if type(k) is not str:
                 raise ScanError("cbor", "map key at byte %d is not a text string" % at)
             if k in m:
                 raise ScanError("cbor", "duplicate map key %r at byte %d" % (k[:40], at))
-            m[k] = self.item(depth + 1)
+            m[k] = item(depth + 1)
         return m
 
 
