@@ -266,6 +266,47 @@ def test_aggregator_declares_the_queue_over_tls(cluster, tmp_path):
     assert r.returncode == 1 and "cannot connect" in r.stderr, (r.returncode, r.stderr)
 
 
+def test_host_acks_mandatory_retried_and_merged(cluster, tmp_path):
+    """An ack no session queue takes is returned (``mandatory``) and published again later; acks waiting
+    for the same device go out as one message (host_tools.ingest.amqp.AckPublisher)."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+
+    from host_tools import hostconfig
+    from host_tools.ingest import amqp
+
+    node = cluster.running_nodes()[0]
+    cfg = hostconfig.loads('[broker]\nkind = "rabbitmq"\namqp_nodes = ["127.0.0.1:%d"]\nusername = "%s"\n'
+                           'password = "%s"\n[fleet]\nsalt = "%s"\n' % (node.amqp_port, AGG_USER, AGG_PASSWORD, SALT))
+    stop = threading.Event()
+    events: list[Any] = []
+    pub = amqp.AckPublisher(amqp.Settings(cfg.broker, cfg.aggregator.topic, 16, "ack-test"), stop, events.append)
+    pub.thread.start()
+    try:
+        dev = DEVICES[-1]  # no session yet: the ack is unroutable
+        pub.put([("pansketch/%s/ack" % dev, b'{"dev":"%s","ok":[1]}' % dev.encode()),
+                 ("pansketch/%s/ack" % dev, b'{"dev":"%s","ok":[2],"bad":[[3,"conflict"]]}' % dev.encode())])
+        assert wait_for(lambda: pub.returned >= 1, 30)
+        assert pub.published == 0
+        got: list[bytes] = []
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=dev, protocol=mqtt.MQTTv311, clean_session=False)
+        c.username_pw_set(dev, device_password(dev))
+        c.on_message = lambda cl, u, m: got.append(m.payload)
+        c.connect("127.0.0.1", node.mqtt_port)
+        c.loop_start()
+        c.subscribe("pansketch/%s/ack" % dev, qos=1)
+        assert wait_for(lambda: pub.published >= 1, 30), pub.returned  # the retry found the session
+        assert wait_for(lambda: bool(got), 20)
+        c.disconnect()
+        c.loop_stop()
+        assert json.loads(got[0]) == {"dev": dev, "ok": [1, 2], "bad": [[3, "conflict"]]}, got
+        assert len(got) == 1 and events == []
+    finally:
+        stop.set()
+        pub.thread.join(10)
+
+
 def test_setup_script_grants_what_the_test_cluster_grants(tmp_path):
     """deploy/rabbitmq/setup.sh and tests/rabbit.definitions state the same permissions (no cluster needed)."""
     from tests.rabbit import definitions

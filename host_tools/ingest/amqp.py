@@ -126,7 +126,7 @@ class AMQPTransport:
         self._stop = threading.Event()
         self._gen = 0
         self._thread = threading.Thread(target=self._main, name="pansketch-amqp", daemon=True)
-        self.acks = AckPublisher(settings, self._stop)
+        self.acks = AckPublisher(settings, self._stop, on_event)
 
     @property
     def pid(self) -> Optional[int]:
@@ -157,8 +157,8 @@ class AMQPTransport:
         try:
             self._loop()
         except BaseException as exc:  # pragma: no cover (a bug here must stop the aggregator, not hang it)
-            log.exception("AMQP transport failed")
-            self.on_event(("exited", "AMQP thread failed: %s" % exc))
+            log.exception("AMQP transport failed: %s", exc)
+            self.on_event(("exited", 1))  # the aggregator stops (exit 1); nothing unacknowledged is lost
 
     def _loop(self) -> None:
         import pika.exceptions  # type: ignore[import-untyped]
@@ -245,9 +245,11 @@ class AckPublisher:
     later, at most :data:`ACK_RETRIES` times.
     """
 
-    def __init__(self, settings: Settings, stop: threading.Event) -> None:
+    def __init__(self, settings: Settings, stop: threading.Event,
+                 on_event: Callable[[tuple[Any, ...]], None]) -> None:
         self.s = settings
         self.stop = stop
+        self.on_event = on_event
         self.q: "queue.Queue[list[tuple[str, bytes]]]" = queue.Queue()
         self.fresh: dict[str, dict[str, Any]] = {}  # routing key -> merged ack document
         self.retry: list[tuple[float, int, str, bytes]] = []  # (when, tries, routing key, body)
@@ -263,6 +265,13 @@ class AckPublisher:
         return self.q.empty() and not self.fresh and not self.busy and not any(r[1] == 0 for r in self.retry)
 
     def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # pragma: no cover (a bug here must stop the aggregator, not the acks)
+            log.exception("AMQP ack publisher failed: %s", exc)
+            self.on_event(("exited", 1))
+
+    def _loop(self) -> None:
         import pika.exceptions  # type: ignore[import-untyped]
 
         params = _parameters(self.s.broker, self.s.client_name + "-acks")
