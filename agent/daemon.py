@@ -359,18 +359,33 @@ def cmd_check(args: argparse.Namespace) -> int:
     warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
     where = "%s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else "")
     code = EXIT_OK
+    source_failed = False
+    ok_main = True
     if args.offline:
         print("broker      %s: not tried (--offline)" % where)
     else:
         sys.stdout.flush()
         ok, what = probe_broker(cfg.broker, cfg.device + "-check", args.timeout)
+        ok_main = ok
         print("broker      %s: %s" % (where, "OK, " + what if ok else "FAILED: " + what))
         if not ok:
             code = EXIT_UNDELIVERED
+        if cfg.source.type == "mqtt":  # the local broker of the raw readings: down means nothing is counted
+            src = cfg.source
+            swhere = "%s:%d%s" % (src.host, src.port, " TLS" if src.tls else "")
+            sys.stdout.flush()
+            sok, swhat = probe_broker(src, cfg.device + "-check-source", args.timeout)
+            print("source mqtt %s topic %s: %s" % (swhere, src.topic, "OK, " + swhat if sok else "FAILED: " + swhat))
+            if not sok:
+                code = EXIT_UNDELIVERED
+                source_failed = True
     sys.stdout.flush()
     if warning:
         _die(0, "WARNING: " + warning)
-    if code != EXIT_OK:
+    if source_failed:
+        _die(0, "cannot reach the local source broker %s:%d: the agent would count no events until it answers"
+             % (cfg.source.host, cfg.source.port))
+    if code != EXIT_OK and not (source_failed and ok_main):
         _die(0, "cannot reach the broker (the config itself is valid; the agent would count and keep its releases "
                 "in the outbox until it can); --offline skips this test")
     return code
@@ -449,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate a config, print the noise, guarantee and release size, try the broker",
                        description="Validate the config file, print the per-cell noise, the per-event guarantee "
                        "and the release size, and connect once to the broker with the configured TLS settings "
-                       "and credentials (nothing is published). Exit 0 if all is well, 1 if the broker cannot "
+                       "and credentials (nothing is published), and to the local source broker of an mqtt source. "
+                       "Exit 0 if all is well, 1 if a broker cannot "
                        "be reached or refuses the connection, 2 for a config error. Warns when the salt is an "
                        "example placeholder.")
     p.add_argument("--config", "-c", required=True, metavar="FILE")
