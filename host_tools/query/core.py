@@ -173,9 +173,43 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
     return out
 
 
+POINT_KINDS = ("cs", "cms")  # freq, topk, series
+KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": "quantile, cdf, heavy",
+                "dbits": "distinct"}
+
+
+def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
+    """On a store that mixes kinds: the devices a query of ``kinds`` should merge when none are named.
+
+    None when every device with releases already belongs to one mergeable group of those kinds (the
+    fleet-wide path, with roll-ups). Otherwise the largest group (kind, d, w, hash version, salt) of
+    devices of those kinds; ties go to the earlier kind in ``kinds``, then the smaller shape. QueryError
+    naming what the store holds when no device is of those kinds.
+    """
+    active = {r[0] for r in store.device_activity()}
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    held: dict[str, int] = {}
+    for dev, dsalt, hv, kind, d, w, *_rest in store.devices():
+        if dev not in active:
+            continue
+        held[kind] = held.get(kind, 0) + 1
+        if kind in kinds:
+            groups.setdefault((kind, d, w, hv, dsalt), []).append(dev)
+    if not groups:
+        what = ", ".join("%s (%d device%s: %s)" % (k, n, "" if n == 1 else "s", KIND_QUERIES.get(k, "?"))
+                         for k, n in sorted(held.items()))
+        raise QueryError("no releases of kind %s in this store%s" % (
+            " or ".join(kinds), "; it holds " + what if what else ""))
+    best = min(groups.items(), key=lambda g: (-len(g[1]), list(kinds).index(g[0][0]), g[0][1:3]))
+    if len(groups) == 1 and len(best[1]) == len(active):
+        return None
+    return sorted(best[1])
+
+
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
-                  salt: Optional[str] = None, use_rollups: bool = True) -> tuple[Merged, Selection]:
+                  salt: Optional[str] = None, use_rollups: bool = True,
+                  kinds: Optional[Sequence[str]] = None) -> tuple[Merged, Selection]:
     """Merge the selected releases; raises QueryError with the reason.
 
     Fleet-wide selections (no ``device``) are answered from the per-window
@@ -190,6 +224,8 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         raise QueryError("give either a window id or a time range, not both")
     if since is not None and until is not None and until <= since:
         raise QueryError("empty time range: until must be after since")
+    if kinds and _devices(device) is None:  # a mixed store: the devices of the kinds this query answers
+        device = pick_devices(store, kinds)
     sel = Selection(window=window, since=since, until=until, devices=_devices(device))
     m: Optional[Merged] = None
     with store.read_tx():  # one snapshot, while aggregators keep committing
@@ -380,7 +416,7 @@ def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[i
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
          use_rollups: bool = True) -> list[Answer]:
     """Estimated frequency of each item (in order) over the selection, with intervals."""
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, kinds=POINT_KINDS)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
@@ -400,7 +436,7 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
     """
     if k < 1:
         raise QueryError("k must be at least 1")
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, kinds=POINT_KINDS)
     _point_kind(m)
     cands = list(dict.fromkeys(candidates))  # distinct, first-seen order
     if not cands:

@@ -27,7 +27,7 @@ QTYPES = ("quantile", "cdf", "heavy", "distinct")
 def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
     from host_tools.query.core import QueryError, select_merged
 
-    m, s = select_merged(store, salt=salt, **sel)
+    m, s = select_merged(store, salt=salt, kinds=("dcs",), **sel)
     if m.kind != "dcs":
         raise QueryError("these releases are of kind %r; quantile, cdf and heavy need kind 'dcs' "
                          "(use freq/topk)" % m.kind)

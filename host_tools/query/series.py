@@ -179,6 +179,8 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     if not items:
         raise QueryError("no items")
     devs = [device] if isinstance(device, str) else (list(device) if device else None)
+    if devs is None:  # a store mixing kinds: the devices that answer freq
+        devs = query.pick_devices(store, query.POINT_KINDS)
     if step is None:
         step = default_step(store, devs)
     bks, cut = buckets(store, step, since, until, devs, limit)
