@@ -181,29 +181,26 @@ KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": 
 def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
     """On a store that mixes kinds: the devices a query of ``kinds`` should merge when none are named.
 
-    None when every device with releases already belongs to one mergeable group of those kinds (the
-    fleet-wide path, with roll-ups). Otherwise the largest group (kind, d, w, hash version, salt) of
-    devices of those kinds; ties go to the earlier kind in ``kinds``, then the smaller shape. QueryError
-    naming what the store holds when no device is of those kinds.
+    The devices (with releases) of the one kind among ``kinds`` that most devices have (ties: the
+    earlier in ``kinds``); None when that is every device with releases (the fleet-wide path, with
+    roll-ups). Devices of that kind with different shapes still meet the merge's refusal, which names
+    them. QueryError naming what the store holds when no device is of those kinds.
     """
     active = {r[0] for r in store.device_activity()}
-    groups: dict[tuple[Any, ...], list[str]] = {}
-    held: dict[str, int] = {}
-    for dev, dsalt, hv, kind, d, w, *_rest in store.devices():
-        if dev not in active:
-            continue
-        held[kind] = held.get(kind, 0) + 1
-        if kind in kinds:
-            groups.setdefault((kind, d, w, hv, dsalt), []).append(dev)
-    if not groups:
-        what = ", ".join("%s (%d device%s: %s)" % (k, n, "" if n == 1 else "s", KIND_QUERIES.get(k, "?"))
-                         for k, n in sorted(held.items()))
+    by_kind: dict[str, list[str]] = {}
+    for row in store.devices():
+        if row[0] in active:
+            by_kind.setdefault(row[3], []).append(row[0])
+    fit = [k for k in kinds if by_kind.get(k)]
+    if not fit:
+        what = ", ".join("%s (%d device%s: %s)" % (k, len(v), "" if len(v) == 1 else "s", KIND_QUERIES.get(k, "?"))
+                         for k, v in sorted(by_kind.items()))
         raise QueryError("no releases of kind %s in this store%s" % (
             " or ".join(kinds), "; it holds " + what if what else ""))
-    best = min(groups.items(), key=lambda g: (-len(g[1]), list(kinds).index(g[0][0]), g[0][1:3]))
-    if len(groups) == 1 and len(best[1]) == len(active):
+    best = min(fit, key=lambda k: (-len(by_kind[k]), list(kinds).index(k)))
+    if len(by_kind[best]) == len(active):
         return None
-    return sorted(best[1])
+    return sorted(by_kind[best])
 
 
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
@@ -257,6 +254,12 @@ def _from_releases(store: SQLStore, sel: Selection) -> Merged:
     rels = [r for r in every if id(r) in kept]  # the store's order, which iter_counters follows
     if not rels:
         extra = " (%d release(s) straddle the range bounds)" % sel.partial if sel.partial else ""
+        known = [r[0] for r in store.device_activity()]
+        unknown = [d for d in (sel.devices or []) if d not in known]
+        if unknown:  # a typo or a device that never released: say which ones exist
+            raise QueryError("no releases match device %s: it has none; devices with releases: %s" % (
+                ", ".join(unknown), ", ".join(known[:20]) + (" ... (%d in all)" % len(known) if len(known) > 20 else "")
+                if known else "none yet"))
         raise QueryError("no releases match %s%s" % (sel.describe(), extra))
     if window is not None:
         _window_lengths(window, {r.win_s for r in rels})
@@ -453,7 +456,11 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
 def read_candidates(path: str, as_int: bool = False) -> list[Any]:
     """Candidates file: one item per line (text before a TAB; blank lines skipped)."""
     out: list[Any] = []
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    try:
+        f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    except OSError as exc:  # a hint, not a raw "[Errno 2] No such file or directory: 'x'"
+        raise ValueError("--candidates %s: %s (one item per line, or - for standard input)"
+                         % (path, exc.strerror or exc))
     try:
         for n, line in enumerate(f, 1):
             item = line.rstrip("\r\n").split("\t", 1)[0]
@@ -476,6 +483,17 @@ def _item(s: str, as_int: bool, where: str) -> Any:
 
 
 # -- CLI ---------------------------------------------------------------------
+def positive_int(txt: str) -> int:
+    """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
+    try:
+        v = int(txt, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, got %d" % v)
+    return v
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", dest="config_sub", metavar="FILE", help="host config TOML (also accepted before the query type)")
     g = p.add_argument_group("selection (default: all releases)")
@@ -502,7 +520,8 @@ def add_parser(subparsers: Any) -> None:
     f.add_argument("items", nargs="+", metavar="ITEM")
     _common(f)
     t = sub.add_parser("topk", help="top-k among candidate items")
-    t.add_argument("-k", type=int, required=True, metavar="K")
+    t.add_argument("-k", type=positive_int, required=True, metavar="K",
+                   help="how many of the candidates to list, best first (at least 1)")
     t.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
     _common(t)
     from host_tools.query import series as series_mod
@@ -544,7 +563,8 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             plot.check_path(args.plot)
-        except ValueError as exc:
+            plot.available()
+        except (ValueError, ImportError) as exc:
             return _err(str(exc), 2)
     try:
         store = open_store(cfg.aggregator.db, readonly=True)

@@ -105,7 +105,10 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
     common(c)
     h = sub.add_parser("heavy", help="heaviest values of an integer domain (kind dcs), no candidate list")
-    h.add_argument("-k", type=int, required=True, metavar="K")
+    from host_tools.query.core import positive_int
+
+    h.add_argument("-k", type=positive_int, required=True, metavar="K",
+                   help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
     common(h)
     dq = sub.add_parser("distinct", help="distinct items (kind dbits): sum of per-device, per-window counts")

@@ -20,17 +20,32 @@ from host_tools.query.series import Series
 FORMATS = (".png", ".svg", ".pdf")
 
 
+MISSING = ("--plot needs matplotlib, which `make demo` does not install: pip install matplotlib "
+           "(or `make setup-python`: the test and repro extras)")
+
+
 def check_path(path: str) -> None:
+    """Before the query runs: a format we draw, a directory that exists (no raw '[Errno 2]' after it)."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
         raise ValueError("--plot: %s: the file name must end in %s" % (path, ", ".join(FORMATS)))
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        raise ValueError("--plot: %s: directory %s does not exist" % (path, where))
+    if not os.access(where, os.W_OK):
+        raise ValueError("--plot: %s: directory %s is not writable" % (path, where))
+
+
+def available() -> None:
+    """ImportError with the one-line hint when matplotlib is missing."""
+    _plt()
 
 
 def _plt() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'pansketch[repro]'")
+        raise ImportError(MISSING)
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
