@@ -421,8 +421,15 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     return agent.main(timeout)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors: one line on stderr, exit 2 (subparsers inherit the class)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_CONFIG, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=PROG,
         description="pansketch device agent: count events into a pan-private noisy sketch and publish only "
         "noisy releases (CBOR, MQTT QoS 1) at clock-aligned window/epoch boundaries. The config file "

@@ -465,7 +465,7 @@ def run_demo(args: argparse.Namespace) -> int:
             if args.dir else "  (run with --dir DIR to keep the broker config, database and outboxes)")
         code = 0
     except Exception as exc:
-        say("pansketch demo: FAILED: %s" % exc)
+        print("pansketch demo: FAILED: %s" % exc, file=sys.stderr)
         code = 1
     finally:
         stop.set()
@@ -602,20 +602,22 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
 
 
 def add_parser(subparsers: Any) -> None:
+    from host_tools.query.core import positive_int
+
     p = subparsers.add_parser(
         "demo", help="run broker, simulated agents, aggregator and queries on embedded defaults",
         description="Whole system in well under a minute: a local broker (mosquitto if installed, else the "
         "Python broker amqtt), the aggregator into a temporary SQLite file, several simulated agents (the real "
         "device core and publisher on fast simulated clocks, Zipf event streams), then a table of estimates with "
         "intervals next to the true counts.")
-    p.add_argument("--agents", type=int, default=4, help="simulated devices (default %(default)s)")
-    p.add_argument("--windows", type=int, default=3, help="one-hour windows per device (default %(default)s)")
-    p.add_argument("--events", type=int, default=30000, help="events per device and window (default %(default)s)")
-    p.add_argument("--items", type=int, default=10000, help="distinct items in the Zipf universe (default %(default)s)")
+    p.add_argument("--agents", type=positive_int, default=4, help="simulated devices (default %(default)s)")
+    p.add_argument("--windows", type=positive_int, default=3, help="one-hour windows per device (default %(default)s)")
+    p.add_argument("--events", type=positive_int, default=30000, help="events per device and window (default %(default)s)")
+    p.add_argument("--items", type=positive_int, default=10000, help="distinct items in the Zipf universe (default %(default)s)")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent (default %(default)s)")
     p.add_argument("--kind", choices=("cs", "cms"), default="cs", help="sketch kind (default %(default)s)")
-    p.add_argument("--d", type=int, default=4, help="rows (default %(default)s)")
-    p.add_argument("--w", type=int, default=2048, help="columns (default %(default)s)")
+    p.add_argument("--d", type=positive_int, default=4, help="rows (default %(default)s)")
+    p.add_argument("--w", type=positive_int, default=2048, help="columns (default %(default)s)")
     p.add_argument("--budget", default="1/2", help="rho per event, as a fraction (default %(default)s)")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default %(default)s)")
     p.add_argument("--cs-only", action="store_true",

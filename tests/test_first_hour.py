@@ -118,3 +118,130 @@ def test_empty_or_foreign_database_is_one_line_and_exit_1(tmp_path: Any, what: s
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
         assert str(db) in r.stderr and "not a pansketch database" in r.stderr, r.stderr
     assert db.read_bytes() == before, "a read-only command changed the file"
+
+
+# -- item 10 of the issue: bad input to every subcommand ---------------------------------------------
+def _one_line(r: subprocess.CompletedProcess[str], code: int, what: Any) -> str:
+    err = r.stderr.strip()
+    assert r.returncode == code, (what, r.returncode, r.stdout[-500:], err)
+    assert "Traceback" not in err and "[Errno" not in err, (what, err)
+    assert len(err.splitlines()) == 1, (what, err)
+    return err
+
+
+def test_every_subcommand_on_bad_input_is_one_line_and_its_exit_code(tmp_path: Any) -> None:
+    """Usage and config errors exit 2 (docs/HOST.md), runtime errors 1; one line on stderr, no traceback."""
+    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+
+    conf = _write_conf(str(tmp_path))
+    _store(conf, {"cs-1": _cs_device()})
+    c = ["--config", conf]
+    cases: list[tuple[list[str], int, str]] = [
+        (["bogus"], 2, "invalid choice"),
+        (["aggregate"], 2, "--config"),
+        (["aggregate", "--config", str(tmp_path / "none.toml")], 2, "cannot read"),
+        (["status", "--config", str(tmp_path / "none.toml")], 2, "cannot read"),
+        (["status", *c, "--windows", "many"], 2, "--windows"),
+        (["status", *c, "--late-grace", "-1"], 2, "--late-grace"),
+        (["query", *c, "freq"], 2, "ITEM"),
+        (["query", *c, "freq", "x", "--csv", "--json"], 2, "not both"),
+        (["query", *c, "freq", "x", "--confidence", "2"], 2, "--confidence"),
+        (["query", *c, "freq", "x", "--window", "5", "--since", "0"], 2, "not both"),
+        (["query", *c, "freq", "x", "--since", "2026-01-02", "--until", "2026-01-01"], 2, "not after"),
+        (["query", *c, "freq", "x", "--since", "soon"], 2, "not a time"),
+        (["query", *c, "freq", "x", "--device", "nope"], 1, "devices with releases: cs-1"),
+        (["query", *c, "freq", "x", "--plot", str(tmp_path / "no" / "such" / "dir.png")], 2, "does not exist"),
+        (["query", *c, "freq", "x", "--plot", "x.gif"], 2, "must end in"),
+        (["query", *c, "topk", "-k", "0", "--candidates", "-"], 2, "at least 1"),
+        (["query", *c, "topk", "-k", "x", "--candidates", "-"], 2, "not an integer"),
+        (["query", *c, "topk", "-k", "3", "--candidates", str(tmp_path / "missing.txt")], 1,
+         "No such file or directory"),
+        (["query", *c, "series", "x", "--step", "0"], 2, "must be positive"),
+        (["query", *c, "series", "x", "--step", "soon"], 2, "not a step"),
+        (["query", *c, "series", "x", "--step", "30m"], 1, "use a multiple of 3600 s"),
+        (["query", *c, "series", "x", "--since", "2026-01-02", "--until", "2026-01-01"], 2, "not after"),
+        (["query", *c, "series", "x", "--window", "3"], 2, "--since/--until"),
+        (["query", *c, "quantile", "--q", "2"], 2, "[0, 1]"),
+        (["query", *c, "quantile", "--q", "0.5"], 1, "no releases of kind dcs"),
+        (["query", *c, "cdf", "--points", "1"], 2, "at least 2"),
+        (["query", *c, "heavy", "-k", "0"], 2, "at least 1"),
+        (["query", *c, "distinct", "--window", "x"], 2, "--window"),
+        (["query", *c, "distinct"], 1, "no releases of kind dbits"),
+        (["serve", *c, "--port", "-1"], 2, "--port"),
+        (["serve", *c, "--bind", "0.0.0.0"], 2, "token"),
+        (["demo", "--agents", "0"], 2, "at least 1"),
+        (["demo", "--windows", "x"], 2, "not an integer"),
+        (["repro", "bogus"], 2, "invalid choice"),
+        (["audit"], 2, "--config"),
+        (["audit", "--config", str(tmp_path / "none.toml")], 2, "cannot read"),
+    ]
+    for args, code, needle in cases:
+        err = _one_line(pansketch(*args), code, args)
+        assert needle in err, (args, err)
+
+
+def test_agent_subcommands_on_bad_input(tmp_path: Any) -> None:
+    agent = [sys.executable, "-m", "agent.daemon"]
+    for args, code, needle in ((["bogus"], 2, "invalid choice"), (["check"], 2, "--config"),
+                               (["feed", "--config", str(tmp_path / "none.toml")], 2, "config error"),
+                               (["check", "--config", str(tmp_path / "none.toml")], 2, "config error"),
+                               (["run", "--config", "x.toml", "--timeout", "soon"], 2, "--timeout")):
+        r = subprocess.run(agent + args, capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
+        assert needle in _one_line(r, code, args)
+
+
+@needs_mosquitto
+def test_hints_on_the_demo_store(demo: dict[str, str]) -> None:
+    err = _one_line(q(demo, "series", "host-00001.example", "--step", "30m"), 1, "step")
+    assert "3600 s" in err
+    err = _one_line(q(demo, "freq", "x", "--device", "demo-pi-9"), 1, "device")
+    assert "demo-pi-1, demo-pi-2" in err and "demo-temp-1" in err
+    err = _one_line(q(demo, "series", "x", "--device", "demo-temp-1"), 1, "kind")
+    assert "demo-temp-1 (dcs)" in err and "quantile" in err
+
+
+def test_k_has_help_text() -> None:
+    for sub in ("topk", "heavy"):
+        r = pansketch("query", sub, "--help")
+        assert r.returncode == 0 and re.search(r"-k K +\S", r.stdout), r.stdout
+
+
+# -- CSV wherever --json exists -------------------------------------------------------------------------
+def _dotted(obj: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in obj.items():
+        out += _dotted(v, prefix + k + ".") if isinstance(v, dict) else [prefix + k]
+    return out
+
+
+@needs_mosquitto
+def test_csv_has_a_header_and_the_fields_of_the_json(demo: dict[str, str]) -> None:
+    import csv
+    import io
+
+    cands = os.path.join(demo["dir"], "candidates.txt")
+    for args in (["freq", "host-00001.example", "never-seen.example"], ["topk", "-k", "3", "--candidates", cands],
+                 ["series", "host-00001.example"], ["quantile", "--q", "0.5", "0.9"], ["cdf", "--points", "5"],
+                 ["heavy", "-k", "3"], ["distinct"], ["freq", "host-00001.example", "--device", "demo-cms-1"]):
+        js = jlines(q(demo, *args, "--json"))
+        r = q(demo, *args, "--csv")
+        assert r.returncode == 0, (args, r.stderr)
+        rows = list(csv.DictReader(io.StringIO(r.stdout)))
+        assert len(rows) == len(js) >= 1, (args, r.stdout)
+        header = r.stdout.splitlines()[0].split(",")
+        for j, row in zip(js, rows):
+            assert set(_dotted(j)) <= set(header), (args, set(_dotted(j)) - set(header))
+            for k, v in j.items():
+                if isinstance(v, dict):
+                    continue
+                if k in ("estimate", "lo", "hi", "releases", "rank", "value") and v is not None:
+                    assert float(row[k]) == float(v), (args, k, row[k], v)  # noise is fixed once stored
+                if k == "devices":
+                    assert row[k].split(";") == v
+    st = pansketch("status", "--config", demo["conf"], "--csv")
+    rows = list(csv.DictReader(io.StringIO(st.stdout)))
+    devs = json.loads(pansketch("status", "--config", demo["conf"], "--json").stdout)["devices"]
+    assert [r["device"] for r in rows] == [d["device"] for d in devs] and "guarantee_text" in rows[0]
+    assert [r["releases"] for r in rows] == [str(d["releases"]) for d in devs]
+    err = _one_line(pansketch("status", "--config", demo["conf"], "--csv", "--json"), 2, "both")
+    assert "not both" in err

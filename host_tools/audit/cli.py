@@ -52,6 +52,7 @@ def add_parser(sub: Any) -> None:
                    help="release: every release of the window; intrusion: one read of all RAM and every "
                         "flash copy at the attacker's chosen moment, plus all releases (default both)")
     p.add_argument("--json", action="store_true", help="one JSON object per line (per scenario, then summaries)")
+    p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
     p.add_argument("--seed", type=int, default=1, help="seed of the sampled trials (default 1)")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help="audit only this scenario (repeatable; --list-scenarios shows them)")
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.delta < 1:
         return _err("--delta must be in (0, 1)")
     views = list(engine.VIEWS) if args.view == "both" else [args.view]
-    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    log = (lambda m: None) if args.json or args.csv else (lambda m: print(m, file=sys.stderr, flush=True))
     if args.table:
         return _table(args, log)
     if not args.config:
@@ -131,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
     per = [a.results[v] for a in audits for v in views]
     if args.json:
         print(report.json_lines(per, summary))
+    elif args.csv:
+        from host_tools.query import csvout
+
+        csvout.from_json_lines(report.json_lines(per, summary), sys.stdout)
     else:
         print(report.text(summary))
         notes = sorted({n for r in per for n in r.notes})

@@ -96,12 +96,33 @@ def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, c
     return out
 
 
+def _unit(txt: str) -> float:
+    """argparse type: a quantile in [0, 1] (usage error, exit 2, otherwise)."""
+    try:
+        v = float(txt)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number: %r" % txt)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError("quantiles are in [0, 1], got %r (the median is 0.5)" % txt)
+    return v
+
+
+def _points(txt: str) -> int:
+    try:
+        v = int(txt, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
+    if v < 2:
+        raise argparse.ArgumentTypeError("must be at least 2, got %d" % v)
+    return v
+
+
 def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     q = sub.add_parser("quantile", help="quantiles of readings (kind dcs) with rank intervals")
-    q.add_argument("--q", type=float, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
+    q.add_argument("--q", type=_unit, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
     common(q)
     c = sub.add_parser("cdf", help="the CDF of readings (kind dcs) with intervals")
-    c.add_argument("--points", type=int, default=17, help="evenly spaced domain points (default 17)")
+    c.add_argument("--points", type=_points, default=17, help="evenly spaced domain points (default 17, at least 2)")
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
     common(c)
     h = sub.add_parser("heavy", help="heaviest values of an integer domain (kind dcs), no candidate list")
