@@ -245,3 +245,77 @@ def test_csv_has_a_header_and_the_fields_of_the_json(demo: dict[str, str]) -> No
     assert [r["releases"] for r in rows] == [str(d["releases"]) for d in devs]
     err = _one_line(pansketch("status", "--config", demo["conf"], "--csv", "--json"), 2, "both")
     assert "not both" in err
+
+
+# -- a browser walks every page: demo store (every kind), empty store, empty file --------------------------
+PAGES = ["/", "/item?item=host-00001.example", "/topk", "/quantiles", "/heavy", "/distinct"]
+
+
+def _table_rows(dom: str, table_id: str) -> int:
+    m = re.search(r'<table[^>]*id="%s".*?</table>' % table_id, dom, re.S)
+    assert m, "no table %s" % table_id
+    return len(re.findall(r"<tbody>.*?</tbody>", m.group(0), re.S)[0].split("<tr")) - 1
+
+
+def _drawn(dom: str, chart_id: str) -> int:
+    m = re.search(r'<div id="%s"[^>]*data-drawn="(\d+)"' % chart_id, dom)
+    assert m, chart_id
+    return int(m.group(1))
+
+
+@needs_mosquitto
+def test_every_dashboard_page_shows_data_after_the_demo(demo: dict[str, str]) -> None:
+    from tests.dash_support import Server, chromium
+
+    s = Server(demo["conf"], "--candidates", os.path.join(demo["dir"], "candidates.txt"))
+    try:
+        dom = {path: chromium(s.url + path, dump_dom=True) for path in PAGES}
+        bad = chromium(s.url + "/item?item=x&device=demo-temp-1", dump_dom=True)
+    finally:
+        s.stop()
+    for path, d in dom.items():
+        assert "missing-kind" not in d and "No data yet" not in d and "internal error" not in d, path
+    fleet = dom["/"]
+    for dev, page in (("demo-pi-1", "/topk"), ("demo-cms-1", "/topk"), ("demo-tree-1", "/topk"),
+                      ("demo-temp-1", "/quantiles"), ("demo-door-1", "/distinct")):
+        assert re.search(r'<a href="%s\?device=%s"' % (page, dev), fleet), (dev, page)
+    assert _drawn(dom["/item?item=host-00001.example"], "chart") >= 1
+    assert _table_rows(dom["/item?item=host-00001.example"], "points") == 3  # 3 windows, the cs fleet
+    assert "nodata" not in dom["/item?item=host-00001.example"]
+    topk = dom["/topk"]
+    assert _table_rows(topk, "topk") >= 5
+    offered = re.findall(r'<option value="([^"]+)"', topk.split('id="topk"')[0])
+    assert "demo-pi-1" in offered and "demo-cms-1" in offered
+    assert "demo-temp-1" not in offered and "demo-door-1" not in offered  # not kinds top-k can rank
+    assert _table_rows(dom["/quantiles"], "quantiles") >= 2 and _drawn(dom["/quantiles"], "cdf-chart") >= 1
+    assert _table_rows(dom["/heavy"], "heavy") >= 1
+    assert 'id="distinct-total"' in dom["/distinct"] and _drawn(dom["/distinct"], "chart") >= 1
+    # the item page for a device of another kind: the reason, not an empty chart
+    assert 'id="chart"' not in bad and "demo-temp-1 (dcs)" in bad and "quantile" in bad
+
+
+@pytest.mark.parametrize("store", ["aggregated-but-empty", "empty-file"])
+def test_every_dashboard_page_on_an_empty_store_says_so(tmp_path: Any, store: str) -> None:
+    from tests.dash_support import Server, chromium
+
+    conf = tmp_path / "host.toml"
+    conf.write_text('[aggregator]\ndb = "e.db"\n[fleet]\nsalt = "first-hour-salt"\n')
+    if store == "empty-file":
+        (tmp_path / "e.db").write_bytes(b"")
+    else:
+        from host_tools import hostconfig
+        from host_tools.ingest.aggregator import Aggregator
+
+        Aggregator(hostconfig.load(str(conf))).close()
+    s = Server(str(conf))
+    try:
+        for path in PAGES:
+            d = chromium(s.url + path, dump_dom=True)
+            assert "404" not in d.split("</h1>")[0] and "internal error" not in d, (path, d[:3000])
+            said = ("No data yet" in d or "missing-kind" in d or "A sketch cannot list" in d
+                    or "lost / pending" in d)
+            assert said, (path, d[:3000])
+            if store == "empty-file":
+                assert "not a pansketch database" in d, path
+    finally:
+        s.stop()

@@ -393,7 +393,9 @@ class Dashboard(KindPages):
         try:
             with self._store() as st:
                 known = self._devices(st)
-        except FileNotFoundError as exc:
+                if not known:  # nothing this page can draw: say what the store holds (not a 404)
+                    query.pick_devices(st, query.POINT_KINDS)
+        except (FileNotFoundError, QueryError) as exc:
             return self._html("empty.html", title="item", message=str(exc))
         s, form = self._series(p)
         rows = []
