@@ -319,3 +319,21 @@ def test_every_dashboard_page_on_an_empty_store_says_so(tmp_path: Any, store: st
                 assert "not a pansketch database" in d, path
     finally:
         s.stop()
+
+
+def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: Any) -> None:
+    """`make demo` installs no matplotlib: --plot says so before querying, and the README agrees."""
+    from host_tools.query.plot import MISSING
+    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+
+    conf = _write_conf(str(tmp_path))
+    _store(conf, {"cs-1": _cs_device()})
+    code = ("import sys; sys.modules['matplotlib'] = None; from host_tools.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "query", "--config", conf, "series", "item-1", "--plot",
+                        str(tmp_path / "a.png")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
+    assert _one_line(r, 2, "plot") == "pansketch query: " + MISSING
+    assert not (tmp_path / "a.png").exists() and not r.stdout
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert "`--plot` needs matplotlib, which `make demo` does not install: `pip install 'pansketch[repro]'`" in readme
+    assert "pip install 'pansketch[repro]'" in MISSING and "make demo" in MISSING

@@ -20,8 +20,9 @@ from host_tools.query.series import Series
 FORMATS = (".png", ".svg", ".pdf")
 
 
-MISSING = ("--plot needs matplotlib, which `make demo` does not install: pip install matplotlib "
-           "(or `make setup-python`: the test and repro extras)")
+# README "Dashboard, metrics and plots" says the same (tests/test_first_hour.py holds them together)
+MISSING = ("--plot needs matplotlib, which `make demo` does not install: pip install 'pansketch[repro]' "
+           "(`make setup-python` installs it too)")
 
 
 def check_path(path: str) -> None:
