@@ -337,3 +337,32 @@ def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: 
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     assert "`--plot` needs matplotlib, which `make demo` does not install: `pip install 'pansketch[repro]'`" in readme
     assert "pip install 'pansketch[repro]'" in MISSING and "make demo" in MISSING
+
+
+# -- one delta convention for every eps figure -------------------------------------------------------------
+def test_status_dashboard_and_audit_give_one_eps_at_one_delta(tmp_path: Any) -> None:
+    """issue 24: audit said 'claim 4.728 (δ = 1e-05)', status 'eps = 5.76 at delta = 1e-06' for one config."""
+    from agent.params import Params
+    from host_tools import hostconfig
+    from host_tools.audit import engine, stats
+    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+
+    conf = _write_conf(str(tmp_path))
+    _store(conf, {"cs-1": _cs_device()})  # dgauss rho = 1/2 (the Params default)
+    p = Params({"device": "cs-1", "salt": "dash-kinds-salt", "kind": "cs", "d": 4, "w": 64, "window_s": 3600})
+    assert hostconfig.load(conf).query.delta == engine.DEFAULT_DELTA == 1e-6
+    claim = engine.claim_of(p)
+    rep = json.loads(pansketch("status", "--config", conf, "--json").stdout)
+    g = rep["devices"][0]["guarantee"]
+    assert g["rho"] == "1/2" and g["delta"] == claim.delta == 1e-6
+    assert g["eps_at_delta"] == pytest.approx(claim.eps, abs=1e-6) == pytest.approx(5.2215, abs=1e-3)
+    # the calibration: the delta this eps reaches is the configured one (not looser, and tight)
+    assert stats.zcdp_delta(0.5, g["eps_at_delta"]) <= 1e-6 < stats.zcdp_delta(0.5, g["eps_at_delta"] - 0.01)
+    text = pansketch("status", "--config", conf).stdout
+    assert "eps=%.3f at delta=1e-06" % claim.eps in text and "5.76" not in text
+    # configurable, in one place for the host: [query] delta moves status (and the dashboard) with it
+    with open(conf, "a") as f:
+        f.write('[query]\ndelta = "1e-5"\n')
+    g5 = json.loads(pansketch("status", "--config", conf, "--json").stdout)["devices"][0]["guarantee"]
+    assert g5["delta"] == 1e-5 and g5["eps_at_delta"] == pytest.approx(engine.claim_of(p, 1e-5).eps, abs=1e-6)
+    assert g5["eps_at_delta"] == pytest.approx(4.728, abs=1e-3)

@@ -59,7 +59,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--list-scenarios", action="store_true", help="list the scenarios of each mode and exit")
     p.add_argument("--w", type=int, default=8, help="columns of the audited sketch (default 8)")
     p.add_argument("--delta", type=float, default=engine.DEFAULT_DELTA,
-                   help="delta at which a dgauss rho-zCDP claim is converted to (eps, delta) (default 1e-5)")
+                   help="delta at which a dgauss rho-zCDP claim is converted to (eps, delta) (default %(default)g, "
+                        "the host's [query] delta default: pansketch status and the dashboard give the same eps)")
     p.add_argument("--real", action="store_true",
                    help="run every trial on the real code path (slow) instead of the verified model")
     p.add_argument("--real-trials", type=int, default=1000,

@@ -320,7 +320,7 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
         for wdw in f["windows"]:
             g = wdw["guarantee"]
             gtxt = ", ".join("%s=%s" % (k, g[k]) for k in ("eps", "rho") if k in g)
-            p("    window %d (%ss from %s): %d device(s), %s, eps=%.3g at delta=%g" % (
+            p("    window %d (%ss from %s): %d device(s), %s, eps=%.3f at delta=%g" % (
                 wdw["window"], wdw["win_s"], wdw["start"], wdw["devices"], gtxt, g["eps_at_delta"], g["delta"]))
     if rep["recent_rejections"]:
         p("")
