@@ -203,8 +203,30 @@ class Agent:
         self.source.start()
         ended = self.pump()
         code = EXIT_OK
+        if ended and getattr(self.args, "no_flush", False):
+            # deliver only what waits in the outbox. The open window is NOT skipped because it is
+            # empty: that choice is the operator's flag, never the data (a release that exists only
+            # when events were counted would tell that none were); it goes out at its boundary.
+            self.rec.persist(self.clock.now())
+            self.log("--no-flush: the open window stays in the noisy state until its boundary; "
+                     "delivering the %d release(s) in the outbox" % len(self.rec.outbox.pending()))
+            ended = False
+            code = EXIT_OK
+            self.pub.wake()
+            if not self.pub.wait_delivered(finite_timeout, self.stopping):
+                left = self.rec.outbox.pending()
+                self.log("%d release(s) not stored by the host within %g s (seq %s); they stay in %s"
+                         % (len(left), finite_timeout or 0, _seq_list(left), self.rec.outbox.dir))
+                code = EXIT_UNDELIVERED
+            else:
+                self.log("all releases stored by the host (next seq %d)" % (self.rec.seq,))
+            self.source.stop()
+            self.pub.stop()
+            return code
         if ended:
-            # end of a batch input: release early (DESIGN.md allows it for batch replays)
+            # end of a batch input: release early (DESIGN.md allows it for batch replays). Also with
+            # no events at all (feed < /dev/null): whether a release exists must not depend on the
+            # data; --no-flush is the way to only deliver the outbox.
             if not self._flush_when_room(finite_timeout):
                 self.rec.persist(self.clock.now())
                 self.log("could not commit the final release (see above); the noisy state is saved and is "
@@ -319,9 +341,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         size = len(release.encode(p, 0, a, a + (1 << lv), 0, new_counters(p.cells), 2, lv))
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
-    print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.cells))
-    print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
-          % ((2**31 - 1) // p.clip, p.clip))
+    if p.kind == "dbits":  # d levels of w bits; a release is d noisy counts (agent/dbits.py)
+        print("sketch      dbits: %d levels of %d bits (%d bits in RAM); a release holds %d noisy counts"
+              % (p.d, p.w, p.d * p.w, p.d))
+    else:
+        print("sketch      %s%s d=%d w=%d clip=%d (%d counters)"
+              % (p.kind, " b=%d (%d levels)" % (p.b, p.dcs_levels) if p.kind == "dcs" else "", p.d, p.w, p.clip,
+                 p.cells))
+        print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
+              % ((2**31 - 1) // p.clip, p.clip))
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
               % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))
@@ -352,8 +380,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from agent import plan
 
     lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
-    for line in plan.report(p, lengths, args.levels):
-        print(line)
+    if p.kind not in ("dcs", "dbits"):  # tree mode is for cms/cs only: nothing to compare for the others
+        for line in plan.report(p, lengths, args.levels):
+            print(line)
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
     warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
@@ -467,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "Exit 1 if that takes longer than --timeout; nothing is lost, the releases stay in the "
                        "outbox and are re-sent by the next run or feed.")
     common(p, 60.0)
+    p.add_argument("--no-flush", action="store_true",
+                   help="at end of input do not release the open window early (it is released at its boundary "
+                   "by the next run or feed): `feed --no-flush < /dev/null` only delivers the outbox. Without it "
+                   "the end of input always releases, also with no events: skipping an empty window would make "
+                   "the release depend on the data")
     p.set_defaults(func=lambda a: cmd_run(a, feed=True))
     p = sub.add_parser("check", help="validate a config, print the noise, guarantee and release size, try the broker",
                        description="Validate the config file, print the per-cell noise, the per-event guarantee "

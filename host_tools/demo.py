@@ -557,8 +557,9 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
         if args.dir:
             say("  dashboard: pansketch serve --config %s --candidates %s --port %d, then %s"
                 % (conf, cands, args.port, url))
-        else:
-            say("  dashboard: pansketch demo --serve keeps it running at %s" % url)
+        else:  # nothing serves, and the store goes away with the work dir: do not suggest otherwise
+            say("  dashboard: not running (this demo's files are removed now); `pansketch demo --serve` keeps "
+                "one at %s until Ctrl-C" % url)
         return 0
     from host_tools.web.serve import is_loopback
 

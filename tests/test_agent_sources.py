@@ -217,3 +217,25 @@ def test_check_tries_the_mqtt_source_broker(tmp_path):
         assert "source mqtt localhost:%d topic tele/+/SENSOR: OK" % m.port in ok.stdout
     finally:
         m.stop()
+
+
+def test_feed_no_flush_delivers_only_the_outbox(tmp_path):
+    """issue 24: `feed < /dev/null` (to flush the outbox) made a noise-only release. That release stays:
+    whether one exists must not depend on the data (none counted). --no-flush is the data-independent way."""
+    import subprocess
+    import sys
+
+    from tests.test_e2e_support import REPO, agent_env, free_port
+
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[device]\nid = "x3"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
+                   % free_port())
+    base = [sys.executable, "-m", "agent.daemon", "feed", "--config", str(cfg), "--timeout", "1"]
+    with open(os.devnull, "rb") as null:
+        r = subprocess.run(base + ["--no-flush"], stdin=null, capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not os.listdir(tmp_path / "st" / "outbox"), "--no-flush made a release"
+    with open(os.devnull, "rb") as null:
+        r = subprocess.run(base, stdin=null, capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
+    assert r.returncode == 1  # no broker: the release waits in the outbox
+    assert len(os.listdir(tmp_path / "st" / "outbox")) == 1, "end of input releases, events or not"

@@ -366,3 +366,43 @@ def test_status_dashboard_and_audit_give_one_eps_at_one_delta(tmp_path: Any) -> 
     g5 = json.loads(pansketch("status", "--config", conf, "--json").stdout)["devices"][0]["guarantee"]
     assert g5["delta"] == 1e-5 and g5["eps_at_delta"] == pytest.approx(engine.claim_of(p, 1e-5).eps, abs=1e-6)
     assert g5["eps_at_delta"] == pytest.approx(4.728, abs=1e-3)
+
+
+# -- smaller items -------------------------------------------------------------------------------------------
+@needs_mosquitto
+def test_cdf_labels_say_below_and_above_and_flag_estimates_outside_their_interval(demo: dict[str, str]) -> None:
+    out = q(demo, "cdf").stdout
+    rows = [ln for ln in out.splitlines() if not ln.startswith("#") and re.match(r"^ +\d+ ", ln)]
+    assert re.search(r"^ +0 +< -39\.9 ", rows[0]) and re.search(r"^ +4095 +>= 369\.5 ", rows[-1]), out
+    assert "[-," not in out and ", -)" not in out and "00000000" not in out
+    flagged = [ln for ln in rows if ln.endswith("  !")]
+    for ln in rows:  # a row is flagged exactly when its CDF estimate is outside its interval
+        cdf, lo, hi = (float(x) for x in re.findall(r"(-?\d+\.\d{4})", ln)[-3:])
+        assert (ln in flagged) == (not min(lo, hi) <= cdf <= max(lo, hi)) or "!" in ln, ln
+    if flagged:
+        assert "# ! = %d noisy estimate(s) outside their own interval" % len(flagged) in out
+
+
+def test_demo_without_a_terminal_does_not_claim_a_running_dashboard() -> None:
+    r = pansketch("demo", "--agents", "1", "--windows", "1", "--events", "200", "--w", "64", "--items", "50",
+                  "--cs-only", "--port", "0")
+    if "no MQTT broker available" in r.stderr:
+        pytest.skip(r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert "keeps it running" not in r.stdout and "dashboard: not running" in r.stdout
+
+
+def test_check_has_no_tree_line_for_dcs_and_dbits_and_describes_dbits(tmp_path: Any) -> None:
+    from tests.test_e2e_support import agent_env
+
+    for kind, body, want in (("dbits", 'kind = "dbits"\nd = 16\nw = 256\n[privacy]\nmechanism = "dlap"\n'
+                                         'budget = "1"\n', "dbits: 16 levels of 256 bits"),
+                             ("dcs", 'kind = "dcs"\nb = 12\nd = 4\nw = 256\nmap = [10, 1, -40]\n',
+                              "dcs b=12 (13 levels) d=4 w=256")):
+        cfg = tmp_path / ("%s.toml" % kind)
+        cfg.write_text('[device]\nid = "x1"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[sketch]\n' + body)
+        r = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "--config", str(cfg), "--offline"],
+                           capture_output=True, text=True, cwd=REPO, env=agent_env(), timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert want in r.stdout and "range noise" not in r.stdout and "tree mode" not in r.stdout, r.stdout
+        assert "(16 counters)" not in r.stdout

@@ -136,6 +136,25 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     common(dq)
 
 
+def reading_label(rd: Sequence[Optional[float]]) -> str:
+    """A domain value's readings for people: '[20.5, 20.6)', or '< -39.9' / '>= 369.5' for the end
+    values, which also hold every reading clamped into them (not '[-, -39.9)')."""
+    lo, hi = rd
+    if lo is None and hi is None:
+        return "any reading"
+    if lo is None:
+        return "< %.10g" % hi  # type: ignore[str-format]
+    if hi is None:
+        return ">= %.10g" % lo
+    return "[%.10g, %.10g)" % (lo, hi)
+
+
+def _outside(r: dict[str, Any]) -> bool:
+    """The estimate lies outside its own interval (noise; the interval is the statement to trust)."""
+    return not (r["rank_lo"] <= r["rank"] <= r["rank_hi"] and min(r["cdf_lo"], r["cdf_hi"]) <= r["cdf"]
+                <= max(r["cdf_lo"], r["cdf_hi"]))
+
+
 def _fmt(x: Optional[float]) -> str:
     if x is None:
         return "-"
@@ -180,18 +199,26 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
     if args.qtype == "heavy":
         print("%4s  %22s  %24s  %12s  %s" % ("RANK", "VALUE", "READING", "ESTIMATE", "INTERVAL"))
         for r in rows:
-            print("%4d  %22d  %24s  %12s  [%s, %s]" % (r["rank"], r["value"], "[%s, %s)" % tuple(
-                _fmt(x) for x in r["reading"]), _fmt(r["estimate"]), _fmt(r["lo"]), _fmt(r["hi"])))
+            print("%4d  %22d  %24s  %12s  [%s, %s]" % (r["rank"], r["value"], reading_label(r["reading"]),
+                                                        _fmt(r["estimate"]), _fmt(r["lo"]), _fmt(r["hi"])))
     else:
         head = ("%6s  " % "Q" if args.qtype == "quantile" else "")
         print(head + "%22s  %24s  %12s  %26s  %8s  %s" % ("VALUE", "READING", "RANK<=", "RANK INTERVAL", "CDF",
                                                           "CDF INTERVAL"))
+        outside = 0
         for r in rows:
             line = ("%6g  " % r["q"] if args.qtype == "quantile" else "")
             line += "%22d  %24s  %12s  %26s  %8.4f  [%.4f, %.4f]" % (
-                r["value"], "[%s, %s)" % tuple(_fmt(x) for x in r["reading"]), _fmt(r["rank"]),
+                r["value"], reading_label(r["reading"]), _fmt(r["rank"]),
                 "[%s, %s]" % (_fmt(r["rank_lo"]), _fmt(r["rank_hi"])), r["cdf"], r["cdf_lo"], r["cdf_hi"])
+            if _outside(r):
+                outside += 1
+                line += "  !"
             print(line)
-        print("# n = %s [%s, %s]" % (_fmt(r0["n"]), _fmt(r0["n_lo"]), _fmt(r0["n_hi"])))
+        print("# n = %s [%s, %s]; READING: the readings of that domain value (the end values also hold the "
+              "readings clamped into them)" % (_fmt(r0["n"]), _fmt(r0["n_lo"]), _fmt(r0["n_hi"])))
+        if outside:
+            print("# ! = %d noisy estimate(s) outside their own interval (the raw sums are not monotone); "
+                  "trust the interval, not the point" % outside)
     print("# answered in %.1f ms" % (el * 1000), file=sys.stderr if args.json else sys.stdout)
     return 0
