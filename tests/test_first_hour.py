@@ -406,3 +406,33 @@ def test_check_has_no_tree_line_for_dcs_and_dbits_and_describes_dbits(tmp_path: 
         assert r.returncode == 0, r.stderr
         assert want in r.stdout and "range noise" not in r.stdout and "tree mode" not in r.stdout, r.stdout
         assert "(16 counters)" not in r.stdout
+
+
+@needs_mosquitto
+def test_dashboard_details_caption_chart_x_and_fleet_columns(demo: dict[str, str]) -> None:
+    import html as htmlmod
+    import urllib.request
+
+    from host_tools.demo import T0
+    from tests.dash_support import Server
+
+    s = Server(demo["conf"])
+    try:
+        def get(path: str) -> str:
+            with urllib.request.urlopen(s.url + path, timeout=30) as r:
+                return r.read().decode("utf-8")
+
+        page = get("/item?item=host-00001.example&per_device=1")
+        note = re.search(r'<p class="note">Estimated count per.*?</p>', page, re.S)
+        assert note and "one line per device" in note.group(0) and "whole fleet" not in note.group(0), note
+        data = json.loads(htmlmod.unescape(re.search(r'<script type="application/json" id="series-data">(.*?)'
+                                                     r'</script>', page, re.S).group(1)))
+        assert data["x"] == [T0, T0 + 3600, T0 + 7200]  # bucket starts, like the table's FROM column
+        assert "2026-01-01T00:00:00Z" in page or "2026-01-01 00:00" in page
+        fleet = get("/")
+        heads = re.findall(r"<th[^>]*>([^<]+)</th>", re.search(r'<table id="devices".*?</thead>', fleet,
+                                                               re.S).group(0))
+        assert heads[:2] == ["device", "status"], heads  # the status is never scrolled out of view
+        assert 'class="wrap">guarantee per event' in fleet
+    finally:
+        s.stop()

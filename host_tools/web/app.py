@@ -373,7 +373,7 @@ class Dashboard(KindPages):
 
     @staticmethod
     def _chart(s: series.Series) -> dict[str, Any]:
-        xs = [(p.t0 + p.t1) / 2 for p in s.lines[0].points] if s.lines else []
+        xs = [p.t0 for p in s.lines[0].points] if s.lines else []  # bucket starts, as the table says
         lines = []
         for i, ln in enumerate(s.lines):
             est, lo, hi, zero = [], [], [], []
