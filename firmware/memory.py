@@ -261,6 +261,11 @@ def main(argv=None):
         lines = estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow)
         for line in lines:
             print(line)
+        if not cfg.tls:
+            print("warning: mqtt.tls is off: the broker of deploy/OPERATIONS.md takes devices only over TLS "
+                  "(port 8883, mqtt.tls.ca = its fleet CA in DER, ca.der from make-device-credentials.sh)")
+        elif not cfg.tls_verify:
+            print("warning: mqtt.tls.verify is false: anyone on the network can pose as the broker")
         if a.require_fit and all("DOES NOT FIT" in line for line in lines):
             print("%s: fits no board profile (%s): make w (or d, or L) smaller, see the largest w above"
                   % (a.config, ", ".join(k for k, _ in PROFILES)))
