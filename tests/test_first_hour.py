@@ -436,3 +436,17 @@ def test_dashboard_details_caption_chart_x_and_fleet_columns(demo: dict[str, str
         assert 'class="wrap">guarantee per event' in fleet
     finally:
         s.stop()
+
+
+@needs_mosquitto
+def test_freq_plot_subtitle_is_not_clipped(demo: dict[str, str], tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    import numpy as np
+    from PIL import Image
+
+    png = str(tmp_path / "f.png")
+    r = q(demo, "freq", "host-00001.example", "x", "--plot", png)
+    assert r.returncode == 0, r.stderr
+    px = np.asarray(Image.open(png).convert("L"), dtype=np.int16)
+    top = px[: px.shape[0] // 4]  # the title block
+    assert (top[:, -4:] > 240).all(), "title text reaches the right edge: clipped"

@@ -129,7 +129,10 @@ def plot_answers(answers: Sequence[Answer], path: str, title: str = "") -> str:
         sub = "%g%% interval per item (not simultaneous); %d release(s) from %d device(s), %s to %s" % (
             round(100 * a0.confidence, 3), a0.releases, len(a0.devices), iso(a0.since), iso(a0.until))
     ax.set_xlabel("estimated count (grey: interval includes 0)")
-    ax.set_title((title + "\n" if title else "") + sub, fontsize=9)
+    import textwrap
+
+    # wrapped: one line of ~140 characters ran past the right edge of the 9-inch figure (issue 24)
+    ax.set_title((title + "\n" if title else "") + textwrap.fill(sub, 95), fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
