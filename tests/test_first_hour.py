@@ -91,7 +91,7 @@ def test_a_store_without_the_kind_says_what_it_holds(tmp_path: Any) -> None:
     _store(conf, {"cs-1": _cs_device()})
     r = pansketch("query", "--config", conf, "quantile", "--q", "0.5")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert "no releases of kind dcs in this store; it holds cs (1 device: freq, topk, series)" in r.stderr
+    assert "no releases of kind 'dcs' in this store; it holds kind cs (1 device: answers freq, topk, series)" in r.stderr
 
 
 # -- item 2: an empty or foreign database ------------------------------------------------------------
@@ -162,11 +162,11 @@ def test_every_subcommand_on_bad_input_is_one_line_and_its_exit_code(tmp_path: A
         (["query", *c, "series", "x", "--since", "2026-01-02", "--until", "2026-01-01"], 2, "not after"),
         (["query", *c, "series", "x", "--window", "3"], 2, "--since/--until"),
         (["query", *c, "quantile", "--q", "2"], 2, "[0, 1]"),
-        (["query", *c, "quantile", "--q", "0.5"], 1, "no releases of kind dcs"),
+        (["query", *c, "quantile", "--q", "0.5"], 1, "no releases of kind 'dcs'"),
         (["query", *c, "cdf", "--points", "1"], 2, "at least 2"),
         (["query", *c, "heavy", "-k", "0"], 2, "at least 1"),
         (["query", *c, "distinct", "--window", "x"], 2, "--window"),
-        (["query", *c, "distinct"], 1, "no releases of kind dbits"),
+        (["query", *c, "distinct"], 1, "no releases of kind 'dbits'"),
         (["serve", *c, "--port", "-1"], 2, "--port"),
         (["serve", *c, "--bind", "0.0.0.0"], 2, "token"),
         (["demo", "--agents", "0"], 2, "at least 1"),

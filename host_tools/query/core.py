@@ -193,10 +193,11 @@ def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
             by_kind.setdefault(row[3], []).append(row[0])
     fit = [k for k in kinds if by_kind.get(k)]
     if not fit:
-        what = ", ".join("%s (%d device%s: %s)" % (k, len(v), "" if len(v) == 1 else "s", KIND_QUERIES.get(k, "?"))
+        what = ", ".join("kind %s (%d device%s: answers %s)" % (k, len(v), "" if len(v) == 1 else "s",
+                                                                KIND_QUERIES.get(k, "?"))
                          for k, v in sorted(by_kind.items()))
         raise QueryError("no releases of kind %s in this store%s" % (
-            " or ".join(kinds), "; it holds " + what if what else ""))
+            " or ".join("'%s'" % k for k in kinds), "; it holds " + what if what else ""))
     best = min(fit, key=lambda k: (-len(by_kind[k]), list(kinds).index(k)))
     if len(by_kind[best]) == len(active):
         return None
