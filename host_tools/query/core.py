@@ -181,27 +181,23 @@ KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": 
 def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
     """On a store that mixes kinds: the devices a query of ``kinds`` should merge when none are named.
 
-    The devices (with releases) of the one kind among ``kinds`` that most devices have (ties: the
-    earlier in ``kinds``); None when that is every device with releases (the fleet-wide path, with
-    roll-ups). Devices of that kind with different shapes still meet the merge's refusal, which names
-    them. QueryError naming what the store holds when no device is of those kinds.
+    The devices of the one kind among ``kinds`` that most devices have (ties: the earlier in
+    ``kinds``); None when the store holds that kind only (the fleet-wide path, with roll-ups).
+    Devices of that kind with different shapes still meet the merge's refusal, which names them.
+    QueryError naming what the store holds when no device is of those kinds. Reads the devices
+    table only (one row per device), never the releases.
     """
-    active = {r[0] for r in store.device_activity()}
-    by_kind: dict[str, list[str]] = {}
-    for row in store.devices():
-        if row[0] in active:
-            by_kind.setdefault(row[3], []).append(row[0])
-    fit = [k for k in kinds if by_kind.get(k)]
+    held = store.kind_counts()
+    fit = [k for k in kinds if held.get(k)]
     if not fit:
-        what = ", ".join("kind %s (%d device%s: answers %s)" % (k, len(v), "" if len(v) == 1 else "s",
-                                                                KIND_QUERIES.get(k, "?"))
-                         for k, v in sorted(by_kind.items()))
+        what = ", ".join("kind %s (%d device%s: answers %s)" % (k, n, "" if n == 1 else "s", KIND_QUERIES.get(k, "?"))
+                         for k, n in sorted(held.items()))
         raise QueryError("no releases of kind %s in this store%s" % (
             " or ".join("'%s'" % k for k in kinds), "; it holds " + what if what else ""))
-    best = min(fit, key=lambda k: (-len(by_kind[k]), list(kinds).index(k)))
-    if len(by_kind[best]) == len(active):
+    best = min(fit, key=lambda k: (-held[k], list(kinds).index(k)))
+    if len(held) == 1:
         return None
-    return sorted(by_kind[best])
+    return store.devices_of_kind(best)
 
 
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
@@ -418,9 +414,14 @@ def _point_kind(m: Merged) -> None:
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True) -> list[Answer]:
-    """Estimated frequency of each item (in order) over the selection, with intervals."""
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, kinds=POINT_KINDS)
+         use_rollups: bool = True, pick: bool = True) -> list[Answer]:
+    """Estimated frequency of each item (in order) over the selection, with intervals.
+
+    ``pick``: on a store that mixes kinds, merge the devices of :data:`POINT_KINDS` when no device is
+    named (:func:`pick_devices`); False when the caller already did (series, per bucket).
+    """
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups,
+                           kinds=POINT_KINDS if pick else None)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)

@@ -170,7 +170,8 @@ def bucket_answers(store: Store, items: Sequence[Any], salt: str, t0: int, t1: i
                    devices: Optional[list[str]], confidence: float) -> list[Point]:
     """One point per item for the releases inside [t0, t1) (the range-query seam)."""
     try:
-        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence)
+        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence,
+                             pick=False)  # series() picked the devices once
     except QueryError as exc:
         return [Point(t0, t1, None, str(exc)) for _ in items]
     return [Point(t0, t1, a) for a in answers]

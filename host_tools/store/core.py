@@ -830,6 +830,13 @@ class SQLStore:
         """(device, salt, hv, kind, d, w, ep_s, first_received) per known device."""
         return self._q("SELECT device, salt, hv, kind, d, w, ep_s, first_received FROM devices ORDER BY device")
 
+    def kind_counts(self) -> dict[str, int]:
+        """kind -> number of devices (a device row is written with its first stored release)."""
+        return {str(k): int(n) for k, n in self._q("SELECT kind, COUNT(*) FROM devices GROUP BY kind")}
+
+    def devices_of_kind(self, kind: str) -> list[str]:
+        return [str(r[0]) for r in self._q("SELECT device FROM devices WHERE kind = ? ORDER BY device", (kind,))]
+
     def rejections(self, limit: Optional[int] = None) -> list[tuple[Any, ...]]:
         """(id, received, topic, device, code, reason, size, sha256), newest first."""
         sql = "SELECT id, received, topic, device, code, reason, size, sha256 FROM rejections ORDER BY id DESC"
