@@ -458,8 +458,11 @@ def run_demo(args: argparse.Namespace) -> int:
         if not args.cs_only:
             say("")
             with Store(cfg.aggregator.db, readonly=True) as st:
-                for line in kind_lines(st, args, extra, ranked[0]):
-                    say(line)
+                lines = kind_lines(st, args, extra, ranked[0])
+            lines.insert(1, "  cs     %-12s the table above: %d of %d true counts inside their intervals"
+                         % ("demo-pi-1..%d" % args.agents, covered, len(answers)))
+            for line in lines:
+                say(line)
         say("")
         say("  try it yourself: pansketch query --config %s freq %s" % (os.path.join(workdir, "host.toml"), ranked[0])
             if args.dir else "  (run with --dir DIR to keep the broker config, database and outboxes)")
