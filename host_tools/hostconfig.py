@@ -5,12 +5,23 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
     [broker]      host ("localhost"), port (1883; 8883 with TLS), tls (false),
                   tls_ca, tls_cert, tls_key, username, password, password_file,
                   client_id (see below), keepalive (60),
-                  reconnect_min_s (1), reconnect_max_s (60)
+                  reconnect_min_s (1), reconnect_max_s (60),
+                  kind ("mosquitto"; "rabbitmq": the aggregator consumes a
+                  quorum queue over AMQP, host_tools.ingest.amqp), and for
+                  kind = "rabbitmq": amqp_nodes (["<host>:5672"]; 5671 with
+                  TLS), queue ("pansketch.releases"), vhost ("/")
     [aggregator]  db ("pansketch.db", relative to the config file; or a
                   "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
                   max_bytes (1048576), qos (1), session_expiry_s (86400;
-                  0 with a shared_group: see AggregatorConfig),
+                  0 with a shared_group: see AggregatorConfig);
+                  hostile input (docs/HOST.md "Hostile input"):
+                  validate_cpu_s (1), reject_keep_bytes (256),
+                  rejections_max_rows (10000), rejections_max_bytes
+                  (16777216), rejections_retention_s (2592000),
+                  reject_log_interval_s (60), max_clock_skew_s (600),
+                  max_seq_jump (100000), quarantine_max_rows (1000),
+                  quarantine_max_bytes (67108864);
                   group_wait_ms (20: how long the writer gathers a group
                   commit), wal_limit_mb (64: SQLite WAL size that makes the
                   writer run a TRUNCATE checkpoint), retain_raw_s (0: keep
@@ -49,9 +60,12 @@ from agent.sketch import KINDS
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
-               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s"),
-    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "group_wait_ms",
-                   "wal_limit_mb", "retain_raw_s"),
+               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s",
+               "kind", "amqp_nodes", "queue", "vhost"),
+    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
+                   "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
+                   "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
+                   "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "retain_raw_s"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
@@ -77,6 +91,10 @@ class BrokerConfig:
     keepalive: int = 60
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
+    kind: str = "mosquitto"  # or "rabbitmq" (host_tools.ingest.amqp)
+    amqp_nodes: tuple[tuple[str, int], ...] = ()
+    queue: str = "pansketch.releases"
+    vhost: str = "/"
 
 
 @dataclass
@@ -90,6 +108,16 @@ class AggregatorConfig:
     # across a restart), 0 for a shared-group member (clean start: a member that dies leaves the group
     # at once; mosquitto 2.0 would otherwise keep handing its offline session a share of the releases)
     session_expiry_s: int = -1
+    validate_cpu_s: float = 1.0  # per-message CPU budget of validation: over it, refused with code 'timeout'
+    reject_keep_bytes: int = 256  # prefix of a refused payload kept (with its SHA-256, size and reason)
+    rejections_max_rows: int = 10000
+    rejections_max_bytes: int = 16 << 20
+    rejections_retention_s: float = 30 * 86400.0
+    reject_log_interval_s: float = 60.0  # at most 10 rejection warnings per interval, then one summary
+    max_clock_skew_s: float = 600.0  # a release whose epochs start later than now + this is quarantined
+    max_seq_jump: int = 100000  # ... and one whose seq is this far above the device's highest stored seq
+    quarantine_max_rows: int = 1000
+    quarantine_max_bytes: int = 64 << 20
     group_wait_ms: int = 20  # the writer waits up to this for more messages before a group commit
     wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (TRUNCATE) by the writer
     retain_raw_s: int = 0  # 0: keep raw payloads; else prune rolled-up releases received this long ago
@@ -187,6 +215,22 @@ def _topic_filter(topic: str, key: str) -> str:
     return topic
 
 
+def _amqp_nodes(b: dict[str, Any], host: str, port: int) -> tuple[tuple[str, int], ...]:
+    """[broker] amqp_nodes: ["host:port", ...] (the AMQP listeners of the RabbitMQ nodes)."""
+    raw = _get(b, "broker", "amqp_nodes", list, None)
+    if raw is None:
+        return ((host, port),)
+    out = []
+    for v in raw:
+        m = re.fullmatch(r"(.+):([0-9]{1,5})", v) if isinstance(v, str) else None
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            raise ConfigError("broker.amqp_nodes", "each entry must be a \"host:port\" string, got %r" % (v,))
+        out.append((m.group(1), int(m.group(2))))
+    if not out:
+        raise ConfigError("broker.amqp_nodes", "must list at least one node")
+    return tuple(out)
+
+
 # -- loading ---------------------------------------------------------------
 def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
     """Parse and validate a config given as TOML text."""
@@ -247,6 +291,14 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
     if broker.password is not None and broker.username is None:
         raise ConfigError("broker.username", "is required when a password is set")
+    broker.kind = _get(b, "broker", "kind", str, "mosquitto")
+    if broker.kind not in ("mosquitto", "rabbitmq"):
+        raise ConfigError("broker.kind", "must be 'mosquitto' or 'rabbitmq', got %r" % broker.kind)
+    broker.amqp_nodes = _amqp_nodes(b, broker.host, 5671 if tls else 5672)
+    broker.queue = _get(b, "broker", "queue", str, "pansketch.releases")
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", broker.queue) or broker.queue.startswith("amq."):
+        raise ConfigError("broker.queue", "must be 1-200 letters, digits, '_', '.', ':' or '-', not amq.*")
+    broker.vhost = _get(b, "broker", "vhost", str, "/")
     if len(broker.client_id.encode()) > 128:
         raise ConfigError("broker.client_id", "must be at most 128 bytes")
 
@@ -274,6 +326,18 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         wal_limit_mb=_int_range(a, "aggregator", "wal_limit_mb", 64, 1, 1 << 20),
         retain_raw_s=_int_range(a, "aggregator", "retain_raw_s", 0, 0, 100 * 365 * 86400),
     )
+    agg.validate_cpu_s = _seconds(a, "aggregator", "validate_cpu_s", 1.0)
+    if not 0.01 <= agg.validate_cpu_s <= 60:
+        raise ConfigError("aggregator.validate_cpu_s", "must be between 0.01 and 60 seconds")
+    agg.reject_keep_bytes = _int_range(a, "aggregator", "reject_keep_bytes", 256, 0, 1 << 16)
+    agg.rejections_max_rows = _int_range(a, "aggregator", "rejections_max_rows", 10000, 10, 1 << 31)
+    agg.rejections_max_bytes = _int_range(a, "aggregator", "rejections_max_bytes", 16 << 20, 1 << 16, 1 << 40)
+    agg.rejections_retention_s = _seconds(a, "aggregator", "rejections_retention_s", 30 * 86400.0)
+    agg.reject_log_interval_s = _seconds(a, "aggregator", "reject_log_interval_s", 60.0)
+    agg.max_clock_skew_s = _seconds(a, "aggregator", "max_clock_skew_s", 600.0)
+    agg.max_seq_jump = _int_range(a, "aggregator", "max_seq_jump", 100000, 1, 1 << 32)
+    agg.quarantine_max_rows = _int_range(a, "aggregator", "quarantine_max_rows", 1000, 1, 1 << 31)
+    agg.quarantine_max_bytes = _int_range(a, "aggregator", "quarantine_max_bytes", 64 << 20, 1 << 16, 1 << 40)
     if agg.qos == 0:
         raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")
     if 0 < agg.retain_raw_s < MIN_RETAIN_RAW_S:
