@@ -28,9 +28,9 @@ from tests.broker import needs_mosquitto, start_mosquitto
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
 
 E0 = T0 // 3600
-OLD = 1_000.0  # received times: "old" releases (pruned by a cut at CUT), "new" ones (kept)
-NEW = 5_000.0
-CUT = 2_000.0
+OLD = float(T0 + 86400)  # received times (after the epochs): "old" releases (pruned by a cut at CUT), "new" ones
+NEW = OLD + 4000.0
+CUT = OLD + 1000.0
 
 
 def _fill(tmp: Any) -> tuple[Aggregator, dict[tuple[str, int], bytes]]:
