@@ -218,8 +218,8 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
     aggs = [_start_aggregator(tmp, conf, 0)]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the aggregator (quiet) has subscribed: the broker logs it
-        with open(os.path.join(tmp, "mosquitto.log"), "rb") as f:
-            if b"soak-agg 1 pansketch/+/release" in f.read():
+        with open(os.path.join(tmp, "mosquitto.log"), "rb") as logf:
+            if b"soak-agg 1 pansketch/+/release" in logf.read():
                 break
         time.sleep(0.05)
     ctx = mp.get_context("fork")
