@@ -22,7 +22,6 @@ from agent.tomlconf import ConfigError
 from agent.tomlconf import get as _get
 from agent.tomlconf import path as _path
 from agent.tomlconf import seconds as _seconds
-from agent.tomlconf import type_name as _tname
 
 from agent.params import ParamError, Params
 

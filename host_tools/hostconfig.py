@@ -35,7 +35,6 @@ from agent.tomlconf import get as _get
 from agent.tomlconf import int_range as _int_range
 from agent.tomlconf import path as _path
 from agent.tomlconf import seconds as _seconds
-from agent.tomlconf import type_name as _tname
 
 from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio

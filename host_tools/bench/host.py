@@ -51,7 +51,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent import hashing, release
+from agent import release
 from agent.params import Params
 
 SALT = "bench-fleet-salt"

@@ -33,7 +33,6 @@ from typing import Any, Optional
 import cbor2
 import numpy as np
 
-from agent import hashing
 from agent.batch import add_batch
 from agent.params import Params
 from agent.recorder import Recorder

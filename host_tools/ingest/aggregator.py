@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
 from host_tools import hostconfig

@@ -29,7 +29,6 @@ coverage checked by simulation in tests/test_dbits.py.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Optional, Sequence, Union
 

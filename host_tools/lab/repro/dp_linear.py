@@ -23,7 +23,6 @@ published CS comes from).
 from __future__ import annotations
 
 import hashlib
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from host_tools.lab.algorithms.linear import (DyadicCountSketch, dcs_shape, note
                                           union_E)
 from host_tools.lab.algorithms.vnoise import BulkNoise, ceil_fraction
 
-from .common import Timer, check_scale, md_table, plt, save_json, verdict, zipf_stream
+from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 
 RHOS = (0.1, 1.0, 10.0)
 BETA = 0.01
