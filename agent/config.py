@@ -205,9 +205,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     # device parameters: mapped onto agent.params.Params, which names the bad key
     pcfg: dict[str, Any] = {}
     for tkey, pkey in PARAM_KEYS.items():
-        s, k = tkey.split(".")
-        if k in sec(s):
-            pcfg[pkey] = sec(s)[k]
+        sname, k = tkey.split(".")
+        if k in sec(sname):
+            pcfg[pkey] = sec(sname)[k]
     if "device" not in pcfg:
         raise ConfigError("device.id", "is required (a name unique in the fleet, e.g. 'pi-kitchen')")
     if "salt" not in pcfg:

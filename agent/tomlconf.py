@@ -13,7 +13,7 @@ from typing import Any, Optional
 try:  # Python >= 3.11
     import tomllib as _toml
 except ImportError:  # pragma: no cover - Python 3.10
-    import tomli as _toml  # type: ignore[no-redef]
+    import tomli as _toml  # type: ignore[no-redef, import-not-found]  # tomli is installed on 3.10 only
 
 
 # Salts that appear in the examples and docs (examples/*.toml, deploy/board/*.json,

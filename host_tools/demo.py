@@ -273,7 +273,11 @@ class Mqtt311Aggregator:
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="demo-aggregator", protocol=mqtt.MQTTv311)
         c.on_connect = lambda cl, u, f, rc, p=None: cl.subscribe(cfg.aggregator.topic, qos=1)
         c.on_subscribe = lambda cl, u, mid, rcs, p=None: self.ready.set()
-        c.on_message = lambda cl, u, m: self.agg.handle(m.topic, m.payload)
+
+        def on_message(cl: Any, u: Any, m: Any) -> None:
+            self.agg.handle(m.topic, bytes(m.payload))
+
+        c.on_message = on_message
         c.connect("127.0.0.1", port)
         c.loop_start()
         self.client = c

@@ -287,7 +287,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("query.confidence", "must be at least 0.5")
     # [status]
     stc = sec("status")
-    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", None) if "late_grace_s" in stc
+    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", 0.0) if "late_grace_s" in stc
                           else None)
     return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, path=path)
 

@@ -119,6 +119,7 @@ def _model_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish
                 s = np.einsum("k,tkd->td", part.a, z[w]) + w * part.m[None, :]
                 x = L.llr(part, s)
                 tot = x if tot is None else tot + x
+            assert tot is not None  # every candidate has at least one atom
             pair.append(tot)
         out.append((pair[0], pair[1]))
     return Sets(out)
@@ -195,6 +196,7 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
             for ai, a in enumerate(c.atoms()):
                 x = L.llr_known(a, np.array(S[(ci, ai, w)]), K[(ci, ai, w)], cells, n)
                 tot = x if tot is None else tot + x
+            assert tot is not None  # every candidate has at least one atom
             pair.append(tot)
         out.append((pair[0], pair[1]))
     return Sets(out)

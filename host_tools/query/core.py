@@ -581,7 +581,7 @@ def _print_table(answers: list[Answer], ranked: bool, elapsed: float) -> None:
     head = ("%4s  " % "RANK" if ranked else "") + "%-*s  %12s  %s" % (width, "ITEM", "ESTIMATE", "INTERVAL")
     print(head)
     for a in answers:
-        line = ("%4d  " % a.rank if ranked else "") + "%-*s  %12s  [%s, %s]" % (
+        line = ("%4d  " % (a.rank or 0) if ranked else "") + "%-*s  %12s  [%s, %s]" % (
             width, str(a.item)[:width], _fmt(a.estimate), _fmt(a.lo), _fmt(a.hi))
         print(line)
     print("# answered in %.1f ms" % (elapsed * 1000))

@@ -857,7 +857,7 @@ class SQLStore:
                 doc = json.loads(r[8])
             except ValueError:  # pragma: no cover (we wrote it)
                 doc = {}
-            out[r[0]] = DeviceStatus(r[0], r[1], *r[2:8], doc if isinstance(doc, dict) else {}, r[9], r[10])
+            out[r[0]] = DeviceStatus(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], doc if isinstance(doc, dict) else {}, r[9], r[10])
         return out
 
     def rejected_seqs(self) -> dict[str, dict[int, str]]:

@@ -379,8 +379,8 @@ class Dashboard(KindPages):
                 a = p.answer
                 fin = a is not None and math.isfinite(a.lo) and math.isfinite(a.hi)
                 est.append(a.estimate if a is not None else None)
-                lo.append(a.lo if fin else None)
-                hi.append(a.hi if fin else None)
+                lo.append(a.lo if a is not None and fin else None)
+                hi.append(a.hi if a is not None and fin else None)
                 zero.append(a.estimate if a is not None and p.includes_zero else None)
             lines.append({"label": ln.label, "color": PALETTE[i % len(PALETTE)], "est": est, "lo": lo, "hi": hi,
                           "zero": zero})
@@ -422,7 +422,7 @@ class Dashboard(KindPages):
     def _candidates(self, p: Params, as_int: bool) -> tuple[Optional[list[Any]], str]:
         block = "\n".join(p.all("candidates"))
         if block:
-            cands = []
+            cands: list[int | str] = []
             for line in block.splitlines():
                 x = line.split("\t", 1)[0].strip()
                 if not x:
