@@ -291,7 +291,7 @@ class Mqtt311Aggregator:
 def run_demo(args: argparse.Namespace) -> int:
     from host_tools.ingest import aggregator
     from host_tools.query import core as query
-    from host_tools.store.core import open_store as Store
+    from host_tools.store.backend import open_store as Store
 
     t_start = time.monotonic()
     out = sys.stdout

@@ -46,7 +46,14 @@ Rules every source follows (DESIGN.md pan-privacy, gc discipline):
   (text items as ``str``), or the sketches will not merge meaningfully.
 """
 
-from firmware.config import ConfigError
+
+class ConfigError(ValueError):
+    """A bad config value; ``key`` is its dotted path in the file (firmware.config re-exports it)."""
+
+    def __init__(self, key, msg):
+        super().__init__("%s: %s" % (key, msg))
+        self.key = key
+
 
 BUILTIN = ("gpio", "ble", "uart", "pulse")
 

@@ -91,7 +91,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from host_tools.ingest.decode import Rejected, Release, SketchShape
+from host_tools.store.records import Rejected, Release, SketchShape
 
 SCHEMA_VERSION = 1
 ROLLUP_MODES = ("window", "keep")
@@ -348,15 +348,6 @@ class _Acc:
         for k, c in (((rel.mech, rel.nint[0], rel.nint[1]), rel.nz - 1), ((rel.mech, rel.nout[0], rel.nout[1]), 1)):
             self.noise[k] = self.noise.get(k, 0) + c
         self.devices.add(rel.device if hasattr(rel, "device") else rel.dev)
-
-
-def open_store(db: str, readonly: bool = False, timeout: float = 30.0) -> "SQLStore":
-    """The store for ``[aggregator] db``: a SQLite file path or a ``postgresql://`` URL."""
-    if db.startswith(("postgresql://", "postgres://")):
-        from host_tools.store.pg import PgStore
-
-        return PgStore(db, readonly=readonly, timeout=timeout)
-    return Store(db, readonly=readonly, timeout=timeout)
 
 
 class SQLStore:

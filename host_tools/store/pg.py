@@ -36,7 +36,7 @@ import json
 
 import numpy as np
 
-from host_tools.ingest.decode import Rejected
+from host_tools.store.records import Rejected
 from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
                               insert_values, rejected_seq, rollup_key)
 

@@ -35,12 +35,15 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
 from host_tools.query import fleetview
-from host_tools.web import metrics
+from host_tools import metrics
 from host_tools.query import core as query
+from host_tools.query import kinds as query_kinds
 from host_tools.query import series
 from host_tools.hostconfig import HostConfig
 from host_tools.query.core import QueryError, iso
-from host_tools.store.core import SQLStore as Store, open_store
+from host_tools.store.core import SQLStore as Store
+from host_tools.store.backend import open_store
+from host_tools.web.errors import BadRequest
 from host_tools.web.kinds import KindPages
 
 log = logging.getLogger("pansketch.serve")
@@ -58,10 +61,6 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-
-
-class BadRequest(Exception):
-    pass
 
 
 class Params:
@@ -199,11 +198,12 @@ class Dashboard(KindPages):
         self.env.filters.update(num=_num, iso=iso, pct=_pct)
         self.registry: Any = None
         self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
-            "/": self.page_fleet, "/item": self.page_item, "/topk": self.page_topk,
-            "/api/status": self.api_status, "/api/series": self.api_series, "/api/topk": self.api_topk,
-            "/api/freq": self.api_freq, "/metrics": self.metrics, "/healthz": self.healthz,
+            "/": self.page_fleet, "/api/status": self.api_status, "/metrics": self.metrics, "/healthz": self.healthz,
         }
-        self.routes.update(self.kind_routes())
+        for kind in query_kinds.KINDS:  # each query kind's page and JSON endpoint (host_tools.query.kinds)
+            for path in (kind.page, kind.api):
+                if path:
+                    self.routes[path] = getattr(self, kind.handler(path))
 
     # -- WSGI ------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
