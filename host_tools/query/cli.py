@@ -85,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
         return _err(str(exc), 1)
     try:
         return kinds.get(args.qtype).run(args, store, salt, conf, since, until)
+    except BrokenPipeError:
+        raise  # a closed stdout ends the command quietly (agent.pipes.run_main)
     except (QueryError, ValueError, OSError) as exc:
         return _err(str(exc), 1)
     finally:
