@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -69,3 +70,20 @@ def test_a_registered_path_without_a_handler_is_an_error(tmp_path: Any, monkeypa
     monkeypatch.setattr(kinds, "KINDS", kinds.KINDS + (bad,))
     with pytest.raises(AttributeError, match="page_nope"):
         Dashboard(host_cfg(tmp_path))
+
+
+def test_dashboard_menu_lists_each_page_once(tmp_path: Any) -> None:
+    pytest.importorskip("jinja2")
+    from host_tools.web.app import Dashboard
+    from tests.test_host_support import host_cfg
+
+    out: list[str] = []
+    body = b"".join(Dashboard(host_cfg(tmp_path))({"REQUEST_METHOD": "GET", "PATH_INFO": "/no-such-page"},
+                                                  lambda status, headers: out.append(status))).decode()
+    assert out == ["404 Not Found"]
+    nav = body[body.index("<nav>"):body.index("</nav>")]
+    pages = list(dict.fromkeys(k.page for k in kinds.KINDS))
+    assert [nav.count('href="%s"' % p) for p in pages] == [1] * len(pages)
+    assert re.search(r'href="/quantiles"\s+title="kind dcs">Quantiles</a>', nav)
+    assert re.search(r'href="/distinct"\s+title="kind dbits">Distinct</a>', nav)
+    assert re.search(r'href="/item"\s*>Item over time</a>', nav)

@@ -1,5 +1,8 @@
 """``pansketch audit``: an empirical lower bound on ε for the real device code path.
 
+May import: agent, host_tools.hostconfig, host_tools.fasthash; runs the device
+code itself, never the host's ingest, store, query or web.
+
 Modules (docs/PRIVACY.md, "Empirical audit"):
 
 * :mod:`.scenarios` -- neighbouring streams: one event of weight ±clip on a

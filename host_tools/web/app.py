@@ -204,6 +204,8 @@ class Dashboard(KindPages):
             for path in (kind.page, kind.api):
                 if path:
                     self.routes[path] = getattr(self, kind.handler(path))
+        self.env.globals["nav"] = [{"href": k.page, "label": k.nav[0], "title": k.nav[1], "hint": k.hint}
+                                   for k in query_kinds.KINDS if k.page and k.nav]
 
     # -- WSGI ------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
