@@ -37,7 +37,12 @@ validates one message (host_tools.ingest.decode), stores it idempotently
   only on that acknowledgement, so "delivered" means stored here;
 * a persistent session (clean_start = False, session expiry
   ``session_expiry_s``) with a stable client id, so releases published
-  while the aggregator is down wait in the broker;
+  while the aggregator is down wait in the broker; a shared-group member
+  starts clean instead (session expiry 0 by default): its session, and
+  its place in the group, end with its connection, so a member that dies
+  does not keep taking its turn of the releases (mosquitto 2.0 hands
+  offline members' sessions their share); what was in flight to it comes
+  back as the devices' re-sends;
 * TLS (CA, client certificate) and username/password from ``[broker]``;
   reconnects with capped exponential backoff (``reconnect_min_s`` ..
   ``reconnect_max_s``);
@@ -443,6 +448,12 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
                              "fail_logged": -1e9}
     persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
+    if persistent and cfg.aggregator.shared_group:
+        # mosquitto 2.0 keeps handing an offline member's session its turn of the group's messages
+        log.warning("shared_group %r with session_expiry_s = %d: if this aggregator dies, the broker keeps "
+                    "giving its session a share of the releases for up to %d s (held there until the devices "
+                    "re-send them, not lost); session_expiry_s = 0 (the default with a shared group) avoids it",
+                    cfg.aggregator.shared_group, cfg.aggregator.session_expiry_s, cfg.aggregator.session_expiry_s)
     # releases (maybe a shared subscription) and every device's retained status
     # (never shared: each aggregator keeps its own copy; gap detection)
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
@@ -466,7 +477,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             fatal("subscription refused: %s" % ev[1])
         elif kind == "subscribed":
             log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
-                     ", persistent session" if persistent else "", cfg.aggregator.db)
+                     ", persistent session" if persistent else ", clean session", cfg.aggregator.db)
             if ready is not None:
                 ready.set()
         elif kind == "connect_failed":
