@@ -26,6 +26,4 @@ def make(params, root, now, rng=None, log=None, outbox_max=0):
     return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
 
 
-def make_recorder(params, root, now, rng=None, log=None, outbox_max=0):
-    """Same as :func:`make` (the name the kinds branch used)."""
-    return make(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+make_recorder = make  # the name the kinds branch used

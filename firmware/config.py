@@ -29,7 +29,6 @@ Layout (docs/FIRMWARE.md has the full reference)::
 import json
 
 from agent.params import ParamError, Params
-from firmware import sources
 from firmware.sources import ConfigError  # the one config error (sources raise it too); re-exported
 
 DEFAULT_PATH = "/pansketch.json"
@@ -185,6 +184,8 @@ class Config:
         src = raw.get("source")
         if not isinstance(src, dict):
             raise ConfigError("source", "missing section (an object with a \"type\")")
+        from firmware import sources
+
         self.source_type, self.source = sources.check(src)
 
     def status_info(self):

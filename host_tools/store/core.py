@@ -252,13 +252,6 @@ class StoredRelease(SketchShape):
     b: int = 0  # dcs: domain bits
     map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
 
-    def counters(self) -> np.ndarray:
-        """int32 counters, shape (levels * d, w) (levels = 1 except kind dcs)."""
-        if self.payload is None:
-            raise ValueError("release loaded without its payload")
-        r, c = self.shape
-        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
-
 
 def _locked(exc: BaseException) -> bool:
     """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; worth retrying."""

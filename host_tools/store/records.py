@@ -37,6 +37,8 @@ class SketchShape:
     salt: str
     b: int
     map: Optional[tuple[int, int, int]]
+    payload: Optional[bytes]
+    ctr_off: int  # offset of the counter bytes in payload
 
     @property
     def levels(self) -> int:
@@ -58,6 +60,13 @@ class SketchShape:
         if self.kind == "dcs":
             return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
         return (self.kind, self.d, self.w, self.hv, self.salt)
+
+    def counters(self) -> np.ndarray:
+        """The noisy int32 counters, shape :attr:`shape` (read from the payload without copying)."""
+        if self.payload is None:
+            raise ValueError("release loaded without its payload")
+        r, c = self.shape
+        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
 
 
 @dataclass(frozen=True)
@@ -110,11 +119,6 @@ class Release(SketchShape):
     def ctr(self) -> bytes:
         r, c = self.shape
         return self.payload[self.ctr_off:self.ctr_off + 4 * r * c]
-
-    def counters(self) -> np.ndarray:
-        """The noisy counters as int32, shape :attr:`shape`."""
-        r, c = self.shape
-        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
 
     def state(self) -> tuple[Any, ...]:
         """Every field but ``payload``, in :data:`STATE_FIELDS` order (small: sent between processes)."""
