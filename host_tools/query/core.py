@@ -1,4 +1,4 @@
-"""Frequency and top-k queries with intervals; ``pansketch query``.
+"""Frequency and top-k queries with intervals (``pansketch query freq | topk`` prints them: host_tools.query.point_cli).
 
 Python API (no CLI needed)::
 
