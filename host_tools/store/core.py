@@ -354,9 +354,9 @@ class SQLStore:
     _lock: threading.RLock
     _cols: str  # release columns to select (old files: "2 AS nz")
     _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
-    _db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    _db_errors: tuple[type[BaseException], ...]  # the driver's errors (sqlite3.Error, psycopg.Error)
 
-    # -- backend hooks ---------------------------------------------------
+    # -- backend hooks (the SQLite / PostgreSQL differences: Store here, PgStore in host_tools.store.pg) --
     def _cursor(self) -> Any:
         raise NotImplementedError
 
@@ -384,19 +384,6 @@ class SQLStore:
     def _x(self, cur: Any, sql: str, args: Sequence[Any] = ()) -> Any:
         cur.execute(self._sql(sql), tuple(args))
         return cur
-
-    def _retry_locked(self, fn: Any) -> Any:
-        """fn() retried with backoff while SQLite says the database is locked/busy (up to 2x timeout)."""
-        delay = 0.01
-        deadline = time.monotonic() + max(60.0, 2 * self.timeout)
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as exc:
-                if not _locked(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
     def _exec_tx(self, fn: Any, *args: Any) -> Any:
         """Run fn(cursor, *args) in one write transaction (retried while the database is busy)."""
@@ -911,6 +898,8 @@ class SQLStore:
 class Store(SQLStore):
     """The SQLite release database at ``path`` (created if missing unless ``readonly``)."""
 
+    _db_errors = (sqlite3.Error,)
+
     def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
         self.path = path
         self.readonly = readonly
@@ -940,6 +929,19 @@ class Store(SQLStore):
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
         self.has_rollups = self._retry_locked(lambda: self._meta("rollups")) == "1"
+
+    def _retry_locked(self, fn: Any) -> Any:
+        """fn() retried with backoff while SQLite says the database is locked/busy (up to 2x timeout)."""
+        delay = 0.01
+        deadline = time.monotonic() + max(60.0, 2 * self.timeout)
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Move WAL checkpoints off the commit path (the aggregator's writer).
