@@ -381,6 +381,18 @@ class SQLStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @staticmethod
+    def _roll(accs: dict[tuple[Any, ...], _Acc], rel: Release) -> bool:
+        """Add a stored release to its window's roll-up accumulator; False if it has none (it stays unrolled)."""
+        k = rollup_key(rel)
+        if k is None:
+            return False
+        acc = accs.get(k)
+        if acc is None:
+            acc = accs[k] = _Acc(np.zeros((rel.d, rel.w), dtype=np.int64))
+        acc.add(rel, rel.counters())
+        return True
+
     def _x(self, cur: Any, sql: str, args: Sequence[Any] = ()) -> Any:
         cur.execute(self._sql(sql), tuple(args))
         return cur
@@ -482,15 +494,8 @@ class SQLStore:
                 cur.execute("RELEASE SAVEPOINT " + sp)
                 p.status, p.error = "error", exc
                 continue
-            if p.status == "stored" and p.rel is not None:
-                k = rollup_key(p.rel)
-                if k is not None:
-                    acc = accs.get(k)
-                    if acc is None:
-                        acc = accs[k] = _Acc(np.zeros((p.rel.d, p.rel.w), dtype=np.int64))
-                    acc.add(p.rel, p.rel.counters())
-                else:
-                    unrolled = True
+            if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
+                unrolled = True
         self._apply_rollups(cur, accs)
         if unrolled:
             self._mark_unrolled(cur)
