@@ -44,6 +44,7 @@ Rules every source follows (DESIGN.md pan-privacy, gc discipline):
   quickly; the watchdog is fed between polls.
 * Event items must be encoded the way the rest of the fleet encodes them
   (text items as ``str``), or the sketches will not merge meaningfully.
+Imports firmware.clock only; firmware.config imports ConfigError from here.
 """
 
 
