@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -31,6 +31,7 @@ from agent.params import Params
 from agent.rng import DeterministicSource, NoEntropyError, SystemSource
 
 from host_tools.audit import device, distinguish, model as mdl, scenarios, stats
+from host_tools.audit.results import Result, ScenarioAudit, summarize
 from host_tools.audit.scenarios import Scenario
 
 VIEWS = ("release", "intrusion")
@@ -56,41 +57,9 @@ def claim_of(p: Params, delta: float = DEFAULT_DELTA) -> Claim:
                  % (delta, stats.zcdp_to_dp_bun_steinke(b, delta)))
 
 
-@dataclass
-class Result:
-    mode: str
-    view: str
-    scenario: str
-    mech: str
-    budget: str
-    eps_claimed: float
-    delta: float
-    eps_lower: float
-    trials: int  # evaluation trials, both worlds
-    calibration_trials: int
-    fp: int
-    fn: int
-    path: str  # "model" (verified, sampled with numpy) or "real" (every trial runs the Recorder)
-    statistic: str
-    threshold: float
-    verified_real_trials: int
-    kind: str = ""
-    d: int = 0
-    w: int = 0
-    cal_eps: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    persist_noise: str = ""  # the resolved persist scheme audited: "refresh" or "shadow"
-
-    @property
-    def flagged(self) -> bool:
-        return self.eps_lower > self.eps_claimed
-
-    def as_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["flagged"] = self.flagged
-        if not math.isfinite(out["threshold"]):
-            out["threshold"] = None
-        return out
+def _group_size(p: Params) -> int:
+    """Most statistics a joint test sums: every level's node and its releases in tree mode."""
+    return max(2, 2 * p.levels) if p.mode == "tree" else 2
 
 
 def _scheme(p: Params) -> str:
@@ -140,7 +109,7 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
     matching the Rng's state against the replayed stream.
     """
     mom = r.moments[mo]
-    n = p.d * p.w
+    n = p.cells
     offset = sum(len(decs[i].draws) for i in range(mom.instance))
     state = (mom.consumed, device._rng_state(mom.rng))
     try:
@@ -170,7 +139,7 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
     """Trials on the real code path: run the Recorder, read the view, apply each statistic
     (a joint test: each of its statistics, LLRs summed)."""
     p = m.p
-    n = p.d * p.w
+    n = p.cells
     cells = [c for c, _ in m.cells]
     E0 = m.E0[:, cells]
     atoms = [(ci, ai, a) for ci, c in enumerate(cands) for ai, a in enumerate(c.atoms())]
@@ -229,14 +198,6 @@ def _metadata_counts(p: Params, sc: Scenario, keys: dict[str, str], T: int,
     return fp, fn
 
 
-@dataclass
-class ScenarioAudit:
-    scenario: Scenario
-    model: mdl.Model
-    results: dict[str, Result]
-    cal: dict[str, float]  # view -> best calibration ε bound
-
-
 def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, seed: int,
                    real: bool = False, real_trials: int = 1000, verify_trials: int = 10,
                    delta: float = DEFAULT_DELTA, source: Callable[[], Any] = SystemSource) -> ScenarioAudit:
@@ -262,8 +223,10 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
     results: dict[str, Result] = {}
     cal_eps: dict[str, float] = {}
     for view in views:
-        # shadow: an event before the intrusion is in two coordinates at half the budget each
-        cands = distinguish.candidates(m, view, joint=bool(p.shadow))
+        # joint tests (sums of LLRs of statistics with independent noise): shadow puts an event before
+        # the intrusion in two coordinates at half the budget each; tree mode puts it in L nodes and
+        # their releases; a failed write can leave an event in two increments (issue 18)
+        cands = distinguish.candidates(m, view, joint=True, group=_group_size(p))
         if not cands:
             raise RuntimeError("scenario %s: the event leaves no trace in the %s view" % (sc.name, view))
         if use_real:
@@ -323,20 +286,18 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
     return ScenarioAudit(sc, None, results, cal)  # type: ignore[arg-type]
 
 
-def summarize(audits: list[ScenarioAudit], view: str) -> Result:
-    """The view's result: the scenario whose test was best on its calibration set."""
-    best = max(audits, key=lambda a: a.cal[view])
-    r = copy.deepcopy(best.results[view])
-    r.scenario = "%s (chosen on calibration of %d scenarios)" % (r.scenario, len(audits))
-    return r
-
-
 def audit(p: Params, views: Iterable[str] = VIEWS, trials: int = 100_000, seed: int = 1,
           scenario_names: list[str] | None = None, real: bool = False, real_trials: int = 1000,
           verify_trials: int = 10, delta: float = DEFAULT_DELTA,
           progress: Callable[[str], None] | None = None) -> tuple[list[ScenarioAudit], list[Result]]:
     """Audit every scenario of ``p.mode``; returns the per-scenario audits and one summary per view."""
     views = list(views)
+    if p.kind == "dbits":  # bits, not a linear function of noise draws: the real code path (bits.py)
+        from host_tools.audit import bits
+
+        scs = [s for s in scenarios.for_mode(p.mode, scenario_names)
+               if scenario_names or not s.name.startswith("persist-fail")]  # dbits writes no state file
+        return bits.audit(p, scs, views, trials, real_trials, delta, claim_of(p, delta), progress)
     out = []
     for sc in scenarios.for_mode(p.mode, scenario_names):
         a = audit_scenario(p, sc, views, trials, seed, real, real_trials, verify_trials, delta)
