@@ -32,7 +32,7 @@ checked with ``report()`` on the real board.
 """
 
 # -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
-CODE_PY = 102500     # live heap of core + firmware + umqtt.simple imported from .py sources (main measured 101.7 KB before agent.recorders, +0.6 KB)
+CODE_PY = 96900      # live heap of core + firmware + umqtt.simple imported from .py sources
 CODE_MPY = 67300     # ... imported from .mpy files (deploy/flash.sh --mpy)
 CODE_FROZEN = 21900  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
 APP_FIXED = 3900     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
