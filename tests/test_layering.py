@@ -28,7 +28,7 @@ TREES = ("agent", "firmware", "host_tools")
 # Host "roles": a subpackage of host_tools, or a module directly in it. A role
 # may import agent, itself and the roles listed here (nothing else of the
 # project). cli and demo are the entry points and may import anything.
-SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup"}
+SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup", "host_tools.cborscan"}
 ALLOWED: dict[str, set[str]] = {
     "host_tools.store": SHARED,
     "host_tools.ingest": SHARED | {"host_tools.store", "host_tools.metrics"},
@@ -43,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "host_tools.hostconfig": set(),
     "host_tools.fasthash": set(),
     "host_tools.logsetup": set(),
+    "host_tools.cborscan": set(),
     "host_tools.cli": {"*"},
     "host_tools.demo": {"*"},
 }
