@@ -36,7 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     # the Prometheus exporters: the aggregator's (fed by ingest) and the store's (gaps from query.status)
     "host_tools.metrics": SHARED | {"host_tools.store", "host_tools.query"},
     "host_tools.web": SHARED | {"host_tools.query", "host_tools.store", "host_tools.metrics"},
-    "host_tools.audit": SHARED,
+    # a product command: the privacy ledger's accounting (store) and the query commands' output helpers
+    "host_tools.audit": SHARED | {"host_tools.store", "host_tools.query"},
     "host_tools.lab": SHARED,
     # the benchmarks drive every layer (and compare against the lab's algorithms)
     "host_tools.bench": SHARED | {"host_tools.ingest", "host_tools.store", "host_tools.query", "host_tools.lab"},

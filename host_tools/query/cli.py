@@ -26,6 +26,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
     p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
     p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
                                                   "(.png, .svg or .pdf; needs matplotlib)")
@@ -53,6 +54,25 @@ def _err(msg: str, code: int) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not getattr(args, "csv", False):
+        return _main(args)
+    if args.json:
+        return _err("give --json or --csv, not both", 2)
+    import contextlib
+    import io
+
+    from host_tools.query import csvout
+
+    args.json = True  # the JSON objects, converted: the same fields by construction
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = _main(args)
+    if code == 0:
+        csvout.from_json_lines(buf.getvalue(), sys.stdout)
+    return code
+
+
+def _main(args: argparse.Namespace) -> int:
     if not getattr(args, "qtype", None):
         return _err("choose a query: %s (see pansketch query --help)" % _names(), 2)
     path = getattr(args, "config_sub", None) or args.config
@@ -72,12 +92,17 @@ def main(args: argparse.Namespace) -> int:
         until = parse_time(args.until) if args.until is not None else None
     except ValueError as exc:
         return _err(str(exc), 2)
+    if args.window is not None and (since is not None or until is not None):
+        return _err("give either a window id (--window) or a time range (--since/--until), not both", 2)
+    if since is not None and until is not None and until <= since:
+        return _err("empty time range: --until %s is not after --since %s" % (args.until, args.since), 2)
     if getattr(args, "plot", None):
         from host_tools.query import plot
 
         try:
             plot.check_path(args.plot)
-        except ValueError as exc:
+            plot.available()
+        except (ValueError, ImportError) as exc:
             return _err(str(exc), 2)
     try:
         store = open_store(cfg.aggregator.db, readonly=True)

@@ -9,7 +9,7 @@ import time
 from typing import Optional
 
 from host_tools.query import plot
-from host_tools.query.core import QueryError, _item, _print_table, freq, read_candidates, topk
+from host_tools.query.core import QueryError, _item, _print_table, freq, positive_int, read_candidates, topk
 from host_tools.store.core import SQLStore
 
 
@@ -18,7 +18,8 @@ def add_freq_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_topk_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-k", type=int, required=True, metavar="K")
+    p.add_argument("-k", type=positive_int, required=True, metavar="K",
+                   help="how many of the candidates to list, best first (at least 1)")
     p.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
 
 

@@ -33,6 +33,8 @@ def parse_step(txt: str) -> int:
         v = int(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else int(t)
     except ValueError:
         raise argparse.ArgumentTypeError("not a step: %r (seconds, or 15m, 1h, 1d)" % txt)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be positive, got %r (seconds, or 15m, 1h, 1d)" % txt)
     return v
 
 
