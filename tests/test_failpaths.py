@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 from tests import failpaths_scenario as fs
+from tests.unixvm import mpunix  # noqa: F401  (fixture)
 
 P = 2147483647
 BASE = {"device": "dev-f", "salt": "fleet-salt-1", "mechanism": "dlap", "budget": "1/2", "persist_s": 200,
@@ -312,3 +313,57 @@ def _dbits_stages(root: Path, xs: list[str]) -> list[tuple[int, str, str]]:
         return [st for st in fl.stages if st[0] >= n0]
     finally:
         fs.Flash.uninstall()
+
+
+# -- the same runs in the MicroPython Unix port ---------------------------------------------
+MP_CASES = [("cms", "window", "refresh"), ("cs", "keep", "shadow"), ("cms", "tree", "refresh"),
+            ("dcs", "window", "shadow")]
+
+
+def _mp_dump(binary: Path, cfg: dict[str, Any], cwd: Path, events: bool, fail_at: int, exc: str) -> dict[str, Any]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    code = ("import sys\nsys.path.insert(0, %r)\nfrom tests import failpaths_scenario as fs\n"
+            "print('@' + fs.dump(%r, 'dev', 'seed-1', %r, %d, %r))\n"
+            % (str(fs_root()), cfg, events, fail_at, exc))
+    p = subprocess.run([str(binary), "-X", "heapsize=4M", "-c", code], cwd=cwd, capture_output=True, text=True,
+                       timeout=120)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("@")]
+    assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-2000:]
+    return json.loads(lines[-1][1:])
+
+
+def fs_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _strip(res: dict[str, Any]) -> dict[str, Any]:
+    out = dict(res)
+    out["sessions"] = [[s[0].rsplit("/dev/", 1)[-1] if "/dev/" in s[0] else s[0].split("dev/", 1)[-1], s[1], s[2]]
+                       for s in res["sessions"]]
+    return out
+
+
+@pytest.mark.parametrize("kind,mode,scheme", MP_CASES, ids=["-".join(c) for c in MP_CASES])
+def test_failure_paths_on_the_micropython_unix_port(mpunix: Path, tmp_path: Path, kind: str, mode: str,
+                                                    scheme: str) -> None:
+    """The main failure paths on the real MicroPython VM: a full flash (ENOSPC) half-way
+    through the counters of a state write, a MemoryError after the counters of a release
+    (before its trailer), an EIO at the marker. The VM's views are identical to CPython's
+    (same arrays, same flash writes, same releases) and none recovers an event."""
+    cfg = cfg_for(kind, mode, scheme)
+    stages = _stages(cfg, tmp_path / "st")
+    want = []
+    for sel, exc in ((lambda k, p: k == "mid" and p.endswith("state.bin.new"), "enospc"),
+                     (lambda k, p: k == "post" and p.endswith(".tmp.new"), "memory"),
+                     (lambda k, p: k == "open" and p.endswith("released.new"), "eio")):
+        hits = [s for s, k, p in stages if sel(k, p)]
+        assert hits, (kind, mode, scheme)
+        want.append((hits[len(hits) // 2], exc))
+    for j, exc in want:
+        a = _mp_dump(mpunix, cfg, tmp_path / ("mp%d%s-a" % (j, exc)), True, j, exc)
+        b = _mp_dump(mpunix, cfg, tmp_path / ("mp%d%s-b" % (j, exc)), False, j, exc)
+        assert a["failed"] is not None and a["dirty"] == 0
+        assert not leak_moments(a, b), "stage %d (%s) leaks on MicroPython" % (j, exc)
+        py = json.loads(fs.dump(cfg, str(tmp_path / ("py%d%s" % (j, exc)) / "dev"), "seed-1", True, j, exc))
+        assert _strip(py)["views"] == a["views"] and _strip(py)["sessions"] == _strip(a)["sessions"]
+        assert py["published"] == a["published"]
