@@ -367,3 +367,85 @@ def test_failure_paths_on_the_micropython_unix_port(mpunix: Path, tmp_path: Path
         py = json.loads(fs.dump(cfg, str(tmp_path / ("py%d%s" % (j, exc)) / "dev"), "seed-1", True, j, exc))
         assert _strip(py)["views"] == a["views"] and _strip(py)["sessions"] == _strip(a)["sessions"]
         assert py["published"] == a["published"]
+
+
+# -- tree boot never reuses a release key (issue 18 item 5) ---------------------------------
+def _keys(root: Path) -> list[tuple[int, int, int, int]]:
+    import cbor2
+
+    out = []
+    for n in sorted(os.listdir(root / "outbox")):
+        if n.endswith(".cbor"):
+            m = cbor2.loads((root / "outbox" / n).read_bytes())
+            out.append((m["lvl"], m["elo"], m["ehi"], m["part"]))
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["refresh", "shadow"])
+def test_tree_boot_after_a_flush_never_reuses_a_release_key(tmp_path: Path, scheme: str) -> None:
+    """State written in epoch e; the node of e is released at its end; a flush in e+1
+    releases (e+1, e+2, part 0); power cut before the next persist. Boot reads the older
+    state (level 0 at e, released) and must not pick (e+1, e+2, part 0) again."""
+    from agent.params import Params
+    from agent.recorder import make
+    from agent.rng import DeterministicSource, Rng
+
+    cfg = cfg_for("cms", "tree", scheme)
+    cfg["persist_s"] = 86400  # no persist at the tick: boot finds the state of t0 + 100
+    p = Params(cfg)
+    t0 = fs.T0
+    rec = make(p, str(tmp_path), t0, rng=Rng(DeterministicSource("k1")), log=lambda m: None)
+    rec.add("a")
+    assert rec.persist(t0 + 100)
+    rec.add("b")
+    assert rec.tick(t0 + 600) == 1  # level 0 [e, e+1) released
+    rec.add("c")
+    assert rec.flush(t0 + 700) == 3  # (e+1, e+2, 0), and levels 1, 2 early
+    before = _keys(tmp_path)
+    del rec  # power cut: RAM gone, state.bin is the one written at t0 + 100
+    rec = make(p, str(tmp_path), t0 + 750, rng=Rng(DeterministicSource("k2")), log=lambda m: None)
+    rec.add("d")
+    rec.flush(t0 + 800)
+    rec.add("e")
+    rec.tick(t0 + 4 * 600)
+    keys = _keys(tmp_path)
+    assert keys[:len(before)] == before and len(keys) > len(before)
+    assert len(keys) == len(set(keys)), "a release key was reused: %r" % (keys,)
+
+
+def test_failed_commit_adds_one_draw_and_nz_counts_it(tmp_path: Path) -> None:
+    """A failed commit (marker write fails after the .tmp was written in full) adds one
+    fresh internal draw before the next event: the next release's nz is one higher, and
+    under shadow the flash track R - M is unchanged by it (the draw goes into R and M)."""
+    import cbor2
+
+    from agent import storage
+    from agent.params import Params
+    from agent.recorder import make
+    from agent.rng import DeterministicSource, Rng
+
+    for scheme in ("refresh", "shadow"):
+        nzs = []
+        for fail in (False, True):
+            root = tmp_path / ("%s%d" % (scheme, fail))
+            p = Params(cfg_for("cms", "window", scheme))
+            rec = make(p, str(root), fs.T0, rng=Rng(DeterministicSource("nz")), log=lambda m: None)
+            rec.add("a")
+            real = storage.write_marker
+            if fail:
+                def bad(*a: Any) -> None:
+                    raise OSError(28, "ENOSPC")
+                storage.write_marker = bad  # type: ignore[assignment]
+            try:
+                track = list(rec.shadow) if rec.shadow is not None else None
+                r0 = [a - m for a, m in zip(rec.counters, rec.shadow)] if track else None
+                assert rec.tick(fs.T0 + 600) == (0 if fail else 1)
+                if fail and r0 is not None:
+                    assert [a - m for a, m in zip(rec.counters, rec.shadow)] == r0
+            finally:
+                storage.write_marker = real
+            rec.add("b")
+            rec.tick(fs.T0 + 1200)
+            rels = sorted(n for n in os.listdir(root / "outbox") if n.endswith(".cbor"))
+            nzs.append(cbor2.loads((root / "outbox" / rels[-1]).read_bytes())["nz"])
+        assert nzs[1] == nzs[0] + 1, (scheme, nzs)
