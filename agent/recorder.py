@@ -38,9 +38,11 @@ Commit protocol of one release with sequence number s (storage.py layout)::
     3. rename s.tmp -> s.cbor      (now visible to the publisher)
     4. open the next accumulator with fresh Z_int (persisted at the next persist)
 
-A crash before 2 deletes s.tmp at restart: those bytes never left the
-device, the state is still on flash, and it is released later with a new
-Z_out (nothing was published, so nothing is re-drawn for released data).
+A crash before 2 deletes s.tmp at restart: those bytes were never
+published, the state is still on flash, and it is released later with a
+new Z_out (nothing is re-drawn for released data); the deleted bytes stay
+in an intruder's view, which the resume draw covers (docs/PRIVACY.md
+"Failed writes and failed commits").
 A crash after 2 finishes the rename and discards the old state, which the
 marker says was released: a release is never generated twice. Events that
 arrived after the last persisted state are lost in a power cut; events in
@@ -50,6 +52,13 @@ also when the clock is behind the last release.
 If the outbox cannot be written (full flash, or it holds ``outbox_max``
 releases the host has not acknowledged), the accumulator keeps counting
 and its epoch range [elo, ehi) grows until a release succeeds.
+
+A write that was attempted counts as written (docs/PRIVACY.md "Failed
+writes and failed commits"): after a failed persist the draw is added as
+after a good one; after a failed commit (its .tmp may be on flash) the
+accumulator gets one fresh internal draw before it counts again
+(``_renoise``; the release's ``nz`` counts it). Any exception, not only
+OSError, takes these paths; the scratch buffer is wiped on all of them.
 """
 
 from agent import hashing, release, storage

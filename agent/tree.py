@@ -50,7 +50,14 @@ state file whose key is listed was released after the state was written:
 it is not resumed (nothing is released twice) and the next node of its
 level opens.
 The other nodes resume from flash and get a fresh draw before counting
-again (no noise is re-drawn for anything released).
+again (no noise is re-drawn for anything released). A released node's
+level continues as a part above every part the marker lists for that
+range: a flush after the state write may have released it already.
+
+Failures: a persist that fails in any way counts as written (every
+counting level gets its draw as after a good write); a failed commit keeps
+the closed node, which counts nothing more, so its retry needs no fresh
+draw (docs/PRIVACY.md "Failed writes and failed commits").
 """
 
 import hashlib
