@@ -56,7 +56,8 @@ class Injected(Exception):
 class Flash:
     """Every write session: [path, op, [(cells or None, intended_len, written_bytes)]]."""
 
-    def __init__(self, fail_at=-1, exc="enospc"):
+    def __init__(self, fail_at=-1, exc="enospc", fail_len=1):
+        self.fail_len = fail_len  # > 1: the flash stays full for that many stages
         self.sessions = []
         self.stage = 0
         self.stages = []  # (stage index, kind, path) as they happen
@@ -77,8 +78,9 @@ class Flash:
         s = self.stage
         self.stage += 1
         self.stages.append((s, kind, path))
-        if s == self.fail_at:
-            self.failed = (s, kind, path)
+        if self.fail_at <= s < self.fail_at + self.fail_len:
+            if self.failed is None:
+                self.failed = (s, kind, path)
             return True
         return False
 
@@ -199,7 +201,7 @@ T0 = 1800 * 1000000  # aligned to every epoch length used here
 EP = 600
 
 
-def run(cfg, root, seed, events, fail_at=-1, exc="enospc"):
+def run(cfg, root, seed, events, fail_at=-1, exc="enospc", fail_len=1):
     """One run of a fixed schedule (adds, persists, releases, a flush) with
     the failure at stage ``fail_at``. Returns (views, flash, zero_ok):
     ``views`` = list of (op, RAM arrays after op); flash = the Flash."""
@@ -208,7 +210,7 @@ def run(cfg, root, seed, events, fail_at=-1, exc="enospc"):
     from agent.rng import DeterministicSource, Rng
 
     p = Params(cfg)
-    fl = Flash(fail_at, exc)
+    fl = Flash(fail_at, exc, fail_len)
     fl.install()
     views = []
     scratch_dirty = 0
@@ -246,11 +248,11 @@ def run(cfg, root, seed, events, fail_at=-1, exc="enospc"):
     return views, fl, scratch_dirty
 
 
-def dump(cfg, root, seed, events, fail_at=-1, exc="enospc"):
+def dump(cfg, root, seed, events, fail_at=-1, exc="enospc", fail_len=1):
     """run() as one JSON line (for the MicroPython side of the test)."""
     import json
 
-    views, fl, dirty = run(cfg, root, seed, events, fail_at, exc)
+    views, fl, dirty = run(cfg, root, seed, events, fail_at, exc, fail_len)
     sess = []
     for path, op, chunks in fl.sessions:
         sess.append([path, op, [c[0] for c in chunks if c[0] is not None]])

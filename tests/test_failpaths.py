@@ -184,6 +184,25 @@ def test_no_failure_stage_lets_an_intruder_recover_events(tmp_path: Path, kind: 
                                                                              r["leaks"][:5])
 
 
+STRETCH = [("cms", "window", "shadow"), ("cs", "keep", "refresh"), ("cms", "tree", "shadow"),
+           ("dcs", "window", "refresh")]
+
+
+@pytest.mark.parametrize("kind,mode,scheme", STRETCH, ids=["-".join(c) for c in STRETCH])
+def test_a_flash_that_stays_full_never_lets_events_through(tmp_path: Path, kind: str, mode: str,
+                                                           scheme: str) -> None:
+    """The flash stays full for 8 or 25 stages (several persists and a commit fail in a
+    row, then space is back): still no linear recovery, scratch all zeros."""
+    cfg = cfg_for(kind, mode, scheme)
+    n = len(_stages(cfg, tmp_path / "st"))
+    for j in range(3, n, 17):
+        for ln in (8, 25):
+            a = json.loads(fs.dump(cfg, str(tmp_path / ("a%d-%d" % (j, ln))), "seed-1", True, j, "enospc", ln))
+            b = json.loads(fs.dump(cfg, str(tmp_path / ("b%d-%d" % (j, ln))), "seed-1", False, j, "enospc", ln))
+            assert a["failed"] is not None and not a["dirty"]
+            assert not leak_moments(a, b), (j, ln, a["failed"])
+
+
 def test_the_check_has_power_on_the_old_failed_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: the persist of the code before issue 18 (a failed write wipes
     its draw, RAM goes on equal to the partial copy on flash) is caught exactly."""
