@@ -402,7 +402,7 @@ class Recorder:
         except BaseException as exc:
             err = exc
         self._add_fresh()  # written or maybe partly written: the copy on flash must not equal RAM
-        return self._failed(err, "cannot persist state (%r); counting continues in RAM")
+        return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     def _failed(self, err, msg):
         """After the bookkeeping of a write: True if it succeeded; else log an
@@ -440,7 +440,7 @@ class Recorder:
                 m[j] = wrap32(m[j] + b[j])  # not flipped yet: M + G
             b[j] = 0
         self.nzm += 1
-        return self._failed(err, "cannot persist state (%r); counting continues in RAM")
+        return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     # -- releases ------------------------------------------------------
     def _stage_release(self, rel):
@@ -501,7 +501,7 @@ class Recorder:
                     self.log("cannot draw noise after a failed commit (%r); not counting" % (exc,))
             if next_part == 0 and next_epoch + 1 > self.ehi:
                 self.ehi = next_epoch + 1  # keep counting; release the longer range later
-            return self._failed(err, "cannot write release %d (%%r); epochs now [%d, %d)" % (s, self.elo, self.ehi))
+            return self._failed(err, "cannot write release %d (%%s); epochs now [%d, %d)" % (s, self.elo, self.ehi))
         self.seq = s + 1
         self._pending = (next_epoch, next_part)  # released: never persisted or counted into again
         if now is not None:

@@ -584,7 +584,7 @@ class TreeRecorder:
             return True
         if not isinstance(err, Exception):
             raise err
-        self.log("cannot persist state (%r); counting continues in RAM" % (err,))
+        self.log("cannot persist state (%s); counting continues in RAM" % (err,))
         return False
 
     # -- releases --------------------------------------------------------
@@ -629,7 +629,7 @@ class TreeRecorder:
             if not isinstance(err, Exception):
                 raise err
             storage.remove(tmp)
-            self.log("cannot write release %d (%r); node [%d, %d) kept, retried at the next tick"
+            self.log("cannot write release %d (%s); node [%d, %d) kept, retried at the next tick"
                      % (s, err, elo, ehi))
             return False
         self.marks = marks
