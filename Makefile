@@ -95,9 +95,9 @@ $(STAMP)-bench: pyproject.toml $(STAMP)-core
 # samplers (vs their textbook transcription), feed (whole processes vs a
 # DataSketches stdin reader; needs mosquitto).
 bench: $(STAMP)-bench
-	$(VPY) -m host_tools.bench_core
-	$(VPY) -m host_tools.bench_samplers
-	$(VPY) -m host_tools.bench_feed
+	$(VPY) -m host_tools.bench.core
+	$(VPY) -m host_tools.bench.samplers
+	$(VPY) -m host_tools.bench.feed
 
 clean:
 	rm -rf bench-results .pytest_cache

@@ -81,33 +81,46 @@ class Resend:
     The first re-send waits ``timeout_ms``, each further one twice as long
     (capped at 64x): a host that is down for hours does not get the whole
     backlog again every minute (each copy waits in its persistent session).
-    ``now`` values are milliseconds from one monotonic clock. ``reset()``
-    (on every reconnect) makes every release due again at once.
+    With ``rand`` (``os.urandom``-like: n -> n random bytes) each wait gets
+    a random extra of up to a quarter of itself, drawn at every send and
+    independent of the data, so that re-sends do not stay in step with
+    other devices' sends (a broker that hands a shared subscription's
+    messages to its members in turn would otherwise give the same member
+    the same release again and again). ``now`` values are milliseconds
+    from one monotonic clock. ``reset()`` (on every reconnect) makes every
+    release due again at once.
     """
 
     MAX_DOUBLINGS = 6
+    JITTER_SHIFT = 2  # the extra is below wait >> 2
 
-    def __init__(self, timeout_ms):
+    def __init__(self, timeout_ms, rand=None):
         self.timeout_ms = timeout_ms
-        self.sent = {}  # seq -> [last send time, sends so far]
+        self.rand = rand
+        self.sent = {}  # seq -> [last send time, sends so far, wait until the next send]
 
     def reset(self):
         self.sent = {}
 
     def _wait(self, n):
-        return self.timeout_ms << min(n - 1, self.MAX_DOUBLINGS)
+        w = self.timeout_ms << min(n - 1, self.MAX_DOUBLINGS)
+        if self.rand is not None:
+            b = self.rand(2)
+            w += (((b[0] << 8) | b[1]) * (w >> self.JITTER_SHIFT)) >> 16  # uniform in [0, w/4)
+        return w
 
     def due(self, seq, now):
         e = self.sent.get(seq)
-        return e is None or now - e[0] >= self._wait(e[1])
+        return e is None or now - e[0] >= e[2]
 
     def mark(self, seq, now):
         e = self.sent.get(seq)
         if e is None:
-            self.sent[seq] = [now, 1]
+            self.sent[seq] = [now, 1, self._wait(1)]
         else:
             e[0] = now
             e[1] += 1
+            e[2] = self._wait(e[1])
 
     def forget_except(self, seqs):
         """Drop the times of releases no longer in the outbox (keeps the dict small)."""
@@ -120,9 +133,20 @@ class Resend:
         best = None
         for s in seqs:
             e = self.sent.get(s)
-            left = 0 if e is None else self._wait(e[1]) - (now - e[0])
+            left = 0 if e is None else e[2] - (now - e[0])
             if left < 0:
                 left = 0
             if best is None or left < best:
                 best = left
         return best
+
+
+def system_rand():
+    """``os.urandom`` for :class:`Resend` jitter, or None where there is none (no jitter then)."""
+    try:
+        import os
+
+        os.urandom(2)
+        return os.urandom
+    except (ImportError, AttributeError, OSError, NotImplementedError):
+        return None

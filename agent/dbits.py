@@ -25,7 +25,7 @@ bytearray (level k, bucket j = bit (k*m + j) % 8 of byte (k*m + j) // 8).
   before it are lost for the distinct count; the release says so by its
   part/epoch key like any early release).
 
-Host estimator: host_tools/distinct.py.
+Host estimator: host_tools/query/distinct.py.
 """
 
 from agent import hashing

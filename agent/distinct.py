@@ -18,7 +18,7 @@ This module is that algorithm in the MicroPython subset, with integers only:
   domain of attraction of the p-stable law (sums of many behave like
   (sum |a_i|^p)^(1/p) times a stable variable). The host calibrates the
   median of |sum|^p by simulating the very same integer projection
-  (host_tools.algorithms.panprivate.distinct_scale).
+  (host_tools.lab.algorithms.panprivate.distinct_scale).
 * Bounded projections => bounded sensitivity. v >= 0, so every projection
   satisfies |X_ij| <= M = 2^((b+F) q), a public constant that holds for every
   possible item -- the paper's ||X_j||_inf over the universe, known exactly

@@ -1,6 +1,6 @@
 """Which mode for which query pattern: noise of a k-epoch range count.
 
-Used by ``pansketch-agent check`` (and host_tools/bench_tree.py). A report,
+Used by ``pansketch-agent check`` (and host_tools/bench/tree.py). A report,
 not the noise path: floats are fine here.
 
 Per cell, in units of one window-mode draw variance v1 (the variance of

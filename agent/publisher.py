@@ -12,7 +12,8 @@ Protocol (DESIGN.md "Safety rules", issue 3 "Publishing"):
   The file is deleted only when the **host** acknowledges it on
   ``<prefix>/<device>/ack`` (docs/FORMAT.md section 7, agent/acks.py):
   "delivered" means stored, not accepted by a broker. A release without a
-  host ack is sent again after ``ack_timeout`` and on every reconnect; the
+  host ack is sent again after ``ack_timeout`` (doubling, plus a random
+  extra of up to a quarter, agent/acks.py Resend) and on every reconnect; the
   ack subscription lives in a persistent session (clean start off), so acks
   sent while the device was offline still arrive. A broker that refuses a
   release (MQTT v5 reason code, e.g. "Not authorized" from an ACL) leaves
@@ -83,7 +84,7 @@ class Publisher:
         self.puback_timeout = puback_timeout  # broker PUBACK
         self.session_expiry_s = session_expiry_s
         self.next_seq = next_seq
-        self.resend = acks.Resend(int(ack_timeout * 1000))
+        self.resend = acks.Resend(int(ack_timeout * 1000), acks.system_rand())  # jittered re-sends
         self.protocol = protocol  # 5 (default) or 4 = MQTT 3.1.1 (brokers without v5, e.g. the demo's amqtt)
         self.release_topic = "%s/%s/release" % (broker.topic_prefix, device)
         self.status_topic = "%s/%s/status" % (broker.topic_prefix, device)

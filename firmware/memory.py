@@ -44,7 +44,7 @@ RESERVE = 4096       # head room for fragmentation and the console
 TREE_CODE_PY = 14100 # agent/tree.py imported from .py (measured in the VM; 10.3 KB before the shadow scheme)
 TREE_CODE_MPY = 8200  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; shadow per level added ~0.9 KB)
 TREE_CODE_FROZEN = 3200  # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
-# tree mode, measured in the VM (host_tools/bench_core.py --tree-only, bench-results/tree.json):
+# tree mode, measured in the VM (host_tools/bench/core.py --tree-only, bench-results/tree.json):
 # microseconds per event (SHA-256 + counter updates of every level), cs d=4 w=256
 TREE_US_PER_EVENT = {1: 14.0, 8: 37.0, 12: 54.0, 16: 64.0, 24: 88.0}
 

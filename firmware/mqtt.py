@@ -285,7 +285,7 @@ class Link:
         self.release_topic = ("%s/%s/release" % (prefix, cfg.device)).encode()
         self.status_topic = ("%s/%s/status" % (prefix, cfg.device)).encode()
         self.ack_topic = ("%s/%s/ack" % (prefix, cfg.device)).encode()
-        self.resend = acks.Resend(cfg.ack_timeout_s * 1000)
+        self.resend = acks.Resend(cfg.ack_timeout_s * 1000, acks.system_rand())  # jittered re-sends
         self.outbox = None  # set by service(): where host acks apply
         self.client = None
         self.buf = bytearray(512)

@@ -1,1 +1,1 @@
-"""pansketch host tools: aggregator, store, estimators, query CLI, reproductions."""
+"""pansketch host tools, one package per role: ingest (the aggregator), store, query, web (dashboard, metrics), audit, bench, lab (algorithms, repro); cli and demo are the entry points."""

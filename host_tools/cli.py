@@ -17,12 +17,12 @@ from agent.pipes import run_main
 
 # subcommand name -> module path (module must define add_parser(subparsers))
 SUBCOMMANDS: dict[str, str] = {
-    "aggregate": "host_tools.aggregator",
-    "status": "host_tools.status",
-    "query": "host_tools.query",
-    "serve": "host_tools.serve",
+    "aggregate": "host_tools.ingest.aggregator",
+    "status": "host_tools.query.status",
+    "query": "host_tools.query.core",
+    "serve": "host_tools.web.serve",
     "demo": "host_tools.demo",
-    "repro": "host_tools.repro.cli",
+    "repro": "host_tools.lab.repro.cli",
     "audit": "host_tools.audit.cli",
 }
 

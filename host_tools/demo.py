@@ -4,14 +4,14 @@
    otherwise the pure-Python ``amqtt`` broker from PyPI (MQTT 3.1.1 only;
    the clients then speak 3.1.1 and the aggregator core is fed by a plain
    paho subscriber);
-2. the real aggregator (host_tools.aggregator.run) into a temporary SQLite
+2. the real aggregator (host_tools.ingest.aggregator.run) into a temporary SQLite
    file;
 3. several simulated agents: each is the real device core
    (agent.recorder.Recorder with system-CSPRNG noise) plus the real
    publisher (agent.publisher.Publisher), driven by its own simulated clock
    so that one-hour windows close in milliseconds, and fed with a Zipf
    stream of "visited hosts";
-4. a table of queries (host_tools.query.freq): item, true count, estimate,
+4. a table of queries (host_tools.query.core.freq): item, true count, estimate,
    interval, and whether the interval covers the truth.
 
 The true counts are known only to this simulation (to print them next to
@@ -266,7 +266,7 @@ class Mqtt311Aggregator:
     def __init__(self, cfg: Any, port: int) -> None:
         import paho.mqtt.client as mqtt
 
-        from host_tools.aggregator import Aggregator
+        from host_tools.ingest.aggregator import Aggregator
 
         self.agg = Aggregator(cfg)
         self.ready = threading.Event()
@@ -285,8 +285,9 @@ class Mqtt311Aggregator:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from host_tools import aggregator, query
-    from host_tools.store import open_store as Store
+    from host_tools.ingest import aggregator
+    from host_tools.query import core as query
+    from host_tools.store.core import open_store as Store
 
     t_start = time.monotonic()
     out = sys.stdout
@@ -359,7 +360,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if n != expected:
             raise RuntimeError("only %d of %d releases were stored" % (n, expected))
 
-        say("[5/5] queries over all devices and windows (host_tools.query.freq, %d%% intervals):"
+        say("[5/5] queries over all devices and windows (host_tools.query.core.freq, %d%% intervals):"
             % round(args.confidence * 100))
         ranked = [x for x, _ in truth.most_common()]
         picks = ranked[:8] + [ranked[r] for r in (19, 49, 99, 499) if r < len(ranked)]
@@ -429,15 +430,15 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
         else:
             say("  dashboard: pansketch demo --serve keeps it running at %s" % url)
         return 0
-    from host_tools.serve import is_loopback
+    from host_tools.web.serve import is_loopback
 
     if not is_loopback(args.bind):
         say("pansketch demo: --serve binds loopback addresses only (use pansketch serve --token elsewhere)")
         return 2
     try:
         from host_tools import hostconfig
-        from host_tools.serve import make_server, server_url
-        from host_tools.web import Dashboard
+        from host_tools.web.serve import make_server, server_url
+        from host_tools.web.app import Dashboard
 
         app = Dashboard(hostconfig.load(conf), candidates=ZipfStream(args.items, args.zipf, 0).items,
                         candidates_name="the demo's %d items" % args.items)

@@ -7,9 +7,10 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   client_id (see below), keepalive (60),
                   reconnect_min_s (1), reconnect_max_s (60)
     [aggregator]  db ("pansketch.db", relative to the config file; or a
-                  "postgresql://user@host:port/dbname" URL: host_tools.store_pg),
+                  "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
-                  max_bytes (1048576), qos (1), session_expiry_s (86400)
+                  max_bytes (1048576), qos (1), session_expiry_s (86400;
+                  0 with a shared_group: see AggregatorConfig)
     [fleet]       salt or salt_id (one is required; queries need salt),
                   kind, d, w, mechanism (optional: enforced when given)
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
@@ -51,6 +52,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_TOPIC = "pansketch/+/release"
+DEFAULT_SESSION_EXPIRY_S = 86400  # a lone aggregator: releases wait in its session over a restart
+SHARED_SESSION_EXPIRY_S = 0  # a shared-group member: its session ends with its connection (docs/HOST.md)
 
 
 @dataclass
@@ -76,7 +79,14 @@ class AggregatorConfig:
     shared_group: str = ""
     max_bytes: int = 1 << 20
     qos: int = 1
-    session_expiry_s: int = 86400
+    # -1: the default for the mode, resolved below: 86400 for a lone aggregator (releases wait for it
+    # across a restart), 0 for a shared-group member (clean start: a member that dies leaves the group
+    # at once; mosquitto 2.0 would otherwise keep handing its offline session a share of the releases)
+    session_expiry_s: int = -1
+
+    def __post_init__(self) -> None:
+        if self.session_expiry_s < 0:
+            self.session_expiry_s = SHARED_SESSION_EXPIRY_S if self.shared_group else DEFAULT_SESSION_EXPIRY_S
 
     @property
     def subscription(self) -> str:
@@ -248,7 +258,8 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         shared_group=shared,
         max_bytes=_int_range(a, "aggregator", "max_bytes", 1 << 20, 64, 256 << 20),
         qos=_int_range(a, "aggregator", "qos", 1, 0, 2),
-        session_expiry_s=_int_range(a, "aggregator", "session_expiry_s", 86400, 0, 0xFFFFFFFF),
+        session_expiry_s=_int_range(a, "aggregator", "session_expiry_s",
+                                    SHARED_SESSION_EXPIRY_S if shared else DEFAULT_SESSION_EXPIRY_S, 0, 0xFFFFFFFF),
     )
     if agg.qos == 0:
         raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")

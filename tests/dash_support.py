@@ -66,7 +66,7 @@ def demo_store(root: str) -> str:
 def add_gap_device(conf: str) -> None:
     from agent.params import Params
     from host_tools import hostconfig
-    from host_tools.aggregator import Aggregator
+    from host_tools.ingest.aggregator import Aggregator
     from host_tools.demo import SALT, T0, ZipfStream
     from tests.test_host_support import record
 

@@ -13,7 +13,7 @@ from agent import acks, storage
 from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
-from host_tools.store import Store
+from host_tools.store.core import Store
 from tests import mpvm
 from tests.test_e2e_support import (agent_toml, needs_mosquitto, run_agent, start_host, start_mosquitto,
                                     wait_for)
@@ -64,6 +64,31 @@ def test_resend_schedule():
     assert not r.due(5, 64000 - 1) and r.due(5, 64000)  # capped at 64x
     r.reset()
     assert r.due(5, 1)  # a reconnect makes everything due
+
+
+def test_resend_jitter_adds_up_to_a_quarter_and_desynchronises():
+    """The random extra lies in [0, wait/4) and is spread out; without ``rand`` the schedule is exact."""
+    import random
+
+    g = random.Random(7)
+    r = acks.Resend(1000, rand=lambda n: bytes(g.getrandbits(8) for _ in range(n)))
+    waits = []
+    for k in range(400):
+        r.mark(k, 0)
+        waits.append(r.next_due([k], 0))
+    assert all(1000 <= w < 1250 for w in waits), (min(waits), max(waits))
+    # uniform on [1000, 1250): 400 draws fill both halves and the extremes (fails for a constant extra)
+    assert sum(w < 1125 for w in waits) in range(160, 241) and min(waits) < 1010 and max(waits) > 1240
+    for _ in range(20):
+        r.mark(0, 0)
+    assert 64000 <= r.next_due([0], 0) < 80000  # the cap is on the doubling; the extra comes on top
+    zero = acks.Resend(1000, rand=lambda n: b"\x00" * n)
+    zero.mark(1, 0)
+    assert zero.due(1, 1000) and not zero.due(1, 999)
+    top = acks.Resend(1000, rand=lambda n: b"\xff" * n)
+    top.mark(1, 0)
+    assert top.due(1, 1249) and not top.due(1, 1248)  # 0xffff * 250 >> 16 = 249
+    assert acks.system_rand() is not None  # CPython: os.urandom
 
 
 def test_full_outbox_keeps_counting_into_a_longer_range(tmp_path):

@@ -18,8 +18,9 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from host_tools import aggregator, query
-from host_tools.store import Store
+from host_tools.ingest import aggregator
+from host_tools.query import core as query
+from host_tools.store.core import Store
 from tests.broker import needs_mosquitto, start_mosquitto
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 
@@ -141,6 +142,31 @@ def test_shared_subscription_splits_load_and_stores_once(tmp_path):
     assert a1.counts["stored"] > 0 and a2.counts["stored"] > 0
     assert a1.counts["stored"] + a2.counts["stored"] == len(msgs)
     assert a1.counts["duplicate"] + a2.counts["duplicate"] == 0
+
+
+def test_a_group_member_that_is_gone_gets_no_share(tmp_path):
+    """A shared-group member starts clean (session expiry 0), so once it is gone the broker gives the
+    others every release; a lone aggregator keeps its day-long session (the test below)."""
+    assert host_cfg(tmp_path).aggregator.session_expiry_s == 86400
+    assert host_cfg(tmp_path, aggregator={"shared_group": "g"}).aggregator.session_expiry_s == 0
+    assert host_cfg(tmp_path, aggregator={"shared_group": "g", "session_expiry_s": 30}).aggregator.session_expiry_s == 30
+    b = start_mosquitto(tmp_path, persistent=True)
+    cfgs = [host_cfg(tmp_path, broker={"port": b.port, "host": "127.0.0.1", "client_id": "agg-%d" % i},
+                     aggregator={"shared_group": "aggs"}) for i in (1, 2)]
+    a1, a2 = AggThread(cfgs[0]), AggThread(cfgs[1])
+    try:
+        assert a1.close() == 0  # gone (a kill -9 closes the connection the same way)
+        msgs = []
+        for dv in range(4):
+            p = params("g%d" % dv, w=32)
+            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(6)]
+        publish_all(b.port, msgs)
+        # with a persistent session for agg-1, mosquitto would queue every other message there
+        wait_for(lambda: counts(cfgs[1].aggregator.db)[0] == len(msgs), 10)
+    finally:
+        a2.close()
+        b.stop()
+    assert a2.counts["stored"] == len(msgs)
 
 
 def test_releases_published_while_aggregator_down_survive_broker_restart(tmp_path):

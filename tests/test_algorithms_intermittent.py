@@ -7,8 +7,8 @@ import pytest
 
 from agent.rng import DeterministicSource, Rng
 from host_tools import fasthash
-from host_tools.algorithms import intermittent as iq
-from host_tools.algorithms.vnoise import BulkNoise, ExactNoise, ZeroNoise
+from host_tools.lab.algorithms import intermittent as iq
+from host_tools.lab.algorithms.vnoise import BulkNoise, ExactNoise, ZeroNoise
 
 
 def test_m_hat_q_upper_bounds_m_q():

@@ -1,11 +1,11 @@
-"""Vectorised exact samplers (host_tools.algorithms.vnoise) match the exact pmfs."""
+"""Vectorised exact samplers (host_tools.lab.algorithms.vnoise) match the exact pmfs."""
 
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from host_tools.algorithms import vnoise
+from host_tools.lab.algorithms import vnoise
 
 
 def _chi2_ok(samples: np.ndarray, pmf, support: np.ndarray) -> None:

@@ -9,7 +9,7 @@ import pytest
 from agent import hashing
 from agent.distinct import DistinctSketch
 from agent.rng import DeterministicSource, Rng
-from host_tools.algorithms import panprivate as pp
+from host_tools.lab.algorithms import panprivate as pp
 
 
 def test_cropped_sum_on_known_vector_is_unbiased():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agent.params import Params
 from agent.tomlconf import PLACEHOLDER_SALTS
-from host_tools.aggregator import Aggregator
+from host_tools.ingest.aggregator import Aggregator
 from tests.broker import free_port, mosquitto, needs_mosquitto, start_mosquitto  # noqa: F401  (fixture)
 from tests.test_aggregator_mqtt import publish_all
 from tests.test_host_support import SALT, encoded, host_cfg, params, topic

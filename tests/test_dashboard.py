@@ -210,7 +210,7 @@ def test_only_get_and_head_are_served(server: Any) -> None:
 
 def _snapshot(conf: str) -> Any:
     from host_tools import hostconfig
-    from host_tools.store import Store
+    from host_tools.store.core import Store
 
     with Store(hostconfig.load(conf).aggregator.db, readonly=True) as st:
         return st.snapshot(), st.db.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
@@ -221,8 +221,9 @@ SQLISH = ["x'); DROP TABLE releases;--", "\" OR 1=1 --", "host-00001.example' --
 
 
 def test_sql_like_inputs_are_plain_values(server: Any, conf: str) -> None:
-    from host_tools import hostconfig, query
-    from host_tools.store import Store
+    from host_tools import hostconfig
+    from host_tools.query import core as query
+    from host_tools.store.core import Store
 
     before = _snapshot(conf)
     s = get_json(server.url + "/api/series?" + q(item=SQLISH[:6]))
@@ -293,8 +294,8 @@ def test_public_bind_needs_a_token(conf: str) -> None:
     assert r.returncode == 2 and "refusing to bind 0.0.0.0" in r.stderr
 
 
-WEB_MODULES = ["host_tools/web/app.py", "host_tools/web/kinds.py", "host_tools/serve.py", "host_tools/series.py", "host_tools/fleetview.py",
-               "host_tools/metrics.py", "host_tools/plot.py"]
+WEB_MODULES = ["host_tools/web/app.py", "host_tools/web/kinds.py", "host_tools/web/serve.py", "host_tools/query/series.py", "host_tools/query/fleetview.py",
+               "host_tools/web/metrics.py", "host_tools/query/plot.py"]
 
 
 def test_web_layer_writes_no_sql() -> None:
@@ -354,8 +355,8 @@ def _wsgi(app: Any, path: str, qs: str = "", method: str = "GET") -> tuple[str, 
 
 def test_pages_before_the_first_release(tmp_path: Any) -> None:
     pytest.importorskip("waitress")
-    from host_tools.store import Store
-    from host_tools.web import Dashboard
+    from host_tools.store.core import Store
+    from host_tools.web.app import Dashboard
     from tests.test_host_support import host_cfg
 
     cfg = host_cfg(tmp_path)

@@ -67,7 +67,7 @@ def _releases(cfg: dict[str, Any], windows: list[list[str]]) -> list[bytes]:
 
 def _store(conf: str, devices: dict[str, tuple[dict[str, Any], list[list[str]]]]) -> None:
     from host_tools import hostconfig
-    from host_tools.aggregator import Aggregator
+    from host_tools.ingest.aggregator import Aggregator
 
     agg = Aggregator(hostconfig.load(conf))
     try:
@@ -326,8 +326,8 @@ def test_bad_inputs_and_wrong_kinds_are_refused(kinds: dict[str, Any]) -> None:
 
 def test_kind_pages_before_the_first_release(tmp_path: Any) -> None:
     pytest.importorskip("waitress")
-    from host_tools.store import Store
-    from host_tools.web import Dashboard
+    from host_tools.store.core import Store
+    from host_tools.web.app import Dashboard
     from tests.test_dashboard import _wsgi
     from tests.test_host_support import host_cfg
 

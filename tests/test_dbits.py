@@ -13,11 +13,11 @@ import pytest
 from agent.params import ParamError, Params
 from agent.recorder import make_recorder
 from agent.rng import DeterministicSource, Rng
-from host_tools import distinct
-from host_tools.bench_kinds import dnpry_simulate
-from host_tools.decode import Rejected, decode
-from host_tools.merge import noise_variance
-from host_tools.store import Store
+from host_tools.query import distinct
+from host_tools.bench.kinds import dnpry_simulate
+from host_tools.ingest.decode import Rejected, decode
+from host_tools.query.merge import noise_variance
+from host_tools.store.core import Store
 from tests import mpvm
 
 T0 = 200_000 * 3600
@@ -79,7 +79,7 @@ def test_releases_decode_and_no_state_on_flash(tmp_path):
     total = distinct.estimate(rels, 0.99)
     assert total["lo"] <= 1200 <= total["hi"]
     # the ledger counts eps per release (sensitivity 1: one item, one count), not d * eps
-    from host_tools import ledger
+    from host_tools.store import ledger
     lg = ledger.build(rels)
     assert lg.device("pi-1").eps == Fraction(1)
     st.close()

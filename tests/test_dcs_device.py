@@ -12,8 +12,8 @@ from agent.params import ParamError, Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
 from agent.sketch import new_counters
-from host_tools.decode import decode
-from host_tools.dyadic import exact_counters
+from host_tools.ingest.decode import decode
+from host_tools.query.dyadic import exact_counters
 from tests import mpvm
 
 T0 = 200_000 * 3600
@@ -219,7 +219,7 @@ def test_host_rejects_a_tree_dcs_release():
     from agent import cbor, release
     from agent.params import Params
     from agent.sketch import new_counters
-    from host_tools.decode import Rejected, decode
+    from host_tools.ingest.decode import Rejected, decode
 
     p = Params({"device": "dev-1", "salt": "fleet-salt-1", "kind": "dcs", "b": 2, "d": 1, "w": 2})
     m = release.release_map(p, 0, 8, 9, 0, new_counters(p.cells))

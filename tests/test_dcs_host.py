@@ -13,13 +13,14 @@ import pytest
 from agent import cbor, release
 from agent.params import Params
 from agent.sketch import new_counters
-from host_tools import dyadic_cli, ledger
-from host_tools.bench_kinds import default_var, noisy, rank_error, readings
-from host_tools.algorithms.vnoise import BulkNoise
-from host_tools.decode import Rejected, decode
-from host_tools.dyadic import DyadicView, exact_counters
-from host_tools.merge import MergeError, merge
-from host_tools.store import Store
+from host_tools.query import dyadic_cli
+from host_tools.store import ledger
+from host_tools.bench.kinds import default_var, noisy, rank_error, readings
+from host_tools.lab.algorithms.vnoise import BulkNoise
+from host_tools.ingest.decode import Rejected, decode
+from host_tools.query.dyadic import DyadicView, exact_counters
+from host_tools.query.merge import MergeError, merge
+from host_tools.store.core import Store
 
 SALT = "fleet-salt-1"
 T0 = 200_000 * 3600
@@ -150,7 +151,7 @@ def _binom_upper(n: int, p: float, level: float) -> int:
 def _rank_coverage(b, w, trials, confs, n=20_000, devices=3, seed=100):
     """Misses of the quantile rows (rank_answers with qs: right-sibling ranks) and of cdf rows
     at fixed points (Algorithm 5), per confidence, over fresh salts and noise."""
-    from host_tools.dyadic import rank_answers
+    from host_tools.query.dyadic import rank_answers
 
     qs = np.array([0.05, 0.25, 0.5, 0.75, 0.95])
     d = 4
@@ -228,7 +229,7 @@ def test_heavy_finds_planted_values_with_covering_intervals():
 
 
 def test_cli_on_cs_releases_says_why(tmp_path):
-    from host_tools.query import QueryError
+    from host_tools.query.core import QueryError
 
     st = Store(str(tmp_path / "db.sqlite"))
     p = Params({"device": "pi-1", "salt": SALT, "kind": "cs", "d": 3, "w": 16})

@@ -9,7 +9,7 @@ interval (95%), and the point answers must be close to the truth:
 * heavy hitters: IPv4 addresses (b = 32, map [1, 1, 0]) from a Zipf stream,
   no candidate list; the true top 10 must be found.
 
-The rank intervals are calibrated (host_tools/dyadic.py): a correct
+The rank intervals are calibrated (host_tools/query/dyadic.py): a correct
 implementation covers with probability 95% per answer, so of the 15 rank
 rows below a few may miss (at most 3: P(Binomial(15, 0.05) > 3) = 0.006;
 the seeds are fixed); a broken sketch (e.g. wrong level layout) gives
@@ -25,7 +25,7 @@ import subprocess
 import time
 from collections import Counter
 
-from host_tools.store import Store
+from host_tools.store.core import Store
 from tests.test_e2e_support import (REPO, agent_env, agent_toml, host_toml, needs_mosquitto, pansketch_cmd,
                                     run_agent, start_mosquitto, wait_for)
 

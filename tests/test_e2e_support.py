@@ -186,10 +186,11 @@ LIVE: list["AggregatorThread"] = []  # started and not stopped yet (tests/confte
 
 
 class AggregatorThread:
-    """The real aggregator (host_tools.aggregator.run) in a thread, subscribed when constructed."""
+    """The real aggregator (host_tools.ingest.aggregator.run) in a thread, subscribed when constructed."""
 
     def __init__(self, config_path: str) -> None:
-        from host_tools import aggregator, hostconfig
+        from host_tools import hostconfig
+        from host_tools.ingest import aggregator
 
         self.cfg = hostconfig.load(config_path)
         self.stop_ev = threading.Event()

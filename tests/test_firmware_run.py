@@ -102,7 +102,7 @@ def test_release_is_the_agent_cores_and_merges_with_a_pi(tmp_path):
     m = S.decode(rels[0])
     assert (m["elo"], m["ehi"], m["seq"], m["dev"], m["part"]) == (E0, E0 + 1, 0, "esp-1", 0)
     # the aggregator's decoder accepts it on its topic
-    from host_tools.decode import decode as host_decode
+    from host_tools.ingest.decode import decode as host_decode
 
     host_decode(rels[0], topic="pansketch/esp-1/release")
     # a Pi agent (other device, system RNG) counting the same items in the same window merges

@@ -47,7 +47,7 @@ def test_worked_example_matches_encoder():
 
 
 def test_tree_worked_example_matches_encoder_and_host():
-    from host_tools.decode import decode
+    from host_tools.ingest.decode import decode
 
     b = tree_example_bytes()
     assert _doc_block(len(b)) == b

@@ -9,8 +9,8 @@ import pytest
 
 from agent import calibrate, release
 from host_tools import hostconfig
-from host_tools.aggregator import Aggregator
-from host_tools.decode import Rejected, decode
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.ingest.decode import Rejected, decode
 from tests.test_host_support import SALT, T0, dumps, encoded, host_cfg, params, release_map, topic
 
 
@@ -255,7 +255,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch):
-    import host_tools.validproc as V  # the aggregator's one validation step (in process here)
+    import host_tools.ingest.validproc as V  # the aggregator's one validation step (in process here)
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("bug")
@@ -271,7 +271,7 @@ def test_fast_encoding_check_agrees_with_the_reference():
     """canonical_offset (cbor2 C encoder around the counters) == canonical_offset_ref (agent.cbor)."""
     import cbor2 as _cbor2
 
-    from host_tools.decode import canonical_offset, canonical_offset_ref
+    from host_tools.ingest.decode import canonical_offset, canonical_offset_ref
 
     p = params(w=16)
     good = encoded(p, seq=70000, fill=-3, nz=300)

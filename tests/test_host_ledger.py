@@ -10,8 +10,9 @@ import sys
 from fractions import Fraction
 
 from agent.calibrate import zcdp_to_approx_dp
-from host_tools import ledger, status
-from host_tools.aggregator import Aggregator
+from host_tools.store import ledger
+from host_tools.query import status
+from host_tools.ingest.aggregator import Aggregator
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from host_tools import query
-from host_tools.aggregator import Aggregator
-from host_tools.store import Store
+from host_tools.query import core as query
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.store.core import Store
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,7 +1,7 @@
 """Gap detection: every seq of a device is stored, rejected, pending or lost (docs/FORMAT.md section 3).
 
 SQLite only: releases go through the real Aggregator.handle, device status messages through
-host_tools.devstatus (what the aggregator calls for ``<prefix>/+/status``).
+host_tools.ingest.devstatus (what the aggregator calls for ``<prefix>/+/status``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from host_tools import devstatus, hostconfig, status
-from host_tools.aggregator import Aggregator
-from host_tools.store import DeviceStatus, Store
+from host_tools import hostconfig
+from host_tools.ingest import devstatus
+from host_tools.query import status
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.store.core import DeviceStatus, Store
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

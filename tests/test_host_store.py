@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from host_tools.aggregator import Aggregator
-from host_tools.store import Store
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.store.core import Store
 from tests.test_host_support import T0, encoded, host_cfg, params, topic
 
 
@@ -99,7 +99,7 @@ def test_readonly_store_refuses_writes_and_missing_db(tmp_path):
     db = str(tmp_path / "y.db")
     Store(db).close()
     st = Store(db, readonly=True)
-    from host_tools.decode import decode
+    from host_tools.ingest.decode import decode
 
     with pytest.raises(PermissionError):
         st.insert(decode(encoded(params())))

@@ -1,5 +1,5 @@
-"""The aggregator's helper processes (MQTT: host_tools/mqttproc.py, validation:
-host_tools/validproc.py) against a real mosquitto.
+"""The aggregator's helper processes (MQTT: host_tools/ingest/mqttproc.py, validation:
+host_tools/ingest/validproc.py) against a real mosquitto.
 
 Checks: if either helper dies, the aggregator stops with exit code 1 and
 says which and how, and what it had committed stays stored; if the
@@ -26,7 +26,7 @@ from tests.test_host_support import T0, encoded, host_cfg, params, topic
 pytestmark = needs_mosquitto
 
 
-def helpers(parent: int, module: str = "host_tools.mqttproc") -> list[int]:
+def helpers(parent: int, module: str = "host_tools.ingest.mqttproc") -> list[int]:
     """Pids of the ``python -m <module>`` processes whose parent is ``parent``."""
     out = []
     for d in os.listdir("/proc"):
@@ -52,8 +52,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("module,name", [("host_tools.mqttproc", "MQTT process"),
-                                         ("host_tools.validproc", "validation process")])
+@pytest.mark.parametrize("module,name", [("host_tools.ingest.mqttproc", "MQTT process"),
+                                         ("host_tools.ingest.validproc", "validation process")])
 def test_dead_helper_stops_the_aggregator(tmp_path, caplog, module, name):
     b = start_mosquitto(tmp_path)
     try:
@@ -70,7 +70,7 @@ def test_dead_helper_stops_the_aggregator(tmp_path, caplog, module, name):
         assert a.rc == [1]
         assert "%s (pid %d) exited unexpectedly (killed by SIGKILL)" % (name, pid) in caplog.text
         assert counts(cfg.aggregator.db)[0] == 1
-        assert not helpers(os.getpid(), "host_tools.mqttproc") and not helpers(os.getpid(), "host_tools.validproc")
+        assert not helpers(os.getpid(), "host_tools.ingest.mqttproc") and not helpers(os.getpid(), "host_tools.ingest.validproc")
     finally:
         b.stop()
 
@@ -89,7 +89,7 @@ def _start_cli(conf: str) -> subprocess.Popen[str]:
 
 def _helpers_of(pid: int) -> list[int]:
     def both() -> list[int]:
-        return helpers(pid) + helpers(pid, "host_tools.validproc")
+        return helpers(pid) + helpers(pid, "host_tools.ingest.validproc")
 
     wait_for(lambda: len(both()) == 2, 10)
     return both()

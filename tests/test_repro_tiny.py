@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from host_tools import cli
-from host_tools.repro import dp_linear, intermittent, lazy, panprivate
+from host_tools.lab.repro import dp_linear, intermittent, lazy, panprivate
 
 
 def test_dp_linear_tiny(tmp_path: Path):

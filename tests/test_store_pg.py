@@ -20,10 +20,12 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from host_tools import hostconfig, pgserver, query
-from host_tools.aggregator import Aggregator
-from host_tools.decode import Rejected, decode
-from host_tools.store import Pending, StoreError, open_store
+from host_tools import hostconfig
+from host_tools.store import pgserver
+from host_tools.query import core as query
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.ingest.decode import Rejected, decode
+from host_tools.store.core import Pending, StoreError, open_store
 from tests.test_host_support import SALT, T0, encoded, params, record, topic, zipf_stream
 
 try:
@@ -269,7 +271,7 @@ def test_aggregators_share_the_subscription_and_one_database(dsn, tmp_path):
 def test_device_status_and_rejected_seqs_on_postgresql(dsn):
     import json as _json
 
-    from host_tools import devstatus
+    from host_tools.ingest import devstatus
 
     st = open_store(dsn)
     t = "pansketch/pi-1/status"
@@ -292,7 +294,7 @@ def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
     database from before those columns gains them (defaults for its rows) when an aggregator opens it."""
     import psycopg
 
-    from host_tools.store import Store
+    from host_tools.store.core import Store
     from tests import test_dcs_host as dcs
 
     st = open_store(dsn)

@@ -14,8 +14,8 @@ from agent.recorder import make
 from agent.rng import DeterministicSource, Rng
 from agent.sketch import Sketch
 from agent.tree import TreeRecorder
-from host_tools import ledger
-from host_tools.decode import Rejected, decode
+from host_tools.store import ledger
+from host_tools.ingest.decode import Rejected, decode
 
 T0 = 200_000 * 3600  # epoch T0 // 60 is a multiple of 2**8
 EP = 60
@@ -137,7 +137,7 @@ def test_host_refuses_a_tree_release_calibrated_without_L(tmp_path):
 
 
 def test_ledger_counts_a_tree_once_per_event_not_per_node(tmp_path):
-    from host_tools.store import Store
+    from host_tools.store.core import Store
 
     p = params(levels=3, budget="1/2")
     rec = make(p, str(tmp_path / "dev"), T0, rng=Rng(DeterministicSource("led")), log=quiet)

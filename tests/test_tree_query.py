@@ -2,7 +2,7 @@
 
 Releases come from the real device core (agent/tree.py, deterministic byte
 source) through Aggregator.handle into SQLite, and are queried with
-host_tools.query (and the CLI for ``series``).
+host_tools.query.core (and the CLI for ``series``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import pytest
 from agent.params import Params
 from agent.recorder import make
 from agent.rng import DeterministicSource, Rng
-from host_tools import ledger, query
-from host_tools.aggregator import Aggregator
-from host_tools.query import cover
+from host_tools.store import ledger
+from host_tools.query import core as query
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.query.core import cover
 from tests.test_host_support import SALT, host_cfg, topic, zipf_stream
 
 EP = 3600
@@ -175,7 +176,7 @@ def test_ledger_per_tree(tmp_path):
 # -- series -----------------------------------------------------------------------------------
 
 def test_series_step_and_running(tmp_path):
-    from host_tools import series
+    from host_tools.query import series
 
     agg, truth = fill(tmp_path, n_epochs=16, window_dev=False)
     s = series.series(agg.store, ["item-0"], salt=SALT, step=4 * EP, since=T0 + 2 * EP, until=T0 + 14 * EP,
@@ -283,7 +284,7 @@ def _tree_map(**kw):
 ])
 def test_tree_node_validation(name, kw, code):
     from agent import cbor
-    from host_tools.decode import Rejected, decode
+    from host_tools.ingest.decode import Rejected, decode
 
     decode(cbor.dumps(_tree_map()))  # the unmodified node is valid
     with pytest.raises(Rejected) as ei:

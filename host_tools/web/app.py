@@ -5,7 +5,7 @@ Read-only by construction:
 
 * only GET and HEAD are served; every other method gets 405 with
   ``Allow: GET, HEAD`` before anything else runs;
-* the store is opened per request with :class:`host_tools.store.Store`
+* the store is opened per request with :class:`host_tools.store.core.Store`
   ``readonly=True`` (SQLite ``query_only``); every value from a request
   reaches SQL only as a bound parameter (the store's queries use ``?``
   placeholders; this module writes no SQL), and items are hashed, never
@@ -34,10 +34,13 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
-from host_tools import fleetview, metrics, query, series
+from host_tools.query import fleetview
+from host_tools.web import metrics
+from host_tools.query import core as query
+from host_tools.query import series
 from host_tools.hostconfig import HostConfig
-from host_tools.query import QueryError, iso
-from host_tools.store import SQLStore as Store, open_store
+from host_tools.query.core import QueryError, iso
+from host_tools.store.core import SQLStore as Store, open_store
 from host_tools.web.kinds import KindPages
 
 log = logging.getLogger("pansketch.serve")

@@ -1,8 +1,8 @@
 """Dashboard pages for the kinds ``dcs`` (quantiles / CDF, heavy hitters) and ``dbits`` (distinct counts).
 
 Every number comes from the functions behind ``pansketch query``
-(:mod:`host_tools.dyadic_cli` ``quantiles`` / ``cdf`` / ``heavy`` and
-:func:`host_tools.distinct.query`); the JSON endpoints return their rows
+(:mod:`host_tools.query.dyadic_cli` ``quantiles`` / ``cdf`` / ``heavy`` and
+:func:`host_tools.query.distinct.query`); the JSON endpoints return their rows
 unchanged, i.e. what ``pansketch query ... --json`` prints. This module
 only chooses *where* to ask (which devices, which CDF points, which
 windows) and lays the answers out.
@@ -23,8 +23,9 @@ from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from host_tools import distinct, dyadic_cli
-from host_tools.query import QueryError, iso
+from host_tools.query import distinct
+from host_tools.query import dyadic_cli
+from host_tools.query.core import QueryError, iso
 
 MAX_QUANTILES = 20
 DEFAULT_QS = (0.5, 0.95)

@@ -1,0 +1,533 @@
+"""Host benchmark: ingest through mosquitto (SQLite and PostgreSQL), release size, queries.
+
+    python -m host_tools.bench.host [--devices 50] [--per-device 80] [--rounds 2] [--aggregators 1,2,4]
+                                    [--query-devices 50] [--query-windows 168] [--out bench-results/host.json]
+
+* release size: encoded bytes of a release for a few (kind, d, w);
+* ingest: ``devices`` concurrent MQTT clients (one per device id, spread
+  over publisher processes) publish pre-encoded valid releases at QoS 1 to
+  a mosquitto started on a free loopback port; ``pansketch aggregate``
+  process(es) validate, store (group commit) and acknowledge them. Rate =
+  releases stored / seconds from the first publish to the last commit;
+  ``--aggregators 1,2,4`` repeats it with 2 and 4 aggregators on a
+  shared subscription writing one SQLite file.
+  Peer, measured in the same run with the same publishers, interleaved
+  round by round: a bare paho subscriber process that only acknowledges
+  (rate = messages received / seconds to the last one). Each run also
+  reports the CPU time per release of every process involved (aggregator,
+  its MQTT and validation helpers, mosquitto; from /proc). Also in-process
+  (no MQTT): ``Aggregator.handle`` one by one vs ``handle_many`` groups;
+* PostgreSQL (when its server binaries and psycopg are installed): the
+  same ingest with 1, 2 and 4 aggregators on a shared subscription
+  writing to one server started for the run (fsync on);
+* queries over ``query-devices`` x ``query-windows`` hourly releases
+  (d=4, w=1024): ``freq`` of one item over everything and ``topk`` over
+  100,000 candidates, from roll-ups vs from raw releases (the peer, the
+  same query with ``use_rollups=False``), in-process median times, and the
+  ``pansketch query`` CLI process (wall time and peak RSS) for both.
+
+The counters are random int32 values, not noise drawn by agent.noise: they
+are benchmark payloads of the right size and format, not private data.
+Figures are written as JSON to ``--out``. Needs mosquitto for the ingest
+part (skipped with a note otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from agent import hashing, release
+from agent.params import Params
+
+SALT = "bench-fleet-salt"
+EPOCH0 = 1_700_000_000 // 3600
+
+
+def make_releases(devices: int, per_device: int, d: int = 4, w: int = 1024, seed: int = 1) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for dv in range(devices):
+        p = Params({"device": "bench-%03d" % dv, "salt": SALT, "kind": "cs", "d": d, "w": w})
+        for k in range(per_device):
+            ctr = array.array("i")
+            ctr.frombytes(rng.integers(-60, 60, d * w, dtype=np.int32).astype("<i4").tobytes())
+            out.append(("pansketch/%s/release" % p.device, release.encode(p, k, EPOCH0 + k, EPOCH0 + k + 1, 0, ctr)))
+    return out
+
+
+def release_sizes() -> dict[str, int]:
+    out = {}
+    for kind, d, w in (("cs", 4, 1024), ("cs", 5, 2048), ("cms", 4, 256), ("cs", 8, 4096)):
+        p = Params({"device": "pi-kitchen-01", "salt": SALT, "kind": kind, "d": d, "w": w})
+        ctr = array.array("i", [0] * (d * w))
+        out["%s d=%d w=%d" % (kind, d, w)] = len(release.encode(p, 123456, EPOCH0, EPOCH0 + 1, 0, ctr))
+    return out
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _start_mosquitto(tmp: str) -> Optional[tuple[subprocess.Popen[bytes], int]]:
+    exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
+    if exe is None:
+        return None
+    port = _free_port()
+    conf = os.path.join(tmp, "mosquitto.conf")
+    with open(conf, "w") as f:
+        f.write("listener %d 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\n" % port)
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            f.write("user root\n")
+    log = open(os.path.join(tmp, "mosquitto.log"), "ab")
+    proc = subprocess.Popen([exe, "-c", conf], stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.02)
+    proc.terminate()
+    return None
+
+
+def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, done: Any, tag: str) -> None:
+    import paho.mqtt.client as mqtt
+
+    clients = []
+    for msgs in batches:
+        dev = msgs[0][0].split("/")[1]
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="%s-%s" % (dev, tag), protocol=mqtt.MQTTv5)
+        c.max_inflight_messages_set(20)
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        clients.append((c, msgs))
+    start.wait()
+    infos = []
+    # interleave the devices like concurrent agents
+    for k in range(max(len(m) for _c, m in clients)):
+        for c, msgs in clients:
+            if k < len(msgs):
+                infos.append(c.publish(msgs[k][0], msgs[k][1], qos=1))
+    for i in infos:
+        i.wait_for_publish(120)
+    for c, _m in clients:
+        c.disconnect()
+        c.loop_stop()
+    done.put(len(infos))
+
+
+def _bare_subscriber(port: int, n: int, ready: Any, out: Any) -> None:
+    """The peer: a paho subscriber that only acknowledges (QoS 1, MQTT v5)."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+
+    got = [0]
+    fin = threading.Event()
+    t_last = [0.0]
+
+    def on_message(_c: Any, _u: Any, _m: Any) -> None:
+        got[0] += 1
+        if got[0] >= n:
+            t_last[0] = time.perf_counter()
+            fin.set()
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bare-peer", protocol=mqtt.MQTTv5)
+    c.on_message = on_message
+    c.on_subscribe = lambda *_a: ready.set()
+    c.connect("127.0.0.1", port)
+    c.subscribe("pansketch/+/release", qos=1)
+    cpu0 = time.process_time()
+    c.loop_start()
+    fin.wait(600)
+    cpu = time.process_time() - cpu0
+    c.disconnect()
+    c.loop_stop()
+    out.put((got[0], time.time(), cpu))
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (0 once it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _helpers(pid: int) -> dict[int, str]:
+    """``pid`` and its child processes, each named by its role (``aggregator`` or the helper's module)."""
+    out = {pid: "aggregator"}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    argv = f.read().split(b"\0")
+                out[int(d)] = argv[2].decode() if len(argv) > 2 and argv[1] == b"-m" else "child"
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _count(db: str) -> int:
+    if db.startswith("postgresql://"):
+        try:
+            import psycopg
+
+            with psycopg.connect(db, connect_timeout=5) as pcon:
+                row = pcon.execute("SELECT COUNT(*) FROM releases").fetchone()
+                return int(row[0]) if row else 0
+        except Exception:
+            return 0
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(db, timeout=5)
+        try:
+            return int(con.execute("SELECT COUNT(*) FROM releases").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str, db: Optional[str] = None,
+                 aggregators: int = 1, peer: bool = False, tag: str = "r") -> dict[str, Any]:
+    """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber)."""
+    started = _start_mosquitto(tmp)
+    if started is None:
+        return {"skipped": "mosquitto not installed"}
+    broker, port = started
+    procs_agg: list[subprocess.Popen[bytes]] = []
+    ctx = mp.get_context("fork")
+    peer_out: Any = ctx.Queue()
+    try:
+        if peer:
+            ready = ctx.Event()
+            sub = ctx.Process(target=_bare_subscriber, args=(port, len(msgs), ready, peer_out))
+            sub.start()
+            ready.wait(30)
+        else:
+            assert db is not None
+            for k in range(aggregators):
+                conf = os.path.join(tmp, "host-%s-%d.toml" % (tag, k))
+                with open(conf, "w") as f:
+                    f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "agg-%s-%d"\n'
+                            '[aggregator]\ndb = "%s"\nmax_bytes = 65536\n%s'
+                            '[fleet]\nsalt = "%s"\n' % (port, tag, k, db,
+                                                          'shared_group = "aggs"\n' if aggregators > 1 else "", SALT))
+                procs_agg.append(subprocess.Popen(
+                    [sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
+                    env=_env(), stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agg-%s-%d.log" % (tag, k)), "w")))
+            logs = [os.path.join(tmp, "agg-%s-%d.log" % (tag, k)) for k in range(aggregators)]
+            deadline = time.monotonic() + 60
+            while not all("subscribed to" in open(lf).read() for lf in logs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        by_dev: dict[str, list[tuple[str, bytes]]] = {}
+        for t, p in msgs:
+            by_dev.setdefault(t, []).append((t, p))
+        groups = list(by_dev.values())
+        start = ctx.Event()
+        done: Any = ctx.Queue()
+        pubs = [ctx.Process(target=_publisher, args=(port, groups[i::workers], start, done, tag))
+                for i in range(workers)]
+        for pub in pubs:
+            pub.start()
+        time.sleep(1.5)  # publishers connected
+        roles: dict[int, str] = {broker.pid: "mosquitto"}
+        for a in procs_agg:
+            roles.update(_helpers(a.pid))
+        cpu0 = {pid: _cpu_s(pid) for pid in roles}
+        t0 = time.perf_counter()
+        t0_wall = time.time()
+        start.set()
+        published = sum(done.get(timeout=600) for _ in pubs)
+        t_pub = time.perf_counter() - t0
+        cpu: dict[str, float] = {}
+        if peer:
+            stored, t_end, cpu["bare subscriber"] = peer_out.get(timeout=600)
+            t_all = t_end - t0_wall
+            sub.join(30)
+        else:
+            assert db is not None
+            while _count(db) < len(msgs) and time.perf_counter() - t0 < 600:
+                time.sleep(0.05)
+            t_all = time.perf_counter() - t0
+            stored = _count(db)
+        for pid, role in roles.items():  # CPU seconds per role over the run (all aggregators together)
+            cpu[role] = cpu.get(role, 0.0) + _cpu_s(pid) - cpu0[pid]
+        for pub in pubs:
+            pub.join(30)
+    finally:
+        for a in procs_agg:
+            a.terminate()
+        for a in procs_agg:
+            a.wait(30)
+        broker.terminate()
+        broker.wait(10)
+    return {"consumer": "bare paho subscriber (acks only)" if peer else "%d x pansketch aggregate" % aggregators,
+            "clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
+            "received_or_stored": stored, "seconds_to_publish_all": round(t_pub, 3),
+            "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
+            "release_bytes": len(msgs[0][1]),
+            "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())}}
+
+
+def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:
+    """In-process, no MQTT: one transaction per release vs group commits of 256."""
+    from host_tools import hostconfig
+    from host_tools.ingest.aggregator import Aggregator
+    from host_tools.ingest.decode import decode
+
+    out: dict[str, Any] = {}
+    for name, group in (("one_by_one", 1), ("groups_of_256", 256)):
+        cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": os.path.join(tmp, "direct-%s.db" % name)}})
+        a = Aggregator(cfg)
+        t = time.perf_counter()
+        for i in range(0, len(msgs), group):
+            a.handle_many(msgs[i:i + group])
+        out["%s_per_second" % name] = round(len(msgs) / (time.perf_counter() - t), 1)
+        a.close()
+    t = time.perf_counter()
+    for tp, pl in msgs:
+        decode(pl, tp)
+    out["validate_only_per_second"] = round(len(msgs) / (time.perf_counter() - t), 1)
+    return out
+
+
+def _timeit(fn: Any, reps: int = 5) -> float:
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def build_query_db(path: str, devices: int, windows: int, d: int = 4, w: int = 1024) -> int:
+    """``devices`` x ``windows`` hourly window releases stored through the store's group commit."""
+    from host_tools.ingest.decode import decode
+    from host_tools.store.core import Pending, open_store
+
+    rng = np.random.default_rng(7)
+    st = open_store(path)
+    n = 0
+    for k in range(windows):
+        group = []
+        for dv in range(devices):
+            p = Params({"device": "q-%03d" % dv, "salt": SALT, "kind": "cs", "d": d, "w": w})
+            ctr = array.array("i")
+            ctr.frombytes(rng.integers(-60, 60, d * w, dtype=np.int32).astype("<i4").tobytes())
+            rel = decode(release.encode(p, k, EPOCH0 + k, EPOCH0 + k + 1, 0, ctr))
+            group.append(Pending(rel.payload, None, time.time(), rel=rel, device=rel.dev))
+        st.commit_group(group)
+        n += len(group)
+    st.close()
+    return n
+
+
+def _cli_run(conf: str, args: list[str]) -> dict[str, Any]:
+    """Run ``pansketch query`` as its own process: wall time, peak RSS, the time it reports.
+
+    Peak RSS comes from GNU time (``/usr/bin/time -f %M``) when installed:
+    the rusage of a child forked from this (large) benchmark process would
+    count the parent's pages it held before exec.
+    """
+    gtime = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
+    cmd = [sys.executable, "-m", "host_tools.cli", "query", "--config", conf] + args
+    if gtime:
+        cmd = [gtime, "-f", "MAXRSS_KB %M"] + cmd
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError("pansketch query failed: %s" % proc.stderr.decode()[-500:])
+    rss = None
+    for ln in proc.stderr.decode().splitlines():
+        if ln.startswith("MAXRSS_KB "):
+            rss = round(int(ln.split()[1]) / 1024, 1)
+    answered = [ln for ln in proc.stdout.decode().splitlines() if ln.startswith("# answered in")]
+    return {"process_wall_s": round(wall, 3), "peak_rss_mb": rss,
+            "answered_in": answered[0][len("# answered in "):] if answered else None}
+
+
+def bench_query(db: str, tmp: str, n_cand: int = 100_000) -> dict[str, Any]:
+    """Roll-ups vs raw releases (the peer), interleaved, in-process and as CLI processes."""
+    from host_tools import fasthash
+    from host_tools.query import core as query
+    from host_tools.store.core import open_store
+
+    st = open_store(db, readonly=True)
+    cands = ["cand-%d" % i for i in range(n_cand)]
+    out: dict[str, Any] = {"releases_in_db": st.release_count()}
+    a = query.freq(st, ["cand-1"], salt=SALT)[0].to_dict()
+    b = query.freq(st, ["cand-1"], salt=SALT, use_rollups=False)[0].to_dict()
+    out["freq_answers_equal"] = a == b
+    for name, fn in (
+            ("freq_1_item_all", lambda ru: query.freq(st, ["cand-1"], salt=SALT, use_rollups=ru)),
+            ("freq_1_item_one_window", lambda ru: query.freq(st, ["cand-1"], salt=SALT, window=EPOCH0, use_rollups=ru)),
+            ("topk_10_of_%d_all" % n_cand, lambda ru: query.topk(st, cands, 10, salt=SALT, use_rollups=ru))):
+        reps = 5 if name.startswith("freq") else 3
+        tr, tw = [], []
+        for _ in range(2):  # interleaved rounds
+            tr.append(_timeit(lambda: fn(True), reps))
+            tw.append(_timeit(lambda: fn(False), max(1, reps // 2)))
+        out[name] = {"rollups_s": round(min(tr), 4), "raw_releases_s (peer)": round(min(tw), 4),
+                     "speedup": round(min(tw) / min(tr), 1)}
+    t_fast = _timeit(lambda: fasthash.cols_signs(fasthash.streams(cands, SALT, 4), 4, 1024), 3)
+    out["hash_%d_candidates_fasthash_s" % n_cand] = round(t_fast, 4)
+    st.close()
+    if not db.startswith("postgresql://"):
+        conf = os.path.join(tmp, "query.toml")
+        with open(conf, "w") as f:
+            f.write('[aggregator]\ndb = "%s"\n[fleet]\nsalt = "%s"\n' % (db, SALT))
+        cfile = os.path.join(tmp, "cands.txt")
+        with open(cfile, "w") as f:
+            f.write("\n".join(cands) + "\n")
+        cli: dict[str, Any] = {}
+        for rnd in range(2):
+            for name, args in (("freq_all", ["freq", "cand-1"]),
+                               ("freq_all_raw_releases (peer)", ["freq", "cand-1", "--no-rollups"]),
+                               ("topk_all", ["topk", "-k", "10", "--candidates", cfile]),
+                               ("topk_all_raw_releases (peer)", ["topk", "-k", "10", "--candidates", cfile,
+                                                                 "--no-rollups"])):
+                r = _cli_run(conf, args)
+                if rnd == 0 or r["process_wall_s"] < cli[name]["process_wall_s"]:
+                    cli[name] = r
+        out["cli"] = cli
+        out["cli_peak_rss_note"] = "RSS of the whole pansketch query process (python + numpy + answer)"
+    return out
+
+
+def _sqlite_key(k: int) -> str:
+    return "aggregator_sqlite" if k == 1 else "%d_aggregators_sqlite" % k
+
+
+def _pg_available() -> Optional[str]:
+    from host_tools.store import pgserver
+
+    if pgserver.binaries() is None:
+        return pgserver.MISSING
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg 3 not installed"
+    return None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", type=int, default=50)
+    ap.add_argument("--per-device", type=int, default=80)
+    ap.add_argument("--workers", type=int, default=4, help="publisher processes (devices are spread over them)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of peer / aggregator ingest")
+    ap.add_argument("--aggregators", default="1", metavar="N,...",
+                    help="SQLite ingest with each of these numbers of aggregators on a shared subscription (1)")
+    ap.add_argument("--query-devices", type=int, default=50)
+    ap.add_argument("--query-windows", type=int, default=168)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,query")
+    ap.add_argument("--out", default="bench-results/host.json")
+    args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    tmp = tempfile.mkdtemp(prefix="pansketch-bench-")
+    msgs = make_releases(args.devices, args.per_device)
+    res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                       "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
+                           "command": "python -m host_tools.bench.host " + " ".join(argv if argv is not None else sys.argv[1:])}
+    res["release_bytes"] = release_sizes()
+    print("release sizes:", res["release_bytes"], flush=True)
+    if "ingest" not in skip:
+        res["ingest_direct"] = bench_direct(msgs, tmp)
+        print("direct (no MQTT):", res["ingest_direct"], flush=True)
+        rounds = []
+        ks = [int(k) for k in args.aggregators.split(",")]
+        for r in range(args.rounds):
+            rnd: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
+            rnd["peer"] = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="p%d" % r)
+            print("peer (bare subscriber):", rnd["peer"], flush=True)
+            for k in ks:
+                ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=os.path.join(tmp, "ingest-%d-%d.db" % (r, k)),
+                                    aggregators=k, tag="s%d-%d" % (r, k))
+                print("%d aggregator(s), SQLite:" % k, ours, flush=True)
+                rnd[_sqlite_key(k)] = ours
+            rounds.append(rnd)
+        res["ingest_mqtt_rounds"] = rounds
+        if all("releases_per_second" in x[key] for x in rounds for key in x if key != "loadavg_at_start"):
+            summary: dict[str, Any] = {"peer_per_second": [x["peer"]["releases_per_second"] for x in rounds],
+                                       "loadavg_1min_per_round": [round(x["loadavg_at_start"][0], 2) for x in rounds]}
+            summary["peer_median"] = statistics.median(summary["peer_per_second"])
+            for k in ks:
+                key = _sqlite_key(k)
+                rates = [x[key]["releases_per_second"] for x in rounds]
+                ratios = [round(x[key]["releases_per_second"] / x["peer"]["releases_per_second"], 3) for x in rounds]
+                summary[key] = {"per_second": rates, "median": statistics.median(rates), "ratio_to_peer": ratios,
+                                "median_ratio": statistics.median(ratios)}
+            res["ingest_mqtt_summary"] = summary
+            print("ingest summary:", summary, flush=True)
+    if "pg" not in skip:
+        why = _pg_available()
+        if why is not None:
+            res["ingest_postgresql"] = {"skipped": why}
+        else:
+            from host_tools.store import pgserver
+
+            srv = pgserver.PgServer.start(fsync=True)
+            try:
+                pg: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir}
+                for k in (1, 2, 4):
+                    dsn = srv.create_database("bench%d" % k)
+                    peer = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="pp%d" % k)
+                    ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k, tag="pg%d" % k)
+                    pg["%d_aggregators" % k] = {"aggregators_per_second": ours.get("releases_per_second"),
+                                                "peer_per_second": peer.get("releases_per_second"),
+                                                "run": ours}
+                    print("PostgreSQL, %d aggregator(s):" % k, pg["%d_aggregators" % k], flush=True)
+                res["ingest_postgresql"] = pg
+            finally:
+                srv.stop()
+    if "query" not in skip:
+        qdb = os.path.join(tmp, "query.db")
+        t = time.perf_counter()
+        n = build_query_db(qdb, args.query_devices, args.query_windows)
+        print("query db: %d releases in %.1f s" % (n, time.perf_counter() - t), flush=True)
+        res["query"] = {"devices": args.query_devices, "windows": args.query_windows, "d": 4, "w": 1024}
+        res["query"].update(bench_query(qdb, tmp))
+        print("query:", json.dumps(res["query"]), flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    print("written to", args.out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,599 @@
+"""The aggregator: MQTT releases -> validation -> store (SQLite or PostgreSQL); ``pansketch aggregate``.
+
+:class:`Aggregator` is the transport-free core: ``handle(topic, payload)``
+validates one message (host_tools.ingest.decode), stores it idempotently
+(host_tools.store.core) or logs the rejection with its reason, and returns an
+:class:`Outcome`. :func:`run` connects it to a broker with paho-mqtt 2.x
+(``CallbackAPIVersion.VERSION2``, MQTT v5):
+
+* subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
+  QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
+  ``shared_group`` is set, so several aggregators split the load;
+* three processes, so that no CPU work competes with the writer for
+  this process's GIL (docs/HOST.md, "Performance")::
+
+      mosquitto ──▶ MQTT process ──batches──▶ aggregator ──(topic, payload)──▶ validation process
+                   (host_tools.ingest.mqttproc:      │ validator thread ◀──verdicts──┘ (host_tools.ingest.validproc)
+                    paho client, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
+                         ▲                     │
+                         └──── PUBACKs + host acks, after each commit
+
+  the MQTT process only forwards what arrives and sends what it is told;
+  the validator thread hands each batch to the validation process and
+  turns its verdicts into store items; the writer thread stores them as
+  one group commit (one transaction, a savepoint per message, so one bad
+  message rolls back alone; host_tools.store.core), which amortises the fsync
+  over the group. If a helper process dies the aggregator stops with exit
+  code 1 and says which (nothing committed is lost; what was not is
+  redelivered); if the aggregator dies its helpers exit too;
+* acknowledges a message only after its outcome is committed to the
+  store (manual acks): a crash before the commit means the broker
+  redelivers, and redelivery is harmless (idempotent store);
+* after the commit, tells each device of the group, in one message per
+  device: ``{"dev", "ok": [seq, ...]}`` on
+  ``<prefix>/<device>/ack`` (QoS 1) for a stored release or a duplicate of
+  one, ``{"dev", "bad": [[seq, code]]}`` for a release it will never store
+  (docs/FORMAT.md section 7). The device deletes a release from its outbox
+  only on that acknowledgement, so "delivered" means stored here;
+* a persistent session (clean_start = False, session expiry
+  ``session_expiry_s``) with a stable client id, so releases published
+  while the aggregator is down wait in the broker; a shared-group member
+  starts clean instead (session expiry 0 by default): its session, and
+  its place in the group, end with its connection, so a member that dies
+  does not keep taking its turn of the releases (mosquitto 2.0 hands
+  offline members' sessions their share); what was in flight to it comes
+  back as the devices' re-sends;
+* TLS (CA, client certificate) and username/password from ``[broker]``;
+  reconnects with capped exponential backoff (``reconnect_min_s`` ..
+  ``reconnect_max_s``);
+* ``until_idle``: exit 0 after that many seconds without a message
+  (exit 1 if it never managed to connect); SIGINT/SIGTERM: store and
+  acknowledge what was received, then exit 0 (the helpers ignore both
+  signals and stop when told).
+
+Output (stderr, ``logging``): a line per connection and when the
+subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
+rejections and lost connections, a summary at exit; ``-q`` keeps only the
+warnings and errors, ``-v`` adds the MQTT client's packet log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from agent.tomlconf import placeholder_salt_warning
+from host_tools import hostconfig
+from host_tools.ingest import child
+from host_tools.ingest import devstatus
+from host_tools.web import metrics
+from host_tools.ingest.decode import Rejected, Release, topic_device
+from host_tools.hostconfig import HostConfig
+from host_tools.ingest.mqttproc import Msg, MQTTProcess, Settings
+from host_tools.store.core import Pending, SQLStore, open_store
+from host_tools.ingest.validproc import Settings as ValidationSettings
+from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict
+
+log = logging.getLogger("pansketch.aggregator")
+
+
+@dataclass
+class Outcome:
+    """What happened to one message."""
+
+    status: str  # 'stored' | 'duplicate' | 'rejected' | 'error' (database error on this message: not stored)
+    reason: Optional[str] = None
+    code: Optional[str] = None
+    device: Optional[str] = None
+    key: Optional[tuple[str, int, int, int]] = None
+    seq: Optional[int] = None
+
+    @property
+    def stored(self) -> bool:
+        return self.status == "stored"
+
+    def __str__(self) -> str:
+        if self.status == "rejected":
+            return "rejected (%s): %s" % (self.code, self.reason)
+        return self.status
+
+
+class Aggregator:
+    """Validate and store releases; one instance per process (thread-safe)."""
+
+    def __init__(self, cfg: HostConfig, store: Optional[SQLStore] = None,
+                 logger: Optional[logging.Logger] = None) -> None:
+        self.cfg = cfg
+        self.store = store if store is not None else open_store(cfg.aggregator.db)
+        self.log = logger or log
+        self.counts = {"stored": 0, "duplicate": 0, "rejected": 0}
+        self.validation = ValidationSettings(cfg.fleet, cfg.aggregator.max_bytes)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def handle(self, topic: str, payload: bytes, received: Optional[float] = None) -> Outcome:
+        """Validate and store one message. Storage errors (disk full...) propagate."""
+        return self.handle_many([(topic, payload)], received)[0]
+
+    def validate(self, topic: str, payload: bytes, received: Optional[float] = None) -> Pending:
+        """Decode and validate one message (no storage): a :class:`Pending` for the store."""
+        return self.pending(topic, payload, verdict(self.validation, topic, payload), received)
+
+    def pending(self, topic: str, payload: bytes, v: Verdict, received: Optional[float] = None) -> Pending:
+        """The :class:`Pending` for one message and its validation verdict (host_tools.ingest.validproc)."""
+        now = time.time() if received is None else received
+        payload = bytes(payload)
+        keep = self.cfg.aggregator.max_bytes
+        if v[0] == "ok":
+            rel = Release.from_state(v[1], payload)
+            return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
+        return Pending(payload, topic, now, rej=Rejected(v[1], v[2]), device=topic_device(topic) if topic else None,
+                       keep_bytes=keep)
+
+    def handle_many(self, msgs: Sequence[tuple[str, bytes]], received: Optional[float] = None,
+                    pending: Optional[Sequence[Pending]] = None) -> list[Outcome]:
+        """Validate and store messages in one transaction (a savepoint each); outcomes in order.
+
+        A database error that concerns one message alone (rolled back to its
+        savepoint) raises :class:`MessageError` for it after the others are
+        committed; a failure of the transaction raises and stores nothing.
+        """
+        items = list(pending) if pending is not None else [self.validate(t, p, received) for t, p in msgs]
+        self.store.commit_group(items)
+        out: list[Outcome] = []
+        failed: list[tuple[int, BaseException]] = []
+        for i, p in enumerate(items):
+            if p.status == "error":
+                assert p.error is not None
+                failed.append((i, p.error))
+                out.append(Outcome("error", str(p.error), None, p.device, None, None))
+                continue
+            out.append(self._outcome(p))
+        if failed:
+            raise MessageError(out, failed)
+        return out
+
+    def _outcome(self, p: Pending) -> Outcome:
+        if p.status == "rejected":
+            assert p.rej is not None
+            self.log.warning("rejected message on %s (%d bytes): %s: %s", p.topic, len(p.payload), p.rej.code,
+                             p.rej.reason)
+            self._count("rejected")
+            metrics.record(self, "rejected", p.rej.code, None, p.received)
+            return Outcome("rejected", p.rej.reason, p.rej.code, p.device, None, _seq_of(p.payload))
+        rel = p.rel
+        assert rel is not None
+        if p.status == "duplicate":
+            self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
+                          rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
+        elif self.log.isEnabledFor(logging.INFO):
+            self.log.info("stored %s seq %d: %s, %d bytes", rel.dev, rel.seq, _span(rel), len(p.payload))
+        self._count(p.status)
+        metrics.record(self, p.status, None, rel.t1, p.received)
+        return Outcome(p.status, None, None, rel.dev, rel.key, rel.seq)
+
+    def _count(self, k: str) -> None:
+        with self._lock:
+            self.counts[k] += 1
+
+
+class MessageError(Exception):
+    """Some messages of a group hit a database error of their own (the rest is committed)."""
+
+    def __init__(self, outcomes: list[Outcome], failed: list[tuple[int, BaseException]]) -> None:
+        Exception.__init__(self, "; ".join("message %d: %s" % (i, e) for i, e in failed))
+        self.outcomes = outcomes
+        self.failed = failed
+
+
+def _seq_of(payload: bytes) -> Optional[int]:
+    """The ``seq`` of a rejected release, if it parses that far (for the device's ack)."""
+    try:
+        import cbor2
+
+        m = cbor2.loads(payload)
+        seq = m.get("seq") if isinstance(m, dict) else None
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2**63 else None
+    except Exception:
+        return None
+
+
+def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
+    """What a host acknowledgement says of one outcome: ``("ok", seq)``, ``("bad", [seq, code])`` or None.
+
+    Stored and duplicate releases are acknowledged as stored; a rejected one
+    whose seq is known as refused for good, except ``internal`` (a validator
+    bug: the device should keep it and send it again after the fix) and
+    ``topic``.
+    """
+    if out.device is None or out.seq is None:
+        return None
+    if out.status in ("stored", "duplicate"):
+        return ("ok", out.seq)
+    if out.code is not None and out.code not in ("internal", "topic"):
+        return ("bad", [out.seq, out.code])
+    return None
+
+
+def ack_topic(release_topic: str) -> str:
+    """``<prefix>/<device>/release`` -> ``<prefix>/<device>/ack``."""
+    return release_topic.rsplit("/", 1)[0] + "/ack"
+
+
+def _utc(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
+
+
+def _span(rel: Any) -> str:
+    """What a release covers, for one log line: its window, or its epochs inside the window."""
+    if rel.mode == "window" and rel.ehi - rel.elo == 1:
+        what = "window %s (%d s)" % (_utc(rel.elo * rel.ep_s), rel.win_s)
+    else:
+        what = "epochs %s..%s (window %s)" % (_utc(rel.elo * rel.ep_s), _utc(rel.ehi * rel.ep_s),
+                                            _utc(rel.win * rel.win_s))
+    return what + (" part %d" % rel.part if rel.part else "")
+
+
+def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
+    """One acknowledgement per device for a committed group: (ack topic, payload), in first-seen order.
+
+    docs/FORMAT.md section 7: one message may acknowledge several releases
+    of one device (``ok`` and ``bad`` lists); the rules per outcome are
+    those of :func:`_ack_entry`.
+    """
+    docs: dict[str, dict[str, Any]] = {}
+    for topic, out in done:
+        e = _ack_entry(out)
+        if e is None:
+            continue
+        t = ack_topic(topic)
+        doc = docs.get(t)
+        if doc is None:
+            doc = docs[t] = {"dev": out.device}
+        doc.setdefault(e[0], []).append(e[1])
+    return [(t, json.dumps(d, separators=(",", ":")).encode()) for t, d in docs.items()]
+
+
+GROUP_MAX = 256  # messages per group commit
+# unacknowledged messages the broker may send (MQTT v5 Receive Maximum): several groups, so the
+# next ones arrive and are validated while one commits
+RECEIVE_MAXIMUM = 4 * GROUP_MAX
+
+
+class _Writer:
+    """Validates and stores what the MQTT process received: a validator and a writer thread.
+
+    The validator thread has whatever has queued up validated by the
+    validation process (``validator``) and records device status messages;
+    the writer thread stores what is validated (at most :data:`GROUP_MAX`
+    messages) as one group commit (a savepoint per message), and only then
+    acknowledges each message to the broker (PUBACK) and publishes the host
+    acknowledgements to the devices (one per device per group), both in one
+    request to the MQTT process (``transport``). Validation of the next
+    messages overlaps the commit. A failed transaction is retried 3 times
+    with backoff; then the aggregator stops without acknowledging anything
+    of that group (the broker redelivers it; storing is idempotent).
+    """
+
+    def __init__(self, agg: Aggregator, validator: ValidatorProcess, transport: MQTTProcess, stop: threading.Event,
+                 state: dict[str, Any]) -> None:
+        self.agg = agg
+        self.validator = validator
+        self.transport = transport
+        self.stop = stop
+        self.state = state
+        self.q: "queue.Queue[Any]" = queue.Queue()  # lists of received messages
+        self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
+        self._busy = [False, False]
+        self._dead = False
+        self.groups = 0
+        self.messages = 0
+        self.threads = [threading.Thread(target=self._validate_loop, name="pansketch-validate", daemon=True),
+                        threading.Thread(target=self._write_loop, name="pansketch-writer", daemon=True)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def put(self, msgs: list[Msg]) -> None:
+        for i in range(0, len(msgs), GROUP_MAX):
+            self.q.put(msgs[i:i + GROUP_MAX])
+
+    def idle(self) -> bool:
+        return self.q.empty() and self.valid.empty() and not any(self._busy)
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._dead and not self.idle() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.q.put(None)
+        for t in self.threads:
+            t.join(30)
+
+    @staticmethod
+    def _take(q: "queue.Queue[Any]", first: Any, limit: int, size: Any) -> tuple[list[Any], bool]:
+        batch = [first]
+        n = size(first)
+        while n < limit:
+            try:
+                m = q.get_nowait()
+            except queue.Empty:
+                break
+            if m is None:
+                return batch, True
+            batch.append(m)
+            n += size(m)
+        return batch, False
+
+    def _validate_loop(self) -> None:
+        while True:
+            first = self.q.get()
+            if first is None:
+                self.valid.put(None)
+                return
+            self._busy[0] = True
+            chunks, end = self._take(self.q, first, GROUP_MAX, len)
+            batch = [m for c in chunks for m in c]
+            try:
+                # a device's status (gap detection) is recorded and acknowledged here, like a release
+                batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.transport, m)]
+                if batch:
+                    verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
+                    self.valid.put([(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)])
+            except ValidatorDied as exc:
+                self._fatal(str(exc))
+            except Exception as exc:  # verdict() turns validator bugs into rejections; this is worse
+                log.exception("validator failed")
+                self._fatal("validator failed: %s" % exc)
+            finally:
+                self._busy[0] = False
+            if end:
+                self.valid.put(None)
+                return
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self.valid.get()
+            if first is None:
+                return
+            self._busy[1] = True
+            chunks, end = self._take(self.valid, first, GROUP_MAX, len)
+            batch = [x for c in chunks for x in c]
+            try:
+                if not self._dead:
+                    self.groups += 1
+                    self.messages += len(batch)
+                    self._store(batch)
+            except Exception as exc:  # never let the writer die silently
+                log.exception("writer failed")
+                self._fatal("writer failed: %s" % exc)
+            finally:
+                self._busy[1] = False
+            if end:
+                return
+
+    def _fatal(self, why: str) -> None:
+        self._dead = True
+        self.state["fatal"] = why
+        self.stop.set()
+
+    def _store(self, batch: list[tuple[Msg, Pending]]) -> None:
+        msgs = [m for m, _p in batch]
+        pend = [p for _m, p in batch]
+        todo = list(range(len(batch)))
+        done: list[tuple[int, Outcome]] = []
+        delay = 0.5
+        why = ""
+        for attempt in range(4):
+            try:
+                outs = self.agg.handle_many([], pending=[pend[i] for i in todo])
+                done += list(zip(todo, outs))
+                todo = []
+                break
+            except MessageError as exc:  # the others are committed: acknowledge them, retry the failed ones
+                bad = {j for j, _e in exc.failed}
+                done += [(todo[j], o) for j, o in enumerate(exc.outcomes) if j not in bad]
+                why = str(exc)
+                todo = [todo[j] for j in sorted(bad)]
+            except Exception as exc:  # the transaction failed: nothing of the group is stored
+                why = "%s: %s" % (type(exc).__name__, exc)
+            if attempt == 3:
+                break
+            log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
+            time.sleep(delay)
+            delay *= 2
+        self._ack(msgs, done)
+        if todo:
+            log.error("cannot store %d message(s) (first on %s): %s; stopping without acknowledging them",
+                      len(todo), msgs[todo[0]].topic, why)
+            self._fatal("storage failed: %s" % why)
+
+    def _ack(self, batch: list[Msg], done: list[tuple[int, Outcome]]) -> None:
+        done.sort(key=lambda x: x[0])
+        # committed: the broker may forget them (PUBACK), and so may the devices (host acks)
+        self.transport.acknowledge([(batch[i].mid, batch[i].qos) for i, _o in done],
+                                   group_acks([(batch[i].topic, o) for i, o in done]))
+
+
+def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
+        ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
+    """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
+
+    The MQTT client and validation run in helper processes
+    (host_tools.ingest.mqttproc, host_tools.ingest.validproc); this process stores and
+    decides every acknowledgement. ``ready`` is set once the subscription
+    is acknowledged; ``counts``, if given, receives the numbers of
+    stored/duplicate/rejected messages at exit. Returns an exit code (1
+    also when a helper process dies).
+    """
+    stop = stop or threading.Event()
+    agg = Aggregator(cfg)
+    agg.store.background_checkpoints()
+    cid = hostconfig.default_client_id(cfg)
+    sub = cfg.aggregator.subscription
+    state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
+                             "fail_logged": -1e9}
+    persistent = cfg.aggregator.session_expiry_s > 0 and (bool(cfg.broker.client_id) or not cfg.aggregator.shared_group)
+    if persistent and cfg.aggregator.shared_group:
+        # mosquitto 2.0 keeps handing an offline member's session its turn of the group's messages
+        log.warning("shared_group %r with session_expiry_s = %d: if this aggregator dies, the broker keeps "
+                    "giving its session a share of the releases for up to %d s (held there until the devices "
+                    "re-send them, not lost); session_expiry_s = 0 (the default with a shared group) avoids it",
+                    cfg.aggregator.shared_group, cfg.aggregator.session_expiry_s, cfg.aggregator.session_expiry_s)
+    # releases (maybe a shared subscription) and every device's retained status
+    # (never shared: each aggregator keeps its own copy; gap detection)
+    settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
+                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
+
+    def fatal(why: str) -> None:
+        state["fatal"] = why
+        stop.set()
+
+    def on_event(ev: tuple[Any, ...]) -> None:
+        """Connection events of the MQTT process (its reader thread)."""
+        kind = ev[0]
+        if kind == "connected":
+            state["connected"] = state["ever"] = True
+            state["fail_logged"] = -1e9
+            log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+        elif kind == "refused":
+            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, ev[1])
+        elif kind == "subscribed" and ev[1] is not None:
+            log.error("broker refused the subscription to %s: %s", sub, ev[1])
+            fatal("subscription refused: %s" % ev[1])
+        elif kind == "subscribed":
+            log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
+                     ", persistent session" if persistent else ", clean session", cfg.aggregator.db)
+            if ready is not None:
+                ready.set()
+        elif kind == "connect_failed":
+            now = time.monotonic()
+            if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
+                state["fail_logged"] = now
+                log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
+                            cfg.broker.port, cfg.broker.reconnect_max_s)
+        elif kind == "disconnected":
+            state["connected"] = False
+            if not stop.is_set() and not state["closing"]:
+                log.warning("disconnected from broker (%s); reconnecting", ev[1])
+        elif kind == "exited":
+            fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, child.exit_status(ev[1])))
+
+    def on_messages(msgs: list[Msg]) -> None:
+        state["last"] = time.monotonic()
+        writer.put(msgs)
+
+    transport = MQTTProcess(settings, on_messages, on_event)
+    validator = ValidatorProcess(agg.validation)
+    writer = _Writer(agg, validator, transport, stop, state)
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, lambda *_a: stop.set())
+    warning = placeholder_salt_warning("fleet.salt", cfg.fleet.salt, "in every device's config")
+    if warning:
+        log.warning("%s", warning)
+    try:
+        validator.start()
+        writer.start()
+        transport.start()
+        start = time.monotonic()
+        while not stop.is_set():
+            stop.wait(0.05)
+            try:
+                validator.check()
+            except ValidatorDied as exc:
+                fatal(str(exc))
+            if until_idle is not None and time.monotonic() - state["last"] > until_idle and writer.idle():
+                break
+        writer.drain(5.0)  # messages already received: store and acknowledge them before disconnecting
+        if state["fatal"]:
+            log.error("stopping: %s", state["fatal"])
+            return 1
+        if not state["ever"]:
+            log.error("could not connect to broker %s:%d within %.0f s", cfg.broker.host, cfg.broker.port,
+                      time.monotonic() - start)
+            return 1
+        return 0
+    finally:
+        state["closing"] = True  # our own disconnect is not a lost connection
+        transport.close()
+        writer.close()
+        validator.close()
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        c = agg.counts
+        if counts is not None:
+            counts.update(c)
+        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected; %d group commit(s), %.1f messages "
+                 "per group", c["stored"], c["duplicate"], c["rejected"], writer.groups,
+                 writer.messages / max(1, writer.groups))
+        agg.close()
+
+
+# -- CLI ---------------------------------------------------------------------
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("aggregate", help="subscribe to releases and store them",
+                              description="Subscribe to device releases over MQTT, validate each one, store it "
+                                          "idempotently in SQLite and log rejections (docs/HOST.md).")
+    p.add_argument("--config", required=True, metavar="FILE", help="host config TOML")
+    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+                   help="exit after this many seconds without a message")
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-v", "--verbose", action="store_true", help="also log the MQTT client's packets (debug)")
+    v.add_argument("-q", "--quiet", action="store_true",
+                   help="log only warnings and errors (rejections, lost connections), not each stored release")
+    p.add_argument("--metrics-port", type=int, metavar="N",
+                   help="serve Prometheus metrics on http://BIND:N/metrics (host_tools/web/metrics.py)")
+    p.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port (127.0.0.1)")
+    p.set_defaults(func=main)
+
+
+def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
+    root = logging.getLogger("pansketch")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root.addHandler(h)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = hostconfig.load(args.config)
+    except hostconfig.ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return 2
+    if args.until_idle is not None and args.until_idle <= 0:
+        print("pansketch aggregate: --until-idle must be positive", file=sys.stderr)
+        return 2
+    setup_logging(args.verbose, getattr(args, "quiet", False))
+    exporter = None
+    if getattr(args, "metrics_port", None) is not None:
+        try:
+            exporter = metrics.start_aggregator_exporter(cfg.aggregator.db, args.metrics_port, args.metrics_bind,
+                                                         cfg.query.delta)
+        except (ImportError, OSError) as exc:
+            print("pansketch aggregate: --metrics-port: %s" % exc, file=sys.stderr)
+            return 2
+        log.info("metrics on http://%s:%d/metrics", *exporter.server.server_address[:2])
+    try:
+        return run(cfg, until_idle=args.until_idle)
+    except Exception as exc:  # e.g. the database cannot be opened
+        print("pansketch aggregate: %s" % exc, file=sys.stderr)
+        return 1
+    finally:
+        if exporter is not None:
+            exporter.close()

@@ -1,0 +1,73 @@
+"""Helper processes of the aggregator: started with ``python -m <module> FD``, one socket pair each.
+
+The aggregator keeps validation and the MQTT client out of the process
+that stores, so that their CPU work does not compete with the writer for
+the GIL (docs/HOST.md, "Performance"). Each helper is a plain
+``python -m host_tools.<module>`` process (no fork of a threaded parent);
+it talks to the aggregator over a socket pair with pickled objects framed
+by :class:`multiprocessing.connection.Connection`. The first object the
+parent sends is the helper's settings.
+
+Helpers ignore SIGINT and SIGTERM (Ctrl-C and systemd signal the whole
+process group; the parent decides when they stop, after draining) and exit
+when the parent's end of the socket closes, so a killed aggregator never
+leaves one behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def spawn(module: str, settings: Any) -> tuple[subprocess.Popen[bytes], Connection]:
+    """Start ``python -m module FD`` and send it ``settings``; the process and our end of the socket pair."""
+    mine, theirs = socket.socketpair()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")  # this checkout, not another install
+    with theirs:
+        proc = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                env=env, stdin=subprocess.DEVNULL)
+    conn = Connection(mine.detach())
+    conn.send(settings)
+    return proc, conn
+
+
+def attach(argv: Optional[list[str]] = None) -> tuple[Connection, Any]:
+    """In the helper: its connection to the parent and the settings sent first (EOFError: parent gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    args = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(args[0]))
+    return conn, conn.recv()
+
+
+def exit_status(rc: Optional[int]) -> str:
+    """``exit code 1``, ``killed by SIGKILL``, or ``still running``."""
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit code %d" % rc
+
+
+def log_to_stderr(level: Optional[int] = None) -> None:
+    """A helper process's logging: the parent's line format on stderr (shared with the parent),
+    under the ``pansketch`` logger; ``level`` None keeps the logger's default."""
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("pansketch")
+    root.addHandler(h)
+    if level is not None:
+        root.setLevel(level)

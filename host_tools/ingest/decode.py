@@ -1,0 +1,547 @@
+"""Parse and validate one release message (format v2 and v1, agent/release.py).
+
+Checks, in order; the first failure raises :class:`Rejected` with a short
+``code`` and a human ``reason`` (logged and kept in the rejections table):
+
+=========  =================================================================
+code       meaning
+=========  =================================================================
+size       payload larger than ``max_bytes`` (checked before decoding)
+cbor       not decodable CBOR (truncated, trailing bytes, indefinite
+           lengths, duplicate map keys, too deep)
+type       tags, floats or other types the device encoder never writes
+version    ``v`` missing or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
+schema     missing/unknown field, wrong type, value out of range
+shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; kind dbits: 4*d)
+encoding   not the deterministic CBOR agent/cbor.py writes (so equal
+           content always has equal bytes)
+topic      the topic's device level differs from ``dev``
+fleet      parameters differ from the fleet config (salt id, kind, d, w,
+           mechanism)
+noise      ``nout`` is not the noise that ``budget`` calibrates to
+           (agent.calibrate.noise_for), or ``nint`` is neither that nor
+           (v2) the calibration for 2L arrays (the shadow persist
+           scheme): a release may not claim a budget its noise does not
+           give
+=========  =================================================================
+
+Versions: v2 (current devices) has the key ``lvl`` and allows mode
+``tree``; v1 (older devices) has no ``lvl`` and only window/keep. Tree
+nodes must be dyadic: ``ehi - elo == 2**lvl``, ``elo % 2**lvl == 0``,
+``lvl <= L - 1`` (the root is the horizon) and ``win_s == ep_s * 2**(L-1)``
+(``win`` is then the tree's index). In window/keep mode ``L == 1`` (``b + 1``
+for kind dcs) and ``lvl == 0``. Kinds dcs (keys ``b``, ``map``) and dbits
+exist only in v2 and never in tree mode (tree nodes are cms/cs sketches).
+
+``nz`` (2 <= nz <= MAX_NZ) is the number of independent noise draws per
+cell of ``ctr``: nz - 1 draws of the internal noise ``nint`` (the initial
+one plus, under the refresh persist scheme, a fresh one after every
+persist and every restart, so a copy of the state on flash never differs
+from a later one by the exact events alone; under shadow, the G draws of
+the flash track a restart carried in) and one draw of the output noise ``nout``. A release with nz < 2
+would claim less than the internal + output noise every release carries.
+
+Per-device consistency with earlier releases and key conflicts need the
+store and are checked in :mod:`host_tools.store.core` (codes ``device`` and
+``conflict``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import cbor2
+import numpy as np
+
+from agent import calibrate, cbor, hashing
+from agent.params import MAX_LEVELS
+from agent.release import FORMAT_VERSION
+
+FIELDS_V1 = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
+             "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
+FIELDS = FIELDS_V1 + ("lvl",)  # format v2
+VERSIONS = {1: FIELDS_V1, 2: FIELDS}
+MAX_EPOCH = 1 << 53  # keeps every epoch index and epoch*ep_s exact in SQLite and float
+MAX_U32 = 0xFFFFFFFF
+MAX_NZ = 1_000_000  # noise draws per cell (internal draws + 1 output draw)
+MAX_SPAN = 1 << 20  # epochs one release may cover (a range grows only while a device's flash is full)
+SUPPORTED_MODES = ("window", "keep", "tree")
+MODES_BY_VERSION = {1: ("window", "keep"), 2: SUPPORTED_MODES}
+SUPPORTED_VERSIONS = (1, 2)
+# format version 2 (docs/FORMAT.md): every release has ``lvl``; kind dcs adds ``b`` and ``map``
+FIELDS_V2 = FIELDS
+KIND_FIELDS = {"dcs": ("b", "map")}
+V2_KINDS = ("cms", "cs", "dcs", "dbits")
+TREE_KINDS = ("cms", "cs")  # agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
+MAX_MAP = 1 << 62
+
+
+class Rejected(Exception):
+    """A release that is refused; ``code`` is a short class, ``reason`` the message."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        Exception.__init__(self, "%s: %s" % (code, reason))
+        self.code = code
+        self.reason = reason
+
+
+class SketchShape:
+    """Shape and merge group of a release: shared by the validated message
+    (:class:`Release`) and the stored row (host_tools.store.core.StoredRelease)."""
+
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    b: int
+    map: Optional[tuple[int, int, int]]
+
+    @property
+    def levels(self) -> int:
+        return self.b + 1 if self.kind == "dcs" else 1
+
+    @property
+    def rows(self) -> int:
+        """Counter rows of w cells: levels * d."""
+        return self.levels * self.d
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Shape of ``counters()``: (levels * d, w); (1, d) for kind dbits (d per-level counts)."""
+        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """What must be identical for releases to merge: (kind, d, w, hv, salt id[, b, map])."""
+        if self.kind == "dcs":
+            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
+        return (self.kind, self.d, self.w, self.hv, self.salt)
+
+
+@dataclass(frozen=True)
+class Release(SketchShape):
+    """A validated release (all fields of the map, plus the raw bytes)."""
+
+    dev: str
+    seq: int
+    mode: str
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    clip: int
+    mech: str
+    budget: tuple[int, int]
+    nint: tuple[int, int]
+    nout: tuple[int, int]
+    nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
+    L: int
+    win_s: int
+    ep_s: int
+    win: int
+    elo: int
+    ehi: int
+    part: int
+    payload: bytes
+    ctr_off: int  # offset of the counter bytes in payload
+    sha256: str
+    v: int = FORMAT_VERSION
+    lvl: int = 0  # v2: tree level of the node [elo, ehi) (0 in window/keep mode)
+    b: int = 0  # dcs: domain bits (levels = b + 1)
+    map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        """The idempotency key (device, elo, ehi, part)."""
+        return (self.dev, self.elo, self.ehi, self.part)
+
+    @property
+    def t0(self) -> int:
+        return self.elo * self.ep_s
+
+    @property
+    def t1(self) -> int:
+        return self.ehi * self.ep_s
+
+    @property
+    def ctr(self) -> bytes:
+        r, c = self.shape
+        return self.payload[self.ctr_off:self.ctr_off + 4 * r * c]
+
+    def counters(self) -> np.ndarray:
+        """The noisy counters as int32, shape :attr:`shape`."""
+        r, c = self.shape
+        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
+
+    def state(self) -> tuple[Any, ...]:
+        """Every field but ``payload``, in :data:`STATE_FIELDS` order (small: sent between processes)."""
+        return tuple(getattr(self, n) for n in STATE_FIELDS)
+
+    @classmethod
+    def from_state(cls, state: tuple[Any, ...], payload: bytes) -> "Release":
+        """The release :meth:`state` was taken from, given its payload (no validation: it was validated)."""
+        return cls(payload=payload, **dict(zip(STATE_FIELDS, state)))
+
+
+STATE_FIELDS = tuple(f.name for f in fields(Release) if f.name != "payload")
+
+
+def _type_check_fast(obj: Any) -> bool:
+    """True when ``obj`` is a map of str keys to str/int/bytes/int-list values (the release shape)."""
+    if type(obj) is not dict:
+        return False
+    for k, v in obj.items():
+        if type(k) is not str:
+            return False
+        t = type(v)
+        if t is int or t is str or t is bytes:
+            continue
+        if t is list and all(type(x) is int for x in v):
+            continue
+        return False
+    return True
+
+
+def _type_check(obj: Any, depth: int = 0) -> None:
+    """Only the types agent/cbor.py writes: int, str, bytes, list, dict (no tags, no floats)."""
+    if isinstance(obj, bool) or obj is None:
+        return
+    if isinstance(obj, (int, str, bytes)):
+        return
+    if isinstance(obj, list):
+        for x in obj:
+            _type_check(x, depth + 1)
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _type_check(k, depth + 1)
+            _type_check(v, depth + 1)
+        return
+    if isinstance(obj, float):
+        raise Rejected("type", "floating-point value in release (releases carry integers only)")
+    raise Rejected("type", "CBOR tag or unsupported type %s in release" % type(obj).__name__)
+
+
+def _int(m: dict[str, Any], k: str, lo: int, hi: int) -> int:
+    v = m[k]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise Rejected("schema", "field %r must be an integer, got %s" % (k, type(v).__name__))
+    if not lo <= v <= hi:
+        raise Rejected("schema", "field %r = %d out of range [%d, %d]" % (k, v, lo, hi))
+    return v
+
+
+def _str(m: dict[str, Any], k: str, allowed: Optional[tuple[str, ...]] = None) -> str:
+    v = m[k]
+    if not isinstance(v, str):
+        raise Rejected("schema", "field %r must be a text string, got %s" % (k, type(v).__name__))
+    if allowed is not None and v not in allowed:
+        raise Rejected("schema", "field %r = %r is not one of %s" % (k, v, ", ".join(allowed)))
+    return v
+
+
+def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
+    v = m[k]
+    if (not isinstance(v, list) or len(v) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
+        raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
+    n, d = v
+    if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
+        raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^63" % (k, n, d))
+    return (n, d)
+
+
+def valid_device(dev: str) -> bool:
+    """The device id rules of agent.params.Params."""
+    if not dev or len(dev) > 64:
+        return False
+    return all(ch.isalpha() or ch.isdigit() or ch in "-_." for ch in dev)
+
+
+def topic_device(topic: str) -> Optional[str]:
+    """The device level of ``<prefix>/<device>/release`` (None if the shape is wrong)."""
+    levels = topic.split("/")
+    if len(levels) < 2 or levels[-1] != "release":
+        return None
+    return levels[-2]
+
+
+def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
+    """agent.cbor encoding of the release map and the offset of the ``ctr`` bytes in it."""
+    keys = sorted((cbor.dumps(k), k) for k in m)
+    out = bytearray(cbor._head(5, len(keys)))
+    off = -1
+    for kb, k in keys:
+        out += kb
+        if k == "ctr":
+            out += cbor._head(2, len(m[k]))
+            off = len(out)
+            out += m[k]
+        else:
+            out += cbor.dumps(m[k])
+    return bytes(out), off
+
+
+_ORDER = sorted(FIELDS, key=cbor.dumps)  # agent.cbor writes map keys sorted by their encoded bytes
+_CTR_AT = _ORDER.index("ctr")
+_BEFORE = _ORDER[:_CTR_AT]
+_AFTER = _ORDER[_CTR_AT + 1:]
+_CTR_KEY = cbor.dumps("ctr")
+
+
+def _plain(v: Any) -> bool:
+    """Values whose cbor2 encoding is agent.cbor's: str, int in (-2^63, 2^63), lists of such ints."""
+    if type(v) is int:
+        return -(1 << 63) < v < (1 << 63)
+    if type(v) is str:
+        return True
+    if type(v) is list:
+        return all(type(x) is int and -(1 << 63) < x < (1 << 63) for x in v)
+    return False
+
+
+def canonical_offset(m: dict[str, Any], payload: bytes) -> int:
+    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+
+    Fast path for a map with exactly the release fields: the parts before
+    and after the counters are encoded by cbor2's C encoder in agent.cbor's
+    key order (for str, int and int lists both write the same shortest-form
+    definite-length bytes; tests/test_host_decode.py checks the two paths
+    agree); anything else goes through :func:`canonical_offset_ref`.
+    """
+    if len(m) == len(FIELDS) and isinstance(m.get("ctr"), bytes):
+        try:
+            before = {k: m[k] for k in _BEFORE}
+            after = {k: m[k] for k in _AFTER}
+        except KeyError:
+            return canonical_offset_ref(m, payload)
+        if all(_plain(v) for v in before.values()) and all(_plain(v) for v in after.values()):
+            n = len(m["ctr"])
+            pre = cbor._head(5, len(FIELDS)) + cbor2.dumps(before)[1:] + _CTR_KEY + cbor._head(2, n)
+            post = cbor2.dumps(after)[1:]
+            off = len(pre)
+            if len(payload) != off + n + len(post) or not payload.startswith(pre) or not payload.endswith(post):
+                return -1
+            return off
+    return canonical_offset_ref(m, payload)
+
+
+def canonical_offset_ref(m: dict[str, Any], payload: bytes) -> int:
+    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+
+    Equivalent to ``canonical_with_offset(m) == (payload, off)`` without
+    re-encoding or copying the counters: the map head, every other key and
+    value, the ``ctr`` key and its byte-string head are encoded and compared
+    with the payload before and after the counter bytes. The counter bytes
+    themselves need no comparison: ``m`` was decoded from ``payload``, and
+    when everything before them is byte-identical the decoder read ``ctr``
+    from exactly ``payload[off:off + len(ctr)]``.
+    """
+    keys = sorted((cbor.dumps(k), k) for k in m)
+    pre = bytearray(cbor._head(5, len(keys)))
+    post = bytearray()
+    off = -1
+    n = 0
+    for kb, k in keys:
+        part = pre if off < 0 else post
+        part += kb
+        if k == "ctr":
+            v = m[k]
+            if not isinstance(v, bytes):
+                return -1
+            n = len(v)
+            pre += cbor._head(2, n)
+            off = len(pre)
+        else:
+            part += cbor.dumps(m[k])
+    if off < 0 or len(payload) != off + n + len(post):
+        return -1
+    if not payload.startswith(pre) or not payload.endswith(post):
+        return -1
+    return off
+
+
+def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
+           fleet: Any = None) -> Release:
+    """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
+
+    ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
+    its salt_id, kind, d, w and mechanism are enforced when set.
+    Raises :class:`Rejected`.
+    """
+    payload = bytes(payload)
+    if len(payload) > max_bytes:
+        raise Rejected("size", "payload of %d bytes exceeds max_bytes = %d" % (len(payload), max_bytes))
+    if not payload:
+        raise Rejected("cbor", "empty payload")
+    f = io.BytesIO(payload)
+    try:
+        obj = cbor2.CBORDecoder(f, allow_indefinite=False, allow_duplicate_keys=False, max_depth=8).decode()
+    except RecursionError:
+        raise Rejected("cbor", "malformed CBOR: nested too deeply")
+    except Exception as exc:  # cbor2 raises CBORDecodeError and friends; never trust their types
+        raise Rejected("cbor", "malformed CBOR: %s" % (str(exc)[:200] or type(exc).__name__))
+    if f.tell() != len(payload):
+        raise Rejected("cbor", "malformed CBOR: %d trailing bytes after the release map" % (len(payload) - f.tell()))
+    if not _type_check_fast(obj):
+        _type_check(obj)
+    if not isinstance(obj, dict):
+        raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
+    if "v" not in obj:
+        raise Rejected("version", "field 'v' (format version) is missing")
+    v = obj["v"]
+    if isinstance(v, bool) or not isinstance(v, int) or v not in VERSIONS:
+        raise Rejected("version", "unsupported release format version %r (this host reads v1 and v2)" % (v,))
+    fields = VERSIONS[v]
+    if v == 2:
+        k0 = obj.get("kind")
+        fields = fields + (KIND_FIELDS.get(k0, ()) if isinstance(k0, str) else ())
+    for k in obj:
+        if not isinstance(k, str):
+            raise Rejected("schema", "map key %r is not a text string" % (k,))
+        if k not in fields:
+            raise Rejected("schema", "unknown field %r (format v%d)" % (k, v))
+    for k in fields:
+        if k not in obj:
+            raise Rejected("schema", "missing field %r" % k)
+
+    dev = _str(obj, "dev")
+    if not valid_device(dev):
+        raise Rejected("schema", "field 'dev' = %r is not a valid device id" % dev[:80])
+    seq = _int(obj, "seq", 0, MAX_U32)
+    mode = _str(obj, "mode")
+    if mode not in MODES_BY_VERSION[v]:
+        raise Rejected("schema", "mode %r is not supported in format v%d (%s)"
+                       % (mode, v, ", ".join(MODES_BY_VERSION[v])))
+    kind = _str(obj, "kind", V2_KINDS if v == 2 else ("cms", "cs"))
+    if mode == "tree" and kind not in TREE_KINDS:
+        raise Rejected("schema", "tree mode supports kinds cms and cs, got %r" % kind)
+    b = 0
+    dmap: Optional[tuple[int, int, int]] = None
+    if kind == "dcs":
+        b = _int(obj, "b", 1, 62)
+        mv = obj["map"]
+        if (not isinstance(mv, list) or len(mv) != 3 or any(isinstance(x, bool) or not isinstance(x, int) for x in mv)
+                or not (0 < mv[0] < MAX_MAP and 0 < mv[1] < MAX_MAP and -MAX_MAP < mv[2] < MAX_MAP)):
+            raise Rejected("schema", "field 'map' must be [scale_num, scale_den, offset] with 0 < scale < 2^62, "
+                                     "|offset| < 2^62")
+        dmap = (mv[0], mv[1], mv[2])
+    levels = b + 1 if kind == "dcs" else 1  # dcs levels (not tree levels)
+    d = _int(obj, "d", 1, 32)
+    w = _int(obj, "w", 2, 1 << 24)
+    hv = _int(obj, "hv", 0, MAX_U32)
+    if hv != hashing.HASH_VERSION:
+        raise Rejected("schema", "unsupported hash version %d (this host hashes with v%d)" % (hv, hashing.HASH_VERSION))
+    salt = _str(obj, "salt")
+    if not re.fullmatch(r"[0-9a-f]{16}", salt):
+        raise Rejected("schema", "field 'salt' must be a 16-hex-digit salt id")
+    clip = _int(obj, "clip", 1, 1 << 20)
+    mech = _str(obj, "mech", calibrate.MECHANISMS)
+    budget = _ratio(obj, "budget")
+    nint = _ratio(obj, "nint")
+    nout = _ratio(obj, "nout")
+    nz = obj["nz"]
+    if isinstance(nz, bool) or not isinstance(nz, int):
+        raise Rejected("schema", "field 'nz' must be an integer, got %s" % type(nz).__name__)
+    if not 2 <= nz <= MAX_NZ:
+        raise Rejected("schema", "field 'nz' = %d out of range [2, %d]: every cell carries at least one "
+                       "internal and one output noise draw" % (nz, MAX_NZ))
+    L = _int(obj, "L", 1, 4096)
+    lvl = _int(obj, "lvl", 0, 63) if v >= 2 else 0
+    win_s = _int(obj, "win_s", 1, MAX_EPOCH if mode == "tree" else 366 * 86400)
+    ep_s = _int(obj, "ep_s", 1, 366 * 86400)
+    if mode == "tree":
+        if L > MAX_LEVELS:
+            raise Rejected("schema", "tree with L = %d levels (at most %d)" % (L, MAX_LEVELS))
+        if win_s != ep_s << (L - 1):
+            raise Rejected("schema", "tree mode needs win_s = ep_s * 2^(L-1) (the horizon) = %d, got %d"
+                           % (ep_s << (L - 1), win_s))
+        if lvl > L - 1:
+            raise Rejected("schema", "node level %d above the root of an L = %d tree" % (lvl, L))
+    elif lvl != 0:
+        raise Rejected("schema", "lvl = %d but mode %r has no tree levels" % (lvl, mode))
+    if win_s % ep_s:
+        raise Rejected("schema", "ep_s = %d does not divide win_s = %d" % (ep_s, win_s))
+    if mode == "window" and ep_s != win_s:
+        raise Rejected("schema", "window mode needs ep_s == win_s, got %d and %d" % (ep_s, win_s))
+    elo = _int(obj, "elo", 0, MAX_EPOCH // ep_s)
+    ehi = _int(obj, "ehi", 0, MAX_EPOCH // ep_s)
+    if ehi <= elo:
+        raise Rejected("schema", "epoch range [%d, %d) is empty" % (elo, ehi))
+    if mode == "tree":
+        if ehi - elo != 1 << lvl or elo % (1 << lvl):
+            raise Rejected("schema", "tree node [%d, %d) is not the aligned level-%d node (2^%d epochs starting at "
+                           "a multiple of 2^%d)" % (elo, ehi, lvl, lvl, lvl))
+    elif ehi - elo > MAX_SPAN:
+        raise Rejected("schema", "epoch range [%d, %d) spans more than %d epochs" % (elo, ehi, MAX_SPAN))
+    win = _int(obj, "win", 0, MAX_EPOCH)
+    if win != (elo * ep_s) // win_s:
+        raise Rejected("schema", "window %d does not contain epoch %d (expected window %d)"
+                       % (win, elo, (elo * ep_s) // win_s))
+    part = _int(obj, "part", 0, MAX_U32)
+    ctr = obj["ctr"]
+    if not isinstance(ctr, bytes):
+        raise Rejected("schema", "field 'ctr' must be a byte string")
+    if kind == "dbits":
+        if mech != "dlap" or budget[0] > 2 * budget[1] or clip != 1 or w % 8 or d > 30:
+            raise Rejected("schema", "kind dbits needs mech dlap, eps <= 2, clip 1, w a multiple of 8, d <= 30")
+        if len(ctr) != 4 * d:
+            raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
+                           % (len(ctr), d, 4 * d))
+    elif len(ctr) != 4 * levels * d * w:
+        raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
+                       % (len(ctr), levels, d, w, 4 * levels * d * w))
+    if mode != "tree" and L != calibrate.arrays_touched(mode) * levels:
+        raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
+                       % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
+
+    off = canonical_offset(obj, payload)
+    if off < 0:
+        raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
+
+    if topic is not None:
+        tdev = topic_device(topic)
+        if tdev is None:
+            raise Rejected("topic", "topic %r is not <prefix>/<device>/release" % topic[:200])
+        if tdev != dev:
+            raise Rejected("topic", "topic device %r does not match release dev %r" % (tdev[:80], dev))
+
+    if fleet is not None:
+        if fleet.salt_id and salt != fleet.salt_id:
+            raise Rejected("fleet", "salt id %s is not the fleet's (%s)" % (salt, fleet.salt_id))
+        for name, want, got in (("kind", fleet.kind, kind), ("d", fleet.d, d), ("w", fleet.w, w),
+                                ("mechanism", fleet.mechanism, mech)):
+            if want is not None and want != got:
+                raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
+
+    try:
+        spec = (calibrate.noise_for(mech, budget, 1, 1, 1) if kind == "dbits"
+                else calibrate.noise_for(mech, budget, d, clip, L))
+    except (ValueError, ZeroDivisionError) as exc:
+        raise Rejected("noise", "cannot calibrate %s budget %d/%d: %s" % (mech, budget[0], budget[1], exc))
+    if nout[0] * spec.den != spec.num * nout[1]:
+        raise Rejected("noise", "nout = %d/%d does not match the %s noise for budget %d/%d "
+                       "(d=%d, clip=%d, L=%d): expected %d/%d"
+                       % (nout[0], nout[1], mech, budget[0], budget[1], d, clip, L, spec.num, spec.den))
+    # nint: the same calibration, or (v2, kinds cms/cs/dcs, any mode) that of 2L arrays: the
+    # shadow persist scheme gives the accumulator and its flash track half the budget each
+    # (docs/PRIVACY.md "Persisting without growing the noise")
+    allowed = [spec]
+    if nint[0] * spec.den != spec.num * nint[1] and v >= 2 and kind != "dbits":
+        allowed.append(calibrate.noise_for(mech, budget, d, clip, 2 * L))  # only when the first does not match
+    if not any(nint[0] * a.den == a.num * nint[1] for a in allowed):
+        raise Rejected("noise", "nint = %d/%d does not match the %s noise for budget %d/%d "
+                       "(d=%d, clip=%d, L=%d): expected %s"
+                       % (nint[0], nint[1], mech, budget[0], budget[1], d, clip, L,
+                          " or ".join("%d/%d" % (a.num, a.den) for a in allowed)))
+
+    return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
+                   budget=budget, nint=nint, nout=nout, nz=nz, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
+                   part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest(),
+                   v=v, lvl=lvl, b=b, map=dmap)

@@ -1,0 +1,587 @@
+"""Frequency and top-k queries with intervals; ``pansketch query``.
+
+Python API (no CLI needed)::
+
+    from host_tools.store.core import Store
+    from host_tools.query import core as query
+    st = Store("pansketch.db", readonly=True)
+    for a in query.freq(st, ["apple", "pear"], salt="fleet-salt", window=480000):
+        print(a.item, a.estimate, a.lo, a.hi)
+    top = query.topk(st, candidates, 10, salt="fleet-salt", since=t0, until=t1)
+
+Selection: all releases (default), one window id (``window``: releases with
+that ``win``; they must share one window length), or a time range
+(``since``/``until``, unix seconds: releases whose epochs lie inside
+[since, until); releases that straddle a bound cannot be split and are left
+out, counted in ``Selection.partial``), optionally restricted to devices.
+The selection is merged (host_tools.query.merge; different sketch parameters are
+refused with the reason) and answered by host_tools.query.estimators.
+
+Tree-mode devices (format v2, agent/tree.py) release every dyadic node of
+epochs, so their releases overlap: level-l nodes hold the events of the
+2**l leaves below them. For each such device the selection keeps only the
+*fewest* stored nodes that cover its selected epochs (:func:`cover`: from
+the left, the largest aligned node that fits, i.e. the canonical dyadic
+decomposition, at most 2 per level), adding all parts of a node. Devices
+in window/keep mode are summed as before. Every answer reports how many
+releases and noise draws per cell it combined; the intervals come from the
+merged noise (host_tools.query.estimators), whatever mix of nodes it is.
+
+Series over time (``pansketch query series``) are in host_tools/query/series.py:
+each bucket and each running total is one such range query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from agent import hashing
+from host_tools.query import dyadic_cli
+from host_tools.query import estimators
+from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
+from host_tools.store.core import RollupInfo, SQLStore, StoredRelease, open_store
+
+try:
+    from host_tools import fasthash
+except ImportError:  # pragma: no cover - fasthash ships with host_tools
+    fasthash = None  # type: ignore[assignment]
+
+
+class QueryError(Exception):
+    """A query that cannot be answered (no data, unmergeable releases, wrong salt)."""
+
+
+# -- time ------------------------------------------------------------------
+def parse_time(s: Union[str, int, float]) -> float:
+    """Unix seconds from unix seconds or ISO-8601 (UTC unless an offset is given)."""
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return float(s)
+    txt = str(s).strip()
+    try:
+        return float(txt)
+    except ValueError:
+        pass
+    t = txt[:-1] + "+00:00" if txt.endswith(("Z", "z")) else txt
+    try:
+        dt = datetime.fromisoformat(t)
+    except ValueError:
+        raise ValueError("not a time: %r (use ISO-8601 such as 2024-05-01T12:00:00Z, or unix seconds)" % txt)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def iso(t: Optional[float]) -> Optional[str]:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- selection ---------------------------------------------------------------
+@dataclass
+class Selection:
+    window: Optional[int] = None
+    since: Optional[float] = None
+    until: Optional[float] = None
+    devices: Optional[list[str]] = None
+    partial: int = 0  # releases straddling the range bounds, left out
+    tree_nodes: int = 0  # tree-mode nodes used (all their parts are in the merge)
+    tree_skipped: int = 0  # tree-mode releases inside the range not needed by the cover
+    missing_epochs: int = 0  # epochs of tree-mode devices inside their covered span with no node
+
+    def describe(self) -> str:
+        if self.window is not None:
+            s = "window %d" % self.window
+        elif self.since is not None or self.until is not None:
+            s = "range [%s, %s)" % (iso(self.since) or "-inf", iso(self.until) or "+inf")
+        else:
+            s = "all releases"
+        if self.devices:
+            s += ", device %s" % ",".join(self.devices)
+        return s
+
+
+def _devices(device: Union[None, str, Sequence[str]]) -> Optional[list[str]]:
+    if device is None:
+        return None
+    if isinstance(device, str):
+        return [device]
+    return list(device) or None
+
+
+def cover(nodes: dict[tuple[int, int], Any], lo: int, hi: int) -> tuple[list[tuple[int, int]], int]:
+    """Fewest aligned dyadic nodes among ``nodes`` (keys (elo, ehi)) covering [lo, hi).
+
+    From the left, take the largest stored node [x, x + 2**l) with x = 0 mod
+    2**l that fits in [lo, hi); with every node stored this is the canonical
+    decomposition (at most two nodes per level, minimal). Epochs no stored
+    node covers are skipped and counted. Returns (nodes used, epochs missing).
+    """
+    top = 0
+    for a, b in nodes:
+        top = max(top, (b - a).bit_length() - 1)
+    used: list[tuple[int, int]] = []
+    missing = 0
+    x = lo
+    while x < hi:
+        lv = top
+        while lv >= 0:
+            n = 1 << lv
+            if x % n == 0 and x + n <= hi and (x, x + n) in nodes:
+                break
+            lv -= 1
+        if lv < 0:
+            missing += 1
+            x += 1
+            continue
+        used.append((x, x + (1 << lv)))
+        x += 1 << lv
+    return used, missing
+
+
+def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
+    """Replace each tree-mode device's releases by the parts of its covering nodes."""
+    out = [r for r in rels if r.mode != "tree"]
+    by_dev: dict[str, list[Any]] = {}
+    for r in rels:
+        if r.mode == "tree":
+            by_dev.setdefault(r.device, []).append(r)
+    for dev in sorted(by_dev):
+        rs = by_dev[dev]
+        nodes: dict[tuple[int, int], list[Any]] = {}
+        for r in rs:
+            nodes.setdefault((r.elo, r.ehi), []).append(r)
+        lo = min(r.elo for r in rs)
+        hi = max(r.ehi for r in rs)
+        used, missing = cover(nodes, lo, hi)
+        n = 0
+        for k in used:
+            out.extend(nodes[k])
+            n += len(nodes[k])
+        sel.tree_nodes += len(used)
+        sel.tree_skipped += len(rs) - n
+        sel.missing_epochs += missing
+    return out
+
+
+def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
+                  until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
+                  salt: Optional[str] = None, use_rollups: bool = True) -> tuple[Merged, Selection]:
+    """Merge the selected releases; raises QueryError with the reason.
+
+    Fleet-wide selections (no ``device``) are answered from the per-window
+    roll-ups the store maintains at ingest, plus the raw releases of the
+    windows that straddle a range bound; ``--device`` selections, stores
+    without roll-ups and selections that span several merge groups (to
+    report them) are merged from the raw releases, streaming (one payload
+    in memory at a time). Both give the same :class:`Merged`
+    (tests/test_host_rollups.py).
+    """
+    if window is not None and (since is not None or until is not None):
+        raise QueryError("give either a window id or a time range, not both")
+    if since is not None and until is not None and until <= since:
+        raise QueryError("empty time range: until must be after since")
+    sel = Selection(window=window, since=since, until=until, devices=_devices(device))
+    m: Optional[Merged] = None
+    with store.read_tx():  # one snapshot, while aggregators keep committing
+        # a store that also holds releases no roll-up sums (kinds dcs/dbits, tree nodes) merges raw
+        # releases: the roll-ups alone would answer a mixed selection from its cms/cs part only
+        if use_rollups and sel.devices is None and store.has_rollups and not store.has_unrolled():
+            m = _from_rollups(store, sel)
+        if m is None:
+            m = _from_releases(store, sel)
+    if salt is not None and hashing.salt_id(salt) != m.salt:
+        raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
+                         % (hashing.salt_id(salt), m.salt))
+    return m, sel
+
+
+def _window_lengths(window: int, lens: set[int]) -> None:
+    if len(lens) > 1:
+        raise QueryError("window %d means different times for devices with window lengths %s seconds; "
+                         "query a time range (--since/--until) or one device" % (window, sorted(lens)))
+
+
+def _from_releases(store: SQLStore, sel: Selection) -> Merged:
+    """Merge the raw releases of the selection (streaming)."""
+    window, since, until = sel.window, sel.since, sel.until
+    every = store.releases(devices=sel.devices, window=window, since=since, until=until)
+    if since is not None or until is not None:
+        sel.partial = store.count_partial(since, until, sel.devices)
+    kept = {id(r) for r in _tree_cover(every, sel)}
+    rels = [r for r in every if id(r) in kept]  # the store's order, which iter_counters follows
+    if not rels:
+        extra = " (%d release(s) straddle the range bounds)" % sel.partial if sel.partial else ""
+        raise QueryError("no releases match %s%s" % (sel.describe(), extra))
+    if window is not None:
+        _window_lengths(window, {r.win_s for r in rels})
+
+    def counters() -> Any:
+        for r, c in zip(every, store.iter_counters(devices=sel.devices, window=window, since=since, until=until)):
+            if id(r) in kept:
+                yield c
+
+    try:
+        return merge(rels, counters())
+    except MergeError as exc:
+        raise QueryError(str(exc))
+
+
+def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
+    """The selection from roll-ups (+ raw releases of boundary windows), or None to merge raw releases.
+
+    Tree-mode nodes overlap and are never rolled up: a store holding any
+    takes the raw path, which covers each tree device with its fewest nodes."""
+    if store.has_tree():
+        return None
+    infos = store.rollups(window=sel.window)
+    if sel.window is not None:
+        _window_lengths(sel.window, {i.win_s for i in infos})
+    use: list[RollupInfo] = []
+    boundary: set[tuple[int, int]] = set()
+    if sel.since is None and sel.until is None:
+        use = infos
+    else:
+        lo = sel.since if sel.since is not None else -math.inf
+        hi = sel.until if sel.until is not None else math.inf
+        for i in infos:
+            if i.t0 >= lo and i.t1 <= hi:
+                use.append(i)  # every release of this roll-up lies inside the range
+            elif i.t0 < hi and i.t1 > lo:
+                boundary.add((i.win_s, i.win))  # some may, some may straddle: raw releases
+    raw: list[StoredRelease] = []
+    for ws, win in sorted(boundary):
+        raw += store.releases(window=win, win_s=ws, since=sel.since, until=sel.until, with_payload=True)
+    if boundary:
+        sel.partial = store.count_partial(sel.since, sel.until, windows=boundary)
+    if not use and not raw:
+        return None  # the raw path reports "no releases match" with the straddling count
+    groups = {i.group for i in use} | {r.group for r in raw}
+    if len(groups) != 1:
+        return None  # the raw path names the groups and their devices
+    kind, d, w, hv, salt = next(iter(groups))
+    ids = [i.id for i in use]
+    acc = np.zeros((d, w), dtype=np.int64)
+    for c in store.rollup_sums(ids):
+        acc += c
+    for r in raw:
+        acc += r.counters()
+    terms = store.rollup_noise(ids) if ids else {}
+    for r in raw:
+        for k, n in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
+            terms[k] = terms.get(k, 0) + n
+    devices = (store.rollup_devices(ids) if ids else set()) | {r.device for r in raw}
+    return Merged(kind=kind, d=d, w=w, hv=hv, salt=salt, counters=acc,
+                  releases=sum(i.releases for i in use) + len(raw), devices=sorted(devices),
+                  noise=[NoiseTerm(mm, n, dd, c) for (mm, n, dd), c in sorted(terms.items())],
+                  t0=min([i.t0 for i in use] + [r.t0 for r in raw]), t1=max([i.t1 for i in use] + [r.t1 for r in raw]),
+                  windows=sorted({(i.win_s, i.win) for i in use} | {(r.win_s, r.win) for r in raw}))
+
+
+# -- answers -----------------------------------------------------------------
+@dataclass
+class Answer:
+    item: Any
+    estimate: float
+    lo: float
+    hi: float
+    confidence: float
+    window: Optional[int]
+    since: int  # start of the covered epochs (unix s)
+    until: int  # end of the covered epochs
+    devices: list[str]
+    releases: int
+    kind: str
+    noise_sd: float
+    method: str
+    offset: float = 0.0
+    rank: Optional[int] = None
+    partial_excluded: int = 0
+    noise_draws: int = 0  # independent noise draws per cell summed by the merge
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.rank is not None:
+            d["rank"] = self.rank
+        d.update({
+            "item": self.item if isinstance(self.item, (str, int)) else repr(self.item),
+            "estimate": _num(self.estimate), "lo": _num(self.lo), "hi": _num(self.hi),
+            "confidence": self.confidence, "window": self.window,
+            "range": {"since": iso(self.since), "until": iso(self.until), "since_unix": self.since,
+                      "until_unix": self.until},
+            "devices": self.devices, "releases": self.releases, "noise_draws": self.noise_draws, "kind": self.kind,
+            "noise_sd": round(self.noise_sd, 3), "method": self.method,
+        })
+        if self.kind == "cms":
+            d["offset"] = round(self.offset, 3)
+        if self.partial_excluded:
+            d["partial_excluded"] = self.partial_excluded
+        d.update(self.extra)
+        return d
+
+
+def _num(x: float) -> Union[int, float, None]:
+    if math.isinf(x) or math.isnan(x):
+        return None
+    if float(x).is_integer():
+        return int(x)
+    return round(float(x), 3)
+
+
+def _hash(items: Sequence[Any], salt: str, d: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    if fasthash is not None:
+        return fasthash.cols_signs(fasthash.streams(items, salt, d), d, w)
+    prefix = hashing.salt_prefix(salt)
+    cols = np.empty((len(items), d), dtype=np.int64)
+    signs = np.empty((len(items), d), dtype=np.int8)
+    for i, x in enumerate(items):
+        for r, (c, s) in enumerate(hashing.columns(prefix, x, d, w)):
+            cols[i, r] = c
+            signs[i, r] = s
+    return cols, signs
+
+
+def _tree_extra(sel: Selection) -> dict[str, Any]:
+    if not (sel.tree_nodes or sel.missing_epochs):
+        return {}
+    return {"tree_nodes": sel.tree_nodes, "tree_missing_epochs": sel.missing_epochs}
+
+
+def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, rule: estimators.IntervalRule,
+             idx: Iterable[int], ranked: bool) -> list[Answer]:
+    out = []
+    for rank, i in enumerate(idx, 1):
+        e = float(est[i])
+        out.append(Answer(item=items[i], estimate=e, lo=e - rule.below, hi=e + rule.above,
+                          confidence=rule.confidence, window=sel.window, since=m.t0, until=m.t1,
+                          devices=m.devices, releases=m.releases, kind=m.kind, noise_sd=rule.noise_sd,
+                          method=rule.method, offset=rule.offset, rank=rank if ranked else None,
+                          partial_excluded=sel.partial, noise_draws=m.noise_draws, extra=_tree_extra(sel)))
+    return out
+
+
+def _point_kind(m: Merged) -> None:
+    if m.kind == "dcs":
+        raise QueryError("releases of kind dcs answer quantile, cdf and heavy (not freq/topk)")
+
+
+def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
+         since: Optional[float] = None, until: Optional[float] = None,
+         device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
+         use_rollups: bool = True) -> list[Answer]:
+    """Estimated frequency of each item (in order) over the selection, with intervals."""
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+    _point_kind(m)
+    items = list(items)
+    cols, signs = _hash(items, salt, m.d, m.w)
+    est = estimators.point_estimates(m.counters, cols, signs, m.kind)
+    rule = estimators.interval_rule(m, confidence)
+    return _answers(m, sel, items, est, rule, range(len(items)), False)
+
+
+def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, window: Optional[int] = None,
+         since: Optional[float] = None, until: Optional[float] = None,
+         device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
+         use_rollups: bool = True) -> list[Answer]:
+    """The k candidates with the largest estimates, best first, with intervals.
+
+    Intervals are per item (each covers its own count at ``confidence``),
+    not simultaneous over the k items.
+    """
+    if k < 1:
+        raise QueryError("k must be at least 1")
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+    _point_kind(m)
+    cands = list(dict.fromkeys(candidates))  # distinct, first-seen order
+    if not cands:
+        raise QueryError("no candidates")
+    cols, signs = _hash(cands, salt, m.d, m.w)
+    est = estimators.point_estimates(m.counters, cols, signs, m.kind)
+    rule = estimators.interval_rule(m, confidence)
+    k = min(k, len(cands))
+    part = np.argpartition(-est, k - 1)[:k]
+    order = part[np.lexsort((part, -est[part]))]  # by estimate desc, ties by candidate order
+    return _answers(m, sel, cands, est, rule, [int(i) for i in order], True)
+
+
+def read_candidates(path: str, as_int: bool = False) -> list[Any]:
+    """Candidates file: one item per line (text before a TAB; blank lines skipped)."""
+    out: list[Any] = []
+    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    try:
+        for n, line in enumerate(f, 1):
+            item = line.rstrip("\r\n").split("\t", 1)[0]
+            if not item:
+                continue
+            out.append(_item(item, as_int, "%s line %d" % (path, n)))
+    finally:
+        if f is not sys.stdin:
+            f.close()
+    return out
+
+
+def _item(s: str, as_int: bool, where: str) -> Any:
+    if not as_int:
+        return s
+    try:
+        return int(s, 10)
+    except ValueError:
+        raise ValueError("%s: %r is not an integer (drop --int for text items)" % (where, s))
+
+
+# -- CLI ---------------------------------------------------------------------
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", dest="config_sub", metavar="FILE", help="host config TOML (also accepted before the query type)")
+    g = p.add_argument_group("selection (default: all releases)")
+    g.add_argument("--window", type=int, metavar="ID", help="one window id (see `pansketch status`)")
+    g.add_argument("--since", metavar="T", help="start of a time range (ISO-8601 UTC or unix seconds)")
+    g.add_argument("--until", metavar="T", help="end of a time range (exclusive)")
+    g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
+    p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
+    p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
+                                                  "(.png, .svg or .pdf; needs matplotlib)")
+    p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
+                   help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("query", help="estimate frequencies / top-k with intervals",
+                              description="Query merged releases. Every answer carries an interval [lo, hi] "
+                                          "at the stated confidence (docs/HOST.md).")
+    p.add_argument("--config", metavar="FILE", help="host config TOML ([fleet] salt, [aggregator] db)")
+    sub = p.add_subparsers(dest="qtype", metavar="QUERY")
+    f = sub.add_parser("freq", help="frequency of items")
+    f.add_argument("items", nargs="+", metavar="ITEM")
+    _common(f)
+    t = sub.add_parser("topk", help="top-k among candidate items")
+    t.add_argument("-k", type=int, required=True, metavar="K")
+    t.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
+    _common(t)
+    from host_tools.query import series as series_mod
+
+    series_mod.add_subparser(sub, _common)
+    dyadic_cli.add_parsers(sub, _common)
+    p.set_defaults(func=main)
+
+
+def _err(msg: str, code: int) -> int:
+    print("pansketch query: %s" % msg, file=sys.stderr)
+    return code
+
+
+def main(args: argparse.Namespace) -> int:
+    from host_tools import hostconfig
+
+    if not getattr(args, "qtype", None):
+        return _err("choose a query: freq, topk, series, quantile, cdf, heavy or distinct (see pansketch query --help)", 2)
+    path = getattr(args, "config_sub", None) or args.config
+    if not path:
+        return _err("--config FILE is required", 2)
+    try:
+        cfg = hostconfig.load(path)
+        salt = cfg.require_salt()
+    except hostconfig.ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return 2
+    conf = args.confidence if args.confidence is not None else cfg.query.confidence
+    if not 0.5 <= conf < 1:
+        return _err("--confidence must be in [0.5, 1)", 2)
+    try:
+        since = parse_time(args.since) if args.since is not None else None
+        until = parse_time(args.until) if args.until is not None else None
+    except ValueError as exc:
+        return _err(str(exc), 2)
+    if getattr(args, "plot", None):
+        from host_tools.query import plot
+
+        try:
+            plot.check_path(args.plot)
+        except ValueError as exc:
+            return _err(str(exc), 2)
+    try:
+        store = open_store(cfg.aggregator.db, readonly=True)
+    except Exception as exc:  # missing file, PostgreSQL unreachable, ...
+        return _err(str(exc), 1)
+    t_start = time.perf_counter()
+    if args.qtype in dyadic_cli.QTYPES:
+        try:
+            return dyadic_cli.run(args, store, salt, conf, since, until)
+        except (QueryError, ValueError, OSError) as exc:
+            return _err(str(exc), 1)
+        finally:
+            store.close()
+    try:
+        if args.qtype == "series":
+            from host_tools.query import series as series_mod
+
+            return series_mod.cli(args, store, salt, conf, since, until)
+        if args.qtype == "freq":
+            items = [_item(x, args.as_int, "ITEM") for x in args.items]
+            answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
+        else:
+            cands = read_candidates(args.candidates, args.as_int)
+            answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
+    except (QueryError, ValueError, OSError) as exc:
+        return _err(str(exc), 1)
+    finally:
+        store.close()
+    elapsed = time.perf_counter() - t_start
+    if getattr(args, "plot", None) and answers:
+        from host_tools.query import plot
+
+        try:
+            plot.plot_answers(answers, args.plot, "pansketch query %s" % args.qtype)
+        except (ImportError, OSError) as exc:
+            return _err(str(exc), 1)
+        print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
+    if args.json:
+        for a in answers:
+            print(json.dumps(a.to_dict(), ensure_ascii=False))
+    else:
+        _print_table(answers, args.qtype == "topk", elapsed)
+    return 0
+
+
+def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "-inf" if x < 0 else "+inf"
+    return "%d" % x if float(x).is_integer() else "%.1f" % x
+
+
+def _print_table(answers: list[Answer], ranked: bool, elapsed: float) -> None:
+    if not answers:
+        return
+    a0 = answers[0]
+    where = "window %d" % a0.window if a0.window is not None else "epochs [%s, %s)" % (iso(a0.since), iso(a0.until))
+    print("# %s; %d release(s) from %d device(s) (%s), %d noise draws per cell; %s sketch, noise sd %.1f per cell; "
+          "%.0f%% intervals (%s)"
+          % (where, a0.releases, len(a0.devices), ",".join(a0.devices[:8]) + ("..." if len(a0.devices) > 8 else ""),
+             a0.noise_draws, a0.kind, a0.noise_sd, 100 * a0.confidence, a0.method))
+    if a0.extra.get("tree_nodes"):
+        print("# tree-mode devices: %d dyadic node(s) cover the range" % a0.extra["tree_nodes"]
+              + ("; %d epoch(s) without any node" % a0.extra["tree_missing_epochs"]
+                 if a0.extra.get("tree_missing_epochs") else ""))
+    if a0.partial_excluded:
+        print("# %d release(s) straddling the range bounds were left out" % a0.partial_excluded)
+    width = max(8, min(40, max(len(str(a.item)) for a in answers)))
+    head = ("%4s  " % "RANK" if ranked else "") + "%-*s  %12s  %s" % (width, "ITEM", "ESTIMATE", "INTERVAL")
+    print(head)
+    for a in answers:
+        line = ("%4d  " % a.rank if ranked else "") + "%-*s  %12s  [%s, %s]" % (
+            width, str(a.item)[:width], _fmt(a.estimate), _fmt(a.lo), _fmt(a.hi))
+        print(line)
+    print("# answered in %.1f ms" % (elapsed * 1000))

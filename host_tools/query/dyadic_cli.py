@@ -1,0 +1,173 @@
+"""``pansketch query quantile | cdf | heavy``: answers from merged dcs releases.
+
+Python API (host_tools.query.dyadic does the estimation)::
+
+    from host_tools.query import dyadic_cli
+    ans = dyadic_cli.quantiles(store, [0.5, 0.95], salt="fleet-salt", window=480000)
+    rows = dyadic_cli.cdf(store, salt="fleet-salt", points=17)
+    top = dyadic_cli.heavy(store, 10, salt="fleet-salt")
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from host_tools.query import dyadic
+
+QTYPES = ("quantile", "cdf", "heavy", "distinct")
+
+
+def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
+    from host_tools.query.core import QueryError, select_merged
+
+    m, s = select_merged(store, salt=salt, **sel)
+    if m.kind != "dcs":
+        raise QueryError("these releases are of kind %r; quantile, cdf and heavy need kind 'dcs' "
+                         "(use freq/topk)" % m.kind)
+    return m, s, dyadic.DyadicView.of(m, salt, confidence)
+
+
+def _meta(m: Any, s: Any, v: dyadic.DyadicView) -> dict[str, Any]:
+    from host_tools.query.core import iso
+
+    return {"window": s.window, "range": {"since": iso(m.t0), "until": iso(m.t1), "since_unix": m.t0,
+                                          "until_unix": m.t1},
+            "devices": m.devices, "releases": m.releases, "kind": "dcs", "b": m.b, "map": list(m.map),
+            "confidence": v.confidence, "noise_sd": round(m.noise_sd, 3),
+            **({"partial_excluded": s.partial} if s.partial else {})}
+
+
+def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float = 0.95,
+              window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
+              device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
+    """Per q: the estimated q-quantile (domain value and reading range) with the rank interval of that value."""
+    from host_tools.query.core import QueryError
+
+    for q in qs:
+        if not 0 <= q <= 1:
+            raise QueryError("quantiles must be in [0, 1], got %r" % q)
+    m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
+    xs = v.quantile(qs)
+    meta = _meta(m, s, v)
+    return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, qs, m.map)]
+
+
+def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] = None, confidence: float = 0.95,
+        window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
+        device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
+    """F(x) = fraction of events with value <= x, at ``points`` evenly spaced domain values or at readings ``at``."""
+    from host_tools.query.core import QueryError
+
+    m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
+    top = (1 << m.b) - 1
+    if at:
+        xs = np.array([dyadic.to_value(r, m.b, m.map) for r in at], dtype=np.int64)
+    else:
+        if points < 2:
+            raise QueryError("--points must be at least 2")
+        xs = np.unique(np.array([min(top, (i * (top + 1)) // (points - 1)) for i in range(points)], dtype=np.int64))
+    meta = _meta(m, s, v)
+    return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, None, m.map)]
+
+
+def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, confidence: float = 0.95,
+          window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
+          device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
+    """The k domain values with the largest counts (no candidate list), with per-item intervals."""
+    from host_tools.query.core import QueryError
+
+    if k < 1:
+        raise QueryError("k must be at least 1")
+    m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
+    found, t0 = v.heavy(k, threshold)
+    meta = _meta(m, s, v)
+    out = []
+    for rank, (x, e) in enumerate(found, 1):
+        lo, hi = dyadic.reading_range(x, m.b, m.map)
+        out.append(dict({"rank": rank, "value": x, "reading": [lo, hi], "estimate": round(e, 3),
+                         "lo": round(e - t0, 3), "hi": round(e + t0, 3), "method": "dcs-dyadic-descent"}, **meta))
+    return out
+
+
+def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    q = sub.add_parser("quantile", help="quantiles of readings (kind dcs) with rank intervals")
+    q.add_argument("--q", type=float, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
+    common(q)
+    c = sub.add_parser("cdf", help="the CDF of readings (kind dcs) with intervals")
+    c.add_argument("--points", type=int, default=17, help="evenly spaced domain points (default 17)")
+    c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
+    common(c)
+    h = sub.add_parser("heavy", help="heaviest values of an integer domain (kind dcs), no candidate list")
+    h.add_argument("-k", type=int, required=True, metavar="K")
+    h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
+    common(h)
+    dq = sub.add_parser("distinct", help="distinct items (kind dbits): sum of per-device, per-window counts")
+    common(dq)
+
+
+def _fmt(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
+        return str(x)
+    return "%g" % x
+
+
+def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Optional[float],
+        until: Optional[float]) -> int:
+    sel = dict(salt=salt, confidence=conf, window=args.window, since=since, until=until, device=args.device)
+    t = time.perf_counter()
+    if args.qtype == "distinct":
+        from host_tools.query import distinct
+
+        a = distinct.query(store, **sel)
+        if args.json:
+            print(json.dumps(a))
+        else:
+            print("# %d release(s) from %d device(s); dbits %d levels x %d bits; %.0f%% interval (%s)"
+                  % (a["releases"], len(a["devices"]), a["levels"], a["bits"], 100 * a["confidence"], a["method"]))
+            print("DISTINCT  %s  [%s, %s]   (%s)" % (_fmt(a["estimate"]), _fmt(a["lo"]), _fmt(a["hi"]), a["scope"]))
+        return 0
+    if args.qtype == "quantile":
+        rows = quantiles(store, args.q, **sel)
+    elif args.qtype == "cdf":
+        rows = cdf(store, points=args.points, at=args.at, **sel)
+    else:
+        rows = heavy(store, args.k, threshold=args.threshold, **sel)
+    el = time.perf_counter() - t
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    if not rows:
+        print("# no value above the noise floor%s" % (" and the threshold" if getattr(args, "threshold", None) else ""))
+        return 0
+    r0 = rows[0]
+    print("# %d release(s) from %d device(s); dcs b=%d map=%s; noise sd %.1f per cell; %.0f%% intervals (%s)"
+          % (r0["releases"], len(r0["devices"]), r0["b"], r0["map"], r0["noise_sd"], 100 * r0["confidence"],
+             r0["method"]))
+    if args.qtype == "heavy":
+        print("%4s  %22s  %24s  %12s  %s" % ("RANK", "VALUE", "READING", "ESTIMATE", "INTERVAL"))
+        for r in rows:
+            print("%4d  %22d  %24s  %12s  [%s, %s]" % (r["rank"], r["value"], "[%s, %s)" % tuple(
+                _fmt(x) for x in r["reading"]), _fmt(r["estimate"]), _fmt(r["lo"]), _fmt(r["hi"])))
+    else:
+        head = ("%6s  " % "Q" if args.qtype == "quantile" else "")
+        print(head + "%22s  %24s  %12s  %26s  %8s  %s" % ("VALUE", "READING", "RANK<=", "RANK INTERVAL", "CDF",
+                                                          "CDF INTERVAL"))
+        for r in rows:
+            line = ("%6g  " % r["q"] if args.qtype == "quantile" else "")
+            line += "%22d  %24s  %12s  %26s  %8.4f  [%.4f, %.4f]" % (
+                r["value"], "[%s, %s)" % tuple(_fmt(x) for x in r["reading"]), _fmt(r["rank"]),
+                "[%s, %s]" % (_fmt(r["rank_lo"]), _fmt(r["rank_hi"])), r["cdf"], r["cdf_lo"], r["cdf_hi"])
+            print(line)
+        print("# n = %s [%s, %s]" % (_fmt(r0["n"]), _fmt(r0["n_lo"]), _fmt(r0["n_hi"])))
+    print("# answered in %.1f ms" % (el * 1000), file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,134 @@
+"""What an operator sees of the fleet: one read-only view for the web UI, its JSON API and /metrics.
+
+Built on :func:`host_tools.query.status.report` (devices, gaps, ledger) plus the
+per-device, per-window ledger grid (:mod:`host_tools.store.ledger`) and the
+rejection counts by reason. Delivery classes that the status report may
+carry per device -- releases *lost*, *pending*, *late*, *rejected* (the
+host acknowledgement protocol, docs/FORMAT.md sections 3 and 7) -- are
+read defensively: a key that is absent shows as "not reported" (None),
+never as 0, so the view lights up once ``status`` provides them.
+
+Every number here is a count of releases or a guarantee, not an estimate
+of events, so none carries an interval; estimates live on the item and
+top-k pages (host_tools.query.series, host_tools.query.core).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Optional
+
+from host_tools.store import ledger as ledger_mod
+from host_tools.query import status as status_mod
+from host_tools.query.core import iso
+from host_tools.store.core import SQLStore as Store
+
+DELIVERY = ("lost", "pending", "late", "rejected")
+
+
+def _count(v: Any) -> Optional[int]:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (list, tuple, set, dict)):
+        return len(v)
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def delivery(dev: dict[str, Any]) -> dict[str, Optional[int]]:
+    """lost / pending / late / rejected release counts of a status device entry (None: not reported)."""
+    out: dict[str, Optional[int]] = {}
+    nested = dev.get("delivery") if isinstance(dev.get("delivery"), dict) else {}
+    for k in DELIVERY:
+        val = None
+        for src in (dev, nested):
+            for name in ("%s_count" % k, "%s_seq_count" % k, "%s_seqs" % k, k):
+                if name in src:
+                    val = _count(src[name])
+                    if val is not None:
+                        break
+            if val is not None:
+                break
+        out[k] = val
+    return out
+
+
+def _seqs(dev: dict[str, Any], k: str, limit: int = 20) -> list[int]:
+    for name in ("%s_seqs" % k, k):
+        v = dev.get(name)
+        if isinstance(v, (list, tuple)):
+            return [int(x) for x in v[:limit] if isinstance(x, int) and not isinstance(x, bool)]
+    nested = dev.get("delivery")
+    if isinstance(nested, dict) and k in nested and isinstance(nested[k], (list, tuple)):
+        return [int(x) for x in nested[k][:limit] if isinstance(x, int) and not isinstance(x, bool)]
+    return []
+
+
+def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 12,
+          late_grace_s: Optional[float] = None) -> dict[str, Any]:
+    """The fleet page as a dict: status report + flags + ledger grid + rejections by reason.
+
+    ``late_grace_s``: as ``[status] late_grace_s`` (None: max(epoch length, 300 s))."""
+    now = time.time() if now is None else now
+    rep = status_mod.report(store, delta, now, windows, late_grace_s=late_grace_s)
+    led = ledger_mod.build(store.releases(), delta)
+    per_dev: dict[str, dict[tuple[int, int], ledger_mod.WindowEntry]] = defaultdict(dict)
+    for e in led.windows:
+        per_dev[e.device][(e.win_s, e.win)] = e
+    fw = led.fleet_windows()
+    cols = [(ws, wn) for ws, wn, _n, _g in fw[-max(1, windows):]]
+    last_win: dict[int, int] = {}
+    for ws, wn, _n, _g in fw:
+        last_win[ws] = max(last_win.get(ws, wn), wn)
+
+    devices = []
+    for d in rep["devices"]:
+        name = d["device"]
+        ents = per_dev.get(name, {})
+        dv = delivery(d)
+        flags: list[str] = []
+        if d.get("missing_seq_count"):
+            flags.append("%d release(s) missing (sequence gaps)" % d["missing_seq_count"])
+        if d.get("missing_epoch_count"):
+            flags.append("%d epoch(s) without a release" % d["missing_epoch_count"])
+        for k in DELIVERY:
+            if dv[k]:
+                flags.append("%d %s" % (dv[k], k))
+        if d.get("seq_reused"):
+            flags.append("sequence numbers used twice (state reset?)")
+        # quiet: other devices with the same window length released after this device's last window
+        mine = sorted(ents)
+        behind = 0
+        if mine:
+            ws, wn = mine[-1]
+            behind = last_win.get(ws, wn) - wn
+            if behind > 0:
+                flags.append("quiet: no release for the last %d window(s) the fleet released" % behind)
+        first = {ws: min(w for s, w in mine if s == ws) for ws, _ in mine}
+        cells = []
+        for ws, wn in cols:
+            e = ents.get((ws, wn))
+            if e is not None:
+                miss = sum(b - a for a, b in e.missing)
+                cells.append({"win_s": ws, "window": wn, "state": "partial" if miss else "ok",
+                              "releases": e.releases, "missing_epochs": miss, "guarantee": e.guarantee.as_dict(),
+                              "guarantee_text": e.guarantee.text()})
+            elif ws in first and wn > first[ws]:
+                cells.append({"win_s": ws, "window": wn, "state": "missing"})
+            else:
+                cells.append({"win_s": ws, "window": wn, "state": "none"})
+        devices.append(dict(d, delivery=dv, delivery_seqs={k: _seqs(d, k) for k in DELIVERY},
+                            flags=flags, flagged=bool(flags), windows_behind=behind, ledger=cells))
+    reported = {k: any(x["delivery"][k] is not None for x in devices) for k in DELIVERY}
+    by_code = [{"code": c, "count": int(n), "last": iso(t), "last_unix": t} for c, n, t in store.rejection_counts()]
+    rep = dict(rep)
+    rep.update({
+        "now_unix": now, "devices": devices, "delivery_reported": reported,
+        "flagged": [x["device"] for x in devices if x["flagged"]],
+        "rejections_by_code": by_code,
+        "ledger_columns": [{"win_s": ws, "window": wn, "start": iso(ws * wn)} for ws, wn in cols],
+    })
+    return rep

@@ -1,0 +1,290 @@
+"""Count over time: one interval estimate per time bucket, for the fleet or per device.
+
+A *series* answers "how often was X seen, bucket by bucket" for a few
+items. Each bucket is a half-open time range ``[t0, t1)`` (by default one
+window: the window length of the selected releases) and each point is an
+ordinary :func:`host_tools.query.core.freq` answer over the releases that lie
+inside that range, so it carries the same interval [lo, hi] at the same
+confidence, the merged noise and the releases used. A bucket with no
+release is a point without an answer (``error`` says why), never a zero.
+
+This is the single place where a series is computed: the web UI
+(host_tools/web), the JSON API and ``pansketch query series --plot`` use it.
+Each bucket is one range query (host_tools.query.core.freq): window/keep
+devices' releases inside it are summed, and each tree-mode device
+contributes the fewest dyadic nodes covering it (host_tools.query.core.cover).
+With ``running`` each point also carries the running total from the
+first bucket's start to its end, again one range query: with tree-mode
+devices its noise grows with log(length), not with the number of buckets.
+
+    from host_tools.query import series
+    s = series.series(store, ["apple"], salt=cfg.fleet.salt, per_device=True)
+    for line in s.lines:
+        for p in line.points:
+            print(line.label, p.t0, p.estimate, p.lo, p.hi, p.includes_zero)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+from host_tools.query import core as query
+from host_tools.query.core import Answer, QueryError, iso
+from host_tools.store.core import SQLStore as Store
+
+MAX_BUCKETS = 2000
+
+
+@dataclass
+class Point:
+    """One bucket of one line: an answer, or the reason there is none."""
+
+    t0: int
+    t1: int
+    answer: Optional[Answer] = None
+    error: Optional[str] = None
+    # devices that released before and after this bucket but have no release in it: a fleet total
+    # without them is lower because data are missing, not because the item was seen less
+    missing_devices: list[str] = field(default_factory=list)
+    running: Optional[Answer] = None  # the total from the series' start to t1 (series(running=True))
+
+    @property
+    def estimate(self) -> Optional[float]:
+        return None if self.answer is None else self.answer.estimate
+
+    @property
+    def lo(self) -> Optional[float]:
+        return None if self.answer is None else self.answer.lo
+
+    @property
+    def hi(self) -> Optional[float]:
+        return None if self.answer is None else self.answer.hi
+
+    @property
+    def includes_zero(self) -> Optional[bool]:
+        """True when 0 is inside [lo, hi]: the count is not distinguishable from absent."""
+        if self.answer is None:
+            return None
+        return self.answer.lo <= 0 <= self.answer.hi
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"t0": self.t0, "t1": self.t1, "since": iso(self.t0), "until": iso(self.t1),
+                             "missing_devices": self.missing_devices}
+        if self.answer is None:
+            d.update({"estimate": None, "lo": None, "hi": None, "includes_zero": None, "error": self.error})
+            return d
+        a = self.answer.to_dict()
+        for k in ("estimate", "lo", "hi", "confidence", "window", "devices", "releases", "noise_draws", "noise_sd",
+                  "method", "offset", "partial_excluded", "tree_nodes", "tree_missing_epochs"):
+            if k in a:
+                d[k] = a[k]
+        d["includes_zero"] = self.includes_zero
+        if self.running is not None:
+            r = self.running.to_dict()
+            d["running"] = {k: r[k] for k in ("estimate", "lo", "hi", "releases", "noise_draws", "noise_sd",
+                                              "range", "tree_nodes") if k in r}
+        return d
+
+
+@dataclass
+class Line:
+    """The points of one item, for the fleet (``device`` None) or one device."""
+
+    item: Any
+    device: Optional[str]
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return str(self.item) if self.device is None else "%s @ %s" % (self.item, self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "item": self.item, "device": self.device,
+                "points": [p.to_dict() for p in self.points]}
+
+
+@dataclass
+class Series:
+    items: list[Any]
+    step: int
+    confidence: float
+    devices: Optional[list[str]]
+    per_device: bool
+    lines: list[Line]
+    truncated: int = 0  # buckets left out (older than the last MAX_BUCKETS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "step": self.step, "confidence": self.confidence, "devices": self.devices,
+                "per_device": self.per_device, "truncated_buckets": self.truncated,
+                "lines": [ln.to_dict() for ln in self.lines]}
+
+
+def default_step(store: Store, devices: Optional[list[str]] = None) -> int:
+    """The bucket length: the least common multiple of the selected releases' window lengths
+    (for tree-mode releases their epoch length: a tree's "window" is its whole horizon)."""
+    lens = {r.ep_s if r.mode == "tree" else r.win_s for r in store.releases(devices=devices)}
+    if not lens:
+        raise QueryError("no releases%s" % (" for device %s" % ",".join(devices) if devices else ""))
+    step = 1
+    for x in lens:
+        step = step * x // math.gcd(step, x)
+    return step
+
+
+def buckets(store: Store, step: int, since: Optional[float] = None, until: Optional[float] = None,
+            devices: Optional[list[str]] = None, limit: int = MAX_BUCKETS) -> tuple[list[tuple[int, int]], int]:
+    """Consecutive ``[t0, t1)`` of length ``step`` from the first to the last selected release.
+
+    Aligned to multiples of ``step`` (so windows are buckets). Returns the
+    last ``limit`` buckets and how many earlier ones were left out.
+    """
+    if step <= 0:
+        raise QueryError("step must be positive")
+    rels = store.releases(devices=devices, since=since, until=until)
+    if not rels:
+        return [], 0
+    k0 = min(r.t0 for r in rels) // step
+    k1 = (max(r.t1 for r in rels) + step - 1) // step
+    if since is not None:
+        k0 = max(k0, int(math.ceil(since / step)))
+    if until is not None:
+        k1 = min(k1, int(until // step))
+    n = max(0, k1 - k0)
+    cut = max(0, n - limit)
+    return [(k * step, (k + 1) * step) for k in range(k0 + cut, k1)], cut
+
+
+def bucket_answers(store: Store, items: Sequence[Any], salt: str, t0: int, t1: int,
+                   devices: Optional[list[str]], confidence: float) -> list[Point]:
+    """One point per item for the releases inside [t0, t1) (the range-query seam)."""
+    try:
+        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence)
+    except QueryError as exc:
+        return [Point(t0, t1, None, str(exc)) for _ in items]
+    return [Point(t0, t1, a) for a in answers]
+
+
+def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[float] = None,
+           until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
+           per_device: bool = False, step: Optional[int] = None, confidence: float = 0.95,
+           limit: int = MAX_BUCKETS, running: bool = False) -> Series:
+    """Per-bucket estimates with intervals of ``items``.
+
+    ``device``: restrict to these devices (merged, unless ``per_device``);
+    ``per_device``: one line per item and device instead of fleet lines.
+    """
+    items = list(dict.fromkeys(items))
+    if not items:
+        raise QueryError("no items")
+    devs = [device] if isinstance(device, str) else (list(device) if device else None)
+    if step is None:
+        step = default_step(store, devs)
+    bks, cut = buckets(store, step, since, until, devs, limit)
+    if not bks:
+        raise QueryError("no releases in the selection")
+    span: dict[str, tuple[int, int]] = {}
+    for r in store.releases(devices=devs, since=bks[0][0], until=bks[-1][1]):
+        a, b = span.get(r.device, (r.t0, r.t1))
+        span[r.device] = (min(a, r.t0), max(b, r.t1))
+    if per_device:
+        groups: list[Optional[list[str]]] = [[d] for d in sorted(span)]
+    else:
+        groups = [devs]
+    lines: list[Line] = []
+    for g in groups:
+        mine = [Line(x, g[0] if per_device and g else None) for x in items]
+        for t0, t1 in bks:
+            expected = [d for d in (g if g else sorted(span)) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
+            run = bucket_answers(store, items, salt, bks[0][0], t1, g, confidence) if running else None
+            for i, (ln, p) in enumerate(zip(mine, bucket_answers(store, items, salt, t0, t1, g, confidence))):
+                got = set(p.answer.devices) if p.answer is not None else set()
+                p.missing_devices = [d for d in expected if d not in got]
+                if run is not None:
+                    p.running = run[i].answer
+                ln.points.append(p)
+        lines.extend(mine)
+    return Series(items, step, confidence, devs, per_device, lines, cut)
+
+
+# -- CLI: pansketch query series ----------------------------------------------
+def add_subparser(sub: Any, common: Any) -> None:
+    """Register ``pansketch query series`` (``common`` adds the shared selection/output options)."""
+    s = sub.add_parser("series", help="count per window (or --step bucket) with intervals; --plot draws bands")
+    s.add_argument("items", nargs="+", metavar="ITEM")
+    s.add_argument("--step", type=parse_step, metavar="S",
+                   help="bucket length in seconds or with a unit: 90s, 15m, 1h, 1d (default: the window length; "
+                        "the epoch length for tree-mode devices)")
+    s.add_argument("--no-running", dest="running", action="store_false",
+                   help="leave out the running total since the first bucket")
+    s.add_argument("--per-device", action="store_true", help="one line per item and device")
+    common(s)
+
+
+def parse_step(txt: str) -> int:
+    """Seconds from '3600', '90s', '15m', '1h', '1d' or '1w'."""
+    t = str(txt).strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    try:
+        v = int(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else int(t)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError("not a step: %r (seconds, or 15m, 1h, 1d)" % txt)
+    return v
+
+
+def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float], until: Optional[float]) -> int:
+    import json
+    import sys
+
+    def err(msg: str, code: int) -> int:
+        print("pansketch query: %s" % msg, file=sys.stderr)
+        return code
+
+    if args.window is not None:
+        return err("series: select time with --since/--until (each bucket is a window or --step)", 2)
+    try:
+        items = [query._item(x, args.as_int, "ITEM") for x in args.items]
+        s = series(store, items, salt=salt, since=since, until=until, device=args.device,
+                   per_device=args.per_device, step=args.step, confidence=conf,
+                   running=getattr(args, "running", True))
+    except (QueryError, ValueError) as exc:
+        return err(str(exc), 1)
+    if args.plot:
+        from host_tools.query import plot
+
+        try:
+            plot.plot_series(s, args.plot, "pansketch query series")
+        except (ImportError, OSError) as exc:
+            return err(str(exc), 1)
+        print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
+    if args.json:
+        for ln in s.lines:
+            for p in ln.points:
+                d = {"item": ln.item, "device": ln.device}
+                d.update(p.to_dict())
+                print(json.dumps(d, ensure_ascii=False))
+        return 0
+    width = max(8, min(40, max(len(ln.label) for ln in s.lines)))
+    print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
+          "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))
+    print("%-*s  %-20s  %12s  %-24s %6s  %12s  %-24s %6s" % (width, "LINE", "FROM (UTC)", "ESTIMATE", "INTERVAL",
+                                                            "DRAWS", "RUNNING", "INTERVAL", "DRAWS"))
+    for ln in s.lines:
+        for p in ln.points:
+            if p.answer is None:
+                line = "%-*s  %-20s  %12s  (%s)" % (width, ln.label[:width], iso(p.t0), "-", p.error)
+            else:
+                line = "%-*s  %-20s  %12s  %-24s %6d" % (
+                    width, ln.label[:width], iso(p.t0), query._fmt(p.answer.estimate),
+                    "[%s, %s]" % (query._fmt(p.answer.lo), query._fmt(p.answer.hi)), p.answer.noise_draws)
+            r = p.running
+            if r is not None:
+                line += "  %12s  %-24s %6d" % (query._fmt(r.estimate), "[%s, %s]" % (query._fmt(r.lo), query._fmt(r.hi)),
+                                               r.noise_draws)
+            if p.answer is not None and p.includes_zero:
+                line += " *"  # the point's interval (not the running one) includes 0
+            print(line)
+    return 0

@@ -1,0 +1,371 @@
+"""``pansketch status``: devices, last releases, windows, gaps, privacy ledger.
+
+For each device: its sketch parameters, number of releases, last release
+(received time and the end of its epochs), windows, missing epochs (epoch
+ranges between its first and last release that no release covers: the
+device was off, or releases are still on their way), the per-event
+guarantee from the ledger (host_tools/store/ledger.py), and the mean and largest
+number of noise draws per cell (``nz``: internal draws re-added at every
+persist/restart plus the output draw; they widen intervals, the guarantee
+is unchanged).
+
+Delivery (docs/FORMAT.md section 3): every seq in [0, ``next_seq``) of a
+device (seq starts at 0, so a loss before the first stored release
+counts) is *stored*; *rejected* (the host refused it: the rejections
+table); *pending* (not stored, and at or above the ``oldest_pending`` of
+the device's latest status, or released after that status: the device
+still holds it and re-sends it); or *lost* (none of these). Without a
+device status the range is [0, highest seq stored or rejected] and an
+unstored seq is *unknown* ("missing, no device status yet"; lost and
+pending are then null, not 0). A stored
+release is *late* when it was received more than a grace period
+(``--late-grace``, ``[status] late_grace_s``; default max(ep_s, 300 s))
+after the end of its epochs. The device's own backlog (``pending`` in its
+status) is shown too.
+
+Then the fleet's guarantee and the most recent rejections with their
+reasons. ``--json`` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from fractions import Fraction
+from typing import Any, Optional
+
+from host_tools.store import ledger as ledger_mod
+from host_tools.query.core import iso
+from host_tools.store.core import SQLStore as Store, StoredRelease, open_store
+
+
+LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
+DEFAULT_LATE_GRACE_MIN_S = 300
+
+
+def _absent(lo: int, hi: int, have: list[int], limit: int = LIST_LIMIT) -> tuple[list[int], int]:
+    """Seqs in [lo, hi) not in the sorted list ``have``: (the first ``limit`` of them, how many)."""
+    if hi <= lo:
+        return [], 0
+    import bisect
+
+    i = bisect.bisect_left(have, lo)
+    j = bisect.bisect_left(have, hi)
+    total = (hi - lo) - (j - i)
+    out: list[int] = []
+    x = lo
+    for h in have[i:j] + [hi]:
+        while x < h and len(out) < limit:
+            out.append(x)
+            x += 1
+        if len(out) >= limit:
+            break
+        x = h + 1
+    return out, total
+
+
+def classify(stored: list[int], rejected: dict[int, str], st: Any = None,
+             limit: int = LIST_LIMIT) -> dict[str, Any]:
+    """Every seq of one device as stored / rejected / pending / lost (or unknown without a status).
+
+    ``stored``: the seqs stored; ``rejected``: seq -> code of releases the host refused (not
+    stored); ``st``: the device's latest status (store.DeviceStatus) or None. Works on counts
+    and sorted lists, never on the whole range (a status may claim a huge next_seq).
+    """
+    s_set = set(stored)
+    rej = sorted(q for q in rejected if q not in s_set)
+    have = sorted(s_set | set(rej))
+    top = have[-1] + 1 if have else 0
+    out: dict[str, Any] = {"stored_count": len(s_set), "rejected_seqs": rej[:limit], "rejected_count": len(rej),
+                           "rejected_codes": {str(q): rejected[q] for q in rej[:limit]}}
+    if st is not None and st.next_seq is not None:
+        end = max(st.next_seq, top)
+        # below `cut` the device holds nothing any more; from it on (its oldest pending release,
+        # or the first release after the status when its outbox was empty) it may still hold it
+        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
+        lost, n_lost = _absent(0, cut, have, limit)
+        pend, n_pend = _absent(cut, end, have, limit)
+        out.update(checked=[0, end], basis="device status", lost_seqs=lost, lost_count=n_lost,
+                   pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
+    else:
+        unk, n_unk = _absent(0, top, have, limit)
+        # lost and pending cannot be told apart without the device's word: not reported (None)
+        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
+                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
+    return out
+
+
+def late_grace(ep_s: int, grace: Optional[float]) -> float:
+    """Seconds after the end of its epochs before a release counts as late."""
+    return float(grace) if grace is not None else float(max(ep_s, DEFAULT_LATE_GRACE_MIN_S))
+
+
+def seq_ranges(seqs: list[int], limit: int = 20) -> str:
+    """'0-3, 7, 9-10' for the first ``limit`` seqs of a sorted list."""
+    parts: list[str] = []
+    run: list[int] = []
+    for q in sorted(set(seqs))[:limit]:
+        if run and q == run[-1] + 1:
+            run.append(q)
+            continue
+        if run:
+            parts.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else str(run[0]))
+        run = [q]
+    if run:
+        parts.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else str(run[0]))
+    return ", ".join(parts)
+
+
+def _status_dict(st: Any, now: float) -> Optional[dict[str, Any]]:
+    if st is None:
+        return None
+    return {"state": st.state, "received": iso(st.received), "received_unix": st.received, "ts": st.ts,
+            "next_seq": st.next_seq, "oldest_pending": st.oldest_pending, "pending": st.pending,
+            "acked_seq": st.acked_seq, "rejected": st.rejected, "state_received_unix": st.state_received}
+
+
+def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: Any,
+              grace: Optional[float]) -> dict[str, Any]:
+    out = classify([r.seq for r in rs], rejected, st)
+    late = sorted((r for r in rs if r.received - r.t1 > late_grace(r.ep_s, grace)), key=lambda r: r.seq)
+    out.update(late_seqs=[r.seq for r in late[:LIST_LIMIT]], late_count=len(late),
+               late_max_s=round(max((r.received - r.t1 for r in late), default=0.0), 1),
+               backlog=st.pending if st is not None else None, status=_status_dict(st, 0))
+    # everything not stored in the checked range (pending, rejected, lost or unknown)
+    out["missing_seqs"] = sorted(out["lost_seqs"] + out["pending_seqs"] + out["unknown_seqs"]
+                                 + out["rejected_seqs"])[:LIST_LIMIT]
+    out["missing_seq_count"] = ((out["lost_count"] or 0) + (out["pending_count"] or 0) + out["unknown_count"]
+                                + out["rejected_count"])
+    return out
+
+
+def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
+           late_grace_s: Optional[float] = None) -> dict[str, Any]:
+    """The status as a dict (what ``--json`` prints)."""
+    now = time.time() if now is None else now
+    rels = store.releases()
+    led = ledger_mod.build(rels, delta)
+    by_dev: dict[str, list[StoredRelease]] = defaultdict(list)
+    for r in rels:
+        by_dev[r.device].append(r)
+    statuses = store.device_statuses()
+    rejected = store.rejected_seqs()
+    devices = []
+    known = set()
+    for dev, salt, hv, kind, d, w, ep_s, first in store.devices():
+        rs = by_dev.get(dev, [])
+        if not rs:
+            continue
+        known.add(dev)
+        last = max(rs, key=lambda r: r.received)
+        covered = ledger_mod.union((r.elo, r.ehi) for r in rs)
+        gaps = ledger_mod.gaps(covered, covered[0][0], covered[-1][1])
+        seen: dict[int, int] = defaultdict(int)
+        for r in rs:
+            seen[r.seq] += 1
+        wins = sorted({(r.win_s, r.win) for r in rs})
+        modes = sorted({"%s %ds" % (r.mode, r.win_s) + ("/%ds" % r.ep_s if r.mode == "keep" else "") for r in rs})
+        budgets = sorted({"%s %s" % (r.mech, ledger_mod._frac(Fraction(*r.budget))) for r in rs})
+        g = led.device(dev)
+        devices.append({
+            "device": dev, "kind": kind, "d": d, "w": w, "salt_id": salt, "mode": ", ".join(modes),
+            "budget": ", ".join(budgets), "releases": len(rs), "seq": [min(seen), max(seen)],
+            **_delivery(dev, rs, rejected.get(dev, {}), statuses.get(dev), late_grace_s),
+            "seq_reused": sorted(s for s, n in seen.items() if n > 1)[:20],
+            "last_received": iso(last.received), "last_received_unix": last.received,
+            "last_epoch_end": iso(max(r.t1 for r in rs)), "last_epoch_end_unix": max(r.t1 for r in rs),
+            "windows": len(wins), "first_window": wins[0][1], "last_window": wins[-1][1],
+            "missing_epochs": [{"from": iso(a * ep_s), "until": iso(b * ep_s), "epochs": b - a,
+                                "elo": a, "ehi": b} for a, b in gaps[:50]],
+            "missing_epoch_count": sum(b - a for a, b in gaps),
+            "guarantee": g.as_dict(), "guarantee_text": g.text(),
+            "noise_draws_mean": round(sum(r.nz for r in rs) / len(rs), 3), "noise_draws_max": max(r.nz for r in rs),
+        })
+    # devices the host has heard from (a status, a refused release) but stored nothing of yet
+    for dev in sorted((set(statuses) | set(rejected)) - known):
+        st = statuses.get(dev)
+        doc = st.doc if st is not None else {}
+        devices.append({
+            "device": dev, "kind": doc.get("kind"), "d": doc.get("d"), "w": doc.get("w"), "salt_id": None,
+            "mode": str(doc.get("mode", "")), "budget": "", "releases": 0, "seq": None,
+            **_delivery(dev, [], rejected.get(dev, {}), st, late_grace_s),
+            "seq_reused": [], "last_received": None, "last_received_unix": None, "last_epoch_end": None,
+            "last_epoch_end_unix": None, "windows": 0, "first_window": None, "last_window": None,
+            "missing_epochs": [], "missing_epoch_count": 0, "guarantee": None, "guarantee_text": "nothing stored",
+            "noise_draws_mean": None, "noise_draws_max": None,
+        })
+    devices.sort(key=lambda x: x["device"])
+    fleet_windows = led.fleet_windows()
+    totals = {k: sum(d[k + "_count"] or 0 for d in devices) for k in ("lost", "pending", "rejected", "late", "unknown")}
+    totals["backlog"] = sum(d["backlog"] or 0 for d in devices)
+    totals["devices_without_status"] = sum(1 for d in devices if d["status"] is None or d["status"]["next_seq"] is None)
+    out = {
+        "db": store.path, "now": iso(now), "releases": len(rels), "rejections": store.rejection_count(),
+        "duplicates": store.duplicate_count(), "delivery": totals, "devices": devices,
+        "fleet": {
+            "guarantee": led.fleet().as_dict(), "guarantee_text": led.fleet().text(),
+            "windows": [{"win_s": ws, "window": wn, "start": iso(wn * ws), "devices": n, "guarantee": g.as_dict()}
+                        for ws, wn, n, g in fleet_windows[-windows:]],
+            "window_count": len(fleet_windows),
+        },
+        "recent_rejections": [{"received": iso(rc), "topic": tp, "device": dv, "code": code, "reason": why, "size": sz}
+                              for _id, rc, tp, dv, code, why, sz, _h in store.rejections(limit=10)],
+    }
+    return out
+
+
+def _ago(t: float, now: float) -> str:
+    return _dur(now - t) + " ago"
+
+
+def _dur(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return "%ds" % s
+    if s < 7200:
+        return "%dm" % (s // 60)
+    if s < 172800:
+        return "%dh" % (s // 3600)
+    return "%dd" % (s // 86400)
+
+
+def _seqs_text(seqs: list[int], count: int) -> str:
+    shown = seqs[:20]
+    more = count - len(shown)
+    return seq_ranges(shown) + (" (+%d more)" % more if more > 0 else "")
+
+
+def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None:
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p("pansketch status: %s: %d device(s), %d release(s), %d rejected, %d duplicate deliveries ignored"
+      % (rep["db"], len(rep["devices"]), rep["releases"], rep["rejections"], rep["duplicates"]))
+    if rep["devices"]:
+        p("")
+        p("%-20s %-10s %-18s %8s %-13s %-32s %7s %7s  %s" % (
+            "DEVICE", "SKETCH", "MODE", "RELEASES", "SEQ", "LAST RELEASE (received)", "WINDOWS", "MISSING",
+            "BUDGET / GUARANTEE PER EVENT; NOISE DRAWS PER CELL"))
+        for d in rep["devices"]:
+            if not d["releases"]:
+                p("%-20s %-10s %-18s %8d %-13s %-32s %7s %7s  %s" % (
+                    d["device"][:20], "%s %sx%s" % (d["kind"], d["d"], d["w"]) if d["kind"] else "-",
+                    (d["mode"] or "-")[:18], 0, "-", "-", "-", "-", d["guarantee_text"]))
+                continue
+            p("%-20s %-10s %-18s %8d %-13s %-32s %7d %7d  %s; %s; noise draws %.3g (max %d)" % (
+                d["device"][:20], "%s %dx%d" % (d["kind"], d["d"], d["w"]), d["mode"][:18], d["releases"],
+                "%d-%d" % tuple(d["seq"]),
+                "%s (%s)" % (d["last_received"], _ago(d["last_received_unix"], now)), d["windows"],
+                d["missing_epoch_count"], d["budget"], d["guarantee_text"], d["noise_draws_mean"],
+                d["noise_draws_max"]))
+        t = rep["delivery"]
+        p("")
+        p("delivery: %d lost, %d pending, %d rejected, %d late%s; device backlog %d release(s)%s" % (
+            t["lost"], t["pending"], t["rejected"], t["late"],
+            ", %d unknown (no device status yet)" % t["unknown"] if t["unknown"] else "", t["backlog"],
+            "; %d device(s) without a status yet: lost and pending not known for them" % t["devices_without_status"]
+            if t["devices_without_status"] else ""))
+        p("%-20s %-13s %7s %6s %8s %9s %6s %8s  %s" % ("DEVICE", "SEQ CHECKED", "STORED", "LOST", "PENDING",
+                                                        "REJECTED", "LATE", "BACKLOG", "DEVICE STATUS"))
+        for d in rep["devices"]:
+            st = d["status"]
+            if st is None:
+                sttxt = "none yet (range: seqs the host has seen)"
+            else:
+                sttxt = "%s, next seq %d, received %s" % (
+                    st["state"], st["next_seq"], _ago(st["received_unix"], now)) if st["next_seq"] is not None \
+                    else "%s (no seq report yet)" % st["state"]
+            lo, hi = d["checked"]
+            p("%-20s %-13s %7d %6s %8s %9d %6d %8s  %s" % (
+                d["device"][:20], "%d-%d" % (lo, hi - 1) if hi > lo else "-", d["stored_count"],
+                "?" if d["lost_count"] is None else d["lost_count"],
+                "?" if d["pending_count"] is None else d["pending_count"],
+                d["rejected_count"], d["late_count"], "-" if d["backlog"] is None else d["backlog"], sttxt))
+        gaps = [d for d in rep["devices"] if d["missing_epochs"] or d["missing_seq_count"] or d["seq_reused"]
+                or d["late_count"]]
+        if gaps:
+            p("")
+            p("gaps:")
+            for d in gaps:
+                for g in d["missing_epochs"][:10]:
+                    p("  %s: no release for epochs [%s, %s) (%d epoch(s))" % (d["device"], g["from"], g["until"],
+                                                                           g["epochs"]))
+                if d["lost_count"]:
+                    p("  %s: LOST (not stored, no longer on the device): seq %s" % (
+                        d["device"], _seqs_text(d["lost_seqs"], d["lost_count"])))
+                if d["unknown_count"]:
+                    p("  %s: sequence numbers not received, no device status yet (lost or still on the device): "
+                      "%s" % (d["device"], _seqs_text(d["unknown_seqs"], d["unknown_count"])))
+                if d["pending_count"]:
+                    p("  %s: pending (still on the device, re-sent until stored): seq %s" % (
+                        d["device"], _seqs_text(d["pending_seqs"], d["pending_count"])))
+                if d["rejected_count"]:
+                    codes = d["rejected_codes"]
+                    p("  %s: rejected by the host: seq %s (%s)" % (
+                        d["device"], _seqs_text(d["rejected_seqs"], d["rejected_count"]),
+                        ", ".join(sorted(set(codes.values())))))
+                if d["late_count"]:
+                    p("  %s: late (received more than the grace after their epochs ended, up to %s): seq %s" % (
+                        d["device"], _dur(d["late_max_s"]), _seqs_text(d["late_seqs"], d["late_count"])))
+                if d["seq_reused"]:
+                    p("  %s: sequence numbers used twice (device state reset?): %s" % (
+                        d["device"], ", ".join(map(str, d["seq_reused"]))))
+    f = rep["fleet"]
+    p("")
+    p("privacy ledger (unit: one event; windows hold disjoint events, so these do not add up):")
+    p("  fleet, any window: %s" % f["guarantee_text"])
+    if f["windows"]:
+        p("  last %d of %d window(s):" % (len(f["windows"]), f["window_count"]))
+        for wdw in f["windows"]:
+            g = wdw["guarantee"]
+            gtxt = ", ".join("%s=%s" % (k, g[k]) for k in ("eps", "rho") if k in g)
+            p("    window %d (%ss from %s): %d device(s), %s, eps=%.3g at delta=%g" % (
+                wdw["window"], wdw["win_s"], wdw["start"], wdw["devices"], gtxt, g["eps_at_delta"], g["delta"]))
+    if rep["recent_rejections"]:
+        p("")
+        p("recent rejections (newest first):")
+        for r in rep["recent_rejections"]:
+            p("  %s %s (%d bytes): %s: %s" % (r["received"], r["topic"], r["size"], r["code"], r["reason"]))
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("status", help="devices, windows, gaps and the privacy ledger",
+                              description="Summarise the release database: devices, last release, windows, "
+                                          "missing epochs, budgets and the per-event guarantee.")
+    p.add_argument("--config", required=True, metavar="FILE", help="host config TOML")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--windows", type=int, default=10, metavar="N", help="list the last N fleet windows (10)")
+    p.add_argument("--late-grace", type=float, metavar="SECONDS",
+                   help="a release received more than this after its epochs ended is late "
+                        "(default: [status] late_grace_s, else max(epoch length, 300 s))")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from host_tools import hostconfig
+
+    if args.late_grace is not None and not args.late_grace >= 0:
+        print("pansketch status: --late-grace must be at least 0", file=sys.stderr)
+        return 2
+    try:
+        cfg = hostconfig.load(args.config)
+    except hostconfig.ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return 2
+    try:
+        store = open_store(cfg.aggregator.db, readonly=True)
+    except Exception as exc:
+        print("pansketch status: %s" % exc, file=sys.stderr)
+        return 1
+    now = time.time()
+    try:
+        grace = args.late_grace if args.late_grace is not None else cfg.status.late_grace_s
+        rep = report(store, cfg.query.delta, now, max(0, args.windows), late_grace_s=grace)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(rep, ensure_ascii=False))
+    else:
+        print_report(rep, now)
+    return 0

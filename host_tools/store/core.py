@@ -1,0 +1,1042 @@
+"""The release store: an SQL backend interface, with SQLite (default) and PostgreSQL.
+
+:func:`open_store` picks the backend from ``[aggregator] db``: a file path
+is SQLite (:class:`Store`, this module; WAL, several aggregator processes
+on one host may share the file), a ``postgresql://`` URL is PostgreSQL
+(:class:`host_tools.store.pg.PgStore`; any number of aggregators on any
+number of hosts). Both run the same SQL from :class:`SQLStore`; a backend
+supplies the connection, the transaction start, its DDL and its error types.
+
+Tables (schema version 1)::
+
+    releases        one row per release, PRIMARY KEY (device, elo, ehi, part);
+                    every map field, the raw payload bytes, their SHA-256, the
+                    topic and the time received
+    devices         per device the parameters fixed by its first release
+                    (salt id, hash version, kind, d, w, ep_s)
+    rejections      every refused message: time, topic, device (if known),
+                    code, reason, size, SHA-256 and the bytes (if <= max_bytes)
+    duplicates      redeliveries of a stored release (identical bytes)
+    device_status   per device the latest status message it published
+                    (docs/FORMAT.md section 3: next_seq, oldest_pending,
+                    pending, acked_seq, rejected, ts, and online/offline);
+                    written by host_tools/ingest/devstatus.py, read by ``status``
+                    to tell lost releases from pending ones
+    rollups         per (window length, window id, kind, d, w, hv, salt id):
+                    the int64 sum of the counters of every stored release of
+                    that window, the number of releases, the covered time
+                    extent [t0, t1)
+    rollup_noise    per roll-up the noise draws per cell: (mech, num, den) ->
+                    count, exactly the terms host_tools.query.merge adds up
+    rollup_devices  per roll-up the devices that contributed
+
+Roll-ups are maintained at ingest, in the same transaction as the releases
+they sum, for every v1 release (modes window and keep, kinds cms and cs),
+keyed by the window and the full merge group, so any new kind or shape gets
+its own roll-ups; a selection a roll-up cannot answer exactly (one device,
+releases straddling a range bound, several merge groups) is merged from
+the raw releases (host_tools.query.core). A database written before roll-ups
+existed gets them rebuilt from its releases when an aggregator opens it
+for writing; read-only readers of such a file merge raw releases.
+
+Idempotency (DESIGN.md "Host"), enforced by the database: the release key
+is the primary key and the insert is ``ON CONFLICT DO NOTHING``. A release
+whose key is stored with identical bytes is a *duplicate* (QoS 1
+redelivery, the device retrying after a lost ack) and changes nothing but
+the duplicates log; the same key with *different* bytes is a *conflict*
+and is rejected: a device never generates a release twice, so different
+bytes mean re-drawn noise (which would average away privacy if both were
+kept) or a forged/reset device. The first stored version is kept.
+
+Group commit (:meth:`SQLStore.commit_group`): the aggregator stores a
+batch of messages in one transaction with one ``SAVEPOINT`` per message:
+a message whose storage fails (conflict, device parameters, a database
+error on that row) is rolled back alone and the others commit. The
+aggregator acknowledges the messages only after the commit.
+
+Older databases (written before releases carried ``nz``) lack the
+``releases.nz`` column. Opening one for writing adds it with
+``ALTER TABLE ... DEFAULT 2`` (those releases came from devices that drew
+exactly one internal and one output noise value per cell); a read-only
+open reads such rows as nz = 2 without changing the file (the same for
+``releases.lvl``, format v2's tree level, default 0: the level of every
+window/keep and v1 release). A device's releases are all tree nodes of
+one shape (L, win_s) or none is (code ``device``): mixing would let a
+range query count the same events twice. Likewise
+``rejections.seq`` (the refused release's seq, when its bytes parse that
+far and name the topic's device) is added and filled in from the kept
+bytes; a read-only open of such a file attributes no seq to old
+rejections.
+
+SQLite concurrency: each group runs in one ``BEGIN IMMEDIATE`` transaction
+(the checks and inserts see one snapshot and no other writer interleaves),
+with a busy timeout, so any number of aggregator processes can write to
+one file. Opening is retried the same way: several processes opening a
+fresh file at once race to switch it to WAL, and SQLite refuses the loser
+immediately ("database is locked", no busy wait for a read-to-write lock
+upgrade). ``synchronous=FULL``: a commit is on disk before the aggregator
+acknowledges the MQTT message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from host_tools.ingest.decode import Rejected, Release, SketchShape
+
+SCHEMA_VERSION = 1
+ROLLUP_MODES = ("window", "keep")
+ROLLUP_KINDS = ("cms", "cs")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS releases (
+    device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
+    seq INTEGER NOT NULL, win INTEGER NOT NULL, win_s INTEGER NOT NULL, ep_s INTEGER NOT NULL,
+    t0 INTEGER NOT NULL, t1 INTEGER NOT NULL, mode TEXT NOT NULL, kind TEXT NOT NULL,
+    d INTEGER NOT NULL, w INTEGER NOT NULL, hv INTEGER NOT NULL, salt TEXT NOT NULL,
+    clip INTEGER NOT NULL, mech TEXT NOT NULL, budget_num INTEGER NOT NULL, budget_den INTEGER NOT NULL,
+    nint_num INTEGER NOT NULL, nint_den INTEGER NOT NULL, nout_num INTEGER NOT NULL, nout_den INTEGER NOT NULL,
+    nz INTEGER NOT NULL, L INTEGER NOT NULL, sha256 TEXT NOT NULL, payload BLOB NOT NULL, ctr_off INTEGER NOT NULL,
+    topic TEXT, received REAL NOT NULL,
+    v INTEGER NOT NULL DEFAULT 1, lvl INTEGER NOT NULL DEFAULT 0, b INTEGER NOT NULL DEFAULT 0,
+    map_num INTEGER, map_den INTEGER, map_off INTEGER,
+    PRIMARY KEY (device, elo, ehi, part)
+);
+CREATE INDEX IF NOT EXISTS releases_win ON releases (win, win_s);
+CREATE INDEX IF NOT EXISTS releases_t0 ON releases (t0);
+CREATE TABLE IF NOT EXISTS devices (
+    device TEXT PRIMARY KEY, salt TEXT NOT NULL, hv INTEGER NOT NULL, kind TEXT NOT NULL,
+    d INTEGER NOT NULL, w INTEGER NOT NULL, ep_s INTEGER NOT NULL, first_received REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rejections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, topic TEXT, device TEXT,
+    code TEXT NOT NULL, reason TEXT NOT NULL, size INTEGER NOT NULL, sha256 TEXT, payload BLOB, seq INTEGER
+);
+CREATE TABLE IF NOT EXISTS duplicates (
+    device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
+    received REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS device_status (
+    device TEXT PRIMARY KEY, received REAL NOT NULL, ts INTEGER, next_seq INTEGER, oldest_pending INTEGER,
+    pending INTEGER, acked_seq INTEGER, rejected INTEGER, doc TEXT NOT NULL,
+    state TEXT NOT NULL, state_received REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rollups (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    win_s INTEGER NOT NULL, win INTEGER NOT NULL, kind TEXT NOT NULL, d INTEGER NOT NULL, w INTEGER NOT NULL,
+    hv INTEGER NOT NULL, salt TEXT NOT NULL,
+    releases INTEGER NOT NULL, t0 INTEGER NOT NULL, t1 INTEGER NOT NULL, sums BLOB NOT NULL,
+    UNIQUE (win_s, win, kind, d, w, hv, salt)
+);
+CREATE INDEX IF NOT EXISTS rollups_win ON rollups (win);
+CREATE TABLE IF NOT EXISTS rollup_noise (
+    rollup INTEGER NOT NULL, mech TEXT NOT NULL, num INTEGER NOT NULL, den INTEGER NOT NULL,
+    count INTEGER NOT NULL, PRIMARY KEY (rollup, mech, num, den)
+);
+CREATE TABLE IF NOT EXISTS rollup_devices (
+    rollup INTEGER NOT NULL, device TEXT NOT NULL, PRIMARY KEY (rollup, device)
+);
+"""
+
+# status fields kept as columns (non-negative integers or null)
+STATUS_INTS = ("ts", "next_seq", "oldest_pending", "pending", "acked_seq", "rejected")
+
+# release columns read back for queries (payload last)
+_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
+         "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
+         "nout_den", "nz", "L", "received", "ctr_off", "v", "lvl", "b", "map_num", "map_den", "map_off")
+# columns added after schema version 1 first shipped: (name, SQL type and default, value for old rows)
+_ADDED = (("nz", "INTEGER NOT NULL DEFAULT 2", "2"), ("v", "INTEGER NOT NULL DEFAULT 1", "1"),
+          ("lvl", "INTEGER NOT NULL DEFAULT 0", "0"), ("b", "INTEGER NOT NULL DEFAULT 0", "0"),
+          ("map_num", "INTEGER", "NULL"), ("map_den", "INTEGER", "NULL"), ("map_off", "INTEGER", "NULL"))
+_INSERT_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "t0", "t1", "mode", "kind", "d", "w",
+                "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
+                "nout_den", "nz", "L", "sha256", "payload", "ctr_off", "topic", "received", "v", "lvl", "b",
+                "map_num", "map_den", "map_off")
+_CHUNK = 500  # ids per IN (...) list
+
+
+def _select_cols(have: Optional[set[str]]) -> str:
+    """The release columns to select from a table with columns ``have`` (None: all; old files: "2 AS nz", ...)."""
+    old = {name: dflt for name, _, dflt in _ADDED}
+    return ", ".join(c if have is None or c not in old or c in have else "%s AS %s" % (old[c], c) for c in _COLS)
+
+
+def insert_values(rel: Release, topic: Optional[str], received: float) -> tuple[Any, ...]:
+    """``rel``'s values for :data:`_INSERT_COLS` (both backends)."""
+    return (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
+            rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
+            rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, topic,
+            received, rel.v, rel.lvl, rel.b) + (tuple(rel.map) if rel.map is not None else (None, None, None))
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used (message says what and where)."""
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """The latest status a device published (docs/FORMAT.md section 3), as kept by the store."""
+
+    device: str
+    received: float  # when the host received the status these numbers come from
+    ts: Optional[int]  # the device's own time stamp of it
+    next_seq: Optional[int]
+    oldest_pending: Optional[int]
+    pending: Optional[int]
+    acked_seq: Optional[int]
+    rejected: Optional[int]
+    doc: dict[str, Any]
+    state: str  # 'online' | 'offline' (last will) | whatever the device said
+    state_received: float
+
+
+def rejected_seq(payload: Optional[bytes], device: Optional[str]) -> Optional[int]:
+    """The seq of a refused release, when its bytes decode to a map naming ``device`` (else None)."""
+    if payload is None or device is None:
+        return None
+    try:
+        import cbor2
+
+        m = cbor2.loads(bytes(payload))
+    except Exception:  # garbage, truncated, too deep: no seq to attribute
+        return None
+    if not isinstance(m, dict) or m.get("dev") != device:
+        return None
+    seq = m.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 1 << 63 else None
+
+
+@dataclass(frozen=True)
+class StoredRelease(SketchShape):
+    """A release row as read back (counters decoded on demand)."""
+
+    device: str
+    elo: int
+    ehi: int
+    part: int
+    seq: int
+    win: int
+    win_s: int
+    ep_s: int
+    t0: int
+    t1: int
+    mode: str
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    clip: int
+    mech: str
+    budget: tuple[int, int]
+    nint: tuple[int, int]
+    nout: tuple[int, int]
+    nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
+    L: int
+    received: float
+    ctr_off: int
+    payload: Optional[bytes] = None
+    v: int = 1
+    lvl: int = 0
+    b: int = 0  # dcs: domain bits
+    map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
+
+    def counters(self) -> np.ndarray:
+        """int32 counters, shape (levels * d, w) (levels = 1 except kind dcs)."""
+        if self.payload is None:
+            raise ValueError("release loaded without its payload")
+        r, c = self.shape
+        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
+
+
+def _locked(exc: BaseException) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; worth retrying."""
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
+def _row_to_release(r: Sequence[Any], with_payload: bool) -> StoredRelease:
+    (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
+     bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off, v, lvl, b, mn, md, mo) = r[:34]
+    return StoredRelease(device, int(elo), int(ehi), int(part), int(seq), int(win), int(win_s), int(ep_s), int(t0),
+                         int(t1), mode, kind, int(d), int(w), int(hv), salt, int(clip), mech, (int(bn), int(bd)),
+                         (int(inn), int(ind)), (int(onn), int(ond)), int(nz), int(L), float(received), int(ctr_off),
+                         bytes(r[34]) if with_payload else None, int(v), int(lvl), int(b),
+                         (int(mn), int(md), int(mo)) if mn is not None else None)
+
+
+@dataclass(frozen=True)
+class RollupInfo:
+    """One roll-up's metadata (sums read separately with :meth:`SQLStore.rollup_sums`)."""
+
+    id: int
+    win_s: int
+    win: int
+    kind: str
+    d: int
+    w: int
+    hv: int
+    salt: str
+    releases: int
+    t0: int  # earliest epoch start of its releases
+    t1: int  # latest epoch end of its releases
+
+    @property
+    def group(self) -> tuple[str, int, int, int, str]:
+        return (self.kind, self.d, self.w, self.hv, self.salt)
+
+
+@dataclass
+class Pending:
+    """One message for :meth:`SQLStore.commit_group`: a validated release or a refusal.
+
+    After the call, ``status`` is 'stored', 'duplicate', 'rejected' (``rej``
+    says why: validation, or the store's ``device``/``conflict`` checks) or
+    'error' (``error``: a database error on this message alone; it was
+    rolled back to its savepoint and nothing of it is stored).
+    """
+
+    payload: bytes
+    topic: Optional[str]
+    received: float
+    rel: Optional[Release] = None
+    rej: Optional[Rejected] = None
+    device: Optional[str] = None
+    keep_bytes: int = 1 << 20
+    status: str = ""
+    error: Optional[BaseException] = None
+
+
+def rollup_key(rel: Any) -> Optional[tuple[int, int, str, int, int, int, str]]:
+    """(win_s, win, kind, d, w, hv, salt) of the roll-up ``rel`` (a Release or StoredRelease) is summed into, or None.
+
+    Only window/keep releases of kinds cms and cs are rolled up: tree nodes (mode tree, ``lvl`` > 0; ``lvl`` is 0
+    outside tree mode in format v2) and kinds dcs/dbits are merged from the raw releases.
+    """
+    if rel.mode not in ROLLUP_MODES or rel.kind not in ROLLUP_KINDS or rel.lvl > 0:
+        return None
+    return (rel.win_s, rel.win, rel.kind, rel.d, rel.w, rel.hv, rel.salt)
+
+
+@dataclass
+class _Acc:
+    """A roll-up's increment from one group (applied at the end of the transaction)."""
+
+    sums: np.ndarray
+    releases: int = 0
+    t0: int = 1 << 62
+    t1: int = -1
+    noise: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    devices: set[str] = field(default_factory=set)
+
+    def add(self, rel: Any, counters: np.ndarray) -> None:
+        self.sums += counters
+        self.releases += 1
+        self.t0 = min(self.t0, rel.t0)
+        self.t1 = max(self.t1, rel.t1)
+        for k, c in (((rel.mech, rel.nint[0], rel.nint[1]), rel.nz - 1), ((rel.mech, rel.nout[0], rel.nout[1]), 1)):
+            self.noise[k] = self.noise.get(k, 0) + c
+        self.devices.add(rel.device if hasattr(rel, "device") else rel.dev)
+
+
+def open_store(db: str, readonly: bool = False, timeout: float = 30.0) -> "SQLStore":
+    """The store for ``[aggregator] db``: a SQLite file path or a ``postgresql://`` URL."""
+    if db.startswith(("postgresql://", "postgres://")):
+        from host_tools.store.pg import PgStore
+
+        return PgStore(db, readonly=readonly, timeout=timeout)
+    return Store(db, readonly=readonly, timeout=timeout)
+
+
+class SQLStore:
+    """Backend-independent store logic (SQL written with ``?`` placeholders)."""
+
+    path: str
+    readonly: bool
+    timeout: float
+    has_rollups: bool = False
+    _devcache: dict[str, tuple[Any, ...]]  # committed device rows (never updated once written)
+    _lock: threading.RLock
+    _cols: str  # release columns to select (old files: "2 AS nz")
+    _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
+    _db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    # -- backend hooks ---------------------------------------------------
+    def _cursor(self) -> Any:
+        raise NotImplementedError
+
+    def _sql(self, s: str) -> str:
+        return s
+
+    def _begin(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return False
+
+    def background_checkpoints(self, interval: float = 0.25) -> None:
+        """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "SQLStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _x(self, cur: Any, sql: str, args: Sequence[Any] = ()) -> Any:
+        cur.execute(self._sql(sql), tuple(args))
+        return cur
+
+    def _retry_locked(self, fn: Any) -> Any:
+        """fn() retried with backoff while SQLite says the database is locked/busy (up to 2x timeout)."""
+        delay = 0.01
+        deadline = time.monotonic() + max(60.0, 2 * self.timeout)
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _exec_tx(self, fn: Any, *args: Any) -> Any:
+        """Run fn(cursor, *args) in one write transaction (retried while the database is busy)."""
+        with self._lock:
+            delay = 0.01
+            deadline = time.monotonic() + max(60.0, 2 * self.timeout)
+            while True:
+                cur = self._cursor()
+                try:
+                    self._begin(cur)
+                except self._db_errors as exc:
+                    if self._retryable(exc) and time.monotonic() < deadline:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    raise
+                try:
+                    out = fn(cur, *args)
+                    cur.execute("COMMIT")
+                    return out
+                except BaseException as exc:
+                    try:
+                        cur.execute("ROLLBACK")
+                    except self._db_errors:
+                        pass
+                    if isinstance(exc, self._db_errors) and self._retryable(exc) and time.monotonic() < deadline:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    raise
+
+    # -- writes --------------------------------------------------------
+    def insert(self, rel: Release, topic: Optional[str] = None, received: Optional[float] = None) -> str:
+        """Store ``rel``: returns 'stored' or 'duplicate'; raises Rejected('device'|'conflict')."""
+        p = Pending(rel.payload, topic, time.time() if received is None else received, rel=rel, device=rel.dev)
+        self.commit_group([p], log_rejections=False)
+        if p.status == "error":
+            assert p.error is not None
+            raise p.error
+        if p.status == "rejected":
+            assert p.rej is not None
+            raise p.rej
+        return p.status
+
+    def reject(self, code: str, reason: str, payload: bytes, topic: Optional[str] = None,
+               device: Optional[str] = None, received: Optional[float] = None, keep_bytes: int = 1 << 20) -> None:
+        """Log a refused message (the bytes are kept when at most ``keep_bytes``)."""
+        p = Pending(bytes(payload), topic, time.time() if received is None else received,
+                    rej=Rejected(code, reason), device=device, keep_bytes=keep_bytes)
+        self.commit_group([p])
+        if p.status == "error":
+            assert p.error is not None
+            raise p.error
+
+    def commit_group(self, items: Sequence[Pending], log_rejections: bool = True) -> None:
+        """Store every item in one transaction, one savepoint each (see module docstring).
+
+        Fills each item's ``status``. A failure of the transaction itself
+        (commit, roll-up update, connection lost) raises and nothing of the
+        group is stored.
+        """
+        if self.readonly:
+            raise PermissionError("store opened read-only")
+        for p in items:
+            p.status, p.error = "", None
+        seen: dict[str, tuple[Any, ...]] = {}
+        self._exec_tx(self._group, items, log_rejections, seen)
+        self._devcache.update(seen)  # committed: device rows never change once written
+
+    def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]]) -> None:
+        accs: dict[tuple[Any, ...], _Acc] = {}
+        unrolled = False
+        seen.clear()
+        for p in items:
+            p.status, p.error = "", None
+            # one name for every message's savepoint (each is released before the next begins): the
+            # same three statement texts each time stay prepared in the connection's statement cache
+            sp = "msg"
+            cur.execute("SAVEPOINT " + sp)
+            try:
+                if p.rel is not None and p.rej is None:
+                    try:
+                        p.status = self._insert(cur, p.rel, p.topic, p.received, seen)
+                    except Rejected as rej:
+                        cur.execute("ROLLBACK TO SAVEPOINT " + sp)
+                        p.rej, p.status = rej, "rejected"
+                else:
+                    p.status = "rejected"
+                if p.status == "rejected" and log_rejections and p.rej is not None:
+                    self._log_rejection(cur, p)
+                cur.execute("RELEASE SAVEPOINT " + sp)
+            except self._db_errors as exc:
+                if self._retryable(exc):
+                    raise  # locked/deadlock: the whole group is retried
+                cur.execute("ROLLBACK TO SAVEPOINT " + sp)
+                cur.execute("RELEASE SAVEPOINT " + sp)
+                p.status, p.error = "error", exc
+                continue
+            if p.status == "stored" and p.rel is not None:
+                k = rollup_key(p.rel)
+                if k is not None:
+                    acc = accs.get(k)
+                    if acc is None:
+                        acc = accs[k] = _Acc(np.zeros((p.rel.d, p.rel.w), dtype=np.int64))
+                    acc.add(p.rel, p.rel.counters())
+                else:
+                    unrolled = True
+        self._apply_rollups(cur, accs)
+        if unrolled:
+            self._mark_unrolled(cur)
+
+    def _log_rejection(self, cur: Any, p: Pending) -> None:
+        assert p.rej is not None
+        keep = p.payload if len(p.payload) <= p.keep_bytes else None
+        self._x(cur, "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),
+                 hashlib.sha256(p.payload).hexdigest(), keep, rejected_seq(keep, p.device)))
+
+    def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float,
+                seen: Optional[dict[str, tuple[Any, ...]]] = None) -> str:
+        mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        self._check_shape(cur, rel)
+        if self._devcache.get(rel.dev) == mine:  # known device, same parameters: insert, classify on conflict
+            return self._insert_release(cur, rel, topic, now)
+        existing = self._classify(cur, rel, now)
+        if existing is not None:
+            return existing
+        dev = self._x(cur, "SELECT salt, hv, kind, d, w, ep_s FROM devices WHERE device = ?", (rel.dev,)).fetchone()
+        if dev is None:
+            self._x(cur, "INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO NOTHING", (rel.dev,) + mine + (now,))
+            dev = self._x(cur, "SELECT salt, hv, kind, d, w, ep_s FROM devices WHERE device = ?",
+                          (rel.dev,)).fetchone()
+        if tuple(dev) != mine:
+            names = ("salt id", "hash version", "kind", "d", "w", "ep_s")
+            diffs = ["%s %s -> %s" % (n, a, b) for n, a, b in zip(names, dev, mine) if a != b]
+            raise Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
+                           "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+        if seen is not None:
+            seen[rel.dev] = mine
+        return self._insert_release(cur, rel, topic, now)
+
+    def _check_shape(self, cur: Any, rel: Release) -> None:
+        """A device's releases are all tree nodes of one shape (L, win_s) or none is a tree node:
+        otherwise a range query would count the same events twice (code ``device``)."""
+        tree = rel.mode == "tree"
+        shape = (tree, rel.L if tree else 0, rel.win_s if tree else 0)
+        cache = self.__dict__.setdefault("_shapecache", {})
+        if cache.get(rel.dev) == shape:
+            return
+        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? AND ((mode = 'tree') != ? "
+                             "OR (mode = 'tree' AND (L != ? OR win_s != ?))) LIMIT 1",
+                        (rel.dev, tree, rel.L, rel.win_s)).fetchone()
+        if other is not None:
+            raise Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
+                           "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
+                           "query would count events twice; give the reconfigured device a new id"
+                           % (rel.dev, other[0], other[1], other[2], rel.mode, rel.L, rel.win_s))
+        cache[rel.dev] = shape
+
+    def _insert_release(self, cur: Any, rel: Release, topic: Optional[str], now: float) -> str:
+        cur = self._x(cur, "INSERT INTO releases (%s) VALUES (%s) ON CONFLICT (device, elo, ehi, part) DO NOTHING"
+                      % (", ".join(_INSERT_COLS), ", ".join("?" * len(_INSERT_COLS))),
+                      insert_values(rel, topic, now))
+        if cur.rowcount == 0:  # another aggregator stored the key meanwhile (PostgreSQL): classify against it
+            existing = self._classify(cur, rel, now)
+            if existing is not None:
+                return existing
+            raise RuntimeError("release key %r neither inserted nor found" % (rel.key,))
+        return "stored"
+
+    def _classify(self, cur: Any, rel: Release, now: float) -> Optional[str]:
+        row = self._x(cur, "SELECT sha256, seq FROM releases WHERE device = ? AND elo = ? AND ehi = ? AND part = ?",
+                      rel.key).fetchone()
+        if row is None:
+            return None
+        if row[0] == rel.sha256:
+            self._x(cur, "INSERT INTO duplicates (device, elo, ehi, part, received) VALUES (?, ?, ?, ?, ?)",
+                    rel.key + (now,))
+            return "duplicate"
+        raise Rejected("conflict", "release (dev %s, epochs [%d, %d), part %d) is already stored with different "
+                       "bytes (stored seq %d, this seq %d): noise re-drawn or device state reset? "
+                       "the stored one is kept" % (rel.dev, rel.elo, rel.ehi, rel.part, row[1], rel.seq))
+
+    def _apply_rollups(self, cur: Any, accs: dict[tuple[Any, ...], _Acc]) -> None:
+        """Add a group's increments to the roll-ups (sorted: concurrent writers lock rows in one order)."""
+        noise: list[tuple[Any, ...]] = []
+        devs: list[tuple[Any, ...]] = []
+        for key in sorted(accs):
+            acc = accs[key]
+            d, w = key[3], key[4]
+            self._x(cur, "INSERT INTO rollups (win_s, win, kind, d, w, hv, salt, releases, t0, t1, sums) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) "
+                         "ON CONFLICT (win_s, win, kind, d, w, hv, salt) DO NOTHING",
+                    key + (acc.t0, acc.t1, np.zeros(d * w, dtype="<i8").tobytes()))
+            rid, n, t0, t1, blob = self._x(
+                cur, "SELECT id, releases, t0, t1, sums FROM rollups WHERE win_s = ? AND win = ? AND kind = ? "
+                     "AND d = ? AND w = ? AND hv = ? AND salt = ?" + self._for_update, key).fetchone()
+            sums = np.frombuffer(blob, dtype="<i8").reshape(d, w) + acc.sums
+            self._x(cur, "UPDATE rollups SET releases = ?, t0 = ?, t1 = ?, sums = ? WHERE id = ?",
+                    (int(n) + acc.releases, min(int(t0), acc.t0), max(int(t1), acc.t1),
+                     sums.astype("<i8").tobytes(), rid))
+            noise += [(rid, mech, num, den, c) for (mech, num, den), c in sorted(acc.noise.items())]
+            devs += [(rid, dev) for dev in sorted(acc.devices)]
+        if noise:  # one batch each (PostgreSQL: pipelined, one round trip)
+            cur.executemany(self._sql("INSERT INTO rollup_noise (rollup, mech, num, den, count) VALUES (?, ?, ?, ?, ?) "
+                                      "ON CONFLICT (rollup, mech, num, den) DO UPDATE "
+                                      "SET count = rollup_noise.count + excluded.count"), noise)
+        if devs:
+            cur.executemany(self._sql("INSERT INTO rollup_devices (rollup, device) VALUES (?, ?) "
+                                      "ON CONFLICT (rollup, device) DO NOTHING"), devs)
+
+    def _rebuild_rollups(self, cur: Any) -> None:
+        """Recompute every roll-up from the stored releases (one window at a time)."""
+        for t in ("rollup_devices", "rollup_noise", "rollups"):
+            cur.execute("DELETE FROM " + t)
+        wins = self._x(cur, "SELECT DISTINCT win_s, win FROM releases ORDER BY win_s, win").fetchall()
+        cols = _select_cols(self._release_columns(cur))
+        unrolled = False
+        for win_s, win in wins:
+            accs: dict[tuple[Any, ...], _Acc] = {}
+            rows = self._x(cur, "SELECT %s, payload FROM releases WHERE win_s = ? AND win = ?" % cols,
+                           (win_s, win)).fetchall()
+            for row in rows:
+                r = _row_to_release(row, True)
+                key = rollup_key(r)
+                if key is None:
+                    unrolled = True
+                    continue
+                acc = accs.get(key)
+                if acc is None:
+                    acc = accs[key] = _Acc(np.zeros((r.d, r.w), dtype=np.int64))
+                acc.add(r, r.counters())
+            self._apply_rollups(cur, accs)
+        if unrolled:
+            self._mark_unrolled(cur)
+
+    def _release_columns(self, cur: Any) -> Optional[set[str]]:
+        """The releases table's columns (None: all of _COLS; PostgreSQL adds missing ones at open)."""
+        return None
+
+    def _mark_unrolled(self, cur: Any) -> None:
+        """Note that the store holds releases no roll-up sums (dcs, dbits, tree nodes): fleet-wide
+        queries then merge raw releases, so a selection mixing them with cms/cs is reported, not
+        answered from the roll-ups alone."""
+        self._x(cur, "INSERT INTO meta (key, value) VALUES ('unrolled', '1') ON CONFLICT (key) DO NOTHING")
+
+    def has_unrolled(self) -> bool:
+        """Whether any stored release is outside the roll-ups (see :meth:`_mark_unrolled`)."""
+        return self._meta("unrolled") == "1"
+
+    def _meta(self, key: str) -> Optional[str]:
+        raise NotImplementedError
+
+    def put_status(self, device: str, doc: dict[str, Any], received: Optional[float] = None) -> bool:
+        """Keep ``doc`` as ``device``'s latest status (docs/FORMAT.md section 3); True if anything changed.
+
+        ``doc`` is a parsed status object (host_tools/ingest/devstatus.py validates it). A status without
+        ``next_seq`` (the last will ``{"state": "offline"}``) only updates the device's state and keeps
+        the numbers of its last full status; a full status older (by its ``ts``) than the one kept is
+        ignored (a retained copy delivered again, messages crossing), so the numbers never go back.
+        """
+        if self.readonly:
+            raise PermissionError("store opened read-only")
+        import json
+
+        now = time.time() if received is None else received
+        state = str(doc.get("state", "online"))[:32]
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        full = doc.get("next_seq") is not None
+
+        def tx(cur: Any) -> bool:
+            row = self._x(cur, "SELECT ts, doc, state FROM device_status WHERE device = ?", (device,)).fetchone()
+            if not full:
+                if row is None:
+                    self._x(cur, "INSERT INTO device_status (device, received, doc, state, state_received) "
+                                 "VALUES (?, ?, ?, ?, ?)", (device, now, text, state, now))
+                    return True
+                if row[2] == state:
+                    return False
+                self._x(cur, "UPDATE device_status SET state = ?, state_received = ? WHERE device = ?",
+                        (state, now, device))
+                return True
+            ts = doc.get("ts")
+            if row is not None and row[0] is not None and ts is not None and ts < row[0]:
+                return False
+            if row is not None and row[1] == text and row[2] == state:
+                return False
+            vals = tuple(doc.get(k) for k in STATUS_INTS)
+            cols = ("received",) + STATUS_INTS + ("doc", "state", "state_received")
+            self._x(cur, "INSERT INTO device_status (device, %s) VALUES (?, %s) ON CONFLICT (device) DO UPDATE SET %s"
+                    % (", ".join(cols), ", ".join("?" * len(cols)), ", ".join("%s = excluded.%s" % (c, c) for c in cols)),
+                    (device, now) + vals + (text, state, now))
+            return True
+
+        return bool(self._exec_tx(tx))
+
+    # -- reads ---------------------------------------------------------
+    _read_begin = "BEGIN"
+
+    @contextlib.contextmanager
+    def read_tx(self) -> Iterator[None]:
+        """One read snapshot for several reads (roll-ups + boundary releases, metadata + payloads):
+        releases committed meanwhile by an aggregator are either all seen or not at all."""
+        with self._lock:
+            cur = self._cursor()
+            cur.execute(self._read_begin)
+            try:
+                yield
+            finally:
+                try:
+                    cur.execute("COMMIT")
+                except self._db_errors:
+                    pass
+
+    def _q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            cur = self._cursor()
+            cur.execute(self._sql(sql), tuple(args))
+            return [tuple(r) for r in cur.fetchall()]
+
+    def _iter(self, sql: str, args: Iterable[Any] = (), size: int = 64) -> Iterator[tuple[Any, ...]]:
+        """Rows of a query fetched ``size`` at a time (memory O(size) rows)."""
+        with self._lock:
+            cur = self._cursor()
+            cur.execute(self._sql(sql), tuple(args))
+            while True:
+                rows = cur.fetchmany(size)
+                if not rows:
+                    return
+                yield from rows
+
+    def _release_where(self, devices: Optional[Iterable[str]], window: Optional[int], since: Optional[float],
+                       until: Optional[float], win_s: Optional[int] = None) -> tuple[str, list[Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        if devices is not None:
+            devs = list(devices)
+            where.append("device IN (%s)" % ",".join("?" * len(devs)))
+            args += devs
+        if window is not None:
+            where.append("win = ?")
+            args.append(window)
+        if win_s is not None:
+            where.append("win_s = ?")
+            args.append(win_s)
+        if since is not None:
+            where.append("t0 >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("t1 <= ?")
+            args.append(until)
+        return (" WHERE " + " AND ".join(where)) if where else "", args
+
+    def releases(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,
+                 since: Optional[float] = None, until: Optional[float] = None,
+                 with_payload: bool = False, win_s: Optional[int] = None) -> list[StoredRelease]:
+        """Releases filtered by device(s), window id, and [since, until) containment."""
+        where, args = self._release_where(devices, window, since, until, win_s)
+        sql = "SELECT %s%s FROM releases%s ORDER BY device, elo, part" % (
+            self._cols, ", payload" if with_payload else "", where)
+        return [_row_to_release(r, with_payload) for r in self._q(sql, args)]
+
+    def iter_counters(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,
+                      since: Optional[float] = None, until: Optional[float] = None,
+                      win_s: Optional[int] = None) -> Iterator[np.ndarray]:
+        """The counters of :meth:`releases` (same order), one payload in memory at a time."""
+        where, args = self._release_where(devices, window, since, until, win_s)
+        sql = "SELECT %s, payload FROM releases%s ORDER BY device, elo, part" % (self._cols, where)
+        for row in self._iter(sql, args):  # shape from kind, d, w, b (dcs: (b + 1) * d rows; dbits: 1 x d)
+            yield _row_to_release(row, True).counters()
+
+    def has_tree(self) -> bool:
+        """True if any tree-mode release is stored (they are never rolled up)."""
+        return bool(self._q("SELECT 1 FROM releases WHERE mode = 'tree' LIMIT 1"))
+
+    def count_partial(self, since: Optional[float], until: Optional[float],
+                      devices: Optional[Iterable[str]] = None,
+                      windows: Optional[Iterable[tuple[int, int]]] = None) -> int:
+        """Releases that overlap [since, until) without lying inside it (cannot be split).
+        Tree-mode nodes are not counted (host_tools.query.core.cover uses smaller ones).
+
+        ``windows`` ((win_s, win) pairs) restricts the count to those windows.
+        """
+        lo = since if since is not None else -1
+        hi = until if until is not None else 1 << 62
+        # tree nodes are not counted: smaller nodes of the same device cover what a straddling one holds
+        base = ("SELECT COUNT(*) FROM releases WHERE t0 < ? AND t1 > ? AND NOT (t0 >= ? AND t1 <= ?) "
+                "AND mode != 'tree'")
+        args: list[Any] = [hi, lo, lo, hi]
+        if devices is not None:
+            devs = list(devices)
+            base += " AND device IN (%s)" % ",".join("?" * len(devs))
+            args += devs
+        if windows is None:
+            return int(self._q(base, args)[0][0])
+        return sum(int(self._q(base + " AND win = ? AND win_s = ?", args + [win, ws])[0][0])
+                   for ws, win in sorted(set(windows)))
+
+    def release_count(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM releases")[0][0])
+
+    def payload(self, device: str, elo: int, ehi: int, part: int) -> Optional[bytes]:
+        r = self._q("SELECT payload FROM releases WHERE device = ? AND elo = ? AND ehi = ? AND part = ?",
+                    (device, elo, ehi, part))
+        return bytes(r[0][0]) if r else None
+
+    def devices(self) -> list[tuple[Any, ...]]:
+        """(device, salt, hv, kind, d, w, ep_s, first_received) per known device."""
+        return self._q("SELECT device, salt, hv, kind, d, w, ep_s, first_received FROM devices ORDER BY device")
+
+    def rejections(self, limit: Optional[int] = None) -> list[tuple[Any, ...]]:
+        """(id, received, topic, device, code, reason, size, sha256), newest first."""
+        sql = "SELECT id, received, topic, device, code, reason, size, sha256 FROM rejections ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT %d" % int(limit)
+        return self._q(sql)
+
+    def rejection_counts(self) -> list[tuple[str, int, float]]:
+        """(code, count, last received) per rejection code, most frequent first."""
+        return self._q("SELECT code, COUNT(*), MAX(received) FROM rejections GROUP BY code ORDER BY COUNT(*) DESC, code")
+
+    def device_activity(self) -> list[tuple[str, int, float, int]]:
+        """(device, releases, last received, end of its latest epochs) per device with releases."""
+        return self._q("SELECT device, COUNT(*), MAX(received), MAX(t1) FROM releases GROUP BY device ORDER BY device")
+
+    def device_statuses(self) -> dict[str, DeviceStatus]:
+        """The latest status of every device that published one (empty for a database without the table)."""
+        import json
+
+        try:
+            rows = self._q("SELECT device, received, %s, doc, state, state_received FROM device_status"
+                           % ", ".join(STATUS_INTS))
+        except self._db_errors as exc:
+            if "no such table" in str(exc):  # written before devices reported status
+                return {}
+            raise
+        out = {}
+        for r in rows:
+            try:
+                doc = json.loads(r[8])
+            except ValueError:  # pragma: no cover (we wrote it)
+                doc = {}
+            out[r[0]] = DeviceStatus(r[0], r[1], *r[2:8], doc if isinstance(doc, dict) else {}, r[9], r[10])
+        return out
+
+    def rejected_seqs(self) -> dict[str, dict[int, str]]:
+        """Per device, the seqs of releases the host refused and the (last) rejection code of each."""
+        try:
+            rows = self._q("SELECT device, seq, code FROM rejections WHERE seq IS NOT NULL AND device IS NOT NULL "
+                           "ORDER BY id")
+        except self._db_errors as exc:
+            if "no such column" in str(exc):  # a read-only open of a file no new aggregator has opened
+                return {}
+            raise
+        out: dict[str, dict[int, str]] = {}
+        for dev, seq, code in rows:
+            out.setdefault(dev, {})[int(seq)] = code
+        return out
+
+    def rejection_count(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM rejections")[0][0])
+
+    def duplicate_count(self) -> int:
+        return int(self._q("SELECT COUNT(*) FROM duplicates")[0][0])
+
+    def snapshot(self) -> tuple[int, int, int, str]:
+        """(releases, rejections, duplicates, digest of all release keys+hashes): to check 'nothing touched'."""
+        h = hashlib.sha256()
+        for r in self._q("SELECT device, elo, ehi, part, sha256 FROM releases ORDER BY device, elo, ehi, part"):
+            h.update(repr(tuple(r)).encode())
+        for r in self._q("SELECT device, salt, hv, kind, d, w, ep_s FROM devices ORDER BY device"):
+            h.update(repr(tuple(r)).encode())
+        return (self.release_count(), self.rejection_count(), self.duplicate_count(), h.hexdigest())
+
+    # -- roll-up reads ---------------------------------------------------
+    def rollups(self, window: Optional[int] = None) -> list[RollupInfo]:
+        """Roll-up metadata, all or those of one window id."""
+        sql = "SELECT id, win_s, win, kind, d, w, hv, salt, releases, t0, t1 FROM rollups"
+        args: list[Any] = []
+        if window is not None:
+            sql += " WHERE win = ?"
+            args.append(window)
+        sql += " ORDER BY win_s, win, id"
+        return [RollupInfo(int(r[0]), int(r[1]), int(r[2]), r[3], int(r[4]), int(r[5]), int(r[6]), r[7], int(r[8]),
+                           int(r[9]), int(r[10])) for r in self._q(sql, args)]
+
+    def _by_ids(self, sql: str, ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
+        for i in range(0, len(ids), _CHUNK):
+            chunk = list(ids[i:i + _CHUNK])
+            yield from self._iter(sql % ",".join("?" * len(chunk)), chunk)
+
+    def rollup_sums(self, ids: Sequence[int]) -> Iterator[np.ndarray]:
+        """The int64 (d, w) sums of the given roll-ups, one at a time."""
+        for d, w, blob in self._by_ids("SELECT d, w, sums FROM rollups WHERE id IN (%s)", ids):
+            yield np.frombuffer(blob, dtype="<i8").reshape(int(d), int(w))
+
+    def rollup_noise(self, ids: Sequence[int]) -> dict[tuple[str, int, int], int]:
+        """Noise draws per cell summed over the given roll-ups: (mech, num, den) -> count."""
+        out: dict[tuple[str, int, int], int] = {}
+        for mech, num, den, c in self._by_ids("SELECT mech, num, den, count FROM rollup_noise WHERE rollup IN (%s)",
+                                              ids):
+            k = (mech, int(num), int(den))
+            out[k] = out.get(k, 0) + int(c)
+        return out
+
+    def rollup_devices(self, ids: Sequence[int]) -> set[str]:
+        return {r[0] for r in self._by_ids("SELECT DISTINCT device FROM rollup_devices WHERE rollup IN (%s)", ids)}
+
+
+class Store(SQLStore):
+    """The SQLite release database at ``path`` (created if missing unless ``readonly``)."""
+
+    def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
+        self.path = path
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        self._ckpt: Optional[tuple[threading.Event, threading.Thread]] = None
+        self._devcache = {}
+        if readonly:
+            if not os.path.exists(path):
+                raise FileNotFoundError("no database at %s (run `pansketch aggregate` first)" % path)
+        self.timeout = timeout
+        self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA busy_timeout = %d" % int(timeout * 1000))
+        if not readonly:
+            # The switch to WAL takes the write lock while holding a read lock; when several
+            # processes open a fresh file at once SQLite refuses one of them at once with
+            # "database is locked" instead of waiting (no busy handler for a lock upgrade that
+            # could deadlock), so it is retried like a busy BEGIN IMMEDIATE.
+            mode = self._retry_locked(lambda: self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
+            self.db.execute("PRAGMA synchronous = FULL")
+            self._exec_tx(self._init_schema)
+        else:
+            self.db.execute("PRAGMA query_only = 1")
+        self._cols = _select_cols(self._retry_locked(lambda: self._release_columns(self.db)))
+        v = self._retry_locked(lambda: self._meta("schema_version"))
+        if v is not None and int(v) != SCHEMA_VERSION:
+            raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
+        self.has_rollups = self._retry_locked(lambda: self._meta("rollups")) == "1"
+
+    def background_checkpoints(self, interval: float = 0.25) -> None:
+        """Move WAL checkpoints off the commit path (the aggregator's writer).
+
+        By default the connection that commits copies the WAL into the
+        database file whenever the WAL passes 1000 pages, inside COMMIT.
+        Here a thread with its own connection runs a PASSIVE checkpoint every
+        ``interval`` seconds instead (it never blocks writers; the I/O
+        overlaps the next group's validation). Stopped by :meth:`close`.
+        """
+        if self.readonly or self._ckpt is not None:
+            return
+        self.db.execute("PRAGMA wal_autocheckpoint = 0")
+        stop = threading.Event()
+
+        def loop() -> None:
+            con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            try:
+                while not stop.wait(interval):
+                    try:
+                        con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    except sqlite3.Error:
+                        pass  # busy: next round
+                con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            finally:
+                con.close()
+
+        t = threading.Thread(target=loop, name="pansketch-checkpoint", daemon=True)
+        self._ckpt = (stop, t)
+        t.start()
+
+    def _cursor(self) -> sqlite3.Cursor:
+        return self.db.cursor()
+
+    def _begin(self, cur: sqlite3.Cursor) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and _locked(exc)
+
+    def close(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt[0].set()
+            self._ckpt[1].join(30)
+            self._ckpt = None
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def _release_columns(self, cur: Any) -> Optional[set[str]]:
+        cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
+        return cols or None  # no table yet (read-only open of an empty file): nothing to adapt
+
+    def _init_schema(self, cur: sqlite3.Cursor) -> None:
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                cur.execute(stmt)
+        cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
+        for name, decl, _ in _ADDED:  # a database from before releases carried nz, v, lvl, b, map
+            if name not in cols:
+                cur.execute("ALTER TABLE releases ADD COLUMN %s %s" % (name, decl))
+        rcols = {r[1] for r in cur.execute("PRAGMA table_info(rejections)").fetchall()}
+        if "seq" not in rcols:  # before status told lost from rejected releases: attribute the old ones
+            cur.execute("ALTER TABLE rejections ADD COLUMN seq INTEGER")
+            for rid, dev, pl in cur.execute("SELECT id, device, payload FROM rejections "
+                                            "WHERE device IS NOT NULL AND payload IS NOT NULL").fetchall():
+                seq = rejected_seq(pl, dev)
+                if seq is not None:
+                    cur.execute("UPDATE rejections SET seq = ? WHERE id = ?", (seq, rid))
+        cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        if cur.execute("SELECT value FROM meta WHERE key = 'rollups'").fetchone() is None:
+            self._rebuild_rollups(cur)  # a database from before roll-ups (or a new one: nothing to sum)
+            cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+
+    def _meta(self, key: str) -> Optional[str]:
+        try:
+            r = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a read-only open of a file no aggregator has written yet
+                return None
+            raise
+        return r[0] if r else None

@@ -1,0 +1,208 @@
+"""Privacy ledger: the guarantee spent per device and window, and fleet-wide.
+
+Unit of privacy: one event (DESIGN.md). In ``window`` and ``keep`` mode
+every event of a device lands in exactly one accumulator, and each
+accumulator is released exactly once, with internal and output noise at
+the calibrated scale; the release's guarantee covers the event against
+every release plus one intrusion (agent/calibrate.py, DESIGN.md "Release
+modes"). Releases of a device hold disjoint events (epochs, parts of an
+epoch, windows), so by parallel composition:
+
+* per device and window: the guarantee is the largest per-release one
+  among its releases (normally all equal);
+* per device overall: the largest over its windows (not the sum: an
+  event is in one window only);
+* fleet per window: the largest over devices (an event happens on one
+  device).
+
+Reported: eps for discrete Laplace (pure eps-DP); for the discrete
+Gaussian rho (zCDP) and the eps it implies at the configured delta
+(Bun & Steinke 2016 Prop. 1.3, agent.calibrate.zcdp_to_approx_dp). The
+guarantee is recomputed from the noise a release carries
+(agent.calibrate.guarantee of ``nout``), not copied from its ``budget``;
+decode.py has already refused releases where the two disagree. It does
+not depend on ``nz``: the nz - 2 extra internal draws a release may carry
+(re-added after each persist or restart, agent/recorder.py) are fresh
+independent noise that only adds protection, so the guarantee stays the
+one of the calibrated spec.
+
+Queries are post-processing of releases and spend nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Iterable, Optional
+
+from agent import calibrate
+from agent.noise import NoiseSpec
+from host_tools.store.core import StoredRelease
+
+
+@dataclass
+class Guarantee:
+    """Per-event guarantee: eps (dlap) and/or rho (dgauss), and eps at ``delta``."""
+
+    eps: Optional[Fraction] = None  # pure DP part (dlap releases)
+    rho: Optional[Fraction] = None  # zCDP part (dgauss releases)
+    delta: float = 1e-6
+
+    @property
+    def eps_delta(self) -> float:
+        """eps of the (eps, delta)-DP guarantee implied by both parts (their max)."""
+        out = 0.0
+        if self.eps is not None:
+            out = max(out, float(self.eps))
+        if self.rho is not None:
+            out = max(out, calibrate.zcdp_to_approx_dp(float(self.rho), self.delta))
+        return out
+
+    def update(self, other: "Guarantee") -> None:
+        if other.eps is not None and (self.eps is None or other.eps > self.eps):
+            self.eps = other.eps
+        if other.rho is not None and (self.rho is None or other.rho > self.rho):
+            self.rho = other.rho
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.eps is not None:
+            d["eps"] = _frac(self.eps)
+        if self.rho is not None:
+            d["rho"] = _frac(self.rho)
+        d["eps_at_delta"] = round(self.eps_delta, 6)
+        d["delta"] = self.delta if self.rho is not None else 0.0
+        return d
+
+    def text(self) -> str:
+        parts = []
+        if self.eps is not None:
+            parts.append("eps=%s" % _frac(self.eps))
+        if self.rho is not None:
+            parts.append("rho=%s (eps=%.3g at delta=%g)" % (_frac(self.rho), self.eps_delta, self.delta))
+        return ", ".join(parts) or "-"
+
+
+def _frac(f: Fraction) -> str:
+    return str(f.numerator) if f.denominator == 1 else "%d/%d" % (f.numerator, f.denominator)
+
+
+def release_guarantee(r: StoredRelease, delta: float) -> Guarantee:
+    """The per-event guarantee of one release, from the noise it carries."""
+    spec = NoiseSpec(r.mech, r.nout[0], r.nout[1])
+    # kind dbits: one item moves one of the d per-level counts by at most 1 (agent/dbits.py)
+    d = 1 if r.kind == "dbits" else r.d
+    name, (n, dd) = calibrate.guarantee(spec, d, r.clip, r.L)
+    g = Guarantee(delta=delta)
+    if name == "eps":
+        g.eps = Fraction(n, dd)
+    else:
+        g.rho = Fraction(n, dd)
+    return g
+
+
+def union(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted disjoint union of half-open integer ranges."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def gaps(covered: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Sub-ranges of [lo, hi) not in ``covered`` (sorted, disjoint)."""
+    out: list[tuple[int, int]] = []
+    cur = lo
+    for a, b in covered:
+        if b <= cur:
+            continue
+        if a >= hi:
+            break
+        if a > cur:
+            out.append((cur, min(a, hi)))
+        cur = max(cur, b)
+    if cur < hi:
+        out.append((cur, hi))
+    return out
+
+
+@dataclass
+class WindowEntry:
+    device: str
+    win_s: int
+    win: int
+    ep_s: int
+    releases: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # [elo, ehi) of its releases
+    guarantee: Guarantee = field(default_factory=Guarantee)
+
+    @property
+    def covered(self) -> list[tuple[int, int]]:
+        """Union of the releases' epoch ranges, sorted and disjoint."""
+        return union(self.ranges)
+
+    @property
+    def missing(self) -> list[tuple[int, int]]:
+        """Epoch ranges of this window no release covers."""
+        lo = self.t0 // self.ep_s
+        hi = self.t1 // self.ep_s
+        return gaps(self.covered, lo, hi)
+
+    @property
+    def t0(self) -> int:
+        return self.win * self.win_s
+
+    @property
+    def t1(self) -> int:
+        return (self.win + 1) * self.win_s
+
+    @property
+    def epochs_expected(self) -> int:
+        return self.win_s // self.ep_s
+
+
+@dataclass
+class Ledger:
+    delta: float
+    windows: list[WindowEntry]  # sorted by (device, win_s, win)
+
+    def device(self, dev: str) -> Guarantee:
+        g = Guarantee(delta=self.delta)
+        for e in self.windows:
+            if e.device == dev:
+                g.update(e.guarantee)
+        return g
+
+    def fleet_windows(self) -> list[tuple[int, int, int, Guarantee]]:
+        """(win_s, win, number of devices, max guarantee) per window, in time order."""
+        acc: dict[tuple[int, int], tuple[int, Guarantee]] = {}
+        for e in self.windows:
+            k = (e.win_s, e.win)
+            n, g = acc.get(k, (0, Guarantee(delta=self.delta)))
+            g.update(e.guarantee)
+            acc[k] = (n + 1, g)
+        return [(k[0], k[1], n, g) for k, (n, g) in sorted(acc.items(), key=lambda kv: (kv[0][1] * kv[0][0], kv[0][0]))]
+
+    def fleet(self) -> Guarantee:
+        g = Guarantee(delta=self.delta)
+        for e in self.windows:
+            g.update(e.guarantee)
+        return g
+
+
+def build(rels: Iterable[StoredRelease], delta: float = 1e-6) -> Ledger:
+    """The ledger of all given releases (metadata only; no payload needed)."""
+    acc: dict[tuple[str, int, int], WindowEntry] = {}
+    for r in rels:
+        k = (r.device, r.win_s, r.win)
+        e = acc.get(k)
+        if e is None:
+            e = acc[k] = WindowEntry(r.device, r.win_s, r.win, r.ep_s, guarantee=Guarantee(delta=delta))
+        e.releases += 1
+        e.ranges.append((r.elo, r.ehi))
+        e.guarantee.update(release_guarantee(r, delta))
+    return Ledger(delta, [acc[k] for k in sorted(acc)])

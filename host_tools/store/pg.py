@@ -1,0 +1,316 @@
+"""PostgreSQL backend of the release store (``[aggregator] db = "postgresql://..."``, psycopg 3).
+
+The same tables and SQL as the SQLite store (host_tools/store/core.py), with
+PostgreSQL types (BIGINT, BYTEA, DOUBLE PRECISION, BIGSERIAL). Any number
+of aggregators, on any number of hosts, may write to one database; the
+database, not a process, enforces:
+
+* idempotency and conflict detection: the release key (device, elo, ehi,
+  part) is the primary key; an insert is ``ON CONFLICT DO NOTHING``, and a
+  key another aggregator holds is then classified against the committed
+  row (same SHA-256: duplicate; different: conflict, the first is kept).
+  A concurrent insert of the same key waits for the other transaction;
+* per-device parameters: ``devices`` primary key, first writer wins;
+* roll-ups: the row of a (window, group) is created with ``ON CONFLICT DO
+  NOTHING`` and updated under ``SELECT ... FOR UPDATE``, in key order, in
+  the same transaction as the releases it sums;
+* a deadlock or serialisation failure (SQLSTATE 40P01, 40001) rolls the
+  group back and retries it.
+
+Each group commit is one transaction (``synchronous_commit`` as the server
+is configured: on by default, so a commit is durable before the
+aggregator acknowledges). A broken connection is re-opened on the next
+transaction; the writer retries a failed group with backoff and stops
+without acknowledging if the server stays away (what is committed stays).
+Readers (``query``, ``status``) use a read-only session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import hashlib
+import json
+
+import numpy as np
+
+from host_tools.ingest.decode import Rejected
+from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
+                              insert_values, rejected_seq, rollup_key)
+
+_SERIALS = itertools.count()
+
+
+def _pg_types(s: str) -> str:
+    return (s.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+            .replace("INTEGER", "BIGINT").replace("BLOB", "BYTEA").replace("REAL", "DOUBLE PRECISION"))
+
+
+def pg_schema() -> list[str]:
+    """The SQLite DDL of host_tools.store.core in PostgreSQL types, one statement each; then the release
+    columns added since (``_ADDED``: nz, and format v2's v, lvl, b, map) for databases created before."""
+    s = _pg_types(_SCHEMA)
+    return ([x.strip() for x in s.split(";") if x.strip()]
+            + ["ALTER TABLE releases ADD COLUMN IF NOT EXISTS %s %s" % (name, _pg_types(decl))
+               for name, decl, _ in _ADDED])
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password (for messages)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        d = conninfo_to_dict(dsn)
+    except Exception:
+        return dsn.split("@")[-1] if "@" in dsn else dsn
+    return "postgresql://%s@%s:%s/%s" % (d.get("user", ""), d.get("host", "localhost"), d.get("port", 5432),
+                                         d.get("dbname", ""))
+
+
+_PUT_ARGS = ("device text", "elo bigint", "ehi bigint", "part bigint", "seq bigint", "win bigint", "win_s bigint",
+             "ep_s bigint", "t0 bigint", "t1 bigint", "mode text", "kind text", "d bigint", "w bigint", "hv bigint",
+             "salt text", "clip bigint", "mech text", "budget_num bigint", "budget_den bigint", "nint_num bigint",
+             "nint_den bigint", "nout_num bigint", "nout_den bigint", "nz bigint", "L bigint", "sha256 text",
+             "payload bytea", "ctr_off bigint", "topic text", "received double precision", "v bigint",
+             "lvl bigint", "b bigint", "map_num bigint", "map_den bigint", "map_off bigint")
+
+# One release in one round trip: the same checks as SQLStore._insert, in a PL/pgSQL block whose EXCEPTION
+# clause makes it a subtransaction (a savepoint per release: an error rolls back this release alone).
+# Returns 'stored' | 'duplicate' | 'conflict:<stored seq>' | 'device:<stored parameters as JSON>' |
+# 'error:<sqlstate>:<message>'; deadlocks and serialisation failures propagate (the group is retried).
+_PUT_FN = """
+CREATE OR REPLACE FUNCTION pansketch_put(%(args)s) RETURNS text LANGUAGE plpgsql AS $f$
+DECLARE r record; dv record; n bigint;
+BEGIN
+  BEGIN
+    SELECT x.sha256, x.seq INTO r FROM releases x
+     WHERE x.device = a_device AND x.elo = a_elo AND x.ehi = a_ehi AND x.part = a_part;
+    IF NOT FOUND THEN
+      INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received)
+      VALUES (a_device, a_salt, a_hv, a_kind, a_d, a_w, a_ep_s, a_received) ON CONFLICT (device) DO NOTHING;
+      SELECT x.salt, x.hv, x.kind, x.d, x.w, x.ep_s INTO dv FROM devices x WHERE x.device = a_device;
+      IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM (a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) THEN
+        RETURN 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
+      END IF;
+      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device
+         AND ((x.mode = 'tree') <> (a_mode = 'tree') OR (x.mode = 'tree' AND (x.L <> a_L OR x.win_s <> a_win_s)))
+       LIMIT 1;
+      IF FOUND THEN  -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
+        RETURN 'shape:' || json_build_array(dv.mode, dv.L, dv.win_s)::text;
+      END IF;
+      INSERT INTO releases (%(cols)s) VALUES (%(vals)s) ON CONFLICT (device, elo, ehi, part) DO NOTHING;
+      GET DIAGNOSTICS n = ROW_COUNT;
+      IF n = 1 THEN
+        RETURN 'stored';
+      END IF;
+      SELECT x.sha256, x.seq INTO r FROM releases x  -- another aggregator committed the key meanwhile
+       WHERE x.device = a_device AND x.elo = a_elo AND x.ehi = a_ehi AND x.part = a_part;
+    END IF;
+    IF r.sha256 = a_sha256 THEN
+      INSERT INTO duplicates (device, elo, ehi, part, received) VALUES (a_device, a_elo, a_ehi, a_part, a_received);
+      RETURN 'duplicate';
+    END IF;
+    RETURN 'conflict:' || r.seq;
+  EXCEPTION WHEN OTHERS THEN
+    IF SQLSTATE IN ('40P01', '40001', '55P03') THEN
+      RAISE;
+    END IF;
+    RETURN 'error:' || SQLSTATE || ':' || SQLERRM;
+  END;
+END
+$f$
+""" % {"args": ", ".join("a_" + a for a in _PUT_ARGS),
+       "cols": ", ".join(a.split()[0] for a in _PUT_ARGS),
+       "vals": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
+
+
+class PgStore(SQLStore):
+    """The release store in the PostgreSQL database ``dsn``."""
+
+    _for_update = " FOR UPDATE"
+    _read_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+    def __init__(self, dsn: str, readonly: bool = False, timeout: float = 30.0) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise StoreError("[aggregator] db is a PostgreSQL URL but psycopg 3 is not installed "
+                             "(pip install 'psycopg[binary]')")
+        self._psycopg = psycopg
+        self._db_errors = (psycopg.Error,)
+        self.dsn = dsn
+        self.path = redact(dsn)
+        self.readonly = readonly
+        self.timeout = timeout
+        self._lock = threading.RLock()
+        self._devcache = {}
+        self.conn: Any = None
+        self._connect()
+        if not readonly:
+            self._exec_tx(self._init_schema)
+        v = self._meta("schema_version")
+        if v is None:
+            self.close()
+            raise StoreError("no pansketch tables in PostgreSQL database %s (run `pansketch aggregate` first)"
+                             % self.path)
+        if int(v) != SCHEMA_VERSION:
+            self.close()
+            raise StoreError("%s has schema version %s; this pansketch reads %d" % (self.path, v, SCHEMA_VERSION))
+        self.has_rollups = self._meta("rollups") == "1"
+        self._cols = ", ".join(_COLS)
+
+    def _connect(self) -> None:
+        psycopg = self._psycopg
+        try:
+            self.conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, int(self.timeout)),
+                                        application_name="pansketch")
+        except psycopg.Error as exc:
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError("cannot connect to PostgreSQL at %s: %s" % (self.path, msg))
+        if self.readonly:
+            self.conn.execute("SET default_transaction_read_only = on")
+
+    def _cursor(self) -> Any:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self._connect()  # the server came back: a new session
+        return self.conn.cursor()
+
+    def _sql(self, s: str) -> str:
+        return s.replace("?", "%s")
+
+    def _begin(self, cur: Any) -> None:
+        cur.execute("BEGIN")
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) in ("40P01", "40001", "55P03")
+
+    def close(self) -> None:
+        with self._lock:
+            if self.conn is not None:
+                self.conn.close()
+
+    def _init_schema(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(7243310)")  # aggregators starting together create it once
+        for stmt in pg_schema():
+            cur.execute(stmt)
+        # releases are written once and rarely read; counters hardly compress: no pglz on every insert
+        cur.execute("ALTER TABLE releases ALTER COLUMN payload SET STORAGE EXTERNAL")
+        cur.execute("ALTER TABLE rollups ALTER COLUMN sums SET STORAGE EXTERNAL")
+        cur.execute(_PUT_FN)
+        cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
+                    (str(SCHEMA_VERSION),))
+        cur.execute("SELECT value FROM meta WHERE key = 'rollups'")
+        if cur.fetchone() is None:
+            self._rebuild_rollups(cur)
+            cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+
+    def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool,
+               seen: dict[str, tuple[Any, ...]]) -> None:
+        """The group in a few round trips: every release through pansketch_put (pipelined), then the
+        rejections, then the roll-ups."""
+        accs: dict[tuple[Any, ...], _Acc] = {}
+        unrolled = False
+        seen.clear()
+        todo = [p for p in items if p.rel is not None and p.rej is None]
+        for p in items:
+            p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
+        if todo:
+            cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
+                            [_put_args(p) for p in todo], returning=True)
+            results: list[str] = []
+            while True:
+                results.append(cur.fetchone()[0])
+                if not cur.nextset():
+                    break
+            if len(results) != len(todo):
+                raise StoreError("pansketch_put returned %d results for %d releases" % (len(results), len(todo)))
+            for p, res in zip(todo, results):
+                _apply_result(p, res)
+        rej = [p for p in items if p.status == "rejected" and p.rej is not None]
+        if log_rejections and rej:
+            cur.executemany("INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            [(p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),  # type: ignore
+                              hashlib.sha256(p.payload).hexdigest(),
+                              p.payload if len(p.payload) <= p.keep_bytes else None,
+                              rejected_seq(p.payload if len(p.payload) <= p.keep_bytes else None, p.device))
+                             for p in rej])
+        for p in todo:
+            if p.status == "stored" and p.rel is not None:
+                k = rollup_key(p.rel)
+                if k is not None:
+                    acc = accs.get(k)
+                    if acc is None:
+                        acc = accs[k] = _Acc(np.zeros((p.rel.d, p.rel.w), dtype=np.int64))
+                    acc.add(p.rel, p.rel.counters())
+                else:
+                    unrolled = True
+        self._apply_rollups(cur, accs)
+        if unrolled:
+            self._mark_unrolled(cur)
+
+    def _meta(self, key: str) -> Optional[str]:
+        try:
+            r = self._q("SELECT value FROM meta WHERE key = ?", (key,))
+        except self._psycopg.errors.UndefinedTable:
+            return None
+        return r[0][0] if r else None
+
+    def _iter(self, sql: str, args: Iterable[Any] = (), size: int = 64) -> Iterator[tuple[Any, ...]]:
+        """A server-side cursor: rows arrive ``size`` at a time (memory O(size))."""
+        with self._lock:
+            self._cursor()  # reconnect if needed
+            with self.conn.cursor(name="pansketch_%d" % next(_SERIALS), withhold=True) as cur:
+                cur.itersize = size
+                cur.execute(self._sql(sql), tuple(args))
+                while True:
+                    rows = cur.fetchmany(size)
+                    if not rows:
+                        return
+                    yield from rows
+
+    def _q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            cur = self._cursor()
+            cur.execute(self._sql(sql), tuple(args))
+            return [tuple(r) for r in cur.fetchall()]
+
+
+def _put_args(p: Pending) -> tuple[Any, ...]:
+    rel = p.rel
+    assert rel is not None
+    return insert_values(rel, p.topic, p.received)
+
+
+def _apply_result(p: Pending, res: str) -> None:
+    """pansketch_put's answer -> the Pending's status, with SQLStore._insert's messages."""
+    rel = p.rel
+    assert rel is not None
+    kind, _, rest = res.partition(":")
+    if kind in ("stored", "duplicate"):
+        p.status = kind
+    elif kind == "conflict":
+        p.status = "rejected"
+        p.rej = Rejected("conflict", "release (dev %s, epochs [%d, %d), part %d) is already stored with different "
+                         "bytes (stored seq %s, this seq %d): noise re-drawn or device state reset? "
+                         "the stored one is kept" % (rel.dev, rel.elo, rel.ehi, rel.part, rest, rel.seq))
+    elif kind == "device":
+        dev = json.loads(rest)
+        mine = (rel.salt, rel.hv, rel.kind, rel.d, rel.w, rel.ep_s)
+        names = ("salt id", "hash version", "kind", "d", "w", "ep_s")
+        diffs = ["%s %s -> %s" % (n, a, b) for n, a, b in zip(names, dev, mine) if a != b]
+        p.status = "rejected"
+        p.rej = Rejected("device", "device %s changed parameters its earlier releases fixed (%s); "
+                         "give the reconfigured device a new id" % (rel.dev, ", ".join(diffs)))
+    elif kind == "shape":
+        mode, L, win_s = json.loads(rest)
+        p.status = "rejected"
+        p.rej = Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
+                         "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
+                         "query would count events twice; give the reconfigured device a new id"
+                         % (rel.dev, mode, L, win_s, rel.mode, rel.L, rel.win_s))
+    else:
+        p.status = "error"
+        p.error = StoreError("storing release %s seq %d failed: %s" % (rel.dev, rel.seq, rest))

@@ -1,0 +1,287 @@
+"""Prometheus metrics (prometheus_client) for ``pansketch aggregate --metrics-port`` and ``pansketch serve``.
+
+Two sources, both exported by ``aggregate --metrics-port N`` (from its
+own HTTP listener) and the store half by ``serve`` (on ``/metrics``):
+
+* the aggregator process (:class:`AggregatorMetrics`, fed by one
+  :func:`record` call per handled message):
+  ``pansketch_aggregator_messages_total{outcome="stored|duplicate|rejected"}``,
+  ``pansketch_aggregator_rejections_total{code}``,
+  ``pansketch_aggregator_ingest_lag_seconds`` (histogram: receive time minus
+  the end of the release's epochs; a device that was offline shows up here),
+  ``pansketch_aggregator_last_message_timestamp_seconds`` and, once the
+  aggregator keeps one, ``pansketch_aggregator_ack_backlog``
+  (acknowledgements not yet published);
+* the store, read at scrape time (:class:`StoreCollector`; the same for
+  every aggregator sharing the database, so scrape it from one process):
+  ``pansketch_store_releases_total``, ``pansketch_store_duplicates_total``,
+  ``pansketch_store_rejections_total{code}``, ``pansketch_store_size_bytes``
+  (database + WAL), ``pansketch_store_devices``,
+  ``pansketch_device_last_seen_timestamp_seconds{device}`` (last release
+  received), ``pansketch_device_last_epoch_end_timestamp_seconds{device}``,
+  ``pansketch_device_releases_total{device}``, gap counters from
+  ``pansketch status`` (``pansketch_device_missing_releases{device}``,
+  ``pansketch_device_missing_epochs{device}``) and, when status reports
+  them, ``pansketch_device_delivery_releases{device,state="lost|pending|late|rejected"}``
+  plus their fleet sum for pending, ``pansketch_ack_backlog_releases``
+  (releases devices still hold, waiting for a host acknowledgement).
+
+Metric values are counts of releases and times, never event counts or
+estimates: nothing here depends on the data beyond what ``status`` shows.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Optional
+
+# prometheus_client (the ``web`` extra) is imported where it is used, so that importing this
+# module -- the aggregator does, for the :func:`record` hook -- never needs it.
+
+# emitted only once ``status`` reports delivery states (host acknowledgements)
+CONDITIONAL_METRICS = ("pansketch_device_delivery_releases", "pansketch_ack_backlog_releases")
+LAG_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, float("inf"))
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def store_size(path: str) -> int:
+    """Bytes on disk of the SQLite database and its WAL / shared-memory files."""
+    n = 0
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            n += os.path.getsize(path + suffix)
+        except OSError:
+            pass
+    return n
+
+
+class StoreCollector:
+    """Reads the release database at every scrape (read-only)."""
+
+    def __init__(self, db: str, delta: float = 1e-6, with_status: bool = True,
+                 late_grace_s: Optional[float] = None) -> None:
+        self.db = db
+        self.delta = delta
+        self.with_status = with_status
+        self.late_grace_s = late_grace_s
+
+    def describe(self) -> Iterable[Any]:  # no scrape at registration time
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from host_tools.store.core import open_store
+
+        t_start = time.perf_counter()
+        up = GaugeMetricFamily("pansketch_store_up", "1 when the release database could be read")
+        size = GaugeMetricFamily("pansketch_store_size_bytes", "bytes on disk of the database, its WAL and shm")
+        size.add_metric([], store_size(self.db))
+        try:
+            st = open_store(self.db, readonly=True)
+        except Exception:
+            up.add_metric([], 0)
+            yield up
+            yield size
+            return
+        try:
+            out = list(self._collect(st))
+        except Exception:
+            up.add_metric([], 0)
+            out = []
+        else:
+            up.add_metric([], 1)
+        finally:
+            st.close()
+        yield up
+        yield size
+        yield from out
+        dur = GaugeMetricFamily("pansketch_store_scrape_duration_seconds", "time to read the store for this scrape")
+        dur.add_metric([], time.perf_counter() - t_start)
+        yield dur
+
+    def _collect(self, st: Any) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        rel = CounterMetricFamily("pansketch_store_releases", "releases stored (all devices)")
+        rel.add_metric([], st.release_count())
+        yield rel
+        dup = CounterMetricFamily("pansketch_store_duplicates", "duplicate deliveries recognised and ignored")
+        dup.add_metric([], st.duplicate_count())
+        yield dup
+        rej = CounterMetricFamily("pansketch_store_rejections", "messages rejected, by reason code", labels=["code"])
+        for code, n, _last in st.rejection_counts():
+            rej.add_metric([str(code)], n)
+        yield rej
+        act = st.device_activity()
+        ndev = GaugeMetricFamily("pansketch_store_devices", "devices with at least one stored release")
+        ndev.add_metric([], len(act))
+        yield ndev
+        seen = GaugeMetricFamily("pansketch_device_last_seen_timestamp_seconds",
+                                 "unix time the last release of the device was received", labels=["device"])
+        end = GaugeMetricFamily("pansketch_device_last_epoch_end_timestamp_seconds",
+                                "end (unix time) of the latest epoch the device released", labels=["device"])
+        cnt = CounterMetricFamily("pansketch_device_releases", "releases stored per device", labels=["device"])
+        for dev, n, last, t1 in act:
+            seen.add_metric([dev], float(last))
+            end.add_metric([dev], float(t1))
+            cnt.add_metric([dev], n)
+        yield seen
+        yield end
+        yield cnt
+        if self.with_status:
+            yield from self._status(st)
+
+    def _status(self, st: Any) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from host_tools.query import fleetview
+        from host_tools.query import status
+
+        rep = status.report(st, self.delta, windows=0, late_grace_s=self.late_grace_s)
+        miss = GaugeMetricFamily("pansketch_device_missing_releases",
+                                 "sequence numbers between the device's first and last stored release never "
+                                 "received", labels=["device"])
+        mep = GaugeMetricFamily("pansketch_device_missing_epochs",
+                                "epochs between the device's first and last release that no release covers",
+                                labels=["device"])
+        dlv = GaugeMetricFamily("pansketch_device_delivery_releases",
+                                "releases per delivery state (from status: host acknowledgements)",
+                                labels=["device", "state"])
+        backlog: Optional[int] = None
+        for d in rep["devices"]:
+            miss.add_metric([d["device"]], d.get("missing_seq_count", 0) or 0)
+            mep.add_metric([d["device"]], d.get("missing_epoch_count", 0) or 0)
+            for k, v in fleetview.delivery(d).items():
+                if v is not None:
+                    dlv.add_metric([d["device"], k], v)
+                    if k == "pending":
+                        backlog = (backlog or 0) + v
+        yield miss
+        yield mep
+        yield dlv
+        if backlog is not None:
+            b = GaugeMetricFamily("pansketch_ack_backlog_releases",
+                                  "releases the devices still hold, waiting for a host acknowledgement")
+            b.add_metric([], backlog)
+            yield b
+
+
+class AggregatorMetrics:
+    """Process metrics of one aggregator, plus the store collector, in one registry."""
+
+    def __init__(self, db: Optional[str] = None, delta: float = 1e-6) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.messages = Counter("pansketch_aggregator_messages", "messages handled, by outcome", ["outcome"],
+                                registry=r)
+        for o in ("stored", "duplicate", "rejected"):
+            self.messages.labels(o)
+        self.rejections = Counter("pansketch_aggregator_rejections", "messages rejected by this process, by reason",
+                                  ["code"], registry=r)
+        self.lag = Histogram("pansketch_aggregator_ingest_lag_seconds",
+                             "time from the end of a release's epochs to its storage (stored and duplicate)",
+                             buckets=LAG_BUCKETS, registry=r)
+        self.last = Gauge("pansketch_aggregator_last_message_timestamp_seconds",
+                          "unix time of the last message handled", registry=r)
+        self._agg: Optional[Callable[[], Any]] = None
+        self.backlog = Gauge("pansketch_aggregator_ack_backlog",
+                             "acknowledgements this aggregator has not yet published (NaN: not tracked)", registry=r)
+        self.backlog.set_function(self._backlog)
+        if db is not None:
+            r.register(StoreCollector(db, delta))
+        self.server: Any = None
+
+    def _backlog(self) -> float:
+        agg = self._agg() if self._agg is not None else None
+        if agg is None:
+            return float("nan")
+        for name in ("ack_backlog", "acks_pending", "pending_acks"):
+            v = getattr(agg, name, None)
+            if v is None:
+                continue
+            try:
+                v = v() if callable(v) else v
+                return float(len(v) if hasattr(v, "__len__") else v)
+            except Exception:
+                return float("nan")
+        return float("nan")
+
+    def observe(self, agg: Any, status: str, code: Optional[str], t1: Optional[int], now: float) -> None:
+        if self._agg is None or self._agg() is not agg:
+            self._agg = weakref.ref(agg)
+        self.messages.labels(status).inc()
+        if status == "rejected":
+            self.rejections.labels(code or "?").inc()
+        elif t1 is not None:
+            self.lag.observe(max(0.0, now - t1))
+        self.last.set(now)
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
+        """Start the HTTP listener (a daemon thread); returns the bound address."""
+        from prometheus_client import start_http_server
+
+        self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        host, bound = self.server.server_address[:2]
+        return host, bound
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        deactivate(self)
+
+
+_ACTIVE: list[AggregatorMetrics] = []
+_LOCK = threading.Lock()
+
+
+def activate(m: AggregatorMetrics) -> AggregatorMetrics:
+    """Make :func:`record` feed ``m``."""
+    with _LOCK:
+        if m not in _ACTIVE:
+            _ACTIVE.append(m)
+    return m
+
+
+def deactivate(m: AggregatorMetrics) -> None:
+    with _LOCK:
+        if m in _ACTIVE:
+            _ACTIVE.remove(m)
+
+
+def record(agg: Any, status: str, code: Optional[str] = None, t1: Optional[int] = None,
+           now: Optional[float] = None) -> None:
+    """Hook called by the aggregator for every handled message (no-op without an active exporter)."""
+    if not _ACTIVE:
+        return
+    now = time.time() if now is None else now
+    for m in list(_ACTIVE):
+        m.observe(agg, status, code, t1, now)
+
+
+def start_aggregator_exporter(db: str, port: int, addr: str = "127.0.0.1", delta: float = 1e-6) -> AggregatorMetrics:
+    """Registry with process + store metrics, served on addr:port, fed by :func:`record`."""
+    m = AggregatorMetrics(db, delta)
+    m.serve(port, addr)
+    return activate(m)
+
+
+def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] = None) -> Any:
+    """A registry with only the store metrics (what ``serve`` exposes on /metrics)."""
+    from prometheus_client import CollectorRegistry
+
+    r = CollectorRegistry(auto_describe=False)
+    r.register(StoreCollector(db, delta, late_grace_s=late_grace_s))
+    return r

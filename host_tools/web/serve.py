@@ -1,0 +1,126 @@
+"""``pansketch serve``: the read-only dashboard, JSON API and /metrics (host_tools/web) under waitress.
+
+Binds 127.0.0.1 by default. Bound to any other address it refuses to
+start without ``--token``/``--token-file``/``PANSKETCH_TOKEN`` (clients
+then send ``Authorization: Bearer <token>`` or HTTP basic auth with the
+token as password) unless ``--insecure-no-auth`` says otherwise. TLS
+belongs to a reverse proxy in front (docs/HOST.md, "Dashboard").
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+log = logging.getLogger("pansketch.serve")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(app: Any, bind: str = "127.0.0.1", port: int = 8080, threads: int = 4) -> Any:
+    """A waitress server for ``app`` (``.run()`` blocks, ``.close()`` stops); ``port`` 0 picks a free one."""
+    from waitress.server import create_server
+
+    return create_server(app, host=bind, port=port, threads=threads, ident="pansketch",
+                         clear_untrusted_proxy_headers=True, channel_timeout=60)
+
+
+def server_url(server: Any) -> str:
+    host = server.effective_host
+    if ":" in str(host):
+        host = "[%s]" % host
+    return "http://%s:%s/" % (host, server.effective_port)
+
+
+def read_token(args: argparse.Namespace) -> Optional[str]:
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            tok = f.read().strip()
+        if not tok:
+            raise ValueError("%s is empty" % args.token_file)
+        return tok
+    return args.token or os.environ.get("PANSKETCH_TOKEN") or None
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="read-only web dashboard, JSON API and /metrics",
+                              description="Serve the fleet, item-over-time and top-k pages, a JSON API (/api/...) "
+                                          "and Prometheus metrics (/metrics) over the release store, read-only "
+                                          "(GET and HEAD only). TLS: put a reverse proxy in front (docs/HOST.md).")
+    p.add_argument("--config", required=True, metavar="FILE", help="host config TOML")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080; 0 = any free port)")
+    p.add_argument("--token", metavar="T", help="require this bearer token / basic-auth password "
+                                               "(prefer --token-file or PANSKETCH_TOKEN: arguments show in ps)")
+    p.add_argument("--token-file", metavar="FILE", help="read the token from FILE")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="allow a non-loopback --bind without a token (only behind an authenticating proxy)")
+    p.add_argument("--candidates", metavar="FILE", help="default candidate items of the top-k page (one per line)")
+    p.add_argument("--int", dest="as_int", action="store_true", help="items are integers")
+    p.add_argument("--threads", type=int, default=4, help="worker threads (default 4)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from host_tools import hostconfig
+    from host_tools.ingest.aggregator import setup_logging
+
+    try:
+        cfg = hostconfig.load(args.config)
+    except hostconfig.ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return 2
+    try:
+        token = read_token(args)
+    except (OSError, ValueError) as exc:
+        print("pansketch serve: --token-file: %s" % exc, file=sys.stderr)
+        return 2
+    if not is_loopback(args.bind) and token is None and not args.insecure_no_auth:
+        print("pansketch serve: refusing to bind %s without --token/--token-file/PANSKETCH_TOKEN "
+              "(or --insecure-no-auth behind an authenticating proxy)" % args.bind, file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print("pansketch serve: --port must be in [0, 65535]", file=sys.stderr)
+        return 2
+    cands = None
+    if args.candidates:
+        from host_tools.query import core as query
+
+        try:
+            cands = query.read_candidates(args.candidates, args.as_int)
+        except (OSError, ValueError) as exc:
+            print("pansketch serve: --candidates: %s" % exc, file=sys.stderr)
+            return 2
+    try:
+        from host_tools.web.app import Dashboard
+
+        app = Dashboard(cfg, token=token, candidates=cands, candidates_name=args.candidates, int_items=args.as_int)
+        server = make_server(app, args.bind, args.port, max(1, args.threads))
+    except ImportError as exc:
+        print("pansketch serve: %s (pip install 'pansketch[web]')" % exc, file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print("pansketch serve: cannot listen on %s:%d: %s" % (args.bind, args.port, exc), file=sys.stderr)
+        return 1
+    setup_logging(False)
+    logging.getLogger("waitress").setLevel(logging.WARNING)
+    print("pansketch serve: %s (read-only: %s%s)" % (server_url(server), cfg.aggregator.db,
+                                                     "; token required" if token else ""), flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
