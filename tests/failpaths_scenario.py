@@ -45,8 +45,15 @@ _FSYNC = storage._fsync
 WIDE = 1 << 20
 
 
+SAMPLES = []  # (variance num, den, value) of every draw while recording (CPython side of the tests)
+RECORD = [False]
+
+
 def _wide_sample(self, rng):
-    return rng.randbelow(2 * WIDE) - WIDE
+    v = rng.randbelow(2 * WIDE) - WIDE
+    if RECORD[0]:
+        SAMPLES.append((self.num, self.den, v))
+    return v
 
 
 class Injected(Exception):
@@ -184,8 +191,10 @@ def _ram(rec):
 
 
 def items(step, kind, events):
-    if not events:
+    if events is False or events is None:
         return []
+    if events is not True:  # an int: one "target" event at that operation only
+        return ["target"] if step == events else []
     if kind == "dcs":
         out = ["13.5", "13.5"]
         for i in range(step % 3 + 1):
