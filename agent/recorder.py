@@ -343,7 +343,11 @@ class Recorder:
         backwards releases nothing until it passes the open range again.
         """
         if self._unrenamed:
-            self._finish_renames()
+            try:
+                self.outbox.finish(self.seq)  # a committed release whose rename failed
+                self._unrenamed = False
+            except Exception:
+                pass  # retried at the next tick
         if self._pending is not None or self._redraw:
             try:
                 self._ensure_open()
@@ -518,16 +522,6 @@ class Recorder:
         except Exception as exc:
             self.log("release %d committed, but the next accumulator's noise failed (%r); retrying" % (s, exc))
         return True
-
-    def _finish_renames(self):
-        """Rename the .tmp of releases the marker committed (seq below ours) to .cbor."""
-        try:
-            for t in self.outbox.uncommitted():
-                if t < self.seq:
-                    storage.rename(self.outbox.path(t, ".tmp"), self.outbox.path(t))
-            self._unrenamed = False
-        except Exception as exc:
-            self.log("cannot finish the commit of a release (%r); retrying" % (exc,))
 
 
 def make_recorder(params, root, now, rng=None, log=None, outbox_max=0):
