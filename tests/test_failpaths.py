@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -273,7 +272,7 @@ DBITS = {"device": "dev-f", "salt": "fleet-salt-1", "kind": "dbits", "d": 6, "w"
 
 def _dbits_run(root: Path, first: list[str], fail_at: int, exc: str) -> tuple[list[int], dict[int, bytes]]:
     from agent.params import Params
-    from agent.recorder import make
+    from agent.recorders import make
 
     fl = fs.Flash(fail_at, exc)
     fl.install()
@@ -324,7 +323,7 @@ def _dbits_stages(root: Path, xs: list[str]) -> list[tuple[int, str, str]]:
     fl.install()
     try:
         from agent.params import Params
-        from agent.recorder import make
+        from agent.recorders import make
 
         rec = make(Params(DBITS), str(root), fs.T0, rng=_Streams(), log=lambda m: None)
         for x in xs:
@@ -408,7 +407,7 @@ def test_tree_boot_after_a_flush_never_reuses_a_release_key(tmp_path: Path, sche
     releases (e+1, e+2, part 0); power cut before the next persist. Boot reads the older
     state (level 0 at e, released) and must not pick (e+1, e+2, part 0) again."""
     from agent.params import Params
-    from agent.recorder import make
+    from agent.recorders import make
     from agent.rng import DeterministicSource, Rng
 
     cfg = cfg_for("cms", "tree", scheme)
@@ -442,7 +441,7 @@ def test_failed_commit_adds_one_draw_and_nz_counts_it(tmp_path: Path) -> None:
 
     from agent import storage
     from agent.params import Params
-    from agent.recorder import make
+    from agent.recorders import make
     from agent.rng import DeterministicSource, Rng
 
     for scheme in ("refresh", "shadow"):

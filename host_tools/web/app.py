@@ -17,7 +17,13 @@ Read-only by construction:
 
 With a token (``pansketch serve --token``) every path, /metrics and the
 static files included, needs ``Authorization: Bearer <token>`` or HTTP
-basic auth with the token as password (any user name).
+basic auth with the token as password (any user name). Without a token,
+a request whose ``Host`` header names anything but the addresses the
+server is meant to be reached at (``allowed_hosts``: for a loopback bind
+localhost, 127.0.0.1 and [::1]; otherwise the bind address and the names
+given with ``--allow-host``) is refused with 421: a DNS-rebinding page
+(``http://evil.example:8080/`` resolved to 127.0.0.1) cannot read the
+dashboard through the visitor's browser.
 """
 
 from __future__ import annotations
@@ -35,12 +41,15 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
 from host_tools.query import fleetview
-from host_tools.web import metrics
+from host_tools import metrics
 from host_tools.query import core as query
+from host_tools.query import kinds as query_kinds
 from host_tools.query import series
 from host_tools.hostconfig import HostConfig
 from host_tools.query.core import QueryError, iso
-from host_tools.store.core import SQLStore as Store, open_store
+from host_tools.store.core import SQLStore as Store
+from host_tools.store.backend import open_store
+from host_tools.web.errors import BadRequest
 from host_tools.web.kinds import KindPages
 
 log = logging.getLogger("pansketch.serve")
@@ -58,10 +67,6 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-
-
-class BadRequest(Exception):
-    pass
 
 
 class Params:
@@ -178,13 +183,45 @@ def _pct(c: float) -> str:
     return ("%d%%" % p) if abs(p - round(p)) < 1e-9 else ("%.1f%%" % p)
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def host_name(host: str) -> str:
+    """``Host`` header -> the name without the port, lower case (``[::1]:8080`` -> ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def allowed_hosts_for(bind: str, extra: Any = ()) -> list[str]:
+    """The Host names to accept without a token for a server bound to ``bind``."""
+    import ipaddress
+
+    names = [bind.lower()]
+    try:
+        ip = ipaddress.ip_address(bind.strip("[]"))
+        if ip.version == 6:
+            names.append("[%s]" % ip.compressed)
+        loop = ip.is_loopback
+    except ValueError:
+        loop = bind == "localhost"
+    if loop:
+        names += list(LOOPBACK_HOSTS)
+    return names + [h.lower() for h in extra]
+
+
 class Dashboard(KindPages):
     """WSGI app over the store of ``cfg``; see the module docstring."""
 
     def __init__(self, cfg: HostConfig, token: Optional[str] = None, candidates: Optional[list[Any]] = None,
-                 candidates_name: Optional[str] = None, int_items: bool = False) -> None:
+                 candidates_name: Optional[str] = None, int_items: bool = False,
+                 allowed_hosts: Optional[Any] = None) -> None:
         import jinja2
 
+        # without a token: the Host names a request may carry (None: the loopback names)
+        self.allowed_hosts = frozenset(h.lower() for h in (allowed_hosts if allowed_hosts is not None
+                                                            else LOOPBACK_HOSTS))
         self.cfg = cfg
         self.db = cfg.aggregator.db
         self.salt = cfg.fleet.salt
@@ -199,11 +236,14 @@ class Dashboard(KindPages):
         self.env.filters.update(num=_num, iso=iso, pct=_pct)
         self.registry: Any = None
         self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
-            "/": self.page_fleet, "/item": self.page_item, "/topk": self.page_topk,
-            "/api/status": self.api_status, "/api/series": self.api_series, "/api/topk": self.api_topk,
-            "/api/freq": self.api_freq, "/metrics": self.metrics, "/healthz": self.healthz,
+            "/": self.page_fleet, "/api/status": self.api_status, "/metrics": self.metrics, "/healthz": self.healthz,
         }
-        self.routes.update(self.kind_routes())
+        for kind in query_kinds.KINDS:  # each query kind's page and JSON endpoint (host_tools.query.kinds)
+            for path in (kind.page, kind.api):
+                if path:
+                    self.routes[path] = getattr(self, kind.handler(path))
+        self.env.globals["nav"] = [{"href": k.page, "label": k.nav[0], "title": k.nav[1], "hint": k.hint}
+                                   for k in query_kinds.KINDS if k.page and k.nav]
 
     # -- WSGI ------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -212,6 +252,11 @@ class Dashboard(KindPages):
             return self._send(start_response, method, "405 Method Not Allowed",
                               [("Allow", "GET, HEAD"), ("Content-Type", "text/plain; charset=utf-8")],
                               b"read-only: only GET and HEAD are served\n")
+        if self.token is None and not self._host_allowed(environ.get("HTTP_HOST")):
+            return self._send(start_response, method, "421 Misdirected Request",
+                              [("Content-Type", "text/plain; charset=utf-8")],
+                              b"unexpected Host header (this server answers only to its own address; "
+                              b"see pansketch serve --allow-host)\n")
         if self.token is not None and not self._authorized(environ.get("HTTP_AUTHORIZATION", "")):
             return self._send(start_response, method, "401 Unauthorized",
                               [("WWW-Authenticate", 'Basic realm="pansketch", charset="UTF-8"'),
@@ -249,6 +294,13 @@ class Dashboard(KindPages):
             h.append(("Content-Security-Policy", CSP))
         start_response(status, h)
         return [b""] if method == "HEAD" else [body]
+
+    def _host_allowed(self, host: Optional[str]) -> bool:
+        """The Host header without its port is one of :attr:`allowed_hosts` (no header: allowed; browsers
+        always send one, so a rebinding page cannot leave it out)."""
+        if host is None:
+            return True
+        return host_name(host) in self.allowed_hosts
 
     def _authorized(self, header: str) -> bool:
         assert self.token is not None
@@ -317,7 +369,9 @@ class Dashboard(KindPages):
         return self.salt
 
     def _devices(self, st: Store) -> list[str]:
-        return [r[0] for r in st.device_activity()]
+        """Devices the item and top-k pages can answer: kinds with item counts (cs, cms), with releases."""
+        point = {r[0] for r in st.devices() if r[3] in query.POINT_KINDS}
+        return [r[0] for r in st.device_activity() if r[0] in point]
 
     def _selection(self, p: Params) -> dict[str, Any]:
         window = p.int("window", None, 0, 1 << 40)
@@ -371,7 +425,7 @@ class Dashboard(KindPages):
 
     @staticmethod
     def _chart(s: series.Series) -> dict[str, Any]:
-        xs = [(p.t0 + p.t1) / 2 for p in s.lines[0].points] if s.lines else []
+        xs = [p.t0 for p in s.lines[0].points] if s.lines else []  # bucket starts, as the table says
         lines = []
         for i, ln in enumerate(s.lines):
             est, lo, hi, zero = [], [], [], []
@@ -379,8 +433,8 @@ class Dashboard(KindPages):
                 a = p.answer
                 fin = a is not None and math.isfinite(a.lo) and math.isfinite(a.hi)
                 est.append(a.estimate if a is not None else None)
-                lo.append(a.lo if fin else None)
-                hi.append(a.hi if fin else None)
+                lo.append(a.lo if a is not None and fin else None)
+                hi.append(a.hi if a is not None and fin else None)
                 zero.append(a.estimate if a is not None and p.includes_zero else None)
             lines.append({"label": ln.label, "color": PALETTE[i % len(PALETTE)], "est": est, "lo": lo, "hi": hi,
                           "zero": zero})
@@ -391,7 +445,9 @@ class Dashboard(KindPages):
         try:
             with self._store() as st:
                 known = self._devices(st)
-        except FileNotFoundError as exc:
+                if not known:  # nothing this page can draw: say what the store holds (not a 404)
+                    query.pick_devices(st, query.POINT_KINDS)
+        except (FileNotFoundError, QueryError) as exc:
             return self._html("empty.html", title="item", message=str(exc))
         s, form = self._series(p)
         rows = []
@@ -422,7 +478,7 @@ class Dashboard(KindPages):
     def _candidates(self, p: Params, as_int: bool) -> tuple[Optional[list[Any]], str]:
         block = "\n".join(p.all("candidates"))
         if block:
-            cands = []
+            cands: list[int | str] = []
             for line in block.splitlines():
                 x = line.split("\t", 1)[0].strip()
                 if not x:
