@@ -97,6 +97,8 @@ class Selection:
     tree_nodes: int = 0  # tree-mode nodes used (all their parts are in the merge)
     tree_skipped: int = 0  # tree-mode releases inside the range not needed by the cover
     missing_epochs: int = 0  # epochs of tree-mode devices inside their covered span with no node
+    tree_used: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # per tree device: its cover
+    tree_facts: dict[str, Any] = field(default_factory=dict)  # host_tools.query.treels.apply's report
 
     def describe(self) -> str:
         if self.window is not None:
@@ -163,6 +165,7 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
         lo = min(r.elo for r in rs)
         hi = max(r.ehi for r in rs)
         used, missing = cover(nodes, lo, hi)
+        sel.tree_used[dev] = used
         n = 0
         for k in used:
             out.extend(nodes[k])
@@ -175,7 +178,8 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
 
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
-                  salt: Optional[str] = None, use_rollups: bool = True) -> tuple[Merged, Selection]:
+                  salt: Optional[str] = None, use_rollups: bool = True,
+                  consistent: bool = True) -> tuple[Merged, Selection]:
     """Merge the selected releases; raises QueryError with the reason.
 
     Fleet-wide selections (no ``device``) are answered from the per-window
@@ -198,7 +202,7 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         if use_rollups and sel.devices is None and store.has_rollups and not store.has_unrolled():
             m = _from_rollups(store, sel)
         if m is None:
-            m = _from_releases(store, sel)
+            m = _from_releases(store, sel, consistent)
     if salt is not None and hashing.salt_id(salt) != m.salt:
         raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
                          % (hashing.salt_id(salt), m.salt))
@@ -211,8 +215,9 @@ def _window_lengths(window: int, lens: set[int]) -> None:
                          "query a time range (--since/--until) or one device" % (window, sorted(lens)))
 
 
-def _from_releases(store: SQLStore, sel: Selection) -> Merged:
-    """Merge the raw releases of the selection (streaming)."""
+def _from_releases(store: SQLStore, sel: Selection, consistent: bool = True) -> Merged:
+    """Merge the raw releases of the selection (streaming); tree-mode covers from least-squares
+    consistent nodes unless ``consistent`` is False (host_tools.query.treels)."""
     window, since, until = sel.window, sel.since, sel.until
     every = store.releases(devices=sel.devices, window=window, since=since, until=until)
     if since is not None or until is not None:
@@ -231,9 +236,20 @@ def _from_releases(store: SQLStore, sel: Selection) -> Merged:
                 yield c
 
     try:
-        return merge(rels, counters())
+        m = merge(rels, counters())
     except MergeError as exc:
         raise QueryError(str(exc))
+    if sel.tree_used and consistent:
+        from host_tools.query import treels
+
+        keys: dict[str, set[tuple[int, int]]] = {}
+        ep_s: dict[str, int] = {}
+        for dev in sel.tree_used:
+            trs = [r for r in store.releases(devices=[dev]) if r.mode == "tree"]
+            keys[dev] = {(r.elo, r.ehi) for r in trs}
+            ep_s[dev] = trs[0].ep_s
+        sel.tree_facts = treels.apply(store, m, sel.tree_used, keys, ep_s)
+    return m
 
 
 def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
@@ -354,7 +370,7 @@ def _hash(items: Sequence[Any], salt: str, d: int, w: int) -> tuple[np.ndarray, 
 def _tree_extra(sel: Selection) -> dict[str, Any]:
     if not (sel.tree_nodes or sel.missing_epochs):
         return {}
-    return {"tree_nodes": sel.tree_nodes, "tree_missing_epochs": sel.missing_epochs}
+    return {"tree_nodes": sel.tree_nodes, "tree_missing_epochs": sel.missing_epochs, **sel.tree_facts}
 
 
 def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, rule: estimators.IntervalRule,
@@ -378,9 +394,10 @@ def _point_kind(m: Merged) -> None:
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True) -> list[Answer]:
-    """Estimated frequency of each item (in order) over the selection, with intervals."""
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+         use_rollups: bool = True, consistent: bool = True) -> list[Answer]:
+    """Estimated frequency of each item (in order) over the selection, with intervals
+    (tree-mode nodes made consistent first unless ``consistent`` is False)."""
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, consistent)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
@@ -454,6 +471,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                   "(.png, .svg or .pdf; needs matplotlib)")
     p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
                    help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
+    p.add_argument("--no-consistency", dest="consistent", action="store_false",
+                   help="tree-mode devices: sum the raw cover nodes (default: least-squares consistent nodes)")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -530,7 +549,8 @@ def main(args: argparse.Namespace) -> int:
         if args.qtype == "freq":
             items = [_item(x, args.as_int, "ITEM") for x in args.items]
             answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups,
+                           consistent=args.consistent)
         else:
             cands = read_candidates(args.candidates, args.as_int)
             answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,
