@@ -46,7 +46,7 @@ import numpy as np
 
 from agent import hashing
 from host_tools.query import dyadic_cli
-from host_tools.query import estimators
+from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
 from host_tools.store.core import RollupInfo, SQLStore, StoredRelease, open_store
 
@@ -374,14 +374,17 @@ def _tree_extra(sel: Selection) -> dict[str, Any]:
 
 
 def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, rule: estimators.IntervalRule,
-             idx: Iterable[int], ranked: bool) -> list[Answer]:
+             idx: Iterable[int], ranked: bool,
+             bounds: Optional[tuple[np.ndarray, np.ndarray, str]] = None) -> list[Answer]:
     out = []
     for rank, i in enumerate(idx, 1):
         e = float(est[i])
-        out.append(Answer(item=items[i], estimate=e, lo=e - rule.below, hi=e + rule.above,
+        lo, hi = (e - rule.below, e + rule.above) if bounds is None else (float(bounds[0][i]), float(bounds[1][i]))
+        out.append(Answer(item=items[i], estimate=e, lo=lo, hi=hi,
                           confidence=rule.confidence, window=sel.window, since=m.t0, until=m.t1,
                           devices=m.devices, releases=m.releases, kind=m.kind, noise_sd=rule.noise_sd,
-                          method=rule.method, offset=rule.offset, rank=rank if ranked else None,
+                          method=rule.method if bounds is None else bounds[2], offset=rule.offset,
+                          rank=rank if ranked else None,
                           partial_excluded=sel.partial, noise_draws=m.noise_draws, extra=_tree_extra(sel)))
     return out
 
@@ -409,9 +412,12 @@ def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[i
 def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True) -> list[Answer]:
+         use_rollups: bool = True, refit: bool = True) -> list[Answer]:
     """The k candidates with the largest estimates, best first, with intervals.
 
+    CountSketch: the leading candidates are re-estimated by a least-squares refit
+    (host_tools.query.ranking; ``refit=False`` ranks by the medians); each interval
+    is the calibrated one of the median, extended to contain the refit value.
     Intervals are per item (each covers its own count at ``confidence``),
     not simultaneous over the k items.
     """
@@ -426,9 +432,17 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
     est = estimators.point_estimates(m.counters, cols, signs, m.kind)
     rule = estimators.interval_rule(m, confidence)
     k = min(k, len(cands))
+    bounds = None
+    fit = ranking.refit(m.counters, cols, signs, est, k) if refit and m.kind == "cs" else None
+    if fit is not None:
+        S, f = fit
+        lo, hi = est - rule.below, est + rule.above
+        est = est.copy()
+        est[S] = f
+        bounds = (np.minimum(lo, est), np.maximum(hi, est), rule.method + "+ls-refit")
     part = np.argpartition(-est, k - 1)[:k]
     order = part[np.lexsort((part, -est[part]))]  # by estimate desc, ties by candidate order
-    return _answers(m, sel, cands, est, rule, [int(i) for i in order], True)
+    return _answers(m, sel, cands, est, rule, [int(i) for i in order], True, bounds)
 
 
 def read_candidates(path: str, as_int: bool = False) -> list[Any]:
