@@ -11,9 +11,13 @@ bytearray (level k, bucket j = bit (k*m + j) % 8 of byte (k*m + j) // 8).
   ``salt prefix + "/dbits"``, two rows): row 0's 30-bit value v gives the
   level k = min(trailing zeros of v, K - 1) (P = 2^-(k+1), the last level
   takes the rest); row 1's value mod m gives the bucket j. The bit (k, j)
-  is re-drawn from Bern(1/2 + eps/4) (eps = the budget, <= 2; exact rational
+  is re-drawn from Bern(1/2 + eps/4) (eps = the budget; exact rational
   draw). Repeats of x re-draw the same bit, so the state depends on x only
-  through whether x appeared: ratio (1/2 + eps/4)/(1/2) = 1 + eps/2 <= e^eps.
+  through whether x appeared. The likelihood ratios of a bit, present vs
+  absent, are 1 + eps/2 (a 1) and 1 - eps/2 (a 0), so the reverse ratio
+  2/(2 - eps) is the binding one: eps-DP in both directions needs
+  2/(2 - eps) <= e^eps, i.e. eps <= 1.5936 (agent.params.dbits_eps_ok,
+  checked exactly in integers; Params refuses larger budgets).
 * Release: per level the count of one-bits plus fresh discrete Laplace noise
   of scale 1/eps (an item arriving after an intrusion changes one count by
   at most 1), K int32 counters. Fixed size, clock timing, outbox commit
@@ -30,6 +34,7 @@ Host estimator: host_tools/query/distinct.py.
 
 from agent import hashing
 from agent.noise import add_noise
+from agent.params import DBITS_EPS_MAX, dbits_eps_ok
 from agent.recorder import Recorder
 from agent.sketch import new_counters
 from agent import storage
@@ -61,6 +66,8 @@ class DensityBits:
         self.d = levels
         self.w = m
         self.prefix = dbits_prefix(prefix)
+        if not dbits_eps_ok(eps[0], eps[1]):
+            raise ValueError("dbits needs eps <= %s (eps-DP both ways)" % DBITS_EPS_MAX)
         # Bern(1/2 + eps/4) = (2 den + num) / (4 den)
         self.p_num = 2 * eps[1] + eps[0]
         self.p_den = 4 * eps[1]
@@ -117,6 +124,25 @@ class DistinctRecorder(Recorder):
         self.part = part
         self.nz = 1
         self._pending = None
+        self._redraw = False
+
+    def _renoise(self):
+        """A failed commit counts as written (docs/PRIVACY.md "Failed commits"):
+        the .tmp (this epoch's counts + Z_out) may be on flash, so the bits
+        start afresh from Bern(1/2) before the next item, as after a restart
+        (the items before are lost for the distinct count). Counting waits
+        until the draw is complete."""
+        self._redraw = True
+        b = self.counters
+        for i in range(len(b)):
+            b[i] = 0
+        rng = self.rng
+        try:
+            for i in range(len(b)):
+                b[i] = rng.randbits(8)
+        finally:
+            rng.wipe()
+        self._redraw = False
 
     def _refresh(self):
         raise RuntimeError("dbits never resumes a persisted state")
@@ -125,7 +151,7 @@ class DistinctRecorder(Recorder):
         """Nothing is written (see the module docstring); the clock is noted."""
         if now is not None:
             self.last_persist = now
-        return self._pending is None
+        return self._pending is None and not self._redraw
 
     def _stage_release(self, rel):
         sk = self.sketch
@@ -148,7 +174,7 @@ class DistinctRecorder(Recorder):
             b[i] = b[i] & (0xFF ^ mask)
 
     def add(self, item, weight=1):
-        if self._pending is not None:
+        if self._pending is not None or self._redraw:
             self._ensure_open()
         if weight >= 1:
             self._arrive(self.sketch.position(item))
@@ -157,7 +183,7 @@ class DistinctRecorder(Recorder):
         """Each distinct item of the batch re-draws its bit once (a re-draw of a
         re-draw has the same distribution). ``adder`` (the daemon's numpy path
         for cms/cs) does not apply."""
-        if self._pending is not None:
+        if self._pending is not None or self._redraw:
             self._ensure_open()
         seen = {}
         i = 0

@@ -23,6 +23,34 @@ class ParamError(ValueError):
         self.key = key
 
 
+DBITS_EPS_MAX = "1.5936"  # the root of eps + ln(1 - eps/2) = 0 is 1.59362...: refused just above
+
+
+def dbits_eps_ok(num, den):
+    """Whether eps = num/den > 0 makes dbits' randomized response eps-DP in both directions.
+
+    A bit is Bern(1/2) when its item is absent and Bern(p), p = 1/2 + eps/4,
+    when present (agent/dbits.py). The four likelihood ratios are 2p and
+    1/(2p) (bit 1), 2(1 - p) and 1/(2(1 - p)) (bit 0); the largest is
+    1/(2(1 - p)) = 2/(2 - eps), so the condition is 2/(2 - eps) <= e^eps
+    (true for eps <= 1.59362..., false above; 1 + eps/2 <= e^eps always).
+    Decided exactly in integers (no floats: the same answer on every VM): the
+    Taylor sum S of e^eps to 40 terms is below e^eps, so S * (2 - eps) >= 2
+    is sufficient; it misses only eps within ~1e-40 of the root.
+    """
+    if num <= 0 or den <= 0 or num >= 2 * den:
+        return False
+    n = 40
+    # S * den^n * n! = sum_k num^k den^(n-k) n!/k!, built from k = n down
+    t = 0
+    f = 1  # n!/k!
+    for k in range(n, -1, -1):
+        t += num ** k * den ** (n - k) * f
+        f *= k if k else 1
+    # f is now n!; S * (2 - eps) >= 2  <=>  t * (2 den - num) >= 2 den * den^n * n!
+    return t * (2 * den - num) >= 2 * den * den ** n * f
+
+
 def _int(cfg, key, default, lo, hi):
     v = cfg.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -134,15 +162,17 @@ class Params:
         self.arrays = calibrate.arrays_touched(self.mode, self.levels) * self.dcs_levels
         if self.kind == "dbits":
             # agent/dbits.py: d levels of w bits; the release is d counts with dlap(1/eps) noise (one
-            # item moves one count by at most 1); the bits' bias eps/4 needs eps <= 2
+            # item moves one count by at most 1); the bits' bias eps/4 is eps-DP both ways only up
+            # to eps ~ 1.5936 (dbits_eps_ok)
             if self.d > 30:
                 raise ParamError("d", "kind 'dbits' has at most 30 levels")
             if self.w % 8 or self.w < 8:
                 raise ParamError("w", "kind 'dbits' needs w (bits per level) a multiple of 8")
             if self.mechanism != "dlap":
                 raise ParamError("mechanism", "kind 'dbits' is eps-DP: use mechanism = 'dlap' (budget = eps)")
-            if self.budget[0] > 2 * self.budget[1]:
-                raise ParamError("budget", "kind 'dbits' needs eps <= 2 (bits are Bern(1/2 + eps/4))")
+            if not dbits_eps_ok(self.budget[0], self.budget[1]):
+                raise ParamError("budget", "kind 'dbits' needs eps <= %s (bits are Bern(1/2 + eps/4): eps-DP "
+                                 "both ways only while 2/(2 - eps) <= e^eps)" % DBITS_EPS_MAX)
             if self.clip != 1:
                 raise ParamError("clip", "kind 'dbits' counts presence: clip must be 1")
             self.cells = self.d

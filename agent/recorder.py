@@ -105,6 +105,8 @@ class Recorder:
         self._fps = (params.fingerprint(False), params.fingerprint(True))  # state.bin id per persist scheme
         self._fp = self._fps[1 if params.shadow else 0]
         self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
+        self._redraw = False  # a commit failed: the accumulator needs a fresh draw before it counts again
+        self._unrenamed = False  # a committed release's rename failed: finish it at the next tick
         self.nz = 0
         self.nzm = 0
         self.sh = params.shadow
@@ -265,6 +267,7 @@ class Recorder:
         self.nz = 1
         self.nzm = 1
         self._pending = None
+        self._redraw = False  # a new accumulator: no stale copy of it exists
 
     def _drop_shadow(self):
         zero(self.shadow)
@@ -273,6 +276,22 @@ class Recorder:
     def _ensure_open(self):
         if self._pending is not None:
             self._open(self._pending[0], self._pending[1])
+        if self._redraw:
+            self._renoise()
+
+    def _renoise(self):
+        """After a failed commit (its .tmp counts as written: state + Z_out may
+        be on flash): one fresh internal draw Y into the accumulator before it
+        counts again, so the next release and the stale .tmp differ by events
+        plus Y (docs/PRIVACY.md "Failed commits"). Under shadow Y also goes
+        into M, so R - M, the flash track, is unchanged. nz grows by one."""
+        self._fresh()
+        if self.sh:
+            add_staged(self.relbuf, self.counters, self.shadow)
+            self.nz += 1
+        else:
+            self._add_fresh()
+        self._redraw = False
 
     def redate(self, elo, ehi, part, now=None):
         """Re-label the open accumulator's epoch range [elo, ehi) and persist.
@@ -292,7 +311,7 @@ class Recorder:
 
     # -- events --------------------------------------------------------
     def add(self, item, weight=1):
-        if self._pending is not None:
+        if self._pending is not None or self._redraw:
             self._ensure_open()
         self.sketch.update(item, weight)
 
@@ -300,7 +319,7 @@ class Recorder:
         """Add a batch; ``adder(sketch, items, weights)`` may replace
         ``Sketch.update_many`` with an equal but faster path (the Pi
         daemon's numpy one, agent/batch.py)."""
-        if self._pending is not None:
+        if self._pending is not None or self._redraw:
             self._ensure_open()
         if adder is None or self.p.kind == "dcs":  # the numpy path knows cms/cs rows only
             self.sketch.update_many(items, weights)
@@ -314,7 +333,9 @@ class Recorder:
         Returns the number of releases committed (0 or 1). A clock that goes
         backwards releases nothing until it passes the open range again.
         """
-        if self._pending is not None:
+        if self._unrenamed:
+            self._finish_renames()
+        if self._pending is not None or self._redraw:
             try:
                 self._ensure_open()
             except Exception as exc:  # MemoryError, NoEntropyError: retry next tick
@@ -347,52 +368,70 @@ class Recorder:
         (its ``nz`` field). shadow: write S = R - M, then add a fresh G to
         M; the accumulator R is untouched. In both, the fresh draw is made
         *before* the write, so a failed draw leaves flash as it was.
+
+        A write that was attempted counts as written (docs/PRIVACY.md "Failed
+        writes"): whatever ended it (ENOSPC, EIO, MemoryError, ...), some of
+        its bytes may be on flash, so the draw is added exactly as after a
+        good write. Returns True if the file was written; a failure is logged
+        (an Exception) or re-raised after the bookkeeping (anything else).
         """
-        if self._pending is not None:
-            return False  # nothing of the released array may be persisted
+        if self._pending is not None or self._redraw:
+            return False  # released data, or a copy not yet re-noised after a failed commit
         try:
             self._fresh()
         except Exception as exc:
             self.log("cannot draw noise (%r); state not persisted" % (exc,))
             return False
+        if now is not None:
+            self.last_persist = now  # an attempt is a persist: a full flash is retried after persist_s
         if self.sh:
             return self._persist_shadow(now)
+        err = None
         try:
             storage.write_state(self.state_path, self._fps[0], self.seq, self.elo, self.ehi, self.part, self.nz,
                                 self.counters)
-        except OSError as exc:
-            self._wipe()  # the unused draw must not stay beside the state
-            self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
-            return False
-        self._add_fresh()
-        if now is not None:
-            self.last_persist = now
-        return True
+        except BaseException as exc:
+            err = exc
+        self._add_fresh()  # written or maybe partly written: the copy on flash must not equal RAM
+        return self._failed(err, "cannot persist state (%r); counting continues in RAM")
 
-    def _persist_shadow(self, now):
+    def _failed(self, err, msg):
+        """After the bookkeeping of a write: True if it succeeded; else log an
+        Exception (the device goes on) or re-raise anything else."""
+        if err is None:
+            return True
+        if not isinstance(err, Exception):
+            raise err
+        self.log(msg % (err,))
+        return False
+
+    def _persist_shadow(self, now=None):
         """relbuf holds a fresh G. M becomes S = R - M for the write (S is
         what flash gets, so holding it in RAM meanwhile shows nothing more),
-        then M = R - S + G: the old shadow plus the fresh draw."""
+        then M = R - S + G: the old shadow plus the fresh draw -- also when
+        the write failed (it counts as written), and cell by cell as far as
+        the flip got if the flip itself failed: M never keeps S."""
         a = self.counters
         m = self.shadow
         b = self.relbuf
-        for i in range(len(m)):
-            m[i] = wrap32(a[i] - m[i])
+        n = len(m)
+        i = 0
+        err = None
         try:
+            while i < n:
+                m[i] = wrap32(a[i] - m[i])
+                i += 1
             storage.write_state(self.state_path, self._fps[1], self.seq, self.elo, self.ehi, self.part, self.nzm, m)
-        except OSError as exc:
-            for i in range(len(m)):
-                m[i] = wrap32(a[i] - m[i])  # the shadow back, unchanged
-            self._wipe()
-            self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
-            return False
-        for i in range(len(m)):
-            m[i] = wrap32(a[i] - m[i] + b[i])
-            b[i] = 0
+        except BaseException as exc:
+            err = exc
+        for j in range(n):
+            if j < i:
+                m[j] = wrap32(a[j] - m[j] + b[j])  # R - S + G = M + G
+            else:
+                m[j] = wrap32(m[j] + b[j])  # not flipped yet: M + G
+            b[j] = 0
         self.nzm += 1
-        if now is not None:
-            self.last_persist = now
-        return True
+        return self._failed(err, "cannot persist state (%r); counting continues in RAM")
 
     # -- releases ------------------------------------------------------
     def _stage_release(self, rel):
@@ -408,41 +447,78 @@ class Recorder:
         Exactly one Z_out draw per cell, whatever the counts (the sum wraps
         mod 2**32, never raises): the release's noise and its timing do not
         depend on the data. The staged copy is wiped on every path.
+
+        A failed commit (the .tmp or the marker write fails, in any way)
+        counts as written: the accumulator gets a fresh internal draw before
+        it counts again (``_renoise``) and keeps counting, its range growing.
+        A full outbox writes nothing and costs no draw.
         """
         rel = self.relbuf
         try:
             self._stage_release(rel)
-        except Exception as exc:  # NoEntropyError, MemoryError: nothing was written
+        except BaseException as exc:  # NoEntropyError, MemoryError: nothing was written
             self._wipe()
+            if not isinstance(exc, Exception):
+                raise
             self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
             return False
         s = self.seq
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nz + 1
         inoise = self.p.internal_noise(self.sh)
+        tried = False
+        err = None
         try:
             if self.outbox.full():
                 raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
+            tried = True
             storage.write_atomic(
                 tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz, 0,
                                                      inoise))
             storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
-        except OSError as exc:
-            self._wipe()
+        except BaseException as exc:
+            err = exc
+        self._wipe()  # the staged release leaves RAM on every path
+        if err is not None:
+            if tried:
+                self._redraw = True  # before any further event (or persist) of this accumulator
+            if not isinstance(err, Exception):
+                raise err  # KeyboardInterrupt & co.: the fresh draw waits for the next add/tick/persist
             storage.remove(tmp)
+            if tried:
+                try:
+                    self._renoise()
+                except Exception as exc:  # retried at every tick, add and persist until it succeeds
+                    self.log("cannot draw noise after a failed commit (%r); not counting" % (exc,))
             if next_part == 0 and next_epoch + 1 > self.ehi:
                 self.ehi = next_epoch + 1  # keep counting; release the longer range later
-            self.log("cannot write release %d (%s); epochs now [%d, %d)" % (s, exc, self.elo, self.ehi))
-            return False
-        storage.rename(tmp, self.outbox.path(s))
+            return self._failed(err, "cannot write release %d (%%r); epochs now [%d, %d)" % (s, self.elo, self.ehi))
         self.seq = s + 1
+        self._pending = (next_epoch, next_part)  # released: never persisted or counted into again
         if now is not None:
             self.last_persist = now
+        try:
+            storage.rename(tmp, self.outbox.path(s))
+        except BaseException as exc:  # committed (the marker says so): the rename is finished at the next tick
+            self._unrenamed = True
+            if not isinstance(exc, Exception):
+                raise
+            self.log("release %d committed, but its rename failed (%r); retrying" % (s, exc))
         try:
             self._open(next_epoch, next_part)
         except Exception as exc:
             self.log("release %d committed, but the next accumulator's noise failed (%r); retrying" % (s, exc))
         return True
+
+    def _finish_renames(self):
+        """Rename the .tmp of releases the marker committed (seq below ours) to .cbor."""
+        try:
+            for t in self.outbox.uncommitted():
+                if t < self.seq:
+                    storage.rename(self.outbox.path(t, ".tmp"), self.outbox.path(t))
+            self._unrenamed = False
+        except Exception as exc:
+            self.log("cannot finish the commit of a release (%r); retrying" % (exc,))
 
 
 def make_recorder(params, root, now, rng=None, log=None, outbox_max=0):

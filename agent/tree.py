@@ -201,6 +201,7 @@ class TreeRecorder:
         self.state_keys = []  # (elo, ehi, part) of the nodes in the last state file written
         self.seq = 0
         self.resumed = False
+        self._unrenamed = False  # a committed release's rename failed: finished at the next tick
         self.last_persist = now
         self._boot(now)
 
@@ -393,7 +394,13 @@ class TreeRecorder:
         for lv in range(L):
             elo, part, nz, status, sh = tab[lv]
             if (elo, elo + (1 << lv), part) in released:
-                self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
+                a, np_ = self._next(lv, cur, elo, part)
+                # a flush may have released the next node's key too, after this state was
+                # written (a power cut before the next persist): never reuse a released key
+                for m in marks:
+                    if m[1] == a and m[2] == a + (1 << lv) and m[3] >= np_:
+                        np_ = m[3] + 1
+                self.lo[lv], self.parts[lv] = a, np_
                 self.status[lv] = PENDING
             else:
                 self.lo[lv] = elo
@@ -438,6 +445,8 @@ class TreeRecorder:
         Returns the number of releases committed.
         """
         cur = now // self.p.epoch_s
+        if self._unrenamed:
+            self._finish_renames()
         self._retry(cur)
         changed = False
         for lv in range(len(self.nodes)):
@@ -450,11 +459,9 @@ class TreeRecorder:
         for lv in range(len(self.nodes)):
             if self.status[lv] != CLOSED:
                 continue
-            if not self._release(lv, now):
+            if not self._release(lv, now, cur):
                 break  # outbox full or no noise: retry this node (and the later ones) next tick
             n += 1
-            self.lo[lv], self.parts[lv] = self._next(lv, cur, self.lo[lv], self.parts[lv])
-            self.status[lv] = PENDING
             try:
                 self._open(lv, cur)
             except Exception as exc:
@@ -474,11 +481,9 @@ class TreeRecorder:
                 continue
             self.status[lv] = CLOSED
             self._arrays()
-            if not self._release(lv, now):
+            if not self._release(lv, now, cur):
                 break
             n += 1
-            self.lo[lv], self.parts[lv] = self._next(lv, cur, self.lo[lv], self.parts[lv])
-            self.status[lv] = PENDING
             try:
                 self._open(lv, cur)
             except Exception as exc:
@@ -501,17 +506,40 @@ class TreeRecorder:
 
     def _flip(self):
         """Every shadow level: M = R - M (an involution: twice gives M back).
-        Between two flips M holds the snapshot S that goes to flash."""
-        for lv in range(len(self.nodes)):
-            if self.shs[lv]:
-                a = self.nodes[lv]
-                m = self.shadows[lv]
-                for i in range(len(m)):
-                    m[i] = wrap32(a[i] - m[i])
+        Between two flips M holds the snapshot S that goes to flash. If it
+        fails part way (MemoryError), the cells already flipped are flipped
+        back before the exception leaves: M never keeps S."""
+        n = len(self.relbuf)
+        lv = 0
+        i = 0
+        try:
+            while lv < len(self.nodes):
+                if self.shs[lv]:
+                    a = self.nodes[lv]
+                    m = self.shadows[lv]
+                    i = 0
+                    while i < n:
+                        m[i] = wrap32(a[i] - m[i])
+                        i += 1
+                lv += 1
+        except BaseException:
+            for k in range(lv + 1):
+                if k < len(self.nodes) and self.shs[k]:
+                    a = self.nodes[k]
+                    m = self.shadows[k]
+                    for j in range(i if k == lv else n):
+                        m[j] = wrap32(a[j] - m[j])
+            raise
 
     def persist(self, now=None):
         """Write all L accumulators (R - M for a shadow level), then a fresh
-        draw into each counting one (into its shadow for a shadow level)."""
+        draw into each counting one (into its shadow for a shadow level).
+
+        A write that was attempted counts as written (docs/PRIVACY.md
+        "Failed writes"): after any failure the counting levels get their
+        fresh draw exactly as after a good write. Only the bookkeeping of
+        what boot will find (state_seq, state_keys, marks) waits for a good
+        write. Returns True if the file was written."""
         for st in self.status:
             if st == PENDING or st == STALE or st == REBUILD:
                 return False  # released data or an unrefreshed copy may not be written
@@ -522,39 +550,51 @@ class TreeRecorder:
             tab.append((self.lo[lv], self.parts[lv], self.nzms[lv] if sh else self.nzs[lv],
                         1 if self.status[lv] == CLOSED else 0, 1 if sh else 0))
             arrays.append(self.shadows[lv] if sh else self.nodes[lv])
-        self._flip()
+        if now is not None:
+            self.last_persist = now  # an attempt is a persist: a full flash is retried after persist_s
+        err = None
+        flipped = False
         try:
-            write_tree_state(self.state_path, self._fp, self.seq, tab, arrays)
-        except OSError as exc:
             self._flip()
-            self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
-            return False
-        self._flip()
-        self.state_seq = self.seq
-        self.state_keys = []
-        for lv in range(len(self.nodes)):
-            self.state_keys.append((self.lo[lv], self.lo[lv] + (1 << lv), self.parts[lv]))
-        self.marks = self._keep(self.marks, None)  # lines about older state files are not needed
+            flipped = True
+            write_tree_state(self.state_path, self._fp, self.seq, tab, arrays)
+        except BaseException as exc:
+            err = exc
+        if flipped:
+            self._flip()
         for lv in range(len(self.nodes)):
             if self.status[lv] == OPEN:
                 self.status[lv] = STALE  # no event may be counted between the write and the draw
         self._arrays()
+        if err is None:
+            self.state_seq = self.seq
+            self.state_keys = []
+            for lv in range(len(self.nodes)):
+                self.state_keys.append((self.lo[lv], self.lo[lv] + (1 << lv), self.parts[lv]))
+            self.marks = self._keep(self.marks, None)  # lines about older state files are not needed
         self._retry(None)
-        if now is not None:
-            self.last_persist = now
-        return True
+        if err is None:
+            return True
+        if not isinstance(err, Exception):
+            raise err
+        self.log("cannot persist state (%r); counting continues in RAM" % (err,))
+        return False
 
     # -- releases --------------------------------------------------------
-    def _release(self, lv, now=None):
-        """Commit node lv (state + Z_out) to the outbox. True if committed."""
+    def _release(self, lv, now=None, cur=None):
+        """Commit node lv (state + Z_out) to the outbox. True if committed;
+        then the level's key moves on to its next node (PENDING) before the
+        rename, so nothing can release or persist the released array again."""
         rel = self.relbuf
         c = self.nodes[lv]
         for i in range(len(c)):
             rel[i] = c[i]
         try:
             add_noise(rel, self.p.noise, self.rng)  # fresh Z_out (output noise: L arrays, both schemes)
-        except Exception as exc:
+        except BaseException as exc:
             self._wipe()
+            if not isinstance(exc, Exception):
+                raise
             self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
             return False
         s = self.seq
@@ -564,6 +604,7 @@ class TreeRecorder:
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nzs[lv] + 1
         marks = self._keep(self.marks + [(s, elo, ehi, part)], None if now is None else now // self.p.epoch_s)
+        err = None
         try:
             if self.outbox.full():
                 raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
@@ -571,16 +612,41 @@ class TreeRecorder:
                 tmp, lambda write: release.encode_to(self.p, s, elo, ehi, part, rel, write, nz, lv,
                                                      self.p.internal_noise(self.shs[lv])))
             storage.write_markers(self.marker_path, marks)
-        except OSError as exc:
-            self._wipe()
+        except BaseException as exc:
+            err = exc
+        self._wipe()  # the staged release leaves RAM on every path
+        if err is not None:
+            # The node is closed (it counts nothing more), so a stale .tmp = R + Z_out and
+            # the later release R + Z_out' are both functions of R plus independent
+            # output noise: no fresh draw is needed (docs/PRIVACY.md "Failed commits").
+            if not isinstance(err, Exception):
+                raise err
             storage.remove(tmp)
-            self.log("cannot write release %d (%s); node [%d, %d) kept, retried at the next tick"
-                     % (s, exc, elo, ehi))
+            self.log("cannot write release %d (%r); node [%d, %d) kept, retried at the next tick"
+                     % (s, err, elo, ehi))
             return False
-        self._wipe()
         self.marks = marks
-        storage.rename(tmp, self.outbox.path(s))
         self.seq = s + 1
+        if cur is not None:
+            self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
+        self.status[lv] = PENDING
+        try:
+            storage.rename(tmp, self.outbox.path(s))
+        except BaseException as exc:  # committed (the marker says so): finished at the next tick or boot
+            self._unrenamed = True
+            if not isinstance(exc, Exception):
+                raise
+            self.log("release %d committed, but its rename failed (%r)" % (s, exc))
         # the persist clock is not reset: the other levels keep counting and
         # must stay durable (every persist_s), unlike a window's fresh accumulator
         return True
+
+    def _finish_renames(self):
+        """Rename the .tmp of releases the marker committed (seq below ours) to .cbor."""
+        try:
+            for t in self.outbox.uncommitted():
+                if t < self.seq:
+                    storage.rename(self.outbox.path(t, ".tmp"), self.outbox.path(t))
+            self._unrenamed = False
+        except Exception as exc:
+            self.log("cannot finish the commit of a release (%r); retrying" % (exc,))

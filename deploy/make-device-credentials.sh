@@ -15,11 +15,16 @@
 #   -P PORT   broker TLS port (default 8883)
 #   -c FILE   CA certificate to ship to the device (default /etc/mosquitto/pansketch/ca.crt)
 #   -s SALT   fleet salt (default: read from DIR/fleet-salt, created once)
-#   --aggregator NAME   create an aggregator account and ACL block (reads releases, writes acks)
+#   --aggregator NAME   create an aggregator account and ACL block (reads releases, writes acks,
+#             may not publish releases or status of its own); one account per aggregator
 #
-# Writes DIR/<id>/password (mode 600), DIR/<id>/ca.crt and DIR/<id>/agent.toml
-# (or host.toml for an aggregator). Copy that directory to /etc/pansketch/
-# on the device. Reload mosquitto afterwards: systemctl reload mosquitto.
+# Writes DIR/<id>/password (mode 600), DIR/<id>/ca.crt (and ca.der, the form
+# the MicroPython firmware loads) and DIR/<id>/agent.toml (or host.toml for an
+# aggregator). Copy that directory to /etc/pansketch/ on the device. The
+# password file is kept root:mosquitto mode 640 (the broker reads it as the
+# mosquitto user). A device id that is an aggregator account (a "user" block
+# in the ACL) is refused, and so is an aggregator name that is already a
+# device account. Reload mosquitto afterwards: systemctl reload mosquitto.
 set -eu
 
 PASSWD=/etc/mosquitto/pansketch/passwd
@@ -31,7 +36,7 @@ CA=/etc/mosquitto/pansketch/ca.crt
 SALT=
 ROLE=device
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 die() { echo "make-device-credentials: $*" >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
@@ -58,6 +63,19 @@ esac
 [ ${#ID} -le 64 ] || die "id '$ID' is longer than 64 characters"
 command -v mosquitto_passwd >/dev/null 2>&1 || die "mosquitto_passwd not found (apt-get install mosquitto)"
 
+# The ACL's pattern lines give every account the topics of a device named
+# like it: a device may not share a name with an aggregator account.
+is_aggregator=no
+if [ -f "$ACL" ] && grep -qx "user $ID" "$ACL"; then is_aggregator=yes; fi
+has_account=no
+if [ -f "$PASSWD" ] && awk -F: -v id="$ID" '$1 == id { f = 1 } END { exit !f }' "$PASSWD"; then has_account=yes; fi
+if [ "$ROLE" = device ] && [ "$is_aggregator" = yes ]; then
+  die "'$ID' is an aggregator account in $ACL; choose another device id"
+fi
+if [ "$ROLE" = aggregator ] && [ "$has_account" = yes ] && [ "$is_aggregator" = no ]; then
+  die "'$ID' is already a device account in $PASSWD; choose another aggregator name"
+fi
+
 umask 077
 mkdir -p "$OUT/$ID"
 if [ -z "$SALT" ]; then
@@ -70,23 +88,30 @@ PW=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 printf '%s\n' "$PW" > "$OUT/$ID/password"
 chmod 600 "$OUT/$ID/password"
 
-if [ -f "$PASSWD" ]; then
-  mosquitto_passwd -b "$PASSWD" "$ID" "$PW"
-else
+if [ ! -f "$PASSWD" ]; then
   mkdir -p "$(dirname "$PASSWD")"
   : > "$PASSWD"
-  chmod 600 "$PASSWD"
-  mosquitto_passwd -b "$PASSWD" "$ID" "$PW"
+fi
+mosquitto_passwd -b "$PASSWD" "$ID" "$PW"
+# mosquitto reads the file after dropping to its own user: group mosquitto, 640
+chmod 640 "$PASSWD"
+if ! chgrp mosquitto "$PASSWD" 2>/dev/null; then
+  echo "make-device-credentials: warning: could not chgrp mosquitto $PASSWD; the broker must be able to read it" >&2
 fi
 CAREF='tls = true                # verified against the system CA store; or tls_ca = "ca.crt"'
 if [ -f "$CA" ]; then
   cp "$CA" "$OUT/$ID/ca.crt"
   CAREF='tls_ca = "ca.crt"'
+  if command -v openssl >/dev/null 2>&1; then
+    openssl x509 -in "$CA" -outform der -out "$OUT/$ID/ca.der"   # for the MicroPython firmware
+  fi
 fi
 
 if [ "$ROLE" = aggregator ]; then
   if ! grep -qx "user $ID" "$ACL" 2>/dev/null; then
-    printf '\nuser %s\ntopic read pansketch/+/release\ntopic read pansketch/+/status\ntopic write pansketch/+/ack\n' "$ID" >> "$ACL"
+    # deny first: the pattern lines would let it write pansketch/$ID/release
+    printf '\nuser %s\ntopic deny pansketch/%s/#\ntopic read pansketch/+/release\ntopic read pansketch/+/status\ntopic write pansketch/+/ack\n' "$ID" "$ID" >> "$ACL"
+    chmod 644 "$ACL"   # not secret; the broker reads it as the mosquitto user
   fi
   cat > "$OUT/$ID/host.toml" <<EOF
 # pansketch host config for aggregator '$ID' (reference: docs/HOST.md)
@@ -100,12 +125,16 @@ password_file = "password"
 [aggregator]
 db = "/var/lib/pansketch/pansketch.db"
 topic = "pansketch/+/release"
+# Several aggregators sharing the load: each has its own account (run this
+# script with --aggregator agg-2, ...) and the same shared_group. One account
+# for several would not work: the broker forces client id = username, so they
+# would keep disconnecting each other.
 # shared_group = "aggregators"
 
 [fleet]
 salt = "$SALT"
 EOF
-  echo "aggregator '$ID': account added to $PASSWD, ACL block (read releases/status, write acks) in $ACL"
+  echo "aggregator '$ID': account added to $PASSWD, ACL block (read releases/status, write acks, no releases of its own) in $ACL"
   echo "files: $OUT/$ID/ (password, host.toml, ca.crt if found) -> /etc/pansketch/ on the aggregator host"
 else
   cat > "$OUT/$ID/agent.toml" <<EOF

@@ -43,7 +43,11 @@ nothing); releases are streamed from flash. ``MemoryError`` while running
 drops the broker connection (freeing the TLS buffers), collects, and
 retries later; counting goes on. Full flash: the Recorder keeps counting
 and releases a longer epoch range once space is back (agent/recorder.py);
-the app logs it and the outbox drains when the broker is reachable.
+the app logs it and the outbox drains when the broker is reachable. A
+persist or commit that fails in any way (ENOSPC, EIO, MemoryError) counts
+as written: the Recorder adds the fresh draw it would add after a good
+write, so the next try waits persist_s like any persist
+(docs/PRIVACY.md "Failed writes").
 """
 
 import gc
@@ -301,8 +305,10 @@ class App:
                 self._sync(up)
             if not self.clock.synced:
                 if up - self.last_persist >= self.p.persist_s * 1000:
-                    if rec.persist():
-                        self.last_persist = up
+                    # an attempt counts as a persist (its draw is spent: docs/PRIVACY.md
+                    # "Failed writes"), so a full flash is retried after persist_s, not every step
+                    rec.persist()
+                    self.last_persist = up
                 self.warn("unsynced", "clock not synced yet (NTP %s): counting, but no release until it is"
                           % self.cfg.ntp_host)
                 return

@@ -258,6 +258,11 @@ def main(argv=None):
             "on" if tls else "off"))
         for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow):
             print(line)
+        if not cfg.tls:
+            print("warning: mqtt.tls is off: the broker of deploy/OPERATIONS.md takes devices only over TLS "
+                  "(port 8883, mqtt.tls.ca = its fleet CA in DER, ca.der from make-device-credentials.sh)")
+        elif not cfg.tls_verify:
+            print("warning: mqtt.tls.verify is false: anyone on the network can pose as the broker")
         return 0
     if a.tree:
         print(tree_table(tls=tls))

@@ -102,7 +102,17 @@ class _TLS:
         self.server_hostname = server_hostname
 
     def wrap_socket(self, sock, server_hostname=None):
-        return self.ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+        try:
+            return self.ctx.wrap_socket(sock, server_hostname=self.server_hostname)
+        except ValueError:  # what MicroPython's tls raises when the certificate does not verify
+            raise OSError(-0x2700, "broker certificate not verified with mqtt.tls.ca")
+
+
+def _file(path):
+    f = open(path, "rb")
+    b = f.read()
+    f.close()
+    return b
 
 
 def describe(exc):
@@ -114,6 +124,8 @@ def describe(exc):
         code = exc.args[0] if exc.args else None
         if code in (110, 116, 11):  # ETIMEDOUT (rp2/ESP32 numbering), EAGAIN
             return "timed out"
+        if isinstance(code, int) and code <= -0x1000:  # Mbed TLS: OSError(code, text)
+            return "TLS error -0x%04x %s" % (-code, exc.args[-1])
         return "network error %r" % (code,)
     if isinstance(exc, MemoryError):
         return "out of memory"
@@ -306,18 +318,18 @@ class Link:
 
     # -- connection --------------------------------------------------------
     def _tls_wrapper(self):
+        """The TLS context, built once: ``SSLContext(PROTOCOL_TLS_CLIENT)``, ``CERT_REQUIRED`` with the
+        CA file's bytes (DER, or PEM) as ``cadata``, and the client certificate if configured."""
         if self.tls is None:
             import ssl
 
             c = self.cfg
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.verify_mode = ssl.CERT_REQUIRED if c.tls_verify else ssl.CERT_NONE
             if c.tls_verify:
-                ctx.verify_mode = ssl.CERT_REQUIRED
-                ctx.load_verify_locations(cafile=c.tls_ca)
-            else:
-                ctx.verify_mode = ssl.CERT_NONE
+                ctx.load_verify_locations(cadata=_file(c.tls_ca))
             if c.tls_cert is not None:
-                ctx.load_cert_chain(c.tls_cert, c.tls_key)
+                ctx.load_cert_chain(_file(c.tls_cert), _file(c.tls_key))
             self.tls = _TLS(ctx, c.tls_server_hostname)
         return self.tls
 

@@ -16,6 +16,12 @@ defect. ``tests/test_audit.py`` requires the audit to flag every one of them
 * ``event-count-kept``       -- the Recorder keeps an exact count of events in RAM (not an
   array: caught by the metadata test, which compares every non-array attribute).
 
+Issue 18 (:data:`FAULT_CONTROLS`, the failure paths as they were before the fix, audited
+with the fault scenarios and the keep-every-byte flash):
+
+* ``failed-persist-no-fresh-draw``   -- a failed state write wipes the fresh draw and counts on;
+* ``failed-commit-same-accumulator`` -- a failed commit deletes the .tmp and counts on, no fresh draw.
+
 Under ``persist_noise = "shadow"`` (:data:`SHADOW_CONTROLS`, audited with
 :data:`SHADOW_CFG`):
 
@@ -173,6 +179,93 @@ SHADOW_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]
 }
 
 
+# -- issue 18: the failure paths as they were (the negative controls of the fault scenarios) ----------------
+
+def _persist_before_issue18(self, now=None):  # type: ignore[no-untyped-def]
+    """Recorder.persist before issue 18 (refresh): a failed write wipes the fresh draw and the
+    device counts on with the accumulator that may already be on flash (RAM - partial copy =
+    exact events since)."""
+    from agent import storage
+
+    if self._pending is not None:
+        return False
+    try:
+        self._fresh()
+    except Exception as exc:
+        self.log("cannot draw noise (%r); state not persisted" % (exc,))
+        return False
+    try:
+        storage.write_state(self.state_path, self._fps[0], self.seq, self.elo, self.ehi, self.part, self.nz,
+                            self.counters)
+    except OSError as exc:
+        self._wipe()
+        self.log("cannot persist state (%s); counting continues in RAM" % (exc,))
+        return False
+    self._add_fresh()
+    if now is not None:
+        self.last_persist = now
+    return True
+
+
+def _release_before_issue18(self, next_epoch, next_part, now=None):  # type: ignore[no-untyped-def]
+    """Recorder._release before issue 18: a failed commit deletes the .tmp (state + Z_out, on flash
+    all the same) and keeps counting into the same accumulator with no fresh draw."""
+    from agent import release, storage
+
+    rel = self.relbuf
+    try:
+        self._stage_release(rel)
+    except Exception as exc:
+        self._wipe()
+        self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
+        return False
+    s = self.seq
+    tmp = self.outbox.path(s, ".tmp")
+    nz = self.nz + 1
+    inoise = self.p.internal_noise(self.sh)
+    try:
+        if self.outbox.full():
+            raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
+        storage.write_atomic(
+            tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz, 0, inoise))
+        storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
+    except OSError as exc:
+        self._wipe()
+        storage.remove(tmp)
+        if next_part == 0 and next_epoch + 1 > self.ehi:
+            self.ehi = next_epoch + 1
+        self.log("cannot write release %d (%s); epochs now [%d, %d)" % (s, exc, self.elo, self.ehi))
+        return False
+    storage.rename(tmp, self.outbox.path(s))
+    self.seq = s + 1
+    if now is not None:
+        self.last_persist = now
+    try:
+        self._open(next_epoch, next_part)
+    except Exception as exc:
+        self.log("release %d committed, but the next accumulator's noise failed (%r); retrying" % (s, exc))
+    return True
+
+
+@contextlib.contextmanager
+def _dbits_old_limit() -> Iterator[None]:
+    """dbits before issue 18: any eps <= 2 accepted (the 0-bit's reverse ratio 2/(2 - eps) unbounded)."""
+    from agent import dbits, params
+
+    old = lambda num, den: 0 < num <= 2 * den  # noqa: E731
+    with _patch(params, "dbits_eps_ok", old), _patch(dbits, "dbits_eps_ok", old):
+        yield
+
+
+FAULT_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "failed-persist-no-fresh-draw": lambda: _patch(Recorder, "persist", _persist_before_issue18),
+    "failed-commit-same-accumulator": lambda: _patch(Recorder, "_release", _release_before_issue18),
+}
+FAULT_CONTROL_SCENARIOS = {
+    "failed-persist-no-fresh-draw": ["persist-fail-mid-counters", "persist-fail-before-trailer"],
+    "failed-commit-same-accumulator": ["commit-fail-at-marker", "commit-fail-at-close"],
+}
+
 DESCRIPTIONS = {
     "output-noise-skipped": "release = state, no Z_out",
     "internal-noise-skipped": "accumulator opens at zero, no Z_int",
@@ -183,6 +276,8 @@ DESCRIPTIONS = {
     "event-count-kept": "an exact event count attribute in RAM",
     "shadow-g-skipped": "shadow: a persist never adds the fresh G to M (R − M − S = exact events)",
     "shadow-refresh-scale": "shadow: Z_int and the G's at `p.noise` (L arrays), not `p.inoise` (2L)",
+    "failed-persist-no-fresh-draw": "issue 18: a failed state write wipes its draw, RAM counts on (partial copy kept)",
+    "failed-commit-same-accumulator": "issue 18: a failed commit deletes the .tmp and counts on with no fresh draw",
 }
 SCENARIOS = ["before-persist", "after-last-persist"]
 CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",
@@ -200,6 +295,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     runs = [(n, c, CFG, SCENARIOS) for n, c in CONTROLS.items()]
     runs += [(n, c, SHADOW_CFG, SHADOW_SCENARIOS) for n, c in SHADOW_CONTROLS.items()]
+    runs += [(n, c, CFG, FAULT_CONTROL_SCENARIOS[n]) for n, c in FAULT_CONTROLS.items()]
     for name, ctl, cfg, names in runs:
         with ctl():
             p = Params(cfg)

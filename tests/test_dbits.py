@@ -25,7 +25,8 @@ T0 = 200_000 * 3600
 # (relbuf), and clock/commit-driven or public values
 REC_ATTRS = {"p", "root", "rng", "log", "outbox", "state_path", "marker_path", "relbuf", "sketch", "counters", "_fp",
              "_pending", "nz", "resumed", "last_persist", "seq", "elo", "ehi", "part",
-             "_fps", "nzm", "sh"}  # the Recorder's persist-scheme bookkeeping: public, constant for dbits
+             "_fps", "nzm", "sh",  # the Recorder's persist-scheme bookkeeping: public, constant for dbits
+             "_redraw", "_unrenamed"}  # failed-commit flags: commit-driven (docs/PRIVACY.md "Failed commits")
 SK_ATTRS = {"kind", "d", "w", "prefix", "p_num", "p_den", "counters"}
 CFG = {"device": "pi-1", "salt": "fleet-salt-1", "kind": "dbits", "d": 12, "w": 512, "mechanism": "dlap",
        "budget": "1", "mode": "keep", "window_s": 3600, "epoch_s": 600}
@@ -168,3 +169,95 @@ def test_intruder_view_dbits(tmp_path):
     # binomial tolerances at 4 sd
     assert abs(ones_absent / n - 0.5) < 4 * math.sqrt(0.25 / n)
     assert abs(ones_present / n - 0.75) < 4 * math.sqrt(0.1875 / n)
+
+
+# -- the calibration of the bits, both directions (issue 18) ------------------------------------------------
+
+def _exp_above(eps: Fraction, x: Fraction) -> bool:
+    """Whether e^eps >= x, decided with exact rational bounds on e^eps (Taylor sum below, + tail above)."""
+    s, term, k = Fraction(0), Fraction(1), 0
+    while True:
+        s += term
+        k += 1
+        term = term * eps / k
+        tail = term * 2  # eps <= 2 < k + 1 from k = 2 on: the tail is below twice the next term
+        if k > 2 and s >= x:
+            return True
+        if k > 2 and s + tail < x:
+            return False
+
+
+def _bit_ratios(sk) -> list[Fraction]:
+    """The exact likelihood ratios of one bit of the device's mechanism, present vs absent, both ways:
+    absent = Bern(1/2), present = Bern(p) with p = the device's own p_num/p_den (the draw rng.bernoulli uses)."""
+    p = Fraction(sk.p_num, sk.p_den)
+    half = Fraction(1, 2)
+    out = []
+    for present, absent in ((p, half), (1 - p, half)):  # bit 1, bit 0
+        out += [present / absent, absent / present]
+    return out
+
+
+def test_dbits_randomized_response_is_eps_dp_both_ways():
+    """For every budget Params accepts, every likelihood ratio of the bit the device really draws is <= e^eps
+    (exactly, rationals); every budget it refuses has one above e^eps. Fails for the old 'eps <= 2' rule
+    (at eps = 2 a 0-bit has ratio infinity) and for any p whose ratios exceed e^eps."""
+    grid = sorted({Fraction(k, 100) for k in range(1, 201)} | {Fraction(k, 10000) for k in range(15900, 15975)}
+                  | {Fraction(1, 7), Fraction(3, 2), Fraction(159362, 100000), Fraction(159363, 100000)})
+    accepted = refused = 0
+    for eps in grid:
+        cfg = dict(CFG, budget="%d/%d" % (eps.numerator, eps.denominator), d=2, w=8)
+        worst = Fraction(2) / (2 - eps) if eps < 2 else None  # 1 / (2 (1 - p)), the 0-bit's reverse ratio
+        sound = worst is not None and _exp_above(eps, worst)
+        try:
+            p = Params(cfg)
+        except ParamError as e:
+            assert not sound, eps
+            assert e.key == "budget" and "1.5936" in str(e), str(e)
+            refused += 1
+            continue
+        assert sound, eps
+        from agent.dbits import DensityBits
+
+        sk = DensityBits(p.d, p.w, b"x", p.budget, bytearray(p.d * p.w // 8))
+        for r in _bit_ratios(sk):
+            assert _exp_above(eps, r), (eps, r)
+        accepted += 1
+    assert accepted >= 150 and refused >= 40
+    # the limit is where the reverse ratio crosses e^eps: 1.59362 accepted, 1.59363 refused
+    assert Params(dict(CFG, budget="159362/100000")).budget == (79681, 50000)
+    with pytest.raises(ParamError):
+        Params(dict(CFG, budget="159363/100000"))
+    # a DensityBits built around Params still refuses (defence in depth)
+    from agent.dbits import DensityBits
+
+    with pytest.raises(ValueError, match="1.5936"):
+        DensityBits(2, 8, b"x", (2, 1), bytearray(2))
+
+
+def test_dbits_budget_refused_by_the_agent_cli(tmp_path, capsys):
+    """A dbits config above the limit: one line naming the limit, exit 2, nothing created."""
+    from agent.daemon import main
+
+    conf = tmp_path / "agent.toml"
+    conf.write_text('[device]\nid = "pi-1"\nsalt = "fleet-salt-1"\n[sketch]\nkind = "dbits"\nd = 12\nw = 512\n'
+                    '[privacy]\nmechanism = "dlap"\nbudget = "2"\nmode = "keep"\nwindow_s = 3600\nepoch_s = 600\n'
+                    '[storage]\ndir = "%s"\n' % (tmp_path / "st"))
+    assert main(["check", "--config", str(conf)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "privacy.budget" in err[0] and "eps <= 1.5936" in err[0], err
+    assert not (tmp_path / "st").exists()
+    conf.write_text(conf.read_text().replace('budget = "2"', 'budget = "3/2"'))
+    assert main(["check", "--offline", "--config", str(conf)]) == 0
+
+
+@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
+def test_dbits_limit_identical_on_micropython():
+    """The integer test gives the same answers on the board's VM (no floats on the path)."""
+    cases = [(1, 1), (3, 2), (159362, 100000), (159363, 100000), (8, 5), (2, 1), (1, 1000), (199, 100)]
+    code = ("from agent.params import dbits_eps_ok\n"
+            "print('@ok', ' '.join(str(int(dbits_eps_ok(a, b))) for a, b in %r))" % (cases,))
+    got = mpvm.run(code).check().values()
+    from agent.params import dbits_eps_ok
+
+    assert got["ok"] == " ".join(str(int(dbits_eps_ok(a, b))) for a, b in cases) == "1 1 1 0 0 0 1 0"

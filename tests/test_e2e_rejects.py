@@ -104,13 +104,13 @@ def test_deploy_config_tls_acl_and_rejections(tmp_path):
         creds(etc, out, tls_port, dev)
     creds(etc, out, tls_port, "--aggregator", "agg-1")
     acl = open(etc + "/acl").read()
-    assert "user agg-1\ntopic read pansketch/+/release" in acl
+    assert "user agg-1\ntopic deny pansketch/agg-1/#\ntopic read pansketch/+/release" in acl
     # the production config, moved into the temp dir
     conf = open(os.path.join(REPO, "deploy", "mosquitto", "pansketch.conf")).read()
     conf = conf.replace("/etc/mosquitto/pansketch/", etc + "/").replace("/var/lib/mosquitto/", str(tmp_path) + "/")
     conf = conf.replace("listener 8883\n", "listener %d 127.0.0.1\n" % tls_port)
     assert "listener 1883 127.0.0.1\n" in conf
-    conf = conf.replace("listener 1883 127.0.0.1\n", "")  # the fixture adds the plain loopback listener
+    conf = conf[:conf.index("listener 1883 127.0.0.1\n")]  # the fixture adds the plain loopback listener
     broker = start_mosquitto(tmp_path, port=plain_port, conf_extra=conf)
     ca = etc + "/ca.crt"
     pw = {d: open(os.path.join(out, d, "password")).read().strip() for d in ("pi-1", "pi-2", "agg-1")}

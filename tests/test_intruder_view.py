@@ -58,7 +58,7 @@ REC_ATTRS = {
     "shadow": "noisy",  # persist_noise shadow: M = Z_int + one G per persist (pure noise); None under refresh
     "root": "public", "state_path": "public", "marker_path": "public", "_fp": "public", "_fps": "public",
     "_pending": "public", "nz": "public", "nzm": "public", "sh": "public", "resumed": "public",
-    "last_persist": "public",
+    "last_persist": "public", "_redraw": "public", "_unrenamed": "public",
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
 SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "arrays"}
@@ -290,6 +290,7 @@ TREE_REC_ATTRS = {
     "lo": "public", "parts": "public", "nzs": "public", "nzms": "public", "shs": "public", "status": "public",
     "marks": "public",
     "state_seq": "public", "state_keys": "public", "seq": "public", "resumed": "public", "last_persist": "public",
+    "_unrenamed": "public",
 }
 
 

@@ -159,20 +159,31 @@ def test_restart_rebuilds_from_the_flash_track(tmp_path):
     assert ctr(rel) == vec(s3, exact(p, more), z_new, z_out)
 
 
-def test_failed_write_keeps_the_shadow_and_wipes_the_draw(tmp_path, monkeypatch):
+def test_failed_write_counts_as_written_and_wipes_the_draw(tmp_path, monkeypatch):
+    """A write that was attempted counts as written (docs/PRIVACY.md "Failed
+    writes"): M gets the fresh G exactly as after a good write (a partial S may
+    be on flash), R is untouched, the scratch buffer is zero, the shadow never
+    keeps S = R - M."""
     p = params()
     rec = Recorder(p, str(tmp_path), T0, rng=Rng(DeterministicSource("s3")), log=lambda m: None)
     rec.add("x")
     m0 = list(rec.shadow)
     r0 = list(rec.counters)
+    replay = Rng(DeterministicSource("s3"))
+    rec2 = Recorder(p, str(tmp_path / "twin"), T0, rng=replay, log=lambda m: None)
+    rec2.add("x")
 
     def full(*a, **k):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(storage, "write_state", full)
     assert rec.persist(T0 + 600) is False
-    assert list(rec.shadow) == m0 and list(rec.counters) == r0 and not any(rec.relbuf)
-    assert rec.nzm == 1
+    assert list(rec.counters) == r0 and not any(rec.relbuf)
+    monkeypatch.undo()
+    assert rec2.persist(T0 + 600) is True  # the twin's good write: the same bookkeeping
+    assert list(rec.shadow) == list(rec2.shadow) and list(rec.shadow) != m0
+    assert rec.nzm == 2 == rec2.nzm
+    assert rec.last_persist == T0 + 600  # an attempt is a persist: retried after persist_s, not every tick
 
 
 def test_calibration_splits_the_budget_between_the_two_views():

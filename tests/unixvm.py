@@ -62,6 +62,8 @@ FAKES = HERE / "fakes"
 CACHE = REPO / ".micropython"
 BINARY = CACHE / "micropython" / "ports" / "unix" / "build-standard" / "micropython"
 MPLIB = CACHE / "micropython" / "lib" / "micropython-lib" / "micropython"
+# micropython-lib's ssl (SSLContext over the port's tls module): frozen into board firmware, not into this build
+SSL_PY = CACHE / "micropython" / "lib" / "micropython-lib" / "python-stdlib" / "ssl" / "ssl.py"
 DEVICE = "unix-1"
 SALT = "unix-fleet-salt-2026"
 
@@ -175,9 +177,11 @@ def stage_flash(flash: Path, cfg: dict[str, Any], mpy: bool = False) -> Path:
     umqtt = MPLIB / "umqtt.simple" / "umqtt" / "simple.py"
     if mpy:
         mpy_cross(umqtt, flash / "lib" / "umqtt" / "simple.mpy")
+        mpy_cross(SSL_PY, flash / "lib" / "ssl.mpy")
     else:
         (flash / "lib" / "umqtt").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(umqtt, flash / "lib" / "umqtt" / "simple.py")
+        shutil.copyfile(SSL_PY, flash / "lib" / "ssl.py")
     shutil.copyfile(REPO / "firmware" / "boot.py", flash / "boot.py")
     shutil.copyfile(REPO / "firmware" / "main.py", flash / "main.py")
     write_config(flash, cfg)
@@ -511,10 +515,12 @@ class Proxy:
 class Host:
     """A real mosquitto and the real ``pansketch aggregate`` process storing into ``host.db``."""
 
-    def __init__(self, tmp: Path, persistent: bool = True) -> None:
+    def __init__(self, tmp: Path, persistent: bool = True, tls: Optional[dict[str, Any]] = None) -> None:
+        """``tls``: the broker also has a TLS listener (``tls_port``; see tests.broker.make_test_pki); the
+        aggregator stays on the plain loopback listener, as on a broker host (deploy/OPERATIONS.md)."""
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
-        self.broker: Mosquitto = start_mosquitto(tmp, persistent=persistent)
+        self.broker: Mosquitto = start_mosquitto(tmp, persistent=persistent, tls=tls)
         self.db = tmp / "host.db"
         self.config = tmp / "host.toml"
         self.config.write_text(
@@ -527,6 +533,11 @@ class Host:
     @property
     def port(self) -> int:
         return self.broker.port
+
+    @property
+    def tls_port(self) -> int:
+        assert self.broker.tls_port is not None, "Host(tls=...) has the TLS listener"
+        return self.broker.tls_port
 
     def start_aggregator(self) -> None:
         env = dict(os.environ)

@@ -9,8 +9,10 @@ scenario's operations, on a real directory (``state.bin``, ``released``,
   ``array('i')`` attributes as integer arrays (the accumulator, the scratch
   buffer, and any array a future version adds), byte buffers as bytes (the
   Rng's CSPRNG buffer), everything else as its ``repr``;
-* every version of ``state.bin`` written so far (a copy-on-write flash keeps
-  stale copies: the intruder gets them all);
+* every file image written so far (:class:`FlashLog`: a copy-on-write flash
+  that keeps every byte ever written -- each ``state.bin.new``, each outbox
+  ``.tmp``, also when the write failed part way or the file was removed;
+  a write that was attempted counts as written, issue 18);
 
 and at the end every release, read back from the outbox with ``cbor2`` (the
 bytes a broker would receive). The CSPRNG bytes each ``Rng`` reads are
@@ -31,9 +33,12 @@ control patches ``add_noise`` to skip a draw.
 from __future__ import annotations
 
 import array
+import builtins
 import copy
+import errno
 import math
 import os
+import struct
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -177,6 +182,226 @@ class SpecRecorder:
         noise.NoiseSpec.sample = self._real  # type: ignore[method-assign]
 
 
+# -- the flash: every byte ever written --------------------------------------------
+
+FAULT_TARGETS = ("state", "tmp", "marker")
+# where a write fails (docs/PRIVACY.md "Empirical audit"); a "counters call" is a write of one
+# whole array (4 * cells bytes: the state's counters, a tree level, a release's ctr)
+FAULT_STAGES = ("before", "before-counters", "mid-counters", "after-counters", "before-trailer", "at-close")
+FAULT_EXCS = ("enospc", "eio", "memory")
+
+
+@dataclass
+class Image:
+    """One file as it reached flash: every byte written to it, in order, kept after a
+    failure, a remove or a rename (a raw NOR/NAND or FAT/LittleFS free-block reader gets it)."""
+
+    path: str  # relative to the state directory, as opened (e.g. "state.bin.new")
+    data: bytearray
+    failed: str = ""  # the exception that ended the write ("" if it completed)
+    tail: bytes = b""  # the rest of the write call that failed: it may have reached flash too
+
+    def attempted(self) -> bytes:
+        """Every byte the device tried to write (docs/PRIVACY.md: a write that was attempted counts as written)."""
+        return bytes(self.data) + self.tail
+
+
+@dataclass(frozen=True)
+class Fault:
+    target: str  # "state" | "tmp" | "marker"
+    stage: str
+    exc: str = "enospc"
+
+    def make(self) -> BaseException:
+        if self.exc == "memory":
+            return MemoryError("audit: injected MemoryError")
+        code = errno.EIO if self.exc == "eio" else errno.ENOSPC
+        return OSError(code, os.strerror(code))
+
+    @classmethod
+    def parse(cls, arg: str) -> "Fault":
+        parts = arg.split(":")
+        f = cls(parts[0], parts[1], parts[2] if len(parts) > 2 else "enospc")
+        if f.target not in FAULT_TARGETS or f.stage not in FAULT_STAGES or f.exc not in FAULT_EXCS:
+            raise ValueError("bad fault %r (target:stage[:exc] of %s, %s, %s)" % (arg, FAULT_TARGETS, FAULT_STAGES,
+                                                                                FAULT_EXCS))
+        return f
+
+
+def _fault_matches(target: str, rel: str) -> bool:
+    if target == "state":
+        return rel.startswith("state.bin")
+    if target == "tmp":
+        return rel.endswith(".tmp") or rel.endswith(".tmp.new")
+    return rel.startswith("released")
+
+
+class LoggedFile:
+    """A file opened for writing on the audited flash: every byte handed to ``write``
+    that the failure plan lets through is kept in the Image (also if the write fails later)."""
+
+    def __init__(self, f: Any, img: Image, fault: Fault | None, big: int) -> None:
+        self._f = f
+        self._img = img
+        self._fault = fault
+        self._big = big
+        self._calls = 0
+        self._seen_big = False
+        self._after_big = False
+        self._body: int | None = None  # a state file's length before its SHA-256 trailer
+
+    def _fail(self, tail: bytes = b"") -> None:
+        exc = self._fault.make()  # type: ignore[union-attr]
+        self._img.failed = type(exc).__name__
+        self._img.tail = tail
+        self._fault = None
+        raise exc
+
+    def write(self, b: Any) -> int:
+        data = bytes(b)
+        ft = self._fault
+        big = len(data) == self._big
+        if ft is not None:
+            st = ft.stage
+            if st == "before" and self._calls == 0:
+                self._fail(data)
+            if st in ("before-counters", "mid-counters") and big and not self._seen_big:
+                half = 0
+                if st == "mid-counters":
+                    half = (len(data) // 2) & ~3  # whole int32 words: half the array reaches flash
+                    self._f.write(data[:half])
+                    self._img.data += data[:half]
+                self._fail(data[half:])
+            if st == "after-counters" and self._after_big:
+                self._fail(data)
+            if st == "before-trailer" and self._body is not None and len(self._img.data) == self._body:
+                self._fail(data)
+        if self._calls == 0:
+            self._body = _body_len(data)
+        self._calls += 1
+        self._after_big = self._seen_big or big  # the call after the first whole array
+        self._seen_big = self._seen_big or big
+        n = self._f.write(data)
+        self._img.data += data
+        return n
+
+    def flush(self) -> None:
+        if self._fault is not None and self._fault.stage == "at-close":
+            self._fail()
+        self._f.flush()
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "LoggedFile":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.close()
+
+
+def _body_len(first: bytes) -> int | None:
+    """Bytes before the trailer of a state file, from its first write (the header); None otherwise."""
+    from agent import tree as tree_mod
+
+    if first.startswith(storage.STATE_MAGIC) and len(first) >= storage._HDR_LEN:
+        n = struct.unpack(storage._HDR, first[:storage._HDR_LEN])[-1]
+        return storage._HDR_LEN + 4 * n
+    if first.startswith(tree_mod.TREE_MAGIC) and len(first) >= tree_mod._THDR_LEN:
+        f = struct.unpack(tree_mod._THDR, first[:tree_mod._THDR_LEN])
+        L, n = f[2], f[-1]
+        return tree_mod._THDR_LEN + L * tree_mod._TLVL_LEN + 4 * n * L
+    return None
+
+
+class FlashLog:
+    """Copy-on-write flash for the audit: agent.storage opens files through it
+    (``storage.open`` shadows the builtin while a run lasts; audit-only, removed
+    afterwards). Every file write becomes an :class:`Image`; armed faults make
+    the next matching write fail at the chosen stage."""
+
+    def __init__(self, root: str, big: int) -> None:
+        self.root = root
+        self.big = big
+        self.images: list[Image] = []
+        self.armed: list[Fault] = []
+        self.fired: list[str] = []
+
+    def open(self, path: str, mode: str = "r", *a: Any, **kw: Any) -> Any:
+        f = builtins.open(path, mode, *a, **kw)
+        if "w" not in mode and "a" not in mode:
+            return f
+        rel = path[len(self.root) + 1:] if path.startswith(self.root + "/") else path
+        img = Image(rel, bytearray())
+        self.images.append(img)
+        fault = None
+        for i, ft in enumerate(self.armed):
+            if _fault_matches(ft.target, rel):
+                fault = self.armed.pop(i)
+                self.fired.append("%s:%s:%s" % (ft.target, ft.stage, ft.exc))
+                break
+        return LoggedFile(f, img, fault, self.big)
+
+
+def _words(raw: bytes, n: int) -> np.ndarray:
+    """n int32 LE cells from the bytes that reached flash; cells never written read 0."""
+    k = min(len(raw) // 4, n)
+    out = np.zeros(n, dtype=np.int64)
+    if k:
+        out[:k] = np.frombuffer(bytes(raw[:4 * k]), dtype="<i4").astype(np.int64)
+    return out
+
+
+def _cbor_ctr(data: bytes) -> tuple[int, int] | None:
+    """(offset, length) of the ``ctr`` byte string of a (possibly partial) release encoding."""
+    i = data.find(b"\x63ctr")
+    if i < 0 or i + 4 >= len(data):
+        return None
+    j = i + 4
+    h = data[j]
+    if h >> 5 != 2:
+        return None
+    ai = h & 31
+    if ai < 24:
+        return j + 1, ai
+    size = {24: 1, 25: 2, 26: 4, 27: 8}.get(ai)
+    if size is None or j + 1 + size > len(data):
+        return None
+    return j + 1 + size, int.from_bytes(data[j + 1:j + 1 + size], "big")
+
+
+def image_arrays(p: Params, img: Image) -> tuple[list[np.ndarray], tuple]:
+    """The noisy arrays an intruder reads in one file image, and its other bytes (metadata).
+
+    State files (agent.storage, agent.tree): header, then whole arrays of ``p.cells``
+    int32 (one; L in tree mode), then a SHA-256 trailer (left out of the metadata: it
+    is a function of the noisy arrays). Releases (``outbox/*.tmp`` and their renames):
+    the CBOR ``ctr`` byte string. Marker files hold public keys only (metadata)."""
+    from agent import tree as tree_mod
+
+    data = img.attempted()
+    n = p.cells
+    kind = img.path.split("/")[-1].split(".")[0] if "/" not in img.path else "outbox"
+    if data.startswith(storage.STATE_MAGIC):
+        hl = storage._HDR_LEN
+        return [_words(data[hl:], n)], ("state", img.path, len(data), data[:hl], img.failed)
+    if data.startswith(tree_mod.TREE_MAGIC):
+        L = p.levels
+        hl = tree_mod._THDR_LEN + L * tree_mod._TLVL_LEN
+        arrs = [_words(data[hl + 4 * n * k:], n) for k in range(L)]
+        return arrs, ("tree", img.path, len(data), data[:hl], img.failed)
+    loc = _cbor_ctr(data)
+    if loc is not None:
+        off, ln = loc
+        cells = ln // 4
+        meta = data[:off] + data[off + ln:]
+        return [_words(data[off:off + ln], cells)], ("release", img.path, len(data), meta, img.failed)
+    return [], (kind, img.path, len(data), data, img.failed)
+
+
 @dataclass
 class Moment:
     """The device between two calls: what one intrusion reads from RAM."""
@@ -201,14 +426,24 @@ class Run:
     streams: list[bytes]
     cells: list[tuple[int, int]] = field(default_factory=list)  # (index, sign) of the target's cells
     specs: list[SpecRuns] | None = None  # per Rng instance: the distribution of every sample drawn
+    errors: list[str] = field(default_factory=list)  # exceptions the device raised (the firmware goes on)
+    fired: list[str] = field(default_factory=list)  # injected faults that triggered
 
 
 def target_item(p: Params) -> str:
-    """A target item whose row-0 cell is cell 0 (the first draw of every noise array).
+    """The target item of the neighbouring streams.
 
-    Any item is a valid target; this one also exposes the Rng-buffer attack of
-    issue 13 (a kept tail predicts the next draw, which is cell 0's).
+    cms/cs: an item whose row-0 cell is cell 0 (the first draw of every noise
+    array); any item is a valid target, this one also exposes the Rng-buffer
+    attack of issue 13 (a kept tail predicts the next draw, which is cell 0's).
+    dcs: the reading that maps to domain value 1 under the configured ``map``
+    (it touches one node per level, b + 1 levels). dbits: any item.
     """
+    if p.kind == "dcs":
+        num, den, off = p.map
+        return "%d" % (off + -(-den // num))  # smallest reading with floor((r - off) num / den) >= 1
+    if p.kind == "dbits":
+        return "audit-target-0"
     prefix = hashing.salt_prefix(p.salt)
     for i in range(100000):
         item = "audit-target-%d" % i
@@ -217,7 +452,24 @@ def target_item(p: Params) -> str:
     raise RuntimeError("no target item found")
 
 
+def background_item(p: Params, i: int) -> str:
+    """The i-th background event's item (a reading in the domain for dcs)."""
+    if p.kind == "dcs":
+        num, den, off = p.map
+        return "%d" % (off + den * (2 + i % 5))
+    return "audit-bg-%d" % (i % 5)
+
+
 def target_cells(p: Params, item: str) -> list[tuple[int, int]]:
+    """(cell, sign) of every counter the target's event moves (dbits: none, it moves a bit)."""
+    if p.kind == "dbits":
+        return []
+    if p.kind == "dcs":
+        from agent.dcs import DyadicSketch
+
+        z = array.array("i", bytes(4 * p.cells))
+        DyadicSketch(p.b, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, p.map, z).update(item, 1)
+        return [(i, 1 if v > 0 else -1) for i, v in enumerate(z) if v]
     prefix = hashing.salt_prefix(p.salt)
     signed = p.kind == "cs"
     return [(r * p.w + c, s if signed else 1) for r, (c, s) in enumerate(hashing.columns(prefix, item, p.d, p.w))]
@@ -277,76 +529,78 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
          specs: SpecRecorder) -> Run:
     t0 = (1_700_000_000 // p.window_s) * p.window_s
     quiet = lambda m: None  # noqa: E731
+    log = FlashLog(root, 4 * p.cells)
+    storage.open = log.open  # type: ignore[attr-defined]  # every file write goes through the flash log
+    try:
+        return _drive(p, sc, world, source_for, root, specs, t0, quiet, log)
+    finally:
+        del storage.open  # type: ignore[attr-defined]
+
+
+def _drive(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], root: str,
+           specs: SpecRecorder, t0: int, quiet: Callable[[str], None], log: FlashLog) -> Run:
     srcs = [RecordingSource(source_for(0))]
     specs.add_source(srcs[0])
     rec = make(p, root, t0, rng=Rng(srcs[0]), log=quiet, outbox_max=sc.outbox_max)
     item = target_item(p)
-    flash: list[np.ndarray] = []
-    flash_meta: list[tuple] = []
-    last_flash = b""
-    buf = array.array("i", bytes(4 * p.d * p.w))
     fail_dir = None
     bg = 0
+    errors: list[str] = []
     published: dict[int, bytes] = {}  # acknowledged releases (gone from the outbox, seen by the adversary)
-
-    def read_flash() -> None:
-        nonlocal last_flash
-        path = storage.join(root, "state.bin")
-        if not storage.exists(path):
-            return
-        raw = storage.read(path)
-        if raw == last_flash:
-            return
-        last_flash = raw
-        if p.mode == "tree":  # one file, one array per level (agent/tree.py)
-            from agent.tree import read_tree_state
-
-            bufs = [array.array("i", bytes(4 * p.d * p.w)) for _ in range(p.levels)]
-            seq, nodes = read_tree_state(path, rec._fp, bufs)
-            for b, node in zip(bufs, nodes):
-                flash.append(np.array(b, dtype=np.int64))
-                flash_meta.append((seq,) + tuple(node))
-            return
-        meta = storage.read_state(path, rec._fp, buf)
-        flash.append(np.array(buf, dtype=np.int64))
-        flash_meta.append(meta)
-
+    n_images = [len(log.images)]
     moments = [_snapshot("boot", rec, 0, 0, srcs[0], root)]
     for i, op in enumerate(sc.ops):
         now = _now(t0, p.epoch_s, op.at)
-        if op.kind == "bg":
-            for j in range(3):
-                rec.add("audit-bg-%d" % (bg % 5), 1)
-                bg += 1
-        elif op.kind == "target":
-            if world == 1:
-                rec.add(item, sc.sign * p.clip)
-        elif op.kind == "persist":
-            rec.persist(now)
-        elif op.kind == "restart":
-            srcs.append(RecordingSource(source_for(len(srcs))))
-            specs.add_source(srcs[-1])
-            rec = make(p, root, now, rng=Rng(srcs[-1]), log=quiet, outbox_max=sc.outbox_max)
-        elif op.kind == "tick":
-            rec.tick(now)
-        elif op.kind == "flush":
-            rec.flush(now)
-        elif op.kind == "outbox_fail":
-            # a directory where the release's temporary file must go: the
-            # write fails with an OSError, as on a full flash (even as root)
-            fail_dir = rec.outbox.path(rec.seq, ".tmp") + ".new"
-            os.mkdir(fail_dir)
-        elif op.kind == "ack":
-            pend = rec.outbox.pending()
-            if pend:
-                published[pend[0]] = rec.outbox.read(pend[0])
-                rec.outbox.ack(pend[0])
-        elif op.kind == "outbox_heal":
-            if fail_dir is not None:
-                os.rmdir(fail_dir)
-                fail_dir = None
-        read_flash()
-        moments.append(_snapshot("after %s@%s" % (op.kind, op.at), rec, len(flash), len(srcs) - 1, srcs[-1], root))
+        try:
+            if op.kind == "bg":
+                for j in range(3):
+                    rec.add(background_item(p, bg), 1)
+                    bg += 1
+            elif op.kind == "target":
+                if world == 1:
+                    rec.add(item, sc.sign * p.clip)
+            elif op.kind == "persist":
+                rec.persist(now)
+            elif op.kind == "restart":
+                srcs.append(RecordingSource(source_for(len(srcs))))
+                specs.add_source(srcs[-1])
+                rec = make(p, root, now, rng=Rng(srcs[-1]), log=quiet, outbox_max=sc.outbox_max)
+            elif op.kind == "tick":
+                rec.tick(now)
+            elif op.kind == "flush":
+                rec.flush(now)
+            elif op.kind == "fault":
+                log.armed.append(Fault.parse(op.arg))  # the next write of that file in the next op fails
+            elif op.kind == "outbox_fail":
+                # a directory where the release's temporary file must go: the
+                # write fails with an OSError, as on a full flash (even as root)
+                fail_dir = rec.outbox.path(rec.seq, ".tmp") + ".new"
+                os.mkdir(fail_dir)
+            elif op.kind == "ack":
+                pend = rec.outbox.pending()
+                if pend:
+                    published[pend[0]] = rec.outbox.read(pend[0])
+                    rec.outbox.ack(pend[0])
+            elif op.kind == "outbox_heal":
+                if fail_dir is not None:
+                    os.rmdir(fail_dir)
+                    fail_dir = None
+        except Exception as exc:  # firmware/app.py's loop goes on after any exception of the core
+            errors.append("%s@%s: %s" % (op.kind, op.at, type(exc).__name__))
+        if op.kind != "fault":
+            log.armed = []  # a fault applies to the op right after it only
+        n_images.append(len(log.images))
+        moments.append(_snapshot("after %s@%s" % (op.kind, op.at), rec, 0, len(srcs) - 1, srcs[-1], root))
+    flash: list[np.ndarray] = []
+    flash_meta: list[tuple] = []
+    count_after: list[int] = []
+    for img in log.images:
+        arrs, meta = image_arrays(p, img)
+        flash.extend(arrs)
+        flash_meta.append(meta)
+        count_after.append(len(flash))
+    for m, k in zip(moments, n_images):
+        m.n_flash = count_after[k - 1] if k else 0  # every array of every image written by then
     ob = storage.Outbox(root)
     releases: list[np.ndarray] = []
     rmeta: list[dict[str, Any]] = []
@@ -356,7 +610,8 @@ def _run(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any], 
         m = cbor2.loads(published[s])
         releases.append(np.frombuffer(m["ctr"], dtype="<i4").astype(np.int64))
         rmeta.append({k: v for k, v in m.items() if k != "ctr"})
-    return Run(moments, flash, flash_meta, releases, rmeta, [bytes(s.data) for s in srcs], target_cells(p, item))
+    return Run(moments, flash, flash_meta, releases, rmeta, [bytes(s.data) for s in srcs], target_cells(p, item),
+               errors=errors, fired=list(log.fired))
 
 
 def signature(r: Run) -> dict[str, str]:
@@ -371,6 +626,8 @@ def signature(r: Run) -> dict[str, str]:
         sig["ram%d.arrays" % i] = ",".join(sorted(m.arrays))
     for j, fmeta in enumerate(r.flash_meta):
         sig["flash%d" % j] = repr(fmeta)
+    sig["errors"] = ";".join(r.errors)
+    sig["fired"] = ";".join(r.fired)
     for j, rmeta in enumerate(r.release_meta):
         for k, v in sorted(rmeta.items()):
             sig["release%d.%s" % (j, k)] = repr(v)

@@ -71,7 +71,7 @@ def visible(model: Model, view: str, moment: int | None) -> list[int]:
 
 
 def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24, joint: bool = False,
-               joint_cap: int = 12) -> list[Candidate]:
+               joint_cap: int = 12, group: int = 2) -> list[Candidate]:
     """The most promising statistics of a view, best first (score = |m|^2 / |a|^2).
 
     ``joint``: also pairs of statistics of one moment whose noises are
@@ -116,7 +116,7 @@ def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24, join
                 seen.add(key)
                 out.append(c)
         if joint:
-            for c in _pairs(found, per_moment):
+            for c in _pairs(found, per_moment) + (_groups(found, per_moment, group) if group > 2 else []):
                 key = tuple(tuple(x) for p in c.parts for x in (p.a, p.m))
                 if key not in seen:
                     seen.add(key)
@@ -157,6 +157,49 @@ def _pairs(found: list[Candidate], keep: int, top: int = 40) -> list[Candidate]:
                                   (c1, c2)))
     best.sort(key=lambda c: -c.score)
     return best[:keep]
+
+
+def _groups(found: list[Candidate], keep: int, size: int, top: int = 40) -> list[Candidate]:
+    """Summed evidence (tree mode: every level and later release): from each of the best
+    statistics, greedily add the next best whose noise is independent of all chosen so far,
+    up to ``size`` statistics; the test sums their LLRs (exact for independent noises)."""
+    pool = [c for c in found if math.isfinite(c.score)][:top]
+    supp = [frozenset(np.nonzero(c.a)[0].tolist()) for c in pool]
+    out: list[Candidate] = []
+    seen: set[tuple[int, ...]] = set()
+    # two greedy orders: best score first, and fewest arrays first (a sum of two releases would
+    # otherwise take the place of the two releases as separate, independently noised atoms)
+    orders = (list(range(len(pool))), sorted(range(len(pool)), key=lambda k: (len(pool[k].u), -pool[k].score)))
+    for i, order in ((i, o) for o in orders for i in o):
+        chosen = [i]
+        used = set(supp[i])
+        for j in order:
+            if len(chosen) >= size:
+                break
+            if j != i and not (supp[j] & used):
+                chosen.append(j)
+                used |= supp[j]
+        key = tuple(sorted(chosen))
+        if len(chosen) < 3 or key in seen:
+            continue
+        seen.add(key)
+        cs = [pool[k] for k in chosen]
+        out.append(Candidate(cs[0].view, cs[0].moment, sum((c.u for c in cs), ()), np.sum([c.a for c in cs], axis=0),
+                             np.concatenate([c.m for c in cs]), _group_label(cs), sum(c.score for c in cs),
+                             tuple(cs)))
+    out.sort(key=lambda c: -c.score)
+    return out[:keep]
+
+
+def _group_label(cs: list[Candidate]) -> str:
+    where = ""
+    terms = []
+    for c in cs:
+        lab = c.label
+        if " @ " in lab:
+            lab, where = lab.split(" @ ", 1)
+        terms.append("(%s)" % lab)
+    return " & ".join(terms) + (" @ " + where if where else "")
 
 
 def _joint_label(c1: Candidate, c2: Candidate) -> str:

@@ -93,6 +93,11 @@ class Result:
         return out
 
 
+def _group_size(p: Params) -> int:
+    """Most statistics a joint test sums: every level's node and its releases in tree mode."""
+    return max(2, 2 * p.levels) if p.mode == "tree" else 2
+
+
 def _scheme(p: Params) -> str:
     return "shadow" if p.shadow else "refresh"
 
@@ -139,7 +144,7 @@ def predicted_draws(p: Params, r: device.Run, decs: list[device.Decoded], mo: in
     matching the Rng's state against the replayed stream.
     """
     mom = r.moments[mo]
-    n = p.d * p.w
+    n = p.cells
     offset = sum(len(decs[i].draws) for i in range(mom.instance))
     state = (mom.consumed, device._rng_state(mom.rng))
     try:
@@ -169,7 +174,7 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
     """Trials on the real code path: run the Recorder, read the view, apply each statistic
     (a joint test: each of its statistics, LLRs summed)."""
     p = m.p
-    n = p.d * p.w
+    n = p.cells
     cells = [c for c, _ in m.cells]
     E0 = m.E0[:, cells]
     atoms = [(ci, ai, a) for ci, c in enumerate(cands) for ai, a in enumerate(c.atoms())]
@@ -260,8 +265,10 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
     results: dict[str, Result] = {}
     cal_eps: dict[str, float] = {}
     for view in views:
-        # shadow: an event before the intrusion is in two coordinates at half the budget each
-        cands = distinguish.candidates(m, view, joint=bool(p.shadow))
+        # joint tests (sums of LLRs of statistics with independent noise): shadow puts an event before
+        # the intrusion in two coordinates at half the budget each; tree mode puts it in L nodes and
+        # their releases; a failed write can leave an event in two increments (issue 18)
+        cands = distinguish.candidates(m, view, joint=True, group=_group_size(p))
         if not cands:
             raise RuntimeError("scenario %s: the event leaves no trace in the %s view" % (sc.name, view))
         if use_real:
@@ -335,6 +342,12 @@ def audit(p: Params, views: Iterable[str] = VIEWS, trials: int = 100_000, seed: 
           progress: Callable[[str], None] | None = None) -> tuple[list[ScenarioAudit], list[Result]]:
     """Audit every scenario of ``p.mode``; returns the per-scenario audits and one summary per view."""
     views = list(views)
+    if p.kind == "dbits":  # bits, not a linear function of noise draws: the real code path (bits.py)
+        from host_tools.audit import bits
+
+        scs = [s for s in scenarios.for_mode(p.mode, scenario_names)
+               if scenario_names or not s.name.startswith("persist-fail")]  # dbits writes no state file
+        return bits.audit(p, scs, views, trials, real_trials, delta, claim_of(p, delta), progress)
     out = []
     for sc in scenarios.for_mode(p.mode, scenario_names):
         a = audit_scenario(p, sc, views, trials, seed, real, real_trials, verify_trials, delta)

@@ -86,7 +86,7 @@ def decode(p: Params, r: device.Run) -> tuple[np.ndarray, list[device.Decoded], 
     consecutive draws must have one distribution. Without them (a Run built
     elsewhere) every draw is replayed with ``p.noise``.
     """
-    n = p.d * p.w
+    n = p.cells
     if r.specs is None:
         decs = [device.decode_draws(p.noise, s) for s in r.streams]
     else:
@@ -149,7 +149,7 @@ def _seeded(tag: str) -> Callable[[int], Any]:
 
 def learn(p: Params, sc: Scenario, seeds: int = 4) -> Model:
     """Measure C, E and the event's effect from seeded real runs (see module doc)."""
-    n = p.d * p.w
+    n = p.cells
     notes: list[str] = []
     runs0, runs1 = [], []
     for s in range(seeds):

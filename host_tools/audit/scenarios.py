@@ -19,6 +19,11 @@ start, so the same scenario serves ``window`` mode (epoch = window) and
 ``outbox_heal`` the outbox is writable again
 ``ack``         the host acknowledges the oldest pending release (it leaves the
                 outbox; the audit keeps its bytes: it was published)
+``fault``       the next write of one file (``arg`` = target:stage[:exc], device.Fault:
+                state, tmp or marker; before, before-counters, mid-counters,
+                after-counters, before-trailer or at-close; enospc, eio or memory)
+                fails in the op right after it; every byte written stays on the
+                audited flash (device.FlashLog)
 ==============  ================================================================
 
 A scenario may set ``outbox_max`` (the Recorder's limit of unacknowledged
@@ -42,6 +47,7 @@ F = Fraction
 class Op:
     kind: str
     at: Fraction  # time in epochs after the start
+    arg: str = ""  # "fault": target:stage[:exc] (device.Fault)
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,11 @@ class Scenario:
         return Scenario(self.name + "-neg", self.doc + " (weight -clip)", self.ops, -self.sign, self.outbox_max)
 
 
-OP_KINDS = ("bg", "target", "persist", "restart", "tick", "flush", "outbox_fail", "outbox_heal", "ack")
+OP_KINDS = ("bg", "target", "persist", "restart", "tick", "flush", "outbox_fail", "outbox_heal", "ack", "fault")
 
 
-def _ops(*spec: tuple[str, str]) -> tuple[Op, ...]:
-    out = tuple(Op(k, F(t)) for k, t in spec)
+def _ops(*spec: tuple[str, ...]) -> tuple[Op, ...]:
+    out = tuple(Op(x[0], F(x[1]), x[2] if len(x) > 2 else "") for x in spec)
     for op in out:
         if op.kind not in OP_KINDS:
             raise ValueError("unknown scenario op %r" % op.kind)
@@ -103,6 +109,37 @@ COMMON: tuple[Scenario, ...] = (
                   ("persist", "16/10"), ("tick", "2"))),
 )
 
+# Failed writes (issue 18): a write that was attempted counts as written. The flash log
+# (device.FlashLog) keeps every byte that reached flash, also of a removed .new/.tmp, and a
+# "fault" op makes the next write of that file (in the next op) fail at one stage.
+def _persist_fault(stage: str, exc: str = "enospc") -> Scenario:
+    return Scenario("persist-fail-%s%s" % (stage, "" if exc == "enospc" else "-" + exc),
+                    "a state write fails (%s) %s; the event comes after it, an intrusion reads RAM and the partial "
+                    "copy" % (exc, stage.replace("-", " ")),
+                    _ops(("bg", "1/10"), ("persist", "2/10"), ("bg", "25/100"), ("fault", "3/10", "state:%s:%s"
+                                                                                    % (stage, exc)),
+                         ("persist", "35/100"), ("target", "4/10"), ("bg", "5/10"), ("persist", "6/10"),
+                         ("bg", "7/10"), ("tick", "1")))
+
+
+def _commit_fault(target: str, stage: str, exc: str = "enospc") -> Scenario:
+    name = "commit-fail-%s" % ("at-marker" if target == "marker" else stage)
+    if exc != "enospc":
+        name += "-" + exc
+    return Scenario(name, "a release commit fails (%s, %s %s); the event comes after it, before the next "
+                    "persist (issue 18: RAM - .tmp and the next flash increment)" % (exc, target, stage.replace("-", " ")),
+                    _ops(("bg", "1/10"), ("persist", "5/10"),
+                         ("fault", "9/10", "%s:%s:%s" % (target, stage, exc)), ("tick", "1"), ("bg", "12/10"),
+                         ("target", "13/10"), ("persist", "14/10"), ("bg", "16/10"), ("tick", "2")))
+
+
+FAULTS: tuple[Scenario, ...] = (
+    _persist_fault("before"), _persist_fault("mid-counters"), _persist_fault("after-counters", "eio"),
+    _persist_fault("before-trailer"), _persist_fault("at-close"), _persist_fault("mid-counters", "memory"),
+    _commit_fault("tmp", "mid-counters"), _commit_fault("tmp", "at-close"), _commit_fault("marker", "before"),
+    _commit_fault("tmp", "before-counters", "memory"),
+)
+
 # Tree mode (agent/tree.py): the same persist/restart/flush positions, each
 # event lands in every open node (L accumulators); a tick releases every node
 # that closes, so ticks at epochs 1 and 2 also release the level-1 node
@@ -113,16 +150,25 @@ TREE: tuple[Scenario, ...] = tuple(
              s.ops + ((Op("bg", F(15, 10)), Op("tick", F(2))) if all(o.at <= 1 for o in s.ops) else ()),
              s.sign, s.outbox_max)
     for s in COMMON if not s.name.startswith("outbox")) + (
+    Scenario("tree-all-levels", "event in the first leaf; ticks until the level-2 node [e, e+4) closes: "
+             "the event is in three releases (summed evidence)",
+             _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("tick", "1"), ("bg", "15/10"),
+                  ("tick", "2"), ("bg", "25/10"), ("tick", "3"), ("tick", "4"))),
     Scenario("tree-outbox-failure", "the release of the closing nodes fails (flash full) and is retried later",
              _ops(("bg", "1/10"), ("target", "3/10"), ("persist", "5/10"), ("outbox_fail", "9/10"),
                   ("tick", "1"), ("outbox_heal", "11/10"), ("bg", "12/10"), ("tick", "12/10"), ("tick", "2"))),
 )
 
 # mode -> scenarios; a new mode registers its own list here.
+TREE_FAULTS: tuple[Scenario, ...] = tuple(
+    Scenario(s.name, s.doc + "; tree: the level-1 node closes at epoch 2",
+             s.ops + ((Op("bg", F(15, 10)), Op("tick", F(2))) if all(o.at <= 1 for o in s.ops) else ()),
+             s.sign, s.outbox_max) for s in FAULTS)
+
 MODE_SCENARIOS: dict[str, tuple[Scenario, ...]] = {
-    "window": COMMON + (COMMON[2].negated(),),
-    "keep": COMMON + (COMMON[2].negated(),),
-    "tree": TREE + (TREE[2].negated(),),
+    "window": COMMON + (COMMON[2].negated(),) + FAULTS,
+    "keep": COMMON + (COMMON[2].negated(),) + FAULTS,
+    "tree": TREE + (TREE[2].negated(),) + TREE_FAULTS,
 }
 
 

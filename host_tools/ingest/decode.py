@@ -58,7 +58,7 @@ import cbor2
 import numpy as np
 
 from agent import calibrate, cbor, hashing
-from agent.params import MAX_LEVELS
+from agent.params import DBITS_EPS_MAX, MAX_LEVELS, dbits_eps_ok
 from agent.release import FORMAT_VERSION
 
 FIELDS_V1 = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
@@ -489,8 +489,10 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     if not isinstance(ctr, bytes):
         raise Rejected("schema", "field 'ctr' must be a byte string")
     if kind == "dbits":
-        if mech != "dlap" or budget[0] > 2 * budget[1] or clip != 1 or w % 8 or d > 30:
-            raise Rejected("schema", "kind dbits needs mech dlap, eps <= 2, clip 1, w a multiple of 8, d <= 30")
+        # eps above DBITS_EPS_MAX: the device's bits would not be eps-DP both ways (agent.params refuses it)
+        if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > 30:
+            raise Rejected("schema", "kind dbits needs mech dlap, eps <= %s, clip 1, w a multiple of 8, d <= 30"
+                           % DBITS_EPS_MAX)
         if len(ctr) != 4 * d:
             raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
                            % (len(ctr), d, 4 * d))

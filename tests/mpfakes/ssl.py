@@ -23,12 +23,19 @@ class SSLContext:
         contexts.append(self)
 
     def load_verify_locations(self, cafile=None, cadata=None):
-        os.stat(cafile)  # OSError if missing, as on a board
-        self.ca = cafile
+        if cafile is not None:
+            os.stat(cafile)  # OSError if missing, as on a board
+            f = open(cafile, "rb")
+            cadata = f.read()
+            f.close()
+        if not isinstance(cadata, (bytes, bytearray)) or not cadata:
+            raise ValueError("invalid cert")  # what the tls module raises
+        self.ca = cadata
 
     def load_cert_chain(self, certfile, keyfile):
-        os.stat(certfile)
-        os.stat(keyfile)
+        for x in (certfile, keyfile):
+            if isinstance(x, str):
+                os.stat(x)
         self.cert = (certfile, keyfile)
 
     def wrap_socket(self, sock, server_side=False, do_handshake_on_connect=True, server_hostname=None):

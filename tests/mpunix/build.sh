@@ -11,8 +11,15 @@
 # which .ci/run installs on x86-64): boards (ESP32, RP2040) are 32-bit, and a
 # 64-bit VM needs about 1.5x their heap for the same objects. Otherwise, or
 # with PANSKETCH_MPUNIX_BITS=64, the 64-bit build of
-# ../shared/micropython/build-unix.sh. Same options either way: no TLS, btree,
-# ffi or frozen modules.
+# ../shared/micropython/build-unix.sh. Same options either way: the `tls`
+# module on the bundled Mbed TLS (the firmware connects over TLS;
+# PANSKETCH_MP_TLS=0 leaves it out), no btree, ffi or frozen modules.
+# The 32-bit build also makes Mbed TLS allocate from the Python heap
+# (MICROPY_MBEDTLS_CONFIG_BARE_METAL, as MicroPython's coverage build does;
+# entropy from the port's mp_hal_get_random, i.e. the kernel), which is how
+# the Pico W's port does it: TLS's record buffers and handshake state count
+# against -X heapsize, the tight case for a board (on an ESP32 they live
+# in the IDF heap). The 64-bit fallback allocates them with libc.
 #
 # The build goes to .micropython/ in the repository (gitignored). It is skipped
 # when the binary exists, runs, and was built from the same tarball and word
@@ -46,7 +53,12 @@ unix="$cache/micropython/ports/unix"
 if [ "$bits" = 32 ]; then bin="$unix/build-standard32/micropython"; else bin="$unix/build-standard/micropython"; fi
 
 tarball=$(ls "$shared"/micropython/micropython-*.tar.gz | head -n 1)
-sum="$(sha256sum "$tarball" | cut -d' ' -f1) $bits-bit"
+tls=${PANSKETCH_MP_TLS:-1}
+tlsheap=
+if [ "$tls" != 0 ] && [ "$bits" = 32 ]; then
+  tlsheap="-DMICROPY_MBEDTLS_CONFIG_BARE_METAL=1 -DMICROPY_TRACKED_ALLOC=1"
+fi
+sum="$(sha256sum "$tarball" | cut -d' ' -f1) $bits-bit tls=$tls${tlsheap:+ tls-in-heap}"
 if [ -x "$bin" ] && [ "$(cat "$cache/SOURCE" 2>/dev/null)" = "$sum" ] \
    && "$bin" -c "import sys; assert sys.implementation.name == 'micropython'" 2>/dev/null; then
   echo "$bin"
@@ -60,12 +72,15 @@ export GIT_CEILING_DIRECTORIES="$cache"
 if [ "$bits" = 32 ]; then
   tar -xzf "$tarball" -C "$cache"
   # build-unix.sh's options, for a 32-bit target
-  make -s -C "$unix" -j"$(nproc)" BUILD=build-standard32 CFLAGS_EXTRA=-m32 LDFLAGS_EXTRA=-m32 \
-    MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_PY_FFI=0 FROZEN_MANIFEST= >&2
+  make -s -C "$unix" -j"$(nproc)" BUILD=build-standard32 CFLAGS_EXTRA="-m32 $tlsheap" LDFLAGS_EXTRA=-m32 \
+    MICROPY_PY_BTREE=0 MICROPY_PY_SSL="$tls" MICROPY_PY_FFI=0 FROZEN_MANIFEST= >&2
   "$bin" -c "import sys; assert sys.implementation.name == 'micropython' and sys.maxsize == 2**31 - 1"
 else
-  out=$("$builder" "$cache" | tail -n 1)
+  out=$(PANSKETCH_MP_TLS=$tls "$builder" "$cache" | tail -n 1)
   [ "$out" = "$bin" ] || { echo "tests/mpunix/build.sh: unexpected binary path $out" >&2; exit 1; }
+fi
+if [ "$tls" != 0 ]; then
+  "$bin" -c "import tls" || { echo "tests/mpunix/build.sh: the build has no tls module" >&2; exit 1; }
 fi
 echo "$sum" > "$cache/SOURCE"
 echo "$bin"
