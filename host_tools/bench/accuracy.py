@@ -304,6 +304,43 @@ def distinct_reference(keys: list[str], budget: int) -> Optional[dict[str, Any]]
     return out
 
 
+# -- dbits -------------------------------------------------------------------------------------
+def dbits_coverage(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000, 300_000, 1_000_000),
+                   epss: tuple[tuple[int, int], ...] = ((1, 2), (1, 1)), K: int = 16, m: int = 1024,
+                   confidence: float = 0.95, seed: int = 2026) -> list[dict[str, Any]]:
+    """Coverage of one release's interval, the default dbits (16 levels x 1024 bits), by n and eps:
+    the releases are exact simulations of the device (host_tools.bench.kinds.dnpry_simulate), the
+    interval is the host's (host_tools.query.distinct), next to the former delta-method one."""
+    from statistics import NormalDist
+
+    from host_tools.bench.kinds import dnpry_simulate
+    from host_tools.query.distinct import boot_variance, estimate_release
+    from host_tools.query.merge import noise_variance
+
+    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+    rows = []
+    for en, ed in epss:
+        eps = en / ed
+        ov = noise_variance("dlap", ed, en)
+        for D in Ds:
+            g = np.random.default_rng([seed, D, en, ed])
+            inside = inside_delta = 0
+            err = []
+            for _ in range(trials):
+                d, v = estimate_release(dnpry_simulate(D, m, K, eps, g), m, eps, ov)
+                vb = boot_variance(d, K, m, (en, ed), ed / en, ov)
+                inside += abs(d - D) <= z * math.sqrt(vb)
+                inside_delta += abs(d - D) <= z * math.sqrt(v)
+                err.append(d / D - 1.0)
+            rows.append({"eps": "%d/%d" % (en, ed), "n": D, "trials": trials, "coverage": inside / trials,
+                         "coverage_delta_method": inside_delta / trials,
+                         "rel_err_rmse": float(np.sqrt(np.mean(np.square(err))))})
+            print("dbits eps %d/%d n %d: coverage %.3f (delta method %.3f), relative RMSE %.3f"
+                  % (en, ed, D, rows[-1]["coverage"], rows[-1]["coverage_delta_method"], rows[-1]["rel_err_rmse"]),
+                  flush=True)
+    return rows
+
+
 # -- output ------------------------------------------------------------------------------------
 def figures(res: dict[str, Any], outdir: str) -> list[str]:
     try:
@@ -393,10 +430,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--salts", type=int, default=30, help="fleets (hash keys) per configuration")
     ap.add_argument("--devices", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="every 4th file and 6 salts (a minute)")
+    ap.add_argument("--dbits", type=int, default=0, metavar="TRIALS",
+                    help="only the dbits interval coverage, TRIALS per (eps, n) (2000 for the docs)")
     ap.add_argument("--out", default="bench-results/accuracy.json")
     ap.add_argument("--figures", default="bench-results")
     a = ap.parse_args(argv)
     t = time.time()
+    if a.dbits:
+        rows = dbits_coverage(a.dbits)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).with_name("accuracy_dbits.json").write_text(json.dumps(rows, indent=1))
+        return 0
     data = stdlib_data(4 if a.quick else 1)
     salts = 6 if a.quick else a.salts
     keys, vals = vocabulary(data["tokens"])
