@@ -198,7 +198,7 @@ def freq_topk(keys: list[str], vals: np.ndarray, salts: int, devices: int, ks: t
 
 def frequent_items(keys: list[str], vals: np.ndarray, ks: tuple[int, ...], budget: int) -> dict[str, Any]:
     """DataSketches frequent_strings_sketch with the largest map that fits ``budget`` bytes serialized."""
-    import datasketches as ds  # type: ignore[import-not-found]
+    import datasketches as ds  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     rng = np.random.default_rng(0)
     order = rng.permutation(np.repeat(np.arange(len(keys)), vals))
@@ -246,7 +246,7 @@ def quantiles(name: str, values: np.ndarray, salts: int, devices: int, configs: 
             lo = np.searchsorted(srt, xs, side="left") / n
             rank_err += list(np.maximum(0.0, np.maximum(lo - QS, QS - true / n)))
             width += list(h / n)
-        row = {"d": d, "w": w, "memory_bytes": 4 * d * w * (b + 1), "coverage_median": pct(per_salt, 0.5),
+        row: dict[str, Any] = {"d": d, "w": w, "memory_bytes": 4 * d * w * (b + 1), "coverage_median": pct(per_salt, 0.5),
                "coverage_p05": pct(per_salt, 0.05), "coverage_min": min(per_salt),
                "rank_err_mean": float(np.mean(rank_err)), "halfwidth_mean_frac": float(np.mean(width)),
                "_per_salt": per_salt}
@@ -260,7 +260,7 @@ def quantiles(name: str, values: np.ndarray, salts: int, devices: int, configs: 
 
 def kll(vals: np.ndarray, budget: int) -> dict[str, Any]:
     """DataSketches KLL (floats) with the largest k whose serialized size fits ``budget`` bytes: rank error."""
-    import datasketches as ds
+    import datasketches as ds  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     srt = np.sort(vals)
     n = len(vals)
@@ -283,7 +283,7 @@ def kll(vals: np.ndarray, budget: int) -> dict[str, Any]:
 
 def distinct_reference(keys: list[str], budget: int) -> Optional[dict[str, Any]]:
     try:
-        import datasketches as ds
+        import datasketches as ds  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
         return None
     out: dict[str, Any] = {"true": len(keys), "budget_bytes": budget}
@@ -318,7 +318,7 @@ def dbits_coverage(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000, 3
     from host_tools.query.merge import noise_variance
 
     z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for en, ed in epss:
         eps = en / ed
         ov = noise_variance("dlap", ed, en)

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 acc["rel"].append(ans[0]["releases"])
                 acc["draws"].append(ans[0]["noise_draws"])
                 acc["sd"].append(ans[0]["noise_sd"])
-        row = {"epochs": k, "positions": len(starts)}
+        row: dict[str, Any] = {"epochs": k, "positions": len(starts)}
         for mode, _d, _e in MODES:
             r = res[mode]
             row[mode] = {"rmse": float(np.sqrt(np.mean(np.square(r["err"])))),

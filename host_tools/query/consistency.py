@@ -54,7 +54,7 @@ import numpy as np
 
 
 # -- monotone rows ----------------------------------------------------------------
-def isotonic(y: Sequence[float]) -> np.ndarray:
+def isotonic(y: Sequence[float] | np.ndarray) -> np.ndarray:
     """Non-decreasing least-squares fit to y (pool adjacent violators, equal weights)."""
     vals: list[float] = []
     wts: list[int] = []
@@ -75,7 +75,8 @@ def isotonic(y: Sequence[float]) -> np.ndarray:
     return out
 
 
-def monotone(est: Sequence[float], lo: Sequence[float], hi: Sequence[float], floor: float = -math.inf,
+def monotone(est: Sequence[float] | np.ndarray, lo: Sequence[float] | np.ndarray,
+             hi: Sequence[float] | np.ndarray, floor: float = -math.inf,
              ceil: float = math.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(est, lo, hi) of points in increasing x made monotone and consistent (module doc).
 

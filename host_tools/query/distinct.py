@@ -62,7 +62,7 @@ def _level_var(f: np.ndarray, m: int, eps: float, out_var: float) -> np.ndarray:
     return var_f * (m / (1.0 - f)) ** 2 + 0.5 * (m / (1.0 - f) ** 2) ** 2 * var_f ** 2
 
 
-def estimate_release(counts: Sequence[float], m: int, eps: float, out_var: float) -> tuple[float, float]:
+def estimate_release(counts: Sequence[float] | np.ndarray, m: int, eps: float, out_var: float) -> tuple[float, float]:
     """(D_hat, Var) of one release's per-level counts."""
     c = np.asarray(counts, dtype=np.float64)
     K = len(c)
