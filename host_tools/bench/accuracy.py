@@ -432,6 +432,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="every 4th file and 6 salts (a minute)")
     ap.add_argument("--dbits", type=int, default=0, metavar="TRIALS",
                     help="only the dbits interval coverage, TRIALS per (eps, n) (2000 for the docs)")
+    ap.add_argument("--section", choices=("all", "freq", "quantiles"), default="all",
+                    help="run one section only (written to accuracy_<section>.json; 'all' merges them)")
     ap.add_argument("--out", default="bench-results/accuracy.json")
     ap.add_argument("--figures", default="bench-results")
     a = ap.parse_args(argv)
@@ -447,17 +449,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("data: %d files, %d tokens (%d distinct), %d lines, %.0f s"
           % (data["files"], int(vals.sum()), len(keys), len(data["line_lengths"]), time.time() - t), flush=True)
     res: dict[str, Any] = {"files": data["files"], "devices": a.devices}
-    res["freq"] = freq_topk(keys, vals, salts, a.devices)
-    print("freq/topk done, %.0f s" % (time.time() - t), flush=True)
-    res["quantiles"] = [quantiles("line lengths", data["line_lengths"], salts, a.devices, ((4, 1024), (3, 16))),
-                        quantiles("file sizes", data["file_sizes"], salts, a.devices, ((4, 1024), (3, 16)))]
-    print("quantiles done, %.0f s" % (time.time() - t), flush=True)
-    res["distinct"] = distinct_reference(keys, 16 * 1024 // 8)
+    out = Path(a.out)
+    if a.section in ("all", "freq"):
+        res["freq"] = freq_topk(keys, vals, salts, a.devices)
+        res["distinct"] = distinct_reference(keys, 16 * 1024 // 8)
+        print("freq/topk done, %.0f s" % (time.time() - t), flush=True)
+    if a.section in ("all", "quantiles"):
+        res["quantiles"] = [quantiles("line lengths", data["line_lengths"], salts, a.devices, ((4, 1024), (3, 16))),
+                            quantiles("file sizes", data["file_sizes"], salts, a.devices, ((4, 1024), (3, 16)))]
+        print("quantiles done, %.0f s" % (time.time() - t), flush=True)
+    if a.section != "all":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_name("accuracy_%s.json" % a.section).write_text(json.dumps(res, indent=1, default=float))
+        other = out.with_name("accuracy_%s.json" % ("quantiles" if a.section == "freq" else "freq"))
+        if not other.exists():
+            print("wrote", out.with_name("accuracy_%s.json" % a.section))
+            return 0
+        res.update({k: v for k, v in json.loads(other.read_text()).items() if k not in res})
     res["figures"] = figures(res, a.figures)
     md = tables(res)
     print(md)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1, default=float))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float))
     Path(a.out).with_suffix(".md").write_text(md + "\n")
     print("wrote", a.out, "and", str(Path(a.out).with_suffix(".md")), *res["figures"])
     return 0
