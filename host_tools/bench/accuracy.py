@@ -425,6 +425,29 @@ def tables(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- bench.accuracy:begin -->", "<!-- bench.accuracy:end -->"
+
+
+def update_docs(md: str, path: str = "docs/HOST.md") -> None:
+    """Replace the block between the markers in docs/HOST.md by the tables."""
+    doc = Path(path).read_text()
+    i, j = doc.index(BEGIN), doc.index(END)
+    Path(path).write_text(doc[:i + len(BEGIN)] + "\n" + md + "\n" + doc[j:])
+
+
+def dbits_table(rows: list[dict[str, Any]]) -> str:
+    ns = sorted({r["n"] for r in rows})
+    out = ["| dbits 16 x 1024, 95%% intervals (%d trials per cell) | %s |" % (
+        rows[0]["trials"], " | ".join("n = %g" % n for n in ns)), "|---" * (len(ns) + 1) + "|"]
+    for eps in sorted({r["eps"] for r in rows}, key=lambda e: -len(e)):
+        by = {r["n"]: r for r in rows if r["eps"] == eps}
+        out.append("| eps = %s: coverage (delta method before) | %s |" % (eps, " | ".join(
+            "%.3f (%.3f)" % (by[n]["coverage"], by[n]["coverage_delta_method"]) if n in by else "-" for n in ns)))
+        out.append("| eps = %s: relative RMSE | %s |" % (eps, " | ".join(
+            "%.3f" % by[n]["rel_err_rmse"] if n in by else "-" for n in ns)))
+    return "\n".join(out)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--salts", type=int, default=30, help="fleets (hash keys) per configuration")
@@ -436,6 +459,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="run one section only (written to accuracy_<section>.json; 'all' merges them)")
     ap.add_argument("--out", default="bench-results/accuracy.json")
     ap.add_argument("--figures", default="bench-results")
+    ap.add_argument("--update-docs", action="store_true",
+                    help="write the tables (and accuracy_dbits.json's, if present) into docs/HOST.md")
     a = ap.parse_args(argv)
     t = time.time()
     if a.dbits:
@@ -468,7 +493,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         res.update({k: v for k, v in json.loads(other.read_text()).items() if k not in res})
     res["figures"] = figures(res, a.figures)
     md = tables(res)
+    dj = out.with_name("accuracy_dbits.json")
+    if dj.exists():
+        md += "\n\n" + dbits_table(json.loads(dj.read_text()))
     print(md)
+    if a.update_docs:
+        update_docs(md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=float))
     Path(a.out).with_suffix(".md").write_text(md + "\n")
