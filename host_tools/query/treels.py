@@ -32,6 +32,7 @@ in memory (more than ``MAX_VALUES`` node-cells) is split into its children.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -97,6 +98,40 @@ def consistent_cover(store: Any, dev: str, root: Key, cover: list[Key], shape: t
     sel = [r for r in rels if r.mode == "tree"]
     L = (hi - lo).bit_length()  # levels 0 .. L-1
     cells = int(np.prod(shape))
+    # a series asks many ranges of the same subtree: keep the last few made consistent (a subtree's
+    # released nodes never change once complete; the key still checks what was read)
+    key = (dev, root, len(sel), max((r.seq for r in sel), default=-1), tuple(shape))
+    try:
+        cache = _CACHE.setdefault(store, {})
+    except TypeError:  # a store that cannot be weakly referenced: no cache
+        cache = {}
+    hit = cache.get(key)
+    if hit is None:
+        hit = _consistent_subtree(store, dev, root, sel, rels, ep_s, L, cells)
+        cache[key] = hit
+        while len(cache) > CACHE_SUBTREES:
+            cache.pop(next(iter(cache)))
+    vals, var, cons = hit
+    raw = np.zeros(cells + PROBES)
+    out = np.zeros(cells + PROBES)
+    for a, b in cover:
+        lv = (b - a).bit_length() - 1
+        raw += vals[lv][(a - lo) >> lv]
+        out += cons[lv][(a - lo) >> lv]
+    raw_var = sum(var[(b - a).bit_length() - 1][(a - lo) >> ((b - a).bit_length() - 1)] for a, b in cover)
+    cons_var = float(np.mean(np.square(out[cells:])))
+    return raw[:cells].reshape(shape), out[:cells].reshape(shape), float(raw_var), cons_var
+
+
+CACHE_SUBTREES = 2  # per store object (dropped with it)
+_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _consistent_subtree(store: Any, dev: str, root: Key, sel: list[Any], rels: list[Any], ep_s: int, L: int,
+                        cells: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """(raw node values, node variances, consistent values) per level of one complete subtree."""
+    lo, hi = root
     vals = [np.zeros(((hi - lo) >> lv, cells + PROBES)) for lv in range(L)]
     var = [np.zeros((hi - lo) >> lv) for lv in range(L)]
     byk: dict[Key, list[Any]] = {}
@@ -114,16 +149,7 @@ def consistent_cover(store: Any, dev: str, root: Key, cover: list[Key], shape: t
         v = node_variance(parts)
         var[lv][(a - lo) >> lv] = v
         vals[lv][(a - lo) >> lv, cells:] = rng.normal(0.0, math.sqrt(v), PROBES)
-    cons = tree_consistent(vals, var)
-    raw = np.zeros(cells + PROBES)
-    out = np.zeros(cells + PROBES)
-    for a, b in cover:
-        lv = (b - a).bit_length() - 1
-        raw += vals[lv][(a - lo) >> lv]
-        out += cons[lv][(a - lo) >> lv]
-    raw_var = sum(var[(b - a).bit_length() - 1][(a - lo) >> ((b - a).bit_length() - 1)] for a, b in cover)
-    cons_var = float(np.mean(np.square(out[cells:])))
-    return raw[:cells].reshape(shape), out[:cells].reshape(shape), float(raw_var), cons_var
+    return vals, var, tree_consistent(vals, var)
 
 
 def apply(store: Any, m: Merged, used: dict[str, list[Key]], keys: dict[str, set[Key]],
