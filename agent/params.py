@@ -12,6 +12,9 @@ from agent.sketch import KINDS
 
 
 MAX_LEVELS = 24  # 2**23 epochs per tree; memory (L arrays) is the real limit
+# device ids: 1-64 of these ASCII characters (docs/FORMAT.md section 1); the host checks the same set
+# (host_tools.decode.DEVICE_ID), so no Unicode lookalike of another device's name is ever accepted
+DEVICE_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 
 
 class ParamError(ValueError):
@@ -86,8 +89,8 @@ class Params:
         if not isinstance(dev, str) or not dev or len(dev) > 64:
             raise ParamError("device", "must be a non-empty string of at most 64 characters")
         for ch in dev:
-            if not (ch.isalpha() or ch.isdigit() or ch in "-_."):
-                raise ParamError("device", "may only contain letters, digits, '-', '_' and '.'")
+            if ch not in DEVICE_CHARS:
+                raise ParamError("device", "may only contain ASCII letters, digits, '-', '_' and '.'")
         self.device = dev
         salt = cfg.get("salt")
         if not isinstance(salt, str) or len(salt) < 8:

@@ -440,8 +440,10 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
         from host_tools.web.serve import make_server, server_url
         from host_tools.web.app import Dashboard
 
+        from host_tools.web.app import allowed_hosts_for
+
         app = Dashboard(hostconfig.load(conf), candidates=ZipfStream(args.items, args.zipf, 0).items,
-                        candidates_name="the demo's %d items" % args.items)
+                        candidates_name="the demo's %d items" % args.items, allowed_hosts=allowed_hosts_for(args.bind))
         try:
             server = make_server(app, args.bind, args.port)
         except OSError as exc:

@@ -10,7 +10,14 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
                   max_bytes (1048576), qos (1), session_expiry_s (86400;
-                  0 with a shared_group: see AggregatorConfig)
+                  0 with a shared_group: see AggregatorConfig);
+                  hostile input (docs/HOST.md "Hostile input"):
+                  validate_cpu_s (1), reject_keep_bytes (256),
+                  rejections_max_rows (10000), rejections_max_bytes
+                  (16777216), rejections_retention_s (2592000),
+                  reject_log_interval_s (60), max_clock_skew_s (600),
+                  max_seq_jump (100000), quarantine_max_rows (1000),
+                  quarantine_max_bytes (67108864)
     [fleet]       salt or salt_id (one is required; queries need salt),
                   kind, d, w, mechanism (optional: enforced when given)
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
@@ -45,7 +52,10 @@ from agent.sketch import KINDS
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
                "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s"),
-    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s"),
+    "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
+                   "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
+                   "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
+                   "quarantine_max_bytes"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
@@ -83,6 +93,16 @@ class AggregatorConfig:
     # across a restart), 0 for a shared-group member (clean start: a member that dies leaves the group
     # at once; mosquitto 2.0 would otherwise keep handing its offline session a share of the releases)
     session_expiry_s: int = -1
+    validate_cpu_s: float = 1.0  # per-message CPU budget of validation: over it, refused with code 'timeout'
+    reject_keep_bytes: int = 256  # prefix of a refused payload kept (with its SHA-256, size and reason)
+    rejections_max_rows: int = 10000
+    rejections_max_bytes: int = 16 << 20
+    rejections_retention_s: float = 30 * 86400.0
+    reject_log_interval_s: float = 60.0  # at most 10 rejection warnings per interval, then one summary
+    max_clock_skew_s: float = 600.0  # a release whose epochs start later than now + this is quarantined
+    max_seq_jump: int = 100000  # ... and one whose seq is this far above the device's highest stored seq
+    quarantine_max_rows: int = 1000
+    quarantine_max_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.session_expiry_s < 0:
@@ -261,6 +281,18 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         session_expiry_s=_int_range(a, "aggregator", "session_expiry_s",
                                     SHARED_SESSION_EXPIRY_S if shared else DEFAULT_SESSION_EXPIRY_S, 0, 0xFFFFFFFF),
     )
+    agg.validate_cpu_s = _seconds(a, "aggregator", "validate_cpu_s", 1.0)
+    if not 0.01 <= agg.validate_cpu_s <= 60:
+        raise ConfigError("aggregator.validate_cpu_s", "must be between 0.01 and 60 seconds")
+    agg.reject_keep_bytes = _int_range(a, "aggregator", "reject_keep_bytes", 256, 0, 1 << 16)
+    agg.rejections_max_rows = _int_range(a, "aggregator", "rejections_max_rows", 10000, 10, 1 << 31)
+    agg.rejections_max_bytes = _int_range(a, "aggregator", "rejections_max_bytes", 16 << 20, 1 << 16, 1 << 40)
+    agg.rejections_retention_s = _seconds(a, "aggregator", "rejections_retention_s", 30 * 86400.0)
+    agg.reject_log_interval_s = _seconds(a, "aggregator", "reject_log_interval_s", 60.0)
+    agg.max_clock_skew_s = _seconds(a, "aggregator", "max_clock_skew_s", 600.0)
+    agg.max_seq_jump = _int_range(a, "aggregator", "max_seq_jump", 100000, 1, 1 << 32)
+    agg.quarantine_max_rows = _int_range(a, "aggregator", "quarantine_max_rows", 1000, 1, 1 << 31)
+    agg.quarantine_max_bytes = _int_range(a, "aggregator", "quarantine_max_bytes", 64 << 20, 1 << 16, 1 << 40)
     if agg.qos == 0:
         raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")
 

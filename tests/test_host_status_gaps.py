@@ -147,7 +147,7 @@ def test_report_lists_lost_pending_rejected_late_and_backlog(tmp_path):
     assert d2["releases"] == 0 and d2["pending_seqs"] == [0, 1, 2] and d2["lost_count"] == 0 and d2["backlog"] == 3
     d3 = devs["pi-3"]
     assert d3["status"] is None and (d3["unknown_seqs"], d3["lost_count"], d3["pending_count"]) == ([0, 2], None, None)
-    assert rep["delivery"] == {"lost": 2, "pending": 5, "rejected": 1, "late": 1, "unknown": 2, "backlog": 5,
+    assert rep["delivery"] == {"lost": 2, "pending": 5, "rejected": 1, "late": 1, "unknown": 2, "backlog": 5, "quarantined": 0,
                                "devices_without_status": 1}
     # a longer grace: nothing late
     assert status.report(a.store, late_grace_s=7300)["delivery"]["late"] == 0
@@ -184,7 +184,8 @@ def test_status_cli_json_and_grace(tmp_path):
 
 
 def test_old_database_rejections_get_their_seq_on_write_open(tmp_path):
-    a = Aggregator(host_cfg(tmp_path))
+    # old databases kept whole payloads (now a bounded prefix): keep enough to reach 'seq' after 'ctr'
+    a = Aggregator(host_cfg(tmp_path, aggregator={"reject_keep_bytes": 65536}))
     p = params("pi-1")
     assert a.handle(topic("pi-1"), encoded(p, seq=0)).stored
     assert a.handle(topic("pi-1"), encoded(p, seq=1, fill=2)).status == "rejected"  # conflict

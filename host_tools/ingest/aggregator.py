@@ -51,9 +51,15 @@ validates one message (host_tools.ingest.decode), stores it idempotently
   acknowledge what was received, then exit 0 (the helpers ignore both
   signals and stop when told).
 
+Hostile input (docs/HOST.md "Hostile input"): validation has a per-message
+CPU budget in its helper (host_tools.ingest.validproc); refused messages are kept
+bounded (host_tools.store.Limits); a valid release from the future (beyond
+``max_clock_skew_s``) or with a seq jump beyond ``max_seq_jump`` is
+quarantined, not stored, and not acknowledged.
+
 Output (stderr, ``logging``): a line per connection and when the
 subscription is in place, one per stored release (device, seq, what it covers, size), warnings for
-rejections and lost connections, a summary at exit; ``-q`` keeps only the
+rejections (at most 10 per ``reject_log_interval_s``, then a summary line) and lost connections, a summary at exit; ``-q`` keeps only the
 warnings and errors, ``-v`` adds the MQTT client's packet log.
 """
 
@@ -78,7 +84,7 @@ from host_tools.web import metrics
 from host_tools.ingest.decode import Rejected, Release, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.ingest.mqttproc import Msg, MQTTProcess, Settings
-from host_tools.store.core import Pending, SQLStore, open_store
+from host_tools.store.core import Limits, Pending, SQLStore, open_store
 from host_tools.ingest.validproc import Settings as ValidationSettings
 from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict
 
@@ -89,7 +95,7 @@ log = logging.getLogger("pansketch.aggregator")
 class Outcome:
     """What happened to one message."""
 
-    status: str  # 'stored' | 'duplicate' | 'rejected' | 'error' (database error on this message: not stored)
+    status: str  # 'stored' | 'duplicate' | 'rejected' | 'quarantined' | 'error' (database error: not stored)
     reason: Optional[str] = None
     code: Optional[str] = None
     device: Optional[str] = None
@@ -101,8 +107,8 @@ class Outcome:
         return self.status == "stored"
 
     def __str__(self) -> str:
-        if self.status == "rejected":
-            return "rejected (%s): %s" % (self.code, self.reason)
+        if self.status in ("rejected", "quarantined"):
+            return "%s (%s): %s" % (self.status, self.code, self.reason)
         return self.status
 
 
@@ -114,8 +120,14 @@ class Aggregator:
         self.cfg = cfg
         self.store = store if store is not None else open_store(cfg.aggregator.db)
         self.log = logger or log
-        self.counts = {"stored": 0, "duplicate": 0, "rejected": 0}
-        self.validation = ValidationSettings(cfg.fleet, cfg.aggregator.max_bytes)
+        self.counts = {"stored": 0, "duplicate": 0, "rejected": 0, "quarantined": 0}
+        a = cfg.aggregator
+        self.validation = ValidationSettings(cfg.fleet, a.max_bytes, a.topic, a.validate_cpu_s)
+        self.store.limits = Limits(keep_bytes=a.reject_keep_bytes, max_rows=a.rejections_max_rows,
+                                   max_bytes=a.rejections_max_bytes, retention_s=a.rejections_retention_s,
+                                   quarantine_rows=a.quarantine_max_rows, quarantine_bytes=a.quarantine_max_bytes,
+                                   max_seq_jump=a.max_seq_jump)
+        self.warnings = RateLimitedWarnings(self.log, a.reject_log_interval_s)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -133,12 +145,18 @@ class Aggregator:
         """The :class:`Pending` for one message and its validation verdict (host_tools.ingest.validproc)."""
         now = time.time() if received is None else received
         payload = bytes(payload)
-        keep = self.cfg.aggregator.max_bytes
         if v[0] == "ok":
             rel = Release.from_state(v[1], payload)
-            return Pending(payload, topic, now, rel=rel, device=rel.dev, keep_bytes=keep)
-        return Pending(payload, topic, now, rej=Rejected(v[1], v[2]), device=topic_device(topic) if topic else None,
-                       keep_bytes=keep)
+            p = Pending(payload, topic, now, rel=rel, device=rel.dev)
+            skew = self.cfg.aggregator.max_clock_skew_s
+            if rel.t0 > now + skew:  # no honest device releases epochs that have not started
+                p.quarantine = Rejected("future", "epochs [%s, %s) start more than %g s (aggregator.max_clock_skew_s) "
+                                                  "after the host's clock (%s)"
+                                        % (_utc(rel.t0), _utc(min(rel.t1, 1 << 40)), skew, _utc(int(now))))
+            return p
+        dev, seq = (v[3], v[4]) if len(v) >= 5 else (None, None)
+        return Pending(payload, topic, now, rej=Rejected(v[1], v[2]),
+                       device=topic_device(topic, self.cfg.aggregator.topic) if topic else None, seq=seq, pdev=dev)
 
     def handle_many(self, msgs: Sequence[tuple[str, bytes]], received: Optional[float] = None,
                     pending: Optional[Sequence[Pending]] = None) -> list[Outcome]:
@@ -166,13 +184,22 @@ class Aggregator:
     def _outcome(self, p: Pending) -> Outcome:
         if p.status == "rejected":
             assert p.rej is not None
-            self.log.warning("rejected message on %s (%d bytes): %s: %s", p.topic, len(p.payload), p.rej.code,
-                             p.rej.reason)
+            self.warnings.warn(p.rej.code, "rejected message on %s (%d bytes): %s: %s"
+                               % (str(p.topic)[:200], len(p.payload), p.rej.code, p.rej.reason[:300]))
             self._count("rejected")
             metrics.record(self, "rejected", p.rej.code, None, p.received)
-            return Outcome("rejected", p.rej.reason, p.rej.code, p.device, None, _seq_of(p.payload))
+            return Outcome("rejected", p.rej.reason, p.rej.code, p.device, None,
+                           p.rel.seq if p.rel is not None else p.seq)
         rel = p.rel
         assert rel is not None
+        if p.status == "quarantined":
+            q = p.quarantine
+            assert q is not None
+            self.warnings.warn(q.code, "quarantined release %s seq %d epochs [%d, %d) part %d: %s: %s"
+                               % (rel.dev, rel.seq, rel.elo, rel.ehi, rel.part, q.code, q.reason))
+            self._count("quarantined")
+            metrics.record(self, "quarantined", q.code, None, p.received)
+            return Outcome("quarantined", q.reason, q.code, rel.dev, rel.key, rel.seq)
         if p.status == "duplicate":
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
                           rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
@@ -196,16 +223,43 @@ class MessageError(Exception):
         self.failed = failed
 
 
-def _seq_of(payload: bytes) -> Optional[int]:
-    """The ``seq`` of a rejected release, if it parses that far (for the device's ack)."""
-    try:
-        import cbor2
+class RateLimitedWarnings:
+    """Warning lines for refused messages, at most ``burst`` per ``interval`` s; then one summary line per
+    interval with the counts per code of those not shown (a flood of garbage must not flood the log)."""
 
-        m = cbor2.loads(payload)
-        seq = m.get("seq") if isinstance(m, dict) else None
-        return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2**63 else None
-    except Exception:
-        return None
+    def __init__(self, logger: logging.Logger, interval: float = 60.0, burst: int = 10) -> None:
+        self.log = logger
+        self.interval = interval
+        self.burst = burst
+        self._start = time.monotonic()
+        self._shown = 0
+        self._hidden: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def warn(self, code: str, line: str) -> None:
+        with self._lock:
+            self._roll(time.monotonic())
+            if self._shown < self.burst:
+                self._shown += 1
+                self.log.warning("%s", line)
+            else:
+                self._hidden[code] = self._hidden.get(code, 0) + 1
+
+    def flush(self) -> None:
+        """Say what was not shown (called at exit, and whenever an interval ends)."""
+        with self._lock:
+            self._roll(time.monotonic(), force=True)
+
+    def _roll(self, now: float, force: bool = False) -> None:
+        if not force and now - self._start < self.interval:
+            return
+        if self._hidden:
+            self.log.warning("%d more message(s) refused or quarantined in the last %.0f s (not shown one by one): %s",
+                             sum(self._hidden.values()), now - self._start,
+                             ", ".join("%s %d" % kv for kv in sorted(self._hidden.items(), key=lambda kv: -kv[1])))
+        self._start = now
+        self._shown = 0
+        self._hidden = {}
 
 
 def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
@@ -213,14 +267,16 @@ def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
 
     Stored and duplicate releases are acknowledged as stored; a rejected one
     whose seq is known as refused for good, except ``internal`` (a validator
-    bug: the device should keep it and send it again after the fix) and
-    ``topic``.
+    bug: the device should keep it and send it again after the fix),
+    ``timeout`` and ``topic``; a quarantined one is not acknowledged.
     """
     if out.device is None or out.seq is None:
         return None
     if out.status in ("stored", "duplicate"):
         return ("ok", out.seq)
-    if out.code is not None and out.code not in ("internal", "topic"):
+    # not for quarantined releases (the device keeps re-sending: a window from the future is stored once
+    # its time has come), nor for refusals that are the host's own limits (internal, timeout)
+    if out.status == "rejected" and out.code is not None and out.code not in ("internal", "topic", "timeout"):
         return ("bad", [out.seq, out.code])
     return None
 
@@ -317,10 +373,11 @@ class _Writer:
         while not self._dead and not self.idle() and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 8.0) -> None:
         self.q.put(None)
+        deadline = time.monotonic() + timeout
         for t in self.threads:
-            t.join(30)
+            t.join(max(0.1, deadline - time.monotonic()))
 
     @staticmethod
     def _take(q: "queue.Queue[Any]", first: Any, limit: int, size: Any) -> tuple[list[Any], bool]:
@@ -353,7 +410,8 @@ class _Writer:
                     verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
                     self.valid.put([(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)])
             except ValidatorDied as exc:
-                self._fatal(str(exc))
+                if not self.validator.closing:  # stopping: what was not validated is not acknowledged
+                    self._fatal(str(exc))
             except Exception as exc:  # verdict() turns validator bugs into rejections; this is worse
                 log.exception("validator failed")
                 self._fatal("validator failed: %s" % exc)
@@ -529,17 +587,22 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         return 0
     finally:
         state["closing"] = True  # our own disconnect is not a lost connection
+        # bounded, well below systemd's 30 s stop timeout: MQTT child <= 10 s, validation helper <= 2 s
+        # (killed if busy: what it was validating is not acknowledged and comes again), threads <= 8 s
         transport.close()
-        writer.close()
         validator.close()
+        writer.close()
+        agg.warnings.flush()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts
         if counts is not None:
             counts.update(c)
-        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected; %d group commit(s), %.1f messages "
-                 "per group", c["stored"], c["duplicate"], c["rejected"], writer.groups,
-                 writer.messages / max(1, writer.groups))
+        log.info("aggregator stopped: %d stored, %d duplicates, %d rejected, %d quarantined; %d group commit(s), "
+                 "%.1f messages per group%s", c["stored"], c["duplicate"], c["rejected"], c["quarantined"],
+                 writer.groups, writer.messages / max(1, writer.groups),
+                 "; validation helper restarted %d time(s), %d timeout(s)" % (validator.restarts, validator.timeouts)
+                 if validator.restarts else "")
         agg.close()
 
 

@@ -10,8 +10,11 @@ parent sends is the helper's settings.
 
 Helpers ignore SIGINT and SIGTERM (Ctrl-C and systemd signal the whole
 process group; the parent decides when they stop, after draining) and exit
-when the parent's end of the socket closes, so a killed aggregator never
-leaves one behind.
+when the parent's end of the socket closes. A helper busy in C code reads
+no socket, so on Linux each one also asks the kernel for SIGKILL when its
+parent dies (``prctl(PR_SET_PDEATHSIG)``), and checks it was not orphaned
+before that took effect: a ``kill -9`` of the aggregator never leaves a
+helper behind, spinning or not.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def spawn(module: str, settings: Any) -> tuple[subprocess.Popen[bytes], Connecti
     mine, theirs = socket.socketpair()
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")  # this checkout, not another install
+    env["PANSKETCH_PARENT_PID"] = str(os.getpid())
     with theirs:
         proc = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                                 env=env, stdin=subprocess.DEVNULL)
@@ -41,10 +45,37 @@ def spawn(module: str, settings: Any) -> tuple[subprocess.Popen[bytes], Connecti
     return proc, conn
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Linux: SIGKILL this process when its parent exits (prctl PR_SET_PDEATHSIG); False where unsupported.
+
+    The kernel sends the signal when the parent *thread* that forked us
+    exits; the aggregator spawns helpers from threads that live as long as
+    it runs (its main thread, or the validator thread for a restart).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def attach(argv: Optional[list[str]] = None) -> tuple[Connection, Any]:
     """In the helper: its connection to the parent and the settings sent first (EOFError: parent gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.environ.get("PANSKETCH_PARENT_PID")
+    die_with_parent()
+    if parent is not None and str(os.getppid()) != parent:  # the parent died before prctl took effect
+        raise EOFError("parent process %s is gone" % parent)
     args = sys.argv[1:] if argv is None else argv
     conn = Connection(int(args[0]))
     return conn, conn.recv()

@@ -7,15 +7,20 @@ Checks, in order; the first failure raises :class:`Rejected` with a short
 code       meaning
 =========  =================================================================
 size       payload larger than ``max_bytes`` (checked before decoding)
-cbor       not decodable CBOR (truncated, trailing bytes, indefinite
-           lengths, duplicate map keys, too deep)
-type       tags, floats or other types the device encoder never writes
+cbor       not the CBOR subset of a release, found at the byte level
+           before any object is built (host_tools.ingest.cborscan): truncated,
+           trailing bytes, indefinite lengths, lengths beyond the message,
+           duplicate map keys, too deep, too many items
+type       tags (any), floats or simple values the device encoder never
+           writes (byte level: no tag reaches a CBOR object decoder)
 version    ``v`` missing or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
 schema     missing/unknown field, wrong type, value out of range
 shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; kind dbits: 4*d)
 encoding   not the deterministic CBOR agent/cbor.py writes (so equal
            content always has equal bytes)
-topic      the topic's device level differs from ``dev``
+topic      the topic is not exactly the configured filter (default
+           ``pansketch/+/release``) with a valid device id, or its device
+           level differs from ``dev``
 fleet      parameters differ from the fleet config (salt id, kind, d, w,
            mechanism)
 noise      ``nout`` is not the noise that ``budget`` calibrates to
@@ -49,7 +54,7 @@ store and are checked in :mod:`host_tools.store.core` (codes ``device`` and
 from __future__ import annotations
 
 import hashlib
-import io
+import math
 import re
 from dataclasses import dataclass, fields
 from typing import Any, Optional
@@ -60,6 +65,7 @@ import numpy as np
 from agent import calibrate, cbor, hashing
 from agent.params import DBITS_EPS_MAX, MAX_LEVELS, dbits_eps_ok
 from agent.release import FORMAT_VERSION
+from host_tools.ingest import cborscan
 
 FIELDS_V1 = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
              "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
@@ -254,22 +260,43 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
     n, d = v
     if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
         raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^63" % (k, n, d))
+    if math.gcd(n, d) != 1:  # devices write reduced fractions (agent.calibrate); one value, one encoding
+        raise Rejected("schema", "field %r = %d/%d is not a reduced fraction" % (k, n, d))
     return (n, d)
 
 
+DEVICE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # docs/FORMAT.md section 1; agent.params.DEVICE_CHARS
+DEFAULT_TOPIC = "pansketch/+/release"
+
+
 def valid_device(dev: str) -> bool:
-    """The device id rules of agent.params.Params."""
-    if not dev or len(dev) > 64:
-        return False
-    return all(ch.isalpha() or ch.isdigit() or ch in "-_." for ch in dev)
+    """The device id rules of agent.params.Params: 1-64 ASCII letters, digits, '.', '_', '-'."""
+    return isinstance(dev, str) and DEVICE_ID.fullmatch(dev) is not None
 
 
-def topic_device(topic: str) -> Optional[str]:
-    """The device level of ``<prefix>/<device>/release`` (None if the shape is wrong)."""
-    levels = topic.split("/")
-    if len(levels) < 2 or levels[-1] != "release":
+def topic_device(topic: str, topic_filter: str = DEFAULT_TOPIC) -> Optional[str]:
+    """The device level of ``topic`` if it is exactly ``topic_filter`` (``<prefix>/+/release``) with a
+    valid device id in the device level (the level before ``release``); None otherwise.
+
+    Every other level must equal the filter's (a ``+`` there matches any one
+    level, a final ``#`` any rest): ``x/y/pansketch/dev-a/release`` is not a
+    release topic of ``pansketch/+/release``.
+    """
+    if not isinstance(topic, str) or len(topic) > 1024:
         return None
-    return levels[-2]
+    levels = topic.split("/")
+    want = topic_filter.split("/")
+    if want and want[-1] == "#":
+        return None  # never: hostconfig requires the filter to end in /release
+    if len(levels) != len(want) or levels[-1] != "release" or want[-1] != "release":
+        return None
+    for got, w in zip(levels[:-2], want[:-2]):
+        if w != "+" and got != w:
+            return None
+    if want[-2] != "+" and levels[-2] != want[-2]:
+        return None
+    dev = levels[-2]
+    return dev if valid_device(dev) else None
 
 
 def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
@@ -368,7 +395,7 @@ def canonical_offset_ref(m: dict[str, Any], payload: bytes) -> int:
 
 
 def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
-           fleet: Any = None) -> Release:
+           fleet: Any = None, topic_filter: str = DEFAULT_TOPIC) -> Release:
     """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
 
     ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
@@ -380,15 +407,10 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("size", "payload of %d bytes exceeds max_bytes = %d" % (len(payload), max_bytes))
     if not payload:
         raise Rejected("cbor", "empty payload")
-    f = io.BytesIO(payload)
-    try:
-        obj = cbor2.CBORDecoder(f, allow_indefinite=False, allow_duplicate_keys=False, max_depth=8).decode()
-    except RecursionError:
-        raise Rejected("cbor", "malformed CBOR: nested too deeply")
-    except Exception as exc:  # cbor2 raises CBORDecodeError and friends; never trust their types
-        raise Rejected("cbor", "malformed CBOR: %s" % (str(exc)[:200] or type(exc).__name__))
-    if f.tell() != len(payload):
-        raise Rejected("cbor", "malformed CBOR: %d trailing bytes after the release map" % (len(payload) - f.tell()))
+    try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
+        obj = cborscan.loads(payload)
+    except cborscan.ScanError as exc:
+        raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
     if not _type_check_fast(obj):
         _type_check(obj)
     if not isinstance(obj, dict):
@@ -413,7 +435,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
 
     dev = _str(obj, "dev")
     if not valid_device(dev):
-        raise Rejected("schema", "field 'dev' = %r is not a valid device id" % dev[:80])
+        raise Rejected("schema", "field 'dev' = %r is not a valid device id (1-64 of A-Z a-z 0-9 . _ -)" % dev[:80])
     seq = _int(obj, "seq", 0, MAX_U32)
     mode = _str(obj, "mode")
     if mode not in MODES_BY_VERSION[v]:
@@ -508,9 +530,9 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
 
     if topic is not None:
-        tdev = topic_device(topic)
+        tdev = topic_device(topic, topic_filter)
         if tdev is None:
-            raise Rejected("topic", "topic %r is not <prefix>/<device>/release" % topic[:200])
+            raise Rejected("topic", "topic %r is not %s with a valid device id" % (topic[:200], topic_filter[:200]))
         if tdev != dev:
             raise Rejected("topic", "topic device %r does not match release dev %r" % (tdev[:80], dev))
 

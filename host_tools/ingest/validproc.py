@@ -3,97 +3,208 @@
 :func:`verdict` is the one validation step of the aggregator: decode and
 check a message (host_tools.ingest.decode) and say ``("ok", state)`` (the
 validated release without its payload: :meth:`Release.state`) or
-``("rejected", code, reason)``. ``Aggregator.validate`` runs it in
-process; ``pansketch aggregate`` runs it here, in a helper process
-(host_tools/ingest/child.py), so that decoding does not compete with the writer
-for the parent's GIL. The parent sends ``[(topic, payload), ...]`` and gets
-the verdicts back in order; the payloads do not travel back (the parent
-has them), so a verdict costs little to send.
+``("rejected", code, reason, dev, seq)`` (``dev``/``seq``: what the
+message's top-level map says, read by host_tools.ingest.cborscan as far as its
+bytes are well formed; for the device's acknowledgement and ``status``).
+``Aggregator.validate`` runs it in process; ``pansketch aggregate`` runs
+it here, in a helper process (host_tools/ingest/child.py), so that decoding does
+not compete with the writer for the parent's GIL. The parent sends
+``[(topic, payload), ...]`` and gets the verdicts back in order; the
+payloads do not travel back (the parent has them), so a verdict costs
+little to send.
+
+CPU budget (``[aggregator] validate_cpu_s``, default 1 s; docs/HOST.md):
+the helper arms ``ITIMER_PROF`` for each message, so a message that takes
+more CPU time than that kills the helper with SIGPROF, even inside C code.
+The parent then restarts the helper and validates that batch again one
+message at a time; the message that kills the helper again is refused
+with code ``timeout`` (it costs at most two budgets; a redelivery after a
+restart is refused the same way). A helper that neither answers nor
+burns CPU is killed after a wall-clock backstop. The byte-level reader
+(host_tools.ingest.cborscan) keeps every message far below the budget; the
+budget is the guard for what nobody thought of.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from host_tools.ingest import child
-from host_tools.ingest.decode import Rejected, decode
+from host_tools.ingest import cborscan, child
+from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode
 
 log = logging.getLogger("pansketch.aggregator")
 
-Verdict = tuple  # ("ok", Release.state()) | ("rejected", code, reason)
+Verdict = tuple  # ("ok", Release.state()) | ("rejected", code, reason, dev, seq)
+
+DEFAULT_CPU_S = 1.0
+MAX_RESTARTS = 5  # helper deaths in a row without one verdict (not a CPU timeout): the aggregator stops
 
 
 @dataclass(frozen=True)
 class Settings:
     fleet: Any  # hostconfig.FleetConfig: fleet-wide salt id, kind, d, w, mechanism
     max_bytes: int
+    topic_filter: str = DEFAULT_TOPIC  # [aggregator] topic: a release topic must be exactly this
+    cpu_s: float = DEFAULT_CPU_S  # per-message CPU budget in the helper
+    spin_topic: Optional[str] = None  # tests only: a message on this topic spins the CPU (exercises the budget)
+
+
+def rejected(code: str, reason: str, payload: Optional[bytes]) -> Verdict:
+    """The verdict refusing ``payload``, with the ``dev`` and ``seq`` its well-formed prefix names."""
+    dev, seq = cborscan.peek(payload)
+    return ("rejected", code, reason, dev, seq)
 
 
 def verdict(s: Settings, topic: Optional[str], payload: bytes) -> Verdict:
     """Validate one message (no storage); a validator bug becomes the rejection ``internal``."""
+    if s.spin_topic is not None and topic == s.spin_topic:
+        while True:  # a stand-in for a validation bug that never ends (tests/test_hostile.py)
+            pass
     try:
         try:
-            rel = decode(payload, topic=topic, max_bytes=s.max_bytes, fleet=s.fleet)
+            rel = decode(payload, topic=topic, max_bytes=s.max_bytes, fleet=s.fleet, topic_filter=s.topic_filter)
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
             log.exception("validating message on %s failed unexpectedly", topic)
             raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
     except Rejected as rej:
-        return ("rejected", rej.code, rej.reason)
+        return rejected(rej.code, rej.reason, payload if rej.code != "size" else None)
     return ("ok", rel.state())
 
 
 class ValidatorDied(Exception):
-    """The validation process is gone (nothing it was asked is lost: the messages are not acknowledged)."""
+    """The validation process is gone for good (nothing it was asked is lost: the messages are not acknowledged)."""
 
 
 class ValidatorProcess:
-    """The parent's handle: :meth:`validate` a batch in the helper process (one caller at a time)."""
+    """The parent's handle: :meth:`validate` a batch in the helper process (one caller at a time).
+
+    A helper that dies while validating is restarted and the batch
+    validated again message by message; the message it dies on is refused
+    (``timeout`` when the CPU budget or the wall-clock backstop killed it,
+    ``internal`` otherwise). :class:`ValidatorDied` only when the helper
+    dies :data:`MAX_RESTARTS` times in a row for other reasons, or when it
+    exits while idle.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self._lock = threading.Lock()
+        self.closing = False
+        self.restarts = 0  # helper restarts so far (timeouts and crashes)
+        self.timeouts = 0  # messages refused with code 'timeout'
+        self._deaths = 0  # deaths in a row that were not CPU timeouts
 
     def start(self) -> None:
         self.proc, self.conn = child.spawn("host_tools.ingest.validproc", self.settings)
 
-    def validate(self, msgs: Sequence[tuple[str, bytes]]) -> list[Verdict]:
-        """The verdicts for ``[(topic, payload), ...]``, in order; :class:`ValidatorDied` if the helper is gone."""
+    def _wall_limit(self, n: int) -> float:
+        """Backstop for a helper that stops answering without burning CPU (SIGPROF handles CPU)."""
+        return 10.0 + 4.0 * self.settings.cpu_s * n
+
+    def _ask(self, msgs: Sequence[tuple[str, bytes]]) -> Optional[list[Verdict]]:
+        """The helper's verdicts, or None if it died (or was killed by the backstop) meanwhile."""
         assert self.proc is not None
         try:
-            with self._lock:
-                self.conn.send(list(msgs))
-                out: list[Verdict] = self.conn.recv()
+            self.conn.send(list(msgs))
+            if not self.conn.poll(self._wall_limit(len(msgs))):
+                log.error("validation process %d gave no verdict for %d message(s) within %.0f s; killing it",
+                          self.proc.pid, len(msgs), self._wall_limit(len(msgs)))
+                self.proc.kill()
+                self.proc.wait()
+                self.proc.returncode = -signal.SIGPROF  # treated as a timeout
+                return None
+            out: list[Verdict] = self.conn.recv()
             return out
         except (EOFError, OSError):
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
-                pass
-            raise self._died()
+                self.proc.kill()
+                self.proc.wait()
+            return None
+
+    def _restart(self) -> None:
+        assert self.proc is not None
+        rc = self.proc.returncode
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.closing:
+            raise ValidatorDied("the validation process was stopped")
+        if rc != -signal.SIGPROF:
+            self._deaths += 1
+            if self._deaths >= MAX_RESTARTS:
+                raise self._died()
+        self.restarts += 1
+        self.start()
+
+    def validate(self, msgs: Sequence[tuple[str, bytes]]) -> list[Verdict]:
+        """The verdicts for ``[(topic, payload), ...]``, in order; :class:`ValidatorDied` if the helper is gone."""
+        with self._lock:
+            return self._validate(list(msgs))
+
+    def _validate(self, msgs: list[tuple[str, bytes]]) -> list[Verdict]:
+        if not msgs:
+            return []
+        out = self._ask(msgs)
+        if out is not None:
+            self._deaths = 0
+            return out
+        assert self.proc is not None
+        rc = self.proc.returncode
+        if self.closing:
+            raise ValidatorDied("the validation process was stopped")
+        self._restart()
+        if len(msgs) > 1:  # which one? again, one at a time
+            return [v for m in msgs for v in self._validate([m])]
+        topic, payload = msgs[0]
+        if rc == -signal.SIGPROF:
+            self.timeouts += 1
+            log.warning("validating a message on %s (%d bytes) took more than %g s of CPU: refused (timeout), "
+                        "validation process restarted", str(topic)[:200], len(payload), self.settings.cpu_s)
+            return [rejected("timeout", "validation took more than %g s of CPU (aggregator.validate_cpu_s)"
+                             % self.settings.cpu_s, None)]
+        log.error("the validation process died on a message on %s (%s); refused, process restarted",
+                  str(topic)[:200], child.exit_status(rc))
+        return [rejected("internal", "the validation process died on this message (%s)" % child.exit_status(rc),
+                         None)]
 
     def check(self) -> None:
-        """Raise :class:`ValidatorDied` if the helper has exited (polled while no message comes)."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise self._died()
+        """Raise :class:`ValidatorDied` if the helper has exited while idle (polled while no message comes)."""
+        if not self._lock.acquire(blocking=False):
+            return  # validating (and restarting if need be)
+        try:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise self._died()
+        finally:
+            self._lock.release()
 
     def _died(self) -> ValidatorDied:
         assert self.proc is not None
         return ValidatorDied("the validation process (pid %d) exited unexpectedly (%s)"
                              % (self.proc.pid, child.exit_status(self.proc.returncode)))
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Close our end (the helper exits on EOF) and wait for it."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Close our end (the helper exits on EOF) and wait for it; kill it after ``timeout`` (it may be busy
+        with a message, for at most its CPU budget: nothing it was validating is acknowledged)."""
+        self.closing = True
         if self.proc is None:
             return
-        self.conn.close()
+        try:
+            self.conn.close()
+        except OSError:
+            pass
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -109,12 +220,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     assert isinstance(settings, Settings)
     child.log_to_stderr()
+    budget = float(settings.cpu_s)
     while True:
         try:
             msgs = conn.recv()
         except (EOFError, OSError):
             return 0
-        conn.send([verdict(settings, t, p) for t, p in msgs])
+        out = []
+        for t, p in msgs:
+            # SIGPROF (default action: terminate) after `budget` s of this process's CPU time
+            signal.setitimer(signal.ITIMER_PROF, budget)
+            try:
+                out.append(verdict(settings, t, p))
+            finally:
+                signal.setitimer(signal.ITIMER_PROF, 0)
+        conn.send(out)
 
 
 if __name__ == "__main__":

@@ -127,9 +127,25 @@ def _status_dict(st: Any, now: float) -> Optional[dict[str, Any]]:
             "acked_seq": st.acked_seq, "rejected": st.rejected, "state_received_unix": st.state_received}
 
 
+def _quarantine(out: dict[str, Any], quarantined: dict[int, str], stored: set[int]) -> None:
+    """Quarantined seqs (held back as likely forgeries, host_tools.store) are shown apart: not pending, lost or
+    unknown. They never widen the checked range (a forged seq 2^32 - 1 would make billions 'pending')."""
+    qs = sorted(q for q in quarantined if q not in stored)
+    out.update(quarantined_seqs=qs[:LIST_LIMIT], quarantined_count=len(qs),
+               quarantined_codes={str(q): quarantined[q] for q in qs[:LIST_LIMIT]})
+    lo, hi = out["checked"]
+    inside = {q for q in qs if lo <= q < hi}
+    for k in ("pending", "unknown", "lost"):
+        if out[k + "_count"] and inside:
+            drop = [q for q in out[k + "_seqs"] if q in inside]
+            out[k + "_seqs"] = [q for q in out[k + "_seqs"] if q not in inside]
+            out[k + "_count"] -= len(drop)
+
+
 def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: Any,
-              grace: Optional[float]) -> dict[str, Any]:
+              grace: Optional[float], quarantined: Optional[dict[int, str]] = None) -> dict[str, Any]:
     out = classify([r.seq for r in rs], rejected, st)
+    _quarantine(out, quarantined or {}, {r.seq for r in rs})
     late = sorted((r for r in rs if r.received - r.t1 > late_grace(r.ep_s, grace)), key=lambda r: r.seq)
     out.update(late_seqs=[r.seq for r in late[:LIST_LIMIT]], late_count=len(late),
                late_max_s=round(max((r.received - r.t1 for r in late), default=0.0), 1),
@@ -153,6 +169,10 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
         by_dev[r.device].append(r)
     statuses = store.device_statuses()
     rejected = store.rejected_seqs()
+    quar_rows = store.quarantined()
+    quarantined: dict[str, dict[int, str]] = defaultdict(dict)
+    for qdev, qseq, *_rest in quar_rows:
+        quarantined[qdev][int(qseq)] = _rest[4]
     devices = []
     known = set()
     for dev, salt, hv, kind, d, w, ep_s, first in store.devices():
@@ -173,7 +193,7 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
         devices.append({
             "device": dev, "kind": kind, "d": d, "w": w, "salt_id": salt, "mode": ", ".join(modes),
             "budget": ", ".join(budgets), "releases": len(rs), "seq": [min(seen), max(seen)],
-            **_delivery(dev, rs, rejected.get(dev, {}), statuses.get(dev), late_grace_s),
+            **_delivery(dev, rs, rejected.get(dev, {}), statuses.get(dev), late_grace_s, quarantined.get(dev)),
             "seq_reused": sorted(s for s, n in seen.items() if n > 1)[:20],
             "last_received": iso(last.received), "last_received_unix": last.received,
             "last_epoch_end": iso(max(r.t1 for r in rs)), "last_epoch_end_unix": max(r.t1 for r in rs),
@@ -185,13 +205,13 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
             "noise_draws_mean": round(sum(r.nz for r in rs) / len(rs), 3), "noise_draws_max": max(r.nz for r in rs),
         })
     # devices the host has heard from (a status, a refused release) but stored nothing of yet
-    for dev in sorted((set(statuses) | set(rejected)) - known):
+    for dev in sorted((set(statuses) | set(rejected) | set(quarantined)) - known):
         st = statuses.get(dev)
         doc = st.doc if st is not None else {}
         devices.append({
             "device": dev, "kind": doc.get("kind"), "d": doc.get("d"), "w": doc.get("w"), "salt_id": None,
             "mode": str(doc.get("mode", "")), "budget": "", "releases": 0, "seq": None,
-            **_delivery(dev, [], rejected.get(dev, {}), st, late_grace_s),
+            **_delivery(dev, [], rejected.get(dev, {}), st, late_grace_s, quarantined.get(dev)),
             "seq_reused": [], "last_received": None, "last_received_unix": None, "last_epoch_end": None,
             "last_epoch_end_unix": None, "windows": 0, "first_window": None, "last_window": None,
             "missing_epochs": [], "missing_epoch_count": 0, "guarantee": None, "guarantee_text": "nothing stored",
@@ -199,11 +219,17 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
         })
     devices.sort(key=lambda x: x["device"])
     fleet_windows = led.fleet_windows()
-    totals = {k: sum(d[k + "_count"] or 0 for d in devices) for k in ("lost", "pending", "rejected", "late", "unknown")}
+    totals = {k: sum(d[k + "_count"] or 0 for d in devices)
+              for k in ("lost", "pending", "rejected", "late", "unknown", "quarantined")}
     totals["backlog"] = sum(d["backlog"] or 0 for d in devices)
     totals["devices_without_status"] = sum(1 for d in devices if d["status"] is None or d["status"]["next_seq"] is None)
     out = {
-        "db": store.path, "now": iso(now), "releases": len(rels), "rejections": store.rejection_count(),
+        "db": store.path, "now": iso(now), "releases": len(rels),
+        "rejections": max(store.rejection_count(), sum(n for _c, n, _t in store.rejection_counts())),
+        "rejections_kept": store.rejection_count(),
+        "quarantined": [{"device": r[0], "seq": r[1], "elo": r[2], "ehi": r[3], "part": r[4], "start": iso(r[5]),
+                         "code": r[6], "reason": r[7], "count": r[8], "received": iso(r[9]), "last": iso(r[10])}
+                        for r in quar_rows[:LIST_LIMIT]],
         "duplicates": store.duplicate_count(), "delivery": totals, "devices": devices,
         "fleet": {
             "guarantee": led.fleet().as_dict(), "guarantee_text": led.fleet().text(),
@@ -261,8 +287,9 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                 d["noise_draws_max"]))
         t = rep["delivery"]
         p("")
-        p("delivery: %d lost, %d pending, %d rejected, %d late%s; device backlog %d release(s)%s" % (
-            t["lost"], t["pending"], t["rejected"], t["late"],
+        p("delivery: %d lost, %d pending, %d rejected, %s%d late%s; device backlog %d release(s)%s" % (
+            t["lost"], t["pending"], t["rejected"],
+            "%d quarantined (held back, not merged), " % t["quarantined"] if t["quarantined"] else "", t["late"],
             ", %d unknown (no device status yet)" % t["unknown"] if t["unknown"] else "", t["backlog"],
             "; %d device(s) without a status yet: lost and pending not known for them" % t["devices_without_status"]
             if t["devices_without_status"] else ""))
@@ -283,7 +310,7 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                 "?" if d["pending_count"] is None else d["pending_count"],
                 d["rejected_count"], d["late_count"], "-" if d["backlog"] is None else d["backlog"], sttxt))
         gaps = [d for d in rep["devices"] if d["missing_epochs"] or d["missing_seq_count"] or d["seq_reused"]
-                or d["late_count"]]
+                or d["late_count"] or d["quarantined_count"]]
         if gaps:
             p("")
             p("gaps:")
@@ -305,6 +332,10 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                     p("  %s: rejected by the host: seq %s (%s)" % (
                         d["device"], _seqs_text(d["rejected_seqs"], d["rejected_count"]),
                         ", ".join(sorted(set(codes.values())))))
+                if d["quarantined_count"]:
+                    p("  %s: QUARANTINED (valid but held back as likely forgeries, not merged; a device re-sends "
+                      "them): seq %s (%s)" % (d["device"], _seqs_text(d["quarantined_seqs"], d["quarantined_count"]),
+                                              ", ".join(sorted(set(d["quarantined_codes"].values())))))
                 if d["late_count"]:
                     p("  %s: late (received more than the grace after their epochs ended, up to %s): seq %s" % (
                         d["device"], _dur(d["late_max_s"]), _seqs_text(d["late_seqs"], d["late_count"])))

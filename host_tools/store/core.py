@@ -14,8 +14,17 @@ Tables (schema version 1)::
                     topic and the time received
     devices         per device the parameters fixed by its first release
                     (salt id, hash version, kind, d, w, ep_s)
-    rejections      every refused message: time, topic, device (if known),
-                    code, reason, size, SHA-256 and the bytes (if <= max_bytes)
+    rejections      refused messages: time, topic (first 256 characters),
+                    device (if known), code, reason, size, SHA-256 and a
+                    bounded prefix of the bytes (``reject_keep_bytes``); capped
+                    in rows and bytes and pruned after a retention period
+                    (:class:`Limits`, docs/HOST.md "Hostile input")
+    rejection_totals per code: how many messages were refused and their
+                    bytes, since the database was created (never pruned)
+    quarantine      valid releases held back as likely forgeries: a window
+                    starting beyond now + the clock-skew allowance, or a seq
+                    jump beyond ``max_seq_jump``; one row per distinct payload
+                    (re-sends counted), never merged, capped like rejections
     duplicates      redeliveries of a stored release (identical bytes)
     device_status   per device the latest status message it published
                     (docs/FORMAT.md section 3: next_seq, oldest_pending,
@@ -91,6 +100,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from host_tools.ingest import cborscan
 from host_tools.ingest.decode import Rejected, Release, SketchShape
 
 SCHEMA_VERSION = 1
@@ -121,6 +131,16 @@ CREATE TABLE IF NOT EXISTS devices (
 CREATE TABLE IF NOT EXISTS rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, topic TEXT, device TEXT,
     code TEXT NOT NULL, reason TEXT NOT NULL, size INTEGER NOT NULL, sha256 TEXT, payload BLOB, seq INTEGER
+);
+CREATE INDEX IF NOT EXISTS rejections_received ON rejections (received);
+CREATE TABLE IF NOT EXISTS rejection_totals (
+    code TEXT PRIMARY KEY, count INTEGER NOT NULL, bytes INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, received REAL NOT NULL, last REAL NOT NULL, count INTEGER NOT NULL,
+    topic TEXT, device TEXT NOT NULL, seq INTEGER NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL,
+    part INTEGER NOT NULL, t0 INTEGER NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL, size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL UNIQUE, payload BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS duplicates (
     device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
@@ -202,19 +222,47 @@ class DeviceStatus:
 
 
 def rejected_seq(payload: Optional[bytes], device: Optional[str]) -> Optional[int]:
-    """The seq of a refused release, when its bytes decode to a map naming ``device`` (else None)."""
+    """The seq of a refused release, when its (well-formed prefix of) bytes name ``device`` (else None).
+
+    Read with the bounded byte-level reader (host_tools.ingest.cborscan), never a
+    CBOR object decoder: this runs in the aggregator's process (migrations).
+    """
     if payload is None or device is None:
         return None
-    try:
-        import cbor2
+    dev, seq = cborscan.peek(bytes(payload))
+    return seq if dev == device else None
 
-        m = cbor2.loads(bytes(payload))
-    except Exception:  # garbage, truncated, too deep: no seq to attribute
-        return None
-    if not isinstance(m, dict) or m.get("dev") != device:
-        return None
-    seq = m.get("seq")
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 1 << 63 else None
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what refused and quarantined messages may occupy ([aggregator] of host.toml, docs/HOST.md).
+
+    A rejection row holds at most ``keep_bytes`` of the payload plus
+    :data:`REJECTION_ROW_OVERHEAD` bytes (topic, device, reason are cut to
+    fixed lengths), so ``max_bytes`` lowers the row cap to
+    ``max_bytes // (keep_bytes + overhead)``. When a cap is exceeded the
+    oldest rows go, down to 90 % of it (pruning is amortised over many
+    inserts); rows older than ``retention_s`` go at least once a minute.
+    Quarantine rows keep the whole (validated) payload and are capped by
+    count and by the sum of their sizes.
+    """
+
+    keep_bytes: int = 256
+    max_rows: int = 10000
+    max_bytes: int = 16 << 20
+    retention_s: float = 30 * 86400.0
+    quarantine_rows: int = 1000
+    quarantine_bytes: int = 64 << 20
+    max_seq_jump: int = 100000  # a release more than this above the device's highest stored seq is quarantined
+
+    @property
+    def rejection_rows(self) -> int:
+        return max(1, min(self.max_rows, self.max_bytes // (self.keep_bytes + REJECTION_ROW_OVERHEAD)))
+
+
+REJECTION_ROW_OVERHEAD = 1024  # topic (cut to 256 bytes), reason (300), device (64), SHA-256, code, numbers
+TOPIC_KEEP = 256
+REASON_KEEP = 300
 
 
 @dataclass(frozen=True)
@@ -313,9 +361,20 @@ class Pending:
     rel: Optional[Release] = None
     rej: Optional[Rejected] = None
     device: Optional[str] = None
-    keep_bytes: int = 1 << 20
+    keep_bytes: Optional[int] = None  # prefix of a refused payload to keep (None: the store's Limits.keep_bytes)
     status: str = ""
     error: Optional[BaseException] = None
+    seq: Optional[int] = None  # a refused message: the seq its bytes name (host_tools.ingest.cborscan.peek)
+    pdev: Optional[str] = None  # ... and the dev they name
+    quarantine: Optional[Rejected] = None  # a valid release held back (code 'future'); status 'quarantined'
+
+
+def _cut(s: Optional[str], n: int) -> Optional[str]:
+    """``s`` cut to at most ``n`` UTF-8 bytes (whole characters)."""
+    if s is None:
+        return None
+    b = s.encode("utf-8", "replace")
+    return s if len(b) <= n else b[:n].decode("utf-8", "ignore")
 
 
 def rollup_key(rel: Any) -> Optional[tuple[int, int, str, int, int, int, str]]:
@@ -366,6 +425,10 @@ class SQLStore:
     readonly: bool
     timeout: float
     has_rollups: bool = False
+    limits: Limits = Limits()
+    _rej_rows: Optional[int] = None  # rejection rows, as far as this process knows (pruning trigger)
+    _q_rows: Optional[int] = None
+    _last_age_prune = 0.0
     _devcache: dict[str, tuple[Any, ...]]  # committed device rows (never updated once written)
     _lock: threading.RLock
     _cols: str  # release columns to select (old files: "2 AS nz")
@@ -458,10 +521,11 @@ class SQLStore:
         return p.status
 
     def reject(self, code: str, reason: str, payload: bytes, topic: Optional[str] = None,
-               device: Optional[str] = None, received: Optional[float] = None, keep_bytes: int = 1 << 20) -> None:
-        """Log a refused message (the bytes are kept when at most ``keep_bytes``)."""
+               device: Optional[str] = None, received: Optional[float] = None, keep_bytes: Optional[int] = None) -> None:
+        """Log a refused message (a prefix of at most ``keep_bytes`` of its bytes is kept)."""
+        dev, seq = cborscan.peek(bytes(payload)[:self.limits.keep_bytes if keep_bytes is None else keep_bytes])
         p = Pending(bytes(payload), topic, time.time() if received is None else received,
-                    rej=Rejected(code, reason), device=device, keep_bytes=keep_bytes)
+                    rej=Rejected(code, reason), device=device, keep_bytes=keep_bytes, seq=seq, pdev=dev)
         self.commit_group([p])
         if p.status == "error":
             assert p.error is not None
@@ -486,6 +550,8 @@ class SQLStore:
         accs: dict[tuple[Any, ...], _Acc] = {}
         unrolled = False
         seen.clear()
+        logged = [0, 0]  # rejection, quarantine rows written
+        totals: dict[str, list[Any]] = {}
         for p in items:
             p.status, p.error = "", None
             # one name for every message's savepoint (each is released before the next begins): the
@@ -494,15 +560,24 @@ class SQLStore:
             cur.execute("SAVEPOINT " + sp)
             try:
                 if p.rel is not None and p.rej is None:
-                    try:
-                        p.status = self._insert(cur, p.rel, p.topic, p.received, seen)
-                    except Rejected as rej:
-                        cur.execute("ROLLBACK TO SAVEPOINT " + sp)
-                        p.rej, p.status = rej, "rejected"
+                    if p.quarantine is None:
+                        p.quarantine = self._seq_jump(cur, p.rel)
+                    if p.quarantine is not None:
+                        self._log_quarantine(cur, p)
+                        p.status = "quarantined"
+                        logged[1] += 1
+                    else:
+                        try:
+                            p.status = self._insert(cur, p.rel, p.topic, p.received, seen)
+                        except Rejected as rej:
+                            cur.execute("ROLLBACK TO SAVEPOINT " + sp)
+                            p.rej, p.status = rej, "rejected"
                 else:
                     p.status = "rejected"
                 if p.status == "rejected" and log_rejections and p.rej is not None:
                     self._log_rejection(cur, p)
+                    self._total(totals, p)
+                    logged[0] += 1
                 cur.execute("RELEASE SAVEPOINT " + sp)
             except self._db_errors as exc:
                 if self._retryable(exc):
@@ -523,14 +598,91 @@ class SQLStore:
         self._apply_rollups(cur, accs)
         if unrolled:
             self._mark_unrolled(cur)
+        self._bound(cur, logged, totals)
+
+    # -- refused and quarantined messages: bounded (Limits) -----------------
+    @staticmethod
+    def _total(totals: dict[str, list[Any]], p: Pending) -> None:
+        assert p.rej is not None
+        t = totals.setdefault(p.rej.code, [0, 0, p.received, p.received])
+        t[0] += 1
+        t[1] += len(p.payload)
+        t[2] = min(t[2], p.received)
+        t[3] = max(t[3], p.received)
 
     def _log_rejection(self, cur: Any, p: Pending) -> None:
         assert p.rej is not None
-        keep = p.payload if len(p.payload) <= p.keep_bytes else None
+        n = self.limits.keep_bytes if p.keep_bytes is None else min(p.keep_bytes, self.limits.keep_bytes)
+        keep = bytes(p.payload[:n])
+        seq, pdev = (p.rel.seq, p.rel.dev) if p.rel is not None else (p.seq, p.pdev)  # store-level refusals
+        seq = seq if pdev is not None and pdev == p.device else None
         self._x(cur, "INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),
-                 hashlib.sha256(p.payload).hexdigest(), keep, rejected_seq(keep, p.device)))
+                (p.received, _cut(p.topic, TOPIC_KEEP), _cut(p.device, 64), p.rej.code[:32],
+                 _cut(p.rej.reason, REASON_KEEP), len(p.payload), hashlib.sha256(p.payload).hexdigest(), keep, seq))
+
+    def _log_quarantine(self, cur: Any, p: Pending) -> None:
+        q, rel = p.quarantine, p.rel
+        assert q is not None and rel is not None
+        self._x(cur, "INSERT INTO quarantine (received, last, count, topic, device, seq, elo, ehi, part, t0, code, "
+                     "reason, size, sha256, payload) VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                     "ON CONFLICT (sha256) DO UPDATE SET count = quarantine.count + 1, last = excluded.last",
+                (p.received, p.received, _cut(p.topic, TOPIC_KEEP), rel.dev, rel.seq, rel.elo, rel.ehi, rel.part,
+                 rel.t0, q.code, _cut(q.reason, REASON_KEEP), len(p.payload), rel.sha256, rel.payload))
+
+    def _seq_jump(self, cur: Any, rel: Release) -> Optional[Rejected]:
+        """Quarantine (code ``seq_jump``) a release whose seq is more than ``max_seq_jump`` above the
+        device's highest stored seq (or above 0 for a new device): a forged seq would otherwise make
+        ``status`` count billions of releases as pending."""
+        cache = self.__dict__.setdefault("_maxseq", {})
+        top = cache.get(rel.dev)
+        if top is None or rel.seq > top + self.limits.max_seq_jump:
+            r = self._x(cur, "SELECT MAX(seq) FROM releases WHERE device = ?", (rel.dev,)).fetchone()
+            top = -1 if r is None or r[0] is None else int(r[0])
+            cache[rel.dev] = top
+        if rel.seq > top + self.limits.max_seq_jump:
+            return Rejected("seq_jump", "seq %d is more than %d above the highest stored seq of %s (%s)"
+                            % (rel.seq, self.limits.max_seq_jump, rel.dev, "none" if top < 0 else top))
+        if rel.seq > top:
+            cache[rel.dev] = rel.seq
+        return None
+
+    def _bound(self, cur: Any, logged: list[int], totals: dict[str, list[Any]]) -> None:
+        """Counts per code, then the caps and the retention period (:class:`Limits`)."""
+        for code, (n, size, first, last) in sorted(totals.items()):
+            self._x(cur, "INSERT INTO rejection_totals (code, count, bytes, first, last) VALUES (?, ?, ?, ?, ?) "
+                         "ON CONFLICT (code) DO UPDATE SET count = rejection_totals.count + excluded.count, "
+                         "bytes = rejection_totals.bytes + excluded.bytes, last = excluded.last",
+                    (code, n, size, first, last))
+        lim = self.limits
+        now = time.time()
+        aged = now - self._last_age_prune >= 60.0
+        if aged:
+            self._last_age_prune = now
+            cut = now - lim.retention_s
+            self._x(cur, "DELETE FROM rejections WHERE received < ?", (cut,))
+            self._x(cur, "DELETE FROM quarantine WHERE last < ?", (cut,))
+            self._rej_rows = self._q_rows = None
+        if logged[0] or aged:
+            if self._rej_rows is None:
+                self._rej_rows = int(self._x(cur, "SELECT COUNT(*) FROM rejections").fetchone()[0])
+            else:
+                self._rej_rows += logged[0]
+            cap = lim.rejection_rows
+            if self._rej_rows > cap:
+                n = int(self._x(cur, "SELECT COUNT(*) FROM rejections").fetchone()[0])  # other writers too
+                keep = max(1, cap * 9 // 10)
+                if n > cap:
+                    self._x(cur, "DELETE FROM rejections WHERE id < (SELECT id FROM rejections ORDER BY id DESC "
+                                 "LIMIT 1 OFFSET ?)", (keep - 1,))
+                    n = keep
+                self._rej_rows = n
+        if logged[1]:
+            while True:
+                n, total = self._x(cur, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM quarantine").fetchone()
+                if int(n) <= lim.quarantine_rows and int(total) <= lim.quarantine_bytes or int(n) == 0:
+                    break
+                self._x(cur, "DELETE FROM quarantine WHERE id = (SELECT MIN(id) FROM quarantine)")
 
     def _insert(self, cur: Any, rel: Release, topic: Optional[str], now: float,
                 seen: Optional[dict[str, tuple[Any, ...]]] = None) -> str:
@@ -833,8 +985,37 @@ class SQLStore:
         return self._q(sql)
 
     def rejection_counts(self) -> list[tuple[str, int, float]]:
-        """(code, count, last received) per rejection code, most frequent first."""
+        """(code, count, last received) per rejection code, most frequent first: every message refused since
+        the database was created (``rejection_totals``; the rows of ``rejections`` are capped and pruned)."""
+        try:
+            rows = self._q("SELECT code, count, last FROM rejection_totals ORDER BY count DESC, code")
+        except self._db_errors as exc:
+            if "no such table" not in str(exc) and "does not exist" not in str(exc):
+                raise
+            rows = []
+        if rows:
+            return [(r[0], int(r[1]), float(r[2])) for r in rows]
         return self._q("SELECT code, COUNT(*), MAX(received) FROM rejections GROUP BY code ORDER BY COUNT(*) DESC, code")
+
+    def quarantined(self, limit: int = 1000) -> list[tuple[Any, ...]]:
+        """(device, seq, elo, ehi, part, t0, code, reason, count, received, last) of quarantined releases, newest
+        first (empty for a database written before quarantine existed)."""
+        try:
+            return self._q("SELECT device, seq, elo, ehi, part, t0, code, reason, count, received, last FROM quarantine "
+                           "ORDER BY id DESC LIMIT %d" % int(limit))
+        except self._db_errors as exc:
+            if "no such table" in str(exc) or "does not exist" in str(exc):
+                return []
+            raise
+
+    def rejection_bytes(self) -> int:
+        """Bytes the kept rejection prefixes and quarantined payloads occupy (for checks and the benchmark)."""
+        r = self._q("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM rejections")[0][0]
+        try:
+            q = self._q("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM quarantine")[0][0]
+        except self._db_errors:
+            q = 0
+        return int(r) + int(q)
 
     def device_activity(self) -> list[tuple[str, int, float, int]]:
         """(device, releases, last received, end of its latest epochs) per device with releases."""

@@ -31,14 +31,13 @@ import itertools
 import threading
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
-import hashlib
 import json
 
 import numpy as np
 
 from host_tools.ingest.decode import Rejected
 from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
-                              insert_values, rejected_seq, rollup_key)
+                              insert_values, rollup_key)
 
 _SERIALS = itertools.count()
 
@@ -213,9 +212,20 @@ class PgStore(SQLStore):
         accs: dict[tuple[Any, ...], _Acc] = {}
         unrolled = False
         seen.clear()
-        todo = [p for p in items if p.rel is not None and p.rej is None]
+        logged = [0, 0]
+        totals: dict[str, list[Any]] = {}
+        todo = []
         for p in items:
             p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
+            if p.status == "" and p.rel is not None:
+                if p.quarantine is None:
+                    p.quarantine = self._seq_jump(cur, p.rel)
+                if p.quarantine is not None:
+                    self._log_quarantine(cur, p)
+                    p.status = "quarantined"
+                    logged[1] += 1
+                else:
+                    todo.append(p)
         if todo:
             cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
                             [_put_args(p) for p in todo], returning=True)
@@ -230,13 +240,10 @@ class PgStore(SQLStore):
                 _apply_result(p, res)
         rej = [p for p in items if p.status == "rejected" and p.rej is not None]
         if log_rejections and rej:
-            cur.executemany("INSERT INTO rejections (received, topic, device, code, reason, size, sha256, payload, seq) "
-                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                            [(p.received, p.topic, p.device, p.rej.code, p.rej.reason, len(p.payload),  # type: ignore
-                              hashlib.sha256(p.payload).hexdigest(),
-                              p.payload if len(p.payload) <= p.keep_bytes else None,
-                              rejected_seq(p.payload if len(p.payload) <= p.keep_bytes else None, p.device))
-                             for p in rej])
+            for p in rej:
+                self._log_rejection(cur, p)
+                self._total(totals, p)
+            logged[0] += len(rej)
         for p in todo:
             if p.status == "stored" and p.rel is not None:
                 k = rollup_key(p.rel)
@@ -250,6 +257,7 @@ class PgStore(SQLStore):
         self._apply_rollups(cur, accs)
         if unrolled:
             self._mark_unrolled(cur)
+        self._bound(cur, logged, totals)
 
     def _meta(self, key: str) -> Optional[str]:
         try:

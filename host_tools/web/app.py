@@ -17,7 +17,13 @@ Read-only by construction:
 
 With a token (``pansketch serve --token``) every path, /metrics and the
 static files included, needs ``Authorization: Bearer <token>`` or HTTP
-basic auth with the token as password (any user name).
+basic auth with the token as password (any user name). Without a token,
+a request whose ``Host`` header names anything but the addresses the
+server is meant to be reached at (``allowed_hosts``: for a loopback bind
+localhost, 127.0.0.1 and [::1]; otherwise the bind address and the names
+given with ``--allow-host``) is refused with 421: a DNS-rebinding page
+(``http://evil.example:8080/`` resolved to 127.0.0.1) cannot read the
+dashboard through the visitor's browser.
 """
 
 from __future__ import annotations
@@ -178,13 +184,45 @@ def _pct(c: float) -> str:
     return ("%d%%" % p) if abs(p - round(p)) < 1e-9 else ("%.1f%%" % p)
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def host_name(host: str) -> str:
+    """``Host`` header -> the name without the port, lower case (``[::1]:8080`` -> ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def allowed_hosts_for(bind: str, extra: Any = ()) -> list[str]:
+    """The Host names to accept without a token for a server bound to ``bind``."""
+    import ipaddress
+
+    names = [bind.lower()]
+    try:
+        ip = ipaddress.ip_address(bind.strip("[]"))
+        if ip.version == 6:
+            names.append("[%s]" % ip.compressed)
+        loop = ip.is_loopback
+    except ValueError:
+        loop = bind == "localhost"
+    if loop:
+        names += list(LOOPBACK_HOSTS)
+    return names + [h.lower() for h in extra]
+
+
 class Dashboard(KindPages):
     """WSGI app over the store of ``cfg``; see the module docstring."""
 
     def __init__(self, cfg: HostConfig, token: Optional[str] = None, candidates: Optional[list[Any]] = None,
-                 candidates_name: Optional[str] = None, int_items: bool = False) -> None:
+                 candidates_name: Optional[str] = None, int_items: bool = False,
+                 allowed_hosts: Optional[Any] = None) -> None:
         import jinja2
 
+        # without a token: the Host names a request may carry (None: the loopback names)
+        self.allowed_hosts = frozenset(h.lower() for h in (allowed_hosts if allowed_hosts is not None
+                                                            else LOOPBACK_HOSTS))
         self.cfg = cfg
         self.db = cfg.aggregator.db
         self.salt = cfg.fleet.salt
@@ -212,6 +250,11 @@ class Dashboard(KindPages):
             return self._send(start_response, method, "405 Method Not Allowed",
                               [("Allow", "GET, HEAD"), ("Content-Type", "text/plain; charset=utf-8")],
                               b"read-only: only GET and HEAD are served\n")
+        if self.token is None and not self._host_allowed(environ.get("HTTP_HOST")):
+            return self._send(start_response, method, "421 Misdirected Request",
+                              [("Content-Type", "text/plain; charset=utf-8")],
+                              b"unexpected Host header (this server answers only to its own address; "
+                              b"see pansketch serve --allow-host)\n")
         if self.token is not None and not self._authorized(environ.get("HTTP_AUTHORIZATION", "")):
             return self._send(start_response, method, "401 Unauthorized",
                               [("WWW-Authenticate", 'Basic realm="pansketch", charset="UTF-8"'),
@@ -249,6 +292,13 @@ class Dashboard(KindPages):
             h.append(("Content-Security-Policy", CSP))
         start_response(status, h)
         return [b""] if method == "HEAD" else [body]
+
+    def _host_allowed(self, host: Optional[str]) -> bool:
+        """The Host header without its port is one of :attr:`allowed_hosts` (no header: allowed; browsers
+        always send one, so a rebinding page cannot leave it out)."""
+        if host is None:
+            return True
+        return host_name(host) in self.allowed_hosts
 
     def _authorized(self, header: str) -> bool:
         assert self.token is not None

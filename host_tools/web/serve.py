@@ -66,6 +66,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--token-file", metavar="FILE", help="read the token from FILE")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="allow a non-loopback --bind without a token (only behind an authenticating proxy)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="without a token, also answer requests whose Host header is NAME (repeatable; by default "
+                        "only the bind address, and localhost/127.0.0.1/[::1] for a loopback bind: DNS rebinding)")
     p.add_argument("--candidates", metavar="FILE", help="default candidate items of the top-k page (one per line)")
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers")
     p.add_argument("--threads", type=int, default=4, help="worker threads (default 4)")
@@ -103,9 +106,10 @@ def main(args: argparse.Namespace) -> int:
             print("pansketch serve: --candidates: %s" % exc, file=sys.stderr)
             return 2
     try:
-        from host_tools.web.app import Dashboard
+        from host_tools.web.app import Dashboard, allowed_hosts_for
 
-        app = Dashboard(cfg, token=token, candidates=cands, candidates_name=args.candidates, int_items=args.as_int)
+        app = Dashboard(cfg, token=token, candidates=cands, candidates_name=args.candidates, int_items=args.as_int,
+                        allowed_hosts=allowed_hosts_for(args.bind, args.allow_host))
         server = make_server(app, args.bind, args.port, max(1, args.threads))
     except ImportError as exc:
         print("pansketch serve: %s (pip install 'pansketch[web]')" % exc, file=sys.stderr)

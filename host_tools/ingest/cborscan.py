@@ -1,0 +1,181 @@
+"""A bounded CBOR reader for untrusted release bytes: checks well-formedness at the byte level first.
+
+docs/FORMAT.md: a release is definite-length CBOR with no tags and no
+floats, a map of at most a few dozen keys whose values are integers (at
+most 64 bits), text, one byte string and short integer lists. This module
+reads exactly that subset in one pass over the bytes, and refuses anything
+else *before* building an object from it:
+
+* tags (major type 6, among them 28/29 value sharing, 30 rational
+  numbers, 2/3 bignums): code ``type``;
+* floats and simple values other than false/true/null (major type 7):
+  code ``type``;
+* indefinite lengths, reserved additional information, the break byte,
+  a length larger than the bytes left, truncation, trailing bytes, nesting
+  deeper than ``max_depth``, more than ``max_items`` data items, arrays
+  longer than ``max_array`` or maps with more than ``max_map`` pairs,
+  invalid UTF-8, duplicate or non-text map keys: code ``cbor``.
+
+Every check is against the remaining length before anything is read or
+allocated, and the number of data items is capped, so the work is at most
+``O(max_items)`` steps plus one copy of each string: a hostile message of
+any shape costs microseconds (tests/test_hostile.py measures it). No CBOR
+object decoder ever sees the bytes (host_tools.ingest.decode builds the release
+map from this module alone), so neither value sharing (the "billion
+laughs" of tags 28/29) nor huge rationals (tag 30, quadratic gcd) can
+reach one.
+
+:func:`peek` reads the top-level ``dev`` and ``seq`` of a message that is
+refused, as far as its bytes are well formed, with the same bounds (the
+aggregator acknowledges a refused release by its seq; docs/FORMAT.md
+section 7).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+MAX_DEPTH = 4  # a release is map -> list -> int: depth 3
+MAX_ITEMS = 256  # a release has about 60 data items (25 keys, 25 values, a few short lists)
+MAX_ARRAY = 16  # the longest list in a release is dcs's 'map' (3 items)
+MAX_MAP = 64  # a release map has 25 keys (v2, kind dcs)
+
+
+class ScanError(Exception):
+    """Not the CBOR subset a release uses: ``code`` is ``cbor`` or ``type``, ``reason`` one line."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        Exception.__init__(self, "%s: %s" % (code, reason))
+        self.code = code
+        self.reason = reason
+
+
+_SIMPLE = {20: False, 21: True, 22: None}
+_BREAK = object()
+
+
+class _Reader:
+    __slots__ = ("buf", "pos", "items", "max_items", "max_depth", "max_array", "max_map", "top", "partial")
+
+    def __init__(self, buf: bytes, max_depth: int, max_items: int, max_array: int, max_map: int) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.items = 0
+        self.max_items = max_items
+        self.max_depth = max_depth
+        self.max_array = max_array
+        self.max_map = max_map
+        self.top: Optional[dict[str, Any]] = None  # the top-level map as read so far (for peek)
+        self.partial = False
+
+    def item(self, depth: int) -> Any:
+        # one function, locals only: this runs ~60 times per release (the hot path of validation)
+        if depth > self.max_depth:
+            raise ScanError("cbor", "nested deeper than %d levels" % self.max_depth)
+        self.items += 1
+        if self.items > self.max_items:
+            raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+        buf = self.buf
+        pos = self.pos
+        size = len(buf)
+        if pos >= size:
+            raise ScanError("cbor", "truncated at byte %d" % pos)
+        ib = buf[pos]
+        major, ai = ib >> 5, ib & 31
+        if major == 7:
+            if ai in _SIMPLE:
+                self.pos = pos + 1
+                return _SIMPLE[ai]
+            if ai in (25, 26, 27):
+                raise ScanError("type", "floating-point value at byte %d (releases carry integers only)" % pos)
+            if ai == 31:
+                raise ScanError("cbor", "break byte at %d without an indefinite-length item" % pos)
+            raise ScanError("type", "simple value (additional information %d) at byte %d" % (ai, pos))
+        if major == 6:
+            raise ScanError("type", "CBOR tag at byte %d (releases carry no tags)" % pos)
+        pos += 1
+        if ai < 24:
+            n = ai
+        elif ai < 28:
+            k = 1 << (ai - 24)
+            if pos + k > size:
+                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, k))
+            n = int.from_bytes(buf[pos:pos + k], "big")
+            pos += k
+        elif ai == 31:
+            raise ScanError("cbor", "indefinite length or break at byte %d (releases use definite lengths only)"
+                            % (pos - 1))
+        else:
+            raise ScanError("cbor", "reserved additional information %d at byte %d" % (ai, pos - 1))
+        if major == 0:
+            self.pos = pos
+            return n
+        if major == 1:
+            self.pos = pos
+            return -1 - n
+        left = size - pos
+        if major == 2 or major == 3:
+            if n > left:
+                raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left" % (n, pos, left))
+            self.pos = pos + n
+            if major == 2:
+                return buf[pos:pos + n]
+            try:
+                return buf[pos:pos + n].decode("utf-8")
+            except UnicodeDecodeError:
+                raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % pos)
+        self.pos = pos
+        if major == 4:
+            if n > self.max_array or n > left:
+                raise ScanError("cbor", "array of %d items at byte %d (at most %d in a release, %d bytes left)"
+                                % (n, pos, self.max_array, left))
+            return [self.item(depth + 1) for _ in range(n)]
+        # major 5: map
+        if n > self.max_map or 2 * n > left:
+            raise ScanError("cbor", "map of %d pairs at byte %d (at most %d in a release, %d bytes left)"
+                            % (n, pos, self.max_map, left))
+        m: dict[str, Any] = {}
+        if depth == 0:
+            self.top = m
+        item = self.item
+        for _ in range(n):
+            at = self.pos
+            k = item(depth + 1)
+            if type(k) is not str:
+                raise ScanError("cbor", "map key at byte %d is not a text string" % at)
+            if k in m:
+                raise ScanError("cbor", "duplicate map key %r at byte %d" % (k[:40], at))
+            m[k] = item(depth + 1)
+        return m
+
+
+def loads(buf: bytes, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_array: int = MAX_ARRAY,
+          max_map: int = MAX_MAP) -> Any:
+    """The value ``buf`` encodes, if it is one well-formed item of the release subset (else :class:`ScanError`)."""
+    buf = bytes(buf)
+    if not buf:
+        raise ScanError("cbor", "empty payload")
+    r = _Reader(buf, max_depth, max_items, max_array, max_map)
+    obj = r.item(0)
+    if r.pos != len(buf):
+        raise ScanError("cbor", "%d trailing bytes after the release map" % (len(buf) - r.pos))
+    return obj
+
+
+def peek(buf: Optional[bytes]) -> tuple[Optional[str], Optional[int]]:
+    """(``dev``, ``seq``) of the top-level map, read as far as the bytes are well formed (None each if not there).
+
+    Bounded exactly like :func:`loads` (the same reader, stopped at the
+    first error): safe on any bytes, and on a stored prefix of them.
+    """
+    if not buf:
+        return None, None
+    r = _Reader(bytes(buf), MAX_DEPTH, MAX_ITEMS, MAX_ARRAY, MAX_MAP)
+    try:
+        r.item(0)
+    except ScanError:
+        pass
+    m = r.top or {}
+    dev, seq = m.get("dev"), m.get("seq")
+    return (dev if type(dev) is str else None,
+            seq if type(seq) is int and 0 <= seq < 1 << 63 else None)
