@@ -431,6 +431,12 @@ def tables(res: dict[str, Any]) -> str:
                          % (q["data"], q["n"], c["d"], c["w"], c["coverage_median"], c["coverage_p05"],
                             c["coverage_min"], c["rank_err_mean"], c["halfwidth_mean_frac"],
                             "%.4f (%d)" % (kl["rank_err_mean"], kl["serialized_bytes"]) if kl else "-"))
+    ds_ = res.get("distinct")
+    if ds_ and "hll" in ds_:
+        lines += ["", "Distinct tokens (%d) at %d bytes: DataSketches HLL (lg k %d) relative error %+.4f, CPC (lg k %d) "
+                  "%+.4f (not private; kind dbits: table below)." % (ds_["true"], ds_["budget_bytes"], ds_["hll"]["lg_k"],
+                                                                     ds_["hll"]["rel_err"], ds_["cpc"]["lg_k"],
+                                                                     ds_["cpc"]["rel_err"])]
     return "\n".join(lines)
 
 
@@ -468,10 +474,22 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="run one section only (written to accuracy_<section>.json; 'all' merges them)")
     ap.add_argument("--out", default="bench-results/accuracy.json")
     ap.add_argument("--figures", default="bench-results")
+    ap.add_argument("--render", action="store_true",
+                    help="only redraw the tables (and docs with --update-docs) from the JSON written before")
     ap.add_argument("--update-docs", action="store_true",
                     help="write the tables (and accuracy_dbits.json's, if present) into docs/HOST.md")
     a = ap.parse_args(argv)
     t = time.time()
+    if a.render:
+        res0 = json.loads(Path(a.out).read_text())
+        md = tables(res0)
+        dj0 = Path(a.out).with_name("accuracy_dbits.json")
+        if dj0.exists():
+            md += "\n\n" + dbits_table(json.loads(dj0.read_text()))
+        print(md)
+        if a.update_docs:
+            update_docs(md)
+        return 0
     if a.dbits:
         rows = dbits_coverage(a.dbits)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
