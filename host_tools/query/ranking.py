@@ -10,7 +10,8 @@ on identifier tokens at the default d = 4, w = 1024 (host_tools.bench.accuracy).
 What. The sketch is linear: C = A f + e, where column j of A is candidate
 j's d signed unit cells and e holds the collisions of all other items plus
 the noise. Given the candidate list, take the ``m`` candidates with the
-largest median estimates (S; m = max(4k, 200), at most d*w/8) and solve
+largest median estimates (S; m = max(4k, 200), at most d*w/8 and
+MAX_REFIT) and solve
 the least-squares problem min ||C - A_S f_S||^2. The estimate of an item
 in S no longer carries the collisions of the other items in S (they are
 fitted, not ignored): only the items outside S and the noise remain, which
@@ -39,9 +40,12 @@ from typing import Optional
 import numpy as np
 
 
+MAX_REFIT = 2048  # the normal equations are m x m floats (32 MB at 2048)
+
+
 def refit_size(k: int, n_cands: int, d: int, w: int) -> int:
     """m: how many leading candidates to refit (module doc)."""
-    return int(max(0, min(n_cands, max(4 * k, 200), (d * w) // 8)))
+    return int(max(0, min(n_cands, max(4 * k, 200), (d * w) // 8, MAX_REFIT)))
 
 
 def refit(counters: np.ndarray, cols: np.ndarray, signs: np.ndarray, est: np.ndarray,
@@ -54,8 +58,14 @@ def refit(counters: np.ndarray, cols: np.ndarray, signs: np.ndarray, est: np.nda
     if m < 2:
         return None
     S = np.argsort(-est, kind="stable")[:m]
-    A = np.zeros((d * w, m))
+    # normal equations, built from the collisions (A has one signed unit per row and column: A^T A is
+    # d on the diagonal plus +-1 where two candidates share a cell), so memory is O(m^2), not O(d w m)
+    G = np.zeros((m, m))
+    b = np.zeros(m)
     for r in range(d):
-        np.add.at(A, (r * w + cols[S, r], np.arange(m)), signs[S, r].astype(np.float64))
-    f, *_ = np.linalg.lstsq(A, C.ravel(), rcond=None)
+        c = cols[S, r]
+        sg = signs[S, r].astype(np.float64)
+        G += (c[:, None] == c[None, :]) * np.outer(sg, sg)
+        b += sg * C[r, c]
+    f, *_ = np.linalg.lstsq(G, b, rcond=None)
     return S, f
