@@ -95,3 +95,36 @@ def test_consistent_ranges_have_lower_error_than_the_raw_cover():
             con.append(sum(cons[nodes[u][0]][nodes[u][1], t] for u in used))
         ratio = np.sqrt(np.mean(np.square(raw)) / np.mean(np.square(con)))
         assert ratio >= 1.3, (k, ratio)
+
+
+def test_cdf_rows_are_monotone_inside_and_quantile_rows_stand_alone():
+    """A noisy dcs sketch over few readings (most of the domain empty: raw rows overshoot 1 and go
+    below 0 there): the CDF rows come out monotone, in [0, 1] and inside their intervals; a quantile
+    row is the same whichever other quantiles are asked with it."""
+    from fractions import Fraction
+
+    from host_tools.lab.algorithms.vnoise import BulkNoise
+    from host_tools.query.dyadic import DyadicView, exact_counters, rank_answers
+    from host_tools.query.merge import NoiseTerm
+
+    b, d, w = 16, 4, 1024
+    g = np.random.default_rng(5)
+    vals = np.clip(g.normal(600, 150, 5000).astype(np.int64), 0, 1199)
+    ex = exact_counters(vals, b, d, w, "consistency-salt")
+    var = Fraction(68)
+    C = ex + BulkNoise(3).dgauss(var, ex.size * 40).reshape(40, *ex.shape).sum(axis=0)
+    v = DyadicView(C, b, d, w, "consistency-salt", [NoiseTerm("dgauss", 68, 1, 40)], 0.95)
+    xs = np.unique(np.linspace(0, (1 << b) - 1, 65).astype(np.int64))
+    rows = rank_answers(v, xs, None, (1, 1, 0))
+    f = [r.frac for r in rows]
+    assert all(a <= b_ for a, b_ in zip(f, f[1:]))
+    assert all(0.0 <= r.frac_lo <= r.frac <= r.frac_hi <= 1.0 for r in rows)
+    assert all(r.rank_lo <= r.rank <= r.rank_hi and r.rank_lo >= 0 for r in rows)
+    # the raw estimates were not already consistent (else this test would prove nothing)
+    raw_r, _ = v.rank_le(xs)
+    n = v.total()[0]
+    assert (raw_r / n > 1).any() or (np.diff(raw_r) < 0).any()
+    qa = rank_answers(v, v.quantile([0.99]), [0.99], (1, 1, 0))[0]
+    qs = [0.1, 0.5, 0.99]
+    qb = rank_answers(v, v.quantile(qs), qs, (1, 1, 0))[2]
+    assert (qa.x, qa.rank, qa.rank_lo, qa.rank_hi) == (qb.x, qb.rank, qb.rank_lo, qb.rank_hi)
