@@ -13,7 +13,6 @@ Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -22,7 +21,6 @@ from agent.tomlconf import ConfigError
 from agent.tomlconf import get as _get
 from agent.tomlconf import path as _path
 from agent.tomlconf import seconds as _seconds
-from agent.tomlconf import type_name as _tname
 
 from agent.params import ParamError, Params
 
@@ -50,6 +48,7 @@ PARAM_TO_TOML: dict[str, str] = {v: k for k, v in PARAM_KEYS.items()}
 BROKER_KEYS = (
     "host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
     "password_file", "keepalive", "topic_prefix", "reconnect_min_s", "reconnect_max_s", "ack_timeout_s",
+    "mqtt_version",
 )
 SOURCE_KEYS = (
     "type", "path", "follow", "from_start", "host", "port", "topic", "field", "weight_field",
@@ -87,6 +86,7 @@ class BrokerConfig:
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
     ack_timeout_s: float = 60.0  # re-send a release the host has not acknowledged after this long
+    mqtt_version: str = "5"  # or "3.1.1" (brokers without MQTT 5: RabbitMQ 3.x, deploy/rabbitmq)
 
 
 @dataclass
@@ -136,42 +136,13 @@ def _port(sec: dict[str, Any], secname: str, default: int) -> int:
     return p
 
 
-
-
 def _tls(sec: dict[str, Any], secname: str, base: str) -> Optional[TLSConfig]:
-    ca = _path(base, _get(sec, secname, "tls_ca", str, None))
-    cert = _path(base, _get(sec, secname, "tls_cert", str, None))
-    key = _path(base, _get(sec, secname, "tls_key", str, None))
-    on = _get(sec, secname, "tls", bool, None) if "tls" in sec else None
-    if (cert is None) != (key is None):
-        raise ConfigError(secname + (".tls_key" if key is None else ".tls_cert"),
-                          "tls_cert and tls_key go together (client certificate and its key)")
-    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
-        if p is not None and not os.path.isfile(p):
-            raise ConfigError("%s.%s" % (secname, k), "file not found: %s" % p)
+    ca, cert, key, on = tomlconf.tls_files(sec, secname, base)
     if on is False:
-        if ca or cert:
-            raise ConfigError(secname + ".tls", "is false but tls_ca/tls_cert are set")
         return None
     if on or ca or cert:
         return TLSConfig(ca, cert, key)
     return None
-
-
-def _password(sec: dict[str, Any], secname: str, base: str) -> Optional[str]:
-    pw = _get(sec, secname, "password", str, None)
-    pf = _path(base, _get(sec, secname, "password_file", str, None))
-    if pw is not None and pf is not None:
-        raise ConfigError(secname + ".password_file", "give either password or password_file, not both")
-    if pf is not None:
-        try:
-            with open(pf, encoding="utf-8") as f:
-                pw = f.read().strip()
-        except OSError as exc:
-            raise ConfigError(secname + ".password_file", "cannot read %s: %s" % (pf, exc.strerror))
-    return pw
-
-
 
 
 def field_path(spec: str, key: str) -> list[str]:
@@ -206,9 +177,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     # device parameters: mapped onto agent.params.Params, which names the bad key
     pcfg: dict[str, Any] = {}
     for tkey, pkey in PARAM_KEYS.items():
-        s, k = tkey.split(".")
-        if k in sec(s):
-            pcfg[pkey] = sec(s)[k]
+        sname, k = tkey.split(".")
+        if k in sec(sname):
+            pcfg[pkey] = sec(sname)[k]
     if "device" not in pcfg:
         raise ConfigError("device.id", "is required (a name unique in the fleet, e.g. 'pi-kitchen')")
     if "salt" not in pcfg:
@@ -243,13 +214,16 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         port=_port(b, "broker", 8883 if tls else 1883),
         tls=tls,
         username=_get(b, "broker", "username", str, None),
-        password=_password(b, "broker", base_dir),
+        password=tomlconf.password(b, "broker", base_dir),
         keepalive=_get(b, "broker", "keepalive", int, 60),
         topic_prefix=_get(b, "broker", "topic_prefix", str, "pansketch"),
         reconnect_min_s=_seconds(b, "broker", "reconnect_min_s", 1.0),
         reconnect_max_s=_seconds(b, "broker", "reconnect_max_s", 60.0),
         ack_timeout_s=_seconds(b, "broker", "ack_timeout_s", 60.0),
+        mqtt_version=_get(b, "broker", "mqtt_version", str, "5"),
     )
+    if broker.mqtt_version not in ("5", "3.1.1"):
+        raise ConfigError("broker.mqtt_version", "must be \"5\" or \"3.1.1\", got %r" % broker.mqtt_version)
     if not 5 <= broker.keepalive <= 65535:
         raise ConfigError("broker.keepalive", "must be between 5 and 65535 seconds")
     if broker.reconnect_max_s < broker.reconnect_min_s:
@@ -292,7 +266,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         if source.weight_field is not None:
             field_path(source.weight_field, "source.weight_field")
         source.username = _get(s, "source", "username", str, None)
-        source.password = _password(s, "source", base_dir)
+        source.password = tomlconf.password(s, "source", base_dir)
         source.qos = _get(s, "source", "qos", int, 0)
         if source.qos not in (0, 1):
             raise ConfigError("source.qos", "must be 0 or 1")

@@ -62,22 +62,6 @@ def _log(msg):
     print("pansketch: " + msg)
 
 
-def make(params, root, now, rng=None, log=None, outbox_max=0):
-    """The recorder for ``params``: agent.tree.TreeRecorder (mode tree),
-    agent.dbits.DistinctRecorder (kind dbits, which keeps bits) or Recorder
-    (window, keep; kinds cms, cs, dcs); all have the same interface.
-    Params refuses tree mode with kinds other than cms and cs."""
-    if params.mode == "tree":
-        from agent.tree import TreeRecorder
-
-        return TreeRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
-    if params.kind == "dbits":
-        from agent.dbits import DistinctRecorder
-
-        return DistinctRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
-    return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
-
-
 class Recorder:
     """The device core: count events into a noisy sketch, commit releases.
 
@@ -520,7 +504,3 @@ class Recorder:
         except Exception as exc:
             self.log("cannot finish the commit of a release (%r); retrying" % (exc,))
 
-
-def make_recorder(params, root, now, rng=None, log=None, outbox_max=0):
-    """Same as :func:`make` (the name the kinds branch used)."""
-    return make(params, root, now, rng=rng, log=log, outbox_max=outbox_max)

@@ -21,7 +21,7 @@ import struct
 try:
     _fsync = os.fsync
 except AttributeError:  # MicroPython: flush+close is what we have
-    _fsync = None
+    _fsync = None  # type: ignore[assignment]  # MicroPython: no os.fsync
 
 
 def join(a, b):

@@ -5,7 +5,11 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
     [broker]      host ("localhost"), port (1883; 8883 with TLS), tls (false),
                   tls_ca, tls_cert, tls_key, username, password, password_file,
                   client_id (see below), keepalive (60),
-                  reconnect_min_s (1), reconnect_max_s (60)
+                  reconnect_min_s (1), reconnect_max_s (60),
+                  kind ("mosquitto"; "rabbitmq": the aggregator consumes a
+                  quorum queue over AMQP, host_tools.ingest.amqp), and for
+                  kind = "rabbitmq": amqp_nodes (["<host>:5672"]; 5671 with
+                  TLS), queue ("pansketch.releases"), vhost ("/")
     [aggregator]  db ("pansketch.db", relative to the config file; or a
                   "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
@@ -43,7 +47,6 @@ from agent.tomlconf import get as _get
 from agent.tomlconf import int_range as _int_range
 from agent.tomlconf import path as _path
 from agent.tomlconf import seconds as _seconds
-from agent.tomlconf import type_name as _tname
 
 from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
@@ -51,7 +54,8 @@ from agent.sketch import KINDS
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
-               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s"),
+               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s",
+               "kind", "amqp_nodes", "queue", "vhost"),
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
                    "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
                    "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
@@ -80,6 +84,10 @@ class BrokerConfig:
     keepalive: int = 60
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
+    kind: str = "mosquitto"  # or "rabbitmq" (host_tools.ingest.amqp)
+    amqp_nodes: tuple[tuple[str, int], ...] = ()
+    queue: str = "pansketch.releases"
+    vhost: str = "/"
 
 
 @dataclass
@@ -197,6 +205,22 @@ def _topic_filter(topic: str, key: str) -> str:
     return topic
 
 
+def _amqp_nodes(b: dict[str, Any], host: str, port: int) -> tuple[tuple[str, int], ...]:
+    """[broker] amqp_nodes: ["host:port", ...] (the AMQP listeners of the RabbitMQ nodes)."""
+    raw = _get(b, "broker", "amqp_nodes", list, None)
+    if raw is None:
+        return ((host, port),)
+    out = []
+    for v in raw:
+        m = re.fullmatch(r"(.+):([0-9]{1,5})", v) if isinstance(v, str) else None
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            raise ConfigError("broker.amqp_nodes", "each entry must be a \"host:port\" string, got %r" % (v,))
+        out.append((m.group(1), int(m.group(2))))
+    if not out:
+        raise ConfigError("broker.amqp_nodes", "must list at least one node")
+    return tuple(out)
+
+
 # -- loading ---------------------------------------------------------------
 def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
     """Parse and validate a config given as TOML text."""
@@ -217,29 +241,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
 
     # [broker]
     b = sec("broker")
-    ca = _path(base_dir, _get(b, "broker", "tls_ca", str, None))
-    cert = _path(base_dir, _get(b, "broker", "tls_cert", str, None))
-    key = _path(base_dir, _get(b, "broker", "tls_key", str, None))
-    if (cert is None) != (key is None):
-        raise ConfigError("broker.tls_key" if key is None else "broker.tls_cert",
-                          "tls_cert and tls_key go together (client certificate and its key)")
-    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
-        if p is not None and not os.path.isfile(p):
-            raise ConfigError("broker." + k, "file not found: %s" % p)
-    tls_on = _get(b, "broker", "tls", bool, None)
-    if tls_on is False and (ca or cert):
-        raise ConfigError("broker.tls", "is false but tls_ca/tls_cert are set")
+    ca, cert, key, tls_on = tomlconf.tls_files(b, "broker", base_dir)
     tls = bool(tls_on) or bool(ca) or bool(cert)
-    pw = _get(b, "broker", "password", str, None)
-    pf = _path(base_dir, _get(b, "broker", "password_file", str, None))
-    if pw is not None and pf is not None:
-        raise ConfigError("broker.password_file", "give either password or password_file, not both")
-    if pf is not None:
-        try:
-            with open(pf, encoding="utf-8") as f:
-                pw = f.read().strip()
-        except OSError as exc:
-            raise ConfigError("broker.password_file", "cannot read %s: %s" % (pf, exc.strerror))
+    pw = tomlconf.password(b, "broker", base_dir)
     broker = BrokerConfig(
         host=_get(b, "broker", "host", str, "localhost"),
         port=_int_range(b, "broker", "port", 8883 if tls else 1883, 1, 65535),
@@ -257,6 +261,14 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
     if broker.password is not None and broker.username is None:
         raise ConfigError("broker.username", "is required when a password is set")
+    broker.kind = _get(b, "broker", "kind", str, "mosquitto")
+    if broker.kind not in ("mosquitto", "rabbitmq"):
+        raise ConfigError("broker.kind", "must be 'mosquitto' or 'rabbitmq', got %r" % broker.kind)
+    broker.amqp_nodes = _amqp_nodes(b, broker.host, 5671 if tls else 5672)
+    broker.queue = _get(b, "broker", "queue", str, "pansketch.releases")
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", broker.queue) or broker.queue.startswith("amq."):
+        raise ConfigError("broker.queue", "must be 1-200 letters, digits, '_', '.', ':' or '-', not amq.*")
+    broker.vhost = _get(b, "broker", "vhost", str, "/")
     if len(broker.client_id.encode()) > 128:
         raise ConfigError("broker.client_id", "must be at most 128 bytes")
 
@@ -331,7 +343,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("query.confidence", "must be at least 0.5")
     # [status]
     stc = sec("status")
-    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", None) if "late_grace_s" in stc
+    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", 0.0) if "late_grace_s" in stc
                           else None)
     return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, path=path)
 

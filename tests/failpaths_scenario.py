@@ -204,7 +204,7 @@ def run(cfg, root, seed, events, fail_at=-1, exc="enospc"):
     the failure at stage ``fail_at``. Returns (views, flash, zero_ok):
     ``views`` = list of (op, RAM arrays after op); flash = the Flash."""
     from agent.params import Params
-    from agent.recorder import make
+    from agent.recorders import make
     from agent.rng import DeterministicSource, Rng
 
     p = Params(cfg)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +250,7 @@ DBITS = {"device": "dev-f", "salt": "fleet-salt-1", "kind": "dbits", "d": 6, "w"
 
 def _dbits_run(root: Path, first: list[str], fail_at: int, exc: str) -> tuple[list[int], dict[int, bytes]]:
     from agent.params import Params
-    from agent.recorder import make
+    from agent.recorders import make
 
     fl = fs.Flash(fail_at, exc)
     fl.install()
@@ -302,7 +301,7 @@ def _dbits_stages(root: Path, xs: list[str]) -> list[tuple[int, str, str]]:
     fl.install()
     try:
         from agent.params import Params
-        from agent.recorder import make
+        from agent.recorders import make
 
         rec = make(Params(DBITS), str(root), fs.T0, rng=_Streams(), log=lambda m: None)
         for x in xs:

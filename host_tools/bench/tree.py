@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from agent.params import Params
-from agent.recorder import make
+from agent.recorders import make
 from agent.rng import Rng
 
 SALT = "tree-evidence-salt"

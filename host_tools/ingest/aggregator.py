@@ -74,17 +74,19 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
 from host_tools import hostconfig
+from host_tools.logsetup import setup_logging
 from host_tools.ingest import child
 from host_tools.ingest import devstatus
-from host_tools.web import metrics
+from host_tools import metrics
 from host_tools.ingest.decode import Rejected, Release, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.ingest.mqttproc import Msg, MQTTProcess, Settings
-from host_tools.store.core import Limits, Pending, SQLStore, open_store
+from host_tools.store.core import Limits, Pending, SQLStore
+from host_tools.store.backend import open_store
 from host_tools.ingest.validproc import Settings as ValidationSettings
 from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict
 
@@ -515,6 +517,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
                         cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
 
+    where = "%s:%d" % (cfg.broker.host, cfg.broker.port)  # for the log
+    if cfg.broker.kind == "rabbitmq":
+        where = "AMQP " + ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes)
+
     def fatal(why: str) -> None:
         state["fatal"] = why
         stop.set()
@@ -525,9 +531,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         if kind == "connected":
             state["connected"] = state["ever"] = True
             state["fail_logged"] = -1e9
-            log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+            log.info("connected to %s as %s; subscribing %s", where, cid, sub)
         elif kind == "refused":
-            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, ev[1])
+            log.error("broker %s refused the connection: %s", where, ev[1])
         elif kind == "subscribed" and ev[1] is not None:
             log.error("broker refused the subscription to %s: %s", sub, ev[1])
             fatal("subscription refused: %s" % ev[1])
@@ -540,7 +546,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             now = time.monotonic()
             if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
                 state["fail_logged"] = now
-                log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
+                log.warning("cannot connect to broker %s; retrying (up to %g s apart)", where,
                             cfg.broker.port, cfg.broker.reconnect_max_s)
         elif kind == "disconnected":
             state["connected"] = False
@@ -553,7 +559,15 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         state["last"] = time.monotonic()
         writer.put(msgs)
 
-    transport = MQTTProcess(settings, on_messages, on_event)
+    transport: Any
+    if cfg.broker.kind == "rabbitmq":  # a quorum queue over AMQP (host_tools/ingest/amqp.py)
+        from host_tools.ingest import amqp
+
+        sub = "queue %s on %s" % (cfg.broker.queue, ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes))
+        transport = amqp.AMQPTransport(amqp.Settings(cfg.broker, cfg.aggregator.topic, RECEIVE_MAXIMUM, cid),
+                                       on_messages, on_event)
+    else:
+        transport = MQTTProcess(settings, on_messages, on_event)
     validator = ValidatorProcess(agg.validation)
     writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}
@@ -581,7 +595,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             log.error("stopping: %s", state["fatal"])
             return 1
         if not state["ever"]:
-            log.error("could not connect to broker %s:%d within %.0f s", cfg.broker.host, cfg.broker.port,
+            log.error("could not connect to broker %s within %.0f s", where,
                       time.monotonic() - start)
             return 1
         return 0
@@ -619,18 +633,9 @@ def add_parser(subparsers: Any) -> None:
     v.add_argument("-q", "--quiet", action="store_true",
                    help="log only warnings and errors (rejections, lost connections), not each stored release")
     p.add_argument("--metrics-port", type=int, metavar="N",
-                   help="serve Prometheus metrics on http://BIND:N/metrics (host_tools/web/metrics.py)")
+                   help="serve Prometheus metrics on http://BIND:N/metrics (host_tools/metrics.py)")
     p.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port (127.0.0.1)")
     p.set_defaults(func=main)
-
-
-def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
-    root = logging.getLogger("pansketch")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        root.addHandler(h)
-    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
 
 
 def main(args: argparse.Namespace) -> int:

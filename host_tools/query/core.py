@@ -1,4 +1,4 @@
-"""Frequency and top-k queries with intervals; ``pansketch query``.
+"""Frequency and top-k queries with intervals (``pansketch query freq | topk`` prints them: host_tools.query.point_cli).
 
 Python API (no CLI needed)::
 
@@ -34,10 +34,8 @@ each bucket and each running total is one such range query.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -45,10 +43,9 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from agent import hashing
-from host_tools.query import dyadic_cli
 from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
-from host_tools.store.core import RollupInfo, SQLStore, StoredRelease, open_store
+from host_tools.store.core import RollupInfo, SQLStore, StoredRelease
 
 try:
     from host_tools import fasthash
@@ -176,10 +173,37 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
     return out
 
 
+POINT_KINDS = ("cs", "cms")  # freq, topk, series
+KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": "quantile, cdf, heavy",
+                "dbits": "distinct"}
+
+
+def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
+    """On a store that mixes kinds: the devices a query of ``kinds`` should merge when none are named.
+
+    The devices of the one kind among ``kinds`` that most devices have (ties: the earlier in
+    ``kinds``); None when the store holds that kind only (the fleet-wide path, with roll-ups).
+    Devices of that kind with different shapes still meet the merge's refusal, which names them.
+    QueryError naming what the store holds when no device is of those kinds. Reads the devices
+    table only (one row per device), never the releases.
+    """
+    held = store.kind_counts()
+    fit = [k for k in kinds if held.get(k)]
+    if not fit:
+        what = ", ".join("kind %s (%d device%s: answers %s)" % (k, n, "" if n == 1 else "s", KIND_QUERIES.get(k, "?"))
+                         for k, n in sorted(held.items()))
+        raise QueryError("no releases of kind %s in this store%s" % (
+            " or ".join("'%s'" % k for k in kinds), "; it holds " + what if what else ""))
+    best = min(fit, key=lambda k: (-held[k], list(kinds).index(k)))
+    if len(held) == 1:
+        return None
+    return store.devices_of_kind(best)
+
+
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
                   salt: Optional[str] = None, use_rollups: bool = True,
-                  consistent: bool = True) -> tuple[Merged, Selection]:
+                  kinds: Optional[Sequence[str]] = None, consistent: bool = True) -> tuple[Merged, Selection]:
     """Merge the selected releases; raises QueryError with the reason.
 
     Fleet-wide selections (no ``device``) are answered from the per-window
@@ -194,6 +218,8 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         raise QueryError("give either a window id or a time range, not both")
     if since is not None and until is not None and until <= since:
         raise QueryError("empty time range: until must be after since")
+    if kinds and _devices(device) is None:  # a mixed store: the devices of the kinds this query answers
+        device = pick_devices(store, kinds)
     sel = Selection(window=window, since=since, until=until, devices=_devices(device))
     m: Optional[Merged] = None
     with store.read_tx():  # one snapshot, while aggregators keep committing
@@ -226,6 +252,12 @@ def _from_releases(store: SQLStore, sel: Selection, consistent: bool = True) -> 
     rels = [r for r in every if id(r) in kept]  # the store's order, which iter_counters follows
     if not rels:
         extra = " (%d release(s) straddle the range bounds)" % sel.partial if sel.partial else ""
+        known = [r[0] for r in store.device_activity()]
+        unknown = [d for d in (sel.devices or []) if d not in known]
+        if unknown:  # a typo or a device that never released: say which ones exist
+            raise QueryError("no releases match device %s: it has none; devices with releases: %s" % (
+                ", ".join(unknown), ", ".join(known[:20]) + (" ... (%d in all)" % len(known) if len(known) > 20 else "")
+                if known else "none yet"))
         raise QueryError("no releases match %s%s" % (sel.describe(), extra))
     if window is not None:
         _window_lengths(window, {r.win_s for r in rels})
@@ -397,10 +429,15 @@ def _point_kind(m: Merged) -> None:
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True, consistent: bool = True) -> list[Answer]:
+         use_rollups: bool = True, pick: bool = True, consistent: bool = True) -> list[Answer]:
     """Estimated frequency of each item (in order) over the selection, with intervals
-    (tree-mode nodes made consistent first unless ``consistent`` is False)."""
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, consistent)
+    (tree-mode nodes made consistent first unless ``consistent`` is False).
+
+    ``pick``: on a store that mixes kinds, merge the devices of :data:`POINT_KINDS` when no device is
+    named (:func:`pick_devices`); False when the caller already did (series, per bucket).
+    """
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups,
+                           kinds=POINT_KINDS if pick else None, consistent=consistent)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
@@ -423,7 +460,7 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
     """
     if k < 1:
         raise QueryError("k must be at least 1")
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, kinds=POINT_KINDS)
     _point_kind(m)
     cands = list(dict.fromkeys(candidates))  # distinct, first-seen order
     if not cands:
@@ -448,7 +485,11 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
 def read_candidates(path: str, as_int: bool = False) -> list[Any]:
     """Candidates file: one item per line (text before a TAB; blank lines skipped)."""
     out: list[Any] = []
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    try:
+        f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    except OSError as exc:  # a hint, not a raw "[Errno 2] No such file or directory: 'x'"
+        raise ValueError("--candidates %s: %s (one item per line, or - for standard input)"
+                         % (path, exc.strerror or exc))
     try:
         for n, line in enumerate(f, 1):
             item = line.rstrip("\r\n").split("\t", 1)[0]
@@ -470,124 +511,15 @@ def _item(s: str, as_int: bool, where: str) -> Any:
         raise ValueError("%s: %r is not an integer (drop --int for text items)" % (where, s))
 
 
-# -- CLI ---------------------------------------------------------------------
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", dest="config_sub", metavar="FILE", help="host config TOML (also accepted before the query type)")
-    g = p.add_argument_group("selection (default: all releases)")
-    g.add_argument("--window", type=int, metavar="ID", help="one window id (see `pansketch status`)")
-    g.add_argument("--since", metavar="T", help="start of a time range (ISO-8601 UTC or unix seconds)")
-    g.add_argument("--until", metavar="T", help="end of a time range (exclusive)")
-    g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
-    p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
-    p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
-                                                  "(.png, .svg or .pdf; needs matplotlib)")
-    p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
-                   help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
-    p.add_argument("--no-consistency", dest="consistent", action="store_false",
-                   help="tree-mode devices: sum the raw cover nodes (default: least-squares consistent nodes)")
-
-
-def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("query", help="estimate frequencies / top-k with intervals",
-                              description="Query merged releases. Every answer carries an interval [lo, hi] "
-                                          "at the stated confidence (docs/HOST.md).")
-    p.add_argument("--config", metavar="FILE", help="host config TOML ([fleet] salt, [aggregator] db)")
-    sub = p.add_subparsers(dest="qtype", metavar="QUERY")
-    f = sub.add_parser("freq", help="frequency of items")
-    f.add_argument("items", nargs="+", metavar="ITEM")
-    _common(f)
-    t = sub.add_parser("topk", help="top-k among candidate items")
-    t.add_argument("-k", type=int, required=True, metavar="K")
-    t.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
-    _common(t)
-    from host_tools.query import series as series_mod
-
-    series_mod.add_subparser(sub, _common)
-    dyadic_cli.add_parsers(sub, _common)
-    p.set_defaults(func=main)
-
-
-def _err(msg: str, code: int) -> int:
-    print("pansketch query: %s" % msg, file=sys.stderr)
-    return code
-
-
-def main(args: argparse.Namespace) -> int:
-    from host_tools import hostconfig
-
-    if not getattr(args, "qtype", None):
-        return _err("choose a query: freq, topk, series, quantile, cdf, heavy or distinct (see pansketch query --help)", 2)
-    path = getattr(args, "config_sub", None) or args.config
-    if not path:
-        return _err("--config FILE is required", 2)
+def positive_int(txt: str) -> int:
+    """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
     try:
-        cfg = hostconfig.load(path)
-        salt = cfg.require_salt()
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
-        return 2
-    conf = args.confidence if args.confidence is not None else cfg.query.confidence
-    if not 0.5 <= conf < 1:
-        return _err("--confidence must be in [0.5, 1)", 2)
-    try:
-        since = parse_time(args.since) if args.since is not None else None
-        until = parse_time(args.until) if args.until is not None else None
-    except ValueError as exc:
-        return _err(str(exc), 2)
-    if getattr(args, "plot", None):
-        from host_tools.query import plot
-
-        try:
-            plot.check_path(args.plot)
-        except ValueError as exc:
-            return _err(str(exc), 2)
-    try:
-        store = open_store(cfg.aggregator.db, readonly=True)
-    except Exception as exc:  # missing file, PostgreSQL unreachable, ...
-        return _err(str(exc), 1)
-    t_start = time.perf_counter()
-    if args.qtype in dyadic_cli.QTYPES:
-        try:
-            return dyadic_cli.run(args, store, salt, conf, since, until)
-        except (QueryError, ValueError, OSError) as exc:
-            return _err(str(exc), 1)
-        finally:
-            store.close()
-    try:
-        if args.qtype == "series":
-            from host_tools.query import series as series_mod
-
-            return series_mod.cli(args, store, salt, conf, since, until)
-        if args.qtype == "freq":
-            items = [_item(x, args.as_int, "ITEM") for x in args.items]
-            answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf, use_rollups=args.use_rollups,
-                           consistent=args.consistent)
-        else:
-            cands = read_candidates(args.candidates, args.as_int)
-            answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
-    except (QueryError, ValueError, OSError) as exc:
-        return _err(str(exc), 1)
-    finally:
-        store.close()
-    elapsed = time.perf_counter() - t_start
-    if getattr(args, "plot", None) and answers:
-        from host_tools.query import plot
-
-        try:
-            plot.plot_answers(answers, args.plot, "pansketch query %s" % args.qtype)
-        except (ImportError, OSError) as exc:
-            return _err(str(exc), 1)
-        print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
-    if args.json:
-        for a in answers:
-            print(json.dumps(a.to_dict(), ensure_ascii=False))
-    else:
-        _print_table(answers, args.qtype == "topk", elapsed)
-    return 0
+        v = int(txt, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, got %d" % v)
+    return v
 
 
 def _fmt(x: float) -> str:
@@ -615,7 +547,7 @@ def _print_table(answers: list[Answer], ranked: bool, elapsed: float) -> None:
     head = ("%4s  " % "RANK" if ranked else "") + "%-*s  %12s  %s" % (width, "ITEM", "ESTIMATE", "INTERVAL")
     print(head)
     for a in answers:
-        line = ("%4d  " % a.rank if ranked else "") + "%-*s  %12s  [%s, %s]" % (
+        line = ("%4d  " % (a.rank or 0) if ranked else "") + "%-*s  %12s  [%s, %s]" % (
             width, str(a.item)[:width], _fmt(a.estimate), _fmt(a.lo), _fmt(a.hi))
         print(line)
     print("# answered in %.1f ms" % (elapsed * 1000))

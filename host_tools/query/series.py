@@ -133,6 +133,16 @@ def default_step(store: Store, devices: Optional[list[str]] = None) -> int:
     return step
 
 
+def _point_devices(store: Store, devs: Sequence[str]) -> None:
+    """QueryError when a named device is of a kind that freq cannot answer (dcs, dbits)."""
+    other = sorted("%s (%s)" % (r[0], r[3]) for r in store.devices()
+                   if r[0] in devs and r[3] not in query.POINT_KINDS)
+    if other:
+        raise QueryError("%s: not a kind with item counts over time (cs, cms); %s" % (
+            ", ".join(other), "; ".join("%s answers %s" % (k, q) for k, q in sorted(query.KIND_QUERIES.items())
+                                        if k not in query.POINT_KINDS)))
+
+
 def buckets(store: Store, step: int, since: Optional[float] = None, until: Optional[float] = None,
             devices: Optional[list[str]] = None, limit: int = MAX_BUCKETS) -> tuple[list[tuple[int, int]], int]:
     """Consecutive ``[t0, t1)`` of length ``step`` from the first to the last selected release.
@@ -160,7 +170,8 @@ def bucket_answers(store: Store, items: Sequence[Any], salt: str, t0: int, t1: i
                    devices: Optional[list[str]], confidence: float) -> list[Point]:
     """One point per item for the releases inside [t0, t1) (the range-query seam)."""
     try:
-        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence)
+        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence,
+                             pick=False)  # series() picked the devices once
     except QueryError as exc:
         return [Point(t0, t1, None, str(exc)) for _ in items]
     return [Point(t0, t1, a) for a in answers]
@@ -178,9 +189,22 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     items = list(dict.fromkeys(items))
     if not items:
         raise QueryError("no items")
+    if since is not None and until is not None and until <= since:
+        raise QueryError("empty time range: until must be after since")
     devs = [device] if isinstance(device, str) else (list(device) if device else None)
+    if devs is None:  # a store mixing kinds: the devices that answer freq
+        devs = query.pick_devices(store, query.POINT_KINDS)
+    else:
+        _point_devices(store, devs)
+    natural = default_step(store, devs)
     if step is None:
-        step = default_step(store, devs)
+        step = natural
+    elif step <= 0:
+        raise QueryError("step must be positive")
+    elif step % natural:
+        # a release cannot be split: shorter or unaligned buckets would each hold no whole release
+        raise QueryError("a step of %d s does not hold whole releases: the selected releases are %d s long "
+                         "(for tree-mode devices: their epoch); use a multiple of %d s" % (step, natural, natural))
     bks, cut = buckets(store, step, since, until, devs, limit)
     if not bks:
         raise QueryError("no releases in the selection")
@@ -206,85 +230,3 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
                 ln.points.append(p)
         lines.extend(mine)
     return Series(items, step, confidence, devs, per_device, lines, cut)
-
-
-# -- CLI: pansketch query series ----------------------------------------------
-def add_subparser(sub: Any, common: Any) -> None:
-    """Register ``pansketch query series`` (``common`` adds the shared selection/output options)."""
-    s = sub.add_parser("series", help="count per window (or --step bucket) with intervals; --plot draws bands")
-    s.add_argument("items", nargs="+", metavar="ITEM")
-    s.add_argument("--step", type=parse_step, metavar="S",
-                   help="bucket length in seconds or with a unit: 90s, 15m, 1h, 1d (default: the window length; "
-                        "the epoch length for tree-mode devices)")
-    s.add_argument("--no-running", dest="running", action="store_false",
-                   help="leave out the running total since the first bucket")
-    s.add_argument("--per-device", action="store_true", help="one line per item and device")
-    common(s)
-
-
-def parse_step(txt: str) -> int:
-    """Seconds from '3600', '90s', '15m', '1h', '1d' or '1w'."""
-    t = str(txt).strip().lower()
-    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    try:
-        v = int(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else int(t)
-    except ValueError:
-        import argparse
-
-        raise argparse.ArgumentTypeError("not a step: %r (seconds, or 15m, 1h, 1d)" % txt)
-    return v
-
-
-def cli(args: Any, store: Store, salt: str, conf: float, since: Optional[float], until: Optional[float]) -> int:
-    import json
-    import sys
-
-    def err(msg: str, code: int) -> int:
-        print("pansketch query: %s" % msg, file=sys.stderr)
-        return code
-
-    if args.window is not None:
-        return err("series: select time with --since/--until (each bucket is a window or --step)", 2)
-    try:
-        items = [query._item(x, args.as_int, "ITEM") for x in args.items]
-        s = series(store, items, salt=salt, since=since, until=until, device=args.device,
-                   per_device=args.per_device, step=args.step, confidence=conf,
-                   running=getattr(args, "running", True))
-    except (QueryError, ValueError) as exc:
-        return err(str(exc), 1)
-    if args.plot:
-        from host_tools.query import plot
-
-        try:
-            plot.plot_series(s, args.plot, "pansketch query series")
-        except (ImportError, OSError) as exc:
-            return err(str(exc), 1)
-        print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
-    if args.json:
-        for ln in s.lines:
-            for p in ln.points:
-                d = {"item": ln.item, "device": ln.device}
-                d.update(p.to_dict())
-                print(json.dumps(d, ensure_ascii=False))
-        return 0
-    width = max(8, min(40, max(len(ln.label) for ln in s.lines)))
-    print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
-          "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))
-    print("%-*s  %-20s  %12s  %-24s %6s  %12s  %-24s %6s" % (width, "LINE", "FROM (UTC)", "ESTIMATE", "INTERVAL",
-                                                            "DRAWS", "RUNNING", "INTERVAL", "DRAWS"))
-    for ln in s.lines:
-        for p in ln.points:
-            if p.answer is None:
-                line = "%-*s  %-20s  %12s  (%s)" % (width, ln.label[:width], iso(p.t0), "-", p.error)
-            else:
-                line = "%-*s  %-20s  %12s  %-24s %6d" % (
-                    width, ln.label[:width], iso(p.t0), query._fmt(p.answer.estimate),
-                    "[%s, %s]" % (query._fmt(p.answer.lo), query._fmt(p.answer.hi)), p.answer.noise_draws)
-            r = p.running
-            if r is not None:
-                line += "  %12s  %-24s %6d" % (query._fmt(r.estimate), "[%s, %s]" % (query._fmt(r.lo), query._fmt(r.hi)),
-                                               r.noise_draws)
-            if p.answer is not None and p.includes_zero:
-                line += " *"  # the point's interval (not the running one) includes 0
-            print(line)
-    return 0
