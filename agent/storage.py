@@ -137,6 +137,12 @@ class Outbox:
     def uncommitted(self):
         return self._seqs(".tmp")
 
+    def finish(self, upto):
+        """Rename the .tmp of releases below ``upto`` (their marker was written) to .cbor."""
+        for s in self._seqs(".tmp"):
+            if s < upto:
+                rename(self.path(s, ".tmp"), self.path(s))
+
     def read(self, seq):
         return read(self.path(seq))
 
