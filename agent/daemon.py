@@ -383,6 +383,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     if p.kind not in ("dcs", "dbits"):  # tree mode is for cms/cs only: nothing to compare for the others
         for line in plan.report(p, lengths, args.levels):
             print(line)
+    if args.events:
+        for line in plan.interval_advice(p, args.events, args.target_error):
+            print(line)
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
     warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
@@ -519,6 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="range lengths (epochs) your queries use: compares window/keep and tree noise for them "
                         "(repeatable; default 1, 24, 168, 720, 10080)")
     p.add_argument("--levels", type=int, metavar="L", help="tree levels to compare with (default: the config's, or 8)")
+    p.add_argument("--events", type=int, metavar="N",
+                   help="expected events (dbits: distinct items) per release: print the expected interval width "
+                        "and warn, with suggested d and w, when it will be uninformative")
+    p.add_argument("--target-error", type=float, default=0.05, metavar="F",
+                   help="relative half-width the suggestion aims at (default %(default)s)")
     p.set_defaults(func=cmd_check)
     return parser
 

@@ -61,7 +61,9 @@ def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float =
 def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] = None, confidence: float = 0.95,
         window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
         device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
-    """F(x) = fraction of events with value <= x, at ``points`` evenly spaced domain values or at readings ``at``."""
+    """F(x) = fraction of events with value <= x, at readings ``at`` or at ``points`` values that
+    follow the data: the estimated q-quantiles for q evenly spaced in [0, 1] (duplicates merged).
+    The rows are monotone, in [0, 1] and inside their intervals (dyadic.make_consistent)."""
     from host_tools.query.core import QueryError
 
     m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
@@ -71,7 +73,9 @@ def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] 
     else:
         if points < 2:
             raise QueryError("--points must be at least 2")
-        xs = np.unique(np.array([min(top, (i * (top + 1)) // (points - 1)) for i in range(points)], dtype=np.int64))
+        # a grid over the whole 2^b domain would spend most points where no reading occurs
+        qs = np.linspace(0.0, 1.0, points)
+        xs = np.unique(np.minimum(top, v.quantile(qs)))
     meta = _meta(m, s, v)
     return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, None, m.map)]
 
@@ -122,7 +126,8 @@ def add_quantile_arguments(q: argparse.ArgumentParser) -> None:
 
 
 def add_cdf_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--points", type=_points, default=17, help="evenly spaced domain points (default 17, at least 2)")
+    c.add_argument("--points", type=_points, default=17,
+                   help="points at the estimated quantiles 0, 1/(P-1), ..., 1 (default 17, at least 2)")
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
 
 
