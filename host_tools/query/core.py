@@ -373,6 +373,8 @@ def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, r
 def _point_kind(m: Merged) -> None:
     if m.kind == "dcs":
         raise QueryError("releases of kind dcs answer quantile, cdf and heavy (not freq/topk)")
+    if m.kind == "strhh":
+        raise QueryError("releases of kind strhh answer heavy (not freq/topk)")
 
 
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,

@@ -104,9 +104,11 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     c.add_argument("--points", type=int, default=17, help="evenly spaced domain points (default 17)")
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
     common(c)
-    h = sub.add_parser("heavy", help="heaviest values of an integer domain (kind dcs), no candidate list")
+    h = sub.add_parser("heavy", help="heaviest values (kind dcs) or strings (kind strhh), no candidate list")
     h.add_argument("-k", type=int, required=True, metavar="K")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
+    h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
+    h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
     common(h)
     dq = sub.add_parser("distinct", help="distinct items (kind dbits): sum of per-device, per-window counts")
     common(dq)
@@ -124,6 +126,12 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
         until: Optional[float]) -> int:
     sel = dict(salt=salt, confidence=conf, window=args.window, since=since, until=until, device=args.device)
     t = time.perf_counter()
+    if args.qtype == "heavy":  # kind strhh answers heavy with its own descent (host_tools/query/strheavy_cli.py)
+        from host_tools.query import strheavy_cli
+
+        done = strheavy_cli.run_heavy(args, store, salt, conf, since, until)
+        if done is not None:
+            return done
     if args.qtype == "distinct":
         from host_tools.query import distinct
 
