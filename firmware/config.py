@@ -32,7 +32,7 @@ from agent.params import ParamError, Params
 
 DEFAULT_PATH = "/pansketch.json"
 
-SKETCH_KEYS = ("kind", "d", "w", "clip", "b", "map", "mode", "window_s", "epoch_s", "levels", "mechanism", "budget",
+SKETCH_KEYS = ("kind", "d", "w", "clip", "b", "map", "len", "mode", "window_s", "epoch_s", "levels", "mechanism", "budget",
                "persist_s", "persist_noise")
 TOP_KEYS = (
     "device", "salt", "sketch", "wifi", "ntp", "mqtt", "source", "watchdog_s", "state_dir",
