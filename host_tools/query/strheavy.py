@@ -16,8 +16,16 @@ the prefix-tree search of Bassily et al.'s TreeHist):
 1. level 0: the 256 one-byte prefixes are the candidates;
 2. at each level, every candidate gets a one-sided p-value for "its count is
    0" from the level's error model (below); the Benjamini-Hochberg step-up
-   procedure at the target false-discovery rate q (default 0.05) keeps the
-   discoveries; with a count threshold T, candidates estimated below
+   procedure keeps the discoveries: at the last level at the target
+   false-discovery rate q (default 0.05), which is the FDR of the reported
+   strings among the last level's candidates; at the levels above at the
+   looser rate max(q, 0.5) (``prune``): there a false prefix only costs
+   work (its children are candidates at the next level, where it must be
+   discovered again under an independent hash), while a lost true prefix
+   loses its strings for good, so the strict rate there only costs recall
+   (at 10 strings of 2 % each, w = 1024, the strict rate lost half of them:
+   a null node colliding with a heavy cell in 2 of 3 rows is as likely as
+   the per-candidate cut q/m at m ~ 2500 candidates); with a count threshold T, candidates estimated below
    T - t_l (t_l the level's half-width at alpha) are dropped too (a prefix
    counts at least as much as any string under it); at most ``beam``
    (default max(4k, 64)) with the largest estimates survive;
@@ -37,7 +45,9 @@ Error model for the p-values (what "set by the noise" means):
   same variance if the support is too large to convolve);
 * hashed level: per row, P(row error >= e) ~ (#cells of the row with |c| >= e
   + 1) / (2w) (the data-driven CountSketch model of estimators.cs_halfwidth:
-  a random column of the row with a fair sign); the median of d rows
+  a random column of the row with a fair sign; the node's own cell is left
+  out, as the error of a node is the reading of the counters without its own
+  events, docs/HOST.md "The key fact"); the median of d rows
   exceeds e only if at least ceil(d/2) rows do (Poisson-binomial tail).
   The model's resolution is ~ (1/2w)^ceil(d/2): with d >= 3 a heavy string's
   p-value is ~1e-6 at w = 1024, far below BH's cut i*q/m for the ~10^4
@@ -61,6 +71,7 @@ from host_tools.query import estimators
 from host_tools.query.merge import Merged, NoiseTerm
 
 DEFAULT_FDR = 0.05
+DEFAULT_PRUNE = 0.5  # BH rate at the levels above the last: it only bounds the work (module doc)
 
 
 def node_streams(nodes: Sequence[bytes], lprefix: bytes, d: int) -> np.ndarray:
@@ -166,18 +177,24 @@ class PrefixView:
         return [NoiseTerm(t.mech, t.num, t.den, t.count * self.d) for t in self.noise]
 
     def node_est(self, level: int, nodes: Sequence[bytes]) -> np.ndarray:
+        return self.node_readings(level, nodes)[0]
+
+    def node_readings(self, level: int, nodes: Sequence[bytes]) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """(estimates, |own cells| (n, d) on hashed levels, None on exact ones)."""
         if not len(nodes):
-            return np.zeros(0)
+            return np.zeros(0), None
         C = self.C[level]
         if level < self.exact:
             idx = np.array([int.from_bytes(x, "big") for x in nodes], dtype=np.int64)
-            return C[:, idx].mean(axis=0)
+            return C[:, idx].mean(axis=0), None
         st = node_streams(nodes, level_prefix(self.prefix, level), self.d)
         cols, signs = fasthash.cols_signs(st, self.d, self.w)
-        return np.median(fasthash.row_values(C, cols, signs, "cs"), axis=1)
+        vals = fasthash.row_values(C, cols, signs, "cs")
+        return np.median(vals, axis=1), np.abs(vals)
 
-    def pvalues(self, level: int, est: np.ndarray) -> np.ndarray:
-        """One-sided P(a node of count 0 is estimated >= est) under the level's error model."""
+    def pvalues(self, level: int, est: np.ndarray, own: Optional[np.ndarray] = None) -> np.ndarray:
+        """One-sided P(a node of count 0 is estimated >= est) under the level's error model
+        (``own``: the nodes' own |cells|, left out of the row's error sample as in C_o)."""
         e = np.asarray(est, dtype=np.float64)
         if level < self.exact:
             if not self.noise:
@@ -200,6 +217,8 @@ class PrefixView:
             self._sorted[level] = np.sort(np.abs(self.C[level]), axis=1)
         a = self._sorted[level]
         cnt = np.stack([self.w - np.searchsorted(a[r], e, side="left") for r in range(self.d)], axis=1)
+        if own is not None:
+            cnt = cnt - (own >= e[:, None])
         P = np.minimum(1.0, (cnt + 1) / self.w) / 2.0
         # median >= e needs at least ceil(d/2) of the d readings >= e
         return np.where(e > 0, estimators._pb_tails(P, (self.d + 1) // 2), 1.0)
@@ -225,7 +244,8 @@ class PrefixView:
         return out
 
     def heavy(self, k: int, threshold: Optional[float] = None, fdr: float = DEFAULT_FDR,
-              beam: Optional[int] = None) -> tuple[list[tuple[bytes, float]], float, dict[str, Any]]:
+              beam: Optional[int] = None, prune: float = DEFAULT_PRUNE
+              ) -> tuple[list[tuple[bytes, float]], float, dict[str, Any]]:
         """Top-k strings by prefix descent: ([(node, estimate)], half-width, stats) (module doc)."""
         if k < 1:
             raise ValueError("k must be at least 1")
@@ -239,8 +259,8 @@ class PrefixView:
             if lv:
                 nodes = self.children(nodes)
             examined.append(len(nodes))
-            est = self.node_est(lv, nodes)
-            keep = bh_keep(self.pvalues(lv, est), fdr)
+            est, own = self.node_readings(lv, nodes)
+            keep = bh_keep(self.pvalues(lv, est, own), fdr if lv == self.L - 1 else max(fdr, prune))
             if threshold is not None:
                 keep &= est >= threshold - self.halfwidth(lv, self.alpha)
             idx = np.nonzero(keep)[0]
