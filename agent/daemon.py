@@ -320,6 +320,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
     print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.cells))
+    if p.kind == "strhh":  # issue 23: which len, d, w fit per board and the noise a node estimate carries
+        import math
+
+        from firmware import memory
+
+        def _var(spec):
+            t = spec.num / spec.den
+            return t if spec.mech == "dgauss" else 2 * math.exp(-1 / t) / (1 - math.exp(-1 / t)) ** 2
+
+        sd = ((_var(p.noise) + _var(p.inoise)) / p.d) ** 0.5
+        print("strhh       len=%d prefix levels (one event updates all), %d bytes per counter array" % (
+            p.b, 4 * p.cells))
+        for line in memory.strhh_lines(p.b, p.d, p.w, p.shadow):
+            print("  board     " + line)
+        print("  error     noise sd of a node estimate (about that of the mean of d cells: internal + output draw): %.0f "
+              "events per device window; a string holding 2%% of 10^5 events (2000) is %.0f sd above it"
+              % (sd, 2000 / sd))
     print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
           % ((2**31 - 1) // p.clip, p.clip))
     if p.mode == "tree":

@@ -275,3 +275,15 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main())
+
+
+def strhh_lines(L, d, w, shadow=False, tls=True):
+    """Kind strhh (agent/strhh.py): L*d*w cells. Per board profile: does it fit, and the largest
+    power-of-two w for these L and d (the host's descent needs d >= 3; docs/PRIVACY.md)."""
+    out = []
+    for key, p in PROFILES:
+        n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"], 1, shadow)
+        wmax = _pow2_le(n // (L * d)) if n >= L * d else 0
+        out.append("%-8s %s for len=%d d=%d w=%d (%d cells of %d); largest power-of-two w at len=%d d=%d: %d" % (
+            key, "fits" if L * d * w <= n else "DOES NOT FIT", L, d, w, L * d * w, n, L, d, wmax))
+    return out

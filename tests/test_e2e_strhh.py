@@ -15,10 +15,19 @@ import subprocess
 
 from agent.strhh import encode_item
 from host_tools.query.strheavy import label
-from tests.test_e2e_dcs import FROZEN, _query, _stop
-from tests.test_e2e_support import (REPO, agent_env, agent_toml, host_toml, needs_mosquitto, pansketch_cmd,
-                                    run_agent, start_mosquitto, wait_for)
 from host_tools.store.core import Store
+from tests.test_e2e_dcs import FROZEN, _query, _stop
+from tests.test_e2e_support import (
+    REPO,
+    agent_env,
+    agent_toml,
+    host_toml,
+    needs_mosquitto,
+    pansketch_cmd,
+    run_agent,
+    start_mosquitto,
+    wait_for,
+)
 
 pytestmark = needs_mosquitto
 
