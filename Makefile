@@ -27,7 +27,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.pansketch-installed
 MPVM_STAMP := tests/mpnode/node_modules/.pansketch-installed
 
-.PHONY: setup setup-python setup-demo setup-mpvm demo test bench clean distclean
+.PHONY: setup setup-python setup-demo setup-mpvm setup-mpunix demo test bench clean distclean
 
 setup: setup-python setup-mpvm
 
@@ -84,7 +84,19 @@ $(MPVM_STAMP): tests/mpnode/package.json tests/mpnode/package-lock.json
 demo: setup-demo
 	if [ -t 0 ]; then $(VENV)/bin/pansketch demo --serve; else $(VENV)/bin/pansketch demo; fi
 
-test: setup-mpvm setup-python
+# The firmware tests run the board code on MicroPython's Unix port, which tests/mpunix/build.sh
+# builds once into .micropython/ from sources that are not in this repository: the project's
+# shared directory (../shared/micropython: MicroPython 1c3c201 + micropython-lib + Mbed TLS, with
+# build-unix.sh; PANSKETCH_SHARED=DIR points elsewhere), or a Unix-port binary you built yourself
+# (PANSKETCH_MICROPYTHON=BIN). Without either, one line says so before anything runs.
+MP_SHARED = $(or $(PANSKETCH_SHARED),../shared)
+setup-mpunix:
+	@[ -n "$(PANSKETCH_MICROPYTHON)" ] || [ -f "$(MP_SHARED)/micropython/build-unix.sh" ] \
+	  || ls .micropython/micropython/ports/unix/build-standard*/micropython >/dev/null 2>&1 || { \
+	  echo "make: the firmware tests need MicroPython's Unix port: $(MP_SHARED)/micropython/build-unix.sh (the project's shared directory, not in this repository) is missing; set PANSKETCH_SHARED=DIR to the directory holding micropython/, or PANSKETCH_MICROPYTHON=BIN to a Unix-port binary (git clone https://github.com/micropython/micropython; make -C micropython/ports/unix submodules all)" >&2; \
+	  exit 2; }
+
+test: setup-mpunix setup-mpvm setup-python
 	$(VPY) -m pytest -q
 
 $(STAMP)-bench: pyproject.toml $(STAMP)-core

@@ -51,6 +51,7 @@ PARAM_TO_TOML: dict[str, str] = {v: k for k, v in PARAM_KEYS.items()}
 BROKER_KEYS = (
     "host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
     "password_file", "keepalive", "topic_prefix", "reconnect_min_s", "reconnect_max_s", "ack_timeout_s",
+    "mqtt_version",
 )
 SOURCE_KEYS = (
     "type", "path", "follow", "from_start", "host", "port", "topic", "field", "weight_field",
@@ -88,6 +89,7 @@ class BrokerConfig:
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
     ack_timeout_s: float = 60.0  # re-send a release the host has not acknowledged after this long
+    mqtt_version: str = "5"  # or "3.1.1" (brokers without MQTT 5: RabbitMQ 3.x, deploy/rabbitmq)
 
 
 @dataclass
@@ -250,7 +252,10 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         reconnect_min_s=_seconds(b, "broker", "reconnect_min_s", 1.0),
         reconnect_max_s=_seconds(b, "broker", "reconnect_max_s", 60.0),
         ack_timeout_s=_seconds(b, "broker", "ack_timeout_s", 60.0),
+        mqtt_version=_get(b, "broker", "mqtt_version", str, "5"),
     )
+    if broker.mqtt_version not in ("5", "3.1.1"):
+        raise ConfigError("broker.mqtt_version", "must be \"5\" or \"3.1.1\", got %r" % broker.mqtt_version)
     if not 5 <= broker.keepalive <= 65535:
         raise ConfigError("broker.keepalive", "must be between 5 and 65535 seconds")
     if broker.reconnect_max_s < broker.reconnect_min_s:

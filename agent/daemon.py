@@ -203,8 +203,30 @@ class Agent:
         self.source.start()
         ended = self.pump()
         code = EXIT_OK
+        if ended and getattr(self.args, "no_flush", False):
+            # deliver only what waits in the outbox. The open window is NOT skipped because it is
+            # empty: that choice is the operator's flag, never the data (a release that exists only
+            # when events were counted would tell that none were); it goes out at its boundary.
+            self.rec.persist(self.clock.now())
+            self.log("--no-flush: the open window stays in the noisy state until its boundary; "
+                     "delivering the %d release(s) in the outbox" % len(self.rec.outbox.pending()))
+            ended = False
+            code = EXIT_OK
+            self.pub.wake()
+            if not self.pub.wait_delivered(finite_timeout, self.stopping):
+                left = self.rec.outbox.pending()
+                self.log("%d release(s) not stored by the host within %g s (seq %s); they stay in %s"
+                         % (len(left), finite_timeout or 0, _seq_list(left), self.rec.outbox.dir))
+                code = EXIT_UNDELIVERED
+            else:
+                self.log("all releases stored by the host (next seq %d)" % (self.rec.seq,))
+            self.source.stop()
+            self.pub.stop()
+            return code
         if ended:
-            # end of a batch input: release early (DESIGN.md allows it for batch replays)
+            # end of a batch input: release early (DESIGN.md allows it for batch replays). Also with
+            # no events at all (feed < /dev/null): whether a release exists must not depend on the
+            # data; --no-flush is the way to only deliver the outbox.
             if not self._flush_when_room(finite_timeout):
                 self.rec.persist(self.clock.now())
                 self.log("could not commit the final release (see above); the noisy state is saved and is "
@@ -319,7 +341,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         size = len(release.encode(p, 0, a, a + (1 << lv), 0, new_counters(p.cells), 2, lv))
     print("config %s is valid" % args.config)
     print("device      %s" % p.device)
-    print("sketch      %s d=%d w=%d clip=%d (%d counters)" % (p.kind, p.d, p.w, p.clip, p.cells))
+    if p.kind == "dbits":  # d levels of w bits; a release is d noisy counts (agent/dbits.py)
+        print("sketch      dbits: %d levels of %d bits (%d bits in RAM); a release holds %d noisy counts"
+              % (p.d, p.w, p.d * p.w, p.d))
+    else:
+        print("sketch      %s%s d=%d w=%d clip=%d (%d counters)"
+              % (p.kind, " b=%d (%d levels)" % (p.b, p.dcs_levels) if p.kind == "dcs" else "", p.d, p.w, p.clip,
+                 p.cells))
+        print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
+              % ((2**31 - 1) // p.clip, p.clip))
     if p.kind == "strhh":  # issue 23: which len, d, w fit per board and the noise a node estimate carries
         import math
 
@@ -337,8 +367,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("  error     noise sd of a node estimate (about that of the mean of d cells: internal + output draw): %.0f "
               "events per device window; a string holding 2%% of 10^5 events (2000) is %.0f sd above it"
               % (sd, 2000 / sd))
-    print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
-          % ((2**31 - 1) // p.clip, p.clip))
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
               % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))
@@ -369,25 +397,41 @@ def cmd_check(args: argparse.Namespace) -> int:
     from agent import plan
 
     lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
-    for line in plan.report(p, lengths, args.levels):
-        print(line)
+    if p.kind not in ("dcs", "dbits"):  # tree mode is for cms/cs only: nothing to compare for the others
+        for line in plan.report(p, lengths, args.levels):
+            print(line)
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
     warning = placeholder_salt_warning("device.salt", p.salt, "on every device and in host.toml")
     where = "%s:%d%s" % (cfg.broker.host, cfg.broker.port, " TLS" if cfg.broker.tls else "")
     code = EXIT_OK
+    source_failed = False
+    ok_main = True
     if args.offline:
         print("broker      %s: not tried (--offline)" % where)
     else:
         sys.stdout.flush()
         ok, what = probe_broker(cfg.broker, cfg.device + "-check", args.timeout)
+        ok_main = ok
         print("broker      %s: %s" % (where, "OK, " + what if ok else "FAILED: " + what))
         if not ok:
             code = EXIT_UNDELIVERED
+        if cfg.source.type == "mqtt":  # the local broker of the raw readings: down means nothing is counted
+            src = cfg.source
+            swhere = "%s:%d%s" % (src.host, src.port, " TLS" if src.tls else "")
+            sys.stdout.flush()
+            sok, swhat = probe_broker(src, cfg.device + "-check-source", args.timeout)
+            print("source mqtt %s topic %s: %s" % (swhere, src.topic, "OK, " + swhat if sok else "FAILED: " + swhat))
+            if not sok:
+                code = EXIT_UNDELIVERED
+                source_failed = True
     sys.stdout.flush()
     if warning:
         _die(0, "WARNING: " + warning)
-    if code != EXIT_OK:
+    if source_failed:
+        _die(0, "cannot reach the local source broker %s:%d: the agent would count no events until it answers"
+             % (cfg.source.host, cfg.source.port))
+    if code != EXIT_OK and not (source_failed and ok_main):
         _die(0, "cannot reach the broker (the config itself is valid; the agent would count and keep its releases "
                 "in the outbox until it can); --offline skips this test")
     return code
@@ -423,8 +467,15 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     return agent.main(timeout)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors: one line on stderr, exit 2 (subparsers inherit the class)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_CONFIG, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=PROG,
         description="pansketch device agent: count events into a pan-private noisy sketch and publish only "
         "noisy releases (CBOR, MQTT QoS 1) at clock-aligned window/epoch boundaries. The config file "
@@ -462,11 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
                        "Exit 1 if that takes longer than --timeout; nothing is lost, the releases stay in the "
                        "outbox and are re-sent by the next run or feed.")
     common(p, 60.0)
+    p.add_argument("--no-flush", action="store_true",
+                   help="at end of input do not release the open window early (it is released at its boundary "
+                   "by the next run or feed): `feed --no-flush < /dev/null` only delivers the outbox. Without it "
+                   "the end of input always releases, also with no events: skipping an empty window would make "
+                   "the release depend on the data")
     p.set_defaults(func=lambda a: cmd_run(a, feed=True))
     p = sub.add_parser("check", help="validate a config, print the noise, guarantee and release size, try the broker",
                        description="Validate the config file, print the per-cell noise, the per-event guarantee "
                        "and the release size, and connect once to the broker with the configured TLS settings "
-                       "and credentials (nothing is published). Exit 0 if all is well, 1 if the broker cannot "
+                       "and credentials (nothing is published), and to the local source broker of an mqtt source. "
+                       "Exit 0 if all is well, 1 if a broker cannot "
                        "be reached or refuses the connection, 2 for a config error. Warns when the salt is an "
                        "example placeholder.")
     p.add_argument("--config", "-c", required=True, metavar="FILE")

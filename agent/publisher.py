@@ -113,7 +113,8 @@ class Publisher:
             "mode": p.mode, "kind": p.kind, "d": p.d, "w": p.w, "win_s": p.window_s, "ep_s": p.epoch_s,
             "mech": p.mechanism, "budget": "%d/%d" % p.budget,
         }
-        return cls(cfg.broker, p.device, outbox, log, info, clock, ack_timeout=cfg.broker.ack_timeout_s)
+        return cls(cfg.broker, p.device, outbox, log, info, clock, ack_timeout=cfg.broker.ack_timeout_s,
+                   protocol=4 if getattr(cfg.broker, "mqtt_version", "5") == "3.1.1" else 5)
 
     # -- paho plumbing ---------------------------------------------------
     def _make_client(self) -> mqtt.Client:

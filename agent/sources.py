@@ -392,8 +392,21 @@ class MqttSource(Source):
             if b is not None:
                 self.q.put(b)
 
+        def on_connect_fail(client: Any, userdata: Any) -> None:
+            # paho calls neither on_connect nor on_disconnect when the TCP connect itself fails
+            # (broker down, wrong port): without this the agent would count nothing, silently.
+            self.warn("connect", "cannot connect to the local source broker %s:%d (is it running?); "
+                      "counting nothing until it answers, retrying" % (cfg.host, cfg.port))
+
+        def on_disconnect(client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+            if not self.stopping.is_set():
+                self.warn("disconnect", "lost the local source broker %s:%d (%s); reconnecting"
+                          % (cfg.host, cfg.port, rc))
+
         c.on_connect = on_connect
         c.on_message = on_message
+        c.on_connect_fail = on_connect_fail
+        c.on_disconnect = on_disconnect
         self.client = c
         c.connect_async(cfg.host, cfg.port, keepalive=60)
         c.loop_start()

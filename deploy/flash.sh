@@ -5,10 +5,13 @@
 #   deploy/flash.sh -p /dev/ttyUSB0 -c cfg.json --mpy   # precompiled .mpy (less RAM)
 #   deploy/flash.sh -c cfg.json --frozen             # image built with firmware/manifest.py
 #   deploy/flash.sh -c cfg.json --put ca.der:/ca.der # extra files (CA, client cert/key)
+#   deploy/flash.sh -c cfg.json --dry-run            # print the steps; writes nothing, touches no board
 #
 # Steps (docs/FIRMWARE.md explains each):
 #   1. check the config on the host (firmware.config, the same validator the board runs)
-#      and print the memory estimate per board profile (firmware/memory.py);
+#      and print the memory estimate per board profile (firmware/memory.py); refuse a
+#      config that fits no board, and one that still holds the example's placeholders
+#      (WiFi, broker, passwords, salt of deploy/board/*.example.json), unless --force;
 #   2. stage the device core (agent/ modules that run on MicroPython) and firmware/
 #      into build/board/, compiled with mpy-cross when --mpy;
 #   3. mpremote mip install umqtt.simple (not with --frozen: it is in the image;
@@ -29,11 +32,12 @@ CONFIG=
 MODE=py
 MIP=1
 DRY=0
+FORCE=0
 PUTS=()
 
 usage() {
     sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
-    echo "options: -p PORT  -c CONFIG  --mpy | --frozen  --no-mip  --put LOCAL:REMOTE  --dry-run"
+    echo "options: -p PORT  -c CONFIG  --mpy | --frozen  --no-mip  --put LOCAL:REMOTE  --dry-run  --force"
 }
 
 while [ $# -gt 0 ]; do
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
         --no-mip) MIP=0; shift ;;
         --put) PUTS+=("$2"); shift 2 ;;
         --dry-run) DRY=1; shift ;;
+        --force) FORCE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "flash.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -62,8 +67,41 @@ CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 
-# 1. validate + memory estimate (exit 2 with the offending key on a bad config)
-"$PYTHON" -m firmware.memory --config "$CONFIG"
+# 1. validate + memory estimate (exit 2 with the offending key on a bad config; 3: fits no board)
+fit=0
+"$PYTHON" -m firmware.memory --config "$CONFIG" --require-fit || fit=$?
+if [ "$fit" = 2 ] || { [ "$fit" != 0 ] && [ "$FORCE" = 0 ]; }; then
+    [ "$fit" = 3 ] && echo "flash.sh: $CONFIG fits no board (see above); --force flashes it anyway" >&2
+    exit 2
+fi
+# the example's placeholders (compared with deploy/board/*.example.json; passwords are not echoed)
+placeholders=$("$PYTHON" - "$CONFIG" <<'PY'
+import glob, json, sys
+from agent.tomlconf import PLACEHOLDER_SALTS
+KEYS = (("salt",), ("wifi", "ssid"), ("wifi", "password"), ("mqtt", "host"), ("mqtt", "password"))
+def get(d, path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+cfg = json.load(open(sys.argv[1]))
+examples = [json.load(open(f)) for f in sorted(glob.glob("deploy/board/*.example.json"))]
+out = []
+for path in KEYS:
+    v = get(cfg, path)
+    if v is None:
+        continue
+    if any(v == get(e, path) for e in examples) or (path == ("salt",) and v in PLACEHOLDER_SALTS):
+        out.append(".".join(path) + ("" if "password" in path else " %r" % (v,)))
+print(", ".join(out))
+PY
+)
+if [ -n "$placeholders" ]; then
+    if [ "$FORCE" = 0 ]; then
+        echo "flash.sh: $CONFIG still has the example's placeholders: $placeholders; edit them (or --force)" >&2
+        exit 2
+    fi
+    echo "flash.sh: WARNING: flashing the example's placeholders ($placeholders) because of --force" >&2
+fi
 
 # 2. stage
 CORE=$("$PYTHON" - <<'PY'
@@ -76,9 +114,13 @@ for node in ast.parse(src).body:
 PY
 )
 STAGE=build/board
-rm -rf "$STAGE"
-mkdir -p "$STAGE"
-if [ "$MODE" != frozen ]; then
+if [ "$DRY" = 1 ]; then
+    [ "$MODE" != frozen ] && echo "+ stage $(echo $CORE | wc -w) files into $STAGE ($MODE)"
+else
+    rm -rf "$STAGE"
+    mkdir -p "$STAGE"
+fi
+if [ "$MODE" != frozen ] && [ "$DRY" = 0 ]; then
     for f in $CORE; do
         mkdir -p "$STAGE/$(dirname "$f")"
         if [ "$MODE" = mpy ]; then
@@ -112,4 +154,8 @@ done
 
 # 5. go
 run "${CONN[@]}" reset
-echo "flash.sh: done. Console: $MPREMOTE connect $PORT repl   (Ctrl-C stops main.py, Ctrl-X leaves)"
+if [ "$DRY" = 1 ]; then
+    echo "flash.sh: dry run: nothing was written (no $STAGE) and the board was not touched"
+else
+    echo "flash.sh: done. Console: $MPREMOTE connect $PORT repl   (Ctrl-C stops main.py, Ctrl-X leaves)"
+fi

@@ -239,6 +239,8 @@ def main(argv=None):
     ap.add_argument("--tree", action="store_true", help="print the tree-mode table (largest L per board)")
     ap.add_argument("--no-tls", action="store_true", help="assume a plain MQTT connection")
     ap.add_argument("--code", choices=("py", "mpy", "frozen"), help="how the code is installed (default per board)")
+    ap.add_argument("--require-fit", action="store_true",
+                    help="with --config: exit 3 when the config fits no board profile (deploy/flash.sh)")
     a = ap.parse_args(argv)
     tls = not a.no_tls
     if a.config:
@@ -256,13 +258,18 @@ def main(argv=None):
         print("%s: %s d=%d w=%d (%d cells), %s mode, persist noise %s, TLS %s" % (
             a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "shadow" if p.shadow else "refresh",
             "on" if tls else "off"))
-        for line in estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow):
+        lines = estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow)
+        for line in lines:
             print(line)
         if not cfg.tls:
             print("warning: mqtt.tls is off: the broker of deploy/OPERATIONS.md takes devices only over TLS "
                   "(port 8883, mqtt.tls.ca = its fleet CA in DER, ca.der from make-device-credentials.sh)")
         elif not cfg.tls_verify:
             print("warning: mqtt.tls.verify is false: anyone on the network can pose as the broker")
+        if a.require_fit and all("DOES NOT FIT" in line for line in lines):
+            print("%s: fits no board profile (%s): make w (or d, or L) smaller, see the largest w above"
+                  % (a.config, ", ".join(k for k, _ in PROFILES)))
+            return 3
         return 0
     if a.tree:
         print(tree_table(tls=tls))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from agent.pipes import run_main
 
@@ -27,8 +28,15 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr and exit 2 (subparsers inherit the class); --help has the rest."""
+
+    def error(self, message: str) -> "NoReturn":
+        self.exit(2, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="pansketch",
         description="Host tools for pansketch: aggregate noisy sketch releases from MQTT, "
         "inspect the privacy ledger, query frequencies with error bars, run the demo "

@@ -244,19 +244,64 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     return rec.seq
 
 
+# One device of every other kind next to the cs fleet (issue 24: every page and query has data after the
+# demo). Each is the real device core (agent.recorder.make picks the tree / dcs / dbits recorder) and
+# the real publisher, like the cs agents; the events are drawn here, so their truth is known here only.
+EXTRA_DEVICES: dict[str, dict[str, Any]] = {
+    "cms": {"device": "demo-cms-1", "kind": "cms", "d": 4, "mode": "window", "window_s": 3600,
+            "mechanism": "dgauss", "budget": "1/2"},
+    "tree": {"device": "demo-tree-1", "kind": "cs", "d": 4, "mode": "tree", "epoch_s": 3600, "levels": 3,
+             "mechanism": "dgauss", "budget": "1/2"},
+    "dcs": {"device": "demo-temp-1", "kind": "dcs", "b": 12, "map": [10, 1, -40], "d": 4, "w": 256,
+            "mode": "window", "window_s": 3600, "mechanism": "dgauss", "budget": "1/2"},
+    "dbits": {"device": "demo-door-1", "kind": "dbits", "d": 12, "w": 256, "mode": "window", "window_s": 3600,
+              "mechanism": "dlap", "budget": "1"},
+}
+DCS_EVENTS = 3000  # readings per window of the dcs device (b + 1 levels per event: the slowest kind)
+DBITS_DISTINCT = (150, 300, 450, 600)  # distinct door badges per window, cycled
+
+
+def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], list[str]], workdir: str,
+                    broker: DemoBroker) -> int:
+    """One device of any kind on a simulated clock, ``sample(k)`` = window k's events; returns its releases."""
+    from agent.config import BrokerConfig
+    from agent.params import Params
+    from agent.publisher import Publisher
+    from agent.recorder import make
+
+    p = Params(dict(cfg, salt=SALT))
+    dev = p.device
+    rec = make(p, os.path.join(workdir, dev), T0, log=lambda m: None)
+    bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2)
+    pub = Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": p.mode}, clock=lambda: T0,
+                    protocol=broker.protocol)
+    pub.start()
+    for k in range(windows):
+        if rec.tick(T0 + k * 3600):
+            pub.wake()
+        rec.add_many(sample(k))
+    if rec.tick(T0 + windows * 3600):
+        pub.wake()
+    ok = pub.wait_delivered(30)
+    pub.stop()
+    if not ok:
+        raise RuntimeError("%s could not deliver its releases" % dev)
+    return int(rec.seq)
+
+
 def _host_config(workdir: str, broker: DemoBroker, args: argparse.Namespace) -> Any:
     from host_tools import hostconfig
 
     path = os.path.join(workdir, "host.toml")
     with open(path, "w") as f:
         f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "demo-aggregator"\nreconnect_min_s = 1\n'
-                'reconnect_max_s = 2\n\n[aggregator]\ndb = "demo.db"\n\n[fleet]\nsalt = "%s"\nkind = "%s"\n'
-                "d = %d\nw = %d\n\n"
+                'reconnect_max_s = 2\n\n[aggregator]\ndb = "demo.db"\n\n'
+                "# no kind/d/w here: the demo fleet mixes kinds (cs, cms, dcs, dbits) and modes\n"
+                '[fleet]\nsalt = "%s"\n\n'
                 "# the demo replays windows from %s: by the wall clock every release arrives\n"
                 "# long after its window ended, so 'late' (pansketch status) would flag all of them\n"
                 "[status]\nlate_grace_s = %d\n"
-                % (broker.port, SALT, args.kind, args.d, args.w, time.strftime("%Y-%m-%d", time.gmtime(T0)),
-                   10 * 365 * 86400))
+                % (broker.port, SALT, time.strftime("%Y-%m-%d", time.gmtime(T0)), 10 * 365 * 86400))
     return hostconfig.load(path)
 
 
@@ -341,13 +386,29 @@ def run_demo(args: argparse.Namespace) -> int:
                 errors.append(exc)
 
         threads = [threading.Thread(target=agent_main, args=(i,), name="agent-%d" % i) for i in range(args.agents)]
+        extra = _extra_streams(args)
+        n_extra: dict[str, int] = {}
+
+        def extra_main(kind: str) -> None:
+            try:
+                cfg = dict(EXTRA_DEVICES[kind], **({"w": args.w} if kind in ("cms", "tree") else {}))
+                n_extra[kind] = simulate_device(cfg, args.windows, extra[kind].sample, workdir, broker)  # type: ignore[arg-type]
+            except BaseException as exc:
+                errors.append(exc)
+
+        if not args.cs_only:
+            threads += [threading.Thread(target=extra_main, args=(k,), name="demo-" + k) for k in EXTRA_DEVICES]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         if errors:
             raise errors[0]
-        expected = sum(results)
+        expected = sum(results) + sum(n_extra.values())
+        if not args.cs_only:
+            truth.update(extra["tree"].truth)  # the tree-mode device is cs with the fleet's d, w: it merges
+            say("  %s: one device of each other kind (cms, tree mode, dcs readings, dbits), %d releases"
+                % (", ".join(EXTRA_DEVICES[k]["device"] for k in EXTRA_DEVICES), sum(n_extra.values())))
 
         say("[4/5] waiting for the aggregator to store %d releases ..." % expected)
         deadline = time.monotonic() + 30
@@ -355,7 +416,8 @@ def run_demo(args: argparse.Namespace) -> int:
             while st.release_count() < expected and time.monotonic() < deadline:
                 time.sleep(0.05)
             n, nrej, ndup, _ = st.snapshot()
-            sizes = {len(st.payload(r.device, r.elo, r.ehi, r.part) or b"") for r in st.releases()}
+            sizes = {len(st.payload(r.device, r.elo, r.ehi, r.part) or b"") for r in st.releases()
+                     if r.device.startswith("demo-pi-")}
         say("      stored %d releases (%d rejected, %d duplicates)" % (n, nrej, ndup))
         if n != expected:
             raise RuntimeError("only %d of %d releases were stored" % (n, expected))
@@ -391,13 +453,22 @@ def run_demo(args: argparse.Namespace) -> int:
         say("  top-5 by query.topk over %d candidates: %s (true top-5: %s)"
             % (args.items, ", ".join(str(a.item) for a in top),
                "same" if [a.item for a in top] == true_top else ", ".join(true_top)))
-        say("  release size %s bytes (d=%d, w=%d: fixed, whatever the data); total %.1f s"
+        say("  release size of demo-pi-*: %s bytes (d=%d, w=%d: fixed, whatever the data); total %.1f s"
             % ("/".join(str(x) for x in sorted(sizes)), args.d, args.w, time.monotonic() - t_start))
+        if not args.cs_only:
+            say("")
+            with Store(cfg.aggregator.db, readonly=True) as st:
+                lines = kind_lines(st, args, extra, ranked[0])
+            lines.insert(1, "  cs     %-12s the table above: %d of %d true counts inside their intervals"
+                         % ("demo-pi-1..%d" % args.agents, covered, len(answers)))
+            for line in lines:
+                say(line)
+        say("")
         say("  try it yourself: pansketch query --config %s freq %s" % (os.path.join(workdir, "host.toml"), ranked[0])
             if args.dir else "  (run with --dir DIR to keep the broker config, database and outboxes)")
         code = 0
     except Exception as exc:
-        say("pansketch demo: FAILED: %s" % exc)
+        print("pansketch demo: FAILED: %s" % exc, file=sys.stderr)
         code = 1
     finally:
         stop.set()
@@ -414,6 +485,68 @@ def run_demo(args: argparse.Namespace) -> int:
     return code
 
 
+class ExtraStream:
+    """The events of one extra device, window by window, and their truth (simulation only)."""
+
+    def __init__(self, draw: Callable[[int], list[str]]) -> None:
+        self.draw = draw
+        self.truth: Counter = Counter()
+        self.per_window: list[list[str]] = []
+
+    def sample(self, k: int) -> list[str]:
+        ev = self.draw(k)
+        self.truth.update(ev)
+        self.per_window.append(ev)
+        return ev
+
+
+def _extra_streams(args: argparse.Namespace) -> dict[str, ExtraStream]:
+    cms = ZipfStream(args.items, args.zipf, args.seed * 1000 + 101)
+    tree = ZipfStream(args.items, args.zipf, args.seed * 1000 + 102)
+    temps = random.Random(args.seed * 1000 + 103)
+
+    def readings(k: int) -> list[str]:  # a room warming up through the day, 0.1 degree sensor
+        return ["%.1f" % temps.gauss(19.5 + 1.5 * k, 1.2) for _ in range(min(args.events, DCS_EVENTS))]
+
+    def badges(k: int) -> list[str]:
+        n = DBITS_DISTINCT[k % len(DBITS_DISTINCT)]
+        return ["badge-%04d" % (j % n) for j in range(max(n, min(args.events, 4 * n)))]
+
+    return {"cms": ExtraStream(lambda k: cms.sample(args.events)),
+            "tree": ExtraStream(lambda k: tree.sample(args.events)),
+            "dcs": ExtraStream(readings), "dbits": ExtraStream(badges)}
+
+
+def kind_lines(st: Any, args: argparse.Namespace, extra: dict[str, ExtraStream], top: str) -> list[str]:
+    """One short line per kind and mode: what a query of that kind answers on the demo store."""
+    from host_tools.query import core as query
+    from host_tools.query import distinct, dyadic_cli
+
+    conf, span = args.confidence, args.windows * 3600
+    out = ["  one line per kind (%d%% intervals; true values known to the simulation only):" % round(conf * 100)]
+    dev = EXTRA_DEVICES["cms"]["device"]
+    (a,) = query.freq(st, [top], salt=SALT, device=dev, confidence=conf)
+    out.append("  cms    %-12s freq %s = %s [%s, %s], true %d" % (dev, top, query._fmt(a.estimate), query._fmt(a.lo),
+                                                                 query._fmt(a.hi), extra["cms"].truth[top]))
+    dev = EXTRA_DEVICES["tree"]["device"]
+    (a,) = query.freq(st, [top], salt=SALT, device=dev, since=T0, until=T0 + span, confidence=conf)
+    out.append("  tree   %-12s %s over %d h from %d dyadic node(s) = %s [%s, %s], true %d"
+               % (dev, top, args.windows, a.extra.get("tree_nodes", 0), query._fmt(a.estimate), query._fmt(a.lo),
+                  query._fmt(a.hi), extra["tree"].truth[top]))
+    dev = EXTRA_DEVICES["dcs"]["device"]
+    (q,) = dyadic_cli.quantiles(st, [0.5], salt=SALT, device=dev, confidence=conf)
+    vals = sorted(float(x) for x in extra["dcs"].truth.elements())
+    out.append("  dcs    %-12s median reading in [%s, %s), rank interval [%s, %s] of %d readings; true median %.1f"
+               % (dev, dyadic_cli._fmt(q["reading"][0]), dyadic_cli._fmt(q["reading"][1]),
+                  dyadic_cli._fmt(q["rank_lo"]), dyadic_cli._fmt(q["rank_hi"]), len(vals), vals[len(vals) // 2]))
+    dev = EXTRA_DEVICES["dbits"]["device"]
+    d = distinct.query(st, salt=SALT, device=dev, confidence=conf)
+    out.append("  dbits  %-12s distinct badges = %s [%s, %s] (sum over %d windows), true %d"
+               % (dev, dyadic_cli._fmt(d["estimate"]), dyadic_cli._fmt(d["lo"]), dyadic_cli._fmt(d["hi"]),
+                  args.windows, sum(len(set(w)) for w in extra["dbits"].per_window)))
+    return out
+
+
 def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]) -> int:
     """End of the demo: the dashboard URL, and with ``--serve`` the dashboard itself until Ctrl-C."""
     import signal
@@ -427,8 +560,9 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
         if args.dir:
             say("  dashboard: pansketch serve --config %s --candidates %s --port %d, then %s"
                 % (conf, cands, args.port, url))
-        else:
-            say("  dashboard: pansketch demo --serve keeps it running at %s" % url)
+        else:  # nothing serves, and the store goes away with the work dir: do not suggest otherwise
+            say("  dashboard: not running (this demo's files are removed now); `pansketch demo --serve` keeps "
+                "one at %s until Ctrl-C" % url)
         return 0
     from host_tools.web.serve import is_loopback
 
@@ -474,22 +608,26 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
 
 
 def add_parser(subparsers: Any) -> None:
+    from host_tools.query.core import positive_int
+
     p = subparsers.add_parser(
         "demo", help="run broker, simulated agents, aggregator and queries on embedded defaults",
         description="Whole system in well under a minute: a local broker (mosquitto if installed, else the "
         "Python broker amqtt), the aggregator into a temporary SQLite file, several simulated agents (the real "
         "device core and publisher on fast simulated clocks, Zipf event streams), then a table of estimates with "
         "intervals next to the true counts.")
-    p.add_argument("--agents", type=int, default=4, help="simulated devices (default %(default)s)")
-    p.add_argument("--windows", type=int, default=3, help="one-hour windows per device (default %(default)s)")
-    p.add_argument("--events", type=int, default=30000, help="events per device and window (default %(default)s)")
-    p.add_argument("--items", type=int, default=10000, help="distinct items in the Zipf universe (default %(default)s)")
+    p.add_argument("--agents", type=positive_int, default=4, help="simulated devices (default %(default)s)")
+    p.add_argument("--windows", type=positive_int, default=3, help="one-hour windows per device (default %(default)s)")
+    p.add_argument("--events", type=positive_int, default=30000, help="events per device and window (default %(default)s)")
+    p.add_argument("--items", type=positive_int, default=10000, help="distinct items in the Zipf universe (default %(default)s)")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent (default %(default)s)")
     p.add_argument("--kind", choices=("cs", "cms"), default="cs", help="sketch kind (default %(default)s)")
-    p.add_argument("--d", type=int, default=4, help="rows (default %(default)s)")
-    p.add_argument("--w", type=int, default=2048, help="columns (default %(default)s)")
+    p.add_argument("--d", type=positive_int, default=4, help="rows (default %(default)s)")
+    p.add_argument("--w", type=positive_int, default=2048, help="columns (default %(default)s)")
     p.add_argument("--budget", default="1/2", help="rho per event, as a fraction (default %(default)s)")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default %(default)s)")
+    p.add_argument("--cs-only", action="store_true",
+                   help="only the cs fleet (no cms, tree-mode, dcs and dbits device)")
     p.add_argument("--seed", type=int, default=1, help="seed of the simulated event streams (not of the noise)")
     p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto",
                    help="which broker to start (default: mosquitto if installed, else amqtt)")

@@ -5,7 +5,11 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
     [broker]      host ("localhost"), port (1883; 8883 with TLS), tls (false),
                   tls_ca, tls_cert, tls_key, username, password, password_file,
                   client_id (see below), keepalive (60),
-                  reconnect_min_s (1), reconnect_max_s (60)
+                  reconnect_min_s (1), reconnect_max_s (60),
+                  kind ("mosquitto"; "rabbitmq": the aggregator consumes a
+                  quorum queue over AMQP, host_tools.ingest.amqp), and for
+                  kind = "rabbitmq": amqp_nodes (["<host>:5672"]; 5671 with
+                  TLS), queue ("pansketch.releases"), vhost ("/")
     [aggregator]  db ("pansketch.db", relative to the config file; or a
                   "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
@@ -51,7 +55,8 @@ from agent.sketch import KINDS
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
-               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s"),
+               "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s",
+               "kind", "amqp_nodes", "queue", "vhost"),
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
                    "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
                    "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
@@ -80,6 +85,10 @@ class BrokerConfig:
     keepalive: int = 60
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
+    kind: str = "mosquitto"  # or "rabbitmq" (host_tools.ingest.amqp)
+    amqp_nodes: tuple[tuple[str, int], ...] = ()
+    queue: str = "pansketch.releases"
+    vhost: str = "/"
 
 
 @dataclass
@@ -197,6 +206,22 @@ def _topic_filter(topic: str, key: str) -> str:
     return topic
 
 
+def _amqp_nodes(b: dict[str, Any], host: str, port: int) -> tuple[tuple[str, int], ...]:
+    """[broker] amqp_nodes: ["host:port", ...] (the AMQP listeners of the RabbitMQ nodes)."""
+    raw = _get(b, "broker", "amqp_nodes", list, None)
+    if raw is None:
+        return ((host, port),)
+    out = []
+    for v in raw:
+        m = re.fullmatch(r"(.+):([0-9]{1,5})", v) if isinstance(v, str) else None
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            raise ConfigError("broker.amqp_nodes", "each entry must be a \"host:port\" string, got %r" % (v,))
+        out.append((m.group(1), int(m.group(2))))
+    if not out:
+        raise ConfigError("broker.amqp_nodes", "must list at least one node")
+    return tuple(out)
+
+
 # -- loading ---------------------------------------------------------------
 def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
     """Parse and validate a config given as TOML text."""
@@ -257,6 +282,14 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
     if broker.password is not None and broker.username is None:
         raise ConfigError("broker.username", "is required when a password is set")
+    broker.kind = _get(b, "broker", "kind", str, "mosquitto")
+    if broker.kind not in ("mosquitto", "rabbitmq"):
+        raise ConfigError("broker.kind", "must be 'mosquitto' or 'rabbitmq', got %r" % broker.kind)
+    broker.amqp_nodes = _amqp_nodes(b, broker.host, 5671 if tls else 5672)
+    broker.queue = _get(b, "broker", "queue", str, "pansketch.releases")
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", broker.queue) or broker.queue.startswith("amq."):
+        raise ConfigError("broker.queue", "must be 1-200 letters, digits, '_', '.', ':' or '-', not amq.*")
+    broker.vhost = _get(b, "broker", "vhost", str, "/")
     if len(broker.client_id.encode()) > 128:
         raise ConfigError("broker.client_id", "must be at most 128 bytes")
 

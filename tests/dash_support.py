@@ -28,7 +28,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAP_DEVICE = "pi-gap"
-DEMO_ARGS = ["--agents", "3", "--windows", "4", "--events", "2000", "--w", "256", "--items", "500"]
+# the cs fleet only: these tests count its devices and releases; the demo's other kinds (cms, tree,
+# dcs, dbits) are walked by tests/test_first_hour.py
+DEMO_ARGS = ["--agents", "3", "--windows", "4", "--events", "2000", "--w", "256", "--items", "500", "--cs-only"]
 
 
 def pansketch(*args: str) -> list[str]:
@@ -70,8 +72,12 @@ def add_gap_device(conf: str) -> None:
     from host_tools.demo import SALT, T0, ZipfStream
     from tests.test_host_support import record
 
+    from host_tools.store.core import open_store
+
     cfg = hostconfig.load(conf)
-    p = Params({"device": GAP_DEVICE, "salt": SALT, "kind": cfg.fleet.kind, "d": cfg.fleet.d, "w": cfg.fleet.w,
+    with open_store(cfg.aggregator.db, readonly=True) as st:  # the shape of the demo's cs fleet
+        _dev, _salt, _hv, kind, d, w, *_r = next(r for r in st.devices() if r[0] == "demo-pi-1")
+    p = Params({"device": GAP_DEVICE, "salt": SALT, "kind": kind, "d": d, "w": w,
                 "mode": "window", "window_s": 3600, "mechanism": "dgauss", "budget": "1/2"})
     zs = ZipfStream(500, 1.1, 99)
     with tempfile.TemporaryDirectory() as tmp:

@@ -162,3 +162,80 @@ def test_a_failing_source_stops_the_daemon_with_exit_3(tmp_path):
     assert r.returncode == 3
     assert b"event source failed" in r.stderr and b"missing.log" in r.stderr
     assert not os.listdir(tmp_path / "st" / "outbox"), "no early release for an input that was never read"
+
+
+def _mqtt_source_cfg(tmp_path, broker_port: int, source_port: int):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('[device]\nid = "x2"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
+                   '[source]\ntype = "mqtt"\nport = %d\ntopic = "tele/+/SENSOR"\nfield = "payload.id"\n'
+                   % (broker_port, source_port))
+    return cfg
+
+
+def test_mqtt_source_with_its_broker_down_says_so_at_once(tmp_path):
+    """issue 24 item 1: `run` with a local source broker that is down logged nothing at all."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_e2e_support import REPO, agent_env, free_port
+
+    cfg = _mqtt_source_cfg(tmp_path, free_port(), free_port())
+    p = subprocess.Popen([sys.executable, "-m", "agent.daemon", "run", "--config", str(cfg)],
+                         stderr=subprocess.PIPE, cwd=REPO, env=agent_env())
+    try:
+        time.sleep(4)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    assert b"cannot connect to the local source broker localhost:" in err, err
+
+
+def test_check_tries_the_mqtt_source_broker(tmp_path):
+    """`check` connects to the source broker too: the main broker up, the source broker down -> exit 1."""
+    import subprocess
+    import sys
+
+    from tests.broker import Mosquitto, mosquitto_path
+    from tests.test_e2e_support import REPO, agent_env, free_port
+
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto not installed")
+    m = Mosquitto(tmp_path)
+    try:
+        down = free_port()
+        r = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "--config",
+                            str(_mqtt_source_cfg(tmp_path, m.port, down)), "--timeout", "2"],
+                           capture_output=True, cwd=REPO, env=agent_env(), timeout=60, text=True)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "source mqtt localhost:%d topic tele/+/SENSOR: FAILED" % down in r.stdout
+        assert "local source broker" in r.stderr and "cannot reach the broker" not in r.stderr
+        ok = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "--config",
+                             str(_mqtt_source_cfg(tmp_path, m.port, m.port)), "--timeout", "2"],
+                            capture_output=True, cwd=REPO, env=agent_env(), timeout=60, text=True)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "source mqtt localhost:%d topic tele/+/SENSOR: OK" % m.port in ok.stdout
+    finally:
+        m.stop()
+
+
+def test_feed_no_flush_delivers_only_the_outbox(tmp_path):
+    """issue 24: `feed < /dev/null` (to flush the outbox) made a noise-only release. That release stays:
+    whether one exists must not depend on the data (none counted). --no-flush is the data-independent way."""
+    import subprocess
+    import sys
+
+    from tests.test_e2e_support import REPO, agent_env, free_port
+
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[device]\nid = "x3"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
+                   % free_port())
+    base = [sys.executable, "-m", "agent.daemon", "feed", "--config", str(cfg), "--timeout", "1"]
+    with open(os.devnull, "rb") as null:
+        r = subprocess.run(base + ["--no-flush"], stdin=null, capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not os.listdir(tmp_path / "st" / "outbox"), "--no-flush made a release"
+    with open(os.devnull, "rb") as null:
+        r = subprocess.run(base, stdin=null, capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
+    assert r.returncode == 1  # no broker: the release waits in the outbox
+    assert len(os.listdir(tmp_path / "st" / "outbox")) == 1, "end of input releases, events or not"

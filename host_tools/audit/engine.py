@@ -33,8 +33,9 @@ from agent.rng import DeterministicSource, NoEntropyError, SystemSource
 from host_tools.audit import device, distinguish, model as mdl, scenarios, stats
 from host_tools.audit.scenarios import Scenario
 
+from host_tools.store.ledger import DEFAULT_DELTA  # δ of a ρ-zCDP claim: the host's default, one ε everywhere
+
 VIEWS = ("release", "intrusion")
-DEFAULT_DELTA = 1e-5  # δ at which a ρ-zCDP claim is converted to (ε, δ)
 
 
 @dataclass

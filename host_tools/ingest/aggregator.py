@@ -515,6 +515,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
                         cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
 
+    where = "%s:%d" % (cfg.broker.host, cfg.broker.port)  # for the log
+    if cfg.broker.kind == "rabbitmq":
+        where = "AMQP " + ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes)
+
     def fatal(why: str) -> None:
         state["fatal"] = why
         stop.set()
@@ -525,9 +529,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         if kind == "connected":
             state["connected"] = state["ever"] = True
             state["fail_logged"] = -1e9
-            log.info("connected to %s:%d as %s; subscribing %s", cfg.broker.host, cfg.broker.port, cid, sub)
+            log.info("connected to %s as %s; subscribing %s", where, cid, sub)
         elif kind == "refused":
-            log.error("broker %s:%d refused the connection: %s", cfg.broker.host, cfg.broker.port, ev[1])
+            log.error("broker %s refused the connection: %s", where, ev[1])
         elif kind == "subscribed" and ev[1] is not None:
             log.error("broker refused the subscription to %s: %s", sub, ev[1])
             fatal("subscription refused: %s" % ev[1])
@@ -540,7 +544,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             now = time.monotonic()
             if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
                 state["fail_logged"] = now
-                log.warning("cannot connect to broker %s:%d; retrying (up to %g s apart)", cfg.broker.host,
+                log.warning("cannot connect to broker %s; retrying (up to %g s apart)", where,
                             cfg.broker.port, cfg.broker.reconnect_max_s)
         elif kind == "disconnected":
             state["connected"] = False
@@ -553,7 +557,15 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         state["last"] = time.monotonic()
         writer.put(msgs)
 
-    transport = MQTTProcess(settings, on_messages, on_event)
+    transport: Any
+    if cfg.broker.kind == "rabbitmq":  # a quorum queue over AMQP (host_tools/ingest/amqp.py)
+        from host_tools.ingest import amqp
+
+        sub = "queue %s on %s" % (cfg.broker.queue, ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes))
+        transport = amqp.AMQPTransport(amqp.Settings(cfg.broker, cfg.aggregator.topic, RECEIVE_MAXIMUM, cid),
+                                       on_messages, on_event)
+    else:
+        transport = MQTTProcess(settings, on_messages, on_event)
     validator = ValidatorProcess(agg.validation)
     writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}
@@ -581,7 +593,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             log.error("stopping: %s", state["fatal"])
             return 1
         if not state["ever"]:
-            log.error("could not connect to broker %s:%d within %.0f s", cfg.broker.host, cfg.broker.port,
+            log.error("could not connect to broker %s within %.0f s", where,
                       time.monotonic() - start)
             return 1
         return 0

@@ -173,9 +173,37 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
     return out
 
 
+POINT_KINDS = ("cs", "cms")  # freq, topk, series
+KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": "quantile, cdf, heavy",
+                "dbits": "distinct"}
+
+
+def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
+    """On a store that mixes kinds: the devices a query of ``kinds`` should merge when none are named.
+
+    The devices of the one kind among ``kinds`` that most devices have (ties: the earlier in
+    ``kinds``); None when the store holds that kind only (the fleet-wide path, with roll-ups).
+    Devices of that kind with different shapes still meet the merge's refusal, which names them.
+    QueryError naming what the store holds when no device is of those kinds. Reads the devices
+    table only (one row per device), never the releases.
+    """
+    held = store.kind_counts()
+    fit = [k for k in kinds if held.get(k)]
+    if not fit:
+        what = ", ".join("kind %s (%d device%s: answers %s)" % (k, n, "" if n == 1 else "s", KIND_QUERIES.get(k, "?"))
+                         for k, n in sorted(held.items()))
+        raise QueryError("no releases of kind %s in this store%s" % (
+            " or ".join("'%s'" % k for k in kinds), "; it holds " + what if what else ""))
+    best = min(fit, key=lambda k: (-held[k], list(kinds).index(k)))
+    if len(held) == 1:
+        return None
+    return store.devices_of_kind(best)
+
+
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
-                  salt: Optional[str] = None, use_rollups: bool = True) -> tuple[Merged, Selection]:
+                  salt: Optional[str] = None, use_rollups: bool = True,
+                  kinds: Optional[Sequence[str]] = None) -> tuple[Merged, Selection]:
     """Merge the selected releases; raises QueryError with the reason.
 
     Fleet-wide selections (no ``device``) are answered from the per-window
@@ -190,6 +218,8 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         raise QueryError("give either a window id or a time range, not both")
     if since is not None and until is not None and until <= since:
         raise QueryError("empty time range: until must be after since")
+    if kinds and _devices(device) is None:  # a mixed store: the devices of the kinds this query answers
+        device = pick_devices(store, kinds)
     sel = Selection(window=window, since=since, until=until, devices=_devices(device))
     m: Optional[Merged] = None
     with store.read_tx():  # one snapshot, while aggregators keep committing
@@ -221,6 +251,12 @@ def _from_releases(store: SQLStore, sel: Selection) -> Merged:
     rels = [r for r in every if id(r) in kept]  # the store's order, which iter_counters follows
     if not rels:
         extra = " (%d release(s) straddle the range bounds)" % sel.partial if sel.partial else ""
+        known = [r[0] for r in store.device_activity()]
+        unknown = [d for d in (sel.devices or []) if d not in known]
+        if unknown:  # a typo or a device that never released: say which ones exist
+            raise QueryError("no releases match device %s: it has none; devices with releases: %s" % (
+                ", ".join(unknown), ", ".join(known[:20]) + (" ... (%d in all)" % len(known) if len(known) > 20 else "")
+                if known else "none yet"))
         raise QueryError("no releases match %s%s" % (sel.describe(), extra))
     if window is not None:
         _window_lengths(window, {r.win_s for r in rels})
@@ -380,9 +416,14 @@ def _point_kind(m: Merged) -> None:
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True) -> list[Answer]:
-    """Estimated frequency of each item (in order) over the selection, with intervals."""
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+         use_rollups: bool = True, pick: bool = True) -> list[Answer]:
+    """Estimated frequency of each item (in order) over the selection, with intervals.
+
+    ``pick``: on a store that mixes kinds, merge the devices of :data:`POINT_KINDS` when no device is
+    named (:func:`pick_devices`); False when the caller already did (series, per bucket).
+    """
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups,
+                           kinds=POINT_KINDS if pick else None)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
@@ -402,7 +443,7 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
     """
     if k < 1:
         raise QueryError("k must be at least 1")
-    m, sel = select_merged(store, window, since, until, device, salt, use_rollups)
+    m, sel = select_merged(store, window, since, until, device, salt, use_rollups, kinds=POINT_KINDS)
     _point_kind(m)
     cands = list(dict.fromkeys(candidates))  # distinct, first-seen order
     if not cands:
@@ -419,7 +460,11 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
 def read_candidates(path: str, as_int: bool = False) -> list[Any]:
     """Candidates file: one item per line (text before a TAB; blank lines skipped)."""
     out: list[Any] = []
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    try:
+        f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    except OSError as exc:  # a hint, not a raw "[Errno 2] No such file or directory: 'x'"
+        raise ValueError("--candidates %s: %s (one item per line, or - for standard input)"
+                         % (path, exc.strerror or exc))
     try:
         for n, line in enumerate(f, 1):
             item = line.rstrip("\r\n").split("\t", 1)[0]
@@ -442,6 +487,17 @@ def _item(s: str, as_int: bool, where: str) -> Any:
 
 
 # -- CLI ---------------------------------------------------------------------
+def positive_int(txt: str) -> int:
+    """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
+    try:
+        v = int(txt, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, got %d" % v)
+    return v
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", dest="config_sub", metavar="FILE", help="host config TOML (also accepted before the query type)")
     g = p.add_argument_group("selection (default: all releases)")
@@ -451,6 +507,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
     p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
     p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
                                                   "(.png, .svg or .pdf; needs matplotlib)")
@@ -468,7 +525,8 @@ def add_parser(subparsers: Any) -> None:
     f.add_argument("items", nargs="+", metavar="ITEM")
     _common(f)
     t = sub.add_parser("topk", help="top-k among candidate items")
-    t.add_argument("-k", type=int, required=True, metavar="K")
+    t.add_argument("-k", type=positive_int, required=True, metavar="K",
+                   help="how many of the candidates to list, best first (at least 1)")
     t.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
     _common(t)
     from host_tools.query import series as series_mod
@@ -484,6 +542,25 @@ def _err(msg: str, code: int) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not getattr(args, "csv", False):
+        return _main(args)
+    if args.json:
+        return _err("give --json or --csv, not both", 2)
+    import contextlib
+    import io
+
+    from host_tools.query import csvout
+
+    args.json = True  # the JSON objects, converted: the same fields by construction
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = _main(args)
+    if code == 0:
+        csvout.from_json_lines(buf.getvalue(), sys.stdout)
+    return code
+
+
+def _main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
 
     if not getattr(args, "qtype", None):
@@ -505,12 +582,17 @@ def main(args: argparse.Namespace) -> int:
         until = parse_time(args.until) if args.until is not None else None
     except ValueError as exc:
         return _err(str(exc), 2)
+    if args.window is not None and (since is not None or until is not None):
+        return _err("give either a window id (--window) or a time range (--since/--until), not both", 2)
+    if since is not None and until is not None and until <= since:
+        return _err("empty time range: --until %s is not after --since %s" % (args.until, args.since), 2)
     if getattr(args, "plot", None):
         from host_tools.query import plot
 
         try:
             plot.check_path(args.plot)
-        except ValueError as exc:
+            plot.available()
+        except (ValueError, ImportError) as exc:
             return _err(str(exc), 2)
     try:
         store = open_store(cfg.aggregator.db, readonly=True)

@@ -107,7 +107,8 @@ def query(store: Any, *, salt: str, confidence: float = 0.95, window: Optional[i
     """``pansketch query distinct``: the selection's distinct count (sum over devices and windows)."""
     from host_tools.query.core import QueryError, iso, select_merged
 
-    m, s = select_merged(store, window=window, since=since, until=until, device=device, salt=salt)
+    m, s = select_merged(store, window=window, since=since, until=until, device=device, salt=salt,
+                         kinds=("dbits",))
     if m.kind != "dbits":
         raise QueryError("these releases are of kind %r; distinct needs kind 'dbits'" % m.kind)
     rels = store.releases(devices=s.devices, window=window, since=since, until=until, with_payload=True)

@@ -27,7 +27,7 @@ QTYPES = ("quantile", "cdf", "heavy", "distinct")
 def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
     from host_tools.query.core import QueryError, select_merged
 
-    m, s = select_merged(store, salt=salt, **sel)
+    m, s = select_merged(store, salt=salt, kinds=("dcs",), **sel)
     if m.kind != "dcs":
         raise QueryError("these releases are of kind %r; quantile, cdf and heavy need kind 'dcs' "
                          "(use freq/topk)" % m.kind)
@@ -96,22 +96,65 @@ def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, c
     return out
 
 
+def _unit(txt: str) -> float:
+    """argparse type: a quantile in [0, 1] (usage error, exit 2, otherwise)."""
+    try:
+        v = float(txt)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number: %r" % txt)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError("quantiles are in [0, 1], got %r (the median is 0.5)" % txt)
+    return v
+
+
+def _points(txt: str) -> int:
+    try:
+        v = int(txt, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
+    if v < 2:
+        raise argparse.ArgumentTypeError("must be at least 2, got %d" % v)
+    return v
+
+
 def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     q = sub.add_parser("quantile", help="quantiles of readings (kind dcs) with rank intervals")
-    q.add_argument("--q", type=float, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
+    q.add_argument("--q", type=_unit, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
     common(q)
     c = sub.add_parser("cdf", help="the CDF of readings (kind dcs) with intervals")
-    c.add_argument("--points", type=int, default=17, help="evenly spaced domain points (default 17)")
+    c.add_argument("--points", type=_points, default=17, help="evenly spaced domain points (default 17, at least 2)")
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
     common(c)
     h = sub.add_parser("heavy", help="heaviest values (kind dcs) or strings (kind strhh), no candidate list")
-    h.add_argument("-k", type=int, required=True, metavar="K")
+    from host_tools.query.core import positive_int
+
+    h.add_argument("-k", type=positive_int, required=True, metavar="K",
+                   help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
     h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
     h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
     common(h)
     dq = sub.add_parser("distinct", help="distinct items (kind dbits): sum of per-device, per-window counts")
     common(dq)
+
+
+def reading_label(rd: Sequence[Optional[float]]) -> str:
+    """A domain value's readings for people: '[20.5, 20.6)', or '< -39.9' / '>= 369.5' for the end
+    values, which also hold every reading clamped into them (not '[-, -39.9)')."""
+    lo, hi = rd
+    if lo is None and hi is None:
+        return "any reading"
+    if lo is None:
+        return "< %.10g" % hi  # type: ignore[str-format]
+    if hi is None:
+        return ">= %.10g" % lo
+    return "[%.10g, %.10g)" % (lo, hi)
+
+
+def _outside(r: dict[str, Any]) -> bool:
+    """The estimate lies outside its own interval (noise; the interval is the statement to trust)."""
+    return not (r["rank_lo"] <= r["rank"] <= r["rank_hi"] and min(r["cdf_lo"], r["cdf_hi"]) <= r["cdf"]
+                <= max(r["cdf_lo"], r["cdf_hi"]))
 
 
 def _fmt(x: Optional[float]) -> str:
@@ -164,18 +207,26 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
     if args.qtype == "heavy":
         print("%4s  %22s  %24s  %12s  %s" % ("RANK", "VALUE", "READING", "ESTIMATE", "INTERVAL"))
         for r in rows:
-            print("%4d  %22d  %24s  %12s  [%s, %s]" % (r["rank"], r["value"], "[%s, %s)" % tuple(
-                _fmt(x) for x in r["reading"]), _fmt(r["estimate"]), _fmt(r["lo"]), _fmt(r["hi"])))
+            print("%4d  %22d  %24s  %12s  [%s, %s]" % (r["rank"], r["value"], reading_label(r["reading"]),
+                                                        _fmt(r["estimate"]), _fmt(r["lo"]), _fmt(r["hi"])))
     else:
         head = ("%6s  " % "Q" if args.qtype == "quantile" else "")
         print(head + "%22s  %24s  %12s  %26s  %8s  %s" % ("VALUE", "READING", "RANK<=", "RANK INTERVAL", "CDF",
                                                           "CDF INTERVAL"))
+        outside = 0
         for r in rows:
             line = ("%6g  " % r["q"] if args.qtype == "quantile" else "")
             line += "%22d  %24s  %12s  %26s  %8.4f  [%.4f, %.4f]" % (
-                r["value"], "[%s, %s)" % tuple(_fmt(x) for x in r["reading"]), _fmt(r["rank"]),
+                r["value"], reading_label(r["reading"]), _fmt(r["rank"]),
                 "[%s, %s]" % (_fmt(r["rank_lo"]), _fmt(r["rank_hi"])), r["cdf"], r["cdf_lo"], r["cdf_hi"])
+            if _outside(r):
+                outside += 1
+                line += "  !"
             print(line)
-        print("# n = %s [%s, %s]" % (_fmt(r0["n"]), _fmt(r0["n_lo"]), _fmt(r0["n_hi"])))
+        print("# n = %s [%s, %s]; READING: the readings of that domain value (the end values also hold the "
+              "readings clamped into them)" % (_fmt(r0["n"]), _fmt(r0["n_lo"]), _fmt(r0["n_hi"])))
+        if outside:
+            print("# ! = %d noisy estimate(s) outside their own interval (the raw sums are not monotone); "
+                  "trust the interval, not the point" % outside)
     print("# answered in %.1f ms" % (el * 1000), file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -20,17 +20,33 @@ from host_tools.query.series import Series
 FORMATS = (".png", ".svg", ".pdf")
 
 
+# README "Dashboard, metrics and plots" says the same (tests/test_first_hour.py holds them together)
+MISSING = ("--plot needs matplotlib, which `make demo` does not install: pip install 'pansketch[repro]' "
+           "(`make setup-python` installs it too)")
+
+
 def check_path(path: str) -> None:
+    """Before the query runs: a format we draw, a directory that exists (no raw '[Errno 2]' after it)."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
         raise ValueError("--plot: %s: the file name must end in %s" % (path, ", ".join(FORMATS)))
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        raise ValueError("--plot: %s: directory %s does not exist" % (path, where))
+    if not os.access(where, os.W_OK):
+        raise ValueError("--plot: %s: directory %s is not writable" % (path, where))
+
+
+def available() -> None:
+    """ImportError with the one-line hint when matplotlib is missing."""
+    _plt()
 
 
 def _plt() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'pansketch[repro]'")
+        raise ImportError(MISSING)
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -113,7 +129,10 @@ def plot_answers(answers: Sequence[Answer], path: str, title: str = "") -> str:
         sub = "%g%% interval per item (not simultaneous); %d release(s) from %d device(s), %s to %s" % (
             round(100 * a0.confidence, 3), a0.releases, len(a0.devices), iso(a0.since), iso(a0.until))
     ax.set_xlabel("estimated count (grey: interval includes 0)")
-    ax.set_title((title + "\n" if title else "") + sub, fontsize=9)
+    import textwrap
+
+    # wrapped: one line of ~140 characters ran past the right edge of the 9-inch figure (issue 24)
+    ax.set_title((title + "\n" if title else "") + textwrap.fill(sub, 95), fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -133,6 +133,16 @@ def default_step(store: Store, devices: Optional[list[str]] = None) -> int:
     return step
 
 
+def _point_devices(store: Store, devs: Sequence[str]) -> None:
+    """QueryError when a named device is of a kind that freq cannot answer (dcs, dbits)."""
+    other = sorted("%s (%s)" % (r[0], r[3]) for r in store.devices()
+                   if r[0] in devs and r[3] not in query.POINT_KINDS)
+    if other:
+        raise QueryError("%s: not a kind with item counts over time (cs, cms); %s" % (
+            ", ".join(other), "; ".join("%s answers %s" % (k, q) for k, q in sorted(query.KIND_QUERIES.items())
+                                        if k not in query.POINT_KINDS)))
+
+
 def buckets(store: Store, step: int, since: Optional[float] = None, until: Optional[float] = None,
             devices: Optional[list[str]] = None, limit: int = MAX_BUCKETS) -> tuple[list[tuple[int, int]], int]:
     """Consecutive ``[t0, t1)`` of length ``step`` from the first to the last selected release.
@@ -160,7 +170,8 @@ def bucket_answers(store: Store, items: Sequence[Any], salt: str, t0: int, t1: i
                    devices: Optional[list[str]], confidence: float) -> list[Point]:
     """One point per item for the releases inside [t0, t1) (the range-query seam)."""
     try:
-        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence)
+        answers = query.freq(store, items, salt=salt, since=t0, until=t1, device=devices, confidence=confidence,
+                             pick=False)  # series() picked the devices once
     except QueryError as exc:
         return [Point(t0, t1, None, str(exc)) for _ in items]
     return [Point(t0, t1, a) for a in answers]
@@ -178,9 +189,22 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     items = list(dict.fromkeys(items))
     if not items:
         raise QueryError("no items")
+    if since is not None and until is not None and until <= since:
+        raise QueryError("empty time range: until must be after since")
     devs = [device] if isinstance(device, str) else (list(device) if device else None)
+    if devs is None:  # a store mixing kinds: the devices that answer freq
+        devs = query.pick_devices(store, query.POINT_KINDS)
+    else:
+        _point_devices(store, devs)
+    natural = default_step(store, devs)
     if step is None:
-        step = default_step(store, devs)
+        step = natural
+    elif step <= 0:
+        raise QueryError("step must be positive")
+    elif step % natural:
+        # a release cannot be split: shorter or unaligned buckets would each hold no whole release
+        raise QueryError("a step of %d s does not hold whole releases: the selected releases are %d s long "
+                         "(for tree-mode devices: their epoch); use a multiple of %d s" % (step, natural, natural))
     bks, cut = buckets(store, step, since, until, devs, limit)
     if not bks:
         raise QueryError("no releases in the selection")
@@ -232,6 +256,10 @@ def parse_step(txt: str) -> int:
         import argparse
 
         raise argparse.ArgumentTypeError("not a step: %r (seconds, or 15m, 1h, 1d)" % txt)
+    if v <= 0:
+        import argparse
+
+        raise argparse.ArgumentTypeError("must be positive, got %r (seconds, or 15m, 1h, 1d)" % txt)
     return v
 
 

@@ -351,7 +351,7 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
         for wdw in f["windows"]:
             g = wdw["guarantee"]
             gtxt = ", ".join("%s=%s" % (k, g[k]) for k in ("eps", "rho") if k in g)
-            p("    window %d (%ss from %s): %d device(s), %s, eps=%.3g at delta=%g" % (
+            p("    window %d (%ss from %s): %d device(s), %s, eps=%.3f at delta=%g" % (
                 wdw["window"], wdw["win_s"], wdw["start"], wdw["devices"], gtxt, g["eps_at_delta"], g["delta"]))
     if rep["recent_rejections"]:
         p("")
@@ -366,6 +366,8 @@ def add_parser(subparsers: Any) -> None:
                                           "missing epochs, budgets and the per-event guarantee.")
     p.add_argument("--config", required=True, metavar="FILE", help="host config TOML")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--csv", action="store_true", help="CSV: a header row, then one row per device with the "
+                   "fields of the JSON's devices entries")
     p.add_argument("--windows", type=int, default=10, metavar="N", help="list the last N fleet windows (10)")
     p.add_argument("--late-grace", type=float, metavar="SECONDS",
                    help="a release received more than this after its epochs ended is late "
@@ -376,6 +378,9 @@ def add_parser(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
 
+    if args.json and args.csv:
+        print("pansketch status: give --json or --csv, not both", file=sys.stderr)
+        return 2
     if args.late_grace is not None and not args.late_grace >= 0:
         print("pansketch status: --late-grace must be at least 0", file=sys.stderr)
         return 2
@@ -397,6 +402,10 @@ def main(args: argparse.Namespace) -> int:
         store.close()
     if args.json:
         print(json.dumps(rep, ensure_ascii=False))
+    elif args.csv:
+        from host_tools.query import csvout
+
+        csvout.write(rep["devices"], sys.stdout)
     else:
         print_report(rep, now)
     return 0

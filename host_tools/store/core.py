@@ -204,6 +204,11 @@ class StoreError(Exception):
     """The store cannot be opened or used (message says what and where)."""
 
 
+class NotAStoreError(StoreError, FileNotFoundError):
+    """The database file is empty or another program's: like a missing one (the dashboard shows its
+    'no data yet' page for both; the CLI prints the one line and exits 1)."""
+
+
 @dataclass(frozen=True)
 class DeviceStatus:
     """The latest status a device published (docs/FORMAT.md section 3), as kept by the store."""
@@ -977,6 +982,13 @@ class SQLStore:
         """(device, salt, hv, kind, d, w, ep_s, first_received) per known device."""
         return self._q("SELECT device, salt, hv, kind, d, w, ep_s, first_received FROM devices ORDER BY device")
 
+    def kind_counts(self) -> dict[str, int]:
+        """kind -> number of devices (a device row is written with its first stored release)."""
+        return {str(k): int(n) for k, n in self._q("SELECT kind, COUNT(*) FROM devices GROUP BY kind")}
+
+    def devices_of_kind(self, kind: str) -> list[str]:
+        return [str(r[0]) for r in self._q("SELECT device FROM devices WHERE kind = ? ORDER BY device", (kind,))]
+
     def rejections(self, limit: Optional[int] = None) -> list[tuple[Any, ...]]:
         """(id, received, topic, device, code, reason, size, sha256), newest first."""
         sql = "SELECT id, received, topic, device, code, reason, size, sha256 FROM rejections ORDER BY id DESC"
@@ -1132,11 +1144,29 @@ class Store(SQLStore):
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
+            self._check_pansketch_file(path)
         self._cols = _select_cols(self._retry_locked(lambda: self._release_columns(self.db)))
         v = self._retry_locked(lambda: self._meta("schema_version"))
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
         self.has_rollups = self._retry_locked(lambda: self._meta("rollups")) == "1"
+
+    def _check_pansketch_file(self, path: str) -> None:
+        """A read-only open of an empty or foreign file: one clear StoreError, not 'no such table' later."""
+        try:
+            names = {r[0] for r in self._retry_locked(
+                lambda: self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall())}
+        except sqlite3.DatabaseError as exc:  # "file is not a database"
+            self.db.close()
+            raise NotAStoreError("%s is not a pansketch database (%s)" % (path, exc))
+        if "releases" in names:
+            return
+        self.db.close()
+        if not names:
+            raise NotAStoreError("%s is an empty file, not a pansketch database yet (run `pansketch aggregate` "
+                             "to create it, or fix [aggregator] db)" % path)
+        raise NotAStoreError("%s is not a pansketch database (its tables: %s); fix [aggregator] db"
+                         % (path, ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")))
 
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Move WAL checkpoints off the commit path (the aggregator's writer).

@@ -17,7 +17,10 @@ epoch, windows), so by parallel composition:
 
 Reported: eps for discrete Laplace (pure eps-DP); for the discrete
 Gaussian rho (zCDP) and the eps it implies at the configured delta
-(Bun & Steinke 2016 Prop. 1.3, agent.calibrate.zcdp_to_approx_dp). The
+(``[query] delta``, default :data:`DEFAULT_DELTA`) by the tight conversion of
+Canonne, Kamath & Steinke 2020 Cor. 13 (host_tools.audit.stats.zcdp_to_dp):
+the same conversion and default delta as ``pansketch audit``'s claim, so one
+config has one eps figure everywhere (status, dashboard, metrics, audit). The
 guarantee is recomputed from the noise a release carries
 (agent.calibrate.guarantee of ``nout``), not copied from its ``budget``;
 decode.py has already refused releases where the two disagree. It does
@@ -31,13 +34,18 @@ Queries are post-processing of releases and spend nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable, Optional
 
 from agent import calibrate
 from agent.noise import NoiseSpec
+from host_tools.audit.stats import zcdp_to_dp
 from host_tools.store.core import StoredRelease
+
+# delta of every (eps, delta) figure unless configured: host.toml [query] delta, audit --delta
+DEFAULT_DELTA = 1e-6
 
 
 @dataclass
@@ -55,7 +63,7 @@ class Guarantee:
         if self.eps is not None:
             out = max(out, float(self.eps))
         if self.rho is not None:
-            out = max(out, calibrate.zcdp_to_approx_dp(float(self.rho), self.delta))
+            out = max(out, zcdp_to_dp(float(self.rho), self.delta))
         return out
 
     def update(self, other: "Guarantee") -> None:
@@ -70,7 +78,7 @@ class Guarantee:
             d["eps"] = _frac(self.eps)
         if self.rho is not None:
             d["rho"] = _frac(self.rho)
-        d["eps_at_delta"] = round(self.eps_delta, 6)
+        d["eps_at_delta"] = math.ceil(self.eps_delta * 1e6) / 1e6  # rounded up: never a smaller eps than proven
         d["delta"] = self.delta if self.rho is not None else 0.0
         return d
 
@@ -79,7 +87,7 @@ class Guarantee:
         if self.eps is not None:
             parts.append("eps=%s" % _frac(self.eps))
         if self.rho is not None:
-            parts.append("rho=%s (eps=%.3g at delta=%g)" % (_frac(self.rho), self.eps_delta, self.delta))
+            parts.append("rho=%s (eps=%.3f at delta=%g)" % (_frac(self.rho), self.eps_delta, self.delta))
         return ", ".join(parts) or "-"
 
 

@@ -367,7 +367,9 @@ class Dashboard(KindPages):
         return self.salt
 
     def _devices(self, st: Store) -> list[str]:
-        return [r[0] for r in st.device_activity()]
+        """Devices the item and top-k pages can answer: kinds with item counts (cs, cms), with releases."""
+        point = {r[0] for r in st.devices() if r[3] in query.POINT_KINDS}
+        return [r[0] for r in st.device_activity() if r[0] in point]
 
     def _selection(self, p: Params) -> dict[str, Any]:
         window = p.int("window", None, 0, 1 << 40)
@@ -421,7 +423,7 @@ class Dashboard(KindPages):
 
     @staticmethod
     def _chart(s: series.Series) -> dict[str, Any]:
-        xs = [(p.t0 + p.t1) / 2 for p in s.lines[0].points] if s.lines else []
+        xs = [p.t0 for p in s.lines[0].points] if s.lines else []  # bucket starts, as the table says
         lines = []
         for i, ln in enumerate(s.lines):
             est, lo, hi, zero = [], [], [], []
@@ -441,7 +443,9 @@ class Dashboard(KindPages):
         try:
             with self._store() as st:
                 known = self._devices(st)
-        except FileNotFoundError as exc:
+                if not known:  # nothing this page can draw: say what the store holds (not a 404)
+                    query.pick_devices(st, query.POINT_KINDS)
+        except (FileNotFoundError, QueryError) as exc:
             return self._html("empty.html", title="item", message=str(exc))
         s, form = self._series(p)
         rows = []

@@ -50,6 +50,10 @@ def reading_label(rd: list[Optional[float]]) -> str:
     lo, hi = rd
     if lo is not None and hi is not None and float(lo).is_integer() and abs(hi - lo - 1) < 1e-9:
         return "%d" % lo
+    if lo is None:  # the lowest value also holds every reading clamped into it
+        return "< %s" % reading_text(hi)
+    if hi is None:
+        return "≥ %s" % reading_text(lo)
     return "[%s, %s)" % (reading_text(lo), reading_text(hi))
 
 

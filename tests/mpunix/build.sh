@@ -31,7 +31,7 @@ shared=${PANSKETCH_SHARED:-$repo/../shared}
 builder="$shared/micropython/build-unix.sh"
 cache="$repo/.micropython"
 if [ ! -f "$builder" ]; then
-  echo "tests/mpunix/build.sh: $builder not found (set PANSKETCH_SHARED to the shared directory)" >&2
+  echo "tests/mpunix/build.sh: $builder not found: the MicroPython sources are not in this repository (set PANSKETCH_SHARED to the shared directory holding micropython/, or PANSKETCH_MICROPYTHON to a Unix-port binary; README, make test)" >&2
   exit 3
 fi
 exec 9>"$repo/.micropython.lock"   # two test runs in one checkout build once

@@ -49,8 +49,8 @@
       if (!readout) return;
       var i = u.cursor.idx;
       if (i == null) { readout.textContent = "hover the chart for values"; return; }
-      var half = d.step / 2;
-      var parts = [utc(d.x[i] - half, true) + " – " + utc(d.x[i] + half, false) + " UTC"];
+      // x is the bucket start (as in the table below the chart); the bucket is [x, x + step)
+      var parts = [utc(d.x[i], true) + " – " + utc(d.x[i] + d.step, false) + " UTC"];
       d.lines.forEach(function (ln) {
         var e = ln.est[i];
         parts.push(ln.label + ": " + (e == null ? "no release" :
@@ -81,12 +81,12 @@
       hooks: {
         drawClear: [function (u) {
           // shade buckets that lack releases of some devices (a dip there is missing data)
-          var ctx = u.ctx, half = d.step / 2;
+          var ctx = u.ctx;
           ctx.save();
           ctx.fillStyle = "rgba(255, 193, 7, 0.16)";
           (d.partial || []).forEach(function (p, i) {
             if (!p) return;
-            var x0 = u.valToPos(d.x[i] - half, "x", true), x1 = u.valToPos(d.x[i] + half, "x", true);
+            var x0 = u.valToPos(d.x[i], "x", true), x1 = u.valToPos(d.x[i] + d.step, "x", true);
             x0 = Math.max(x0, u.bbox.left);
             x1 = Math.min(x1, u.bbox.left + u.bbox.width);
             if (x1 > x0) ctx.fillRect(x0, u.bbox.top, x1 - x0, u.bbox.height);
