@@ -76,6 +76,6 @@ def test_heavy_strings_without_candidates(tmp_path):
         assert text.returncode == 0 and b"strhh len=12 d=3 w=1024" in text.stdout, text.stdout
         q = subprocess.run(pansketch_cmd("query", "--config", hcfg, "freq", "x"), capture_output=True,
                            env=agent_env(), cwd=REPO, timeout=60)
-        assert q.returncode == 1 and b"kind strhh answer heavy" in q.stderr
+        assert q.returncode == 1 and b"kind strhh (2 devices: answers heavy)" in q.stderr
     finally:
         _stop(broker, agg, log)

@@ -175,7 +175,7 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
 
 POINT_KINDS = ("cs", "cms")  # freq, topk, series
 KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": "quantile, cdf, heavy",
-                "dbits": "distinct"}
+                "dbits": "distinct", "strhh": "heavy"}
 
 
 def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:

@@ -48,7 +48,8 @@ def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, f
     """The k strings with the largest counts among the discoveries, with simultaneous intervals."""
     from host_tools.query.core import QueryError, select_merged
 
-    m, s = select_merged(store, salt=salt, window=window, since=since, until=until, device=device)
+    m, s = select_merged(store, salt=salt, window=window, since=since, until=until, device=device,
+                         kinds=("strhh",))
     if m.kind != "strhh":
         raise QueryError("these releases are of kind %r; string heavy hitters need kind 'strhh'" % m.kind)
     return heavy_merged(m, s, k, salt=salt, threshold=threshold, fdr=fdr, beam=beam, confidence=confidence)
@@ -83,7 +84,8 @@ def run_heavy(args: argparse.Namespace, store: Any, salt: str, conf: float, sinc
     from host_tools.query.core import select_merged
 
     t = time.perf_counter()
-    m, s = select_merged(store, salt=salt, window=args.window, since=since, until=until, device=args.device)
+    m, s = select_merged(store, salt=salt, window=args.window, since=since, until=until, device=args.device,
+                         kinds=("strhh", "dcs"))  # a mixed store: the kind most devices have
     if m.kind != "strhh":
         return None
     rows = heavy_merged(m, s, args.k, salt=salt, threshold=args.threshold, fdr=getattr(args, "fdr", None)
