@@ -82,7 +82,7 @@ class Params:
     "Persisting without growing the noise").
     Kind 'dcs' only: b (16, domain bits) and map ([1, 1, 0]: scale_num,
     scale_den, offset of the reading -> domain map, agent/dcs.py).
-    Kind 'strhh' only: len (12, bytes per item = prefix levels, agent/strhh.py).
+    Kind 'strhh' only: len (12, bytes per item = prefix levels, agent/strhh.py); d defaults to 5.
     """
 
     def __init__(self, cfg):
@@ -163,6 +163,8 @@ class Params:
             # not imported: boards load strhh only for kind strhh); b carries len in releases
             self.b = _int(cfg, "len", 12, 3, 64)
             self.dcs_levels = self.b
+            if "d" not in cfg:  # 5 rows: 3 must agree, which the descent's FDR needs (host_tools/bench/strheavy.py)
+                self.d = 5
             if self.d < 3:  # the host's descent p-values need a median of >= 2 rows above (strheavy.py)
                 raise ParamError("d", "kind 'strhh' needs d >= 3 (got %d)" % self.d)
         elif "len" in cfg:

@@ -45,6 +45,8 @@ def test_params_calibration_and_fingerprint():
     assert p.b == 12 and p.dcs_levels == 12 and p.arrays == 12 and p.cells == 12 * 3 * 1024
     # one event touches d cells in each of the L levels: Delta1 = L d c = 36, scale = 36 / eps
     assert (p.noise.num, p.noise.den) == (36, 1)
+    dflt = Params({"device": "a", "salt": SALT, "kind": "strhh"})
+    assert (dflt.b, dflt.d, dflt.w, dflt.arrays) == (12, 5, 1024, 12)
     g = Params({"device": "a", "salt": SALT, "kind": "strhh", "len": 8, "d": 3, "w": 256})
     assert (g.noise.num, g.noise.den) == (24, 1)  # dgauss: sigma^2 = L d c^2 / (2 rho) = 8*3/1
     for bad, key in (({"len": 2}, "len"), ({"len": 65}, "len"), ({"d": 2}, "d"), ({"mode": "tree"}, "kind"),
