@@ -13,7 +13,6 @@ Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -22,7 +21,6 @@ from agent.tomlconf import ConfigError
 from agent.tomlconf import get as _get
 from agent.tomlconf import path as _path
 from agent.tomlconf import seconds as _seconds
-from agent.tomlconf import type_name as _tname
 
 from agent.params import ParamError, Params
 
@@ -139,42 +137,13 @@ def _port(sec: dict[str, Any], secname: str, default: int) -> int:
     return p
 
 
-
-
 def _tls(sec: dict[str, Any], secname: str, base: str) -> Optional[TLSConfig]:
-    ca = _path(base, _get(sec, secname, "tls_ca", str, None))
-    cert = _path(base, _get(sec, secname, "tls_cert", str, None))
-    key = _path(base, _get(sec, secname, "tls_key", str, None))
-    on = _get(sec, secname, "tls", bool, None) if "tls" in sec else None
-    if (cert is None) != (key is None):
-        raise ConfigError(secname + (".tls_key" if key is None else ".tls_cert"),
-                          "tls_cert and tls_key go together (client certificate and its key)")
-    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
-        if p is not None and not os.path.isfile(p):
-            raise ConfigError("%s.%s" % (secname, k), "file not found: %s" % p)
+    ca, cert, key, on = tomlconf.tls_files(sec, secname, base)
     if on is False:
-        if ca or cert:
-            raise ConfigError(secname + ".tls", "is false but tls_ca/tls_cert are set")
         return None
     if on or ca or cert:
         return TLSConfig(ca, cert, key)
     return None
-
-
-def _password(sec: dict[str, Any], secname: str, base: str) -> Optional[str]:
-    pw = _get(sec, secname, "password", str, None)
-    pf = _path(base, _get(sec, secname, "password_file", str, None))
-    if pw is not None and pf is not None:
-        raise ConfigError(secname + ".password_file", "give either password or password_file, not both")
-    if pf is not None:
-        try:
-            with open(pf, encoding="utf-8") as f:
-                pw = f.read().strip()
-        except OSError as exc:
-            raise ConfigError(secname + ".password_file", "cannot read %s: %s" % (pf, exc.strerror))
-    return pw
-
-
 
 
 def field_path(spec: str, key: str) -> list[str]:
@@ -209,9 +178,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     # device parameters: mapped onto agent.params.Params, which names the bad key
     pcfg: dict[str, Any] = {}
     for tkey, pkey in PARAM_KEYS.items():
-        s, k = tkey.split(".")
-        if k in sec(s):
-            pcfg[pkey] = sec(s)[k]
+        sname, k = tkey.split(".")
+        if k in sec(sname):
+            pcfg[pkey] = sec(sname)[k]
     if "device" not in pcfg:
         raise ConfigError("device.id", "is required (a name unique in the fleet, e.g. 'pi-kitchen')")
     if "salt" not in pcfg:
@@ -246,7 +215,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         port=_port(b, "broker", 8883 if tls else 1883),
         tls=tls,
         username=_get(b, "broker", "username", str, None),
-        password=_password(b, "broker", base_dir),
+        password=tomlconf.password(b, "broker", base_dir),
         keepalive=_get(b, "broker", "keepalive", int, 60),
         topic_prefix=_get(b, "broker", "topic_prefix", str, "pansketch"),
         reconnect_min_s=_seconds(b, "broker", "reconnect_min_s", 1.0),
@@ -298,7 +267,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         if source.weight_field is not None:
             field_path(source.weight_field, "source.weight_field")
         source.username = _get(s, "source", "username", str, None)
-        source.password = _password(s, "source", base_dir)
+        source.password = tomlconf.password(s, "source", base_dir)
         source.qos = _get(s, "source", "qos", int, 0)
         if source.qos not in (0, 1):
             raise ConfigError("source.qos", "must be 0 or 1")

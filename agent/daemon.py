@@ -103,7 +103,7 @@ class Agent:
 
     def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None) -> None:
         from agent.publisher import Publisher
-        from agent.recorder import make
+        from agent.recorders import make
         from agent.sources import make_source
 
         self.cfg = cfg

@@ -15,8 +15,6 @@ pairs, so there is no floating point anywhere on the noise path (Mironov
 :class:`agent.rng.Rng`, i.e. from a cryptographic byte source.
 """
 
-from agent.rng import Rng
-
 
 def isqrt(n):
     """floor(sqrt(n)) for an integer n >= 0 (Newton's method)."""

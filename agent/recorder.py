@@ -38,9 +38,11 @@ Commit protocol of one release with sequence number s (storage.py layout)::
     3. rename s.tmp -> s.cbor      (now visible to the publisher)
     4. open the next accumulator with fresh Z_int (persisted at the next persist)
 
-A crash before 2 deletes s.tmp at restart: those bytes never left the
-device, the state is still on flash, and it is released later with a new
-Z_out (nothing was published, so nothing is re-drawn for released data).
+A crash before 2 deletes s.tmp at restart: those bytes were never
+published, the state is still on flash, and it is released later with a
+new Z_out (nothing is re-drawn for released data); the deleted bytes stay
+in an intruder's view, which the resume draw covers (docs/PRIVACY.md
+"Failed writes and failed commits").
 A crash after 2 finishes the rename and discards the old state, which the
 marker says was released: a release is never generated twice. Events that
 arrived after the last persisted state are lost in a power cut; events in
@@ -50,6 +52,13 @@ also when the clock is behind the last release.
 If the outbox cannot be written (full flash, or it holds ``outbox_max``
 releases the host has not acknowledged), the accumulator keeps counting
 and its epoch range [elo, ehi) grows until a release succeeds.
+
+A write that was attempted counts as written (docs/PRIVACY.md "Failed
+writes and failed commits"): after a failed persist the draw is added as
+after a good one; after a failed commit (its .tmp may be on flash) the
+accumulator gets one fresh internal draw before it counts again
+(``_renoise``; the release's ``nz`` counts it). Any exception, not only
+OSError, takes these paths; the scratch buffer is wiped on all of them.
 """
 
 from agent import hashing, release, storage
@@ -60,22 +69,6 @@ from agent.sketch import Sketch, new_counters
 
 def _log(msg):
     print("pansketch: " + msg)
-
-
-def make(params, root, now, rng=None, log=None, outbox_max=0):
-    """The recorder for ``params``: agent.tree.TreeRecorder (mode tree),
-    agent.dbits.DistinctRecorder (kind dbits, which keeps bits) or Recorder
-    (window, keep; kinds cms, cs, dcs); all have the same interface.
-    Params refuses tree mode with kinds other than cms and cs."""
-    if params.mode == "tree":
-        from agent.tree import TreeRecorder
-
-        return TreeRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
-    if params.kind == "dbits":
-        from agent.dbits import DistinctRecorder
-
-        return DistinctRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
-    return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
 
 
 class Recorder:
@@ -339,7 +332,11 @@ class Recorder:
         backwards releases nothing until it passes the open range again.
         """
         if self._unrenamed:
-            self._finish_renames()
+            try:
+                self.outbox.finish(self.seq)  # a committed release whose rename failed
+                self._unrenamed = False
+            except Exception:
+                pass  # retried at the next tick
         if self._pending is not None or self._redraw:
             try:
                 self._ensure_open()
@@ -398,7 +395,7 @@ class Recorder:
         except BaseException as exc:
             err = exc
         self._add_fresh()  # written or maybe partly written: the copy on flash must not equal RAM
-        return self._failed(err, "cannot persist state (%r); counting continues in RAM")
+        return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     def _failed(self, err, msg):
         """After the bookkeeping of a write: True if it succeeded; else log an
@@ -436,7 +433,7 @@ class Recorder:
                 m[j] = wrap32(m[j] + b[j])  # not flipped yet: M + G
             b[j] = 0
         self.nzm += 1
-        return self._failed(err, "cannot persist state (%r); counting continues in RAM")
+        return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     # -- releases ------------------------------------------------------
     def _stage_release(self, rel):
@@ -497,7 +494,7 @@ class Recorder:
                     self.log("cannot draw noise after a failed commit (%r); not counting" % (exc,))
             if next_part == 0 and next_epoch + 1 > self.ehi:
                 self.ehi = next_epoch + 1  # keep counting; release the longer range later
-            return self._failed(err, "cannot write release %d (%%r); epochs now [%d, %d)" % (s, self.elo, self.ehi))
+            return self._failed(err, "cannot write release %d (%%s); epochs now [%d, %d)" % (s, self.elo, self.ehi))
         self.seq = s + 1
         self._pending = (next_epoch, next_part)  # released: never persisted or counted into again
         if now is not None:
@@ -514,18 +511,3 @@ class Recorder:
         except Exception as exc:
             self.log("release %d committed, but the next accumulator's noise failed (%r); retrying" % (s, exc))
         return True
-
-    def _finish_renames(self):
-        """Rename the .tmp of releases the marker committed (seq below ours) to .cbor."""
-        try:
-            for t in self.outbox.uncommitted():
-                if t < self.seq:
-                    storage.rename(self.outbox.path(t, ".tmp"), self.outbox.path(t))
-            self._unrenamed = False
-        except Exception as exc:
-            self.log("cannot finish the commit of a release (%r); retrying" % (exc,))
-
-
-def make_recorder(params, root, now, rng=None, log=None, outbox_max=0):
-    """Same as :func:`make` (the name the kinds branch used)."""
-    return make(params, root, now, rng=rng, log=log, outbox_max=outbox_max)

@@ -21,7 +21,7 @@ import struct
 try:
     _fsync = os.fsync
 except AttributeError:  # MicroPython: flush+close is what we have
-    _fsync = None
+    _fsync = None  # type: ignore[assignment]  # MicroPython: no os.fsync
 
 
 def join(a, b):
@@ -136,6 +136,12 @@ class Outbox:
 
     def uncommitted(self):
         return self._seqs(".tmp")
+
+    def finish(self, upto):
+        """Rename the .tmp of releases below ``upto`` (their marker was written) to .cbor."""
+        for s in self._seqs(".tmp"):
+            if s < upto:
+                rename(self.path(s, ".tmp"), self.path(s))
 
     def read(self, seq):
         return read(self.path(seq))

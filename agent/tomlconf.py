@@ -13,7 +13,7 @@ from typing import Any, Optional
 try:  # Python >= 3.11
     import tomllib as _toml
 except ImportError:  # pragma: no cover - Python 3.10
-    import tomli as _toml  # type: ignore[no-redef]
+    import tomli as _toml  # type: ignore[no-redef, import-not-found]  # tomli is installed on 3.10 only
 
 
 # Salts that appear in the examples and docs (examples/*.toml, deploy/board/*.json,
@@ -81,6 +81,44 @@ def seconds(sec: dict[str, Any], secname: str, key: str, default: float) -> floa
     if v <= 0:
         raise ConfigError("%s.%s" % (secname, key), "must be positive")
     return float(v)
+
+
+def tls_files(sec: dict[str, Any], secname: str,
+              base: str) -> tuple[Optional[str], Optional[str], Optional[str], Optional[bool]]:
+    """(tls_ca, tls_cert, tls_key, tls) of a section that connects to a broker.
+
+    The files are paths relative to the config's directory and must exist;
+    a client certificate comes with its key; ``tls = false`` with files set
+    is an error. ``tls`` is None when the key is absent.
+    """
+    ca = path(base, get(sec, secname, "tls_ca", str, None))
+    cert = path(base, get(sec, secname, "tls_cert", str, None))
+    key = path(base, get(sec, secname, "tls_key", str, None))
+    if (cert is None) != (key is None):
+        raise ConfigError(secname + (".tls_key" if key is None else ".tls_cert"),
+                          "tls_cert and tls_key go together (client certificate and its key)")
+    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
+        if p is not None and not os.path.isfile(p):
+            raise ConfigError("%s.%s" % (secname, k), "file not found: %s" % p)
+    on = get(sec, secname, "tls", bool, None)
+    if on is False and (ca or cert):
+        raise ConfigError(secname + ".tls", "is false but tls_ca/tls_cert are set")
+    return ca, cert, key, on
+
+
+def password(sec: dict[str, Any], secname: str, base: str) -> Optional[str]:
+    """``password``, or the first line of ``password_file`` (relative to the config's directory); not both."""
+    pw = get(sec, secname, "password", str, None)
+    pf = path(base, get(sec, secname, "password_file", str, None))
+    if pw is not None and pf is not None:
+        raise ConfigError(secname + ".password_file", "give either password or password_file, not both")
+    if pf is not None:
+        try:
+            with open(pf, encoding="utf-8") as f:
+                pw = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(secname + ".password_file", "cannot read %s: %s" % (pf, exc.strerror))
+    return pw
 
 
 def parse(text: str) -> dict[str, Any]:

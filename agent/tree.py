@@ -50,7 +50,14 @@ state file whose key is listed was released after the state was written:
 it is not resumed (nothing is released twice) and the next node of its
 level opens.
 The other nodes resume from flash and get a fresh draw before counting
-again (no noise is re-drawn for anything released).
+again (no noise is re-drawn for anything released). A released node's
+level continues as a part above every part the marker lists for that
+range: a flush after the state write may have released it already.
+
+Failures: a persist that fails in any way counts as written (every
+counting level gets its draw as after a good write); a failed commit keeps
+the closed node, which counts nothing more, so its retry needs no fresh
+draw (docs/PRIVACY.md "Failed writes and failed commits").
 """
 
 import hashlib
@@ -446,7 +453,11 @@ class TreeRecorder:
         """
         cur = now // self.p.epoch_s
         if self._unrenamed:
-            self._finish_renames()
+            try:
+                self.outbox.finish(self.seq)  # a committed release whose rename failed
+                self._unrenamed = False
+            except Exception:
+                pass  # retried at the next tick
         self._retry(cur)
         changed = False
         for lv in range(len(self.nodes)):
@@ -504,31 +515,26 @@ class TreeRecorder:
             self.parts[lv] = part
         self.persist(now)
 
-    def _flip(self):
+    def _flip(self, limit=-1):
         """Every shadow level: M = R - M (an involution: twice gives M back).
-        Between two flips M holds the snapshot S that goes to flash. If it
-        fails part way (MemoryError), the cells already flipped are flipped
-        back before the exception leaves: M never keeps S."""
-        n = len(self.relbuf)
-        lv = 0
-        i = 0
+        Between two flips M holds the snapshot S that goes to flash. Flips
+        the first ``limit`` cells (in level order; -1: all); if it fails part
+        way (MemoryError), the cells it flipped are flipped back before the
+        exception leaves: M never keeps S."""
+        k = 0
         try:
-            while lv < len(self.nodes):
+            for lv in range(len(self.nodes)):
                 if self.shs[lv]:
                     a = self.nodes[lv]
                     m = self.shadows[lv]
-                    i = 0
-                    while i < n:
+                    for i in range(len(m)):
+                        if k == limit:
+                            return
                         m[i] = wrap32(a[i] - m[i])
-                        i += 1
-                lv += 1
+                        k += 1
         except BaseException:
-            for k in range(lv + 1):
-                if k < len(self.nodes) and self.shs[k]:
-                    a = self.nodes[k]
-                    m = self.shadows[k]
-                    for j in range(i if k == lv else n):
-                        m[j] = wrap32(a[j] - m[j])
+            if limit < 0:
+                self._flip(k)
             raise
 
     def persist(self, now=None):
@@ -577,11 +583,11 @@ class TreeRecorder:
             return True
         if not isinstance(err, Exception):
             raise err
-        self.log("cannot persist state (%r); counting continues in RAM" % (err,))
+        self.log("cannot persist state (%s); counting continues in RAM" % (err,))
         return False
 
     # -- releases --------------------------------------------------------
-    def _release(self, lv, now=None, cur=None):
+    def _release(self, lv, now, cur):
         """Commit node lv (state + Z_out) to the outbox. True if committed;
         then the level's key moves on to its next node (PENDING) before the
         rename, so nothing can release or persist the released array again."""
@@ -603,7 +609,7 @@ class TreeRecorder:
         part = self.parts[lv]
         tmp = self.outbox.path(s, ".tmp")
         nz = self.nzs[lv] + 1
-        marks = self._keep(self.marks + [(s, elo, ehi, part)], None if now is None else now // self.p.epoch_s)
+        marks = self._keep(self.marks + [(s, elo, ehi, part)], cur)
         err = None
         try:
             if self.outbox.full():
@@ -622,13 +628,12 @@ class TreeRecorder:
             if not isinstance(err, Exception):
                 raise err
             storage.remove(tmp)
-            self.log("cannot write release %d (%r); node [%d, %d) kept, retried at the next tick"
+            self.log("cannot write release %d (%s); node [%d, %d) kept, retried at the next tick"
                      % (s, err, elo, ehi))
             return False
         self.marks = marks
         self.seq = s + 1
-        if cur is not None:
-            self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
+        self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
         self.status[lv] = PENDING
         try:
             storage.rename(tmp, self.outbox.path(s))
@@ -640,13 +645,3 @@ class TreeRecorder:
         # the persist clock is not reset: the other levels keep counting and
         # must stay durable (every persist_s), unlike a window's fresh accumulator
         return True
-
-    def _finish_renames(self):
-        """Rename the .tmp of releases the marker committed (seq below ours) to .cbor."""
-        try:
-            for t in self.outbox.uncommitted():
-                if t < self.seq:
-                    storage.rename(self.outbox.path(t, ".tmp"), self.outbox.path(t))
-            self._unrenamed = False
-        except Exception as exc:
-            self.log("cannot finish the commit of a release (%r); retrying" % (exc,))

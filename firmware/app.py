@@ -54,7 +54,7 @@ import gc
 import sys
 
 from agent import hashing, storage
-from agent.recorder import make as make_recorder
+from agent.recorders import make as make_recorder
 from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
 from firmware import clock, config
 from firmware.clock import MIN_VALID_UNIX

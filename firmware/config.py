@@ -29,6 +29,7 @@ Layout (docs/FIRMWARE.md has the full reference)::
 import json
 
 from agent.params import ParamError, Params
+from firmware.sources import ConfigError  # the one config error (sources raise it too); re-exported
 
 DEFAULT_PATH = "/pansketch.json"
 
@@ -43,14 +44,6 @@ NTP_KEYS = ("host", "timeout_s", "resync_s", "retry_max_s")
 MQTT_KEYS = ("host", "port", "user", "password", "topic_prefix", "keepalive_s", "timeout_s", "retry_max_s", "tls",
              "ack_timeout_s")
 TLS_KEYS = ("ca", "cert", "key", "verify", "server_hostname")
-
-
-class ConfigError(ValueError):
-    """A bad config value; ``key`` is its dotted path in the file."""
-
-    def __init__(self, key, msg):
-        super().__init__("%s: %s" % (key, msg))
-        self.key = key
 
 
 def _section(raw, name, keys, required=True):

@@ -8,8 +8,6 @@ next poll and retried at once (then with backoff). Counting never waits
 for the network.
 """
 
-from firmware import clock
-
 
 def activate(hostname=None):
     """Switch the station interface on; the WLAN object (None without ``network``).

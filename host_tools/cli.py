@@ -20,7 +20,7 @@ from agent.pipes import run_main
 SUBCOMMANDS: dict[str, str] = {
     "aggregate": "host_tools.ingest.aggregator",
     "status": "host_tools.query.status",
-    "query": "host_tools.query.core",
+    "query": "host_tools.query.cli",
     "serve": "host_tools.web.serve",
     "demo": "host_tools.demo",
     "repro": "host_tools.lab.repro.cli",

@@ -245,7 +245,7 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
 
 
 # One device of every other kind next to the cs fleet (issue 24: every page and query has data after the
-# demo). Each is the real device core (agent.recorder.make picks the tree / dcs / dbits recorder) and
+# demo). Each is the real device core (agent.recorders.make picks the tree / dcs / dbits recorder) and
 # the real publisher, like the cs agents; the events are drawn here, so their truth is known here only.
 EXTRA_DEVICES: dict[str, dict[str, Any]] = {
     "cms": {"device": "demo-cms-1", "kind": "cms", "d": 4, "mode": "window", "window_s": 3600,
@@ -267,7 +267,7 @@ def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], l
     from agent.config import BrokerConfig
     from agent.params import Params
     from agent.publisher import Publisher
-    from agent.recorder import make
+    from agent.recorders import make
 
     p = Params(dict(cfg, salt=SALT))
     dev = p.device
@@ -318,7 +318,11 @@ class Mqtt311Aggregator:
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="demo-aggregator", protocol=mqtt.MQTTv311)
         c.on_connect = lambda cl, u, f, rc, p=None: cl.subscribe(cfg.aggregator.topic, qos=1)
         c.on_subscribe = lambda cl, u, mid, rcs, p=None: self.ready.set()
-        c.on_message = lambda cl, u, m: self.agg.handle(m.topic, m.payload)
+
+        def on_message(cl: Any, u: Any, m: Any) -> None:
+            self.agg.handle(m.topic, bytes(m.payload))
+
+        c.on_message = on_message
         c.connect("127.0.0.1", port)
         c.loop_start()
         self.client = c
@@ -332,7 +336,7 @@ class Mqtt311Aggregator:
 def run_demo(args: argparse.Namespace) -> int:
     from host_tools.ingest import aggregator
     from host_tools.query import core as query
-    from host_tools.store.core import open_store as Store
+    from host_tools.store.backend import open_store as Store
 
     t_start = time.monotonic()
     out = sys.stdout

@@ -47,7 +47,6 @@ from agent.tomlconf import get as _get
 from agent.tomlconf import int_range as _int_range
 from agent.tomlconf import path as _path
 from agent.tomlconf import seconds as _seconds
-from agent.tomlconf import type_name as _tname
 
 from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
@@ -242,29 +241,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
 
     # [broker]
     b = sec("broker")
-    ca = _path(base_dir, _get(b, "broker", "tls_ca", str, None))
-    cert = _path(base_dir, _get(b, "broker", "tls_cert", str, None))
-    key = _path(base_dir, _get(b, "broker", "tls_key", str, None))
-    if (cert is None) != (key is None):
-        raise ConfigError("broker.tls_key" if key is None else "broker.tls_cert",
-                          "tls_cert and tls_key go together (client certificate and its key)")
-    for k, p in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
-        if p is not None and not os.path.isfile(p):
-            raise ConfigError("broker." + k, "file not found: %s" % p)
-    tls_on = _get(b, "broker", "tls", bool, None)
-    if tls_on is False and (ca or cert):
-        raise ConfigError("broker.tls", "is false but tls_ca/tls_cert are set")
+    ca, cert, key, tls_on = tomlconf.tls_files(b, "broker", base_dir)
     tls = bool(tls_on) or bool(ca) or bool(cert)
-    pw = _get(b, "broker", "password", str, None)
-    pf = _path(base_dir, _get(b, "broker", "password_file", str, None))
-    if pw is not None and pf is not None:
-        raise ConfigError("broker.password_file", "give either password or password_file, not both")
-    if pf is not None:
-        try:
-            with open(pf, encoding="utf-8") as f:
-                pw = f.read().strip()
-        except OSError as exc:
-            raise ConfigError("broker.password_file", "cannot read %s: %s" % (pf, exc.strerror))
+    pw = tomlconf.password(b, "broker", base_dir)
     broker = BrokerConfig(
         host=_get(b, "broker", "host", str, "localhost"),
         port=_int_range(b, "broker", "port", 8883 if tls else 1883, 1, 65535),
@@ -364,7 +343,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("query.confidence", "must be at least 0.5")
     # [status]
     stc = sec("status")
-    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", None) if "late_grace_s" in stc
+    status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", 0.0) if "late_grace_s" in stc
                           else None)
     return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, path=path)
 

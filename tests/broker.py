@@ -77,7 +77,7 @@ class Mosquitto:
             lines += ["persistence true", "persistence_location %s/" % pdir,
                       "autosave_interval %d" % self.autosave_interval]
         tls = []
-        if self.tls:
+        if self.tls and self.tls_port is not None:  # tls_port is set with tls
             tls = ["listener %d 127.0.0.1" % self.tls_port, "cafile %s" % self.tls["cafile"],
                    "certfile %s" % self.tls["certfile"], "keyfile %s" % self.tls["keyfile"], "tls_version tlsv1.2"]
             if self.tls.get("require_certificate"):

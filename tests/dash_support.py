@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
 
@@ -72,7 +72,7 @@ def add_gap_device(conf: str) -> None:
     from host_tools.demo import SALT, T0, ZipfStream
     from tests.test_host_support import record
 
-    from host_tools.store.core import open_store
+    from host_tools.store.backend import open_store
 
     cfg = hostconfig.load(conf)
     with open_store(cfg.aggregator.db, readonly=True) as st:  # the shape of the demo's cs fleet

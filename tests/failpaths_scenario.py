@@ -45,8 +45,15 @@ _FSYNC = storage._fsync
 WIDE = 1 << 20
 
 
+SAMPLES = []  # (variance num, den, value) of every draw while recording (CPython side of the tests)
+RECORD = [False]
+
+
 def _wide_sample(self, rng):
-    return rng.randbelow(2 * WIDE) - WIDE
+    v = rng.randbelow(2 * WIDE) - WIDE
+    if RECORD[0]:
+        SAMPLES.append((self.num, self.den, v))
+    return v
 
 
 class Injected(Exception):
@@ -56,7 +63,8 @@ class Injected(Exception):
 class Flash:
     """Every write session: [path, op, [(cells or None, intended_len, written_bytes)]]."""
 
-    def __init__(self, fail_at=-1, exc="enospc"):
+    def __init__(self, fail_at=-1, exc="enospc", fail_len=1):
+        self.fail_len = fail_len  # > 1: the flash stays full for that many stages
         self.sessions = []
         self.stage = 0
         self.stages = []  # (stage index, kind, path) as they happen
@@ -77,8 +85,9 @@ class Flash:
         s = self.stage
         self.stage += 1
         self.stages.append((s, kind, path))
-        if s == self.fail_at:
-            self.failed = (s, kind, path)
+        if self.fail_at <= s < self.fail_at + self.fail_len:
+            if self.failed is None:
+                self.failed = (s, kind, path)
             return True
         return False
 
@@ -182,8 +191,10 @@ def _ram(rec):
 
 
 def items(step, kind, events):
-    if not events:
+    if events is False or events is None:
         return []
+    if events is not True:  # an int: one "target" event at that operation only
+        return ["target"] if step == events else []
     if kind == "dcs":
         out = ["13.5", "13.5"]
         for i in range(step % 3 + 1):
@@ -199,16 +210,16 @@ T0 = 1800 * 1000000  # aligned to every epoch length used here
 EP = 600
 
 
-def run(cfg, root, seed, events, fail_at=-1, exc="enospc"):
+def run(cfg, root, seed, events, fail_at=-1, exc="enospc", fail_len=1):
     """One run of a fixed schedule (adds, persists, releases, a flush) with
     the failure at stage ``fail_at``. Returns (views, flash, zero_ok):
     ``views`` = list of (op, RAM arrays after op); flash = the Flash."""
     from agent.params import Params
-    from agent.recorder import make
+    from agent.recorders import make
     from agent.rng import DeterministicSource, Rng
 
     p = Params(cfg)
-    fl = Flash(fail_at, exc)
+    fl = Flash(fail_at, exc, fail_len)
     fl.install()
     views = []
     scratch_dirty = 0
@@ -246,11 +257,11 @@ def run(cfg, root, seed, events, fail_at=-1, exc="enospc"):
     return views, fl, scratch_dirty
 
 
-def dump(cfg, root, seed, events, fail_at=-1, exc="enospc"):
+def dump(cfg, root, seed, events, fail_at=-1, exc="enospc", fail_len=1):
     """run() as one JSON line (for the MicroPython side of the test)."""
     import json
 
-    views, fl, dirty = run(cfg, root, seed, events, fail_at, exc)
+    views, fl, dirty = run(cfg, root, seed, events, fail_at, exc, fail_len)
     sess = []
     for path, op, chunks in fl.sessions:
         sess.append([path, op, [c[0] for c in chunks if c[0] is not None]])

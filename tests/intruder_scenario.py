@@ -162,7 +162,7 @@ def tree_snapshot(op, rec, n_events, root):
 def run_tree(root, seed, cfg=None):
     """A tree-mode device: adds, persists, a restart mid-node, node releases
     at epoch ends (levels 0, 1 and 2 close together at epoch 4), a flush."""
-    from agent.recorder import make
+    from agent.recorders import make
 
     p = Params(cfg if cfg is not None else CFG_TREE)
     quiet = lambda m: None  # noqa: E731

@@ -4,7 +4,6 @@ that broke "delivered": a device publishing before any aggregator exists."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest

@@ -3,7 +3,6 @@
 from fractions import Fraction
 
 import numpy as np
-import pytest
 
 from agent.rng import DeterministicSource, Rng
 from host_tools import fasthash

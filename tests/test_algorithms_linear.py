@@ -9,7 +9,7 @@ import pytest
 from agent import hashing
 from agent.sketch import Sketch
 from host_tools.lab.algorithms import linear
-from host_tools.lab.algorithms.vnoise import BulkNoise, ZeroNoise, dgauss_lower_tail
+from host_tools.lab.algorithms.vnoise import BulkNoise, dgauss_lower_tail
 
 
 def test_E_formulas_hand_values():

@@ -54,7 +54,9 @@ def test_dlap_privacy_loss_is_exactly_eps():
     spec = calibrate.noise_for("dlap", eps, d, clip)
     t = spec.num / spec.den
     p = math.exp(-1 / t)
-    pmf = lambda x: p ** abs(x)  # normalisation cancels
+    def pmf(x):
+        return p ** abs(x)  # normalisation cancels
+
     per_cell = max(math.log(pmf(x) / pmf(x + clip)) for x in range(-50, 50))
     assert d * per_cell == pytest.approx(eps[0] / eps[1], rel=1e-9)
 
@@ -67,7 +69,9 @@ def test_dgauss_renyi_divergence_within_rho(alpha):
     s2 = spec.num / spec.den
     ks = range(-200, 201)
     logz = math.log(sum(math.exp(-k * k / (2 * s2)) for k in ks))
-    logp = lambda k: -k * k / (2 * s2) - logz
+    def logp(k):
+        return -k * k / (2 * s2) - logz
+
     terms = [alpha * logp(k) + (1 - alpha) * logp(k - clip) for k in ks]
     m = max(terms)
     div = (m + math.log(sum(math.exp(t - m) for t in terms))) / (alpha - 1)

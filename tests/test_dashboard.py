@@ -295,7 +295,7 @@ def test_public_bind_needs_a_token(conf: str) -> None:
 
 
 WEB_MODULES = ["host_tools/web/app.py", "host_tools/web/kinds.py", "host_tools/web/serve.py", "host_tools/query/series.py", "host_tools/query/fleetview.py",
-               "host_tools/web/metrics.py", "host_tools/query/plot.py"]
+               "host_tools/metrics.py", "host_tools/query/plot.py"]
 
 
 def test_web_layer_writes_no_sql() -> None:

@@ -1,7 +1,7 @@
 """Dashboard pages for kinds dcs (quantiles / CDF, heavy hitters) and dbits (distinct counts), in headless Chromium.
 
 The store holds real releases from the real device core
-(agent.recorder.make_recorder, deterministic noise) through the real
+(agent.recorders.make_recorder, deterministic noise) through the real
 aggregator: two ``dcs`` temperature sensors (b = 16, map [10, 1, -40], three
 hourly windows; temp-2 is stuck at 21.0 C for 400 readings per window, the
 heavy hitter), two ``dbits`` door counters (300, 600, 900 distinct MACs per
@@ -51,7 +51,7 @@ def _write_conf(root: str) -> str:
 def _releases(cfg: dict[str, Any], windows: list[list[str]]) -> list[bytes]:
     """The real device core (make_recorder picks the dbits recorder for kind dbits) over hourly windows."""
     from agent.params import Params
-    from agent.recorder import make_recorder
+    from agent.recorders import make_recorder
     from agent.rng import DeterministicSource, Rng
 
     p = Params(dict(cfg, salt=SALT, window_s=3600))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agent.params import ParamError, Params
-from agent.recorder import make_recorder
+from agent.recorders import make_recorder
 from agent.rng import DeterministicSource, Rng
 from host_tools.query import distinct
 from host_tools.bench.kinds import dnpry_simulate
@@ -113,7 +113,7 @@ def test_interval_coverage_by_simulation():
 def test_dbits_identical_on_micropython(tmp_path):
     setup = """
 from agent.params import Params
-from agent.recorder import make_recorder
+from agent.recorders import make_recorder
 from agent.rng import Rng, DeterministicSource
 CFG = %r
 rec = make_recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"dbits-seed")), log=lambda m: None)

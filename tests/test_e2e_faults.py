@@ -46,7 +46,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter

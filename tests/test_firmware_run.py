@@ -21,10 +21,8 @@ board's socket).
 
 from __future__ import annotations
 
-import json
 import re
 from array import array
-from pathlib import Path
 
 import pytest
 

@@ -23,7 +23,7 @@ import pytest
 from host_tools.query import estimators
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator
-from host_tools.query.merge import NoiseTerm, noise_variance
+from host_tools.query.merge import Merged, NoiseTerm, noise_variance
 from tests.test_host_support import SALT, host_cfg, params as _params, record, topic, zipf_stream
 
 
@@ -209,7 +209,7 @@ def test_cms_upper_end_is_min_plus_theorem31_offset(tmp_path):
 
 
 # -- nz: every noise draw a release carries is counted -------------------------
-def _merged_constant_releases(tmp_path, nz: int, n: int = 3) -> "merge.Merged":
+def _merged_constant_releases(tmp_path, nz: int, n: int = 3) -> Merged:
     from host_tools.query import merge
     from tests.test_host_support import T0, encoded
 

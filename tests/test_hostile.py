@@ -23,20 +23,19 @@ import pytest
 
 from agent.params import ParamError, Params
 from host_tools.bench import hostile as bh
-from host_tools.ingest import cborscan
+from host_tools import cborscan
 from host_tools.query import status
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.ingest.decode import decode, topic_device, valid_device
 from host_tools.store.core import Limits, Store
 from host_tools.ingest.validproc import Settings, ValidatorProcess, verdict
 from tests.broker import needs_mosquitto
-from tests.test_host_support import host_cfg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the ingest path: every module of host_tools/ingest (aggregator, mqttproc, validproc, child, decode, cborscan,
-# devstatus) and the store that logs refusals
+# the ingest path: every module of host_tools/ingest (aggregator, mqttproc, validproc, child, decode,
+# devstatus), the bounded reader they share with the store (cborscan) and the store that logs refusals
 INGEST_MODULES = {"ingest/aggregator", "ingest/mqttproc", "ingest/validproc", "ingest/child", "ingest/decode",
-                  "ingest/cborscan", "ingest/devstatus", "store/core", "store/pg"}
+                  "cborscan", "ingest/devstatus", "store/core", "store/pg"}
 
 
 def fleet_cfg(tmp_path: Any, **agg: Any) -> Any:
@@ -102,10 +101,10 @@ def _calls(tree: ast.AST) -> list[str]:
 
 def test_ingest_path_has_no_cbor_object_decoder():
     """No CBOR object decoder (cbor2.loads/load/CBORDecoder) in any module on the ingest path: untrusted
-    bytes go through host_tools.ingest.cborscan only (a tag never reaches a decoder): every module of
+    bytes go through host_tools.cborscan only (a tag never reaches a decoder): every module of
     host_tools/ingest/ and the store."""
     files = glob.glob(os.path.join(REPO, "host_tools", "ingest", "*.py")) + \
-        [os.path.join(REPO, "host_tools", m + ".py") for m in ("store/core", "store/pg")]
+        [os.path.join(REPO, "host_tools", m + ".py") for m in ("cborscan", "store/core", "store/pg")]
     assert INGEST_MODULES <= {os.path.relpath(f, os.path.join(REPO, "host_tools"))[:-3] for f in files}
     found = {}
     for f in files:

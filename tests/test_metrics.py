@@ -132,7 +132,7 @@ def test_counters_move_during_ingest(tmp_path: Any) -> None:
 
 def exported_names(tmp_path: Any) -> set[str]:
     """Every metric name the exporters can emit (families without samples included)."""
-    from host_tools.web import metrics
+    from host_tools import metrics
     from host_tools.ingest.aggregator import Aggregator
     from tests.test_host_support import host_cfg
 

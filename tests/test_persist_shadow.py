@@ -269,7 +269,7 @@ def tree_params(**kw):
 def tree_run(root, p, seed, restart_at=None):
     """Four epochs (one tree), a persist every 10 s, 20 events per 10 s; returns
     ({(lvl, elo): (counters, nz, nint)}, events per epoch)."""
-    from agent.recorder import make
+    from agent.recorders import make
 
     quiet = lambda m: None  # noqa: E731
     rec = make(p, str(root), T0, rng=Rng(DeterministicSource(seed)), log=quiet)
@@ -327,7 +327,7 @@ def test_tree_restart_mid_node_rebuilds_each_level(tmp_path):
 
 
 def test_tree_scheme_change_keeps_each_level_in_its_own_until_it_closes(tmp_path):
-    from agent.recorder import make
+    from agent.recorders import make
 
     quiet = lambda m: None  # noqa: E731
     p1 = tree_params(persist_noise="refresh")

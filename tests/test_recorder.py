@@ -13,7 +13,6 @@ import cbor2
 import pytest
 
 from agent import hashing, storage
-from agent.noise import NoiseSpec
 from agent.params import Params, ParamError
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng

@@ -25,7 +25,8 @@ from host_tools.store import pgserver
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.ingest.decode import Rejected, decode
-from host_tools.store.core import Pending, StoreError, open_store
+from host_tools.store.core import Pending, StoreError
+from host_tools.store.backend import open_store
 from tests.test_host_support import SALT, T0, encoded, params, record, topic, zipf_stream
 
 try:

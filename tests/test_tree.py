@@ -10,7 +10,7 @@ import pytest
 
 from agent import calibrate, hashing, storage
 from agent.params import Params
-from agent.recorder import make
+from agent.recorders import make
 from agent.rng import DeterministicSource, Rng
 from agent.sketch import Sketch
 from agent.tree import TreeRecorder

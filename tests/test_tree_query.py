@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from agent.params import Params
-from agent.recorder import make
+from agent.recorders import make
 from agent.rng import DeterministicSource, Rng
 from host_tools.store import ledger
 from host_tools.query import core as query

@@ -44,9 +44,17 @@ Rules every source follows (DESIGN.md pan-privacy, gc discipline):
   quickly; the watchdog is fed between polls.
 * Event items must be encoded the way the rest of the fleet encodes them
   (text items as ``str``), or the sketches will not merge meaningfully.
+Imports firmware.clock only; firmware.config imports ConfigError from here.
 """
 
-from firmware.config import ConfigError
+
+class ConfigError(ValueError):
+    """A bad config value; ``key`` is its dotted path in the file (firmware.config re-exports it)."""
+
+    def __init__(self, key, msg):
+        super().__init__("%s: %s" % (key, msg))
+        self.key = key
+
 
 BUILTIN = ("gpio", "ble", "uart", "pulse")
 

@@ -34,7 +34,7 @@ _HEX = b"0123456789ABCDEF"
 
 def check(cfg):
     unknown(cfg, KEYS, "source.")
-    from firmware.config import ConfigError
+    from firmware.sources import ConfigError
 
     out = {
         "every_s": get_int(cfg, "every_s", "source.every_s", 60, 1, 86400),

@@ -30,7 +30,7 @@ waiting in the buffer, here the pending count ``n``).
 """
 
 from firmware import clock
-from firmware.config import ConfigError
+from firmware.sources import ConfigError
 from firmware.sources import get_choice, get_int, unknown
 
 PIN_KEYS = ("pin", "label", "trigger", "pull", "debounce_ms")

@@ -24,8 +24,7 @@ in ms): longer pulses read short.
 import array
 
 from firmware import clock
-from firmware.config import ConfigError
-from firmware.sources import get_choice, get_int, unknown
+from firmware.sources import ConfigError, get_choice, get_int, unknown
 
 KEYS = ("type", "pin", "level", "unit", "pull", "slots")
 

@@ -28,7 +28,7 @@ may linger until the next allocations overwrite it (a MicroPython limit;
 the GPIO source avoids item objects altogether).
 """
 
-from firmware.config import ConfigError
+from firmware.sources import ConfigError
 from firmware.sources import get_choice, get_int, unknown
 
 KEYS = ("type", "id", "baudrate", "tx", "rx", "max_line", "rxbuf", "items")

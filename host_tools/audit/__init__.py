@@ -1,5 +1,9 @@
 """``pansketch audit``: an empirical lower bound on ε for the real device code path.
 
+May import: agent, host_tools.hostconfig, host_tools.fasthash, host_tools.store
+(the ledger's ε accounting) and host_tools.query (CSV output); runs the device
+code itself, never the host's ingest or web.
+
 Modules (docs/PRIVACY.md, "Empirical audit"):
 
 * :mod:`.scenarios` -- neighbouring streams: one event of weight ±clip on a

@@ -38,6 +38,7 @@ from agent.params import Params
 from agent.rng import SystemSource
 
 from host_tools.audit import device, distinguish, stats
+from host_tools.audit.results import Result, ScenarioAudit, summarize
 from host_tools.audit.scenarios import Scenario
 
 
@@ -111,8 +112,6 @@ def audit(p: Params, scs: Iterable[Scenario], views: list[str], trials: int, rea
           delta: float, claim: Any, progress: Callable[[str], None] | None = None,
           source: Callable[[], Any] = SystemSource) -> tuple[list[Any], list[Any]]:
     """Audit every scenario on the real code path; returns (per-scenario audits, per-view summaries)."""
-    from host_tools.audit import engine
-
     pos, level = _target(p)
     T = min(max(trials // 2, 1), real_trials)
     Tc = min(max(trials // 4, 1), real_trials)
@@ -133,7 +132,7 @@ def audit(p: Params, scs: Iterable[Scenario], views: list[str], trials: int, rea
             fp, fn = distinguish.counts(sgn * e0[:, k], sgn * e1[:, k], best.tau)
             eps = stats.eps_lower_bound(fp, T, fn, T, delta)
             label = ("-" if sgn < 0 else "") + keys[k]
-            results[view] = engine.Result(
+            results[view] = Result(
                 mode=p.mode, view=view, scenario=sc.name, mech=claim.mech, budget=claim.budget,
                 eps_claimed=claim.eps, delta=claim.delta, eps_lower=eps, trials=2 * T, calibration_trials=2 * Tc,
                 fp=fp, fn=fn, path="real", statistic=label, threshold=best.tau, verified_real_trials=0,
@@ -142,5 +141,5 @@ def audit(p: Params, scs: Iterable[Scenario], views: list[str], trials: int, rea
             if progress:
                 progress("  %-26s %-9s eps_lower %.3f (claim %.3f, real path, %d trials)"
                          % (sc.name, view, eps, claim.eps, 2 * T))
-        out.append(engine.ScenarioAudit(sc, None, results, cal))  # type: ignore[arg-type]
-    return out, [engine.summarize(out, v) for v in views]
+        out.append(ScenarioAudit(sc, None, results, cal))  # type: ignore[arg-type]
+    return out, [summarize(out, v) for v in views]

@@ -49,7 +49,8 @@ import numpy as np
 
 from agent import hashing, noise, storage
 from agent.params import Params
-from agent.recorder import Recorder, make
+from agent.recorder import Recorder
+from agent.recorders import make
 from agent.rng import NoEntropyError, Rng
 
 from host_tools.audit.scenarios import Scenario

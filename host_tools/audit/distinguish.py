@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.noise import NoiseSpec
 from host_tools.audit import stats
 from host_tools.audit import device
 from host_tools.audit.model import Model, Pmf, base_pmf, pmf_mixed, pmf_of
@@ -92,7 +93,7 @@ def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24, join
         vis = []
         rows: set[tuple] = set()
         for i in visible(model, view, mo):
-            key = (tuple(model.C[i]), tuple(sig[i]))
+            key: tuple = (tuple(model.C[i]), tuple(sig[i]))
             if key in rows or (not model.C[i].any() and not sig[i].any()):
                 continue  # a duplicate, or an array with no noise and no event (e.g. a wiped buffer)
             rows.add(key)
@@ -126,11 +127,11 @@ def candidates(model: Model, view: str, per_moment: int = 3, cap: int = 24, join
     return out[:cap] + pairs[:joint_cap]
 
 
-def _variance(spec: object) -> float:
-    if spec.mech == "dlap":  # type: ignore[attr-defined]
-        q = math.exp(-spec.den / spec.num)  # type: ignore[attr-defined]
+def _variance(spec: NoiseSpec) -> float:
+    if spec.mech == "dlap":
+        q = math.exp(-spec.den / spec.num)
         return 2 * q / (1 - q) ** 2
-    return spec.num / spec.den  # type: ignore[attr-defined]  (dgauss: ~sigma^2)
+    return spec.num / spec.den  # dgauss: ~sigma^2
 
 
 def _relative_variances(model: Model) -> np.ndarray | None:
@@ -269,7 +270,7 @@ class LLR:
         terms = sorted((self.groups[k], abs(int(x))) for k, x in enumerate(a) if x)
         key = ("mixed",) + tuple(terms)
         if key not in self._cache:
-            first = {}
+            first: dict[int, int] = {}
             for k, g in enumerate(self.groups):
                 first.setdefault(g, k)
             self._cache[key] = pmf_mixed(tuple((self.bases[first[g]], c) for g, c in terms))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -31,6 +31,7 @@ from agent.params import Params
 from agent.rng import DeterministicSource, NoEntropyError, SystemSource
 
 from host_tools.audit import device, distinguish, model as mdl, scenarios, stats
+from host_tools.audit.results import Result, ScenarioAudit, summarize
 from host_tools.audit.scenarios import Scenario
 
 from host_tools.store.ledger import DEFAULT_DELTA  # δ of a ρ-zCDP claim: the host's default, one ε everywhere
@@ -55,43 +56,6 @@ def claim_of(p: Params, delta: float = DEFAULT_DELTA) -> Claim:
     return Claim("dgauss", "rho=" + budget, stats.zcdp_to_dp(b, delta), delta,
                  "ρ-zCDP → (ε, δ) by CKS 2020 Cor. 13 at δ=%g (Bun–Steinke: %.3f)"
                  % (delta, stats.zcdp_to_dp_bun_steinke(b, delta)))
-
-
-@dataclass
-class Result:
-    mode: str
-    view: str
-    scenario: str
-    mech: str
-    budget: str
-    eps_claimed: float
-    delta: float
-    eps_lower: float
-    trials: int  # evaluation trials, both worlds
-    calibration_trials: int
-    fp: int
-    fn: int
-    path: str  # "model" (verified, sampled with numpy) or "real" (every trial runs the Recorder)
-    statistic: str
-    threshold: float
-    verified_real_trials: int
-    kind: str = ""
-    d: int = 0
-    w: int = 0
-    cal_eps: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    persist_noise: str = ""  # the resolved persist scheme audited: "refresh" or "shadow"
-
-    @property
-    def flagged(self) -> bool:
-        return self.eps_lower > self.eps_claimed
-
-    def as_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["flagged"] = self.flagged
-        if not math.isfinite(out["threshold"]):
-            out["threshold"] = None
-        return out
 
 
 def _group_size(p: Params) -> int:
@@ -125,6 +89,7 @@ def _model_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish
                 s = np.einsum("k,tkd->td", part.a, z[w]) + w * part.m[None, :]
                 x = L.llr(part, s)
                 tot = x if tot is None else tot + x
+            assert tot is not None  # every candidate has at least one atom
             pair.append(tot)
         out.append((pair[0], pair[1]))
     return Sets(out)
@@ -201,6 +166,7 @@ def _real_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.
             for ai, a in enumerate(c.atoms()):
                 x = L.llr_known(a, np.array(S[(ci, ai, w)]), K[(ci, ai, w)], cells, n)
                 tot = x if tot is None else tot + x
+            assert tot is not None  # every candidate has at least one atom
             pair.append(tot)
         out.append((pair[0], pair[1]))
     return Sets(out)
@@ -231,14 +197,6 @@ def _metadata_counts(p: Params, sc: Scenario, keys: dict[str, str], T: int,
             fp += int(w == 0 and guess)
             fn += int(w == 1 and not guess)
     return fp, fn
-
-
-@dataclass
-class ScenarioAudit:
-    scenario: Scenario
-    model: mdl.Model
-    results: dict[str, Result]
-    cal: dict[str, float]  # view -> best calibration ε bound
 
 
 def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, seed: int,
@@ -327,14 +285,6 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
                                2 * Tc, fp, fn, "real", "metadata: " + ", ".join(sorted(keys)[:3]), math.inf, 0,
                                p.kind, p.d, p.w, cal[view], [note], _scheme(p))
     return ScenarioAudit(sc, None, results, cal)  # type: ignore[arg-type]
-
-
-def summarize(audits: list[ScenarioAudit], view: str) -> Result:
-    """The view's result: the scenario whose test was best on its calibration set."""
-    best = max(audits, key=lambda a: a.cal[view])
-    r = copy.deepcopy(best.results[view])
-    r.scenario = "%s (chosen on calibration of %d scenarios)" % (r.scenario, len(audits))
-    return r
 
 
 def audit(p: Params, views: Iterable[str] = VIEWS, trials: int = 100_000, seed: int = 1,

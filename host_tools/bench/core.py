@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import sys
 import tempfile
 import time
@@ -173,7 +172,7 @@ def bench_micropython(events: int = 10_000, chunk: int = 500) -> dict[str, Any]:
 MP_TREE_SETUP = """
 import gc, time
 from agent.params import Params
-from agent.recorder import make
+from agent.recorders import make
 from agent.rng import Rng, DeterministicSource
 cfg = {"device": "bench-t", "salt": %r, "kind": "cs", "d": %d, "w": %d, "epoch_s": 60, "persist_s": 86400,
        "persist_noise": %r}

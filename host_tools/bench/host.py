@@ -51,7 +51,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent import hashing, release
+from agent import release
 from agent.params import Params
 
 SALT = "bench-fleet-salt"
@@ -335,7 +335,8 @@ def _timeit(fn: Any, reps: int = 5) -> float:
 def build_query_db(path: str, devices: int, windows: int, d: int = 4, w: int = 1024) -> int:
     """``devices`` x ``windows`` hourly window releases stored through the store's group commit."""
     from host_tools.ingest.decode import decode
-    from host_tools.store.core import Pending, open_store
+    from host_tools.store.core import Pending
+    from host_tools.store.backend import open_store
 
     rng = np.random.default_rng(7)
     st = open_store(path)
@@ -383,7 +384,7 @@ def bench_query(db: str, tmp: str, n_cand: int = 100_000) -> dict[str, Any]:
     """Roll-ups vs raw releases (the peer), interleaved, in-process and as CLI processes."""
     from host_tools import fasthash
     from host_tools.query import core as query
-    from host_tools.store.core import open_store
+    from host_tools.store.backend import open_store
 
     st = open_store(db, readonly=True)
     cands = ["cand-%d" % i for i in range(n_cand)]

@@ -33,7 +33,6 @@ from typing import Any, Optional
 import cbor2
 import numpy as np
 
-from agent import hashing
 from agent.batch import add_batch
 from agent.params import Params
 from agent.recorder import Recorder
@@ -110,7 +109,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         continue  # no persist inside the hour to restart after
                     ctr, nz, p = run_device(ev, persist_s, scheme, rho, "t%d-%s-%d-%s-%s" % (
                         trial, rho, persist_s, scheme, restart), restart)
-                    noise = (ctr - exact).ravel()
+                    noise: Optional[np.ndarray] = (ctr - exact).ravel()
                     if restart:  # events after the last persist before the power cut are lost
                         noise = None
                     rows.append({"trial": trial, "rho": rho, "persist_s": persist_s, "scheme": scheme,

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from agent.params import Params
-from agent.recorder import make
+from agent.recorders import make
 from agent.rng import Rng
 
 SALT = "tree-evidence-salt"
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 acc["rel"].append(ans[0]["releases"])
                 acc["draws"].append(ans[0]["noise_draws"])
                 acc["sd"].append(ans[0]["noise_sd"])
-        row = {"epochs": k, "positions": len(starts)}
+        row: dict[str, Any] = {"epochs": k, "positions": len(starts)}
         for mode in ("window", "tree"):
             r = res[mode]
             row[mode] = {"rmse": float(np.sqrt(np.mean(np.square(r["err"])))),

@@ -3,7 +3,7 @@
 MQTT transport (mqttproc), validation (validproc, decode), the child-process
 plumbing (child) and device status messages (devstatus). Releases go to the
 store. May import: agent, host_tools.store, host_tools.hostconfig,
-host_tools.fasthash; never web, query, bench or lab. (After the move the
-aggregator still takes its Prometheus metrics from host_tools.web.metrics;
-issue 20 moves that edge.)
+host_tools.fasthash, host_tools.cborscan (the bounded reader of release
+bytes), host_tools.logsetup and host_tools.metrics (the
+exporter of ``aggregate --metrics-port``); never web, query, bench or lab.
 """

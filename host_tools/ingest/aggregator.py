@@ -74,17 +74,19 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
 from host_tools import hostconfig
+from host_tools.logsetup import setup_logging
 from host_tools.ingest import child
 from host_tools.ingest import devstatus
-from host_tools.web import metrics
+from host_tools import metrics
 from host_tools.ingest.decode import Rejected, Release, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.ingest.mqttproc import Msg, MQTTProcess, Settings
-from host_tools.store.core import Limits, Pending, SQLStore, open_store
+from host_tools.store.core import Limits, Pending, SQLStore
+from host_tools.store.backend import open_store
 from host_tools.ingest.validproc import Settings as ValidationSettings
 from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict
 
@@ -631,18 +633,9 @@ def add_parser(subparsers: Any) -> None:
     v.add_argument("-q", "--quiet", action="store_true",
                    help="log only warnings and errors (rejections, lost connections), not each stored release")
     p.add_argument("--metrics-port", type=int, metavar="N",
-                   help="serve Prometheus metrics on http://BIND:N/metrics (host_tools/web/metrics.py)")
+                   help="serve Prometheus metrics on http://BIND:N/metrics (host_tools/metrics.py)")
     p.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port (127.0.0.1)")
     p.set_defaults(func=main)
-
-
-def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
-    root = logging.getLogger("pansketch")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        root.addHandler(h)
-    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
 
 
 def main(args: argparse.Namespace) -> int:

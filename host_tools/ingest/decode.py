@@ -8,7 +8,7 @@ code       meaning
 =========  =================================================================
 size       payload larger than ``max_bytes`` (checked before decoding)
 cbor       not the CBOR subset of a release, found at the byte level
-           before any object is built (host_tools.ingest.cborscan): truncated,
+           before any object is built (host_tools.cborscan): truncated,
            trailing bytes, indefinite lengths, lengths beyond the message,
            duplicate map keys, too deep, too many items
 type       tags (any), floats or simple values the device encoder never
@@ -56,16 +56,15 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import cbor2
-import numpy as np
 
 from agent import calibrate, cbor, hashing
 from agent.params import DBITS_EPS_MAX, MAX_LEVELS, dbits_eps_ok
-from agent.release import FORMAT_VERSION
-from host_tools.ingest import cborscan
+from host_tools import cborscan
+# the validated release and the refusal live with the store that keeps them; re-exported here
+from host_tools.store.records import STATE_FIELDS, Rejected, Release, SketchShape  # noqa: F401
 
 FIELDS_V1 = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
              "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
@@ -86,119 +85,6 @@ STRHH_L = (3, 64)  # agent.strhh.MIN_L, MAX_L: kind strhh's b = item bytes = lev
 TREE_KINDS = ("cms", "cs")  # agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
 MAX_MAP = 1 << 62
 
-
-class Rejected(Exception):
-    """A release that is refused; ``code`` is a short class, ``reason`` the message."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        Exception.__init__(self, "%s: %s" % (code, reason))
-        self.code = code
-        self.reason = reason
-
-
-class SketchShape:
-    """Shape and merge group of a release: shared by the validated message
-    (:class:`Release`) and the stored row (host_tools.store.core.StoredRelease)."""
-
-    kind: str
-    d: int
-    w: int
-    hv: int
-    salt: str
-    b: int
-    map: Optional[tuple[int, int, int]]
-
-    @property
-    def levels(self) -> int:
-        if self.kind == "dcs":
-            return self.b + 1
-        return self.b if self.kind == "strhh" else 1
-
-    @property
-    def rows(self) -> int:
-        """Counter rows of w cells: levels * d."""
-        return self.levels * self.d
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """Shape of ``counters()``: (levels * d, w); (1, d) for kind dbits (d per-level counts)."""
-        return (1, self.d) if self.kind == "dbits" else (self.rows, self.w)
-
-    @property
-    def group(self) -> tuple[Any, ...]:
-        """What must be identical for releases to merge: (kind, d, w, hv, salt id[, b, map])."""
-        if self.kind in ("dcs", "strhh"):
-            return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
-        return (self.kind, self.d, self.w, self.hv, self.salt)
-
-
-@dataclass(frozen=True)
-class Release(SketchShape):
-    """A validated release (all fields of the map, plus the raw bytes)."""
-
-    dev: str
-    seq: int
-    mode: str
-    kind: str
-    d: int
-    w: int
-    hv: int
-    salt: str
-    clip: int
-    mech: str
-    budget: tuple[int, int]
-    nint: tuple[int, int]
-    nout: tuple[int, int]
-    nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
-    L: int
-    win_s: int
-    ep_s: int
-    win: int
-    elo: int
-    ehi: int
-    part: int
-    payload: bytes
-    ctr_off: int  # offset of the counter bytes in payload
-    sha256: str
-    v: int = FORMAT_VERSION
-    lvl: int = 0  # v2: tree level of the node [elo, ehi) (0 in window/keep mode)
-    b: int = 0  # dcs: domain bits (levels = b + 1)
-    map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
-
-    @property
-    def key(self) -> tuple[str, int, int, int]:
-        """The idempotency key (device, elo, ehi, part)."""
-        return (self.dev, self.elo, self.ehi, self.part)
-
-    @property
-    def t0(self) -> int:
-        return self.elo * self.ep_s
-
-    @property
-    def t1(self) -> int:
-        return self.ehi * self.ep_s
-
-    @property
-    def ctr(self) -> bytes:
-        r, c = self.shape
-        return self.payload[self.ctr_off:self.ctr_off + 4 * r * c]
-
-    def counters(self) -> np.ndarray:
-        """The noisy counters as int32, shape :attr:`shape`."""
-        r, c = self.shape
-        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
-
-    def state(self) -> tuple[Any, ...]:
-        """Every field but ``payload``, in :data:`STATE_FIELDS` order (small: sent between processes)."""
-        return tuple(getattr(self, n) for n in STATE_FIELDS)
-
-    @classmethod
-    def from_state(cls, state: tuple[Any, ...], payload: bytes) -> "Release":
-        """The release :meth:`state` was taken from, given its payload (no validation: it was validated)."""
-        return cls(payload=payload, **dict(zip(STATE_FIELDS, state)))
-
-
-STATE_FIELDS = tuple(f.name for f in fields(Release) if f.name != "payload")
 
 
 def _type_check_fast(obj: Any) -> bool:

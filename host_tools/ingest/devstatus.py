@@ -28,7 +28,7 @@ import re
 import time
 from typing import Any, Optional
 
-from host_tools.store.core import STATUS_INTS, Store
+from host_tools.store.core import STATUS_INTS, SQLStore
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -77,7 +77,7 @@ def parse(topic: str, payload: bytes) -> tuple[str, dict[str, Any]]:
     return dev, doc
 
 
-def record(store: Store, topic: str, payload: bytes, received: Optional[float] = None) -> bool:
+def record(store: SQLStore, topic: str, payload: bytes, received: Optional[float] = None) -> bool:
     """Validate one status message and keep it as the device's latest; False if it was refused or unchanged."""
     try:
         dev, doc = parse(topic, payload)
@@ -87,7 +87,7 @@ def record(store: Store, topic: str, payload: bytes, received: Optional[float] =
     return store.put_status(dev, doc, time.time() if received is None else received)
 
 
-def handle_message(store: Store, client: Any, msg: Any, received: Optional[float] = None) -> bool:
+def handle_message(store: SQLStore, client: Any, msg: Any, received: Optional[float] = None) -> bool:
     """For ``on_message``: a status message is recorded and acknowledged (True); anything else is left (False).
 
     A storage error is logged and the message still acknowledged: a status is replaced by the

@@ -4,7 +4,7 @@
 check a message (host_tools.ingest.decode) and say ``("ok", state)`` (the
 validated release without its payload: :meth:`Release.state`) or
 ``("rejected", code, reason, dev, seq)`` (``dev``/``seq``: what the
-message's top-level map says, read by host_tools.ingest.cborscan as far as its
+message's top-level map says, read by host_tools.cborscan as far as its
 bytes are well formed; for the device's acknowledgement and ``status``).
 ``Aggregator.validate`` runs it in process; ``pansketch aggregate`` runs
 it here, in a helper process (host_tools/ingest/child.py), so that decoding does
@@ -21,7 +21,7 @@ message at a time; the message that kills the helper again is refused
 with code ``timeout`` (it costs at most two budgets; a redelivery after a
 restart is refused the same way). A helper that neither answers nor
 burns CPU is killed after a wall-clock backstop. The byte-level reader
-(host_tools.ingest.cborscan) keeps every message far below the budget; the
+(host_tools.cborscan) keeps every message far below the budget; the
 budget is the guard for what nobody thought of.
 """
 
@@ -32,11 +32,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from host_tools.ingest import cborscan, child
+from host_tools import cborscan
+from host_tools.ingest import child
 from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode
 
 log = logging.getLogger("pansketch.aggregator")

@@ -1,4 +1,4 @@
-"""Frequency and top-k queries with intervals; ``pansketch query``.
+"""Frequency and top-k queries with intervals (``pansketch query freq | topk`` prints them: host_tools.query.point_cli).
 
 Python API (no CLI needed)::
 
@@ -34,10 +34,8 @@ each bucket and each running total is one such range query.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -45,10 +43,9 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from agent import hashing
-from host_tools.query import dyadic_cli
 from host_tools.query import estimators
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
-from host_tools.store.core import RollupInfo, SQLStore, StoredRelease, open_store
+from host_tools.store.core import RollupInfo, SQLStore, StoredRelease
 
 try:
     from host_tools import fasthash
@@ -486,7 +483,6 @@ def _item(s: str, as_int: bool, where: str) -> Any:
         raise ValueError("%s: %r is not an integer (drop --int for text items)" % (where, s))
 
 
-# -- CLI ---------------------------------------------------------------------
 def positive_int(txt: str) -> int:
     """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
     try:
@@ -496,148 +492,6 @@ def positive_int(txt: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError("must be at least 1, got %d" % v)
     return v
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", dest="config_sub", metavar="FILE", help="host config TOML (also accepted before the query type)")
-    g = p.add_argument_group("selection (default: all releases)")
-    g.add_argument("--window", type=int, metavar="ID", help="one window id (see `pansketch status`)")
-    g.add_argument("--since", metavar="T", help="start of a time range (ISO-8601 UTC or unix seconds)")
-    g.add_argument("--until", metavar="T", help="end of a time range (exclusive)")
-    g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
-    p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
-    p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
-    p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
-                                                  "(.png, .svg or .pdf; needs matplotlib)")
-    p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
-                   help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
-
-
-def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("query", help="estimate frequencies / top-k with intervals",
-                              description="Query merged releases. Every answer carries an interval [lo, hi] "
-                                          "at the stated confidence (docs/HOST.md).")
-    p.add_argument("--config", metavar="FILE", help="host config TOML ([fleet] salt, [aggregator] db)")
-    sub = p.add_subparsers(dest="qtype", metavar="QUERY")
-    f = sub.add_parser("freq", help="frequency of items")
-    f.add_argument("items", nargs="+", metavar="ITEM")
-    _common(f)
-    t = sub.add_parser("topk", help="top-k among candidate items")
-    t.add_argument("-k", type=positive_int, required=True, metavar="K",
-                   help="how many of the candidates to list, best first (at least 1)")
-    t.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
-    _common(t)
-    from host_tools.query import series as series_mod
-
-    series_mod.add_subparser(sub, _common)
-    dyadic_cli.add_parsers(sub, _common)
-    p.set_defaults(func=main)
-
-
-def _err(msg: str, code: int) -> int:
-    print("pansketch query: %s" % msg, file=sys.stderr)
-    return code
-
-
-def main(args: argparse.Namespace) -> int:
-    if not getattr(args, "csv", False):
-        return _main(args)
-    if args.json:
-        return _err("give --json or --csv, not both", 2)
-    import contextlib
-    import io
-
-    from host_tools.query import csvout
-
-    args.json = True  # the JSON objects, converted: the same fields by construction
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = _main(args)
-    if code == 0:
-        csvout.from_json_lines(buf.getvalue(), sys.stdout)
-    return code
-
-
-def _main(args: argparse.Namespace) -> int:
-    from host_tools import hostconfig
-
-    if not getattr(args, "qtype", None):
-        return _err("choose a query: freq, topk, series, quantile, cdf, heavy or distinct (see pansketch query --help)", 2)
-    path = getattr(args, "config_sub", None) or args.config
-    if not path:
-        return _err("--config FILE is required", 2)
-    try:
-        cfg = hostconfig.load(path)
-        salt = cfg.require_salt()
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
-        return 2
-    conf = args.confidence if args.confidence is not None else cfg.query.confidence
-    if not 0.5 <= conf < 1:
-        return _err("--confidence must be in [0.5, 1)", 2)
-    try:
-        since = parse_time(args.since) if args.since is not None else None
-        until = parse_time(args.until) if args.until is not None else None
-    except ValueError as exc:
-        return _err(str(exc), 2)
-    if args.window is not None and (since is not None or until is not None):
-        return _err("give either a window id (--window) or a time range (--since/--until), not both", 2)
-    if since is not None and until is not None and until <= since:
-        return _err("empty time range: --until %s is not after --since %s" % (args.until, args.since), 2)
-    if getattr(args, "plot", None):
-        from host_tools.query import plot
-
-        try:
-            plot.check_path(args.plot)
-            plot.available()
-        except (ValueError, ImportError) as exc:
-            return _err(str(exc), 2)
-    try:
-        store = open_store(cfg.aggregator.db, readonly=True)
-    except Exception as exc:  # missing file, PostgreSQL unreachable, ...
-        return _err(str(exc), 1)
-    t_start = time.perf_counter()
-    if args.qtype in dyadic_cli.QTYPES:
-        try:
-            return dyadic_cli.run(args, store, salt, conf, since, until)
-        except (QueryError, ValueError, OSError) as exc:
-            return _err(str(exc), 1)
-        finally:
-            store.close()
-    try:
-        if args.qtype == "series":
-            from host_tools.query import series as series_mod
-
-            return series_mod.cli(args, store, salt, conf, since, until)
-        if args.qtype == "freq":
-            items = [_item(x, args.as_int, "ITEM") for x in args.items]
-            answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
-        else:
-            cands = read_candidates(args.candidates, args.as_int)
-            answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
-    except (QueryError, ValueError, OSError) as exc:
-        return _err(str(exc), 1)
-    finally:
-        store.close()
-    elapsed = time.perf_counter() - t_start
-    if getattr(args, "plot", None) and answers:
-        from host_tools.query import plot
-
-        try:
-            plot.plot_answers(answers, args.plot, "pansketch query %s" % args.qtype)
-        except (ImportError, OSError) as exc:
-            return _err(str(exc), 1)
-        print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
-    if args.json:
-        for a in answers:
-            print(json.dumps(a.to_dict(), ensure_ascii=False))
-    else:
-        _print_table(answers, args.qtype == "topk", elapsed)
-    return 0
 
 
 def _fmt(x: float) -> str:
@@ -665,7 +519,7 @@ def _print_table(answers: list[Answer], ranked: bool, elapsed: float) -> None:
     head = ("%4s  " % "RANK" if ranked else "") + "%-*s  %12s  %s" % (width, "ITEM", "ESTIMATE", "INTERVAL")
     print(head)
     for a in answers:
-        line = ("%4d  " % a.rank if ranked else "") + "%-*s  %12s  [%s, %s]" % (
+        line = ("%4d  " % (a.rank or 0) if ranked else "") + "%-*s  %12s  [%s, %s]" % (
             width, str(a.item)[:width], _fmt(a.estimate), _fmt(a.lo), _fmt(a.hi))
         print(line)
     print("# answered in %.1f ms" % (elapsed * 1000))

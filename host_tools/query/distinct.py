@@ -29,7 +29,6 @@ coverage checked by simulation in tests/test_dbits.py.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Optional, Sequence, Union
 
@@ -60,7 +59,7 @@ def _level_var(f: np.ndarray, m: int, eps: float, out_var: float) -> np.ndarray:
     return var_f * (m / (1.0 - f)) ** 2 + 0.5 * (m / (1.0 - f) ** 2) ** 2 * var_f ** 2
 
 
-def estimate_release(counts: Sequence[float], m: int, eps: float, out_var: float) -> tuple[float, float]:
+def estimate_release(counts: Sequence[float] | np.ndarray, m: int, eps: float, out_var: float) -> tuple[float, float]:
     """(D_hat, Var) of one release's per-level counts."""
     c = np.asarray(counts, dtype=np.float64)
     K = len(c)

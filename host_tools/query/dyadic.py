@@ -79,7 +79,7 @@ from host_tools.query import estimators
 from host_tools.query.merge import Merged, NoiseTerm
 
 
-def exact_counters(values: Sequence[int], b: int, d: int, w: int, salt: str | bytes,
+def exact_counters(values: Sequence[int] | np.ndarray, b: int, d: int, w: int, salt: str | bytes,
                    weights: Optional[Sequence[int]] = None) -> np.ndarray:
     """Noise-free counters ((b+1)*d, w) of domain values, equal to agent.dcs.DyadicSketch."""
     v = np.asarray(values, dtype=np.int64) if not isinstance(values, np.ndarray) else values.astype(np.int64)
@@ -233,8 +233,8 @@ class DyadicView:
         est = self.rank_est(x)
         U = 1 << self.b
         half = np.zeros(x.shape, dtype=np.float64)
-        for i, xv in np.ndenumerate(x):
-            xv = int(xv)
+        for i, xn in np.ndenumerate(x):
+            xv = int(xn)
             levels = [self.b] if xv == U else [lv for lv in range(self.b) if (xv >> lv) & 1]
             half[i] = self.sum_halfwidth(levels)
         return est, half
@@ -265,8 +265,8 @@ class DyadicView:
             if sel.any():
                 est[sel] -= self.node_est(lv, node[sel] + 1)
         half = np.zeros(x.shape, dtype=np.float64)
-        for i, xv in np.ndenumerate(x):
-            xv = int(xv)
+        for i, xn in np.ndenumerate(x):
+            xv = int(xn)
             half[i] = self.sum_halfwidth([self.b] + [lv for lv in range(self.b) if not (xv >> lv) & 1])
         return est, half
 

@@ -15,13 +15,12 @@ import json
 import math
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from host_tools.query import dyadic
-
-QTYPES = ("quantile", "cdf", "heavy", "distinct")
+from host_tools.query.core import positive_int
 
 
 def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
@@ -117,25 +116,26 @@ def _points(txt: str) -> int:
     return v
 
 
-def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    q = sub.add_parser("quantile", help="quantiles of readings (kind dcs) with rank intervals")
+# the arguments of each kind (host_tools.query.kinds registers them; the CLI adds the shared options)
+def add_quantile_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--q", type=_unit, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
-    common(q)
-    c = sub.add_parser("cdf", help="the CDF of readings (kind dcs) with intervals")
+
+
+def add_cdf_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--points", type=_points, default=17, help="evenly spaced domain points (default 17, at least 2)")
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
-    common(c)
-    h = sub.add_parser("heavy", help="heaviest values (kind dcs) or strings (kind strhh), no candidate list")
-    from host_tools.query.core import positive_int
 
+
+def add_heavy_arguments(h: argparse.ArgumentParser) -> None:
     h.add_argument("-k", type=positive_int, required=True, metavar="K",
                    help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
     h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
     h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
-    common(h)
-    dq = sub.add_parser("distinct", help="distinct items (kind dbits): sum of per-device, per-window counts")
-    common(dq)
+
+
+def add_distinct_arguments(dq: argparse.ArgumentParser) -> None:
+    """distinct has only the shared options."""
 
 
 def reading_label(rd: Sequence[Optional[float]]) -> str:

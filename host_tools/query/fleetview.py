@@ -41,7 +41,8 @@ def _count(v: Any) -> Optional[int]:
 def delivery(dev: dict[str, Any]) -> dict[str, Optional[int]]:
     """lost / pending / late / rejected release counts of a status device entry (None: not reported)."""
     out: dict[str, Optional[int]] = {}
-    nested = dev.get("delivery") if isinstance(dev.get("delivery"), dict) else {}
+    raw = dev.get("delivery")
+    nested: dict[str, Any] = raw if isinstance(raw, dict) else {}
     for k in DELIVERY:
         val = None
         for src in (dev, nested):
@@ -76,8 +77,8 @@ def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, window
     rep = status_mod.report(store, delta, now, windows, late_grace_s=late_grace_s)
     led = ledger_mod.build(store.releases(), delta)
     per_dev: dict[str, dict[tuple[int, int], ledger_mod.WindowEntry]] = defaultdict(dict)
-    for e in led.windows:
-        per_dev[e.device][(e.win_s, e.win)] = e
+    for we in led.windows:
+        per_dev[we.device][(we.win_s, we.win)] = we
     fw = led.fleet_windows()
     cols = [(ws, wn) for ws, wn, _n, _g in fw[-max(1, windows):]]
     last_win: dict[int, int] = {}
@@ -95,8 +96,9 @@ def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, window
         if d.get("missing_epoch_count"):
             flags.append("%d epoch(s) without a release" % d["missing_epoch_count"])
         for k in DELIVERY:
-            if dv[k]:
-                flags.append("%d %s" % (dv[k], k))
+            n = dv[k]
+            if n:
+                flags.append("%d %s" % (n, k))
         if d.get("seq_reused"):
             flags.append("sequence numbers used twice (state reset?)")
         # quiet: other devices with the same window length released after this device's last window

@@ -100,8 +100,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from host_tools.ingest import cborscan
-from host_tools.ingest.decode import Rejected, Release, SketchShape
+from host_tools import cborscan
+from host_tools.store.records import Rejected, Release, SketchShape
 
 SCHEMA_VERSION = 1
 ROLLUP_MODES = ("window", "keep")
@@ -229,7 +229,7 @@ class DeviceStatus:
 def rejected_seq(payload: Optional[bytes], device: Optional[str]) -> Optional[int]:
     """The seq of a refused release, when its (well-formed prefix of) bytes name ``device`` (else None).
 
-    Read with the bounded byte-level reader (host_tools.ingest.cborscan), never a
+    Read with the bounded byte-level reader (host_tools.cborscan), never a
     CBOR object decoder: this runs in the aggregator's process (migrations).
     """
     if payload is None or device is None:
@@ -305,13 +305,6 @@ class StoredRelease(SketchShape):
     b: int = 0  # dcs: domain bits
     map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
 
-    def counters(self) -> np.ndarray:
-        """int32 counters, shape (levels * d, w) (levels = 1 except kind dcs)."""
-        if self.payload is None:
-            raise ValueError("release loaded without its payload")
-        r, c = self.shape
-        return np.frombuffer(self.payload, dtype="<i4", count=r * c, offset=self.ctr_off).reshape(r, c)
-
 
 def _locked(exc: BaseException) -> bool:
     """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; worth retrying."""
@@ -369,7 +362,7 @@ class Pending:
     keep_bytes: Optional[int] = None  # prefix of a refused payload to keep (None: the store's Limits.keep_bytes)
     status: str = ""
     error: Optional[BaseException] = None
-    seq: Optional[int] = None  # a refused message: the seq its bytes name (host_tools.ingest.cborscan.peek)
+    seq: Optional[int] = None  # a refused message: the seq its bytes name (host_tools.cborscan.peek)
     pdev: Optional[str] = None  # ... and the dev they name
     quarantine: Optional[Rejected] = None  # a valid release held back (code 'future'); status 'quarantined'
 
@@ -414,15 +407,6 @@ class _Acc:
         self.devices.add(rel.device if hasattr(rel, "device") else rel.dev)
 
 
-def open_store(db: str, readonly: bool = False, timeout: float = 30.0) -> "SQLStore":
-    """The store for ``[aggregator] db``: a SQLite file path or a ``postgresql://`` URL."""
-    if db.startswith(("postgresql://", "postgres://")):
-        from host_tools.store.pg import PgStore
-
-        return PgStore(db, readonly=readonly, timeout=timeout)
-    return Store(db, readonly=readonly, timeout=timeout)
-
-
 class SQLStore:
     """Backend-independent store logic (SQL written with ``?`` placeholders)."""
 
@@ -438,9 +422,9 @@ class SQLStore:
     _lock: threading.RLock
     _cols: str  # release columns to select (old files: "2 AS nz")
     _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
-    _db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    _db_errors: tuple[type[BaseException], ...]  # the driver's errors (sqlite3.Error, psycopg.Error)
 
-    # -- backend hooks ---------------------------------------------------
+    # -- backend hooks (the SQLite / PostgreSQL differences: Store here, PgStore in host_tools.store.pg) --
     def _cursor(self) -> Any:
         raise NotImplementedError
 
@@ -465,22 +449,21 @@ class SQLStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @staticmethod
+    def _roll(accs: dict[tuple[Any, ...], _Acc], rel: Release) -> bool:
+        """Add a stored release to its window's roll-up accumulator; False if it has none (it stays unrolled)."""
+        k = rollup_key(rel)
+        if k is None:
+            return False
+        acc = accs.get(k)
+        if acc is None:
+            acc = accs[k] = _Acc(np.zeros((rel.d, rel.w), dtype=np.int64))
+        acc.add(rel, rel.counters())
+        return True
+
     def _x(self, cur: Any, sql: str, args: Sequence[Any] = ()) -> Any:
         cur.execute(self._sql(sql), tuple(args))
         return cur
-
-    def _retry_locked(self, fn: Any) -> Any:
-        """fn() retried with backoff while SQLite says the database is locked/busy (up to 2x timeout)."""
-        delay = 0.01
-        deadline = time.monotonic() + max(60.0, 2 * self.timeout)
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as exc:
-                if not _locked(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
     def _exec_tx(self, fn: Any, *args: Any) -> Any:
         """Run fn(cursor, *args) in one write transaction (retried while the database is busy)."""
@@ -591,15 +574,8 @@ class SQLStore:
                 cur.execute("RELEASE SAVEPOINT " + sp)
                 p.status, p.error = "error", exc
                 continue
-            if p.status == "stored" and p.rel is not None:
-                k = rollup_key(p.rel)
-                if k is not None:
-                    acc = accs.get(k)
-                    if acc is None:
-                        acc = accs[k] = _Acc(np.zeros((p.rel.d, p.rel.w), dtype=np.int64))
-                    acc.add(p.rel, p.rel.counters())
-                else:
-                    unrolled = True
+            if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
+                unrolled = True
         self._apply_rollups(cur, accs)
         if unrolled:
             self._mark_unrolled(cur)
@@ -1050,7 +1026,7 @@ class SQLStore:
                 doc = json.loads(r[8])
             except ValueError:  # pragma: no cover (we wrote it)
                 doc = {}
-            out[r[0]] = DeviceStatus(r[0], r[1], *r[2:8], doc if isinstance(doc, dict) else {}, r[9], r[10])
+            out[r[0]] = DeviceStatus(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], doc if isinstance(doc, dict) else {}, r[9], r[10])
         return out
 
     def rejected_seqs(self) -> dict[str, dict[int, str]]:
@@ -1120,6 +1096,8 @@ class SQLStore:
 class Store(SQLStore):
     """The SQLite release database at ``path`` (created if missing unless ``readonly``)."""
 
+    _db_errors = (sqlite3.Error,)
+
     def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
         self.path = path
         self.readonly = readonly
@@ -1150,6 +1128,19 @@ class Store(SQLStore):
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
         self.has_rollups = self._retry_locked(lambda: self._meta("rollups")) == "1"
+
+    def _retry_locked(self, fn: Any) -> Any:
+        """fn() retried with backoff while SQLite says the database is locked/busy (up to 2x timeout)."""
+        delay = 0.01
+        deadline = time.monotonic() + max(60.0, 2 * self.timeout)
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def _check_pansketch_file(self, path: str) -> None:
         """A read-only open of an empty or foreign file: one clear StoreError, not 'no such table' later."""

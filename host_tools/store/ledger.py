@@ -18,7 +18,7 @@ epoch, windows), so by parallel composition:
 Reported: eps for discrete Laplace (pure eps-DP); for the discrete
 Gaussian rho (zCDP) and the eps it implies at the configured delta
 (``[query] delta``, default :data:`DEFAULT_DELTA`) by the tight conversion of
-Canonne, Kamath & Steinke 2020 Cor. 13 (host_tools.audit.stats.zcdp_to_dp):
+Canonne, Kamath & Steinke 2020 Cor. 13 (zcdp_to_dp, below):
 the same conversion and default delta as ``pansketch audit``'s claim, so one
 config has one eps figure everywhere (status, dashboard, metrics, audit). The
 guarantee is recomputed from the noise a release carries
@@ -34,6 +34,7 @@ Queries are post-processing of releases and spend nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -41,8 +42,56 @@ from typing import Any, Iterable, Optional
 
 from agent import calibrate
 from agent.noise import NoiseSpec
-from host_tools.audit.stats import zcdp_to_dp
 from host_tools.store.core import StoredRelease
+
+def zcdp_to_dp_bun_steinke(rho: float, delta: float) -> float:
+    """ε = ρ + 2 sqrt(ρ ln(1/δ)) (Bun & Steinke 2016, Proposition 1.3)."""
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def zcdp_delta(rho: float, eps: float) -> float:
+    """Smallest δ the tight conversion gives for ρ-zCDP at ε.
+
+    Canonne, Kamath & Steinke 2020, Corollary 13 (after Asoodeh et al.):
+    ρ-zCDP implies (ε, δ)-DP with
+    δ = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α.
+    The infimum over α is taken on a fine logarithmic grid (an upper bound on
+    the infimum, so the conversion stays valid).
+    """
+    best = 1.0
+    for i in range(1, 4001):
+        alpha = 1.0 + 10 ** (-4 + 8 * i / 4000.0)
+        lg = (alpha - 1.0) * (alpha * rho - eps) - math.log(alpha - 1.0) + alpha * math.log1p(-1.0 / alpha)
+        if lg < 700:
+            best = min(best, math.exp(lg))
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def zcdp_to_dp(rho: float, delta: float) -> float:
+    """ε such that ρ-zCDP implies (ε, δ)-DP, by the tight conversion of :func:`zcdp_delta`.
+
+    Bisection on ε; never larger than the Bun–Steinke value. The one conversion of every ε
+    figure (audit claims, ``pansketch status``, the dashboard, metrics: host_tools/store/ledger.py),
+    so it is vectorised over the same α grid as :func:`zcdp_delta` (milliseconds, not a second).
+    """
+    import numpy as np
+
+    alpha = 1.0 + 10.0 ** (-4 + 8 * np.arange(1, 4001) / 4000.0)
+    c1 = alpha - 1.0
+    base = c1 * alpha * rho - np.log(c1) + alpha * np.log1p(-1.0 / alpha)  # lg at eps = 0
+    lo, hi = 0.0, zcdp_to_dp_bun_steinke(rho, delta)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lg = base - c1 * mid
+        lg = lg[lg < 700]
+        d = min(1.0, math.exp(float(lg.min()))) if lg.size else 1.0
+        if d > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
 
 # delta of every (eps, delta) figure unless configured: host.toml [query] delta, audit --delta
 DEFAULT_DELTA = 1e-6

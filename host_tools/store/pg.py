@@ -33,11 +33,9 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import json
 
-import numpy as np
-
-from host_tools.ingest.decode import Rejected
+from host_tools.store.records import Rejected
 from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
-                              insert_values, rollup_key)
+                              insert_values)
 
 _SERIALS = itertools.count()
 
@@ -245,15 +243,8 @@ class PgStore(SQLStore):
                 self._total(totals, p)
             logged[0] += len(rej)
         for p in todo:
-            if p.status == "stored" and p.rel is not None:
-                k = rollup_key(p.rel)
-                if k is not None:
-                    acc = accs.get(k)
-                    if acc is None:
-                        acc = accs[k] = _Acc(np.zeros((p.rel.d, p.rel.w), dtype=np.int64))
-                    acc.add(p.rel, p.rel.counters())
-                else:
-                    unrolled = True
+            if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
+                unrolled = True
         self._apply_rollups(cur, accs)
         if unrolled:
             self._mark_unrolled(cur)

@@ -41,12 +41,15 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
 from host_tools.query import fleetview
-from host_tools.web import metrics
+from host_tools import metrics
 from host_tools.query import core as query
+from host_tools.query import kinds as query_kinds
 from host_tools.query import series
 from host_tools.hostconfig import HostConfig
 from host_tools.query.core import QueryError, iso
-from host_tools.store.core import SQLStore as Store, open_store
+from host_tools.store.core import SQLStore as Store
+from host_tools.store.backend import open_store
+from host_tools.web.errors import BadRequest
 from host_tools.web.kinds import KindPages
 
 log = logging.getLogger("pansketch.serve")
@@ -64,10 +67,6 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-
-
-class BadRequest(Exception):
-    pass
 
 
 class Params:
@@ -237,11 +236,14 @@ class Dashboard(KindPages):
         self.env.filters.update(num=_num, iso=iso, pct=_pct)
         self.registry: Any = None
         self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
-            "/": self.page_fleet, "/item": self.page_item, "/topk": self.page_topk,
-            "/api/status": self.api_status, "/api/series": self.api_series, "/api/topk": self.api_topk,
-            "/api/freq": self.api_freq, "/metrics": self.metrics, "/healthz": self.healthz,
+            "/": self.page_fleet, "/api/status": self.api_status, "/metrics": self.metrics, "/healthz": self.healthz,
         }
-        self.routes.update(self.kind_routes())
+        for kind in query_kinds.KINDS:  # each query kind's page and JSON endpoint (host_tools.query.kinds)
+            for path in (kind.page, kind.api):
+                if path:
+                    self.routes[path] = getattr(self, kind.handler(path))
+        self.env.globals["nav"] = [{"href": k.page, "label": k.nav[0], "title": k.nav[1], "hint": k.hint}
+                                   for k in query_kinds.KINDS if k.page and k.nav]
 
     # -- WSGI ------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -431,8 +433,8 @@ class Dashboard(KindPages):
                 a = p.answer
                 fin = a is not None and math.isfinite(a.lo) and math.isfinite(a.hi)
                 est.append(a.estimate if a is not None else None)
-                lo.append(a.lo if fin else None)
-                hi.append(a.hi if fin else None)
+                lo.append(a.lo if a is not None and fin else None)
+                hi.append(a.hi if a is not None and fin else None)
                 zero.append(a.estimate if a is not None and p.includes_zero else None)
             lines.append({"label": ln.label, "color": PALETTE[i % len(PALETTE)], "est": est, "lo": lo, "hi": hi,
                           "zero": zero})
@@ -476,7 +478,7 @@ class Dashboard(KindPages):
     def _candidates(self, p: Params, as_int: bool) -> tuple[Optional[list[Any]], str]:
         block = "\n".join(p.all("candidates"))
         if block:
-            cands = []
+            cands: list[int | str] = []
             for line in block.splitlines():
                 x = line.split("\t", 1)[0].strip()
                 if not x:

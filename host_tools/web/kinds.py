@@ -26,6 +26,7 @@ from typing import Any, Optional
 from host_tools.query import distinct
 from host_tools.query import dyadic_cli
 from host_tools.query.core import QueryError, iso
+from host_tools.web.errors import BadRequest
 
 MAX_QUANTILES = 20
 DEFAULT_QS = (0.5, 0.95)
@@ -115,11 +116,6 @@ class KindPages:
     _salt: Any
     _bars: Any
 
-    def kind_routes(self) -> dict[str, Any]:
-        return {"/quantiles": self.page_quantiles, "/heavy": self.page_heavy, "/distinct": self.page_distinct,
-                "/api/quantiles": self.api_quantiles, "/api/cdf": self.api_cdf, "/api/heavy": self.api_heavy,
-                "/api/distinct": self.api_distinct}
-
     # -- selection ----------------------------------------------------------------
     @staticmethod
     def _kinds(st: Any) -> dict[str, list[str]]:
@@ -171,8 +167,6 @@ class KindPages:
         try:
             qs = parse_qs_list(p.all("q"))
         except ValueError as exc:
-            from host_tools.web.app import BadRequest
-
             raise BadRequest(str(exc))
         return qs or list(DEFAULT_QS)
 
@@ -183,8 +177,6 @@ class KindPages:
         from agent.dcs import parse_reading
 
         if len(v) > 100 or parse_reading(v) is None:
-            from host_tools.web.app import BadRequest
-
             raise BadRequest("%s: not a reading (decimal, 0x hex, IPv4 or MAC): %r" % (k, v[:40]))
         return v
 
@@ -242,8 +234,6 @@ class KindPages:
     def api_cdf(self, p: Any) -> Resp:
         at = [x for v in p.all("at") for x in re.split(r"[\s,;]+", v.strip()) if x]
         if len(at) > MAX_POINTS:
-            from host_tools.web.app import BadRequest
-
             raise BadRequest("at most %d readings" % MAX_POINTS)
         with self._store() as st:
             sel, _d, _k = self._kind_sel(p, st, "dcs")
@@ -264,8 +254,6 @@ class KindPages:
         except ValueError:
             t = math.nan
         if not math.isfinite(t):
-            from host_tools.web.app import BadRequest
-
             raise BadRequest("threshold: not a number: %r" % v[:40])
         return t
 

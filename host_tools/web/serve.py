@@ -77,7 +77,7 @@ def add_parser(subparsers: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
-    from host_tools.ingest.aggregator import setup_logging
+    from host_tools.logsetup import setup_logging
 
     try:
         cfg = hostconfig.load(args.config)

@@ -16,8 +16,7 @@ def largest():
     while hi - lo > 32:
         mid = (lo + hi) // 2
         try:
-            b = bytearray(mid)
-            b = None
+            bytearray(mid)  # probe: allocated and dropped at once
             lo = mid
         except MemoryError:
             hi = mid

@@ -27,7 +27,7 @@ os.mount(os.VfsPosix(hw), "/hw")
 os.chdir("/")
 sys.path[:] = ["/fakes", "", ".frozen", "/lib"]
 del flash, fakes, hw
-import gc
+import gc  # noqa: E402 (after the mounts: /fakes must be on the path first)
 
 gc.collect()
 import boot  # noqa: E402,F401  (like a board: boot.py, then main.py)

@@ -14,4 +14,6 @@ Modules, one per paper:
 * :mod:`.continual`    -- lazy-sketch-continual-observation.txt Algs 1-5.
 * :mod:`.panprivate`   -- pan-private-sketches.txt §4 (cropped sum, HH count);
   the distinct-count sketch of its Alg. 1 is device code in ``agent/distinct.py``.
+
+May import: agent, host_tools.fasthash.
 """

@@ -46,7 +46,6 @@ import numpy as np
 
 from agent import hashing
 from agent.sketch import Sketch
-from host_tools import fasthash
 
 from .vnoise import ExactNoise, NoiseEngine
 

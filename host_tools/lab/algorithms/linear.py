@@ -51,7 +51,7 @@ from agent import hashing
 from agent.sketch import INT32_MAX, INT32_MIN, Sketch
 from host_tools import fasthash
 
-from .vnoise import BulkNoise, NoiseEngine, ceil_fraction, dgauss_lower_tail
+from .vnoise import BulkNoise, NoiseEngine, dgauss_lower_tail
 
 # --------------------------------------------------------------------------
 # Theorem 3.1 / 3.2 quantities (natural logarithms, as in the authors' code)

@@ -3,6 +3,7 @@
 One module per paper; each exposes ``run(scale, out, seed) -> dict`` that
 writes PNG plots, a markdown table and a JSON file of every number to
 ``out`` and returns a summary. docs/REPRODUCTION.md collects the claims.
+May import: agent, host_tools.fasthash, host_tools.lab.algorithms.
 """
 
 PAPERS = {

@@ -23,7 +23,6 @@ published CS comes from).
 from __future__ import annotations
 
 import hashlib
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from host_tools.lab.algorithms.linear import (DyadicCountSketch, dcs_shape, note
                                           union_E)
 from host_tools.lab.algorithms.vnoise import BulkNoise, ceil_fraction
 
-from .common import Timer, check_scale, md_table, plt, save_json, verdict, zipf_stream
+from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 
 RHOS = (0.1, 1.0, 10.0)
 BETA = 0.01
@@ -61,7 +60,7 @@ PUBLISHED_ARE_ZIPF = {
     "PCMS rho=10": (431.0, 633.0),
 }
 
-CONFIG = {
+CONFIG: dict[str, dict[str, Any]] = {
     "tiny": dict(n=20000, runs=1, gammas=GAMMAS[:3:2], ms=(1, 4, 16), dcs_runs=1, hash_prefixes=3),
     "small": dict(n=100000, runs=5, gammas=GAMMAS, ms=(1, 2, 4, 8, 16, 32, 64), dcs_runs=5, hash_prefixes=16),
     "paper": dict(n=100000, runs=5, gammas=GAMMAS, ms=(1, 2, 4, 8, 16, 32, 64, 99), dcs_runs=5, hash_prefixes=16),
@@ -258,7 +257,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     f1 = fig1(cfg, seed)
     f2 = fig2(cfg, seed)
     hc = hash_check(cfg, seed, cfg["hash_prefixes"])
-    res = {"fig1": f1, "fig2": f2, "hash_check": hc, "scale": scale, "seed": seed}
+    res: dict[str, Any] = {"fig1": f1, "fig2": f2, "hash_check": hc, "scale": scale, "seed": seed}
     summary = summarise(f1, f2, cfg)
     summary["cs_are_by_hash"] = {k: (v["mean"], v["sd"], v["n"]) for k, v in hc.items() if isinstance(v, dict)}
     res["summary"] = summary

@@ -36,7 +36,7 @@ EPS = (Fraction(1, 100), Fraction(5, 100), Fraction(1))
 W = 5000
 UNIVERSE = 1 << 29
 
-CONFIG = {
+CONFIG: dict[str, dict[str, Any]] = {
     "tiny": dict(n=1 << 14, start=1 << 11, total_q=1 << 9, nqs=(1, 64), us=(50, 5000), ds=(3, 9), reps=1),
     "small": dict(n=1 << 20, start=1 << 17, total_q=1 << 15, nqs=(1, 1000, 10000), us=(50, 5000), ds=(3, 9, 15),
                   reps=3),
@@ -131,7 +131,7 @@ def summarise(final: dict[tuple, float], cfg: dict[str, Any]) -> dict[str, Any]:
     for e in eps_l:
         for nq in cfg["nqs"]:
             errs = {d: _avg(final, eps=e, nq=nq, d=d) for d in cfg["ds"]}
-            best["eps=%g nQ=%d" % (e, nq)] = min(errs, key=errs.get)
+            best["eps=%g nQ=%d" % (e, nq)] = min(errs, key=lambda d: errs[d])
     s["best_d"] = best
     return s
 

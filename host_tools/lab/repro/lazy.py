@@ -44,7 +44,7 @@ DELTA = 1e-3
 PAPER_W = {"CMS": 2000, "Lazy": 55, "Punctual": 33}  # widths at 24 KB (§5.4)
 METHODS = ("CMS", "CS", "LazyCMS", "LazyCS", "PunctualCMS", "PunctualCS")
 
-CONFIG = {
+CONFIG: dict[str, dict[str, Any]] = {
     "tiny": dict(T=1 << 12, U=1 << 12, mems=(24, 96), depths=(3, 5), skews=(1.1, 2.1), epss=(0.1, 1.0),
                  trials=1, budget_s=0.15, same_w=(100, 500), vec_n=1 << 14, reps=2, run_s=0.04),
     "small": dict(T=1 << 20, U=1 << 20, mems=(24, 48, 96, 192), depths=(1, 3, 5, 7), skews=(1.1, 1.3, 1.5, 1.7, 1.9, 2.1),
@@ -217,12 +217,12 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     for m in ("LazyCMS", "PunctualCMS"):
         kind = "cms"
         cls = LazySketch if m.startswith("Lazy") else PunctualSketch
-        sk_ = cls(kind, 3, w_ex, "timing", T, base_eps, DELTA, noise=ExactNoise())
-        sk_.pool.block = 64  # refill in small blocks so the timed prefix pays for its own draws
+        skt = cls(kind, 3, w_ex, "timing", T, base_eps, DELTA, noise=ExactNoise())
+        skt.pool.block = 64  # refill in small blocks so the timed prefix pays for its own draws
         t0 = time.perf_counter()
         n = 0
         while time.perf_counter() - t0 < cfg["budget_s"] / 2 and n < len(items):
-            sk_.update(items[n])
+            skt.update(items[n])
             n += 1
         exact[m] = (time.perf_counter() - t0) / n
         exact[m + " n"] = n

@@ -35,7 +35,7 @@ from host_tools.lab.algorithms.panprivate import (distinct_estimate, distinct_sc
 
 from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 
-CONFIG = {
+CONFIG: dict[str, dict[str, Any]] = {
     "tiny": dict(ns=(300, 3000), vbits=(8, 16), r=16, trials=1, cs_trials=20, hh_trials=20, hh_n=20000, ks=(10,),
                  pstable_log_m=(12,)),
     "small": dict(ns=(300, 3000, 30000, 100000), vbits=(8, 12, 16, 20), r=32, trials=2, cs_trials=200, hh_trials=200,

@@ -28,6 +28,9 @@ own HTTP listener) and the store half by ``serve`` (on ``/metrics``):
 
 Metric values are counts of releases and times, never event counts or
 estimates: nothing here depends on the data beyond what ``status`` shows.
+
+Imported by ingest (the aggregator's exporter) and web; reads the store and,
+for the gap and delivery gauges, host_tools.query.status (never ingest or web).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class StoreCollector:
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from host_tools.store.core import open_store
+        from host_tools.store.backend import open_store
 
         t_start = time.perf_counter()
         up = GaugeMetricFamily("pansketch_store_up", "1 when the release database could be read")

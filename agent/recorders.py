@@ -1,0 +1,29 @@
+"""The recorder for a configuration: the one place that picks the device core's recorder class.
+
+agent.recorder.Recorder (window, keep; kinds cms, cs, dcs), agent.tree.TreeRecorder
+(mode tree) and agent.dbits.DistinctRecorder (kind dbits, a Recorder with
+another state) share one interface. Here, above all three, so that none of them
+imports another to be chosen; tree and dbits are imported only when used
+(a board in window mode never loads them).
+"""
+
+from agent.recorder import Recorder
+
+
+def make(params, root, now, rng=None, log=None, outbox_max=0):
+    """The recorder for ``params``: agent.tree.TreeRecorder (mode tree),
+    agent.dbits.DistinctRecorder (kind dbits, which keeps bits) or Recorder
+    (window, keep; kinds cms, cs, dcs); all have the same interface.
+    Params refuses tree mode with kinds other than cms and cs."""
+    if params.mode == "tree":
+        from agent.tree import TreeRecorder
+
+        return TreeRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+    if params.kind == "dbits":
+        from agent.dbits import DistinctRecorder
+
+        return DistinctRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+    return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+
+
+make_recorder = make  # the name the kinds branch used

@@ -1,0 +1,16 @@
+"""Logging of the host services (``pansketch aggregate``, ``pansketch serve``): one stderr handler on the "pansketch" logger."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
+    """Log to stderr at DEBUG (verbose), WARNING (quiet) or INFO; idempotent."""
+    root = logging.getLogger("pansketch")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root.addHandler(h)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)

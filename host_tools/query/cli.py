@@ -1,0 +1,124 @@
+"""``pansketch query``: the command line of every query kind in host_tools.query.kinds.
+
+``pansketch query KIND [ARGS] [--config FILE] [selection] [--json] ...``: the
+shared options (config, selection, confidence, output) are added here to
+each kind's own arguments; the kind's runner prints the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from host_tools import hostconfig
+from host_tools.query import kinds
+from host_tools.query.core import QueryError, parse_time
+from host_tools.store.backend import open_store
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", dest="config_sub", metavar="FILE", help="host config TOML (also accepted before the query type)")
+    g = p.add_argument_group("selection (default: all releases)")
+    g.add_argument("--window", type=int, metavar="ID", help="one window id (see `pansketch status`)")
+    g.add_argument("--since", metavar="T", help="start of a time range (ISO-8601 UTC or unix seconds)")
+    g.add_argument("--until", metavar="T", help="end of a time range (exclusive)")
+    g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
+    p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
+    p.add_argument("--int", dest="as_int", action="store_true", help="items are integers (devices counted int items)")
+    p.add_argument("--plot", metavar="FILE", help="also draw the answers with their intervals into FILE "
+                                                  "(.png, .svg or .pdf; needs matplotlib)")
+    p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
+                   help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
+
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("query", help="estimate frequencies / top-k with intervals",
+                              description="Query merged releases. Every answer carries an interval [lo, hi] "
+                                          "at the stated confidence (docs/HOST.md).")
+    p.add_argument("--config", metavar="FILE", help="host config TOML ([fleet] salt, [aggregator] db)")
+    sub = p.add_subparsers(dest="qtype", metavar="QUERY")
+    for kind in kinds.KINDS:
+        k = sub.add_parser(kind.name, help=kind.help)
+        kind.add_arguments(k)
+        _common(k)
+    p.set_defaults(func=main)
+
+
+def _err(msg: str, code: int) -> int:
+    print("pansketch query: %s" % msg, file=sys.stderr)
+    return code
+
+
+def main(args: argparse.Namespace) -> int:
+    if not getattr(args, "csv", False):
+        return _main(args)
+    if args.json:
+        return _err("give --json or --csv, not both", 2)
+    import contextlib
+    import io
+
+    from host_tools.query import csvout
+
+    args.json = True  # the JSON objects, converted: the same fields by construction
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = _main(args)
+    if code == 0:
+        csvout.from_json_lines(buf.getvalue(), sys.stdout)
+    return code
+
+
+def _main(args: argparse.Namespace) -> int:
+    if not getattr(args, "qtype", None):
+        return _err("choose a query: %s (see pansketch query --help)" % _names(), 2)
+    path = getattr(args, "config_sub", None) or args.config
+    if not path:
+        return _err("--config FILE is required", 2)
+    try:
+        cfg = hostconfig.load(path)
+        salt = cfg.require_salt()
+    except hostconfig.ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return 2
+    conf = args.confidence if args.confidence is not None else cfg.query.confidence
+    if not 0.5 <= conf < 1:
+        return _err("--confidence must be in [0.5, 1)", 2)
+    try:
+        since = parse_time(args.since) if args.since is not None else None
+        until = parse_time(args.until) if args.until is not None else None
+    except ValueError as exc:
+        return _err(str(exc), 2)
+    if args.window is not None and (since is not None or until is not None):
+        return _err("give either a window id (--window) or a time range (--since/--until), not both", 2)
+    if since is not None and until is not None and until <= since:
+        return _err("empty time range: --until %s is not after --since %s" % (args.until, args.since), 2)
+    if getattr(args, "plot", None):
+        from host_tools.query import plot
+
+        try:
+            plot.check_path(args.plot)
+            plot.available()
+        except (ValueError, ImportError) as exc:
+            return _err(str(exc), 2)
+    try:
+        store = open_store(cfg.aggregator.db, readonly=True)
+    except Exception as exc:  # missing file, PostgreSQL unreachable, ...
+        return _err(str(exc), 1)
+    try:
+        return kinds.get(args.qtype).run(args, store, salt, conf, since, until)
+    except BrokenPipeError:
+        raise  # a closed stdout ends the command quietly (agent.pipes.run_main)
+    except (QueryError, ValueError, OSError) as exc:
+        return _err(str(exc), 1)
+    finally:
+        store.close()
+
+
+def _names() -> str:
+    """'freq, topk, ... or distinct'."""
+    names = [k.name for k in kinds.KINDS]
+    return ", ".join(names[:-1]) + " or " + names[-1]

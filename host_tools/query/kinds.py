@@ -1,0 +1,78 @@
+"""The registry of query kinds: ``pansketch query KIND``, the dashboard's pages and the JSON API take them from here.
+
+Each kind names its arguments and its runner (the CLI adds the shared
+selection and output options: host_tools.query.cli), the device sketch
+kinds whose releases it reads, and where the dashboard shows it: ``page``
+and ``api`` are paths that ``host_tools.web.app.Dashboard`` serves with its
+method ``page_<name>`` / ``api_<name>`` (``/item`` -> ``page_item``,
+``/api/cdf`` -> ``api_cdf``), listed in the dashboard's menu by ``nav``. The metrics (host_tools.metrics) count
+releases per device and never answer a query, so they name no kind.
+
+Adding a kind: a module with the query function, ``add_arguments`` and
+``run`` (as host_tools.query.series_cli), plus one :class:`QueryKind` in
+:data:`KINDS`; a dashboard page is a ``page_<name>`` method of the web app.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from host_tools.query import dyadic_cli, point_cli, series_cli
+from host_tools.store.core import SQLStore
+
+POINT = ("cms", "cs")  # the point-query sketches (Count-Min, CountSketch)
+# run(args, store, salt, confidence, since, until) -> exit code; it prints the answer
+Runner = Callable[[argparse.Namespace, SQLStore, str, float, Optional[float], Optional[float]], int]
+
+
+@dataclass(frozen=True)
+class QueryKind:
+    """One query kind: ``pansketch query <name>`` and its place on the dashboard."""
+
+    name: str
+    help: str  # the one line of ``pansketch query --help``
+    add_arguments: Callable[[argparse.ArgumentParser], None]  # its own arguments, before the shared ones
+    run: Runner
+    sketches: tuple[str, ...]  # the device sketch kinds (agent.params) whose releases it reads
+    page: Optional[str] = None  # dashboard page showing it
+    api: Optional[str] = None  # JSON endpoint answering it
+    nav: Optional[tuple[str, str]] = None  # (menu label, page title): the page's menu entry, on one kind per page
+
+    @property
+    def hint(self) -> Optional[str]:
+        """The menu entry's tooltip: the device kind a page needs, unless it is the default (cms/cs)."""
+        return None if self.sketches == POINT else "kind " + "/".join(self.sketches)
+
+    @staticmethod
+    def handler(path: str) -> str:
+        """The dashboard method serving ``path``: /item -> page_item, /api/cdf -> api_cdf."""
+        parts = path.strip("/").split("/")
+        return "api_" + parts[1] if parts[0] == "api" else "page_" + parts[0]
+
+
+KINDS: tuple[QueryKind, ...] = (
+    QueryKind("freq", "frequency of items", point_cli.add_freq_arguments, point_cli.run, POINT,
+              page="/item", api="/api/freq", nav=("Item over time", "item")),
+    QueryKind("topk", "top-k among candidate items", point_cli.add_topk_arguments, point_cli.run, POINT,
+              page="/topk", api="/api/topk", nav=("Top-k", "top-k")),
+    QueryKind("series", "count per window (or --step bucket) with intervals; --plot draws bands",
+              series_cli.add_arguments, series_cli.run, POINT, page="/item", api="/api/series"),
+    QueryKind("quantile", "quantiles of readings (kind dcs) with rank intervals", dyadic_cli.add_quantile_arguments,
+              dyadic_cli.run, ("dcs",), page="/quantiles", api="/api/quantiles", nav=("Quantiles", "quantiles")),
+    QueryKind("cdf", "the CDF of readings (kind dcs) with intervals", dyadic_cli.add_cdf_arguments,
+              dyadic_cli.run, ("dcs",), page="/quantiles", api="/api/cdf"),
+    QueryKind("heavy", "heaviest values (kind dcs) or strings (kind strhh), no candidate list",
+              dyadic_cli.add_heavy_arguments, dyadic_cli.run, ("dcs", "strhh"), page="/heavy", api="/api/heavy",
+              nav=("Heavy hitters", "heavy hitters")),
+    QueryKind("distinct", "distinct items (kind dbits): sum of per-device, per-window counts",
+              dyadic_cli.add_distinct_arguments, dyadic_cli.run, ("dbits",), page="/distinct", api="/api/distinct",
+              nav=("Distinct", "distinct")),
+)
+BY_NAME: dict[str, QueryKind] = {k.name: k for k in KINDS}
+
+
+def get(name: str) -> QueryKind:
+    """The kind called ``name`` (KeyError if none is registered)."""
+    return BY_NAME[name]

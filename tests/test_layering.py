@@ -1,0 +1,250 @@
+"""The code's layering, read from the source with ``ast`` (issue 20).
+
+Every ``import`` / ``from ... import`` counts, also those inside functions
+and ``TYPE_CHECKING`` blocks. Asserted:
+
+* no import cycles in agent/, firmware/ or host_tools/;
+* the device code never imports the host code;
+* the host packages depend one way: web -> query -> store, ingest -> store,
+  and nothing imports web, bench or the lab except the entry points
+  (host_tools.cli, host_tools.demo) -- see ALLOWED below;
+* every package ``__init__`` has a docstring: its role and what it may import;
+* at most 8 modules directly in host_tools/.
+
+``python tests/test_layering.py`` prints the cycles and the edges between
+host packages.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from typing import Iterable
+
+ROOT = Path(__file__).resolve().parent.parent
+TREES = ("agent", "firmware", "host_tools")
+
+# Host "roles": a subpackage of host_tools, or a module directly in it. A role
+# may import agent, itself and the roles listed here (nothing else of the
+# project). cli and demo are the entry points and may import anything.
+SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup", "host_tools.cborscan"}
+ALLOWED: dict[str, set[str]] = {
+    "host_tools.store": SHARED,
+    "host_tools.ingest": SHARED | {"host_tools.store", "host_tools.metrics"},
+    "host_tools.query": SHARED | {"host_tools.store"},
+    # the Prometheus exporters: the aggregator's (fed by ingest) and the store's (gaps from query.status)
+    "host_tools.metrics": SHARED | {"host_tools.store", "host_tools.query"},
+    "host_tools.web": SHARED | {"host_tools.query", "host_tools.store", "host_tools.metrics"},
+    # a product command: the privacy ledger's accounting (store) and the query commands' output helpers
+    "host_tools.audit": SHARED | {"host_tools.store", "host_tools.query"},
+    "host_tools.lab": SHARED,
+    # the benchmarks drive every layer (and compare against the lab's algorithms)
+    "host_tools.bench": SHARED | {"host_tools.ingest", "host_tools.store", "host_tools.query", "host_tools.lab"},
+    "host_tools.hostconfig": set(),
+    "host_tools.fasthash": set(),
+    "host_tools.logsetup": set(),
+    "host_tools.cborscan": set(),
+    "host_tools.cli": {"*"},
+    "host_tools.demo": {"*"},
+}
+MAX_TOP_MODULES = 8
+
+
+def modules(root: Path = ROOT, trees: Iterable[str] = TREES) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the trees."""
+    out: dict[str, Path] = {}
+    for tree in trees:
+        for f in sorted((root / tree).rglob("*.py")):
+            parts = list(f.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = f
+    return out
+
+
+def _resolve(name: str, mods: dict[str, Path]) -> str | None:
+    """The longest prefix of a dotted name that is a module of ours."""
+    parts = name.split(".")
+    while parts:
+        cand = ".".join(parts)
+        if cand in mods:
+            return cand
+        parts.pop()
+    return None
+
+
+def imports(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The project modules that ``mod`` imports, anywhere in its file."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                t = _resolve(a.name, mods)
+                if t:
+                    out.add(t)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".")
+                if not is_pkg:
+                    base.pop()
+                base = base[:len(base) - (node.level - 1)]
+                pkg = ".".join(base + ([node.module] if node.module else []))
+            else:
+                pkg = node.module or ""
+            for a in node.names:  # `from pkg import sub` imports the module pkg.sub when there is one
+                t = _resolve(pkg + "." + a.name, mods) if a.name != "*" else None
+                t = t if t and t != _resolve(pkg, mods) else _resolve(pkg, mods)
+                if t:
+                    out.add(t)
+    out.discard(mod)
+    return out
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    mods = modules(root)
+    return {m: imports(m, p, mods) for m, p in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(g):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(g[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in g:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(g[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return sorted(out)
+
+
+def role(mod: str) -> str | None:
+    """host_tools.<first part> for host modules, None elsewhere."""
+    parts = mod.split(".")
+    if parts[0] != "host_tools" or len(parts) < 2:
+        return None
+    return "host_tools." + parts[1]
+
+
+def violations(g: dict[str, set[str]]) -> list[str]:
+    """Imports that break the layering rules, one line each."""
+    out = []
+    for m, deps in sorted(g.items()):
+        top = m.split(".")[0]
+        r = role(m)
+        for d in sorted(deps):
+            dtop = d.split(".")[0]
+            if top in ("agent", "firmware") and dtop == "host_tools":
+                out.append("%s -> %s: device code never imports the host" % (m, d))
+            if top == "agent" and dtop == "firmware":
+                out.append("%s -> %s: agent is the board-independent core" % (m, d))
+            if r is None or dtop != "host_tools":
+                continue
+            dr = role(d)
+            if dr is None or dr == r:
+                continue
+            allowed = ALLOWED.get(r)
+            if allowed is None:
+                out.append("%s: %s is not a known role (add it to ALLOWED with its dependencies)" % (m, r))
+            elif "*" not in allowed and dr not in allowed:
+                out.append("%s -> %s: %s may import only %s" % (m, d, r, ", ".join(sorted(allowed)) or "agent"))
+    return out
+
+
+# -- the tests -----------------------------------------------------------------
+def test_no_import_cycles():
+    found = cycles(graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_dependencies_point_one_way():
+    bad = violations(graph())
+    assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+def test_every_host_role_is_known():
+    roles = {role(m) for m in modules() if role(m)}
+    roles.discard("host_tools.__init__")
+    assert roles <= set(ALLOWED), "roles without rules: %s" % sorted(roles - set(ALLOWED))
+
+
+def test_package_inits_say_role_and_imports():
+    """Each package __init__ has a docstring (its role) that says what the package may import."""
+    missing = [str(p.relative_to(ROOT)) for m, p in modules().items()
+               if p.name == "__init__.py" and "import" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert not missing, "package __init__ whose docstring does not say what it may import: %s" % missing
+
+
+def test_few_modules_directly_in_host_tools():
+    top = sorted(p.name for p in (ROOT / "host_tools").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
+def test_checker_sees_cycles_and_violations(tmp_path):
+    """The checker itself: a cycle through a function-level import and an upward import are found."""
+    (tmp_path / "host_tools" / "store").mkdir(parents=True)
+    (tmp_path / "host_tools" / "web").mkdir()
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "firmware").mkdir()
+    for pkg in ("host_tools", "host_tools/store", "host_tools/web", "agent", "firmware"):
+        (tmp_path / pkg / "__init__.py").write_text('"""doc"""\n')
+    (tmp_path / "agent" / "a.py").write_text("def f():\n    from agent import b\n")
+    (tmp_path / "agent" / "b.py").write_text("from . import a\n")
+    (tmp_path / "host_tools" / "store" / "core.py").write_text("def f():\n    import host_tools.web.app\n")
+    (tmp_path / "host_tools" / "web" / "app.py").write_text("from host_tools.store.core import f\n")
+    g = graph(tmp_path)
+    assert cycles(g) == [["agent.a", "agent.b"], ["host_tools.store.core", "host_tools.web.app"]]
+    assert violations(g) == ["host_tools.store.core -> host_tools.web.app: host_tools.store may import only "
+                             + ", ".join(sorted(SHARED))]
+
+
+if __name__ == "__main__":
+    g = graph()
+    for c in cycles(g):
+        print("cycle:", " <-> ".join(c))
+    for v in violations(g):
+        print("violation:", v)
+    edges: dict[tuple[str, str], list[str]] = {}
+    for m, deps in g.items():
+        for d in deps:
+            if role(m) and role(d) and role(m) != role(d):
+                edges.setdefault((str(role(m)), str(role(d))), []).append("%s -> %s" % (m, d))
+    if "-v" in sys.argv:
+        for (a, b), why in sorted(edges.items()):
+            print("%s -> %s  (%d: %s)" % (a, b, len(why), why[0]))
