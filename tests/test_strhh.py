@@ -265,20 +265,20 @@ def test_query_heavy_20_devices_24_windows_under_a_second(tmp_path):
 
 
 def test_agent_check_prints_the_board_fit(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.test_e2e_support import REPO, agent_env
-
     cfg = tmp_path / "a.toml"
     cfg.write_text('[broker]\nhost = "127.0.0.1"\nport = 1883\n[device]\nid = "pico-1"\nsalt = "fleet-salt-xyz"\n'
                    '[sketch]\nkind = "strhh"\nd = 3\nw = 64\nlen = 8\n[privacy]\nmechanism = "dlap"\nbudget = "1"\n'
                    '[source]\ntype = "stdin"\n[storage]\npersist_noise = "refresh"\ndir = "%s"\n' % (tmp_path / "s"))
-    r = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "--config", str(cfg), "--offline"],
-                       capture_output=True, env=agent_env(), cwd=REPO, timeout=60)
+    from tests.test_e2e_support import run_agent
+
+    r = run_agent("check", str(cfg), "--offline")
     out = r.stdout.decode()
     assert r.returncode == 0, r.stderr.decode()
-    assert "strhh       len=8 prefix levels" in out and "6144 bytes per counter array" in out
-    assert "picow    fits for len=8 d=3 w=64" in out and "esp8266  DOES NOT FIT" in out
+    assert "strhh       len=8 prefix levels" in out and "6144 bytes per counter array, 2 arrays" in out
+    from firmware import memory
+
+    fit = "\n".join(memory.strhh_lines(8, 3, 64))
+    assert "picow    fits for len=8 d=3 w=64" in fit and "esp8266  DOES NOT FIT" in fit
+    assert "esp32    DOES NOT FIT for len=8 d=3 w=128" in "\n".join(memory.strhh_lines(8, 3, 128))
     # noise sd of a node: dlap t = 24 (L d / eps), two draws, mean of 3 cells: sqrt(2 * 2q/(1-q)^2 / 3) ~ 28
     assert "noise sd of a node estimate (about that of the mean of d cells: internal + output draw): 28 " in out
