@@ -350,6 +350,20 @@ def cmd_check(args: argparse.Namespace) -> int:
                  p.cells))
         print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
               % ((2**31 - 1) // p.clip, p.clip))
+    if p.kind == "strhh":  # issue 23: the memory it takes and the noise a node estimate carries
+        import math
+
+        def _var(spec):
+            t = spec.num / spec.den
+            return t if spec.mech == "dgauss" else 2 * math.exp(-1 / t) / (1 - math.exp(-1 / t)) ** 2
+
+        sd = ((_var(p.noise) + _var(p.inoise)) / p.d) ** 0.5
+        print("strhh       len=%d prefix levels (one event updates all), %d bytes per counter array, %d arrays in RAM"
+              " (boards: python -m firmware.memory --config pansketch.json says which w fits)"
+              % (p.b, 4 * p.cells, 3 if p.shadow else 2))
+        print("  error     noise sd of a node estimate (about that of the mean of d cells: internal + output draw): %.0f "
+              "events per device window; a string holding 2%% of 10^5 events (2000) is %.0f sd above it"
+              % (sd, 2000 / sd))
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
               % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))
@@ -380,7 +394,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from agent import plan
 
     lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
-    if p.kind not in ("dcs", "dbits"):  # tree mode is for cms/cs only: nothing to compare for the others
+    if p.kind not in ("dcs", "dbits", "strhh"):  # tree mode is for cms/cs only: nothing to compare for the others
         for line in plan.report(p, lengths, args.levels):
             print(line)
     if args.events:

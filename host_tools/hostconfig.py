@@ -342,8 +342,8 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     if not re.fullmatch(r"[0-9a-f]{16}", sid):
         raise ConfigError("fleet.salt_id", "must be 16 lower-case hex digits")
     kind = _get(fl, "fleet", "kind", str, None)
-    if kind is not None and kind not in KINDS and kind not in ("dcs", "dbits"):
-        raise ConfigError("fleet.kind", "must be 'cms', 'cs', 'dcs' or 'dbits', got %r" % kind)
+    if kind is not None and kind not in KINDS and kind not in ("dcs", "dbits", "strhh"):
+        raise ConfigError("fleet.kind", "must be 'cms', 'cs', 'dcs', 'dbits' or 'strhh', got %r" % kind)
     mech = _get(fl, "fleet", "mechanism", str, None)
     if mech is not None and mech not in MECHANISMS:
         raise ConfigError("fleet.mechanism", "must be 'dlap' or 'dgauss', got %r" % mech)

@@ -175,7 +175,7 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
 
 POINT_KINDS = ("cs", "cms")  # freq, topk, series
 KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": "quantile, cdf, heavy",
-                "dbits": "distinct"}
+                "dbits": "distinct", "strhh": "heavy"}
 
 
 def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
@@ -424,6 +424,8 @@ def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, r
 def _point_kind(m: Merged) -> None:
     if m.kind == "dcs":
         raise QueryError("releases of kind dcs answer quantile, cdf and heavy (not freq/topk)")
+    if m.kind == "strhh":
+        raise QueryError("releases of kind strhh answer heavy (not freq/topk)")
 
 
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,

@@ -135,6 +135,8 @@ def add_heavy_arguments(h: argparse.ArgumentParser) -> None:
     h.add_argument("-k", type=positive_int, required=True, metavar="K",
                    help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
+    h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
+    h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
 
 
 def add_distinct_arguments(dq: argparse.ArgumentParser) -> None:
@@ -172,6 +174,12 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
         until: Optional[float]) -> int:
     sel = dict(salt=salt, confidence=conf, window=args.window, since=since, until=until, device=args.device)
     t = time.perf_counter()
+    if args.qtype == "heavy":  # kind strhh answers heavy with its own descent (host_tools/query/strheavy_cli.py)
+        from host_tools.query import strheavy_cli
+
+        done = strheavy_cli.run_heavy(args, store, salt, conf, since, until)
+        if done is not None:
+            return done
     if args.qtype == "distinct":
         from host_tools.query import distinct
 
