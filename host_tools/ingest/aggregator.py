@@ -599,7 +599,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             if now - state["fail_logged"] >= 60:  # once a minute while the broker stays unreachable
                 state["fail_logged"] = now
                 log.warning("cannot connect to broker %s; retrying (up to %g s apart)", where,
-                            cfg.broker.port, cfg.broker.reconnect_max_s)
+                            cfg.broker.reconnect_max_s)
         elif kind == "disconnected":
             state["connected"] = False
             if not stop.is_set() and not state["closing"]:
