@@ -174,3 +174,15 @@ def test_grafana_dashboard_and_alert_rules_use_exported_metrics(tmp_path: Any) -
         prom = yaml.safe_load(f)
     assert prom["rule_files"] and {j["job_name"] for j in prom["scrape_configs"]} >= {"pansketch-aggregator",
                                                                                       "pansketch-serve"}
+
+
+def test_grafana_rejection_panels_show_zero_before_the_first_rejection() -> None:
+    """A counter with labels has no series until its first increment, so a panel over
+    it alone says "No data" on a healthy fleet; each rejection panel falls back to 0."""
+    with open(os.path.join(REPO, "deploy/grafana/pansketch-dashboard.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])
+             if "pansketch_store_rejections_total" in t["expr"]]
+    assert len(exprs) >= 2
+    for e in exprs:
+        assert re.search(r"\bor (label_replace\()?vector\(0\)", e), e
