@@ -69,3 +69,11 @@ def test_cli_repro(tmp_path: Path, capsys):
     assert (tmp_path / "o" / "dp_linear.md").exists()
     with pytest.raises(SystemExit):
         cli.main(["repro", "nope"])
+
+
+def test_repro_shows_progress_within_a_paper(tmp_path: Path, capsys):
+    """Each paper says which experiment it is in (stderr), so a long run is never silent."""
+    assert cli.main(["repro", "panprivate", "--scale", "tiny", "--out", str(tmp_path / "p")]) == 0
+    err = capsys.readouterr().err
+    steps = [ln for ln in err.splitlines() if ln.rstrip().endswith("...")]
+    assert len(steps) >= 4 and any("heavy hitters" in s for s in steps), err

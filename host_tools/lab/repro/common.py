@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,10 @@ class Timer:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+    def step(self, what: str) -> None:
+        """Progress within a paper, on stderr (stdout keeps the one result line per paper)."""
+        print("  %6.1f s  %s ..." % (self.elapsed(), what), file=sys.stderr, flush=True)
 
 
 def verdict(ok: bool) -> str:

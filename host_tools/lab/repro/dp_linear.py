@@ -254,14 +254,18 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     cfg = CONFIG[scale]
     out.mkdir(parents=True, exist_ok=True)
     t = Timer()
+    t.step("figure 1 (accuracy by width)")
     f1 = fig1(cfg, seed)
+    t.step("figure 2")
     f2 = fig2(cfg, seed)
+    t.step("hash check")
     hc = hash_check(cfg, seed, cfg["hash_prefixes"])
     res: dict[str, Any] = {"fig1": f1, "fig2": f2, "hash_check": hc, "scale": scale, "seed": seed}
     summary = summarise(f1, f2, cfg)
     summary["cs_are_by_hash"] = {k: (v["mean"], v["sd"], v["n"]) for k, v in hc.items() if isinstance(v, dict)}
     res["summary"] = summary
     res["seconds"] = t.elapsed()
+    t.step("plots and report")
     plots(f1, f2, out, cfg["n"])
     (out / "dp_linear.md").write_text(report(f1, f2, summary, cfg, res["seconds"], hc))
     save_json(out / "dp_linear.json", res)

@@ -70,6 +70,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     finals: dict[tuple, list[float]] = {}
     noise = BulkNoise(seed + 100)
     for rep in range(cfg["reps"]):
+        t.step("repetition %d of %d" % (rep + 1, cfg["reps"]))
         st = fasthash.streams([int(x) for x in allkeys], "repro/iq/rep%d" % rep, dmax)
         cols, signs = fasthash.cols_signs(st, dmax, W)
         cols = cols.astype(np.int32)

@@ -210,6 +210,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     base_skew, base_eps = 1.3, 0.3
     items = [int(x) for x in zipf_stream(np.random.default_rng(seed + 9), min(T, 1 << 17), U, base_skew)]
 
+    t.step("timing runs (figure 4a)")
     res["fig4a"], res["same_width"] = timing_runs(cfg, T, items, base_eps)
     # the privacy path: node noise drawn one at a time by agent.noise (exact, os.urandom)
     w_ex = cfg["same_w"][1]
@@ -246,6 +247,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
                          "identical_state": same_state, "distinct": len(set(vitems))}
 
     # accuracy experiments
+    t.step("accuracy experiments")
     def trials(skew: float) -> list[Data]:
         return [Data(gen, T, U, skew, "repro/lazy/s%g/t%d" % (skew, k), max(9, max(cfg["depths"])))
                 for k in range(cfg["trials"])]

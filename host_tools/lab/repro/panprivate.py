@@ -231,9 +231,13 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     t = Timer()
     res: dict[str, Any] = {"scale": scale}
+    t.step("distinct counts")
     res["distinct"] = distinct_exp(cfg, seed)
+    t.step("exact p-stable noise")
     res["exact_pstable"] = exact_pstable_exp(cfg, seed)
+    t.step("cropped sums")
     res["cropped"] = cropped_exp(cfg, seed)
+    t.step("heavy hitters")
     res["hh"] = hh_exp(cfg, seed)
     res["seconds"] = t.elapsed()
     res["summary"] = summarise(res)
