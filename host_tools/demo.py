@@ -256,9 +256,12 @@ EXTRA_DEVICES: dict[str, dict[str, Any]] = {
             "mode": "window", "window_s": 3600, "mechanism": "dgauss", "budget": "1/2"},
     "dbits": {"device": "demo-door-1", "kind": "dbits", "d": 12, "w": 256, "mode": "window", "window_s": 3600,
               "mechanism": "dlap", "budget": "1"},
+    "strhh": {"device": "demo-words-1", "kind": "strhh", "len": 12, "d": 5, "w": 1024, "mode": "window",
+              "window_s": 3600, "mechanism": "dgauss", "budget": "1/2"},
 }
 DCS_EVENTS = 3000  # readings per window of the dcs device (b + 1 levels per event: the slowest kind)
 DBITS_DISTINCT = (150, 300, 450, 600)  # distinct door badges per window, cycled
+STRHH_EVENTS = 20000  # strings per window of the strhh device (one level per byte: L counts per event)
 
 
 def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], list[str]], workdir: str,
@@ -411,7 +414,7 @@ def run_demo(args: argparse.Namespace) -> int:
         expected = sum(results) + sum(n_extra.values())
         if not args.cs_only:
             truth.update(extra["tree"].truth)  # the tree-mode device is cs with the fleet's d, w: it merges
-            say("  %s: one device of each other kind (cms, tree mode, dcs readings, dbits), %d releases"
+            say("  %s: one device of each other kind (cms, tree mode, dcs readings, dbits, strhh strings), %d releases"
                 % (", ".join(EXTRA_DEVICES[k]["device"] for k in EXTRA_DEVICES), sum(n_extra.values())))
 
         say("[4/5] waiting for the aggregator to store %d releases ..." % expected)
@@ -508,6 +511,7 @@ def _extra_streams(args: argparse.Namespace) -> dict[str, ExtraStream]:
     cms = ZipfStream(args.items, args.zipf, args.seed * 1000 + 101)
     tree = ZipfStream(args.items, args.zipf, args.seed * 1000 + 102)
     temps = random.Random(args.seed * 1000 + 103)
+    words = ZipfStream(args.items, args.zipf, args.seed * 1000 + 104)  # strhh finds these with no candidate list
 
     def readings(k: int) -> list[str]:  # a room warming up through the day, 0.1 degree sensor
         return ["%.1f" % temps.gauss(19.5 + 1.5 * k, 1.2) for _ in range(min(args.events, DCS_EVENTS))]
@@ -518,13 +522,14 @@ def _extra_streams(args: argparse.Namespace) -> dict[str, ExtraStream]:
 
     return {"cms": ExtraStream(lambda k: cms.sample(args.events)),
             "tree": ExtraStream(lambda k: tree.sample(args.events)),
-            "dcs": ExtraStream(readings), "dbits": ExtraStream(badges)}
+            "dcs": ExtraStream(readings), "dbits": ExtraStream(badges),
+            "strhh": ExtraStream(lambda k: [x[:-8] for x in words.sample(STRHH_EVENTS)])}  # host-00001: 10 bytes
 
 
 def kind_lines(st: Any, args: argparse.Namespace, extra: dict[str, ExtraStream], top: str) -> list[str]:
     """One short line per kind and mode: what a query of that kind answers on the demo store."""
     from host_tools.query import core as query
-    from host_tools.query import distinct, dyadic_cli
+    from host_tools.query import distinct, dyadic_cli, strheavy_cli
 
     conf, span = args.confidence, args.windows * 3600
     out = ["  one line per kind (%d%% intervals; true values known to the simulation only):" % round(conf * 100)]
@@ -548,6 +553,12 @@ def kind_lines(st: Any, args: argparse.Namespace, extra: dict[str, ExtraStream],
     out.append("  dbits  %-12s distinct badges = %s [%s, %s] (sum over %d windows), true %d"
                % (dev, dyadic_cli._fmt(d["estimate"]), dyadic_cli._fmt(d["lo"]), dyadic_cli._fmt(d["hi"]),
                   args.windows, sum(len(set(w)) for w in extra["dbits"].per_window)))
+    dev = EXTRA_DEVICES["strhh"]["device"]
+    rows = strheavy_cli.heavy(st, 3, salt=SALT, device=dev, confidence=conf)
+    truth = extra["strhh"].truth.most_common(3)
+    found = sum(1 for r in rows if r["item"] in dict(truth))
+    out.append("  strhh  %-12s top-3 strings found with no candidate list (%d reported) = %d, true %d"
+               % (dev, len(rows), found, len(truth)))
     return out
 
 
@@ -631,7 +642,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--budget", default="1/2", help="rho per event, as a fraction (default %(default)s)")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default %(default)s)")
     p.add_argument("--cs-only", action="store_true",
-                   help="only the cs fleet (no cms, tree-mode, dcs and dbits device)")
+                   help="only the cs fleet (no cms, tree-mode, dcs, dbits and strhh device)")
     p.add_argument("--seed", type=int, default=1, help="seed of the simulated event streams (not of the noise)")
     p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto",
                    help="which broker to start (default: mosquitto if installed, else amqtt)")

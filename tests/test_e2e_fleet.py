@@ -89,8 +89,8 @@ def test_demo_runs_the_whole_system(tmp_path):
     assert r.returncode == 0, out + r.stderr.decode()
     for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"):
         assert step in out
-    # 2 cs agents x 2 windows, cms/dcs/dbits 2 each, the tree device 3 nodes (2 epochs + their level-1 parent)
-    assert "stored 13 releases (0 rejected, 0 duplicates)" in out
+    # 2 cs agents x 2 windows, cms/dcs/dbits/strhh 2 each, the tree device 3 nodes (2 epochs + their level-1 parent)
+    assert "stored 15 releases (0 rejected, 0 duplicates)" in out
     for kind in ("cms", "tree", "dcs", "dbits"):  # one short line per kind
         assert re.search(r"^  %s +demo-" % kind, out, re.M), out
     rows = [ln for ln in out.splitlines() if ln.strip().startswith(("host-", "never-seen"))]
