@@ -233,3 +233,22 @@ def test_flash_dry_run_writes_nothing_and_does_not_say_done(tmp_path):
         assert "+ %s connect auto reset" % (tmp_path / "mpremote") in p.stdout
     finally:
         marker.unlink()
+
+
+def test_board_examples_fit_their_board_with_margin():
+    """Each example in deploy/board fits the board its device id names (esp32-…, picow-…) in the memory
+    model with at least 1 KB to spare, so a user who copies it gets a board that boots (the model's code
+    constants grew past the ESP32 example once, unnoticed)."""
+    sys.path.insert(0, str(REPO))
+    from firmware import memory
+    from firmware.config import Config
+
+    examples = sorted((REPO / "deploy" / "board").glob("*.json"))
+    assert len(examples) >= 2
+    for ex in examples:
+        cfg = Config(json.loads(ex.read_text()))
+        board = cfg.device.split("-")[0]
+        p = memory.profile(board)
+        q = cfg.params
+        need = memory.need(q.d, q.w, p["tls"], p["code"], cfg.tls, cfg.max_events, q.levels, q.shadow)
+        assert need + 1024 <= p["free"], "%s: needs %d of %d bytes on %s" % (ex.name, need, p["free"], board)
