@@ -49,8 +49,8 @@ def _compile_mpy(dest: Path) -> int:
 
 
 RUNTIME = ["agent/__init__", "agent/rng", "agent/noise", "agent/calibrate", "agent/hashing", "agent/sketch",
-           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorder",
-           "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
+           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/recorder",
+           "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
            "firmware/sources/uart", "firmware/wifi", "firmware/mqtt", "firmware/app", "umqtt/simple"]
 
 
@@ -68,9 +68,14 @@ def test_code_size_after_import(tmp_path):
     got = {}
     for variant in ("py", "mpy"):
         pre = FAKES + ("sys.path.insert(0, '/mpy')\n" if variant == "mpy" else "")
-        r = mpvm.run([S.PRELUDE + pre, IMPORTS + "print('@file', app.__file__)"], heap=96 * 1024,
+        r = mpvm.run([S.PRELUDE + pre, IMPORTS + "print('@file', app.__file__)",
+                      "print('@mods', ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+                      "('agent', 'firmware', 'umqtt'))))"], heap=96 * 1024,
                      mounts={**S.MOUNTS, "/mpy": mpyd}).check()
         assert r.values()["file"].endswith("app." + variant)
+        # RUNTIME (whose .mpy bytes the frozen estimate subtracts) is exactly what the firmware loads
+        loaded = set(r.values()["mods"].split()) - {"umqtt"}  # the fakes' umqtt package: an empty __init__
+        assert loaded == {m.replace("/__init__", "").replace("/", ".") for m in RUNTIME}, loaded
         got[variant] = r.live[1] - r.live[0]
     frozen = got["mpy"] - mpy_bytes
     RESULTS.update(code_py=got["py"], code_mpy=got["mpy"], mpy_file_bytes=mpy_bytes, code_frozen_estimate=frozen)
