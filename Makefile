@@ -27,7 +27,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.pansketch-installed
 MPVM_STAMP := tests/mpnode/node_modules/.pansketch-installed
 
-.PHONY: setup setup-python setup-demo setup-mpvm setup-mpunix demo test bench clean distclean
+.PHONY: setup setup-python setup-demo setup-mpvm setup-mpunix demo test bench bench-accuracy clean distclean
 
 setup: setup-python setup-mpvm
 
@@ -110,6 +110,11 @@ bench: $(STAMP)-bench
 	$(VPY) -m host_tools.bench.core
 	$(VPY) -m host_tools.bench.samplers
 	$(VPY) -m host_tools.bench.feed
+
+# Accuracy on the standard library's own sources (tokens, line lengths, file sizes), per salt,
+# next to DataSketches at equal memory: bench-results/accuracy.{json,md} and figures (docs/HOST.md).
+bench-accuracy: $(STAMP)-bench
+	$(VPY) -m host_tools.bench.accuracy
 
 clean:
 	rm -rf bench-results .pytest_cache

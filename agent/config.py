@@ -34,6 +34,7 @@ PARAM_KEYS: dict[str, str] = {
     "sketch.clip": "clip",
     "sketch.b": "b",
     "sketch.map": "map",
+    "sketch.len": "len",
     "privacy.mode": "mode",
     "privacy.window_s": "window_s",
     "privacy.epoch_s": "epoch_s",
@@ -57,7 +58,7 @@ SOURCE_KEYS = (
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": BROKER_KEYS,
     "device": ("id", "salt"),
-    "sketch": ("kind", "d", "w", "clip", "b", "map"),
+    "sketch": ("kind", "d", "w", "clip", "b", "map", "len"),
     "privacy": ("mode", "mechanism", "budget", "window_s", "epoch_s", "levels"),
     "storage": ("dir", "persist_s", "persist_noise", "outbox_max"),
     "source": SOURCE_KEYS,

@@ -350,6 +350,20 @@ def cmd_check(args: argparse.Namespace) -> int:
                  p.cells))
         print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
               % ((2**31 - 1) // p.clip, p.clip))
+    if p.kind == "strhh":  # issue 23: the memory it takes and the noise a node estimate carries
+        import math
+
+        def _var(spec):
+            t = spec.num / spec.den
+            return t if spec.mech == "dgauss" else 2 * math.exp(-1 / t) / (1 - math.exp(-1 / t)) ** 2
+
+        sd = ((_var(p.noise) + _var(p.inoise)) / p.d) ** 0.5
+        print("strhh       len=%d prefix levels (one event updates all), %d bytes per counter array, %d arrays in RAM"
+              " (boards: python -m firmware.memory --config pansketch.json says which w fits)"
+              % (p.b, 4 * p.cells, 3 if p.shadow else 2))
+        print("  error     noise sd of a node estimate (about that of the mean of d cells: internal + output draw): %.0f "
+              "events per device window; a string holding 2%% of 10^5 events (2000) is %.0f sd above it"
+              % (sd, 2000 / sd))
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
               % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))
@@ -380,8 +394,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from agent import plan
 
     lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
-    if p.kind not in ("dcs", "dbits"):  # tree mode is for cms/cs only: nothing to compare for the others
+    if p.kind not in ("dcs", "dbits", "strhh"):  # tree mode is for cms/cs only: nothing to compare for the others
         for line in plan.report(p, lengths, args.levels):
+            print(line)
+    if args.events:
+        for line in plan.interval_advice(p, args.events, args.target_error):
             print(line)
     print("source      %s" % cfg.source.type)
     print("state dir   %s" % cfg.state_dir)
@@ -519,6 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="range lengths (epochs) your queries use: compares window/keep and tree noise for them "
                         "(repeatable; default 1, 24, 168, 720, 10080)")
     p.add_argument("--levels", type=int, metavar="L", help="tree levels to compare with (default: the config's, or 8)")
+    p.add_argument("--events", type=int, metavar="N",
+                   help="expected events (dbits: distinct items) per release: print the expected interval width "
+                        "and warn, with suggested d and w, when it will be uninformative")
+    p.add_argument("--target-error", type=float, default=0.05, metavar="F",
+                   help="relative half-width the suggestion aims at (default %(default)s)")
     p.set_defaults(func=cmd_check)
     return parser
 

@@ -82,6 +82,7 @@ class Params:
     "Persisting without growing the noise").
     Kind 'dcs' only: b (16, domain bits) and map ([1, 1, 0]: scale_num,
     scale_den, offset of the reading -> domain map, agent/dcs.py).
+    Kind 'strhh' only: len (12, bytes per item = prefix levels, agent/strhh.py); d defaults to 5.
     """
 
     def __init__(self, cfg):
@@ -99,8 +100,8 @@ class Params:
             raise ParamError("salt", "must be at most 255 bytes")
         self.salt = salt
         self.kind = cfg.get("kind", "cs")
-        if self.kind not in KINDS and self.kind not in ("dcs", "dbits"):
-            raise ParamError("kind", "must be 'cms', 'cs', 'dcs' or 'dbits', got %r" % (self.kind,))
+        if self.kind not in KINDS and self.kind not in ("dcs", "dbits", "strhh"):
+            raise ParamError("kind", "must be 'cms', 'cs', 'dcs', 'dbits' or 'strhh', got %r" % (self.kind,))
         self.d = _int(cfg, "d", 4, 1, 32)
         self.w = _int(cfg, "w", 1024, 2, 1 << 24)
         self.clip = _int(cfg, "clip", 1, 1, 1 << 20)
@@ -157,6 +158,17 @@ class Params:
             self.dcs_levels = self.b + 1
         elif "b" in cfg or "map" in cfg:
             raise ParamError("b" if "b" in cfg else "map", "only applies to kind 'dcs'")
+        if self.kind == "strhh":
+            # agent/strhh.py: items encoded to len bytes, one level per prefix length (MIN_L..MAX_L
+            # not imported: boards load strhh only for kind strhh); b carries len in releases
+            self.b = _int(cfg, "len", 12, 3, 64)
+            self.dcs_levels = self.b
+            if "d" not in cfg:  # 5 rows: 3 must agree, which the descent's FDR needs (host_tools/bench/strheavy.py)
+                self.d = 5
+            if self.d < 3:  # the host's descent p-values need a median of >= 2 rows above (strheavy.py)
+                raise ParamError("d", "kind 'strhh' needs d >= 3 (got %d)" % self.d)
+        elif "len" in cfg:
+            raise ParamError("len", "only applies to kind 'strhh'")
         if self.mode == "tree" and self.kind not in ("cms", "cs"):
             # a tree of dcs would hold L x (b + 1) arrays (calibration arrays = L * (b + 1)) and
             # a tree of dbits has no count-noise chain: neither is implemented (docs/PRIVACY.md)
@@ -238,6 +250,8 @@ class Params:
         )
         if self.kind == "dcs":
             s += "|%d|%d,%d,%d" % (self.b, self.map[0], self.map[1], self.map[2])
+        elif self.kind == "strhh":
+            s += "|%d" % self.b
         if (self.shadow if shadow is None else shadow) and self.mode != "tree":
             # state.bin then holds the flash track, not the accumulator (the tree state
             # file records the scheme per level instead)

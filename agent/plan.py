@@ -133,3 +133,78 @@ def report(p, lengths=(1, 24, 168, 720, 10080), tree_levels=None):
                                                        ", persist_noise = \"shadow\": %d more arrays of RAM" % L
                                                        if use_shadow else ""))
     return out
+
+
+# -- will the intervals say anything? (pansketch-agent check --events N) ------------------------
+Z95 = 1.96
+
+
+def _draw_var(spec):
+    """Variance of one noise draw of a NoiseSpec (discrete Laplace: ~2 t^2)."""
+    x = spec.num / spec.den
+    return x if spec.mech == "dgauss" else 2.0 * x * x
+
+
+def interval_advice(p, events, target=0.05, warn_at=0.25):
+    """Lines describing the expected interval half-width, as a fraction of ``events``
+    (the events of one release), and a warning with suggested d and w when it exceeds
+    ``warn_at`` (the interval would be uninformative). Like DataSketches'
+    suggest_num_buckets(relative_error) / suggest_num_hashes(confidence): the sketch-error
+    part is a worst case over the data (all events on few items/values: F2 <= n^2), the
+    noise part is exact in expectation for one release (internal + output draw).
+
+    * cms: collision error <= e n / w with probability 1 - e^-d (Cormode-Muthukrishnan);
+      suggested w = ceil(e / target), d = ceil(ln(1 / 0.05)) = 3.
+    * cs: error <= sqrt(F2 / w) * z <= z n / sqrt(w); w = ceil((z / target)^2), d odd.
+    * dcs: a rank sums one node per level; the h = exact_from(b, w) hashed levels add
+      CountSketch errors (sum of variances <= h n^2 / w), the noise b node draws;
+      w with z sqrt(h / w) <= target.
+    * dbits: relative sd ~ 3 / (eps sqrt(w)) once n exceeds w, additive ~ 2 sqrt(w) / eps
+      below (docs/HOST.md); w = ceil((3 z / (eps target))^2) rounded up to a multiple of 8.
+    """
+    n = float(max(1, events))
+    nv = _draw_var(p.inoise) + _draw_var(p.noise)
+    lines = []
+    sugg = None
+    if p.kind in ("cms", "cs"):
+        noise = Z95 * math.sqrt(nv * (math.pi / 2.0 if p.kind == "cs" else 1.0) / max(1, p.d)) / n
+        if p.kind == "cms":
+            coll = math.e / p.w
+            w_need = int(math.ceil(math.e / target))
+        else:
+            coll = Z95 / math.sqrt(p.w)
+            w_need = int(math.ceil((Z95 / target) ** 2))
+        sugg = (3, w_need)
+        lines.append("intervals   %s at %d events per release: +-%.1f%% of n from noise, up to +-%.1f%% from "
+                     "collisions (worst case over the data)" % (p.kind, events, 100 * noise, 100 * coll))
+        total = noise + coll
+    elif p.kind == "dcs":
+        from agent.dcs import exact_from
+
+        h = exact_from(p.b, p.w)
+        noise = Z95 * math.sqrt(p.b * nv * math.pi / 2.0 / max(1, p.d)) / n
+        coll = Z95 * math.sqrt(h / float(p.w))
+        w_need = p.w
+        while Z95 * math.sqrt(exact_from(p.b, w_need) / float(w_need)) > target and w_need < (1 << 24):
+            w_need *= 2
+        sugg = (4, w_need)
+        lines.append("intervals   dcs rank at %d events per release: +-%.1f%% of n from noise, up to +-%.1f%% "
+                     "from collisions in %d hashed levels (worst case over the data)"
+                     % (events, 100 * noise, 100 * coll, h))
+        total = noise + coll
+    elif p.kind == "dbits":
+        eps = p.budget[0] / float(p.budget[1])
+        rel = Z95 * 3.0 / (eps * math.sqrt(p.w))
+        add = Z95 * 2.0 * math.sqrt(p.w) / eps / n
+        total = max(rel, add)
+        w_need = int(math.ceil((3.0 * Z95 / (eps * target)) ** 2 / 8.0)) * 8
+        sugg = (p.d, w_need)
+        lines.append("intervals   dbits at %d distinct per release: about +-%.0f%% of n" % (events, 100 * total))
+    else:
+        return lines
+    if total > warn_at:
+        lines.append("warning     %s intervals will be uninformative at %d events per release (+-%.0f%% of n); "
+                     "for +-%.0f%% at 95%%: d = %d, w = %d (%s)"
+                     % (p.kind, events, 100 * total, 100 * target, sugg[0], sugg[1],
+                        "or a larger budget" if p.kind == "dbits" else "or more events per release: a longer window"))
+    return lines

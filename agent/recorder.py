@@ -122,6 +122,11 @@ class Recorder:
 
             self.sketch = DyadicSketch(params.b, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                                        params.map, new_counters(n))
+        elif params.kind == "strhh":
+            from agent.strhh import PrefixSketch  # on demand, as dcs
+
+            self.sketch = PrefixSketch(params.b, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
+                                       new_counters(n))
         else:
             self.sketch = Sketch(params.kind, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                                  new_counters(n))
@@ -314,7 +319,7 @@ class Recorder:
         daemon's numpy one, agent/batch.py)."""
         if self._pending is not None or self._redraw:
             self._ensure_open()
-        if adder is None or self.p.kind == "dcs":  # the numpy path knows cms/cs rows only
+        if adder is None or self.p.kind in ("dcs", "strhh"):  # the numpy path knows cms/cs rows only
             self.sketch.update_many(items, weights)
         else:
             adder(self.sketch, items, weights)

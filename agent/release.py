@@ -48,6 +48,8 @@ def release_map(params, seq, elo, ehi, part, counters, nz=2, lvl=0, inoise=None)
     if params.kind == "dcs":  # the kind's own keys (docs/FORMAT.md); dbits has none
         m["b"] = params.b
         m["map"] = [params.map[0], params.map[1], params.map[2]]
+    elif params.kind == "strhh":  # b = item bytes = levels (docs/FORMAT.md "Kind strhh")
+        m["b"] = params.b
     return m
 
 

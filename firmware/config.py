@@ -33,7 +33,7 @@ from firmware.sources import ConfigError  # the one config error (sources raise 
 
 DEFAULT_PATH = "/pansketch.json"
 
-SKETCH_KEYS = ("kind", "d", "w", "clip", "b", "map", "mode", "window_s", "epoch_s", "levels", "mechanism", "budget",
+SKETCH_KEYS = ("kind", "d", "w", "clip", "b", "map", "len", "mode", "window_s", "epoch_s", "levels", "mechanism", "budget",
                "persist_s", "persist_noise")
 TOP_KEYS = (
     "device", "salt", "sketch", "wifi", "ntp", "mqtt", "source", "watchdog_s", "state_dir",

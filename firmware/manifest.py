@@ -16,7 +16,7 @@ require("umqtt.simple")  # micropython-lib; our own deterministic CBOR encoder r
 # The device core: only modules that run on MicroPython (agent/daemon.py,
 # config.py, sources.py and publisher.py are the CPython Pi daemon).
 CORE = (
-    "__init__.py", "acks.py", "calibrate.py", "cbor.py", "dbits.py", "dcs.py", "hashing.py", "noise.py", "params.py",
+    "__init__.py", "acks.py", "calibrate.py", "cbor.py", "dbits.py", "dcs.py", "strhh.py", "hashing.py", "noise.py", "params.py",
     "recorder.py", "recorders.py", "release.py", "rng.py", "sketch.py", "storage.py", "tree.py",
 )
 FIRMWARE = (

@@ -230,6 +230,18 @@ def report(path=None):
         max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // cell_bytes(p.levels, p.shadow))))
 
 
+def strhh_lines(L, d, w, shadow=False, tls=True):
+    """Kind strhh (agent/strhh.py): L*d*w cells. Per board profile: does it fit, and the largest
+    power-of-two w for these L and d (the host's descent needs d >= 3; docs/PRIVACY.md)."""
+    out = []
+    for key, p in PROFILES:
+        n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"], 1, shadow)
+        wmax = _pow2_le(n // (L * d)) if n >= L * d else 0
+        out.append("%-8s %s for len=%d d=%d w=%d (%d cells of %d); largest power-of-two w at len=%d d=%d: %d" % (
+            key, "fits" if L * d * w <= n else "DOES NOT FIT", L, d, w, L * d * w, n, L, d, wmax))
+    return out
+
+
 def main(argv=None):
     import argparse
     import json
@@ -260,7 +272,10 @@ def main(argv=None):
         print("%s: %s d=%d w=%d (%d cells), %s mode, persist noise %s, TLS %s" % (
             a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "shadow" if p.shadow else "refresh",
             "on" if tls else "off"))
-        lines = estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow)
+        if p.kind == "strhh":  # len levels of d x w: the cells are L*d*w (agent/strhh.py)
+            lines = strhh_lines(p.b, p.d, p.w, p.shadow, tls)
+        else:
+            lines = estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow)
         for line in lines:
             print(line)
         if not cfg.tls:
@@ -284,3 +299,4 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main())
+

@@ -21,7 +21,12 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   (16777216), rejections_retention_s (2592000),
                   reject_log_interval_s (60), max_clock_skew_s (600),
                   max_seq_jump (100000), quarantine_max_rows (1000),
-                  quarantine_max_bytes (67108864)
+                  quarantine_max_bytes (67108864);
+                  group_wait_ms (20: how long the writer gathers a group
+                  commit), wal_limit_mb (64: SQLite WAL size that makes the
+                  writer run a TRUNCATE checkpoint), retain_raw_s (0: keep
+                  raw release payloads forever; else prune rolled-up ones
+                  that much older than their receipt: docs/HOST.md)
     [fleet]       salt or salt_id (one is required; queries need salt),
                   kind, d, w, mechanism (optional: enforced when given)
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
@@ -59,7 +64,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
                    "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
                    "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
-                   "quarantine_max_bytes"),
+                   "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "retain_raw_s"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
@@ -67,6 +72,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 DEFAULT_TOPIC = "pansketch/+/release"
 DEFAULT_SESSION_EXPIRY_S = 86400  # a lone aggregator: releases wait in its session over a restart
+MIN_RETAIN_RAW_S = 60  # retention: the shortest raw-payload lifetime accepted
 SHARED_SESSION_EXPIRY_S = 0  # a shared-group member: its session ends with its connection (docs/HOST.md)
 
 
@@ -111,6 +117,9 @@ class AggregatorConfig:
     max_seq_jump: int = 100000  # ... and one whose seq is this far above the device's highest stored seq
     quarantine_max_rows: int = 1000
     quarantine_max_bytes: int = 64 << 20
+    group_wait_ms: int = 20  # the writer waits up to this for more messages before a group commit
+    wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (TRUNCATE) by the writer
+    retain_raw_s: int = 0  # 0: keep raw payloads; else prune rolled-up releases received this long ago
 
     def __post_init__(self) -> None:
         if self.session_expiry_s < 0:
@@ -292,6 +301,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         qos=_int_range(a, "aggregator", "qos", 1, 0, 2),
         session_expiry_s=_int_range(a, "aggregator", "session_expiry_s",
                                     SHARED_SESSION_EXPIRY_S if shared else DEFAULT_SESSION_EXPIRY_S, 0, 0xFFFFFFFF),
+        group_wait_ms=_int_range(a, "aggregator", "group_wait_ms", 20, 0, 1000),
+        wal_limit_mb=_int_range(a, "aggregator", "wal_limit_mb", 64, 1, 1 << 20),
+        retain_raw_s=_int_range(a, "aggregator", "retain_raw_s", 0, 0, 100 * 365 * 86400),
     )
     agg.validate_cpu_s = _seconds(a, "aggregator", "validate_cpu_s", 1.0)
     if not 0.01 <= agg.validate_cpu_s <= 60:
@@ -307,6 +319,10 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     agg.quarantine_max_bytes = _int_range(a, "aggregator", "quarantine_max_bytes", 64 << 20, 1 << 16, 1 << 40)
     if agg.qos == 0:
         raise ConfigError("aggregator.qos", "must be 1 or 2 (QoS 0 can lose releases)")
+    if 0 < agg.retain_raw_s < MIN_RETAIN_RAW_S:
+        raise ConfigError("aggregator.retain_raw_s", "must be 0 (keep raw releases) or at least %d seconds (a "
+                                                     "release is pruned only well after it is committed, rolled "
+                                                     "up and acknowledged)" % MIN_RETAIN_RAW_S)
 
     # [fleet]
     fl = sec("fleet")
@@ -326,8 +342,8 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     if not re.fullmatch(r"[0-9a-f]{16}", sid):
         raise ConfigError("fleet.salt_id", "must be 16 lower-case hex digits")
     kind = _get(fl, "fleet", "kind", str, None)
-    if kind is not None and kind not in KINDS and kind not in ("dcs", "dbits"):
-        raise ConfigError("fleet.kind", "must be 'cms', 'cs', 'dcs' or 'dbits', got %r" % kind)
+    if kind is not None and kind not in KINDS and kind not in ("dcs", "dbits", "strhh"):
+        raise ConfigError("fleet.kind", "must be 'cms', 'cs', 'dcs', 'dbits' or 'strhh', got %r" % kind)
     mech = _get(fl, "fleet", "mechanism", str, None)
     if mech is not None and mech not in MECHANISMS:
         raise ConfigError("fleet.mechanism", "must be 'dlap' or 'dgauss', got %r" % mech)

@@ -188,12 +188,13 @@ class Cluster:
             f.write("[].\n")
         out = open(os.path.join(node.dir, "stdout.log"), "ab")
         node.proc = subprocess.Popen([SERVER], env=self._env(node), stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     cwd=node.dir)  # Mnesia core dumps land in the node's cwd, not the checkout
         out.close()
 
     def ctl(self, node: Node, *args: str, timeout: float = 60.0, check: bool = True) -> str:
         r = subprocess.run([CTL, "-n", node.name, *args], env=self._env(node), capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, cwd=node.dir)
         if check and r.returncode != 0:
             raise RuntimeError("rabbitmqctl %s on %s: %s%s" % (" ".join(args), node.name, r.stdout, r.stderr))
         return r.stdout

@@ -79,7 +79,7 @@ BAD = [
     ('budget = "1/4"', 'budget = "abc"', "privacy.budget", "decimal"),
     ("w = 512", "w = 1", "sketch.w", "between"),
     ("d = 3", 'd = "3"', "sketch.d", "integer"),
-    ('kind = "cms"', 'kind = "bloom"', "sketch.kind", "'cms', 'cs', 'dcs' or 'dbits'"),
+    ('kind = "cms"', 'kind = "bloom"', "sketch.kind", "'cms', 'cs', 'dcs', 'dbits' or 'strhh'"),
     ("epoch_s = 900", "epoch_s = 700", "privacy.epoch_s", "divide"),
     ('mode = "keep"', 'mode = "binary"', "privacy.mode", "window"),
     ('mechanism = "dlap"', 'mechanism = "laplace"', "privacy.mechanism", "dlap"),

@@ -465,3 +465,24 @@ def test_tree_sums_the_evidence_of_every_level() -> None:
     a = engine.audit_scenario(p, sc, ["release"], trials=40000, seed=2, verify_trials=1)
     r = a.results["release"]
     assert all(x in r.statistic for x in ("release[0]", "release[2]", "release[6]")) and not r.flagged, r
+
+
+def test_cli_audits_strhh_with_its_len(tmp_path, capsys) -> None:
+    """A len = 3 strhh config is audited with 3 prefix levels (d = 3 rows each), and ends with a verdict."""
+    conf = tmp_path / "agent.toml"
+    conf.write_text('[device]\nid = "d1"\nsalt = "fleet-salt-x"\n[sketch]\nkind = "strhh"\nd = 3\nw = 64\nlen = 3\n'
+                    '[privacy]\nmechanism = "dlap"\nbudget = "1/2"\nwindow_s = 600\n[storage]\ndir = "state"\n')
+    rc = host_cli.main(["audit", "--config", str(conf), "--trials", "4000", "--json", "--verify-trials", "1",
+                        "--scenario", "before-persist", "--scenario", "persist-fail-before-trailer"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    summ = [d for d in lines if d["summary"]]
+    assert rc in (0, 1) and len(summ) == 2 and all(d["kind"] == "strhh" and d["path"] == "model" for d in summ)
+    assert rc == (1 if any(d["flagged"] for d in summ) else 0)
+    import argparse
+
+    from host_tools.audit import cli as audit_cli
+
+    p = audit_cli._params(argparse.Namespace(config=str(conf), w=8))
+    assert (p.b, p.arrays, p.cells) == (3, 3, 3 * 3 * 8)
+    cells = device.target_cells(p, device.target_item(p))
+    assert len(cells) == 3 * 3 and {c // (3 * 8) for c, _ in cells} == {0, 1, 2}  # every level, d rows each

@@ -28,7 +28,7 @@ def test_registry_holds_the_kinds_in_cli_order() -> None:
     assert [k.name for k in kinds.KINDS] == KIND_NAMES
     assert set(kinds.BY_NAME) == set(KIND_NAMES)
     for k in kinds.KINDS:
-        assert k.sketches and set(k.sketches) <= {"cms", "cs", "dcs", "dbits"}, k.name
+        assert k.sketches and set(k.sketches) <= {"cms", "cs", "dcs", "dbits", "strhh"}, k.name
 
 
 def test_cli_subcommands_come_from_the_registry() -> None:

@@ -324,3 +324,50 @@ def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
     lite.close()
     assert a.kind == b.kind == "dcs" and a.releases == b.releases == 4
     assert np.array_equal(a.counters, b.counters) and a.noise == b.noise
+
+
+def test_concurrent_writers_add_to_roll_up_rows_of_their_own(dsn):
+    """Two aggregators write to one database at once: each adds to its own roll-up row of a window
+    (no hot row that every group locks until its commit), and queries sum both rows exactly."""
+    a, b = Aggregator(_cfg(dsn)), Aggregator(_cfg(dsn))
+    assert {a.store._rollup_shard, b.store._rollup_shard} == {0, 1}
+    for dv in range(4):
+        p = params("sh%d" % dv, w=32)
+        agg = a if dv % 2 else b
+        for k in range(3):
+            assert agg.handle(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=dv * 10 + k)).stored
+    a.close()
+    b.close()
+    st = open_store(dsn, readonly=True)
+    infos = st.rollups()
+    assert len(infos) == 6 and sorted({(i.win, i.releases) for i in infos}) == [(T0 // 3600 + k, 2) for k in range(3)]
+    for sel in ({}, {"window": T0 // 3600 + 1}):
+        m, _ = query.select_merged(st, salt=SALT, **sel)
+        raw, _ = query.select_merged(st, salt=SALT, use_rollups=False, **sel)
+        assert np.array_equal(m.counters, raw.counters) and m.noise == raw.noise
+        assert (m.releases, m.devices) == (raw.releases, raw.devices)
+    st.close()
+    c = Aggregator(_cfg(dsn))  # the slots were freed with the sessions: a restart takes slot 0 again
+    assert c.store._rollup_shard == 0
+    c.close()
+
+
+def test_a_device_keeps_one_tree_shape_on_postgresql(dsn, tmp_path):
+    """pansketch_put's shape check (one stored row of the device decides) refuses a switch either way,
+    also after many releases of the device."""
+    from tests.test_tree_query import E0 as TE0
+    from tests.test_tree_query import record_epochs, tparams
+
+    agg = Aggregator(_cfg(dsn))
+    for raw in record_epochs(tparams("sw"), str(tmp_path / "a"), [["x"]] * 2, seed="a"):
+        assert agg.handle(topic("sw"), raw).stored
+    other = record_epochs(tparams("sw", levels=6), str(tmp_path / "b"), [["x"]] * 2, seed="b", start=TE0 + 64)
+    out = agg.handle(topic("sw"), other[0])
+    assert out.status == "rejected" and out.code == "device" and "tree shape" in (out.reason or "")
+    pw = params("win", w=128)  # window mode, the same kind, d, w as the tree parameters
+    for k in range(30):
+        assert agg.handle(topic("win"), encoded(pw, seq=k, elo=TE0 + k)).stored
+    tree = record_epochs(tparams("win"), str(tmp_path / "c"), [["x"]] * 2, seed="c", start=TE0 + 128)
+    out = agg.handle(topic("win"), tree[0])
+    assert out.status == "rejected" and out.code == "device" and "tree shape" in (out.reason or ""), out
+    agg.close()

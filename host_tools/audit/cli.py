@@ -93,6 +93,8 @@ def _params(args: argparse.Namespace) -> Params:
     if p.kind == "dcs":  # the config's domain: b levels + 1 and the reading map (issue 18: not the defaults)
         raw["b"] = p.b
         raw["map"] = list(p.map)
+    if p.kind == "strhh":  # the config's item length = prefix levels
+        raw["len"] = p.b
     if p.kind == "dbits":  # w is bits per level: a multiple of 8
         raw["w"] = max(8, (args.w + 7) // 8 * 8)
     return Params(raw)

@@ -443,7 +443,7 @@ def target_item(p: Params) -> str:
     if p.kind == "dcs":
         num, den, off = p.map
         return "%d" % (off + -(-den // num))  # smallest reading with floor((r - off) num / den) >= 1
-    if p.kind == "dbits":
+    if p.kind in ("dbits", "strhh"):  # strhh: any item touches one node per prefix level
         return "audit-target-0"
     prefix = hashing.salt_prefix(p.salt)
     for i in range(100000):
@@ -470,6 +470,12 @@ def target_cells(p: Params, item: str) -> list[tuple[int, int]]:
 
         z = array.array("i", bytes(4 * p.cells))
         DyadicSketch(p.b, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, p.map, z).update(item, 1)
+        return [(i, 1 if v > 0 else -1) for i, v in enumerate(z) if v]
+    if p.kind == "strhh":
+        from agent.strhh import PrefixSketch
+
+        z = array.array("i", bytes(4 * p.cells))
+        PrefixSketch(p.b, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, z).update(item, 1)
         return [(i, 1 if v > 0 else -1) for i, v in enumerate(z) if v]
     prefix = hashing.salt_prefix(p.salt)
     signed = p.kind == "cs"

@@ -220,8 +220,10 @@ def _env() -> dict[str, str]:
 
 
 def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str, db: Optional[str] = None,
-                 aggregators: int = 1, peer: bool = False, tag: str = "r") -> dict[str, Any]:
-    """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber)."""
+                 aggregators: int = 1, peer: bool = False, tag: str = "r", pg_pid: Optional[int] = None) -> dict[str, Any]:
+    """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber).
+
+    ``pg_pid``: the PostgreSQL postmaster's pid; its processes' CPU is reported as ``postgres``."""
     started = _start_mosquitto(tmp)
     if started is None:
         return {"skipped": "mosquitto not installed"}
@@ -265,6 +267,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         roles: dict[int, str] = {broker.pid: "mosquitto"}
         for a in procs_agg:
             roles.update(_helpers(a.pid))
+        if pg_pid is not None:  # the server and its backends (one per aggregator connection)
+            roles.update({pid: "postgres" for pid in _helpers(pg_pid)})
         cpu0 = {pid: _cpu_s(pid) for pid in roles}
         t0 = time.perf_counter()
         t0_wall = time.time()
@@ -506,7 +510,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for k in (1, 2, 4):
                     dsn = srv.create_database("bench%d" % k)
                     peer = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="pp%d" % k)
-                    ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k, tag="pg%d" % k)
+                    with open(os.path.join(srv.data, "postmaster.pid")) as f:
+                        pg_pid = int(f.readline())
+                    ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k, tag="pg%d" % k,
+                                        pg_pid=pg_pid)
                     pg["%d_aggregators" % k] = {"aggregators_per_second": ours.get("releases_per_second"),
                                                 "peer_per_second": peer.get("releases_per_second"),
                                                 "run": ours}

@@ -7,7 +7,9 @@
 One stream (Zipf items, a few events per epoch) is counted by two real
 device cores with the same parameters and the same per-event guarantee,
 one in ``window`` mode (one release per epoch) and one in ``tree`` mode
-(L levels). Their releases go through the real aggregator into SQLite, and
+(L levels). Tree answers are measured twice: from the raw canonical cover
+(``--no-consistency``, column ``tree``) and from least-squares consistent
+nodes (the default, column ``tree_consistent``, host_tools.query.treels). Their releases go through the real aggregator into SQLite, and
 every range count is asked through the CLI (``pansketch query freq ...
 --since --until --device --json``, a subprocess per query). For each range
 length the table gives, per mode: RMSE of the estimates against the true
@@ -41,6 +43,9 @@ from agent.recorders import make
 from agent.rng import Rng
 
 SALT = "tree-evidence-salt"
+# (column, device, extra query flags): tree = the raw canonical cover (the answers before least-squares
+# consistency, host_tools.query.treels), tree_consistent = the default answers
+MODES: tuple[tuple[str, str, tuple[str, ...]], ...] = (("window", "win-dev", ()), ("tree", "tree-dev", ("--no-consistency",)), ("tree_consistent", "tree-dev", ()))
 LENGTHS = (1, 24, 168, 720, 10080)
 
 
@@ -70,9 +75,9 @@ def run_device(p: Params, root: str, epochs: list[list[str]], e0: int, handle: A
     return time.perf_counter() - t
 
 
-def cli_freq(conf: str, items: list[str], since: int, until: int, dev: str) -> list[dict[str, Any]]:
+def cli_freq(conf: str, items: list[str], since: int, until: int, dev: str, *extra: str) -> list[dict[str, Any]]:
     out = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", conf, "freq", *items,
-                          "--since", str(since), "--until", str(until), "--device", dev, "--json"],
+                          "--since", str(since), "--until", str(until), "--device", dev, "--json", *extra],
                          capture_output=True, text=True, check=True)
     return [json.loads(x) for x in out.stdout.splitlines()]
 
@@ -132,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in lengths:
         starts = sorted({int(x) for x in rng.integers(0, a.epochs - k + 1, size=a.positions)})
         res: dict[str, dict[str, list[float]]] = {}
-        for mode, dev in (("window", "win-dev"), ("tree", "tree-dev")):
+        for mode, dev, extra in MODES:
             acc = res.setdefault(mode, {"err": [], "width": [], "cov": [], "rel": [], "draws": [], "sd": []})
             for st in starts:
                 since = (e0 + st) * a.epoch_s
                 until = (e0 + st + k) * a.epoch_s
-                ans = cli_freq(conf, ["item-%d" % i for i in qitems], since, until, dev)
+                ans = cli_freq(conf, ["item-%d" % i for i in qitems], since, until, dev, *extra)
                 f = truth[st:st + k].sum(axis=0)
                 for i, an in zip(qitems, ans):
                     acc["err"].append(an["estimate"] - f[i])
@@ -149,18 +154,20 @@ def main(argv: list[str] | None = None) -> int:
                 acc["draws"].append(ans[0]["noise_draws"])
                 acc["sd"].append(ans[0]["noise_sd"])
         row: dict[str, Any] = {"epochs": k, "positions": len(starts)}
-        for mode in ("window", "tree"):
+        for mode, _d, _e in MODES:
             r = res[mode]
             row[mode] = {"rmse": float(np.sqrt(np.mean(np.square(r["err"])))),
                          "mean_width": float(np.mean(r["width"])), "coverage": float(np.mean(r["cov"])),
                          "releases": float(np.mean(r["rel"])), "noise_draws": float(np.mean(r["draws"])),
                          "noise_sd_per_cell": float(np.mean(r["sd"]))}
         rows.append(row)
-        print("k=%-6d window rmse %7.1f width %7.1f (%6.0f rel, sd %6.1f) | tree rmse %7.1f width %7.1f "
-              "(%5.1f rel, sd %6.1f)" % (k, row["window"]["rmse"], row["window"]["mean_width"],
-                                         row["window"]["releases"], row["window"]["noise_sd_per_cell"],
-                                         row["tree"]["rmse"], row["tree"]["mean_width"], row["tree"]["releases"],
-                                         row["tree"]["noise_sd_per_cell"]), flush=True)
+        print("k=%-6d window rmse %7.1f width %7.1f cov %.3f | tree raw rmse %7.1f width %7.1f cov %.3f | "
+              "tree consistent rmse %7.1f width %7.1f cov %.3f (%.2fx lower rmse)"
+              % (k, row["window"]["rmse"], row["window"]["mean_width"], row["window"]["coverage"],
+                 row["tree"]["rmse"], row["tree"]["mean_width"], row["tree"]["coverage"],
+                 row["tree_consistent"]["rmse"], row["tree_consistent"]["mean_width"],
+                 row["tree_consistent"]["coverage"], row["tree"]["rmse"] / max(1e-9, row["tree_consistent"]["rmse"])),
+              flush=True)
     from agent import plan
 
     cross = plan.crossover(pw, pt)

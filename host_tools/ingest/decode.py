@@ -79,8 +79,9 @@ MODES_BY_VERSION = {1: ("window", "keep"), 2: SUPPORTED_MODES}
 SUPPORTED_VERSIONS = (1, 2)
 # format version 2 (docs/FORMAT.md): every release has ``lvl``; kind dcs adds ``b`` and ``map``
 FIELDS_V2 = FIELDS
-KIND_FIELDS = {"dcs": ("b", "map")}
-V2_KINDS = ("cms", "cs", "dcs", "dbits")
+KIND_FIELDS = {"dcs": ("b", "map"), "strhh": ("b",)}
+V2_KINDS = ("cms", "cs", "dcs", "dbits", "strhh")
+STRHH_L = (3, 64)  # agent.strhh.MIN_L, MAX_L: kind strhh's b = item bytes = levels
 TREE_KINDS = ("cms", "cs")  # agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
 MAX_MAP = 1 << 62
 
@@ -342,7 +343,9 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
             raise Rejected("schema", "field 'map' must be [scale_num, scale_den, offset] with 0 < scale < 2^62, "
                                      "|offset| < 2^62")
         dmap = (mv[0], mv[1], mv[2])
-    levels = b + 1 if kind == "dcs" else 1  # dcs levels (not tree levels)
+    elif kind == "strhh":
+        b = _int(obj, "b", STRHH_L[0], STRHH_L[1])
+    levels = b + 1 if kind == "dcs" else (b if kind == "strhh" else 1)  # sketch levels (not tree levels)
     d = _int(obj, "d", 1, 32)
     w = _int(obj, "w", 2, 1 << 24)
     hv = _int(obj, "hv", 0, MAX_U32)

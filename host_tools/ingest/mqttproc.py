@@ -238,10 +238,13 @@ class MQTTProcess:
                 ev = self.conn.recv()
             except (EOFError, OSError):
                 break
-            if ev[0] == "msgs":
-                self.on_messages([Msg(*m) for m in ev[1]])
-            else:
-                self.on_event(ev)
+            try:
+                if ev[0] == "msgs":
+                    self.on_messages([Msg(*m) for m in ev[1]])
+                else:
+                    self.on_event(ev)
+            except Exception:  # a bug in one handler must not stop every later message
+                log.exception("handling %s from the MQTT process failed", ev[0])
         if not self._closing:
             try:
                 rc: Optional[int] = self.proc.wait(5)

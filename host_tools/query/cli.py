@@ -32,6 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                   "(.png, .svg or .pdf; needs matplotlib)")
     p.add_argument("--no-rollups", dest="use_rollups", action="store_false",
                    help="merge the raw releases instead of the per-window roll-ups (same answer, slower)")
+    p.add_argument("--no-consistency", dest="consistent", action="store_false",
+                   help="tree-mode devices: sum the raw cover nodes (default: least-squares consistent nodes)")
 
 
 

@@ -43,7 +43,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from agent import hashing
-from host_tools.query import estimators
+from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
 from host_tools.store.core import RollupInfo, SQLStore, StoredRelease
 
@@ -94,6 +94,8 @@ class Selection:
     tree_nodes: int = 0  # tree-mode nodes used (all their parts are in the merge)
     tree_skipped: int = 0  # tree-mode releases inside the range not needed by the cover
     missing_epochs: int = 0  # epochs of tree-mode devices inside their covered span with no node
+    tree_used: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # per tree device: its cover
+    tree_facts: dict[str, Any] = field(default_factory=dict)  # host_tools.query.treels.apply's report
 
     def describe(self) -> str:
         if self.window is not None:
@@ -160,6 +162,7 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
         lo = min(r.elo for r in rs)
         hi = max(r.ehi for r in rs)
         used, missing = cover(nodes, lo, hi)
+        sel.tree_used[dev] = used
         n = 0
         for k in used:
             out.extend(nodes[k])
@@ -172,7 +175,7 @@ def _tree_cover(rels: list[Any], sel: Selection) -> list[Any]:
 
 POINT_KINDS = ("cs", "cms")  # freq, topk, series
 KIND_QUERIES = {"cs": "freq, topk, series", "cms": "freq, topk, series", "dcs": "quantile, cdf, heavy",
-                "dbits": "distinct"}
+                "dbits": "distinct", "strhh": "heavy"}
 
 
 def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
@@ -200,7 +203,7 @@ def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
                   salt: Optional[str] = None, use_rollups: bool = True,
-                  kinds: Optional[Sequence[str]] = None) -> tuple[Merged, Selection]:
+                  kinds: Optional[Sequence[str]] = None, consistent: bool = True) -> tuple[Merged, Selection]:
     """Merge the selected releases; raises QueryError with the reason.
 
     Fleet-wide selections (no ``device``) are answered from the per-window
@@ -225,7 +228,7 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         if use_rollups and sel.devices is None and store.has_rollups and not store.has_unrolled():
             m = _from_rollups(store, sel)
         if m is None:
-            m = _from_releases(store, sel)
+            m = _from_releases(store, sel, consistent)
     if salt is not None and hashing.salt_id(salt) != m.salt:
         raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
                          % (hashing.salt_id(salt), m.salt))
@@ -238,8 +241,9 @@ def _window_lengths(window: int, lens: set[int]) -> None:
                          "query a time range (--since/--until) or one device" % (window, sorted(lens)))
 
 
-def _from_releases(store: SQLStore, sel: Selection) -> Merged:
-    """Merge the raw releases of the selection (streaming)."""
+def _from_releases(store: SQLStore, sel: Selection, consistent: bool = True) -> Merged:
+    """Merge the raw releases of the selection (streaming); tree-mode covers from least-squares
+    consistent nodes unless ``consistent`` is False (host_tools.query.treels)."""
     window, since, until = sel.window, sel.since, sel.until
     every = store.releases(devices=sel.devices, window=window, since=since, until=until)
     if since is not None or until is not None:
@@ -264,9 +268,20 @@ def _from_releases(store: SQLStore, sel: Selection) -> Merged:
                 yield c
 
     try:
-        return merge(rels, counters())
+        m = merge(rels, counters())
     except MergeError as exc:
         raise QueryError(str(exc))
+    if sel.tree_used and consistent:
+        from host_tools.query import treels
+
+        keys: dict[str, set[tuple[int, int]]] = {}
+        ep_s: dict[str, int] = {}
+        for dev in sel.tree_used:
+            trs = [r for r in store.releases(devices=[dev]) if r.mode == "tree"]
+            keys[dev] = {(r.elo, r.ehi) for r in trs}
+            ep_s[dev] = trs[0].ep_s
+        sel.tree_facts = treels.apply(store, m, sel.tree_used, keys, ep_s)
+    return m
 
 
 def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
@@ -387,18 +402,21 @@ def _hash(items: Sequence[Any], salt: str, d: int, w: int) -> tuple[np.ndarray, 
 def _tree_extra(sel: Selection) -> dict[str, Any]:
     if not (sel.tree_nodes or sel.missing_epochs):
         return {}
-    return {"tree_nodes": sel.tree_nodes, "tree_missing_epochs": sel.missing_epochs}
+    return {"tree_nodes": sel.tree_nodes, "tree_missing_epochs": sel.missing_epochs, **sel.tree_facts}
 
 
 def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, rule: estimators.IntervalRule,
-             idx: Iterable[int], ranked: bool) -> list[Answer]:
+             idx: Iterable[int], ranked: bool,
+             bounds: Optional[tuple[np.ndarray, np.ndarray, str]] = None) -> list[Answer]:
     out = []
     for rank, i in enumerate(idx, 1):
         e = float(est[i])
-        out.append(Answer(item=items[i], estimate=e, lo=e - rule.below, hi=e + rule.above,
+        lo, hi = (e - rule.below, e + rule.above) if bounds is None else (float(bounds[0][i]), float(bounds[1][i]))
+        out.append(Answer(item=items[i], estimate=e, lo=lo, hi=hi,
                           confidence=rule.confidence, window=sel.window, since=m.t0, until=m.t1,
                           devices=m.devices, releases=m.releases, kind=m.kind, noise_sd=rule.noise_sd,
-                          method=rule.method, offset=rule.offset, rank=rank if ranked else None,
+                          method=rule.method if bounds is None else bounds[2], offset=rule.offset,
+                          rank=rank if ranked else None,
                           partial_excluded=sel.partial, noise_draws=m.noise_draws, extra=_tree_extra(sel)))
     return out
 
@@ -406,19 +424,22 @@ def _answers(m: Merged, sel: Selection, items: Sequence[Any], est: np.ndarray, r
 def _point_kind(m: Merged) -> None:
     if m.kind == "dcs":
         raise QueryError("releases of kind dcs answer quantile, cdf and heavy (not freq/topk)")
+    if m.kind == "strhh":
+        raise QueryError("releases of kind strhh answer heavy (not freq/topk)")
 
 
 def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True, pick: bool = True) -> list[Answer]:
-    """Estimated frequency of each item (in order) over the selection, with intervals.
+         use_rollups: bool = True, pick: bool = True, consistent: bool = True) -> list[Answer]:
+    """Estimated frequency of each item (in order) over the selection, with intervals
+    (tree-mode nodes made consistent first unless ``consistent`` is False).
 
     ``pick``: on a store that mixes kinds, merge the devices of :data:`POINT_KINDS` when no device is
     named (:func:`pick_devices`); False when the caller already did (series, per bucket).
     """
     m, sel = select_merged(store, window, since, until, device, salt, use_rollups,
-                           kinds=POINT_KINDS if pick else None)
+                           kinds=POINT_KINDS if pick else None, consistent=consistent)
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)
@@ -430,9 +451,12 @@ def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[i
 def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, window: Optional[int] = None,
          since: Optional[float] = None, until: Optional[float] = None,
          device: Union[None, str, Sequence[str]] = None, confidence: float = 0.95,
-         use_rollups: bool = True) -> list[Answer]:
+         use_rollups: bool = True, refit: bool = True) -> list[Answer]:
     """The k candidates with the largest estimates, best first, with intervals.
 
+    CountSketch: the leading candidates are re-estimated by a least-squares refit
+    (host_tools.query.ranking; ``refit=False`` ranks by the medians); each interval
+    is the calibrated one of the median, extended to contain the refit value.
     Intervals are per item (each covers its own count at ``confidence``),
     not simultaneous over the k items.
     """
@@ -447,9 +471,17 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
     est = estimators.point_estimates(m.counters, cols, signs, m.kind)
     rule = estimators.interval_rule(m, confidence)
     k = min(k, len(cands))
+    bounds = None
+    fit = ranking.refit(m.counters, cols, signs, est, k) if refit and m.kind == "cs" else None
+    if fit is not None:
+        S, f = fit
+        lo, hi = est - rule.below, est + rule.above
+        est = est.copy()
+        est[S] = f
+        bounds = (np.minimum(lo, est), np.maximum(hi, est), rule.method + "+ls-refit")
     part = np.argpartition(-est, k - 1)[:k]
     order = part[np.lexsort((part, -est[part]))]  # by estimate desc, ties by candidate order
-    return _answers(m, sel, cands, est, rule, [int(i) for i in order], True)
+    return _answers(m, sel, cands, est, rule, [int(i) for i in order], True, bounds)
 
 
 def read_candidates(path: str, as_int: bool = False) -> list[Any]:

@@ -51,6 +51,13 @@ nodes the search never read (n minus x's right siblings,
 :meth:`DyadicView.rank_le_right`), with its interval: the search chose x
 by the left nodes' errors, so their estimate at x is a selected one.
 
+Consistency (:func:`make_consistent`): the rows of one CDF answer are made
+monotone in x (isotonic regression of the estimates), ranks >= 0 and CDF
+values in [0, 1], every estimate inside its interval; the intervals are
+only widened to be monotone, so each still covers at least as often.
+Quantile rows are clipped row by row (an answer must not depend on which
+other quantiles were asked with it).
+
 Heavy hitters without candidates: descend from the root; at each level keep
 the ``beam`` (default max(4k, 64)) children with the largest estimates;
 with a threshold T, children whose estimate is below T - t_l are dropped
@@ -75,7 +82,7 @@ import numpy as np
 from agent import hashing
 from agent.dcs import exact_from, level_prefix, map_value
 from host_tools import fasthash
-from host_tools.query import estimators
+from host_tools.query import consistency, estimators
 from host_tools.query.merge import Merged, NoiseTerm
 
 
@@ -363,7 +370,8 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
     :meth:`DyadicView.rank_le_right`, as x was selected by the left ones) or cdf points (Algorithm 5)."""
     n, tn = v.total()
     r, h = v.rank_le_right(xs) if qs is not None else v.rank_le(xs)
-    out = []
+    xs = np.asarray(xs, dtype=np.int64)
+    out: list[RankAnswer] = []
     for i, x in enumerate(xs):
         lo, hi = reading_range(int(x), v.b, mapping)
         rl, rh = float(r[i] - h[i]), float(r[i] + h[i])
@@ -372,4 +380,32 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
         fh = min(1.0, rh / nl) if nl > 0 else 1.0
         out.append(RankAnswer(None if qs is None else float(qs[i]), int(x), lo, hi, float(r[i]), rl, rh, n, nl, nh,
                               float(r[i] / n) if n > 0 else math.nan, fl, fh))
-    return out
+    return make_consistent(out, across_rows=qs is None)
+
+
+def make_consistent(rows: list[RankAnswer], across_rows: bool = True) -> list[RankAnswer]:
+    """Rows made monotone in x, ranks >= 0 and CDF values in [0, 1], each estimate inside its
+    interval (host_tools.query.consistency.monotone: isotonic estimates, intervals only widened,
+    so each covers at least as often as before). Post-processing: no privacy cost.
+
+    ``across_rows`` False (quantile answers) treats each row alone: clipped into [0, 1] / [0, inf)
+    and into its interval, so a row's answer does not depend on which other quantiles were asked."""
+    if not rows or any(math.isnan(a.frac) for a in rows):
+        return rows
+    if not across_rows:
+        for a in rows:
+            a.rank_lo, a.rank_hi = max(0.0, a.rank_lo), max(0.0, a.rank_hi)
+            a.rank = min(max(a.rank, a.rank_lo), a.rank_hi)
+            a.frac_lo, a.frac_hi = min(max(a.frac_lo, 0.0), 1.0), min(max(a.frac_hi, 0.0), 1.0)
+            a.frac = min(max(a.frac, a.frac_lo), a.frac_hi)
+        return rows
+    order = sorted(range(len(rows)), key=lambda i: rows[i].x)
+    rk, rlo, rhi = consistency.monotone([rows[i].rank for i in order], [rows[i].rank_lo for i in order],
+                                        [rows[i].rank_hi for i in order], 0.0)
+    fr, flo, fhi = consistency.monotone([rows[i].frac for i in order], [rows[i].frac_lo for i in order],
+                                        [rows[i].frac_hi for i in order], 0.0, 1.0)
+    for j, i in enumerate(order):
+        a = rows[i]
+        a.rank, a.rank_lo, a.rank_hi = float(rk[j]), float(rlo[j]), float(rhi[j])
+        a.frac, a.frac_lo, a.frac_hi = float(fr[j]), float(flo[j]), float(fhi[j])
+    return rows

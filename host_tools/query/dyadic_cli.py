@@ -61,7 +61,9 @@ def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float =
 def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] = None, confidence: float = 0.95,
         window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
         device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
-    """F(x) = fraction of events with value <= x, at ``points`` evenly spaced domain values or at readings ``at``."""
+    """F(x) = fraction of events with value <= x, at readings ``at`` or at ``points`` values that
+    follow the data: the estimated q-quantiles for q evenly spaced in [0, 1] (duplicates merged).
+    The rows are monotone, in [0, 1] and inside their intervals (dyadic.make_consistent)."""
     from host_tools.query.core import QueryError
 
     m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
@@ -71,7 +73,9 @@ def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] 
     else:
         if points < 2:
             raise QueryError("--points must be at least 2")
-        xs = np.unique(np.array([min(top, (i * (top + 1)) // (points - 1)) for i in range(points)], dtype=np.int64))
+        # a grid over the whole 2^b domain would spend most points where no reading occurs
+        qs = np.linspace(0.0, 1.0, points)
+        xs = np.unique(np.minimum(top, v.quantile(qs)))
     meta = _meta(m, s, v)
     return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, None, m.map)]
 
@@ -122,7 +126,8 @@ def add_quantile_arguments(q: argparse.ArgumentParser) -> None:
 
 
 def add_cdf_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--points", type=_points, default=17, help="evenly spaced domain points (default 17, at least 2)")
+    c.add_argument("--points", type=_points, default=17,
+                   help="points at the estimated quantiles 0, 1/(P-1), ..., 1 (default 17, at least 2)")
     c.add_argument("--at", nargs="+", metavar="READING", help="readings at which to evaluate the CDF")
 
 
@@ -130,6 +135,8 @@ def add_heavy_arguments(h: argparse.ArgumentParser) -> None:
     h.add_argument("-k", type=positive_int, required=True, metavar="K",
                    help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
+    h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
+    h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
 
 
 def add_distinct_arguments(dq: argparse.ArgumentParser) -> None:
@@ -167,6 +174,12 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
         until: Optional[float]) -> int:
     sel = dict(salt=salt, confidence=conf, window=args.window, since=since, until=until, device=args.device)
     t = time.perf_counter()
+    if args.qtype == "heavy":  # kind strhh answers heavy with its own descent (host_tools/query/strheavy_cli.py)
+        from host_tools.query import strheavy_cli
+
+        done = strheavy_cli.run_heavy(args, store, salt, conf, since, until)
+        if done is not None:
+            return done
     if args.qtype == "distinct":
         from host_tools.query import distinct
 

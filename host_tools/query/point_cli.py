@@ -36,7 +36,8 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
         if args.qtype == "freq":
             items = [_item(x, args.as_int, "ITEM") for x in args.items]
             answers = freq(store, items, salt=salt, window=args.window, since=since, until=until,
-                           device=args.device, confidence=conf, use_rollups=args.use_rollups)
+                           device=args.device, confidence=conf, use_rollups=args.use_rollups,
+                           consistent=getattr(args, "consistent", True))
         else:
             cands = read_candidates(args.candidates, args.as_int)
             answers = topk(store, cands, args.k, salt=salt, window=args.window, since=since, until=until,

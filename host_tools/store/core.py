@@ -10,7 +10,8 @@ supplies the connection, the transaction start, its DDL and its error types.
 Tables (schema version 1)::
 
     releases        one row per release, PRIMARY KEY (device, elo, ehi, part);
-                    every map field, the raw payload bytes, their SHA-256, the
+                    every map field, the raw payload bytes (empty once
+                    retention pruned them: SQLStore.prune), their SHA-256, the
                     topic and the time received
     devices         per device the parameters fixed by its first release
                     (salt id, hash version, kind, d, w, ep_s)
@@ -184,6 +185,7 @@ _INSERT_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "
                 "nout_den", "nz", "L", "sha256", "payload", "ctr_off", "topic", "received", "v", "lvl", "b",
                 "map_num", "map_den", "map_off")
 _CHUNK = 500  # ids per IN (...) list
+WAL_KEEP_BYTES = 16 << 20  # SQLite journal_size_limit: a reset WAL file is truncated to this
 
 
 def _select_cols(have: Optional[set[str]]) -> str:
@@ -202,6 +204,10 @@ def insert_values(rel: Release, topic: Optional[str], received: float) -> tuple[
 
 class StoreError(Exception):
     """The store cannot be opened or used (message says what and where)."""
+
+
+class PrunedError(StoreError, ValueError):
+    """A query needs the counters of a release whose payload retention has pruned."""
 
 
 class NotAStoreError(StoreError, FileNotFoundError):
@@ -304,6 +310,15 @@ class StoredRelease(SketchShape):
     lvl: int = 0
     b: int = 0  # dcs: domain bits
     map: Optional[tuple[int, int, int]] = None  # dcs: (scale_num, scale_den, offset)
+
+    def counters(self) -> np.ndarray:
+        """As :meth:`SketchShape.counters`; a release whose bytes retention pruned says so."""
+        if self.payload is not None and not self.payload:  # SQLStore.prune kept the row without the bytes
+            raise PrunedError("release %s seq %d (epochs [%d, %d)) was pruned by retention ([aggregator] "
+                              "retain_raw_s): its counters live on only in its window's roll-up; query whole "
+                              "windows of the fleet (answered from the roll-ups)"
+                              % (self.device, self.seq, self.elo, self.ehi))
+        return SketchShape.counters(self)
 
 
 def _locked(exc: BaseException) -> bool:
@@ -422,6 +437,7 @@ class SQLStore:
     _lock: threading.RLock
     _cols: str  # release columns to select (old files: "2 AS nz")
     _for_update = ""  # row locks for read-modify-write of roll-ups (PostgreSQL)
+    _rollup_shard: Optional[int] = None  # PostgreSQL: this writer's roll-up rows (rollups.shard)
     _db_errors: tuple[type[BaseException], ...]  # the driver's errors (sqlite3.Error, psycopg.Error)
 
     # -- backend hooks (the SQLite / PostgreSQL differences: Store here, PgStore in host_tools.store.pg) --
@@ -439,6 +455,10 @@ class SQLStore:
 
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
+
+    def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
+        """Bound the write-ahead log between group commits (SQLite; PostgreSQL: nothing to do)."""
+        return None
 
     def close(self) -> None:
         raise NotImplementedError
@@ -697,10 +717,10 @@ class SQLStore:
         cache = self.__dict__.setdefault("_shapecache", {})
         if cache.get(rel.dev) == shape:
             return
-        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? AND ((mode = 'tree') != ? "
-                             "OR (mode = 'tree' AND (L != ? OR win_s != ?))) LIMIT 1",
-                        (rel.dev, tree, rel.L, rel.win_s)).fetchone()
-        if other is not None:
+        # any one stored release of the device: they all have one shape (this check keeps it so); a
+        # primary-key prefix probe, where scanning the device's releases grew with its history
+        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? LIMIT 1", (rel.dev,)).fetchone()
+        if other is not None and ((other[0] == "tree") != tree or (tree and (other[1], other[2]) != (rel.L, rel.win_s))):
             raise Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
                            "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
                            "query would count events twice; give the reconfigured device a new id"
@@ -735,16 +755,20 @@ class SQLStore:
         """Add a group's increments to the roll-ups (sorted: concurrent writers lock rows in one order)."""
         noise: list[tuple[Any, ...]] = []
         devs: list[tuple[Any, ...]] = []
+        # PostgreSQL: each writer adds to roll-up rows of its own shard (PgStore), so concurrent
+        # aggregators never wait on one hot row; readers sum every row of a window (query.core)
+        shard = self._rollup_shard
+        kc, kw, ka = ((", shard", " AND shard = ?", (shard,)) if shard is not None else ("", "", ()))
         for key in sorted(accs):
             acc = accs[key]
             d, w = key[3], key[4]
-            self._x(cur, "INSERT INTO rollups (win_s, win, kind, d, w, hv, salt, releases, t0, t1, sums) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?) "
-                         "ON CONFLICT (win_s, win, kind, d, w, hv, salt) DO NOTHING",
-                    key + (acc.t0, acc.t1, np.zeros(d * w, dtype="<i8").tobytes()))
+            self._x(cur, "INSERT INTO rollups (win_s, win, kind, d, w, hv, salt%s, releases, t0, t1, sums) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?%s, 0, ?, ?, ?) "
+                         "ON CONFLICT (win_s, win, kind, d, w, hv, salt%s) DO NOTHING" % (kc, ", ?" * len(ka), kc),
+                    key + ka + (acc.t0, acc.t1, np.zeros(d * w, dtype="<i8").tobytes()))
             rid, n, t0, t1, blob = self._x(
                 cur, "SELECT id, releases, t0, t1, sums FROM rollups WHERE win_s = ? AND win = ? AND kind = ? "
-                     "AND d = ? AND w = ? AND hv = ? AND salt = ?" + self._for_update, key).fetchone()
+                     "AND d = ? AND w = ? AND hv = ? AND salt = ?" + kw + self._for_update, key + ka).fetchone()
             sums = np.frombuffer(blob, dtype="<i8").reshape(d, w) + acc.sums
             self._x(cur, "UPDATE rollups SET releases = ?, t0 = ?, t1 = ?, sums = ? WHERE id = ?",
                     (int(n) + acc.releases, min(int(t0), acc.t0), max(int(t1), acc.t1),
@@ -758,6 +782,58 @@ class SQLStore:
         if devs:
             cur.executemany(self._sql("INSERT INTO rollup_devices (rollup, device) VALUES (?, ?) "
                                       "ON CONFLICT (rollup, device) DO NOTHING"), devs)
+
+    def prune(self, before: float, limit: int = 2000) -> int:
+        """Retention: drop the payload of rolled-up releases received before ``before``; returns how many.
+
+        Only releases a roll-up sums (:func:`rollup_key`: modes window/keep,
+        kinds cms/cs, not tree nodes) are pruned; the roll-up was updated in
+        the transaction that stored the release, so it is safe as soon as the
+        release is committed. The aggregator calls this between group
+        commits (everything before is committed and acknowledged) with
+        ``before = now - retain_raw_s``. The row stays, without its bytes
+        (an empty payload): key, seq, SHA-256, parameters and time received.
+        So a late re-send is still a duplicate (same hash) and different
+        bytes still a conflict (the insert meets the primary key; the hash
+        decides), ``status`` still counts the seq as stored, and the ledger
+        still sees the budget spent. Queries that need the raw counters of a
+        pruned release (one device, a range inside a window) raise
+        :class:`PrunedError`; whole-window fleet queries use the roll-ups.
+
+        At most ``limit`` releases per call, in one short transaction, oldest
+        received first; a watermark (meta ``pruned_to``) keeps each call from
+        rescanning what earlier calls passed.
+        """
+        if self.readonly:
+            raise PermissionError("store opened read-only")
+        if not self.has_rollups:
+            return 0  # nothing is summed yet (a read-only opener's old file): keep every byte
+
+        def tx(cur: Any) -> int:
+            if not self.__dict__.get("_prune_index"):  # only stores with retention pay for this index
+                self._x(cur, "CREATE INDEX IF NOT EXISTS releases_received ON releases (received)")
+            row = self._x(cur, "SELECT value FROM meta WHERE key = 'pruned_to'").fetchone()
+            lo = float(row[0]) if row else -1.0
+            rows = self._x(cur, "SELECT device, elo, ehi, part, received FROM releases WHERE received >= ? "
+                                "AND received < ? AND mode IN ('window', 'keep') AND kind IN ('cms', 'cs') "
+                                "AND lvl = 0 AND length(payload) > 0 ORDER BY received LIMIT ?",
+                           (lo, before, limit)).fetchall()
+            if rows:
+                cur.executemany(self._sql("UPDATE releases SET payload = ? WHERE device = ? AND elo = ? AND ehi = ? "
+                                          "AND part = ?"), [(b"",) + tuple(r[:4]) for r in rows])
+            to = float(rows[-1][4]) if len(rows) == limit else before
+            if to > lo:
+                self._x(cur, "INSERT INTO meta (key, value) VALUES ('pruned_to', ?) ON CONFLICT (key) DO UPDATE "
+                             "SET value = excluded.value", (repr(to),))
+            return len(rows)
+
+        n = int(self._exec_tx(tx))
+        self.__dict__["_prune_index"] = True
+        return n
+
+    def pruned_count(self) -> int:
+        """Releases kept as a record without their payload (retention)."""
+        return int(self._q("SELECT COUNT(*) FROM releases WHERE length(payload) = 0")[0][0])
 
     def _rebuild_rollups(self, cur: Any) -> None:
         """Recompute every roll-up from the stored releases (one window at a time)."""
@@ -1103,6 +1179,7 @@ class Store(SQLStore):
         self.readonly = readonly
         self._lock = threading.RLock()
         self._ckpt: Optional[tuple[threading.Event, threading.Thread]] = None
+        self.checkpoints = [0, 0]  # writer's TRUNCATE checkpoints: [gave up (readers), completed]
         self._devcache = {}
         if readonly:
             if not os.path.exists(path):
@@ -1119,6 +1196,8 @@ class Store(SQLStore):
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError("cannot switch %s to WAL journal mode (got %s)" % (path, mode))
             self.db.execute("PRAGMA synchronous = FULL")
+            # after a checkpoint that resets the WAL, shrink the file to this (else it keeps its peak size)
+            self.db.execute("PRAGMA journal_size_limit = %d" % WAL_KEEP_BYTES)
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
@@ -1188,6 +1267,43 @@ class Store(SQLStore):
         t = threading.Thread(target=loop, name="pansketch-checkpoint", daemon=True)
         self._ckpt = (stop, t)
         t.start()
+
+    def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
+        """Bound the WAL: if it is larger than ``limit`` bytes, checkpoint it completely and truncate it.
+
+        Called by the aggregator's writer between group commits. The passive
+        checkpoints of :meth:`background_checkpoints` copy frames into the
+        database file but, under steady ingest, never catch up with the writer,
+        and SQLite only rewinds the WAL after a checkpoint that copied every
+        frame while no reader still uses one: the file then grows without
+        bound. A ``TRUNCATE`` checkpoint run by the writer itself between two
+        groups has no writer to race in this process (other aggregators on the
+        file wait on its lock) and waits up to ``wait`` seconds for readers to
+        leave (queries and dashboards hold short read transactions); when a
+        reader stays longer it gives up and the next group tries again.
+        Returns SQLite's (busy, WAL frames, frames checkpointed), or None when
+        nothing was done.
+        """
+        if self.readonly:
+            return None
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:
+            return None
+        if size <= limit:
+            return None
+        with self._lock:
+            self.db.execute("PRAGMA busy_timeout = %d" % int(wait * 1000))
+            try:
+                row = self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc):
+                    raise
+                row = (1, -1, -1)
+            finally:
+                self.db.execute("PRAGMA busy_timeout = %d" % int(self.timeout * 1000))
+        self.checkpoints[0 if row[0] else 1] += 1
+        return (int(row[0]), int(row[1]), int(row[2]))
 
     def _cursor(self) -> sqlite3.Cursor:
         return self.db.cursor()

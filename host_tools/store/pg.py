@@ -11,9 +11,14 @@ database, not a process, enforces:
   row (same SHA-256: duplicate; different: conflict, the first is kept).
   A concurrent insert of the same key waits for the other transaction;
 * per-device parameters: ``devices`` primary key, first writer wins;
-* roll-ups: the row of a (window, group) is created with ``ON CONFLICT DO
-  NOTHING`` and updated under ``SELECT ... FOR UPDATE``, in key order, in
-  the same transaction as the releases it sums;
+* roll-ups: the row of a (window, group, shard) is created with ``ON
+  CONFLICT DO NOTHING`` and updated under ``SELECT ... FOR UPDATE``, in key
+  order, in the same transaction as the releases it sums. ``shard`` is the
+  writer's slot, a session advisory lock (0, 1, ...: as many as
+  aggregators write at once): with one row per window for all writers,
+  every group of every aggregator locked the same hot row until its commit
+  (fsync included), so aggregators took turns and two were slower than one.
+  Queries add up all rows of a window (host_tools.query.core);
 * a deadlock or serialisation failure (SQLSTATE 40P01, 40001) rolls the
   group back and retries it.
 
@@ -38,6 +43,8 @@ from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pendi
                               insert_values)
 
 _SERIALS = itertools.count()
+_SHARD_LOCK = 7243311  # advisory lock class of the writers' roll-up shards
+_SHARDS = 64
 
 
 def _pg_types(s: str) -> str:
@@ -91,10 +98,12 @@ BEGIN
       IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM (a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) THEN
         RETURN 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
       END IF;
-      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device
-         AND ((x.mode = 'tree') <> (a_mode = 'tree') OR (x.mode = 'tree' AND (x.L <> a_L OR x.win_s <> a_win_s)))
-       LIMIT 1;
-      IF FOUND THEN  -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
+      -- any one stored release of the device: they all have one shape (this check keeps it so), and a
+      -- PK-prefix probe stays O(log n) where a scan of the device's releases grew with its history
+      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device LIMIT 1;
+      IF FOUND AND ((dv.mode = 'tree') <> (a_mode = 'tree')
+                    OR (a_mode = 'tree' AND (dv.L <> a_L OR dv.win_s <> a_win_s))) THEN
+        -- tree nodes of one shape, or no tree node at all (SQLStore._check_shape)
         RETURN 'shape:' || json_build_array(dv.mode, dv.L, dv.win_s)::text;
       END IF;
       INSERT INTO releases (%(cols)s) VALUES (%(vals)s) ON CONFLICT (device, elo, ehi, part) DO NOTHING;
@@ -168,6 +177,15 @@ class PgStore(SQLStore):
             raise StoreError("cannot connect to PostgreSQL at %s: %s" % (self.path, msg))
         if self.readonly:
             self.conn.execute("SET default_transaction_read_only = on")
+        else:
+            self._rollup_shard = self._take_shard()
+
+    def _take_shard(self) -> int:
+        """The first free writer slot (a session advisory lock, released with the connection)."""
+        for slot in range(_SHARDS):
+            if self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_SHARD_LOCK, slot)).fetchone()[0]:
+                return slot
+        return _SHARDS - 1  # more writers than slots: they share the last one (correct, only slower)
 
     def _cursor(self) -> Any:
         if self.conn is None or self.conn.closed or self.conn.broken:
@@ -195,6 +213,14 @@ class PgStore(SQLStore):
         # releases are written once and rarely read; counters hardly compress: no pglz on every insert
         cur.execute("ALTER TABLE releases ALTER COLUMN payload SET STORAGE EXTERNAL")
         cur.execute("ALTER TABLE rollups ALTER COLUMN sums SET STORAGE EXTERNAL")
+        # roll-up rows per writer shard (module docstring): the key gains the shard
+        cur.execute("ALTER TABLE rollups ADD COLUMN IF NOT EXISTS shard INTEGER NOT NULL DEFAULT 0")
+        cur.execute("CREATE UNIQUE INDEX IF NOT EXISTS rollups_shard_key ON rollups "
+                    "(win_s, win, kind, d, w, hv, salt, shard)")
+        cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'rollups'::regclass AND contype = 'u' "
+                    "AND cardinality(conkey) = 7")
+        for (name,) in cur.fetchall():
+            cur.execute('ALTER TABLE rollups DROP CONSTRAINT "%s"' % name.replace('"', '""'))
         cur.execute(_PUT_FN)
         cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
                     (str(SCHEMA_VERSION),))

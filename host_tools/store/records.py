@@ -42,7 +42,9 @@ class SketchShape:
 
     @property
     def levels(self) -> int:
-        return self.b + 1 if self.kind == "dcs" else 1
+        if self.kind == "dcs":
+            return self.b + 1
+        return self.b if self.kind == "strhh" else 1  # strhh: b = item bytes = prefix levels
 
     @property
     def rows(self) -> int:
@@ -57,7 +59,7 @@ class SketchShape:
     @property
     def group(self) -> tuple[Any, ...]:
         """What must be identical for releases to merge: (kind, d, w, hv, salt id[, b, map])."""
-        if self.kind == "dcs":
+        if self.kind in ("dcs", "strhh"):
             return (self.kind, self.d, self.w, self.hv, self.salt, self.b, self.map)
         return (self.kind, self.d, self.w, self.hv, self.salt)
 

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from host_tools.query import distinct
-from host_tools.query import dyadic_cli
+from host_tools.query import dyadic_cli, strheavy_cli
 from host_tools.query.core import QueryError, iso
 from host_tools.web.errors import BadRequest
 
@@ -35,7 +35,8 @@ MAX_POINTS = 513
 MAX_WINDOWS = 500
 ZOOM = (0.005, 0.995)  # the CDF chart spans the readings between these estimated quantiles unless told otherwise
 KIND_USE = {"dcs": "quantiles, CDF and heavy hitters need devices with kind = \"dcs\" (a dyadic CountSketch)",
-            "dbits": "distinct counts need devices with kind = \"dbits\""}
+            "dbits": "distinct counts need devices with kind = \"dbits\"",
+            "strhh": "heavy strings need devices with kind = \"strhh\" (a prefix CountSketch)"}
 
 Resp = tuple[str, list[tuple[str, str]], bytes]
 
@@ -257,17 +258,37 @@ class KindPages:
             raise BadRequest("threshold: not a number: %r" % v[:40])
         return t
 
-    def _heavy_rows(self, st: Any, sel: dict[str, Any], p: Any) -> tuple[list[dict[str, Any]], int, Optional[float]]:
+    def _heavy_kind(self, p: Any) -> str:
+        """dcs or strhh: the ``kind`` asked for if the store holds it, else strhh when it holds no dcs."""
+        try:
+            with self._store() as st:
+                kinds = self._kinds(st)
+        except FileNotFoundError:
+            return "dcs"
+        want = p.get("kind")
+        if want in ("dcs", "strhh") and kinds.get(want):
+            return str(want)
+        return "strhh" if kinds.get("strhh") and not kinds.get("dcs") else "dcs"
+
+    def _heavy_rows(self, st: Any, sel: dict[str, Any], p: Any, kind: str = "dcs"
+                    ) -> tuple[list[dict[str, Any]], int, Optional[float]]:
         k = p.int("k", 10, 1, 1000) or 10
         thr = self._threshold(p)
+        if kind == "strhh":  # heavy strings: the prefix descent (host_tools.query.strheavy_cli)
+            rows = strheavy_cli.heavy(st, k, threshold=thr, salt=self._salt(),
+                                      confidence=p.confidence(self.confidence), **sel)
+            return rows, k, thr
         rows = dyadic_cli.heavy(st, k, threshold=thr, salt=self._salt(), confidence=p.confidence(self.confidence),
                                 **sel)
         return rows, k, thr
 
-    def _heavy(self, st: Any, sel: dict[str, Any], p: Any) -> dict[str, Any]:
-        rows, k, thr = self._heavy_rows(st, sel, p)
-        for r in rows:
-            r["reading_label"] = reading_label(r["reading"])
+    def _heavy(self, st: Any, sel: dict[str, Any], p: Any, kind: str = "dcs") -> dict[str, Any]:
+        rows, k, thr = self._heavy_rows(st, sel, p, kind)
+        for r in rows:  # the page's label column (strhh: the string, its value column too)
+            if kind == "strhh":
+                r["value"] = r["reading_label"] = r["label"]
+            else:
+                r["reading_label"] = reading_label(r["reading"])
         chart = None
         if rows:
             chart = self._bars([SimpleNamespace(item=r["reading_label"], estimate=r["estimate"], lo=r["lo"], hi=r["hi"])
@@ -275,12 +296,15 @@ class KindPages:
         return {"rows": rows, "chart": chart, "form": {"k": k, "threshold": "" if thr is None else p.get("threshold")}}
 
     def page_heavy(self, p: Any) -> Resp:
-        return self._kind_page(p, "dcs", "heavy.html", "heavy hitters", self._heavy)
+        kind = self._heavy_kind(p)
+        return self._kind_page(p, kind, "heavy.html", "heavy hitters",
+                               lambda st, sel, q: self._heavy(st, sel, q, kind))
 
     def api_heavy(self, p: Any) -> Resp:
+        kind = self._heavy_kind(p)
         with self._store() as st:
-            sel, _d, _k = self._kind_sel(p, st, "dcs")
-            rows, _k2, _t = self._heavy_rows(st, sel, p)
+            sel, _d, _k = self._kind_sel(p, st, kind)
+            rows, _k2, _t = self._heavy_rows(st, sel, p, kind)
         return self._json({"answers": rows})
 
     # -- distinct counts (dbits) ------------------------------------------------------------

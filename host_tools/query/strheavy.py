@@ -1,0 +1,297 @@
+"""Heavy-hitter strings with no candidate list, from merged ``strhh`` releases.
+
+A strhh release (agent/strhh.py, docs/FORMAT.md "Kind strhh") holds L levels
+of d x w counters; level l counts the (l + 1)-byte prefixes of the items'
+L-byte encodings. Low levels whose 256^(l+1) nodes fit in w are
+exact-indexed (node = big-endian integer of the prefix, every row, sign +1),
+the others are CountSketches under the level's hash prefix.
+
+Node estimate: mean of the d rows (exact levels) or median of the d signed
+readings (hashed levels, dp-linear-sketches.txt Algorithm 2), as in
+host_tools.query.dyadic for kind dcs.
+
+Descent (the string form of the dyadic descent, dp-linear-sketches.txt §4;
+the prefix-tree search of Bassily et al.'s TreeHist):
+
+1. level 0: the 256 one-byte prefixes are the candidates;
+2. at each level, every candidate gets a one-sided p-value for "its count is
+   0" from the level's error model (below); the Benjamini-Hochberg step-up
+   procedure keeps the discoveries: at the last level at the target
+   false-discovery rate q (default 0.05), which is the FDR of the reported
+   strings among the last level's candidates; at the levels above at the
+   looser rate max(q, 0.5) (``prune``): there a false prefix only costs
+   work (its children are candidates at the next level, where it must be
+   discovered again under an independent hash), while a lost true prefix
+   loses its strings for good, so the strict rate there only costs recall
+   (at 10 strings of 2 % each, w = 1024, the strict rate lost half of them:
+   a null node colliding with a heavy cell in 2 of 3 rows is as likely as
+   the per-candidate cut q/m at m ~ 2500 candidates); with a count threshold T, candidates estimated below
+   T - t_l (t_l the level's half-width at alpha) are dropped too (a prefix
+   counts at least as much as any string under it); at most ``beam``
+   (default max(4k, 64)) with the largest estimates survive;
+3. each survivor is expanded by every next byte (256 children; a prefix
+   ending in the end marker 0x00 only by 0x00, the encoding pads with it);
+4. at the last level the discoveries are the strings; the top k (with T:
+   those estimated >= T) are reported with intervals +- t at confidence
+   1 - alpha/m over the m candidates of the last level: simultaneous over
+   the candidates, so they cover although the reported strings were selected
+   for large estimates (as dyadic.DyadicView.heavy).
+
+Error model for the p-values (what "set by the noise" means):
+
+* exact level: the estimate of a node of count 0 is the mean of d cells'
+  merged noise; P(mean >= e) from the exact pmf of the sum of the d * draws
+  independent draws (estimators.noise_distribution; a normal tail of the
+  same variance if the support is too large to convolve);
+* hashed level: per row, P(row error >= e) ~ (#cells of the row with |c| >= e
+  + 1) / (2w) (the data-driven CountSketch model of estimators.cs_halfwidth:
+  a random column of the row with a fair sign; the node's own cell is left
+  out, as the error of a node is the reading of the counters without its own
+  events, docs/HOST.md "The key fact"); the median of d rows
+  exceeds e only if at least ceil(d/2) rows do (Poisson-binomial tail).
+  The model's resolution is ~ (1/2w)^ceil(d/2): with d >= 3 a heavy string's
+  p-value is ~1e-6 at w = 1024, far below BH's cut i*q/m for the ~10^4
+  candidates of a level; d = 1 or 2 would cap it at ~1/w (agent.params
+  therefore requires d >= 3 for strhh).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from agent import hashing
+from agent.strhh import LONG, encode_item, exact_levels, level_prefix
+from host_tools import fasthash
+from host_tools.query import estimators
+from host_tools.query.merge import Merged, NoiseTerm
+
+DEFAULT_FDR = 0.05
+DEFAULT_PRUNE = 0.5  # BH rate at the levels above the last: it only bounds the work (module doc)
+
+
+def node_streams(nodes: Sequence[bytes], lprefix: bytes, d: int) -> np.ndarray:
+    """Hash streams of prefix nodes (canonical b"b" + node), equal to agent.hashing.digest."""
+    if hashing.n_blocks(d) > 1:
+        return fasthash.streams_prefix(list(nodes), lprefix, d)
+    base = hashlib.sha256(lprefix + b"b")
+    cp = base.copy
+    buf = bytearray()
+    for x in nodes:
+        h = cp()
+        h.update(x)
+        buf += h.digest()
+    return np.frombuffer(bytes(buf), dtype=np.uint8).reshape(len(nodes), 32)
+
+
+def exact_counters(items: Iterable[Any], L: int, d: int, w: int, salt: str | bytes,
+                   weights: Optional[Iterable[int]] = None) -> np.ndarray:
+    """Noise-free counters (L*d, w) of items, equal to agent.strhh.PrefixSketch (weights unclipped)."""
+    agg: dict[bytes, int] = {}
+    its = list(items)
+    ws = [1] * len(its) if weights is None else [int(v) for v in weights]
+    for it, v in zip(its, ws):
+        e = encode_item(it, L)
+        if e is not None:
+            agg[e] = agg.get(e, 0) + v
+    out = np.zeros((L, d, w), dtype=np.int64)
+    ex = exact_levels(L, w)
+    prefix = hashing.salt_prefix(salt)
+    for lv in range(L - 1, -1, -1):
+        if lv < L - 1:
+            nxt: dict[bytes, int] = {}
+            for e, v in agg.items():
+                k = e[:lv + 1]
+                nxt[k] = nxt.get(k, 0) + v
+            agg = nxt
+        keys = [k for k, v in agg.items() if v]
+        if not keys:
+            continue
+        vals = np.array([agg[k] for k in keys], dtype=np.int64)
+        if lv < ex:
+            idx = np.array([int.from_bytes(k, "big") for k in keys], dtype=np.int64)
+            out[lv, :, :] += np.bincount(idx, weights=vals, minlength=w).astype(np.int64)[None, :w]
+            continue
+        cols, signs = fasthash.cols_signs(node_streams(keys, level_prefix(prefix, lv), d), d, w)
+        for r in range(d):
+            out[lv, r] = np.bincount(cols[:, r], weights=vals * signs[:, r], minlength=w).astype(np.int64)
+    return out.reshape(L * d, w)
+
+
+def decode_node(node: bytes) -> tuple[str, bool]:
+    """(text, long) of a last-level node: the item, or for a long item its L-2 byte prefix
+    (long = True; the tail byte is a hash bucket, shown by :func:`label`)."""
+    L = len(node)
+    if L >= 2 and node[L - 2] == LONG:
+        return node[:L - 2].decode("utf-8", "backslashreplace"), True
+    return node.rstrip(b"\x00").decode("utf-8", "backslashreplace"), False
+
+
+def label(node: bytes) -> str:
+    text, long = decode_node(node)
+    return text + "\u2026#%02x" % node[-1] if long else text
+
+
+def bh_keep(p: np.ndarray, q: float) -> np.ndarray:
+    """Benjamini-Hochberg step-up at rate q: boolean mask of the discoveries."""
+    m = len(p)
+    if not m:
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(p, kind="stable")
+    ok = np.nonzero(p[order] <= q * np.arange(1, m + 1) / m)[0]
+    keep = np.zeros(m, dtype=bool)
+    if len(ok):
+        keep[order[:ok[-1] + 1]] = True
+    return keep
+
+
+class PrefixView:
+    """Estimates, p-values and half-widths over merged strhh counters."""
+
+    def __init__(self, counters: np.ndarray, L: int, d: int, w: int, salt: str | bytes,
+                 noise: Sequence[NoiseTerm], confidence: float = 0.95) -> None:
+        if not 0.5 <= confidence < 1:
+            raise ValueError("confidence must be in [0.5, 1)")
+        self.L, self.d, self.w = L, d, w
+        self.C = np.asarray(counters, dtype=np.int64).reshape(L, d, w)
+        self.exact = exact_levels(L, w)
+        self.prefix = hashing.salt_prefix(salt)
+        self.noise = [t for t in noise if t.count > 0]
+        self.confidence = confidence
+        self.alpha = 1.0 - confidence
+        self._sorted: dict[int, np.ndarray] = {}
+        self._t: dict[tuple[int, float], float] = {}
+        self._upper: Optional[tuple[np.ndarray, int, float]] = None
+
+    @classmethod
+    def of(cls, m: Merged, salt: str | bytes, confidence: float = 0.95) -> "PrefixView":
+        if m.kind != "strhh":
+            raise ValueError("releases of kind %r hold no string prefixes (need kind strhh)" % m.kind)
+        return cls(m.counters, m.b, m.d, m.w, salt, m.noise, confidence)
+
+    def _dterms(self) -> list[NoiseTerm]:
+        return [NoiseTerm(t.mech, t.num, t.den, t.count * self.d) for t in self.noise]
+
+    def node_est(self, level: int, nodes: Sequence[bytes]) -> np.ndarray:
+        return self.node_readings(level, nodes)[0]
+
+    def node_readings(self, level: int, nodes: Sequence[bytes]) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """(estimates, |own cells| (n, d) on hashed levels, None on exact ones)."""
+        if not len(nodes):
+            return np.zeros(0), None
+        C = self.C[level]
+        if level < self.exact:
+            idx = np.array([int.from_bytes(x, "big") for x in nodes], dtype=np.int64)
+            return C[:, idx].mean(axis=0), None
+        st = node_streams(nodes, level_prefix(self.prefix, level), self.d)
+        cols, signs = fasthash.cols_signs(st, self.d, self.w)
+        vals = fasthash.row_values(C, cols, signs, "cs")
+        return np.median(vals, axis=1), np.abs(vals)
+
+    def pvalues(self, level: int, est: np.ndarray, own: Optional[np.ndarray] = None) -> np.ndarray:
+        """One-sided P(a node of count 0 is estimated >= est) under the level's error model
+        (``own``: the nodes' own |cells|, left out of the row's error sample as in C_o)."""
+        e = np.asarray(est, dtype=np.float64)
+        if level < self.exact:
+            if not self.noise:
+                return np.where(e > 0, 0.0, 1.0)
+            if self._upper is None:
+                dist = estimators.noise_distribution(self._dterms())
+                if dist is None:
+                    self._upper = (np.zeros(0), 0, 0.0)
+                else:
+                    z, slack = dist
+                    self._upper = (np.cumsum(z[::-1])[::-1], (len(z) - 1) // 2, slack)
+            up, s, slack = self._upper
+            if not len(up):  # too wide to convolve: the normal tail of the same variance
+                sd = math.sqrt(sum(t.variance() for t in self._dterms()))
+                return np.array([0.5 * math.erfc(self.d * x / (sd * math.sqrt(2))) for x in e])
+            i = np.ceil(self.d * e - 1e-9).astype(np.int64) + s  # P(sum >= ceil(d e))
+            p = np.where(i >= len(up), 0.0, up[np.clip(i, 0, len(up) - 1)])
+            return np.minimum(1.0, np.where(i <= 0, 1.0, p) + slack)
+        if level not in self._sorted:
+            self._sorted[level] = np.sort(np.abs(self.C[level]), axis=1)
+        a = self._sorted[level]
+        cnt = np.stack([self.w - np.searchsorted(a[r], e, side="left") for r in range(self.d)], axis=1)
+        if own is not None:
+            cnt = cnt - (own >= e[:, None])
+        P = np.minimum(1.0, (cnt + 1) / self.w) / 2.0
+        # median >= e needs at least ceil(d/2) of the d readings >= e
+        return np.where(e > 0, estimators._pb_tails(P, (self.d + 1) // 2), 1.0)
+
+    def halfwidth(self, level: int, a: float) -> float:
+        """t with P(|node estimate - true count| > t) <= a at this level (as dyadic.DyadicView)."""
+        key = (level, a)
+        if key not in self._t:
+            if level < self.exact:
+                self._t[key] = (estimators.noise_tail_bound(self._dterms(), a / 2.0) / self.d) if self.noise else 0.0
+            else:
+                self._t[key] = estimators.cs_halfwidth(self.C[level], a)
+        return self._t[key]
+
+    def children(self, nodes: Sequence[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        allb = [bytes([c]) for c in range(256)]
+        for p in nodes:
+            if p[-1] == 0:
+                out.append(p + b"\x00")
+            else:
+                out.extend(p + c for c in allb)
+        return out
+
+    def heavy(self, k: int, threshold: Optional[float] = None, fdr: float = DEFAULT_FDR,
+              beam: Optional[int] = None, prune: float = DEFAULT_PRUNE
+              ) -> tuple[list[tuple[bytes, float]], float, dict[str, Any]]:
+        """Top-k strings by prefix descent: ([(node, estimate)], half-width, stats) (module doc)."""
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        if not 0 < fdr < 1:
+            raise ValueError("the false-discovery rate must be in (0, 1)")
+        B = beam if beam is not None else max(4 * k, 64)
+        nodes: list[bytes] = [bytes([c]) for c in range(256)]
+        examined: list[int] = []
+        est = np.zeros(0)
+        for lv in range(self.L):
+            if lv:
+                nodes = self.children(nodes)
+            examined.append(len(nodes))
+            est, own = self.node_readings(lv, nodes)
+            keep = bh_keep(self.pvalues(lv, est, own), fdr if lv == self.L - 1 else max(fdr, prune))
+            if threshold is not None:
+                keep &= est >= threshold - self.halfwidth(lv, self.alpha)
+            idx = np.nonzero(keep)[0]
+            if idx.size > B:
+                idx = idx[np.argpartition(-est[idx], B - 1)[:B]]
+            nodes = [nodes[i] for i in idx]
+            est = est[idx]
+            if not nodes:
+                break
+        stats = {"examined": examined, "beam": B, "fdr": fdr}
+        m = max(1, examined[-1] if len(examined) == self.L else 1)
+        t = self.halfwidth(self.L - 1, self.alpha / m)
+        if not nodes:
+            return [], t, stats
+        order = sorted(range(len(nodes)), key=lambda i: (-float(est[i]), nodes[i]))
+        out = [(nodes[i], float(est[i])) for i in order]
+        if threshold is not None:
+            out = [(x, e) for x, e in out if e >= threshold]
+        return out[:k], t, stats
+
+
+@dataclass
+class HeavyString:
+    rank: int
+    node: bytes
+    estimate: float
+    lo: float
+    hi: float
+
+    def to_dict(self) -> dict[str, Any]:
+        text, long = decode_node(self.node)
+        return {"rank": self.rank, "item": text, "long": long, "label": label(self.node),
+                "hex": self.node.hex(), "estimate": round(self.estimate, 3), "lo": round(self.lo, 3),
+                "hi": round(self.hi, 3)}
