@@ -3,11 +3,10 @@
 agent.recorder.Recorder (window, keep; kinds cms, cs, dcs), agent.tree.TreeRecorder
 (mode tree) and agent.dbits.DistinctRecorder (kind dbits, a Recorder with
 another state) share one interface. Here, above all three, so that none of them
-imports another to be chosen; tree and dbits are imported only when used
-(a board in window mode never loads them).
+imports another to be chosen; each is imported only when used (a board in
+window mode never loads tree or dbits, one in tree mode never loads
+agent/recorder.py: ~5 KB of heap from .mpy, firmware/memory.py TREE_CODE_*).
 """
-
-from agent.recorder import Recorder
 
 
 def make(params, root, now, rng=None, log=None, outbox_max=0):
@@ -23,6 +22,8 @@ def make(params, root, now, rng=None, log=None, outbox_max=0):
         from agent.dbits import DistinctRecorder
 
         return DistinctRecorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
+    from agent.recorder import Recorder
+
     return Recorder(params, root, now, rng=rng, log=log, outbox_max=outbox_max)
 
 

@@ -21,7 +21,8 @@ accumulator + one release buffer), plus SHADOW_CELL = 4 bytes per cell
 under persist_noise = "shadow" (the shadow array M, agent/recorder.py;
 "auto" picks it when persists are frequent: check ``Params.shadow``). Tree mode holds L accumulators (one
 per level) and ONE shared scratch buffer: 4*(L+1) bytes per cell
-(``cell_bytes``), plus the tree module's code (TREE_CODE_*); the tree
+(``cell_bytes``), plus the tree module's code net of agent/recorder.py's,
+which a tree-mode board does not load (TREE_CODE_*); the tree
 state file is read straight into the L accumulators (BOOT_CELL stays 0).
 
 The constants marked *measured* come from the MicroPython VM
@@ -32,18 +33,19 @@ checked with ``report()`` on the real board.
 """
 
 # -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
-CODE_PY = 96900      # live heap of core + firmware + umqtt.simple imported from .py sources
-CODE_MPY = 67300     # ... imported from .mpy files (deploy/flash.sh --mpy)
-CODE_FROZEN = 21900  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
-APP_FIXED = 3900     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
+CODE_PY = 105100     # live heap of core + firmware + umqtt.simple imported from .py sources
+CODE_MPY = 71800     # ... imported from .mpy files (deploy/flash.sh --mpy)
+CODE_FROZEN = 21800  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
+APP_FIXED = 4000     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
 SHADOW_CELL = 4      # per cell, the shadow array of persist_noise = "shadow"
 BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
-TREE_CODE_PY = 14100 # agent/tree.py imported from .py (measured in the VM; 10.3 KB before the shadow scheme)
-TREE_CODE_MPY = 8200  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; shadow per level added ~0.9 KB)
-TREE_CODE_FROZEN = 3200  # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
+TREE_CODE_PY = 4400  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
+                     # (.py, measured in the VM; tree.py alone is 14.7 KB, recorder.py ~10 KB)
+TREE_CODE_MPY = 2500  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; tree.py alone 8.6 KB)
+TREE_CODE_FROZEN = 900   # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
 # tree mode, measured in the VM (host_tools/bench/core.py --tree-only, bench-results/tree.json):
 # microseconds per event (SHA-256 + counter updates of every level), cs d=4 w=256
 TREE_US_PER_EVENT = {1: 14.0, 8: 37.0, 12: 54.0, 16: 64.0, 24: 88.0}
@@ -77,7 +79,7 @@ def profile(name):
 
 
 def code_bytes(code, levels=1):
-    """Heap of the imported code; tree mode (levels > 1) also imports agent/tree.py."""
+    """Heap of the imported code; tree mode (levels > 1) imports agent/tree.py instead of agent/recorder.py."""
     if code == "py":
         base, tree = CODE_PY, TREE_CODE_PY
     elif code == "mpy":

