@@ -117,12 +117,14 @@ def min_heap(binary: Path, tmp: Path, port: int, w: int, lo: int = 64, hi: int =
 
 MIN_HEAP_W = (64, 128, 256, 512, 1024)
 # (board heap, w): the VM gets U.vm_heap(board heap), i.e. the same on a 32-bit VM
-FULL = (("128K", 1024), ("128K", 256), ("192K", 1024))
-QUICK = (("128K", 1024),)
+# the default sketch (w = 1024) needs 132 KiB since the failure-path, identifier and TLS code of
+# this round (124 KiB before): measured in 144 KiB
+FULL = (("144K", 1024), ("128K", 256), ("192K", 1024))
+QUICK = (("144K", 1024),)
 
 
 def main(argv: Optional[list[str]] = None, quick: bool = False) -> dict[str, Any]:
-    """Measure; write bench-results/firmware-unix.json (quick: the default sketch in 128 KiB only; the other
+    """Measure; write bench-results/firmware-unix.json (quick: the default sketch in 144 KiB only; the other
     configs and the smallest heaps are kept from a full run on the same kind of VM)."""
     binary = U.build()
     bits = U.word_bits(binary)

@@ -1,7 +1,7 @@
 """Heap and cost per event of the firmware on MicroPython's Unix port (real GC, fixed heap).
 
 Runs the quick part of tests/bench_firmware_unix.py (the default sketch, d=4
-w=1024, in a 128 KiB heap; 1.5x that on a 64-bit VM), writes
+w=1024, in a 144 KiB heap; 1.5x that on a 64-bit VM), writes
 bench-results/firmware-unix.json and checks what does not depend on the speed of
 the (shared) machine: the firmware's live heap does not grow over a main loop that
 commits and publishes a release, each event leaves the same small garbage, and

@@ -376,7 +376,10 @@ def test_live_hostile_flood_then_real_agents_are_stored(tmp_path):
         assert r["handled"] >= r["subscribed"] // 2, r
     assert summary["rejection_rows"] <= 500 and summary["exit_code"] == 0
     assert summary["stop_s"] < 30, summary
-    assert sum(n for _c, n, _t in summary["rejection_totals"]) >= 10_000
+    # every flood message the aggregator received is counted as refused (the broker may have dropped some)
+    flood_row = [r for r in rows if r["class"] == "flood"][0]
+    assert flood_row["handled"] >= 5_000
+    assert sum(n for _c, n, _t in summary["rejection_totals"]) >= flood_row["handled"]
 
 
 def test_hostile_input_settings_in_host_toml(tmp_path):

@@ -25,7 +25,7 @@ print("@live_boot %d" % gc.mem_alloc())
 steps = 0
 hw = 0
 t0 = time.ticks_ms()
-while time.ticks_diff(time.ticks_ms(), t0) < 20000:
+while time.ticks_diff(time.ticks_ms(), t0) < 45000:  # generous: a loaded CI machine slows the handshake
     ms = a.step()
     steps += 1
     gc.collect()
