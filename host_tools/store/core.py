@@ -568,13 +568,7 @@ class SQLStore:
             cur.execute("SAVEPOINT " + sp)
             try:
                 if p.rel is not None and p.rej is None:
-                    if p.quarantine is None:
-                        p.quarantine = self._seq_jump(cur, p.rel)
-                    if p.quarantine is not None:
-                        self._log_quarantine(cur, p)
-                        p.status = "quarantined"
-                        logged[1] += 1
-                    else:
+                    if not self._quarantined(cur, p, logged):
                         try:
                             p.status = self._insert(cur, p.rel, p.topic, p.received, seen)
                         except Rejected as rej:
@@ -621,6 +615,19 @@ class SQLStore:
                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (p.received, _cut(p.topic, TOPIC_KEEP), _cut(p.device, 64), p.rej.code[:32],
                  _cut(p.rej.reason, REASON_KEEP), len(p.payload), hashlib.sha256(p.payload).hexdigest(), keep, seq))
+
+    def _quarantined(self, cur: Any, p: Pending, logged: list[int]) -> bool:
+        """Quarantine a valid release too far ahead (window or seq jump): logged aside, never stored or
+        acknowledged, so it cannot take the real release's key. True if it was quarantined."""
+        assert p.rel is not None
+        if p.quarantine is None:
+            p.quarantine = self._seq_jump(cur, p.rel)
+        if p.quarantine is None:
+            return False
+        self._log_quarantine(cur, p)
+        p.status = "quarantined"
+        logged[1] += 1
+        return True
 
     def _log_quarantine(self, cur: Any, p: Pending) -> None:
         q, rel = p.quarantine, p.rel

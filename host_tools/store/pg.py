@@ -241,15 +241,8 @@ class PgStore(SQLStore):
         todo = []
         for p in items:
             p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
-            if p.status == "" and p.rel is not None:
-                if p.quarantine is None:
-                    p.quarantine = self._seq_jump(cur, p.rel)
-                if p.quarantine is not None:
-                    self._log_quarantine(cur, p)
-                    p.status = "quarantined"
-                    logged[1] += 1
-                else:
-                    todo.append(p)
+            if p.status == "" and p.rel is not None and not self._quarantined(cur, p, logged):
+                todo.append(p)
         if todo:
             cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
                             [_put_args(p) for p in todo], returning=True)
