@@ -228,33 +228,92 @@ def frequent_items(keys: list[str], vals: np.ndarray, ks: tuple[int, ...], budge
 QS = np.array([0.01, 0.05, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95, 0.99])
 
 
+def add_sum_noise(exact: np.ndarray, draws: list[tuple[str, Fraction]], devices: int, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, list[NoiseTerm]]:
+    """Counters plus the fleet's summed noise drawn as one rounded normal per cell of the same variance
+    (devices x draws discrete Gaussians of sigma^2 = 68 each: their sum is within ~1e-3 of it in total
+    variation; the exact draws, :func:`add_fleet_noise`, cost 20 s per merged dcs sketch). The terms
+    the host reads are the exact ones."""
+    from host_tools.query.merge import noise_variance
+
+    terms = [NoiseTerm(mech, par.numerator, par.denominator, devices) for mech, par in draws]
+    var = sum(t.count * noise_variance(t.mech, t.num, t.den) for t in terms)
+    z = np.rint(rng.normal(0.0, math.sqrt(var), np.shape(exact))).astype(np.int64)
+    return np.asarray(exact, dtype=np.int64) + z, terms
+
+
 def quantiles(name: str, values: np.ndarray, salts: int, devices: int, configs: tuple[tuple[int, int], ...],
-              b: int = 16, confidence: float = 0.95) -> dict[str, Any]:
+              b: int = 16, confidence: float = 0.95, reps: int = 4) -> dict[str, Any]:
+    """Per-salt coverage of dcs rank intervals: for each salt (a fleet's fixed hash key) ``reps``
+    independent noise draws (the noise is fresh in every release, the salt is not), each answering
+    the QS quantiles and a 17-point default CDF; a salt's coverage is the share of its rows whose
+    interval holds the true rank (rows without an honest interval are counted apart). 'after' are
+    the answers of ``query quantile`` / ``query cdf`` (dyadic.rank_answers: per-salt least-squares
+    intervals, values coarsened to the resolution the salt's sketch resolves); 'before' the
+    hash-averaged calibrated intervals at the uncoarsened values (DyadicView.rank_le_right / rank_le)."""
+    from host_tools.query.dyadic import rank_answers
+
     vals = np.clip(values, 0, (1 << b) - 1)
     srt = np.sort(vals)
     n = len(vals)
-    out: dict[str, Any] = {"data": name, "n": n, "b": b, "devices": devices, "salts": salts,
-                           "confidence": confidence, "configs": []}
+    out: dict[str, Any] = {"data": name, "n": n, "b": b, "devices": devices, "salts": salts, "reps": reps,
+                           "distinct_values": int(len(np.unique(vals))), "confidence": confidence, "configs": []}
+    cdf_q = np.linspace(0.0, 1.0, 17)
+    ident = (1, 1, 0)
     for d, w in configs:
-        per_salt: list[float] = []
+        before: list[float] = []
+        after: list[float] = []
+        honest: list[float] = []
         rank_err: list[float] = []
         width: list[float] = []
+        width0: list[float] = []
+        res_blocks: list[int] = []
         draws = device_noise("dcs", d, w, b)
         for s in range(salts):
             salt = "accuracy-dcs-%03d" % s
-            C, terms = add_fleet_noise(exact_counters(vals, b, d, w, salt), draws, devices, BulkNoise(5000 + s))
-            v = DyadicView(C, b, d, w, salt, terms, confidence)
-            xs = v.quantile(QS)
-            r, h = v.rank_le_right(xs)
-            true = np.searchsorted(srt, xs, side="right")
-            per_salt.append(float(((r - h <= true) & (true <= r + h)).mean()))
-            lo = np.searchsorted(srt, xs, side="left") / n
-            rank_err += list(np.maximum(0.0, np.maximum(lo - QS, QS - true / n)))
-            width += list(h / n)
-        row: dict[str, Any] = {"d": d, "w": w, "memory_bytes": 4 * d * w * (b + 1), "coverage_median": pct(per_salt, 0.5),
-               "coverage_p05": pct(per_salt, 0.05), "coverage_min": min(per_salt),
-               "rank_err_mean": float(np.mean(rank_err)), "halfwidth_mean_frac": float(np.mean(width)),
-               "_per_salt": per_salt}
+            ex = exact_counters(vals, b, d, w, salt)
+            cb = tb = ca = ta = hn = 0
+            for rep in range(reps):
+                C, terms = add_sum_noise(ex, draws, devices, np.random.default_rng([5000, d, w, s, rep]))
+                v = DyadicView(C, b, d, w, salt, terms, confidence)
+                xq = v.quantile(QS)
+                xc = np.unique(np.minimum((1 << b) - 1, v.quantile(cdf_q)))
+                for xs, right in ((xq, True), (xc, False)):
+                    r, h = v.rank_le_right(xs) if right else v.rank_le(xs)
+                    true = np.searchsorted(srt, xs, side="right")
+                    cb += int(((r - h <= true) & (true <= r + h)).sum())
+                    tb += len(xs)
+                    width0 += list(h / n)
+                    rows = rank_answers(v, xs, QS if right else None, ident)
+                    for a in rows:
+                        ta += 1
+                        if not a.honest:
+                            continue
+                        hn += 1
+                        t_ = int(np.searchsorted(srt, a.x, side="right"))
+                        ca += int(a.rank_lo <= t_ <= a.rank_hi)
+                        width.append((a.rank_hi - a.rank_lo) / (2.0 * n))
+                    res_blocks.append(rows[0].resolution)
+                lo = np.searchsorted(srt, xq, side="left") / n
+                hi = np.searchsorted(srt, xq, side="right") / n
+                rank_err += list(np.maximum(0.0, np.maximum(lo - QS, QS - hi)))
+            before.append(cb / tb)
+            after.append(ca / hn if hn else math.nan)
+            honest.append(hn / ta)
+        aft = [x for x in after if not math.isnan(x)]
+        row: dict[str, Any] = {
+            "d": d, "w": w, "memory_bytes": 4 * d * w * (b + 1),
+            "before": {"median": pct(before, 0.5), "p05": pct(before, 0.05), "min": min(before)},
+            "after": {"median": pct(aft, 0.5), "p05": pct(aft, 0.05), "min": min(aft) if aft else math.nan,
+                      "share_ok": float(np.mean([x >= confidence - 0.05 for x in aft])) if aft else math.nan},
+            "honest_share": float(np.mean(honest)), "resolution_median": int(np.median(res_blocks)),
+            "rank_err_mean": float(np.mean(rank_err)), "halfwidth_mean_frac": float(np.mean(width)) if width else math.nan,
+            "halfwidth_before_mean_frac": float(np.mean(width0)), "_per_salt": aft, "_per_salt_before": before}
+        print("dcs %s d=%d w=%d: per-salt coverage before median %.3f p05 %.3f | after median %.3f p05 %.3f "
+              "(share >= %.2f: %.3f), honest %.3f, block %d"
+              % (name, d, w, row["before"]["median"], row["before"]["p05"], row["after"]["median"],
+                 row["after"]["p05"], confidence - 0.05, row["after"]["share_ok"], row["honest_share"],
+                 row["resolution_median"]), flush=True)
         try:
             row["kll"] = kll(vals, row["memory_bytes"])
         except ImportError:

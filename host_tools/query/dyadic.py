@@ -289,7 +289,7 @@ class DyadicView:
         sd = np.sqrt(s2 * np.diag(Ninv))
         return {int(v): (float(e), float(s)) for v, e, s in zip(S, f, sd)}
 
-    def _walk(self, x: int, right: bool) -> tuple[float, float, float, bool]:
+    def _walk(self, x: int, right: bool, top: Optional[int] = None) -> tuple[float, float, float, bool]:
         """(estimate, variance, bound, honest) of the events < x (``right`` False: the left siblings
         of x's path, Algorithm 5) or of the events > x within the domain (``right`` True: the right
         siblings), from the exact levels and the least-squares node estimates (:meth:`fit`).
@@ -297,7 +297,7 @@ class DyadicView:
         in all: ``bound`` adds f(p)'s upper end (estimate + z sd) and the walk stops there (event
         weights >= 0). honest False: a level the walk needs is unresolved."""
         est = var = bound = 0.0
-        for lv in range(self.b - 1, -1, -1):
+        for lv in range(self.b - 1 if top is None else top - 1, -1, -1):
             bit = (x >> lv) & 1
             low = x & ((1 << lv) - 1)
             need = (bit == 0) if right else (bit == 1)
@@ -308,8 +308,9 @@ class DyadicView:
                     var += self.cell_var() / self.d
                 continue
             fit = self.fit(lv)
-            if fit is None:
-                return est, var, bound, False
+            if fit is None:  # unresolved: honest only if no node at this level or below is needed
+                rest_below = (x & ((1 << (lv + 1)) - 1)) != ((1 << (lv + 1)) - 1 if right else 0)
+                return est, var, bound, not rest_below
             v = (x >> lv) + (1 if right else -1)
             if need:
                 if v in fit:
@@ -340,6 +341,14 @@ class DyadicView:
         pe, ps = self._node_upper(level + 1, node >> 1)  # its parent bounds it too
         return pe, ps
 
+    def resolved_level(self) -> int:
+        """The finest level l such that every hashed level >= l has a fit (:meth:`fit`): ranks at
+        multiples of 2^l have per-salt intervals."""
+        for lv in range(self.exact - 1, -1, -1):
+            if self.fit(lv) is None:
+                return lv + 1
+        return 0
+
     def rank_ls(self, xs: Sequence[int] | np.ndarray, right: bool = False
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(estimate, half-width, honest) of rank_le(x) (``right`` False: left siblings of x + 1;
@@ -355,9 +364,14 @@ class DyadicView:
         for i, xn in np.ndenumerate(x):
             xv = int(xn)
             if right:
-                e, v, bd, h = self._walk(xv, True)
-                est[i] = n - e - bd / 2.0
-                half[i] = self._z * math.sqrt(v + self.cell_var() / self.d) + bd / 2.0
+                # x's half of the domain (plus the lower half if x is in the upper one) minus the right
+                # siblings below: not n - (right siblings), as the quantile search aims at q * n, so
+                # n's error would be a selected one (0.85 at a nominal 0.95 at n = 167)
+                t = (xv >> (self.b - 1)) & 1
+                base = float(self.C[self.b - 1][:, t].mean()) + (float(self.C[self.b - 1][:, 0].mean()) if t else 0.0)
+                e, v, bd, h = self._walk(xv, True, top=self.b - 1)
+                est[i] = base - e - bd / 2.0
+                half[i] = self._z * math.sqrt(v + (1 + t) * self.cell_var() / self.d) + bd / 2.0
             elif xv + 1 >= U:
                 est[i], half[i], h = n, tn, True
             else:
@@ -498,6 +512,11 @@ def to_value(reading: Any, b: int, mapping: tuple[int, int, int]) -> int:
     return x
 
 
+NO_INTERVAL = ("no honest interval at this value: the sketch cannot separate the readings this finely for this "
+               "fleet's salt (too many distinct values per level for d x w; pansketch-agent check --events N warns); "
+               "the interval shown is the trivial one")
+
+
 @dataclass
 class RankAnswer:
     q: Optional[float]
@@ -513,6 +532,8 @@ class RankAnswer:
     frac: float
     frac_lo: float
     frac_hi: float
+    honest: bool = True  # False: no per-salt interval at this value (the trivial [0, n] / [0, 1] is given)
+    resolution: int = 1  # the value ends a block of this many domain values (a coarser, honest answer)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -521,26 +542,60 @@ class RankAnswer:
         d.update({"value": self.x, "reading": [self.reading_lo, self.reading_hi],
                   "rank": round(self.rank, 3), "rank_lo": round(self.rank_lo, 3), "rank_hi": round(self.rank_hi, 3),
                   "n": round(self.n, 3), "n_lo": round(self.n_lo, 3), "n_hi": round(self.n_hi, 3),
-                  "cdf": round(self.frac, 6), "cdf_lo": round(self.frac_lo, 6), "cdf_hi": round(self.frac_hi, 6)})
+                  "cdf": round(self.frac, 6), "cdf_lo": round(self.frac_lo, 6), "cdf_hi": round(self.frac_hi, 6),
+                  "honest_interval": self.honest})
+        if self.resolution > 1:
+            d["resolution"] = self.resolution
+        if not self.honest:
+            d["note"] = NO_INTERVAL
         return d
 
 
-def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int]
-                 ) -> list[RankAnswer]:
-    """Rows for the values ``xs``: quantile answers (``qs`` given: ranks from the right siblings,
-    :meth:`DyadicView.rank_le_right`, as x was selected by the left ones) or cdf points (Algorithm 5)."""
+def snap(v: DyadicView, xs: np.ndarray) -> tuple[np.ndarray, int]:
+    """Values moved to the end of their block at the finest level every rank can be read from
+    honestly (:meth:`DyadicView.resolved_level`): (values, block size). A quantile or a default
+    CDF point then has a per-salt interval at a coarser resolution instead of none."""
+    lr = v.resolved_level()
+    if lr == 0:
+        return np.asarray(xs, dtype=np.int64), 1
+    return np.asarray(xs, dtype=np.int64) | ((1 << lr) - 1), 1 << lr
+
+
+def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int],
+                 coarsen: bool = True) -> list[RankAnswer]:
+    """Rows for the values ``xs``: quantile answers (``qs`` given: ranks from the right siblings, as
+    x was selected by the left ones) or cdf points (Algorithm 5's left siblings), with per-salt
+    intervals (:meth:`DyadicView.rank_ls`). ``coarsen``: values finer than the sketch resolves for
+    this salt move to the end of their block (:func:`snap`; the row's ``resolution``); otherwise
+    such rows say there is no honest interval and carry the trivial one."""
     n, tn = v.total()
-    r, h = v.rank_le_right(xs) if qs is not None else v.rank_le(xs)
     xs = np.asarray(xs, dtype=np.int64)
+    res = 1
+    if coarsen:
+        xs, res = snap(v, xs)
+        if qs is None:
+            xs = np.unique(xs)
+    right = qs is not None
+    r, h, ok = v.rank_ls(xs, right=right)
+    if not ok.all():
+        r0, _ = v.rank_le_right(xs) if right else v.rank_le(xs)
+        r = np.where(ok, r, r0)
     out: list[RankAnswer] = []
     for i, x in enumerate(xs):
         lo, hi = reading_range(int(x), v.b, mapping)
-        rl, rh = float(r[i] - h[i]), float(r[i] + h[i])
+        if res > 1:
+            lo = reading_range(int(x) - res + 1, v.b, mapping)[0]
+        if ok[i]:
+            rl, rh = float(r[i] - h[i]), float(r[i] + h[i])
+        else:
+            rl, rh = 0.0, n + tn
         nl, nh = n - tn, n + tn
         fl = max(0.0, rl / nh) if nh > 0 else 0.0
         fh = min(1.0, rh / nl) if nl > 0 else 1.0
+        if not ok[i]:
+            fl, fh = 0.0, 1.0
         out.append(RankAnswer(None if qs is None else float(qs[i]), int(x), lo, hi, float(r[i]), rl, rh, n, nl, nh,
-                              float(r[i] / n) if n > 0 else math.nan, fl, fh))
+                              float(r[i] / n) if n > 0 else math.nan, fl, fh, bool(ok[i]), res))
     return make_consistent(out, across_rows=qs is None)
 
 
