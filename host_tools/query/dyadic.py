@@ -562,7 +562,7 @@ def snap(v: DyadicView, xs: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int],
-                 coarsen: bool = True) -> list[RankAnswer]:
+                 coarsen: bool = False) -> list[RankAnswer]:
     """Rows for the values ``xs``: quantile answers (``qs`` given: ranks from the right siblings, as
     x was selected by the left ones) or cdf points (Algorithm 5's left siblings), with per-salt
     intervals (:meth:`DyadicView.rank_ls`). ``coarsen``: values finer than the sketch resolves for

@@ -58,7 +58,7 @@ def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float =
     m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
     xs = v.quantile(qs)
     meta = _meta(m, s, v)
-    return [dict(a.to_dict(), method=RANK_METHOD, **meta) for a in dyadic.rank_answers(v, xs, qs, m.map)]
+    return [dict(a.to_dict(), method=RANK_METHOD, **meta) for a in dyadic.rank_answers(v, xs, qs, m.map, coarsen=True)]
 
 
 def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] = None, confidence: float = 0.95,
