@@ -174,7 +174,7 @@ def simulate_counts(D: float, K: int, m: int, p: float, out_scale: float, n: int
     return (ones + noise).astype(np.float64)
 
 
-EXACT_FILL = 8  # levels with at most EXACT_FILL * m items have their buckets drawn one by one
+EXACT_FILL = 2  # levels with at most EXACT_FILL * m items have their buckets drawn one by one
 
 
 def simulate_device(D: float, K: int, m: int, p: float, out_scale: float, n: int,
@@ -183,8 +183,8 @@ def simulate_device(D: float, K: int, m: int, p: float, out_scale: float, n: int
     items over the levels by a multinomial (level_probs: the hash's trailing zeros), each level's
     items into m buckets drawn one by one (a touched bucket's bit is Bern(p), an untouched one
     Bern(1/2)), plus discrete Laplace output noise of scale ``out_scale``. A level with more than
-    EXACT_FILL * m items has its untouched buckets drawn as Poisson(m e^-lambda) (a share
-    e^-8 < 4e-4 of its buckets, a fill the estimator leaves out)."""
+    EXACT_FILL * m items (fill > 0.86, where a level tells little) has its untouched buckets drawn
+    from the normal with the balls-in-bins mean and variance (Poisson below 10 expected)."""
     P = level_probs(K)
     nk = rng.multinomial(int(round(max(D, 0.0))), P / P.sum(), size=n)
     occ = np.zeros((n, K), dtype=np.int64)
@@ -199,7 +199,11 @@ def simulate_device(D: float, K: int, m: int, p: float, out_scale: float, n: int
             occ[small, k] = hit.reshape(len(cnt), m).sum(axis=1)
         if (~small).any():
             lam = col[~small] / m
-            occ[~small, k] = m - np.minimum(m, rng.poisson(m * np.exp(-lam)))
+            me = m * np.exp(-lam)
+            ve = me * (1.0 - (1.0 + lam) * np.exp(-lam))
+            empty = np.where(me < 10.0, rng.poisson(me),
+                             np.rint(me + np.sqrt(np.clip(ve, 0.0, None)) * rng.standard_normal(len(lam))))
+            occ[~small, k] = m - np.clip(empty, 0, m).astype(np.int64)
     ones = rng.binomial(occ, p) + rng.binomial(m - occ, 0.5)
     q = math.exp(-1.0 / out_scale)
     noise = rng.geometric(1.0 - q, ones.shape) - rng.geometric(1.0 - q, ones.shape)
