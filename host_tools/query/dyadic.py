@@ -341,19 +341,6 @@ class DyadicView:
         pe, ps = self._node_upper(level + 1, node >> 1)  # its parent bounds it too
         return pe, ps
 
-    def _split_level(self, x: int) -> int:
-        """The exact level L at which a quantile row's rank switches from left siblings (above L) to
-        x's ancestor minus right siblings (below L): the fewest exact-level nodes, so the least noise
-        shared by all the rows of one answer (the right siblings of small values at the upper levels
-        are empty nodes, read by every row). A function of x alone, not of the estimates."""
-        best, arg = None, self.b - 1
-        for L in range(self.exact, self.b):
-            cost = sum((x >> lv) & 1 for lv in range(L + 1, self.b)) + 1 + sum(
-                1 - ((x >> lv) & 1) for lv in range(self.exact, L))
-            if best is None or cost < best:
-                best, arg = cost, L
-        return arg
-
     def resolved_level(self) -> int:
         """The finest level l such that every hashed level >= l has a fit (:meth:`fit`): ranks at
         multiples of 2^l have per-salt intervals."""
@@ -377,11 +364,13 @@ class DyadicView:
         for i, xn in np.ndenumerate(x):
             xv = int(xn)
             if right:
-                # the left siblings above level L, x's ancestor at L, minus the right siblings below L
-                # (:meth:`_split_level`): not n - (right siblings), as the quantile search aims at q * n,
-                # so n's error would be a selected one (0.85 at a nominal 0.95 at n = 167)
-                L = self._split_level(xv)
-                used = [((xv >> lv) - 1, lv) for lv in range(L + 1, self.b) if (xv >> lv) & 1] + [(xv >> L, L)]
+                # x's half of the domain (plus the lower half if x is in the upper one) minus the right
+                # siblings below: not n - (right siblings), as the quantile search aims at q * n, so n's
+                # error would be a selected one (0.85 at a nominal 0.95 at n = 167). The nodes left of
+                # x's path are selected too (the search stopped on them): splitting lower, with x's
+                # ancestor at an exact level L and the left siblings above it, covered 0.63-0.81.
+                L = self.b - 1
+                used = [(xv >> L, L)] + ([(0, L)] if (xv >> L) & 1 else [])
                 base = sum(float(self.C[lv][:, u].mean()) for u, lv in used)
                 e, v, bd, h = self._walk(xv, True, top=L)
                 est[i] = base - e - bd / 2.0
