@@ -426,6 +426,47 @@ def dbits_coverage(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000, 3
     return rows
 
 
+def dbits_device_path(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000), eps: str = "1/2",
+                      K: int = 16, m: int = 1024, confidence: float = 0.95, workdir: Optional[str] = None
+                      ) -> list[dict[str, Any]]:
+    """Coverage through the real path: the device's recorder (agent.recorders.make_recorder, kind
+    dbits, window mode) fed ``D`` distinct items, its release bytes from the outbox, the aggregator's
+    decode, the SQLite store and ``pansketch query distinct`` (host_tools.query.distinct.query).
+    ``trials`` per D, a fresh salt each (the device's randomness from a seeded source)."""
+    import tempfile
+
+    from agent.params import Params
+    from agent.recorders import make_recorder
+    from agent.rng import DeterministicSource, Rng
+    from host_tools.ingest.decode import decode
+    from host_tools.query import distinct
+    from host_tools.store.core import Store
+
+    t0 = 200_000 * 3600
+    rows = []
+    for D in Ds:
+        inside = 0
+        for t in range(trials):
+            with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+                salt = "dbits-path-%d-%d" % (D, t)
+                p = Params({"device": "pi-1", "salt": salt, "kind": "dbits", "d": K, "w": m, "mechanism": "dlap",
+                            "budget": eps, "mode": "window", "window_s": 3600})
+                rec = make_recorder(p, tmp, t0, rng=Rng(DeterministicSource(b"dbits-path-%d-%d" % (D, t))),
+                                    log=lambda msg: None)
+                rec.add_many(["item-%d-%d" % (t, i) for i in range(D)])
+                rec.tick(t0 + 3600)
+                st = Store(os.path.join(tmp, "db"))
+                for f in sorted(Path(tmp, "outbox").glob("*.cbor")):
+                    st.insert(decode(f.read_bytes(), "pansketch/pi-1/release"))
+                a = distinct.query(st, salt=salt, confidence=confidence)
+                st.close()
+                hi = math.inf if a["hi"] is None else a["hi"]
+                inside += a["lo"] <= D <= hi
+        rows.append({"eps": eps, "n": D, "trials": trials, "coverage": inside / trials, "path": "device"})
+        print("dbits device path eps %s n %d: %d of %d covered" % (eps, D, inside, trials), flush=True)
+    return rows
+
+
 # -- output ------------------------------------------------------------------------------------
 def figures(res: dict[str, Any], outdir: str) -> list[str]:
     try:
@@ -570,6 +611,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="every 4th file and 6 salts (a minute)")
     ap.add_argument("--dbits", type=int, default=0, metavar="TRIALS",
                     help="only the dbits interval coverage, TRIALS per (eps, n) (2000 for the docs)")
+    ap.add_argument("--dbits-device", type=int, default=0, metavar="TRIALS",
+                    help="only the dbits coverage through the device's recorder, release bytes, store and query "
+                    "(TRIALS per n; 40 for the docs)")
     ap.add_argument("--section", choices=("all", "freq", "quantiles"), default="all",
                     help="run one section only (written to accuracy_<section>.json; 'all' merges them)")
     ap.add_argument("--out", default="bench-results/accuracy.json")
@@ -589,6 +633,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(md)
         if a.update_docs:
             update_docs(md)
+        return 0
+    if a.dbits_device:
+        rows = dbits_device_path(a.dbits_device)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).with_name("accuracy_dbits_device.json").write_text(json.dumps(rows, indent=1))
         return 0
     if a.dbits:
         rows = dbits_coverage(a.dbits)
