@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from statistics import NormalDist
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
@@ -166,6 +167,7 @@ class PrefixView:
         self._sorted: dict[int, np.ndarray] = {}
         self._t: dict[tuple[int, float], float] = {}
         self._upper: Optional[tuple[np.ndarray, int, float]] = None
+        self._floor: Optional[float] = None
 
     @classmethod
     def of(cls, m: Merged, salt: str | bytes, confidence: float = 0.95) -> "PrefixView":
@@ -243,6 +245,83 @@ class PrefixView:
                 out.extend(p + c for c in allb)
         return out
 
+    def _peel_floor(self) -> float:
+        """A cell value pure noise exceeds in about one cell of a row (normal quantile of the
+        per-cell noise at 1 - 1/(2w)): peeling stops below it (a heuristic cut, not a test)."""
+        if self._floor is None:
+            sd = math.sqrt(sum(t.variance() for t in self.noise))
+            self._floor = sd * NormalDist().inv_cdf(1.0 - 1.0 / (2 * self.w)) if sd > 0 else 0.0
+        return self._floor
+
+    def fit_level(self, level: int, nodes: Sequence[bytes], cap_est: Optional[np.ndarray],
+                  budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """(estimates, p-values) of the candidates of a hashed level by greedy peeling (module doc).
+
+        Repeatedly take the candidate whose smallest signed reading (capped by its parent's
+        estimate) is largest, fix its estimate at the median of its readings and subtract it
+        from its d cells, until ``budget`` candidates are taken or the best is below the noise
+        floor. Then every candidate is read from the residual (plus its own estimate if taken)
+        and tested against the residual's cells (:meth:`pvalues_residual`)."""
+        d, w = self.d, self.w
+        st = node_streams(nodes, level_prefix(self.prefix, level), d)
+        cols, signs = fasthash.cols_signs(st, d, w)
+        R = self.C[level].astype(np.float64)
+        rows = np.arange(d)[None, :]
+        rd = R[rows, cols] * signs
+        m = len(nodes)
+        order = [np.argsort(cols[:, r], kind="stable") for r in range(d)]
+        starts = [np.searchsorted(cols[order[r], r], np.arange(w + 1)) for r in range(d)]
+        score = rd.min(axis=1)
+        if cap_est is not None:
+            score = np.minimum(score, cap_est)
+        taken = np.zeros(m, dtype=bool)
+        est = np.zeros(m)
+        floor = self._peel_floor()
+        for _ in range(min(budget, m)):
+            i = int(np.argmax(score))
+            if score[i] <= floor:
+                break
+            e = float(np.median(rd[i]))
+            taken[i] = True
+            est[i] = e
+            aff = []
+            for r in range(d):
+                c = cols[i, r]
+                R[r, c] -= signs[i, r] * e
+                a = order[r][starts[r][c]:starts[r][c + 1]]
+                rd[a, r] = R[r, c] * signs[a, r]
+                aff.append(a)
+            a = np.concatenate(aff)
+            score[a] = rd[a].min(axis=1)
+            if cap_est is not None:
+                score[a] = np.minimum(score[a], cap_est[a])
+            score[taken] = -np.inf
+        fin = rd + est[:, None]
+        return np.median(fin, axis=1), self.pvalues_residual(R, fin, cols)
+
+    def pvalues_residual(self, R: np.ndarray, fin: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """One-sided p-values of candidates with readings ``fin`` (n, d) against the residual R.
+
+        A null candidate reads a random cell of each row with a fair sign, so P(row reading >= e)
+        ~ (#cells of the row with |R| >= e, own cell left out, + 1) / (2w). For j = ceil(d/2)..d
+        the statistic "the j-th largest reading is >= e" has tail P(at least j rows >= e)
+        (Poisson-binomial); the p-value is the smallest of these d - ceil(d/2) + 1 tails times
+        their number (Bonferroni): j = ceil(d/2) is the median's test (strong against noise),
+        j = d the minimum's (a null colliding with heavy cells in some rows fails it)."""
+        d, w = self.d, self.w
+        a = np.sort(np.abs(R), axis=1)
+        srt = np.sort(fin, axis=1)
+        owncell = np.abs(R[np.arange(d)[None, :], cols])
+        js = range((d + 1) // 2, d + 1)
+        best = np.ones(fin.shape[0])
+        for j in js:
+            e = srt[:, d - j]
+            cnt = np.stack([w - np.searchsorted(a[r], e, side="left") for r in range(d)], axis=1)
+            cnt = cnt - (owncell >= e[:, None])
+            P = np.minimum(1.0, (cnt + 1) / w) / 2.0
+            best = np.minimum(best, np.where(e > 0, estimators._pb_tails(P, j), 1.0))
+        return np.minimum(1.0, best * len(js))
+
     def heavy(self, k: int, threshold: Optional[float] = None, fdr: float = DEFAULT_FDR,
               beam: Optional[int] = None, prune: float = DEFAULT_PRUNE
               ) -> tuple[list[tuple[bytes, float]], float, dict[str, Any]]:
@@ -251,16 +330,23 @@ class PrefixView:
             raise ValueError("k must be at least 1")
         if not 0 < fdr < 1:
             raise ValueError("the false-discovery rate must be in (0, 1)")
-        B = beam if beam is not None else max(4 * k, 64)
+        B = beam if beam is not None else default_beam(k)
         nodes: list[bytes] = [bytes([c]) for c in range(256)]
         examined: list[int] = []
         est = np.zeros(0)
+        cap: Optional[np.ndarray] = None
         for lv in range(self.L):
             if lv:
+                counts = [1 if p[-1] == 0 else 256 for p in nodes]
+                cap = np.repeat(est, counts)  # a child counts at most its parent's count
                 nodes = self.children(nodes)
             examined.append(len(nodes))
-            est, own = self.node_readings(lv, nodes)
-            keep = bh_keep(self.pvalues(lv, est, own), fdr if lv == self.L - 1 else max(fdr, prune))
+            if lv < self.exact:
+                est, own = self.node_readings(lv, nodes)
+                p = self.pvalues(lv, est, own)
+            else:
+                est, p = self.fit_level(lv, nodes, cap, 2 * B)
+            keep = bh_keep(p, fdr if lv == self.L - 1 else max(fdr, prune))
             if threshold is not None:
                 keep &= est >= threshold - self.halfwidth(lv, self.alpha)
             idx = np.nonzero(keep)[0]
@@ -280,6 +366,12 @@ class PrefixView:
         if threshold is not None:
             out = [(x, e) for x, e in out if e >= threshold]
         return out[:k], t, stats
+
+
+def default_beam(k: int) -> int:
+    """Prefixes kept per level: 2k + 4, at least 24 (a wider beam adds candidates, hence
+    collisions with the heavy cells, faster than it adds recall; host_tools/bench/strheavy.py)."""
+    return max(2 * k + 4, 24)
 
 
 @dataclass
