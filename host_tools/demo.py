@@ -546,8 +546,6 @@ def kind_lines(st: Any, args: argparse.Namespace, extra: dict[str, ExtraStream],
 
 def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]) -> int:
     """End of the demo: the dashboard URL, and with ``--serve`` the dashboard itself until Ctrl-C."""
-    import signal
-
     cands = os.path.join(workdir, "candidates.txt")
     with open(cands, "w") as f:
         f.write("\n".join(ZipfStream(args.items, args.zipf, 0).items) + "\n")
@@ -568,7 +566,7 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
         return 2
     try:
         from host_tools import hostconfig
-        from host_tools.web.serve import make_server, server_url
+        from host_tools.web.serve import make_server, run_until_stopped, server_url
         from host_tools.web.app import Dashboard
 
         from host_tools.web.app import allowed_hosts_for
@@ -588,19 +586,7 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
     url = server_url(server)
     say("  item over time: %sitem?item=host-00001.example&item=host-00020.example&item=never-seen.example" % url)
     say("  dashboard: %s  (serving until Ctrl-C)" % url)
-
-    def _term(*_a: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, _term) if threading.current_thread() is threading.main_thread() else None
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+    run_until_stopped(server, sigterm=True)
     return 0
 
 
