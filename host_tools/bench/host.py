@@ -108,15 +108,22 @@ def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, do
         c.connect("127.0.0.1", port)
         c.loop_start()
         clients.append((c, msgs))
+    publish_interleaved(clients, start, done, 120)
+
+
+def publish_interleaved(clients: list[tuple[Any, list[tuple[str, bytes]]]], start: Any, done: Any,
+                        timeout: float) -> None:
+    """Once ``start`` is set, publish each connected paho client's (topic, payload) list at QoS 1, the
+    devices interleaved like concurrent agents; wait for every PUBACK (``timeout`` s each), disconnect,
+    and put the number published on ``done``."""
     start.wait()
     infos = []
-    # interleave the devices like concurrent agents
     for k in range(max(len(m) for _c, m in clients)):
         for c, msgs in clients:
             if k < len(msgs):
                 infos.append(c.publish(msgs[k][0], msgs[k][1], qos=1))
     for i in infos:
-        i.wait_for_publish(120)
+        i.wait_for_publish(timeout)
     for c, _m in clients:
         c.disconnect()
         c.loop_stop()
