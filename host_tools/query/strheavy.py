@@ -330,7 +330,7 @@ class PrefixView:
             raise ValueError("k must be at least 1")
         if not 0 < fdr < 1:
             raise ValueError("the false-discovery rate must be in (0, 1)")
-        B = beam if beam is not None else default_beam(k)
+        B = beam if beam is not None else default_beam(k, self.w)
         nodes: list[bytes] = [bytes([c]) for c in range(256)]
         examined: list[int] = []
         est = np.zeros(0)
@@ -350,8 +350,14 @@ class PrefixView:
             if threshold is not None:
                 keep &= est >= threshold - self.halfwidth(lv, self.alpha)
             idx = np.nonzero(keep)[0]
-            if idx.size > B:
-                idx = idx[np.argpartition(-est[idx], B - 1)[:B]]
+            if idx.size > B:  # the beam: B open prefixes and B finished strings (ending in the end marker)
+                fin = np.array([nodes[i][-1] == 0 for i in idx], dtype=bool)
+                parts = []
+                for sub in (idx[fin], idx[~fin]):
+                    if sub.size > B:
+                        sub = sub[np.argpartition(-est[sub], B - 1)[:B]]
+                    parts.append(sub)
+                idx = np.sort(np.concatenate(parts))
             nodes = [nodes[i] for i in idx]
             est = est[idx]
             if not nodes:
@@ -368,10 +374,14 @@ class PrefixView:
         return out[:k], t, stats
 
 
-def default_beam(k: int) -> int:
-    """Prefixes kept per level: 2k + 4, at least 24 (a wider beam adds candidates, hence
-    collisions with the heavy cells, faster than it adds recall; host_tools/bench/strheavy.py)."""
-    return max(2 * k + 4, 24)
+def default_beam(k: int, w: int = 1024) -> int:
+    """Prefixes kept per level: 2k + 4, and at least min(64, w/16), at least 24.
+
+    A wide beam on a narrow sketch adds candidates (256 per open prefix), hence collisions
+    with the heavy cells, faster than it adds recall (w = 80: 24 beats 64); a wide sketch
+    needs room for the busy subtrees whose prefixes all outweigh a short heavy string
+    (host_tools/bench/strheavy.py, tests/test_e2e_strhh.py)."""
+    return max(2 * k + 4, min(64, w // 16), 24)
 
 
 @dataclass
