@@ -80,9 +80,10 @@ def one_run(tmp: Path, run: int, binary: Path, log: Any = None) -> dict[str, Any
     t_start = time.time()
     try:
         host.start_aggregator()
-        flash = U.stage_flash(tmp / "flash", U.board_config(
-            host.port, device="mp-1", kind="strhh", len=L, d=D, w=W, mechanism="dlap", budget="1",
-            window_s=BOARD_WINDOW_S, persist_s=3600), mpy=False)
+        bcfg = U.board_config(host.port, device="mp-1", kind="strhh", len=L, d=D, w=W, mechanism="dlap",
+                              budget="1", window_s=BOARD_WINDOW_S, persist_s=3600)
+        bcfg["watchdog_s"] = 120  # a loaded CI machine may stall the VM for seconds: no reset mid-feed
+        flash = U.stage_flash(tmp / "flash", bcfg, mpy=False)
         board = U.Board(binary, flash, tmp / "hw", heap="1024K")
         try:
             board.start()
@@ -92,7 +93,8 @@ def one_run(tmp: Path, run: int, binary: Path, log: Any = None) -> dict[str, Any
             size = os.path.getsize(tmp / "hw" / "uart1")
             assert board.proc is not None
             pid = board.proc.pid
-            assert U.wait_until(lambda: uart_pos(pid) >= size, 600, 0.5), (uart_pos(pid), size)
+            assert U.wait_until(lambda: uart_pos(pid) >= size or not board.running, 600, 0.5) and board.running, \
+                (uart_pos(pid), size, board.text[-2000:])
             drained = time.time()
             # the window holding the last event is released at its end: wait for a release that ends after it
             assert U.wait_until(lambda: any(r[2] * BOARD_WINDOW_S >= drained for r in host.stored("mp-1")),

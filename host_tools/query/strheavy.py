@@ -11,31 +11,49 @@ readings (hashed levels, dp-linear-sketches.txt Algorithm 2), as in
 host_tools.query.dyadic for kind dcs.
 
 Descent (the string form of the dyadic descent, dp-linear-sketches.txt §4;
-the prefix-tree search of Bassily et al.'s TreeHist):
+the prefix-tree search with a fixed beam of Bassily et al.'s TreeHist):
 
 1. level 0: the 256 one-byte prefixes are the candidates;
-2. at each level, every candidate gets a one-sided p-value for "its count is
-   0" from the level's error model (below); the Benjamini-Hochberg step-up
-   procedure keeps the discoveries: at the last level at the target
-   false-discovery rate q (default 0.05), which is the FDR of the reported
-   strings among the last level's candidates; at the levels above at the
-   looser rate max(q, 0.5) (``prune``): there a false prefix only costs
-   work (its children are candidates at the next level, where it must be
-   discovered again under an independent hash), while a lost true prefix
-   loses its strings for good, so the strict rate there only costs recall
-   (at 10 strings of 2 % each, w = 1024, the strict rate lost half of them:
-   a null node colliding with a heavy cell in 2 of 3 rows is as likely as
-   the per-candidate cut q/m at m ~ 2500 candidates); with a count threshold T, candidates estimated below
-   T - t_l (t_l the level's half-width at alpha) are dropped too (a prefix
-   counts at least as much as any string under it); at most ``beam``
-   (default max(4k, 64)) with the largest estimates survive;
-3. each survivor is expanded by every next byte (256 children; a prefix
-   ending in the end marker 0x00 only by 0x00, the encoding pads with it);
+2. each candidate gets an estimate and a one-sided p-value for "its count is
+   0"; on a hashed level both come from greedy peeling (below), on an exact
+   level from the mean of its d cells and the exact noise distribution. The
+   Benjamini-Hochberg step-up procedure keeps the discoveries: at the last
+   level at the target false-discovery rate q (default 0.05), which is the
+   FDR of the reported strings among the last level's candidates; at the
+   levels above at the looser rate max(q, 0.5) (``prune``): there a false
+   prefix only costs work (its children are candidates at the next level,
+   where it must be discovered again under an independent hash), while a
+   lost true prefix loses its strings for good. With a count threshold T,
+   candidates estimated below T - t_l (t_l the level's half-width at alpha)
+   are dropped too (a prefix counts at least as much as any string under
+   it). The beam keeps at most B open prefixes and B finished strings (a
+   prefix ending in the end marker 0x00 has one child) with the largest
+   estimates, B = max(2k + 4, min(64, w/16), 24) (``default_beam``);
+3. each open survivor is expanded by every next byte (256 children; a
+   finished one only by 0x00, the encoding pads with it);
 4. at the last level the discoveries are the strings; the top k (with T:
    those estimated >= T) are reported with intervals +- t at confidence
    1 - alpha/m over the m candidates of the last level: simultaneous over
    the candidates, so they cover although the reported strings were selected
    for large estimates (as dyadic.DyadicView.heavy).
+
+Why peeling (``fit_level``). A level with m candidates (up to 256 B) in w
+columns gives every heavy node about m C(d, j) / w^j "twins" that share
+its cell in j = ceil(d/2) rows (3m/w^2 at d = 3): null candidates whose
+median reads the heavy count, so their estimate equals the heavy node's, and
+the row-error model below (a random cell of the row) finds it significant.
+At Pico size (w = 80, m ~ 6000) that made every heavy string's p-value no
+smaller than its twins' and BH kept nothing. Peeling takes the candidates
+one at a time, the one whose SMALLEST signed reading (capped by its
+parent's estimate: a child counts at most its parent) is largest: a heavy
+node reads high in every row, a twin only in the shared ones. Its estimate
+(the median of its readings) is subtracted from its d cells, the readings
+of the candidates sharing them are updated, and so on until 2B are taken
+or the best is below the noise floor (the per-cell noise quantile at
+1 - 1/(2w)). Every candidate is then read from the residual, plus its own
+estimate if taken: a twin of a taken heavy node reads ~0 in the shared
+rows. This is the greedy recovery of sparse-recovery CountSketch decoding
+(matching pursuit), applied per level to the descent's candidates only.
 
 Error model for the p-values (what "set by the noise" means):
 
@@ -43,16 +61,18 @@ Error model for the p-values (what "set by the noise" means):
   merged noise; P(mean >= e) from the exact pmf of the sum of the d * draws
   independent draws (estimators.noise_distribution; a normal tail of the
   same variance if the support is too large to convolve);
-* hashed level: per row, P(row error >= e) ~ (#cells of the row with |c| >= e
-  + 1) / (2w) (the data-driven CountSketch model of estimators.cs_halfwidth:
-  a random column of the row with a fair sign; the node's own cell is left
-  out, as the error of a node is the reading of the counters without its own
-  events, docs/HOST.md "The key fact"); the median of d rows
-  exceeds e only if at least ceil(d/2) rows do (Poisson-binomial tail).
-  The model's resolution is ~ (1/2w)^ceil(d/2): with d >= 3 a heavy string's
-  p-value is ~1e-6 at w = 1024, far below BH's cut i*q/m for the ~10^4
-  candidates of a level; d = 1 or 2 would cap it at ~1/w (agent.params
-  therefore requires d >= 3 for strhh).
+* hashed level: per row, P(row reading >= e) ~ (#cells of the row's
+  residual with |c| >= e + 1) / (2w) (the data-driven CountSketch model of
+  estimators.cs_halfwidth on the residual: a random column of the row with a
+  fair sign; the node's own cell is left out, as the error of a node is the
+  reading of the counters without its own events, docs/HOST.md "The key
+  fact"); the statistic "the j-th largest of the d readings is >= e" has
+  tail P(at least j rows >= e) (Poisson-binomial); the p-value is the
+  smallest over j = ceil(d/2) .. d times their number (Bonferroni): the
+  median's test is the strong one against noise (many devices), the
+  minimum's against collisions (a small sketch).
+  The model's resolution is ~ (1/2w)^ceil(d/2) for the median and (1/2w)^d
+  for the minimum; agent.params requires d >= 3 for strhh.
 """
 
 from __future__ import annotations
