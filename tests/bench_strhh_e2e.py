@@ -1,6 +1,7 @@
 """Issue 23's end-to-end acceptance for kind strhh, with real agents, run N times.
 
     python -m tests.bench_strhh_e2e [--runs 20] [--out bench-results/strhh-e2e.json]
+    python -m tests.bench_strhh_e2e --summarize LOG   # the summary of the JSON lines a run printed
 
 One run: a real mosquitto and ``pansketch aggregate`` (tests/unixvm.Host); 10^5
 events at eps = 1 (dlap) per window, split in two halves: one to a CPython
@@ -131,13 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--out", default="bench-results/strhh-e2e.json")
+    ap.add_argument("--summarize", help="summarize the per-run JSON lines of an earlier (cut-short) run")
     a = ap.parse_args(argv)
+    if a.summarize:
+        with open(a.summarize) as f:
+            done = [json.loads(x) for x in f if x.startswith('{"run"')]
+        return summarize(done, a.out)
     binary = U.build()
     runs = []
     for i in range(a.runs):
         with tempfile.TemporaryDirectory(prefix="strhh-e2e-") as tmp:
             runs.append(one_run(Path(tmp), i, binary))
-        print(json.dumps(runs[-1]), flush=True)
+        print(json.dumps(runs[-1]), flush=True)  # one line per run: a cut-short bench still has its runs
+    return summarize(runs, a.out)
+
+
+def summarize(runs: list[dict[str, Any]], out: str) -> int:
     want = sorted(label(encode_item(h, L)) for h in HEAVY)
     found = {h: sum(h in r["found"] for r in runs) for h in want}
     light_runs = sum(bool(r["light_reported"]) for r in runs)
@@ -147,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"runs": n, "found_per_heavy_string": found, "runs_reporting_a_light_string": light_runs,
                "runs_reporting_another_string": other_runs, "acceptance_met": ok, "load": os.getloadavg()}
     print(json.dumps(summary))
-    if a.out:
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out, "w") as f:
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
             json.dump({"summary": summary, "runs": runs}, f, indent=1)
     return 0 if ok else 1
 
