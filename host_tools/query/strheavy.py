@@ -50,7 +50,9 @@ node reads high in every row, a twin only in the shared ones. Its estimate
 (the median of its readings) is subtracted from its d cells, the readings
 of the candidates sharing them are updated, and so on until 2B are taken
 or the best is below the noise floor (the per-cell noise quantile at
-1 - 1/(2w)). Every candidate is then read from the residual, plus its own
+1 - 1/(2w)); BACKFIT sweeps then re-estimate each taken node with the
+others' current estimates removed (a node taken early with a twin's share
+gives it back). Every candidate is then read from the residual, plus its own
 estimate if taken: a twin of a taken heavy node reads ~0 in the shared
 rows. This is the greedy recovery of sparse-recovery CountSketch decoding
 (matching pursuit), applied per level to the descent's candidates only.
@@ -92,6 +94,7 @@ from host_tools.query import estimators
 from host_tools.query.merge import Merged, NoiseTerm
 
 DEFAULT_FDR = 0.05
+BACKFIT = 2  # sweeps re-estimating the peeled nodes (fit_level)
 DEFAULT_PRUNE = 0.5  # BH rate at the levels above the last: it only bounds the work (module doc)
 
 
@@ -297,6 +300,19 @@ class PrefixView:
         taken = np.zeros(m, dtype=bool)
         est = np.zeros(m)
         floor = self._peel_floor()
+        seq: list[int] = []
+
+        def move(i: int, v: float) -> np.ndarray:
+            """Subtract v of node i from its cells; update the readings sharing them."""
+            aff = []
+            for r in range(d):
+                c = cols[i, r]
+                R[r, c] -= signs[i, r] * v
+                a = order[r][starts[r][c]:starts[r][c + 1]]
+                rd[a, r] = R[r, c] * signs[a, r]
+                aff.append(a)
+            return np.concatenate(aff)
+
         for _ in range(min(budget, m)):
             i = int(np.argmax(score))
             if score[i] <= floor:
@@ -304,18 +320,17 @@ class PrefixView:
             e = float(np.median(rd[i]))
             taken[i] = True
             est[i] = e
-            aff = []
-            for r in range(d):
-                c = cols[i, r]
-                R[r, c] -= signs[i, r] * e
-                a = order[r][starts[r][c]:starts[r][c + 1]]
-                rd[a, r] = R[r, c] * signs[a, r]
-                aff.append(a)
-            a = np.concatenate(aff)
+            seq.append(i)
+            a = move(i, e)
             score[a] = rd[a].min(axis=1)
             if cap_est is not None:
                 score[a] = np.minimum(score[a], cap_est[a])
             score[taken] = -np.inf
+        for _ in range(BACKFIT):  # re-estimate each taken node with the others' current estimates removed
+            for i in seq:
+                move(i, -est[i])
+                est[i] = float(np.median(rd[i]))
+                move(i, est[i])
         fin = rd + est[:, None]
         return np.median(fin, axis=1), self.pvalues_residual(R, fin, cols)
 
