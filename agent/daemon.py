@@ -93,7 +93,11 @@ def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
             "For tests and reproductions only." % SEED_ENV)
         return Rng(DeterministicSource(seed))
     try:
-        return Rng(SystemSource())
+        try:  # whole-array noise draws with numpy (agent/bulknoise.py): same distributions, faster
+            from agent.bulknoise import BulkRng
+        except ImportError:
+            return Rng(SystemSource())
+        return BulkRng(SystemSource())
     except NoEntropyError as exc:
         raise SystemExit(_die(EXIT_RUNTIME, "refusing to start: %s" % exc))
 
