@@ -97,10 +97,10 @@ def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]]
 
 def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> None:
     """Add ``vals[i]`` at every row's cell of hash stream i (``buf``: n streams), then wipe."""
-    nbytes = len(buf) // n
-    st = np.frombuffer(buf, dtype=np.uint8).reshape(n, nbytes)
-    words = np.ascontiguousarray(st[:, :4 * d]).view("<u4").astype(np.int64)  # (n, d)
-    idx = (words & 0x3FFFFFFF) % w + np.arange(d, dtype=np.int64) * w
+    st = np.frombuffer(buf, dtype="<u4").reshape(n, len(buf) // (4 * n))  # row r's word: column r
+    words = st[:, :d]
+    idx = (words & 0x3FFFFFFF) % np.uint32(w)  # (n, d) columns, uint32
+    idx += np.arange(0, d * w, w, dtype=np.uint32)  # + r*w: cell index (d*w <= MAX_CELLS < 2**32)
     if sk.signed:
         wts = np.where(words >> 31, -vals[:, None], vals[:, None])
     else:
@@ -112,9 +112,9 @@ def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> N
         cells = np.frombuffer(arr, dtype=np.int32)  # a view: writes go to the array
         cells += add  # int32 arithmetic wraps mod 2**32 (wrap32)
     add.fill(0)
-    for a in (words, idx, vals, tot):
+    for a in (idx, vals, tot):
         a.fill(0)
     if sk.signed:
         wts.fill(0)
-    del st
+    del st, words
     buf[:] = bytes(len(buf))
