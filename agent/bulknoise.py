@@ -59,6 +59,8 @@ class _Uniform:
         (16 bits when every m < 2**10, 32 when < 2**20, else 64) is kept if r < q*m with
         q = floor(max / m), so the kept range is a multiple of m (rejected: < 2**-6 of the draws)."""
         mx = int(m.max())
+        dt: Any
+        top: Any
         if mx < 1 << 10:
             dt, top = np.uint16, _MAX16
         elif mx < 1 << 20:
@@ -231,8 +233,8 @@ class BulkRng(Rng):
         """arr[start:stop] += one independent draw of ``spec`` per cell, mod 2**32. False: not
         handled (parameters too large for int64), the caller draws cell by cell."""
         n = stop - start
-        if n <= 0 or not fits(spec):
-            return False
+        if n < 2 * FEW or not fits(spec) or getattr(arr, "typecode", None) != "i" or arr.itemsize != 4:
+            return False  # a few cells (dbits' K counts), huge parameters, not an int32 array: per cell
         u = _Uniform(self.source)
         try:
             if spec.mech == "dlap":
