@@ -32,6 +32,7 @@ TRIES = 3  # Bernoulli(gamma/k) trials drawn at once per cell (all succeed with 
 _MAX64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _MAX32 = np.uint32(0xFFFFFFFF)
 _MAX16 = np.uint16(0xFFFF)
+_MAX8 = np.uint8(0xFF)
 
 
 class _Uniform:
@@ -56,12 +57,14 @@ class _Uniform:
 
     def below(self, m: np.ndarray) -> np.ndarray:
         """One uniform integer in [0, m[i]) per entry (1 <= m < LIMIT), as int64: a word r
-        (16 bits when every m < 2**10, 32 when < 2**20, else 64) is kept if r < q*m with
-        q = floor(max / m), so the kept range is a multiple of m (rejected: < 2**-6 of the draws)."""
+        (8 bits when every m <= 16, 16 when < 2**10, 32 when < 2**20, else 64) is kept if r < q*m with
+        q = floor(max / m), so the kept range is a multiple of m (rejected: at most 1/16 of the draws)."""
         mx = int(m.max())
         dt: Any
         top: Any
-        if mx < 1 << 10:
+        if mx <= 16:
+            dt, top = np.uint8, _MAX8
+        elif mx < 1 << 10:
             dt, top = np.uint16, _MAX16
         elif mx < 1 << 20:
             dt, top = np.uint32, _MAX32
@@ -98,9 +101,12 @@ def _bern_exp_le1(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     ks = np.arange(1, TRIES + 1, dtype=np.int64)
     a = (u.below((den[:, None] * ks[None, :]).ravel()).reshape(n, TRIES) < num[:, None])
-    fail = ~a
-    k = np.argmax(fail, axis=1) + 1  # first failing trial (1-based)
-    todo = np.flatnonzero(~fail.any(axis=1))
+    lead = a[:, 0].copy()  # the first j trials all succeeded
+    k = 1 + lead.astype(np.int64)  # the first failing trial (1-based) is 1 + the leading successes
+    for j in range(1, TRIES):
+        lead &= a[:, j]
+        k += lead
+    todo = np.flatnonzero(lead)  # all TRIES succeeded: go on from k = TRIES + 1
     a.fill(False)
     k[todo] = TRIES + 1
     while len(todo) >= FEW:
@@ -149,67 +155,79 @@ def _bern_exp(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return res
 
 
-def _dlap(u: _Uniform, n: int, t: int, s: int) -> np.ndarray:
-    """n draws of the discrete Laplace with scale t/s (CKS Algorithm 2)."""
-    from agent.noise import _bexp1 as bexp1
-    from agent.noise import _dlap as dlap1
+def _geometric(u: _Uniform, n: int) -> np.ndarray:
+    """n independent counts V of Bernoulli(exp(-1)) successes before the first failure (the V
+    of CKS Algorithm 2): one stream of Bernoulli(exp(-1)) draws cut at its failures. The runs
+    between failures of an i.i.d. stream are i.i.d. with exactly that law."""
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < n:
+        m = int((n - have) * 1.7) + 64  # E[V] + 1 = 1 / (1 - 1/e) = 1.58 draws per count
+        b = _bexp1(u, m)
+        fails = np.flatnonzero(~b)
+        runs = np.diff(fails, prepend=-1) - 1  # successes before each failure
+        parts.append(runs)
+        have += len(runs)
+        b.fill(False)
+    v = np.concatenate(parts)[:n]
+    u.held += parts + [v]
+    return v
 
-    out = np.zeros(n, dtype=np.int64)
-    u.held.append(out)
-    todo = np.arange(n)
-    while len(todo) >= FEW:
-        m = len(todo)
+
+def _dlap_pool(u: _Uniform, n: int, t: int, s: int) -> np.ndarray:
+    """n independent draws of the discrete Laplace with scale t/s (CKS Algorithm 2): proposals
+    are made in bulk and each is accepted or rejected on its own draws; the accepted values, in
+    order, are i.i.d. with the target law (whatever is accepted beyond n is dropped)."""
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < n:
+        m = int((n - have) * 1.6) + 64
         tt = np.full(m, t, dtype=np.int64)
         uu = u.below(tt)
-        d = _bern_exp_le1(u, uu, tt)  # U < t: gamma < 1
-        uu, keep = uu[d], todo[d]
-        v = np.zeros(len(keep), dtype=np.int64)
-        live = np.arange(len(keep))
-        while len(live) >= FEW:  # V = number of Bernoulli(exp(-1)) successes before the first failure
-            b = _bexp1(u, len(live))
-            v[live[b]] += 1
-            live = live[b]
-        for i in live:
-            vi = int(v[i])
-            while bexp1(u.r):
-                vi += 1
-            v[i] = vi
+        d = _bern_exp_le1(u, uu, tt)  # U < t: gamma = U/t < 1
+        uu = uu[d]
+        v = _geometric(u, len(uu))
         y = (uu + t * v) // s
-        neg = u.below(np.full(len(keep), 2, dtype=np.int64)) < 1
-        bad = neg & (y == 0)
-        good = ~bad
-        out[keep[good]] = np.where(neg[good], -y[good], y[good])
+        neg = u.below(np.full(len(uu), 2, dtype=np.int64)) < 1
+        ok = ~(neg & (y == 0))
+        out = np.where(neg, -y, y)[ok]
+        parts.append(out)
+        have += len(out)
         u.held += [uu, v, y]
-        todo = np.concatenate([todo[~d], keep[bad]])
-    for i in todo:  # the last few cells: the scalar sampler, from the start of its loop
-        out[i] = dlap1(u.r, t, s)
-    return out
+    z = np.concatenate(parts)[:n]
+    u.held += parts + [z]
+    return z
+
+
+def _dlap(u: _Uniform, n: int, t: int, s: int) -> np.ndarray:
+    return _dlap_pool(u, n, t, s)
 
 
 def _dgauss(u: _Uniform, n: int, vn: int, vd: int) -> np.ndarray:
-    """n draws of the discrete Gaussian with sigma^2 = vn/vd (CKS Algorithm 3)."""
-    from agent.noise import _dgauss as dgauss1
+    """n independent draws of the discrete Gaussian with sigma^2 = vn/vd (CKS Algorithm 3):
+    discrete Laplace proposals in bulk, each accepted on its own Bernoulli; the first n accepted."""
     from agent.noise import bernoulli_exp, isqrt
 
     t = isqrt(vn // vd) + 1
     den = 2 * vn * vd * t * t
-    out = np.zeros(n, dtype=np.int64)
-    u.held.append(out)
-    todo = np.arange(n)
-    while len(todo) >= FEW:
-        y = _dlap(u, len(todo), t, 1)
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < n:
+        m = int((n - have) * 1.5) + 64
+        y = _dlap_pool(u, m, t, 1)
         a = np.abs(y) * (vd * t) - vn
         far = np.abs(a) >= 1 << 26  # a*a would leave the exact range (never seen at these scales)
         num = np.where(far, 0, a * a)
-        acc = _bern_exp(u, num, np.full(len(todo), den, dtype=np.int64))
+        acc = _bern_exp(u, num, np.full(m, den, dtype=np.int64))
         for i in np.flatnonzero(far):  # the scalar test with Python ints, same distribution
             acc[i] = bernoulli_exp(u.r, int(a[i]) * int(a[i]), den)
-        out[todo[acc]] = y[acc]
+        out = y[acc]
+        parts.append(out)
+        have += len(out)
         u.held += [y, a, num]
-        todo = todo[~acc]
-    for i in todo:
-        out[i] = dgauss1(u.r, vn, vd)
-    return out
+    z = np.concatenate(parts)[:n]
+    u.held += parts + [z]
+    return z
 
 
 def fits(spec: Any) -> bool:
