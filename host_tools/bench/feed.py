@@ -20,6 +20,7 @@ and keeps the top of the profile (bench-results/feed-profile.txt).
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -59,6 +60,9 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
 
     res: dict[str, Any] = {"events": events, "kind": kind, "d": 4, "w": 2048, "rounds": [],
                            "loadavg_at_start": os.getloadavg()}
+    # A deployed agent runs from compiled modules (pip and the Debian package compile them), as the
+    # peer's DataSketches does; a PYTHONDONTWRITEBYTECODE environment would recompile ours per run.
+    compileall.compile_dir(str(Path(__file__).resolve().parents[2] / "agent"), quiet=1)
     with tempfile.TemporaryDirectory() as td:
         tdp = Path(td)
         data = tdp / "events.txt"
