@@ -1,6 +1,7 @@
 """Heap and time of the board firmware on MicroPython's Unix port (real GC, fixed heap).
 
     python -m tests.bench_firmware_unix          # full: also the smallest heap each config runs in
+    python -m tests.bench_firmware_unix --frozen # the frozen image at each board's heap (memory model)
     (tests/test_firmware_unix_bench.py runs the quick part in the test suite)
 
 Writes ``bench-results/firmware-unix.json``. The firmware boots from a flash
@@ -161,9 +162,49 @@ def main(argv: Optional[list[str]] = None, quick: bool = False) -> dict[str, Any
     return res
 
 
-if __name__ == "__main__":
-    json.dump(main(sys.argv[1:]), sys.stdout, indent=2)
-    print()
+def frozen_main(widths: tuple[int, ...] = (512, 1024, 2048)) -> dict[str, Any]:
+    """The frozen image at each board's heap (BOARDS): where the heap goes with the ESP32 example (d = 4,
+    w = 1024, shadow) over plain MQTT and over TLS, and the largest power-of-two w at d = 4 (shadow and
+    refresh persists, TLS) whose /main.py runs in the board's heap minus 20 KiB (so >= 20 KiB stay free at
+    every moment). Merged into bench-results/firmware-unix.json under "frozen"."""
+    from tests.broker import make_test_pki
+
+    binary = U.build_frozen()
+    res: dict[str, Any] = {"bits": U.word_bits(binary), "runs": {}, "max_w_20k_free": {}}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        pki = make_test_pki(tmp / "pki")
+        host = U.Host(tmp / "host", persistent=False, tls=pki)
+        try:
+            host.start_aggregator()
+            for name, b in BOARDS.items():
+                for tls in (False, True):
+                    key = "%s_%s" % (name, "tls" if tls else "plain")
+                    cfg = example_config(host.tls_port, device="m-" + key)
+                    if not tls:
+                        del cfg["mqtt"]["tls"]
+                        cfg["mqtt"]["port"] = host.port
+                    res["runs"][key] = memrun(binary, tmp / key, cfg, Path(pki["ca_der"]), b["heap_kib"],
+                                              b["tls_outside"])
+                for scheme in ("shadow", "refresh"):
+                    best = 0
+                    for w in widths:
+                        key = "%s_%s_%d" % (name, scheme, w)
+                        cfg = example_config(host.tls_port, device="w-" + key, w=w, persist_noise=scheme)
+                        r = memrun(binary, tmp / key, cfg, Path(pki["ca_der"]), b["heap_kib"] - 20,
+                                   b["tls_outside"], script="main")
+                        res["runs"][key] = r
+                        if not r["ok"]:
+                            break
+                        best = w
+                    res["max_w_20k_free"]["%s_%s" % (name, scheme)] = best
+        finally:
+            host.close()
+    old = json.loads(OUT.read_text()) if OUT.exists() else {}
+    old["frozen"] = dict(old.get("frozen", {}), **res)
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+    return res
 
 
 # -- the frozen image (tests/mpunix/build-frozen.sh) at each board's heap ------------------------------
@@ -218,7 +259,7 @@ def memrun(binary: Path, tmp: Path, cfg: dict[str, Any], ca_der: Path, heap_kib:
             (hw / "tlsout.py").write_text("import tlsalloc\ntlsalloc.outside()\ndel tlsalloc\nimport main\n")
         try:
             b.start(wait=False, script="tlsout" if tls_outside else None)
-            ok = U.wait_until(lambda: b.next_seq() >= releases and not b.outbox() or not b.running, 60)
+            ok = U.wait_until(lambda: b.next_seq() >= releases and not b.outbox() or not b.running, 40)
             res.update(ok=bool(ok and b.running and b.next_seq() >= releases and not b.trouble()),
                        released=b.next_seq(), connected="(TLS)" in b.text)
             if not res["ok"]:
@@ -251,3 +292,11 @@ def memrun(binary: Path, tmp: Path, cfg: dict[str, Any], ca_der: Path, heap_kib:
                released=seq, free_at_high_water=heap_bytes - hw_live,
                code=int(v["live_code"]) - int(v["live_vm"]), sketch_and_app=int(v["live_boot"]) - int(v["live_code"]))
     return res
+
+
+if __name__ == "__main__":
+    if "--frozen" in sys.argv[1:]:
+        json.dump(frozen_main(), sys.stdout, indent=2, sort_keys=True)
+    else:
+        json.dump(main(sys.argv[1:]), sys.stdout, indent=2)
+    print()

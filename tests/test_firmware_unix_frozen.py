@@ -30,7 +30,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from tests import bench_firmware_unix as B
 from tests import unixvm as U

@@ -60,13 +60,18 @@ def out(key, *vals):
     print("@%s %s" % (key, " ".join(str(v) for v in vals)))
 
 
+import machine  # noqa: E402,F401  (imported before live_vm: a fake here, a C module on a board)
+import network  # noqa: E402,F401
+
 gc.collect()
 out("heap", gc.mem_alloc() + gc.mem_free())
 out("tls", where)
 out("live_vm", gc.mem_alloc())
+# what boot imports for a cs/cms window or keep sketch with a UART source (ssl comes with the first TLS connect)
 from firmware import app as fwapp  # noqa: E402
-from firmware import config, mqtt  # noqa: E402,F401
-from agent import recorders  # noqa: E402,F401
+from firmware import mqtt, sources, wifi  # noqa: E402,F401
+from firmware.sources import uart  # noqa: E402,F401
+from agent import recorder  # noqa: E402,F401
 
 gc.collect()
 out("live_code", gc.mem_alloc())
