@@ -81,3 +81,13 @@ def test_esp32_example_frozen_tls_shadow_leaves_20kb(mpunix_frozen, tmp_path: Pa
     assert r["free_at_high_water"] >= MARGIN, r
     assert tight["ok"], tight
     assert stored2[:2] == [0, 1], stored2
+    # firmware/memory.py's frozen constants are these measurements (they fail here if they drift), and its
+    # model of this config is not optimistic: it budgets at least what the VM needed above its own baseline
+    from firmware import memory
+
+    assert 0.85 * memory.CODE_FROZEN <= r["code"] <= 1.05 * memory.CODE_FROZEN, r["code"]
+    app = r["sketch_and_app"] - memory.cell_bytes(1, True) * 4096
+    assert app <= 1.1 * memory.APP_FIXED, app
+    p = memory.profile("esp32")
+    assert p["code"] == "frozen"
+    assert memory.need(4, 1024, p["tls"], "frozen", True, 64, 1, True) >= r["live_high_water"] - r["live_vm"]
