@@ -202,6 +202,11 @@ def frozen_main(widths: tuple[int, ...] = (512, 1024, 2048)) -> dict[str, Any]:
             host.close()
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
     old["frozen"] = dict(old.get("frozen", {}), **res)
+    e = res["runs"]["esp32_tls"]  # the ESP32 board example, as tests/test_firmware_unix_frozen.py runs it
+    if e["ok"]:
+        old.update(esp32_d=e["d"], esp32_w=e["w"], esp32_heap_bytes=e["heap_bytes"],
+                   esp32_free_bytes_min=e["free_at_high_water"],
+                   esp32_runs_in_heap_minus_20k=res["max_w_20k_free"]["esp32_shadow"] >= e["w"])
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
     return res

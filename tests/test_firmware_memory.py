@@ -194,8 +194,11 @@ def test_memory_helper_cli(tmp_path, capsys):
     assert "d=4 w=1024 (4096 cells)" in out and "TLS on" in out
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert set(rows) == {"esp8266", "esp32", "picow"}
+    from firmware.config import Config
+
+    shadow = Config(c).params.shadow  # the persist scheme the CLI resolves (auto) and models
     for key, p in memory.PROFILES:
-        fits = memory.need(4, 1024, p["tls"], p["code"], True, 64) <= p["free"]
+        fits = memory.need(4, 1024, p["tls"], p["code"], True, 64, 1, shadow) <= p["free"]
         assert ("DOES NOT FIT" not in rows[key]) == fits
     # the model is monotone and consistent: max_cells fits, one more cell does not
     for key, p in memory.PROFILES:
