@@ -198,6 +198,14 @@ def frozen_main(widths: tuple[int, ...] = (512, 1024, 2048)) -> dict[str, Any]:
                             break
                         best = w
                     res["max_w_20k_free"]["%s_%s" % (name, scheme)] = best
+            # ESP8266: plain MQTT (its axTLS cannot verify certificates and is not this VM's TLS), 8 events
+            # per step, refresh persists, the whole 34 KB heap (20 KiB to spare is more than half of it)
+            for w in ESP8266["widths"]:
+                key = "esp8266_refresh_%d" % w
+                cfg = example_config(host.port, device="e-%d" % w, w=w, persist_noise="refresh")
+                del cfg["mqtt"]["tls"]
+                cfg["max_events_per_step"] = ESP8266["events"]
+                res["runs"][key] = memrun(binary, tmp / key, cfg, Path(pki["ca_der"]), ESP8266["heap_kib"], False)
         finally:
             host.close()
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
@@ -218,6 +226,7 @@ EXAMPLE = U.REPO / "deploy" / "board" / "pansketch.example.json"  # the ESP32 bo
 # is imported), and where Mbed TLS allocates on that board. The VM gets the whole figure as -X heapsize, so the
 # launcher and the fake board modules (C modules on a board) count against it too: a few KB conservative.
 BOARDS = {"esp32": {"heap_kib": 110, "tls_outside": True}, "picow": {"heap_kib": 160, "tls_outside": False}}
+ESP8266 = {"heap_kib": 34, "events": 8, "widths": (64, 128, 256)}
 
 
 def example_config(port: int, device: str = U.DEVICE, **sketch: Any) -> dict[str, Any]:
