@@ -50,8 +50,8 @@ SHADOW_CELL = 4      # per cell, the shadow array of persist_noise = "shadow"
 BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
-TREE_CODE_PY = 4400  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
-                     # (.py, measured in the VM; tree.py alone is 14.7 KB, recorder.py ~10 KB)
+TREE_CODE_PY = 2200  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
+                     # (.py, measured in the VM: 2,112 B after this round's recorder/tree refactor; was 4.4 KB)
 TREE_CODE_MPY = 2500  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; tree.py alone 8.6 KB)
 TREE_CODE_FROZEN = 300   # ... frozen (measured in the frozen Unix port: agent/tree.py 2,192 B, agent/recorder.py 1,904 B)
 # tree mode, measured in the VM (host_tools/bench/core.py --tree-only, bench-results/tree.json):

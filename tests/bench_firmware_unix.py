@@ -152,6 +152,9 @@ def main(argv: Optional[list[str]] = None, quick: bool = False) -> dict[str, Any
             host.close()
     OUT.parent.mkdir(exist_ok=True)
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
+    for k in old:  # the frozen image's figures (frozen_main, tests/test_firmware_unix_frozen.py) stay
+        if k == "frozen" or k.startswith("esp32_"):
+            res[k] = old[k]
     if quick and old.get("bits") == bits:  # keep what only a full run (on this kind of VM) measures
         for k in ("min_heap_kib",):
             if k in old:
