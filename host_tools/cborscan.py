@@ -147,9 +147,27 @@ class _Reader:
             self.top = m
         item = self.item
         pl, pk = 0, ""  # the previous key's encoded length and text
+        inline = depth + 1 <= self.max_depth
         for _ in range(n):
             at = self.pos
-            k = item(depth + 1)
+            ib = buf[at] if inline and at < size else -1
+            if 0x60 <= ib < 0x78:
+                # a short text key (all a release has), read here rather than by a call per key:
+                # the same checks and messages as item()
+                self.items += 1
+                if self.items > self.max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                kn = ib - 0x60
+                if kn > size - at - 1:
+                    raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
+                                    % (kn, at + 1, size - at - 1))
+                try:
+                    k = str(buf[at + 1:at + 1 + kn], "utf-8")
+                except UnicodeDecodeError:
+                    raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
+                self.pos = at + 1 + kn
+            else:
+                k = item(depth + 1)
             if type(k) is not str:
                 raise ScanError("cbor", "map key at byte %d is not a text string" % at)
             if k in m:
@@ -160,6 +178,15 @@ class _Reader:
             if kl < pl or (kl == pl and k <= pk):
                 self.canonical = False
             pl, pk = kl, k
+            at = self.pos
+            ib = buf[at] if inline and at < size else -1
+            if 0 <= ib < 24:  # a small unsigned integer (most values of a release): as item() reads it
+                self.items += 1
+                if self.items > self.max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                self.pos = at + 1
+                v = m[k] = ib
+                continue
             v = m[k] = item(depth + 1)
             if depth == 0 and (type(v) is bytes or type(v) is memoryview):
                 self.offsets[k] = self.pos - len(v)  # where the value's content starts

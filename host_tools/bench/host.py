@@ -297,12 +297,33 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             a.wait(30)
         broker.terminate()
         broker.wait(10)
+    stages = _stage_cpu([os.path.join(tmp, "agg-%s-%d.log" % (tag, k)) for k in range(len(procs_agg))])
     return {"consumer": "bare paho subscriber (acks only)" if peer else "%d x pansketch aggregate" % aggregators,
             "clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
             "received_or_stored": stored, "seconds_to_publish_all": round(t_pub, 3),
             "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
             "release_bytes": len(msgs[0][1]),
-            "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())}}
+            "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())},
+            **({"aggregator_stages_cpu_us_per_release": stages} if stages else {})}
+
+
+STAGES_LINE = "CPU per message in the aggregator process (us): "
+
+
+def _stage_cpu(logs: list[str]) -> dict[str, float]:
+    """The aggregator's own CPU per message by stage (its summary line at exit; mean over aggregators)."""
+    found: list[dict[str, float]] = []
+    for lf in logs:
+        try:
+            with open(lf) as f:
+                for ln in f:
+                    if STAGES_LINE in ln:
+                        found.append(json.loads(ln.split(STAGES_LINE, 1)[1]))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return {}
+    return {k: round(sum(x.get(k, 0.0) for x in found) / len(found), 1) for k in sorted(found[0])}
 
 
 def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from multiprocessing.connection import Connection
@@ -43,6 +44,61 @@ def spawn(module: str, settings: Any) -> tuple[subprocess.Popen[bytes], Connecti
     conn = Connection(mine.detach())
     conn.send(settings)
     return proc, conn
+
+
+def send_payloads(conn: Connection, payloads: list[Any]) -> None:
+    """Send ``payloads`` (bytes-like) as one frame of their concatenation (read with :func:`recv_payloads`).
+
+    Message bytes do not go through pickle: one join here, and the reader
+    receives them straight into one buffer (a pickled list of bytes costs
+    a copy per message on each side, and more in Connection's reassembly).
+    """
+    conn.send_bytes(b"".join(payloads))
+
+
+def recv_payloads(conn: Connection, sizes: list[int],
+                  buf: Optional[bytearray] = None) -> tuple[list[memoryview], bytearray]:
+    """The frame :func:`send_payloads` sent, cut into views of ``sizes`` bytes each, and the buffer they
+    view (EOFError: peer gone).
+
+    The frame is read with :class:`Connection`'s framing (a 4-byte length,
+    or -1 and an 8-byte one) straight into ``buf`` when it is large enough
+    (a new buffer otherwise; never resized, so views of an earlier frame
+    cannot stop it), so the views stay valid until the buffer is reused.
+    A frame whose length is not the sum of ``sizes`` is a protocol error
+    (ValueError).
+    """
+    fd = conn.fileno()
+    n = struct.unpack("!i", _read_exact(fd, 4))[0]
+    if n == -1:
+        n = struct.unpack("!Q", _read_exact(fd, 8))[0]
+    if n != sum(sizes):
+        raise ValueError("payload frame of %d bytes for messages of %d bytes" % (n, sum(sizes)))
+    if buf is None or len(buf) < n:
+        buf = bytearray(n if buf is None else max(n, 2 * len(buf)))
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.readv(fd, [mv[got:n]])
+        if k == 0:
+            raise EOFError("peer closed the connection in a payload frame")
+        got += k
+    out = []
+    off = 0
+    for size in sizes:
+        out.append(mv[off:off + size])
+        off += size
+    return out, buf
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    b = b""
+    while len(b) < n:
+        chunk = os.read(fd, n - len(b))
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        b += chunk
+    return b
 
 
 PR_SET_PDEATHSIG = 1

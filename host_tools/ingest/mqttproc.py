@@ -9,8 +9,9 @@ host_tools.ingest.aggregator) is the parent. They talk over one socket pair
 (host_tools/ingest/child.py):
 
 child -> parent
-    ``("msgs", [(topic, payload, mid, qos), ...])`` what arrived since the
-    last batch; ``("connected",)``, ``("refused", reason)``,
+    ``("msgs", [(topic, size, mid, qos), ...])`` what arrived since the
+    last batch, followed by one frame of the payloads, concatenated
+    (:func:`host_tools.ingest.child.send_payloads`: no pickling of message bytes); ``("connected",)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
     ``("connect_failed",)``: connection events, logged by the parent.
 parent -> child
@@ -32,6 +33,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, NamedTuple, Optional
@@ -89,10 +91,12 @@ def serve(conn: Connection, s: Settings) -> int:
     more = threading.Condition()
     closing = threading.Event()
 
-    def send(event: tuple[Any, ...]) -> None:
+    def send(event: tuple[Any, ...], payloads: Optional[list[bytes]] = None) -> None:
         try:
             with send_lock:
                 conn.send(event)
+                if payloads is not None:
+                    child.send_payloads(conn, payloads)
         except OSError:  # the parent is gone: the command loop sees EOF and exits
             closing.set()
 
@@ -122,7 +126,7 @@ def serve(conn: Connection, s: Settings) -> int:
                 batch = inbox[:]
                 inbox.clear()
             if batch:
-                send(("msgs", batch))
+                send(("msgs", [(t, len(p), mid, q) for t, p, mid, q in batch]), [m[1] for m in batch])
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
@@ -184,6 +188,7 @@ class MQTTProcess:
         self._closing = False
         self._lost_logged = False
         self._reader: Optional[threading.Thread] = None
+        self.cpu_s = 0.0  # CPU time of the reader thread spent receiving message batches (stage timer)
 
     def start(self) -> None:
         self.proc, self.conn = child.spawn("host_tools.ingest.mqttproc", self.settings)
@@ -240,7 +245,13 @@ class MQTTProcess:
                 break
             try:
                 if ev[0] == "msgs":
-                    self.on_messages([Msg(*m) for m in ev[1]])
+                    t0 = time.thread_time()
+                    views, _buf = child.recv_payloads(self.conn, [m[1] for m in ev[1]])
+                    # bytes from here on (the store keeps them); the one copy out of the received frame
+                    msgs = [Msg(m[0], v.tobytes(), m[2], m[3]) for m, v in zip(ev[1], views)]
+                    del views, _buf
+                    self.cpu_s += time.thread_time() - t0
+                    self.on_messages(msgs)
                 else:
                     self.on_event(ev)
             except Exception:  # a bug in one handler must not stop every later message

@@ -9,9 +9,11 @@ bytes are well formed; for the device's acknowledgement and ``status``).
 ``Aggregator.validate`` runs it in process; ``pansketch aggregate`` runs
 it here, in a helper process (host_tools/ingest/child.py), so that decoding does
 not compete with the writer for the parent's GIL. The parent sends
-``[(topic, payload), ...]`` and gets the verdicts back in order; the
-payloads do not travel back (the parent has them), so a verdict costs
-little to send.
+``[(topic, size), ...]`` and then the payloads in one frame
+(:func:`host_tools.ingest.child.send_payloads`), which the helper reads
+into one reused buffer and validates in place (no pickling or copying of
+message bytes); it gets the verdicts back in order. The payloads do not
+travel back (the parent has them), so a verdict costs little to send.
 
 CPU budget (``[aggregator] validate_cpu_s``, default 1 s; docs/HOST.md):
 the helper arms ``ITIMER_PROF`` for each message, so a message that takes
@@ -115,7 +117,8 @@ class ValidatorProcess:
         """The helper's verdicts, or None if it died (or was killed by the backstop) meanwhile."""
         assert self.proc is not None
         try:
-            self.conn.send(list(msgs))
+            self.conn.send([(t, len(p)) for t, p in msgs])
+            child.send_payloads(self.conn, [p for _t, p in msgs])
             if not self.conn.poll(self._wall_limit(len(msgs))):
                 log.error("validation process %d gave no verdict for %d message(s) within %.0f s; killing it",
                           self.proc.pid, len(msgs), self._wall_limit(len(msgs)))
@@ -221,19 +224,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     assert isinstance(settings, Settings)
     child.log_to_stderr()
     budget = float(settings.cpu_s)
+    buf = bytearray()  # reused: the messages of one batch are validated in place, then dropped
     while True:
         try:
-            msgs = conn.recv()
+            heads = conn.recv()
+            views, buf = child.recv_payloads(conn, [n for _t, n in heads], buf)
         except (EOFError, OSError):
             return 0
         out = []
-        for t, p in msgs:
+        for (t, _n), p in zip(heads, views):
             # SIGPROF (default action: terminate) after `budget` s of this process's CPU time
             signal.setitimer(signal.ITIMER_PROF, budget)
             try:
                 out.append(verdict(settings, t, p))
             finally:
                 signal.setitimer(signal.ITIMER_PROF, 0)
+        del views  # the buffer is overwritten by the next batch
         conn.send(out)
 
 
