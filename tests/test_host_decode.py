@@ -298,3 +298,78 @@ def test_fast_encoding_check_agrees_with_the_reference():
             continue
         assert canonical_offset(mv, v) == canonical_offset_ref(mv, v)
         assert canonical_offset(mv, good) == canonical_offset_ref(mv, good)
+
+
+def test_scanner_encoding_check_is_exactly_reencoding():
+    """cborscan.scan's one-pass check (shortest heads, keys in encoded order) says canonical exactly when
+    agent.cbor re-encodes the decoded value to the same bytes; the counters' offset and the plain reader
+    agree, also on memoryviews and on random mutations (a wrong check would store non-deterministic bytes,
+    or refuse what devices write)."""
+    import random
+
+    from agent import cbor as acbor
+    from host_tools import cborscan
+
+    p = params(w=16)
+    good = encoded(p, seq=70000, fill=-3, nz=300)
+    sc = cborscan.scan(good)
+    assert sc.canonical and good[sc.offsets["ctr"]:sc.offsets["ctr"] + len(sc.obj["ctr"])] == sc.obj["ctr"]
+    head = good.index(b"\x63seq")  # 'seq' 70000 = 0x1a 00 01 11 70: re-encode it with an 8-byte head
+    longer = good[:head + 4] + b"\x1b" + (70000).to_bytes(8, "big") + good[head + 9:]
+    assert cborscan.loads(longer)["seq"] == 70000 and not cborscan.scan(longer).canonical
+    dv = good.index(b"\x63dev")  # swap two adjacent 3-letter keys' positions by renaming: out of order
+    assert not cborscan.scan(good[:dv] + b"\x63zzz" + good[dv + 4:]).canonical
+
+    def plain(o):
+        if isinstance(o, memoryview):
+            return bytes(o)
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        return [plain(v) for v in o] if isinstance(o, list) else o
+
+    rng = random.Random(5)
+    seen = [0, 0]
+    for _ in range(3000):
+        b = bytearray(good)
+        for _k in range(rng.randint(1, 3)):
+            i = rng.randrange(len(b))
+            b[i] = rng.randrange(256)
+        b = bytes(b)
+        try:
+            sc = cborscan.scan(memoryview(b), views=True)
+        except cborscan.ScanError:
+            continue
+        assert plain(sc.obj) == cborscan.loads(b)
+        try:
+            same = acbor.dumps(plain(sc.obj)) == b
+        except (TypeError, ValueError):
+            same = False
+        assert sc.canonical == same, b
+        seen[same] += 1
+    assert seen[0] > 50 and seen[1] > 50  # both answers exercised
+
+
+def test_payload_frames_between_processes():
+    """child.send_payloads / recv_payloads: the payloads come back byte for byte as views of one buffer,
+    a reused buffer too small is replaced (never resized under live views), a wrong frame size is refused."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from host_tools.ingest import child
+
+    a, b = socket.socketpair()
+    ca, cb = Connection(a.detach()), Connection(b.detach())
+    msgs = [bytes([i]) * (i * 997) for i in range(1, 12)] + [b""]
+    child.send_payloads(ca, msgs)
+    buf = bytearray(10)
+    views, buf2 = child.recv_payloads(cb, [len(m) for m in msgs], buf)
+    assert [bytes(v) for v in views] == msgs and buf2 is not buf and len(buf) == 10
+    child.send_payloads(ca, msgs[:2])
+    views2, buf3 = child.recv_payloads(cb, [len(m) for m in msgs[:2]], buf2)
+    assert buf3 is buf2 and [bytes(v) for v in views2] == msgs[:2]
+    child.send_payloads(ca, [b"abc"])
+    with pytest.raises(ValueError):
+        child.recv_payloads(cb, [2])
+    ca.close()
+    with pytest.raises(EOFError):
+        child.recv_payloads(cb, [1])
