@@ -353,6 +353,7 @@ def test_payload_frames_between_processes():
     """child.send_payloads / recv_payloads: the payloads come back byte for byte as views of one buffer,
     a reused buffer too small is replaced (never resized under live views), a wrong frame size is refused."""
     import socket
+    import threading
     from multiprocessing.connection import Connection
 
     from host_tools.ingest import child
@@ -367,6 +368,12 @@ def test_payload_frames_between_processes():
     child.send_payloads(ca, msgs[:2])
     views2, buf3 = child.recv_payloads(cb, [len(m) for m in msgs[:2]], buf2)
     assert buf3 is buf2 and [bytes(v) for v in views2] == msgs[:2]
+    big = [bytes([i % 251]) * 16583 for i in range(300)]  # ~5 MB: writev goes out in many partial writes
+    t = threading.Thread(target=child.send_payloads, args=(ca, big))
+    t.start()
+    views3, _b = child.recv_payloads(cb, [len(m) for m in big], buf3)
+    t.join(10)
+    assert [bytes(v) for v in views3] == big
     child.send_payloads(ca, [b"abc"])
     with pytest.raises(ValueError):
         child.recv_payloads(cb, [2])

@@ -238,6 +238,7 @@ class MQTTProcess:
 
     def _read_loop(self) -> None:
         assert self.conn is not None and self.proc is not None
+        rbuf: Optional[bytearray] = None
         while True:
             try:
                 ev = self.conn.recv()
@@ -246,10 +247,11 @@ class MQTTProcess:
             try:
                 if ev[0] == "msgs":
                     t0 = time.thread_time()
-                    views, _buf = child.recv_payloads(self.conn, [m[1] for m in ev[1]])
-                    # bytes from here on (the store keeps them); the one copy out of the received frame
+                    views, rbuf = child.recv_payloads(self.conn, [m[1] for m in ev[1]], rbuf)
+                    # bytes from here on (the store keeps them); the one copy out of the received frame,
+                    # whose buffer is reused for the next batch
                     msgs = [Msg(m[0], v.tobytes(), m[2], m[3]) for m, v in zip(ev[1], views)]
-                    del views, _buf
+                    del views
                     self.cpu_s += time.thread_time() - t0
                     self.on_messages(msgs)
                 else:
