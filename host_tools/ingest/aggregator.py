@@ -651,6 +651,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     warning = placeholder_salt_warning("fleet.salt", cfg.fleet.salt, "in every device's config")
     if warning:
         log.warning("%s", warning)
+    cpu0 = time.process_time()
     try:
         validator.start()
         writer.start()
@@ -699,12 +700,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             summary.info("WAL checkpoints: %d completed, %d gave up (readers); %d pruned (retention); %d group "
                          "commit(s), %.1f messages per group", ck[1], ck[0], writer.pruned, writer.groups,
                          writer.messages / max(1, writer.groups))
-        if writer.messages:
-            cpu = dict(writer.cpu)
-            cpu["receive"] = getattr(transport, "cpu_s", 0.0)
-            logging.getLogger("pansketch.aggregator.summary").info(
-                "CPU per message in the aggregator process (us): %s",
-                json.dumps({k: round(v / writer.messages * 1e6, 1) for k, v in sorted(cpu.items())}))
+        cpu = dict(writer.cpu)
+        cpu["receive"] = getattr(transport, "cpu_s", 0.0)
+        cpu["process_total"] = time.process_time() - cpu0  # all threads: the stages and the rest
+        child.log_stage_cpu("aggregator", cpu, writer.messages)
         agg.close()
 
 

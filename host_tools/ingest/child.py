@@ -169,6 +169,22 @@ def exit_status(rc: Optional[int]) -> str:
     return "exit code %d" % rc
 
 
+STAGES_LINE = "CPU per message in the %s process (us): "
+
+
+def log_stage_cpu(role: str, cpu: dict[str, float], messages: int) -> None:
+    """One line at exit, also under -q: this process's CPU seconds per stage, as microseconds per message
+    (the host benchmark reads it: where a release's cost goes)."""
+    if messages <= 0:
+        return
+    import json
+
+    summary = logging.getLogger("pansketch.aggregator.summary")
+    summary.setLevel(logging.INFO)
+    summary.info("%s%s", STAGES_LINE % role,
+                 json.dumps({k: round(v / messages * 1e6, 1) for k, v in sorted(cpu.items())}))
+
+
 def log_to_stderr(level: Optional[int] = None) -> None:
     """A helper process's logging: the parent's line format on stderr (shared with the parent),
     under the ``pansketch`` logger; ``level`` None keeps the logger's default."""

@@ -118,6 +118,9 @@ def serve(conn: Connection, s: Settings) -> int:
             if len(inbox) == 1:
                 more.notify()
 
+    cpu = {"forward": 0.0, "acks": 0.0}  # stage timers (thread CPU time); the MQTT client is the rest
+    forwarded = [0]
+
     def batcher() -> None:
         while not closing.is_set():
             with more:
@@ -126,7 +129,10 @@ def serve(conn: Connection, s: Settings) -> int:
                 batch = inbox[:]
                 inbox.clear()
             if batch:
+                t0 = time.thread_time()
                 send(("msgs", [(t, len(p), mid, q) for t, p, mid, q in batch]), [m[1] for m in batch])
+                forwarded[0] += len(batch)
+                cpu["forward"] += time.thread_time() - t0
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
@@ -141,6 +147,7 @@ def serve(conn: Connection, s: Settings) -> int:
         props.SessionExpiryInterval = s.session_expiry_s
     client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive, clean_start=not s.persistent,
                          properties=props)
+    cpu0 = time.process_time()
     threading.Thread(target=batcher, name="pansketch-mqtt-batcher", daemon=True).start()
     client.loop_start()
     rc = 1
@@ -152,10 +159,12 @@ def serve(conn: Connection, s: Settings) -> int:
                 log.error("MQTT process: the aggregator process went away; disconnecting without acknowledging")
                 break
             if cmd[0] == "ack":
+                t0 = time.thread_time()
                 for mid, qos in cmd[1]:
                     client.ack(mid, qos)
                 for topic, payload in cmd[2]:
                     client.publish(topic, payload, qos=1)
+                cpu["acks"] += time.thread_time() - t0
             elif cmd[0] == "stop":
                 rc = 0
                 break
@@ -165,6 +174,8 @@ def serve(conn: Connection, s: Settings) -> int:
             more.notify()
         client.disconnect()  # queued after the PUBACKs and publishes above, so they go out first
         client.loop_stop()
+        cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"])
+        child.log_stage_cpu("MQTT", cpu, forwarded[0])
     return rc
 
 

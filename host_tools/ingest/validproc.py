@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -225,12 +226,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     child.log_to_stderr()
     budget = float(settings.cpu_s)
     buf = bytearray()  # reused: the messages of one batch are validated in place, then dropped
+    cpu = {"receive": 0.0, "validate": 0.0, "reply": 0.0}  # stage timers (thread CPU time, per batch)
+    n = 0
     while True:
         try:
+            t0 = time.thread_time()
             heads = conn.recv()
             views, buf = child.recv_payloads(conn, [n for _t, n in heads], buf)
         except (EOFError, OSError):
+            child.log_stage_cpu("validation", cpu, n)
             return 0
+        t1 = time.thread_time()
         out = []
         for (t, _n), p in zip(heads, views):
             # SIGPROF (default action: terminate) after `budget` s of this process's CPU time
@@ -240,8 +246,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             finally:
                 signal.setitimer(signal.ITIMER_PROF, 0)
         del views  # the buffer is overwritten by the next batch
+        t2 = time.thread_time()
         conn.send(out)
-
+        n += len(out)
+        cpu["receive"] += t1 - t0
+        cpu["validate"] += t2 - t1
+        cpu["reply"] += time.thread_time() - t2
 
 if __name__ == "__main__":
     from host_tools.ingest.validproc import main as _main  # the module proper, whose Settings the parent pickled
