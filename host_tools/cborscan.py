@@ -102,11 +102,11 @@ class _Reader:
         if ai < 24:
             n = ai
         elif ai < 28:
-            k = 1 << (ai - 24)
-            if pos + k > size:
-                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, k))
-            n = int.from_bytes(buf[pos:pos + k], "big")
-            pos += k
+            hk = 1 << (ai - 24)
+            if pos + hk > size:
+                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, hk))
+            n = int.from_bytes(buf[pos:pos + hk], "big")
+            pos += hk
             if n < _SHORTEST[ai]:
                 self.canonical = False  # a longer head than agent.cbor writes
         elif ai == 31:
@@ -126,8 +126,8 @@ class _Reader:
                 raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left" % (n, pos, left))
             self.pos = pos + n
             if major == 2:
-                v = self.view
-                return v[pos:pos + n] if v is not None else buf[pos:pos + n]
+                sv = self.view
+                return sv[pos:pos + n] if sv is not None else buf[pos:pos + n]
             try:
                 return str(buf[pos:pos + n], "utf-8")
             except UnicodeDecodeError:
@@ -185,7 +185,7 @@ class _Reader:
                 if self.items > self.max_items:
                     raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
                 self.pos = at + 1
-                v = m[k] = ib
+                m[k] = ib
                 continue
             v = m[k] = item(depth + 1)
             if depth == 0 and (type(v) is bytes or type(v) is memoryview):

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union, cast
 
 from host_tools import cborscan
 from host_tools.ingest import child
@@ -65,21 +65,24 @@ def rejected(code: str, reason: str, payload: Optional[bytes]) -> Verdict:
     return ("rejected", code, reason, dev, seq)
 
 
-def verdict(s: Settings, topic: Optional[str], payload: bytes) -> Verdict:
-    """Validate one message (no storage); a validator bug becomes the rejection ``internal``."""
+def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]) -> Verdict:
+    """Validate one message (no storage); a validator bug becomes the rejection ``internal``.
+
+    ``payload`` may be a view into the helper's receive buffer (decode reads it in place)."""
     if s.spin_topic is not None and topic == s.spin_topic:
         while True:  # a stand-in for a validation bug that never ends (tests/test_hostile.py)
             pass
     try:
         try:
-            rel = decode(payload, topic=topic, max_bytes=s.max_bytes, fleet=s.fleet, topic_filter=s.topic_filter)
+            rel = decode(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
+                         topic_filter=s.topic_filter)
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
             log.exception("validating message on %s failed unexpectedly", topic)
             raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
     except Rejected as rej:
-        return rejected(rej.code, rej.reason, payload if rej.code != "size" else None)
+        return rejected(rej.code, rej.reason, bytes(payload) if rej.code != "size" else None)
     return ("ok", rel.state())
 
 
