@@ -180,12 +180,34 @@ class _Reader:
             pl, pk = kl, k
             at = self.pos
             ib = buf[at] if inline and at < size else -1
-            if 0 <= ib < 24:  # a small unsigned integer (most values of a release): as item() reads it
+            if 0 <= ib < 0x1C or 0x60 <= ib < 0x78:
+                # an unsigned integer or a short text string (most values of a release): read here, with
+                # the same checks and messages as item()
                 self.items += 1
                 if self.items > self.max_items:
                     raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
-                self.pos = at + 1
-                m[k] = ib
+                if ib < 24:
+                    self.pos = at + 1
+                    m[k] = ib
+                elif ib < 0x1C:
+                    hk = 1 << (ib - 24)
+                    if at + 1 + hk > size:
+                        raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (at, hk))
+                    val = int.from_bytes(buf[at + 1:at + 1 + hk], "big")
+                    if val < _SHORTEST[ib]:
+                        self.canonical = False
+                    self.pos = at + 1 + hk
+                    m[k] = val
+                else:
+                    kn = ib - 0x60
+                    if kn > size - at - 1:
+                        raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
+                                        % (kn, at + 1, size - at - 1))
+                    try:
+                        m[k] = str(buf[at + 1:at + 1 + kn], "utf-8")
+                    except UnicodeDecodeError:
+                        raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
+                    self.pos = at + 1 + kn
                 continue
             v = m[k] = item(depth + 1)
             if depth == 0 and (type(v) is bytes or type(v) is memoryview):
