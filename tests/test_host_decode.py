@@ -350,9 +350,11 @@ def test_scanner_encoding_check_is_exactly_reencoding():
 
 
 def test_payload_frames_between_processes():
-    """child.send_payloads / recv_payloads: the payloads come back byte for byte as views of one buffer,
-    a reused buffer too small is replaced (never resized under live views), a wrong frame size is refused."""
+    """child.send_batch / recv_frame: a batch's payloads come back byte for byte as views of one buffer,
+    pickled objects sent with Connection.send in between are told apart, a reused buffer too small is
+    replaced (never resized under live views), sizes that do not add up are refused."""
     import socket
+    import struct
     import threading
     from multiprocessing.connection import Connection
 
@@ -361,22 +363,29 @@ def test_payload_frames_between_processes():
     a, b = socket.socketpair()
     ca, cb = Connection(a.detach()), Connection(b.detach())
     msgs = [bytes([i]) * (i * 997) for i in range(1, 12)] + [b""]
-    child.send_payloads(ca, msgs)
+    meta = [("t/%d" % i, len(m), i) for i, m in enumerate(msgs)]
+    child.send_batch(ca, meta, msgs)
+    ca.send(("connected",))
     buf = bytearray(10)
-    views, buf2 = child.recv_payloads(cb, [len(m) for m in msgs], buf)
-    assert [bytes(v) for v in views] == msgs and buf2 is not buf and len(buf) == 10
-    child.send_payloads(ca, msgs[:2])
-    views2, buf3 = child.recv_payloads(cb, [len(m) for m in msgs[:2]], buf2)
-    assert buf3 is buf2 and [bytes(v) for v in views2] == msgs[:2]
+    fr = child.recv_frame(cb, buf)
+    assert fr.batch and fr.obj == meta and [bytes(v) for v in fr.payloads] == msgs
+    assert fr.buf is not buf and len(buf) == 10
+    ev = child.recv_frame(cb, fr.buf)
+    assert not ev.batch and ev.obj == ("connected",) and ev.buf is fr.buf
+    child.send_batch(ca, meta[:2], msgs[:2])
+    fr2 = child.recv_frame(cb, fr.buf)
+    assert fr2.buf is fr.buf and [bytes(v) for v in fr2.payloads] == msgs[:2]
     big = [bytes([i % 251]) * 16583 for i in range(300)]  # ~5 MB: writev goes out in many partial writes
-    t = threading.Thread(target=child.send_payloads, args=(ca, big))
+    t = threading.Thread(target=child.send_batch, args=(ca, [("x", len(m)) for m in big], big))
     t.start()
-    views3, _b = child.recv_payloads(cb, [len(m) for m in big], buf3)
+    fr3 = child.recv_frame(cb, fr2.buf)
     t.join(10)
-    assert [bytes(v) for v in views3] == big
-    child.send_payloads(ca, [b"abc"])
+    assert [bytes(v) for v in fr3.payloads] == big
+    hdr = __import__("pickle").dumps([("x", 2)])
+    body = struct.pack("!BI", child.BATCH, len(hdr)) + hdr + b"abc"  # says 2 bytes, carries 3
+    ca.send_bytes(body)
     with pytest.raises(ValueError):
-        child.recv_payloads(cb, [2])
+        child.recv_frame(cb)
     ca.close()
     with pytest.raises(EOFError):
-        child.recv_payloads(cb, [1])
+        child.recv_frame(cb)

@@ -9,9 +9,9 @@ host_tools.ingest.aggregator) is the parent. They talk over one socket pair
 (host_tools/ingest/child.py):
 
 child -> parent
-    ``("msgs", [(topic, size, mid, qos), ...])`` what arrived since the
-    last batch, followed by one frame of the payloads, concatenated
-    (:func:`host_tools.ingest.child.send_payloads`: no pickling of message bytes); ``("connected",)``, ``("refused", reason)``,
+    a batch frame (:func:`host_tools.ingest.child.send_batch`: no pickling
+    of message bytes) of what arrived since the last batch, meta
+    ``[(topic, size, mid, qos), ...]``; ``("connected",)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
     ``("connect_failed",)``: connection events, logged by the parent.
 parent -> child
@@ -92,11 +92,13 @@ def serve(conn: Connection, s: Settings) -> int:
     closing = threading.Event()
 
     def send(event: tuple[Any, ...], payloads: Optional[list[bytes]] = None) -> None:
+        """An event (pickled), or with ``payloads`` a batch frame whose meta is ``event``."""
         try:
             with send_lock:
-                conn.send(event)
-                if payloads is not None:
-                    child.send_payloads(conn, payloads)
+                if payloads is None:
+                    conn.send(event)
+                else:
+                    child.send_batch(conn, list(event), payloads)
         except OSError:  # the parent is gone: the command loop sees EOF and exits
             closing.set()
 
@@ -130,7 +132,7 @@ def serve(conn: Connection, s: Settings) -> int:
                 inbox.clear()
             if batch:
                 t0 = time.thread_time()
-                send(("msgs", [(t, len(p), mid, q) for t, p, mid, q in batch]), [m[1] for m in batch])
+                send(tuple((t, len(p), mid, q) for t, p, mid, q in batch), [m[1] for m in batch])
                 forwarded[0] += len(batch)
                 cpu["forward"] += time.thread_time() - t0
 
@@ -252,23 +254,23 @@ class MQTTProcess:
         rbuf: Optional[bytearray] = None
         while True:
             try:
-                ev = self.conn.recv()
-            except (EOFError, OSError):
+                t0 = time.thread_time()
+                fr = child.recv_frame(self.conn, rbuf)
+            except (EOFError, OSError, ValueError):
                 break
+            rbuf = fr.buf
             try:
-                if ev[0] == "msgs":
-                    t0 = time.thread_time()
-                    views, rbuf = child.recv_payloads(self.conn, [m[1] for m in ev[1]], rbuf)
-                    # bytes from here on (the store keeps them); the one copy out of the received frame,
+                if fr.batch:
+                    # bytes from here on (the store keeps them): the one copy out of the received frame,
                     # whose buffer is reused for the next batch
-                    msgs = [Msg(m[0], v.tobytes(), m[2], m[3]) for m, v in zip(ev[1], views)]
-                    del views
+                    msgs = [Msg(m[0], v.tobytes(), m[2], m[3]) for m, v in zip(fr.obj, fr.payloads)]
+                    del fr
                     self.cpu_s += time.thread_time() - t0
                     self.on_messages(msgs)
                 else:
-                    self.on_event(ev)
+                    self.on_event(fr.obj)
             except Exception:  # a bug in one handler must not stop every later message
-                log.exception("handling %s from the MQTT process failed", ev[0])
+                log.exception("handling a message from the MQTT process failed")
         if not self._closing:
             try:
                 rc: Optional[int] = self.proc.wait(5)

@@ -9,8 +9,8 @@ bytes are well formed; for the device's acknowledgement and ``status``).
 ``Aggregator.validate`` runs it in process; ``pansketch aggregate`` runs
 it here, in a helper process (host_tools/ingest/child.py), so that decoding does
 not compete with the writer for the parent's GIL. The parent sends
-``[(topic, size), ...]`` and then the payloads in one frame
-(:func:`host_tools.ingest.child.send_payloads`), which the helper reads
+``[(topic, size), ...]`` and the payloads in one batch frame
+(:func:`host_tools.ingest.child.send_batch`), which the helper reads
 into one reused buffer and validates in place (no pickling or copying of
 message bytes); it gets the verdicts back in order. The payloads do not
 travel back (the parent has them), so a verdict costs little to send.
@@ -121,8 +121,7 @@ class ValidatorProcess:
         """The helper's verdicts, or None if it died (or was killed by the backstop) meanwhile."""
         assert self.proc is not None
         try:
-            self.conn.send([(t, len(p)) for t, p in msgs])
-            child.send_payloads(self.conn, [p for _t, p in msgs])
+            child.send_batch(self.conn, [(t, len(p)) for t, p in msgs], [p for _t, p in msgs])
             if not self.conn.poll(self._wall_limit(len(msgs))):
                 log.error("validation process %d gave no verdict for %d message(s) within %.0f s; killing it",
                           self.proc.pid, len(msgs), self._wall_limit(len(msgs)))
@@ -234,8 +233,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     while True:
         try:
             t0 = time.thread_time()
-            heads = conn.recv()
-            views, buf = child.recv_payloads(conn, [n for _t, n in heads], buf)
+            fr = child.recv_frame(conn, buf)
+            buf, heads, views = fr.buf, fr.obj, fr.payloads
+            del fr
         except (EOFError, OSError):
             child.log_stage_cpu("validation", cpu, n)
             return 0
