@@ -223,7 +223,7 @@ def test_descent_finds_planted_heavy_strings_20_seeds():
     assert slow < 1.0
 
 
-PICO = (6, 5, 80)  # 2,400 cells: fits the Pico W heap model with TLS (firmware/memory.py: 2,573)
+PICO = (6, 5, 80)  # 2,400 cells: fits the Pico W heap model with TLS (firmware/memory.py: 4,109 cells)
 
 
 def test_pico_sized_sketch_finds_the_planted_strings():

@@ -22,7 +22,7 @@ Configurations:
 * Pi: the device default len=12 d=5 w=1024 (245,760 counter bytes) and the
   long-tail one len=8 d=3 w=2048 (196,608 B), 20 devices over the whole stdlib;
 * Pico: len=6 d=5 w=80 (2,400 cells: 9,600 B per array, 19,200 B for the
-  recorder's two arrays; the Pico W model of firmware/memory.py leaves 2,573
+  recorder's two arrays; the Pico W model of firmware/memory.py leaves 4,109
   cells with TLS up), ONE device of 10^5 events, repeated over ``--slices``
   consecutive 10^5-token slices x ``--seeds`` noise seeds (recall mean, min and
   the share of runs with recall >= 0.8 at k = 10).
