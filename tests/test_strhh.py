@@ -303,14 +303,19 @@ def test_agent_check_prints_the_board_fit(tmp_path):
 
     fit = "\n".join(memory.strhh_lines(8, 3, 64))
     assert "picow    fits for len=8 d=3 w=64" in fit and "esp8266  DOES NOT FIT" in fit
+    p8 = Params({"device": "pico-1", "salt": "fleet-salt-xyz", "kind": "strhh", "len": 8, "d": 3, "w": 64,
+                 "mechanism": "dlap", "budget": "1", "persist_noise": "refresh"})
     pw = memory.profile("picow")
     pico_w = memory.max_cells(pw["free"], pw["tls"], pw["code"], True, pw["events"]) // 30
     assert pico_w >= PICO[2]  # the Pico-sized config of the bench fits a Pico W with TLS
-    # the check names the board fit, the Pico-sized len=6 d=5 (the largest w of a Pico W with TLS)
-    # and the error at 10^5 events: the node noise sd and the measured recall / smallest count found
-    assert "  board     picow    fits for len=8 d=3 w=64" in out and "largest w at len=6 d=5: %d" % pico_w in out
-    assert "  board     error    at 100000 events per window: noise sd of a node estimate 28 " in out
-    assert "measured len=6 d=5 w=80, 100000 events, eps=1 (stdlib tokens): recall at k=10 0.91" in out
+    # the board check (python -m firmware.memory --config, which pansketch-agent check points to) names the
+    # board fit, the Pico-sized len=6 d=5 (the largest w of a Pico W with TLS) and the error at 10^5 events:
+    # the node noise sd and the measured recall / smallest count found
+    assert "python -m firmware.memory --config pansketch.json: which len, d, w fit each board" in out
+    board = "\n".join(memory.strhh_lines(8, 3, 64, noise=p8.noise, inoise=p8.inoise))
+    assert "picow    fits for len=8 d=3 w=64" in board and "largest w at len=6 d=5: %d" % pico_w in board
+    assert "error    at 100000 events per window: noise sd of a node estimate 28 " in board
+    assert "measured len=6 d=5 w=80, 100000 events, eps=1 (stdlib tokens): recall at k=10 0.91" in board
     assert "esp32    DOES NOT FIT for len=8 d=3 w=512" in "\n".join(memory.strhh_lines(8, 3, 512))  # frozen: 256 fits
     # noise sd of a node: dlap t = 24 (L d / eps), two draws, mean of 3 cells: sqrt(2 * 2q/(1-q)^2 / 3) ~ 28
     assert "noise sd of a node estimate (about that of the mean of d cells: internal + output draw): 28 " in out
