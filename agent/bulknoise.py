@@ -158,17 +158,27 @@ def _bern_exp(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
 def _geometric(u: _Uniform, n: int) -> np.ndarray:
     """n independent counts V of Bernoulli(exp(-1)) successes before the first failure (the V
     of CKS Algorithm 2): one stream of Bernoulli(exp(-1)) draws cut at its failures. The runs
-    between failures of an i.i.d. stream are i.i.d. with exactly that law."""
+    between failures of an i.i.d. stream are i.i.d. with exactly that law. The stream is drawn in
+    pieces, and a run still open at the end of a piece goes on in the next (its successes are
+    carried over): dropping them would shorten exactly the runs that cross a piece's end, the
+    longer ones more often (a bias, however rare the extra piece)."""
     parts: list[np.ndarray] = []
     have = 0
+    carry = 0  # successes of the run still open at the end of the stream drawn so far
     while have < n:
         m = int((n - have) * 1.7) + 64  # E[V] + 1 = 1 / (1 - 1/e) = 1.58 draws per count
         b = _bexp1(u, m)
         fails = np.flatnonzero(~b)
         runs = np.diff(fails, prepend=-1) - 1  # successes before each failure
+        if len(runs):
+            runs[0] += carry
+            carry = m - 1 - int(fails[-1])
+        else:
+            carry += m
         parts.append(runs)
         have += len(runs)
         b.fill(False)
+        fails.fill(0)
     v = np.concatenate(parts)[:n]
     u.held += parts + [v]
     return v

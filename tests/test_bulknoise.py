@@ -102,3 +102,25 @@ def test_scalar_rng_keeps_the_scalar_path():
     draw_into(a, spec, Rng(DeterministicSource("s")))
     r = Rng(DeterministicSource("s"))
     assert list(a) == [spec.sample(r) for _ in range(500)]
+
+
+def test_geometric_runs_go_on_across_the_pieces_of_the_stream(monkeypatch):
+    """V (CKS Algorithm 2) is cut from one Bernoulli(exp(-1)) stream drawn in pieces: a run of
+    successes still open at the end of a piece must go on in the next. Dropping its successes
+    (the first version) shortened exactly the runs that cross a piece's end, a bias towards small
+    noise that no chi-square test at these sizes sees: here a fixed stream whose 6th run (200
+    successes) spans three pieces must come out as 200."""
+    import agent.bulknoise as bn
+
+    stream = [False] * 5 + [True] * 200 + [False] * 50
+    pos = [0]
+
+    def fixed_stream(_u, m):
+        out = np.array(stream[pos[0]:pos[0] + m], dtype=bool)
+        assert len(out) == m
+        pos[0] += m
+        return out
+
+    monkeypatch.setattr(bn, "_bexp1", fixed_stream)
+    v = bn._geometric(bn._Uniform(DeterministicSource("runs")), 8)
+    assert list(v) == [0, 0, 0, 0, 0, 200, 0, 0]
