@@ -10,14 +10,15 @@
 # Then flash the image (esptool / UF2) and run deploy/flash.sh --frozen to
 # copy only the config, boot.py and main.py. Paths are relative to this file.
 
-include("$(PORT_DIR)/boards/manifest.py")  # the port's own frozen modules
+if not options.unix_port:  # tests/mpunix/manifest.py (the Unix port has no boards/manifest.py)
+    include("$(PORT_DIR)/boards/manifest.py")  # the port's own frozen modules
 require("umqtt.simple")  # micropython-lib; our own deterministic CBOR encoder replaces cbor2
 
 # The device core: only modules that run on MicroPython (agent/daemon.py,
 # config.py, sources.py and publisher.py are the CPython Pi daemon).
 CORE = (
-    "__init__.py", "acks.py", "calibrate.py", "cbor.py", "dbits.py", "dcs.py", "strhh.py", "hashing.py", "noise.py", "params.py",
-    "recorder.py", "recorders.py", "release.py", "rng.py", "sketch.py", "storage.py", "tree.py",
+    "__init__.py", "acks.py", "calibrate.py", "cbor.py", "dbits.py", "dcs.py", "strhh.py", "hashing.py", "levels.py",
+    "noise.py", "params.py", "recorder.py", "recorders.py", "release.py", "rng.py", "sketch.py", "storage.py", "tree.py",
 )
 FIRMWARE = (
     "__init__.py", "app.py", "clock.py", "config.py", "memory.py", "mqtt.py", "wifi.py",

@@ -72,11 +72,10 @@ class SketchShape:
 
 
 @dataclass(frozen=True)
-class Release(SketchShape):
-    """A validated release (all fields of the map, plus the raw bytes)."""
+class ReleaseParams(SketchShape):
+    """The sketch and noise parameters a release carries, shared by the validated
+    message (:class:`Release`) and the stored row (host_tools.store.core.StoredRelease)."""
 
-    dev: str
-    seq: int
     mode: str
     kind: str
     d: int
@@ -90,6 +89,14 @@ class Release(SketchShape):
     nout: tuple[int, int]
     nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
     L: int
+
+
+@dataclass(frozen=True)
+class Release(ReleaseParams):
+    """A validated release (all fields of the map, plus the raw bytes)."""
+
+    dev: str
+    seq: int
     win_s: int
     ep_s: int
     win: int
@@ -129,7 +136,15 @@ class Release(SketchShape):
     @classmethod
     def from_state(cls, state: tuple[Any, ...], payload: bytes) -> "Release":
         """The release :meth:`state` was taken from, given its payload (no validation: it was validated)."""
-        return cls(payload=payload, **dict(zip(STATE_FIELDS, state)))
+        if len(state) != len(STATE_FIELDS):
+            raise ValueError("release state of %d fields, expected %d" % (len(state), len(STATE_FIELDS)))
+        # the frozen dataclass's __init__ sets each of the 28 fields through object.__setattr__; filling
+        # the instance dict at once gives the same object for a fraction of the cost (once per message)
+        rel = cls.__new__(cls)
+        d = rel.__dict__
+        d.update(zip(STATE_FIELDS, state))
+        d["payload"] = payload
+        return rel
 
 
 STATE_FIELDS = tuple(f.name for f in fields(Release) if f.name != "payload")
