@@ -295,21 +295,24 @@ def test_host_reads_p_from_the_device():
     assert distinct.device_p(16, 1024, (1, 1)) == Fraction(3, 4)
 
 
-def test_neyman_interval_covers_at_every_n_and_eps():
+def test_neyman_interval_covers_at_every_n_and_eps(monkeypatch):
     """release_interval (maximum likelihood + Neyman interval from the device's simulated sampling
     distribution) on exact simulations of the device's bits (dnpry_simulate, not the host's own
-    simulator): at eps = 1/2 and 3/2 and n from 30 to 3e4 (a 10 x 256 sketch, so the run is short),
-    misses of each side stay within the 0.1%..99.9% points of Binomial(N, 0.025). The inverse-variance
-    estimate +- z sd it replaced missed low too rarely at small n and too often at large n."""
+    simulator): at eps = 1/2 and 3/2 and n = 30 and 3000 (a 10 x 256 sketch and 800 simulations per
+    band, so the run is short), misses of each side stay within the 0.1%..99.9% points of
+    Binomial(N, 0.025). The inverse-variance estimate +- z sd it replaced missed low too rarely at
+    small n and too often at large n."""
     from scipy.stats import binom
 
+    monkeypatch.setattr(distinct, "NEY_DRAWS", 800)
+    monkeypatch.setattr(distinct, "_ney_cache", {})
     m, K = 256, 10
     g = np.random.default_rng(31)
     low = high = total = 0
     for en, ed in ((1, 2), (3, 2)):
         ov = noise_variance("dlap", ed, en)
-        for D in (30, 1000, 30_000):
-            for _ in range(80):
+        for D in (30, 3000):
+            for _ in range(70):
                 d, lo, hi = distinct.release_interval(dnpry_simulate(D, m, K, en / ed, g), K, m, (en, ed), ed / en, ov)
                 assert lo <= d <= hi
                 low += D < lo

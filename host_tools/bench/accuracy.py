@@ -308,7 +308,7 @@ def quantiles(name: str, values: np.ndarray, salts: int, devices: int, configs: 
                     cb += int(((r - h <= true) & (true <= r + h)).sum())
                     tb += len(xs)
                     width0 += list(h / n)
-                    rows = rank_answers(v, xs, QS if right else None, ident, coarsen=True)
+                    rows = rank_answers(v, xs, list(QS) if right else None, ident, coarsen=True)
                     for a in rows:
                         ta += 1
                         if not a.honest:
