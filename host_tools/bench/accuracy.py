@@ -603,6 +603,26 @@ def dbits_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def dbits_device_line(rows: list[dict[str, Any]]) -> str:
+    cov = sum(round(r["coverage"] * r["trials"]) for r in rows)
+    tot = sum(r["trials"] for r in rows)
+    return ("Through the real device path (the recorder, release bytes, decode, SQLite store, `query distinct`; "
+            "eps = %s, `--dbits-device %d`): %s; %d of %d covered (%.3f)."
+            % (rows[0]["eps"], rows[0]["trials"], ", ".join("n = %g: %d of %d" % (r["n"], round(r["coverage"] * r["trials"]),
+                                                                               r["trials"]) for r in rows), cov, tot, cov / tot))
+
+
+def _dbits_md(out: Path) -> str:
+    md = ""
+    dj = out.with_name("accuracy_dbits.json")
+    if dj.exists():
+        md += "\n\n" + dbits_table(json.loads(dj.read_text()))
+    dv = out.with_name("accuracy_dbits_device.json")
+    if dv.exists():
+        md += "\n\n" + dbits_device_line(json.loads(dv.read_text()))
+    return md
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--salts", type=int, default=30, help="fleets (hash keys) per configuration")
@@ -626,10 +646,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     t = time.time()
     if a.render:
         res0 = json.loads(Path(a.out).read_text())
-        md = tables(res0)
-        dj0 = Path(a.out).with_name("accuracy_dbits.json")
-        if dj0.exists():
-            md += "\n\n" + dbits_table(json.loads(dj0.read_text()))
+        md = tables(res0) + _dbits_md(Path(a.out))
         print(md)
         if a.update_docs:
             update_docs(md)
@@ -671,10 +688,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         res.update({k: v for k, v in json.loads(other.read_text()).items() if k not in res})
     res["figures"] = figures(res, a.figures)
-    md = tables(res)
-    dj = out.with_name("accuracy_dbits.json")
-    if dj.exists():
-        md += "\n\n" + dbits_table(json.loads(dj.read_text()))
+    md = tables(res) + _dbits_md(out)
     print(md)
     if a.update_docs:
         update_docs(md)
