@@ -14,9 +14,10 @@ A :class:`Board` is one VM process running the board's own ``/boot.py`` and
 compiled by ``mpy-cross``), ``/lib/umqtt/simple.py`` from micropython-lib,
 and its state in ``/data``. ``tests/mpunix/board.py`` mounts that directory
 at ``/`` in the VM. Only ``machine``, ``network``, ``ntptime`` and
-``bluetooth`` are fakes (``tests/mpunix/fakes``): the UART reads the bytes a
-test appends to ``<hw>/uart1``, the "WiFi" is loopback, NTP is the host's
-clock. ``kill()`` is a power cut (SIGKILL); starting a new Board on the same
+``bluetooth`` are fakes (``tests/mpunix/fakes``: links to the WebAssembly
+VM's ``tests/mpfakes``, over the hardware of ``tests/mpunix/fakes/fakehw.py``):
+the UART reads the bytes a test appends to ``<hw>/uart1``, the "WiFi" is
+loopback, NTP is the host's clock. ``kill()`` is a power cut (SIGKILL); starting a new Board on the same
 flash directory is the power coming back.
 
 :class:`Host` is a real mosquitto (``tests/broker.py``) and the real
