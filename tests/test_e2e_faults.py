@@ -54,6 +54,7 @@ from typing import Any, Optional
 import cbor2
 import pytest
 
+from host_tools.localnet import stop_process
 from host_tools.ingest import devstatus
 from host_tools.store.core import Store
 from tests.test_e2e_support import (REPO, SALT, agent_cmd, agent_env, agent_toml, needs_mosquitto, pansketch_cmd,
@@ -209,13 +210,7 @@ class Host:
         return len(STORED_LINE.findall(self.text()))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 15)
 
     def kill(self) -> None:
         self.proc.kill()

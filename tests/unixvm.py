@@ -49,10 +49,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytest
 
+from host_tools.localnet import stop_process, wait_until
 from tests.broker import Mosquitto, start_mosquitto
 
 REPO = Path(__file__).resolve().parent.parent
@@ -276,6 +277,22 @@ class Board:
                     raise AssertionError("board never printed /%s/ (exit %r); console tail:\n%s" % (
                         pattern, self.proc.poll() if self.proc else None, "\n".join(self.lines[-30:])))
                 self.cond.wait(min(left, 0.1))
+
+    def run_script(self, script: str, timeout: float, also: tuple[str, ...] = ()) -> int:
+        """Run tests/mpunix/``script``.py instead of /main.py until it exits; its exit code (-9: killed after
+        ``timeout`` s). It and the modules ``also`` go to <hw> as .mpy (compiling them in the VM would cost
+        heap); what it prints is in :meth:`values`."""
+        for mod in (script,) + also:
+            mpy_cross(HERE / (mod + ".py"), self.hw / (mod + ".mpy"))
+        self.start(wait=False, script=script)
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = -9
+        wait_until(lambda: "--- exit" in self.log_path.read_text(), 5)
+        return rc
 
     @property
     def text(self) -> str:
@@ -553,13 +570,7 @@ class Host:
         time.sleep(0.3)  # the SUBSCRIBE is sent right after that line; give the broker its SUBACK
 
     def stop_aggregator(self) -> None:
-        if self.agg is not None and self.agg.poll() is None:
-            self.agg.terminate()
-            try:
-                self.agg.wait(15)
-            except subprocess.TimeoutExpired:
-                self.agg.kill()
-                self.agg.wait(5)
+        stop_process(self.agg, 15)
         self.agg = None
 
     def _log(self) -> str:
@@ -598,15 +609,6 @@ class Host:
     def close(self) -> None:
         self.stop_aggregator()
         self.broker.stop()
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 20, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(every)
-    return bool(pred())
 
 
 def all_stored(host: Host, board: Board) -> bool:
