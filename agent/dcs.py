@@ -33,18 +33,10 @@ mod 2^32 exactly as in agent.sketch; nothing is kept between calls except
 the counters (the batch aggregation dict is cleared before returning).
 """
 
-import struct
-import sys
+from agent.levels import LevelSketch
 
-from agent import hashing
-from agent.noise import wrap32
-
-INT32_MAX = 0x7FFFFFFF
-INT32_MIN = -0x80000000
 MAX_B = 62
 MAX_EXP = 330  # |exponent| of a decimal reading: every double, and a bound on the integers involved
-
-_WORDS = sys.implementation.name != "micropython"
 
 
 def level_prefix(prefix, level):
@@ -169,106 +161,26 @@ def map_value(item, b, mapping):
     return x
 
 
-class DyadicSketch:
-    """(b + 1) levels of d x w CountSketch in one flat int32 array."""
+class DyadicSketch(LevelSketch):
+    """(b + 1) levels of d x w CountSketch in one flat int32 array (agent.levels).
+
+    The key of a reading is its domain value x; the node of level l is
+    ``x >> l``. Levels from ``exact`` up are exact-indexed (column = node).
+    """
 
     def __init__(self, b, d, w, prefix, clip, mapping, counters):
         if not (1 <= b <= MAX_B) or d < 1 or w < 2 or clip < 1:
             raise ValueError("dcs needs 1 <= b <= %d, d >= 1, w >= 2, clip >= 1" % MAX_B)
-        self.kind = "dcs"
+        LevelSketch.__init__(self, "dcs", b + 1, d, w, clip, counters)
         self.b = b
-        self.d = d
-        self.w = w
-        self.clip = clip
-        self.levels = b + 1
-        if len(counters) != self.levels * d * w:
-            raise ValueError("counters have %d cells, need %d" % (len(counters), self.levels * d * w))
-        self.counters = counters
         self.map = (mapping[0], mapping[1], mapping[2])
         self.exact = exact_from(b, w)
-        self.prefixes = [level_prefix(prefix, lv) for lv in range(self.exact)]
-        self._words = struct.Struct("<%dI" % d).unpack_from if _WORDS else None
+        self.prefixes = [level_prefix(prefix, lv) if lv < self.exact else None for lv in range(self.levels)]
 
     def value(self, item):
         return map_value(item, self.b, self.map)
 
-    def update(self, item, weight=1):
-        """Add one reading (weight clipped to [-clip, clip]); unparseable readings are ignored."""
-        c = self.clip
-        if weight > c:
-            weight = c
-        elif weight < -c:
-            weight = -c
-        x = self.value(item)
-        if weight and x is not None:
-            for lv in range(self.levels):
-                self._add_node(lv, x >> lv, weight)
+    key = value
 
-    def update_many(self, items, weights=None):
-        """Batch update; equal to calling :meth:`update` per event (linearity).
-
-        Aggregates by domain value, then by node per level, so each node's
-        hash is paid once per batch.
-        """
-        agg = {}
-        c = self.clip
-        if weights is None:
-            for it in items:
-                x = self.value(it)
-                if x is not None:
-                    agg[x] = agg.get(x, 0) + 1
-        else:
-            for it, v in zip(items, weights):
-                if v > c:
-                    v = c
-                elif v < -c:
-                    v = -c
-                x = self.value(it)
-                if x is not None and v:
-                    agg[x] = agg.get(x, 0) + v
-        for lv in range(self.levels):
-            if lv:
-                nxt = {}
-                for x in agg:
-                    k = x >> 1
-                    nxt[k] = nxt.get(k, 0) + agg[x]
-                agg.clear()
-                agg = nxt
-            for x in agg:
-                v = agg[x]
-                if v:
-                    self._add_node(lv, x, v)
-        agg.clear()
-
-    def _add_node(self, lv, node, weight):
-        a = self.counters
-        w = self.w
-        base = lv * self.d
-        if lv >= self.exact:
-            for r in range(self.d):
-                i = (base + r) * w + node
-                nv = a[i] + weight
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
-            return
-        stream = hashing.digest(self.prefixes[lv], node, self.d)
-        neg = -weight
-        if self._words is not None:
-            r = 0
-            for u in self._words(stream):
-                i = (base + r) * w + (u & 0x3FFFFFFF) % w
-                nv = a[i] + (neg if u >> 31 else weight)
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
-                r += 1
-        else:
-            for r in range(self.d):
-                o = 4 * r
-                b3 = stream[o + 3]
-                i = (base + r) * w + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
-                nv = a[i] + (neg if b3 & 0x80 else weight)
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
+    def node(self, x, lv):
+        return x >> lv

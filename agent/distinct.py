@@ -46,7 +46,7 @@ Pareto) tail does not allow.
 """
 
 from agent import hashing
-from agent.noise import discrete_laplace
+from agent.noise import clip, discrete_laplace
 
 UNITS = ("event", "user")
 
@@ -99,11 +99,7 @@ class DistinctSketch:
         return x
 
     def update(self, item, weight=1):
-        c = self.clip
-        if weight > c:
-            weight = c
-        elif weight < -c:
-            weight = -c
+        weight = clip(weight, self.clip)
         if not weight:
             return
         s = hashing.digest(self.prefix, item, self.r)

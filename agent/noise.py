@@ -64,6 +64,18 @@ def _bexp1(rng):
     return (k & 1) == 1
 
 
+def _wiped(sampler, rng, num, den, what):
+    """One sample of ``sampler`` with the positive rational parameter num/den
+    (else ValueError: ``what``). The Rng's byte buffer is wiped however it
+    ends (a sample, an exception): the bytes it was drawn from never linger."""
+    try:
+        if num <= 0 or den <= 0:
+            raise ValueError(what)
+        return sampler(rng, num, den)
+    finally:
+        rng.wipe()
+
+
 def discrete_laplace(rng, s_num, s_den=1):
     """One draw of the discrete Laplace distribution with scale t = s_num/s_den.
 
@@ -72,17 +84,10 @@ def discrete_laplace(rng, s_num, s_den=1):
     so the algorithm's t is ``s_num`` and its s is ``s_den``. The Rng's
     byte buffer is wiped when the sample is done (agent.rng.Rng).
     """
-    try:
-        return _dlap(rng, s_num, s_den)
-    finally:
-        rng.wipe()
+    return _wiped(_dlap, rng, s_num, s_den, "discrete_laplace needs a positive rational scale")
 
 
-def _dlap(rng, s_num, s_den):
-    t = s_num
-    s = s_den
-    if t <= 0 or s <= 0:
-        raise ValueError("discrete_laplace needs a positive rational scale")
+def _dlap(rng, t, s):
     while True:
         u = rng.randbelow(t)
         if not bernoulli_exp(rng, u, t):
@@ -107,17 +112,10 @@ def discrete_gaussian(rng, var_num, var_den=1):
     is (|Y| d t - n)^2 / (2 n d t^2), an exact rational. The Rng's byte
     buffer is wiped when the sample is done (agent.rng.Rng).
     """
-    try:
-        return _dgauss(rng, var_num, var_den)
-    finally:
-        rng.wipe()
+    return _wiped(_dgauss, rng, var_num, var_den, "discrete_gaussian needs a positive rational variance")
 
 
-def _dgauss(rng, var_num, var_den):
-    n = var_num
-    d = var_den
-    if n <= 0 or d <= 0:
-        raise ValueError("discrete_gaussian needs a positive rational variance")
+def _dgauss(rng, n, d):
     t = isqrt(n // d) + 1
     den = 2 * n * d * t * t
     while True:
@@ -178,6 +176,16 @@ def wrap32(v):
     if -0x80000000 <= v <= 0x7FFFFFFF:
         return v
     return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+def clip(weight, c):
+    """An event's weight clipped to [-c, c]: the bound on one event's effect
+    on a cell that the noise is calibrated to (DESIGN.md, "Threat model")."""
+    if weight > c:
+        return c
+    if weight < -c:
+        return -c
+    return weight
 
 
 def add_noise(arr, spec, rng, start=0, stop=None):

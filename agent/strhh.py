@@ -31,20 +31,13 @@ Counters wrap mod 2^32 exactly as in agent.sketch.
 """
 
 import hashlib
-import struct
-import sys
 
-from agent import hashing
-from agent.noise import wrap32
+from agent.levels import LevelSketch
 
-INT32_MAX = 0x7FFFFFFF
-INT32_MIN = -0x80000000
 MIN_L = 3
 MAX_L = 64
 LONG = 0xFF
 TAIL_TAG = b"pansketch/strhh-tail"
-
-_WORDS = sys.implementation.name != "micropython"
 
 
 def level_prefix(prefix, level):
@@ -78,105 +71,30 @@ def encode_item(item, L):
     return s[:L - 2] + bytes([LONG, t.digest()[0]])
 
 
-class PrefixSketch:
-    """L levels of d x w CountSketch of byte prefixes in one flat int32 array."""
+class PrefixSketch(LevelSketch):
+    """L levels of d x w CountSketch of byte prefixes in one flat int32 array (agent.levels).
+
+    The key of an item is its L-byte encoding e; the node of level l is the
+    prefix ``e[:l + 1]``. Levels below ``exact`` are exact-indexed (column =
+    the prefix as a big-endian integer).
+    """
 
     def __init__(self, L, d, w, prefix, clip, counters):
         if not (MIN_L <= L <= MAX_L) or d < 1 or w < 2 or clip < 1:
             raise ValueError("strhh needs %d <= len <= %d, d >= 1, w >= 2, clip >= 1" % (MIN_L, MAX_L))
-        self.kind = "strhh"
+        LevelSketch.__init__(self, "strhh", L, d, w, clip, counters)
         self.L = L
-        self.levels = L
-        self.d = d
-        self.w = w
-        self.clip = clip
-        if len(counters) != L * d * w:
-            raise ValueError("counters have %d cells, need %d" % (len(counters), L * d * w))
-        self.counters = counters
         self.exact = exact_levels(L, w)
-        self.prefixes = [level_prefix(prefix, lv) for lv in range(L)]
-        self._words = struct.Struct("<%dI" % d).unpack_from if _WORDS else None
+        self.prefixes = [None if lv < self.exact else level_prefix(prefix, lv) for lv in range(L)]
 
-    def update(self, item, weight=1):
-        """Add one item (weight clipped to [-clip, clip]); items that do not encode are ignored."""
-        c = self.clip
-        if weight > c:
-            weight = c
-        elif weight < -c:
-            weight = -c
-        e = encode_item(item, self.L)
-        if weight and e is not None:
-            for lv in range(self.L):
-                self._add_node(lv, e[:lv + 1], weight)
+    def key(self, item):
+        return encode_item(item, self.L)
 
-    def update_many(self, items, weights=None):
-        """Batch update; equal to :meth:`update` per event (linearity and wrap mod 2^32).
+    def node(self, e, lv):
+        return e[:lv + 1]
 
-        Aggregates by encoding, then by prefix per level, so each node's hash is
-        paid once per batch."""
-        agg = {}
-        c = self.clip
-        L = self.L
-        if weights is None:
-            for it in items:
-                e = encode_item(it, L)
-                if e is not None:
-                    agg[e] = agg.get(e, 0) + 1
-        else:
-            for it, v in zip(items, weights):
-                if v > c:
-                    v = c
-                elif v < -c:
-                    v = -c
-                e = encode_item(it, L)
-                if e is not None and v:
-                    agg[e] = agg.get(e, 0) + v
-        for lv in range(L - 1, -1, -1):
-            if lv < L - 1:
-                nxt = {}
-                for e in agg:
-                    k = e[:lv + 1]
-                    nxt[k] = nxt.get(k, 0) + agg[e]
-                agg.clear()
-                agg = nxt
-            for e in agg:
-                v = agg[e]
-                if v:
-                    self._add_node(lv, e, v)
-        agg.clear()
-
-    def _add_node(self, lv, node, weight):
-        a = self.counters
-        w = self.w
-        base = lv * self.d
-        if lv < self.exact:
-            x = 0
-            for ch in node:
-                x = (x << 8) | ch
-            for r in range(self.d):
-                i = (base + r) * w + x
-                nv = a[i] + weight
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
-            return
-        stream = hashing.digest(self.prefixes[lv], node, self.d)
-        neg = -weight
-        if self._words is not None:
-            r = 0
-            for u in self._words(stream):
-                i = (base + r) * w + (u & 0x3FFFFFFF) % w
-                nv = a[i] + (neg if u >> 31 else weight)
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
-                r += 1
-        else:
-            for r in range(self.d):
-                o = 4 * r
-                b3 = stream[o + 3]
-                i = (base + r) * w + (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((b3 & 0x3F) << 24)) % w
-                nv = a[i] + (neg if b3 & 0x80 else weight)
-                if nv > INT32_MAX or nv < INT32_MIN:
-                    nv = wrap32(nv)
-                a[i] = nv
+    def column(self, node):
+        x = 0
+        for ch in node:
+            x = (x << 8) | ch
+        return x
