@@ -10,9 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+import cbor2
+
 from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
+from host_tools.ingest.decode import decode
 from tests import mpvm
 
 T0 = 200_000 * 3600
@@ -49,6 +52,15 @@ def run_cpython(root: Path, cfg: dict[str, Any], seed: bytes, events: Sequence[l
             rec.persist(T0 + 100)
         rec.tick(T0 + k * 300)
     rec.tick(T0 + 3600)
+
+
+def released(root: Path) -> list[tuple[bytes, dict[str, Any], Any]]:
+    """The releases in ``root``'s outbox, oldest first: (the bytes, the CBOR map, the host's decoded Release)."""
+    out = []
+    for f in sorted((root / "outbox").glob("*.cbor")):
+        raw = f.read_bytes()
+        out.append((raw, cbor2.loads(raw), decode(raw, "pansketch/pico-7/release")))
+    return out
 
 
 def assert_same_on_micropython(tmp: Path, cfg: dict[str, Any], seed: bytes, events: Sequence[list[Any]],

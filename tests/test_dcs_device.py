@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cbor2
 import numpy as np
 import pytest
 
@@ -10,7 +9,6 @@ from agent import hashing
 from agent.dcs import DyadicSketch, exact_from, map_value, parse_reading
 from agent.params import ParamError, Params
 from agent.sketch import new_counters
-from host_tools.ingest.decode import decode
 from host_tools.query.dyadic import exact_counters
 from tests import mpvm
 from tests import recorder_replay as R
@@ -97,17 +95,14 @@ def _cpython(root):
 
 def test_release_is_v2_and_decodes(tmp_path):
     _cpython(tmp_path)
-    files = sorted((tmp_path / "outbox").glob("*.cbor"))
-    assert len(files) == 6
-    for f in files:
-        raw = f.read_bytes()
-        m = cbor2.loads(raw)
+    rels = R.released(tmp_path)
+    assert len(rels) == 6
+    for _raw, m, r in rels:
         assert m["v"] == 2 and m["lvl"] == 0 and m["kind"] == "dcs" and m["b"] == 10 and m["map"] == [10, 1, -20]
         assert m["L"] == 11 and len(m["ctr"]) == 4 * 11 * 3 * 32
-        r = decode(raw, "pansketch/pico-7/release")
         assert r.counters().shape == (33, 32) and r.group[-2:] == (10, (10, 1, -20))
     # size is data-independent: every release of these parameters has the same length (same digit counts)
-    assert len({len(f.read_bytes()) for f in files[1:]}) == 1
+    assert len({len(raw) for raw, _m, _r in rels[1:]}) == 1
 
 
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
