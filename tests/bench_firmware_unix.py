@@ -277,15 +277,7 @@ def memrun(binary: Path, tmp: Path, cfg: dict[str, Any], ca_der: Path, heap_kib:
         finally:
             b.kill()
         return res
-    U.mpy_cross(U.HERE / (script + ".py"), hw / (script + ".mpy"))
-    b.start(wait=False, script=script)
-    assert b.proc is not None
-    try:
-        rc = b.proc.wait(120)
-    except Exception:
-        b.kill()
-        rc = -9
-    U.wait_until(lambda: "--- exit" in (tmp / "board.log").read_text(), 5)
+    rc = b.run_script(script, 120)
     v = b.values()
     if rc != 0 or "done" not in v:
         res["error"] = v.get("idle") or "exit %s: %s" % (rc, "\n".join(b.text.splitlines()[-8:]))

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -71,55 +71,41 @@ DEVICE = "unix-1"
 SALT = "unix-fleet-salt-2026"
 
 _built: dict[str, Any] = {}
+_frozen: dict[str, Any] = {}
+
+
+def _build(script: Path, cache: dict[str, Any], override: str, timeout: int) -> Path:
+    """Run a build script once (it prints the binary's path last) unless the environment variable
+    ``override`` names a binary; raises RuntimeError with the build's output, also on later calls."""
+    if "bin" in cache:
+        return cache["bin"]
+    if "error" in cache:
+        raise RuntimeError(cache["error"])
+    if os.environ.get(override):
+        cache["bin"] = Path(os.environ[override])
+        return cache["bin"]
+    try:
+        p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        out = p.stdout.strip().splitlines()
+        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
+            raise RuntimeError("tests/mpunix/%s failed (exit %d): %s" % (script.name, p.returncode, p.stderr[-1500:]))
+    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
+        cache["error"] = str(exc)
+        raise RuntimeError(str(exc))
+    cache["bin"] = Path(out[-1])
+    return cache["bin"]
 
 
 def build() -> Path:
     """Build (or find) the Unix-port binary; raises RuntimeError with the build's output."""
-    if "bin" in _built:
-        return _built["bin"]
-    if "error" in _built:
-        raise RuntimeError(_built["error"])
-    override = os.environ.get("PANSKETCH_MICROPYTHON")
-    if override:
-        _built["bin"] = Path(override)
-        return _built["bin"]
-    try:
-        p = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900, cwd=REPO)
-        out = p.stdout.strip().splitlines()
-        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
-            raise RuntimeError("tests/mpunix/build.sh failed (exit %d): %s" % (p.returncode, p.stderr[-1500:]))
-    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
-        _built["error"] = str(exc)
-        raise RuntimeError(str(exc))
-    _built["bin"] = Path(out[-1])
-    return _built["bin"]
-
-
-_frozen: dict[str, Any] = {}
+    return _build(BUILD, _built, "PANSKETCH_MICROPYTHON", 900)
 
 
 def build_frozen() -> Path:
     """Build (or update) the frozen-image VM of tests/mpunix/build-frozen.sh: this checkout's agent/,
     firmware/ and umqtt.simple compiled into the binary, as in an image built with firmware/manifest.py.
     Raises RuntimeError with the build's output. PANSKETCH_MICROPYTHON_FROZEN overrides the binary."""
-    if "bin" in _frozen:
-        return _frozen["bin"]
-    if "error" in _frozen:
-        raise RuntimeError(_frozen["error"])
-    override = os.environ.get("PANSKETCH_MICROPYTHON_FROZEN")
-    if override:
-        _frozen["bin"] = Path(override)
-        return _frozen["bin"]
-    try:
-        p = subprocess.run(["bash", str(BUILD_FROZEN)], capture_output=True, text=True, timeout=1500, cwd=REPO)
-        out = p.stdout.strip().splitlines()
-        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
-            raise RuntimeError("tests/mpunix/build-frozen.sh failed (exit %d): %s" % (p.returncode, p.stderr[-1500:]))
-    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
-        _frozen["error"] = str(exc)
-        raise RuntimeError(str(exc))
-    _frozen["bin"] = Path(out[-1])
-    return _frozen["bin"]
+    return _build(BUILD_FROZEN, _frozen, "PANSKETCH_MICROPYTHON_FROZEN", 1500)
 
 
 _bits: dict[Path, int] = {}
@@ -142,26 +128,25 @@ def vm_heap(heap: str, binary: Path) -> str:
     return "%dK" % (int(heap.rstrip("Kk")) * 3 // 2)
 
 
+def _vm(build_fn: Callable[[], Path], what: str) -> Path:
+    try:
+        return build_fn()
+    except RuntimeError as exc:
+        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
+            pytest.fail("MicroPython Unix port%s required but not built: %s" % (what, exc))
+        pytest.skip("MicroPython Unix port%s cannot be built here: %s" % (what, exc))
+
+
 @pytest.fixture(scope="session")
 def mpunix() -> Path:
     """Path of the MicroPython Unix-port binary (built on first use)."""
-    try:
-        return build()
-    except RuntimeError as exc:
-        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
-            pytest.fail("MicroPython Unix port required but not built: %s" % exc)
-        pytest.skip("MicroPython Unix port cannot be built here: %s" % exc)
+    return _vm(build, "")
 
 
 @pytest.fixture(scope="session")
 def mpunix_frozen() -> Path:
     """Path of the frozen-image Unix-port binary (built or updated on first use; skip/fail as ``mpunix``)."""
-    try:
-        return build_frozen()
-    except RuntimeError as exc:
-        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
-            pytest.fail("MicroPython Unix port (frozen image) required but not built: %s" % exc)
-        pytest.skip("MicroPython Unix port (frozen image) cannot be built here: %s" % exc)
+    return _vm(build_frozen, " (frozen image)")
 
 
 # -- the board's flash ---------------------------------------------------------
