@@ -136,7 +136,7 @@ def add_heavy_arguments(h: argparse.ArgumentParser) -> None:
                    help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
     h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
-    h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
+    h.add_argument("--beam", type=int, default=None, help="kind strhh: open prefixes and finished strings kept per level (default max(2k+4, min(64, w/16), 24))")
 
 
 def add_distinct_arguments(dq: argparse.ArgumentParser) -> None:
