@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Optional
 
-from host_tools.localnet import free_port, wait_port
+from host_tools.localnet import free_port, stop_process, wait_port
 
 SALT = "pansketch-demo-fleet-salt"
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a window boundary for every window length dividing a day
@@ -81,12 +81,7 @@ class MosquittoBroker(DemoBroker):
         self.name = v.strip()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         self.log.close()
 
 
