@@ -49,8 +49,8 @@ def _compile_mpy(dest: Path) -> int:
 
 
 RUNTIME = ["agent/__init__", "agent/rng", "agent/noise", "agent/calibrate", "agent/hashing", "agent/sketch",
-           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/recorder",
-           "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
+           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/accum",
+           "agent/recorder", "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
            "firmware/sources/uart", "firmware/wifi", "firmware/mqtt", "firmware/app", "umqtt/simple"]
 
 
@@ -247,7 +247,7 @@ def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
     RESULTS.update(tree_bytes_per_cell_L6=per_cell, tree_code_py=tree_py)
     if S.mpy_cross():
         d = tmp_path / "mpy"
-        for m in ("__init__", "tree", "recorder", "recorders", "sketch", "storage", "release", "noise", "rng",
+        for m in ("__init__", "accum", "tree", "recorder", "recorders", "sketch", "storage", "release", "noise", "rng",
                   "hashing", "cbor", "calibrate", "params"):
             S.mpy_compile(S.REPO / "agent" / (m + ".py"), d / "agent" / (m + ".mpy"))
         tree_mpy, f = net("import sys\nsys.path.insert(0, '/mpy')\n", {"/mpy": d})
