@@ -4,11 +4,10 @@ agent.recorder.Recorder (window and keep: one accumulator) and
 agent.tree.TreeRecorder (tree: one accumulator per level) both subclass
 :class:`Core`; what differs between them (how many accumulators, their keys,
 how a persist is written and when its fresh draw comes) stays in the
-subclass, which tells the core where level ``lv``'s arrays are:
-
-* ``_acc(lv)``: the accumulator (R) of level lv (the Recorder has level 0 only);
-* ``_scheme(lv)``: its persist scheme (True: shadow, agent/recorder.py);
-* ``_shadow(lv)``: its shadow array M, allocated on first use.
+subclass, which passes the core the arrays and the persist scheme of the
+accumulator at hand (True: shadow, agent/recorder.py) and gives it level
+``lv``'s shadow array M through ``_shadow(lv)``, allocated on first use (the
+Recorder has level 0 only).
 
 What the core does the same way for both:
 
@@ -67,33 +66,30 @@ class Core:
         """Zero the scratch buffer in place (no allocation)."""
         zero(self.relbuf)
 
-    def _fresh(self, lv=0):
-        """Fill the scratch buffer with one fresh independent internal noise draw per cell
-        (at the scale of level lv's persist scheme). On failure (no entropy, low memory)
-        the partial draw is wiped."""
-        draw_into(self.relbuf, self.p.internal_noise(self._scheme(lv)), self.rng)
-
-    def _draw_shadow(self, lv=0):
-        """Level lv's shadow M = a fresh G (zeroed first; wiped again if the draw fails)."""
-        m = self._shadow(lv)
-        draw_into(m, self.p.internal_noise(True), self.rng)
-        return m
+    def _fresh(self, sh=None):
+        """Fill the scratch buffer with one fresh independent internal noise draw per cell,
+        at the scale of persist scheme ``sh`` (None: the Recorder's open accumulator's,
+        ``self.sh``). On failure (no entropy, low memory) the partial draw is wiped."""
+        draw_into(self.relbuf, self.p.internal_noise(self.sh if sh is None else sh), self.rng)
 
     def _fresh_pair(self, lv=0):
-        """relbuf = a fresh Z_int and M = a fresh G (returned); if either draw fails,
-        both are wiped before the exception leaves."""
-        self._fresh(lv)
+        """Shadow scheme: relbuf = a fresh Z_int, and level lv's shadow M = a fresh G
+        (returned; zeroed first). If either draw fails, both are wiped before the
+        exception leaves."""
+        self._fresh(True)
         try:
-            return self._draw_shadow(lv)
+            m = self._shadow(lv)
+            draw_into(m, self.p.internal_noise(True), self.rng)
         except BaseException:
             self._wipe()
             raise
+        return m
 
-    def _open_noise(self, lv=0):
-        """relbuf = Z_int for level lv's next accumulator (the caller swaps it in);
-        under shadow also M = Z_int + G_0 (the old accumulator's shadow leaves RAM)."""
-        if not self._scheme(lv):
-            self._fresh(lv)
+    def _open_noise(self, sh, lv=0):
+        """relbuf = Z_int for level lv's next accumulator under scheme sh (the caller
+        swaps it in); under shadow also M = Z_int + G_0 (the old shadow leaves RAM)."""
+        if not sh:
+            self._fresh(False)
             return
         m = self._fresh_pair(lv)
         b = self.relbuf
@@ -101,16 +97,16 @@ class Core:
             m[i] = wrap32(m[i] + b[i])
 
     # -- releases ------------------------------------------------------
-    def _stage_release(self, rel, lv=0):
-        """rel = level lv's state + fresh Z_out (one draw per cell)."""
-        c = self._acc(lv)
+    def _stage_release(self, rel, src=None):
+        """rel = the state ``src`` (None: the Recorder's accumulator) + fresh Z_out (one draw per cell)."""
+        c = self.counters if src is None else src
         for i in range(len(c)):
             rel[i] = c[i]
         add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
 
-    def _commit(self, lv, elo, ehi, part, nz, inoise, marks=None):
+    def _commit(self, lv, src, elo, ehi, part, nz, inoise, marks=None):
         """Steps 1-2 of the commit protocol for release ``self.seq``: stage
-        state + Z_out, write it to ``outbox/<seq>.tmp``, then the marker (the
+        the state ``src`` (see _stage_release) + Z_out, write it to ``outbox/<seq>.tmp``, then the marker (the
         one line of this release, or the lines ``marks``).
 
         Exactly one Z_out draw per cell, whatever the counts (the sum wraps
@@ -126,7 +122,7 @@ class Core:
         rel = self.relbuf
         s = self.seq
         try:
-            self._stage_release(rel, lv)
+            self._stage_release(rel, src)
         except BaseException as exc:  # NoEntropyError, MemoryError: nothing was written
             self._wipe()
             if not isinstance(exc, Exception):
@@ -180,13 +176,3 @@ class Core:
             raise err
         self.log(msg % (err,))
         return False
-
-    # -- events ----------------------------------------------------------
-    def _add_batch(self, items, weights, adder):
-        """Add a batch; ``adder(sketch, items, weights)`` may replace
-        ``update_many`` with an equal but faster path (the Pi daemon's numpy
-        one, agent/batch.py), which knows cms/cs rows only."""
-        if adder is None or self.p.kind in ("dcs", "strhh"):
-            self.sketch.update_many(items, weights)
-        else:
-            adder(self.sketch, items, weights)

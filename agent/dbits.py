@@ -141,16 +141,13 @@ class DistinctRecorder(Recorder):
         self._new_bits()
         self._redraw = False
 
-    def _refresh(self):
-        raise RuntimeError("dbits never resumes a persisted state")
-
     def persist(self, now=None):
         """Nothing is written (see the module docstring); the clock is noted."""
         if now is not None:
             self.last_persist = now
         return self._pending is None and not self._redraw
 
-    def _stage_release(self, rel, lv=0):
+    def _stage_release(self, rel, src=None):
         sk = self.sketch
         for k in range(sk.d):
             rel[k] = sk.ones(k)

@@ -148,12 +148,6 @@ class NoiseSpec:
             return discrete_laplace(rng, self.num, self.den)
         return discrete_gaussian(rng, self.num, self.den)
 
-    def variance_fraction(self):
-        """Exact variance as (num, den) for dgauss; None for dlap (not rational)."""
-        if self.mech == "dgauss":
-            return (self.num, self.den)
-        return None
-
     def __eq__(self, other):
         return (
             isinstance(other, NoiseSpec)

@@ -119,14 +119,8 @@ class Recorder(Core):
                                  new_counters(n))
         self.counters = self.sketch.counters
 
-    # the one accumulator as agent.accum.Core sees it (level 0)
-    def _acc(self, lv):
-        return self.counters
-
-    def _scheme(self, lv):
-        return self.sh
-
     def _shadow(self, lv):
+        """The shadow M (agent.accum.Core: level 0), allocated on first use."""
         if self.shadow is None:
             self.shadow = new_counters(self.p.cells)
         return self.shadow
@@ -149,12 +143,19 @@ class Recorder(Core):
                 self.log("the state was written under persist_noise = %s; the config's scheme starts "
                          "with the next accumulator" % ("shadow" if self.sh else "refresh"))
             if self.sh:
-                self._resume_shadow(nz)
+                # counters hold the snapshot S = R - M. R = S + fresh Z_int' and M = Z_int' +
+                # fresh G: R - M = S - G, so the next snapshot again differs from this one by
+                # events minus a fresh G, and R - S = Z_int' + later events. The lost R's own
+                # Z_int is gone with the RAM; the nz draws inside S stay in R.
+                add_staged(self.relbuf, self.counters, self._fresh_pair())  # relbuf = Z_int', M = G
+                self.nz = nz + 1
+                self.nzm = nz + 1
                 return
             # The flash copy must not equal the RAM state we now count into,
-            # or RAM - flash would show the next events exactly: refresh.
+            # or RAM - flash would show the next events exactly: a fresh draw.
             self.nz = nz
-            self._refresh()
+            self._fresh()
+            self._add_fresh()
             return
         self.seq = marker[0] + 1 if marker is not None else 0
         if marker is None:
@@ -178,23 +179,6 @@ class Recorder(Core):
             return (cur, 0)
         return (cur if cur > elo else elo, part + 1)
 
-    def _refresh(self):
-        """Add a fresh noise draw to the live accumulator (it stays noisy)."""
-        self._fresh()
-        self._add_fresh()
-
-    def _resume_shadow(self, nz):
-        """After a restart under shadow: counters hold the snapshot S = R - M.
-
-        R = S + fresh Z_int' and M = Z_int' + fresh G: R - M = S - G, so the
-        next snapshot again differs from this one by events minus a fresh G,
-        and R - S = Z_int' + later events. The lost R's own Z_int is gone
-        with the RAM; the nz draws inside S stay in R.
-        """
-        add_staged(self.relbuf, self.counters, self._fresh_pair())  # relbuf = Z_int', M = G
-        self.nz = nz + 1
-        self.nzm = nz + 1
-
     def _add_fresh(self):
         """counters += the staged fresh draw (mod 2**32), then wipe the draw.
 
@@ -214,9 +198,10 @@ class Recorder(Core):
         """
         self._pending = (epoch, part)
         self.sh = self.p.shadow
-        if self.shadow is not None and not self.p.shadow:
-            self._drop_shadow()  # the config's scheme is refresh (a migrated state was released)
-        self._open_noise()  # relbuf = Z_int (shadow: M = Z_int + G_0)
+        if self.shadow is not None and not self.sh:  # the config's scheme is refresh (a migrated state was released)
+            zero(self.shadow)
+            self.shadow = None
+        self._open_noise(self.sh)  # relbuf = Z_int (shadow: M = Z_int + G_0)
         self.counters, self.relbuf = self.relbuf, self.counters
         self.sketch.counters = self.counters
         self._wipe()  # the old accumulator (released data) leaves RAM
@@ -227,10 +212,6 @@ class Recorder(Core):
         self.nzm = 1
         self._pending = None
         self._redraw = False  # a new accumulator: no stale copy of it exists
-
-    def _drop_shadow(self):
-        zero(self.shadow)
-        self.shadow = None
 
     def _ensure_open(self):
         if self._pending is not None:
@@ -275,10 +256,15 @@ class Recorder(Core):
         self.sketch.update(item, weight)
 
     def add_many(self, items, weights=None, adder=None):
-        """Add a batch (``adder``: agent.accum.Core._add_batch)."""
+        """Add a batch; ``adder(sketch, items, weights)`` may replace
+        ``Sketch.update_many`` with an equal but faster path (the Pi
+        daemon's numpy one, agent/batch.py)."""
         if self._pending is not None or self._redraw:
             self._ensure_open()
-        self._add_batch(items, weights, adder)
+        if adder is None or self.p.kind in ("dcs", "strhh"):  # the numpy path knows cms/cs rows only
+            self.sketch.update_many(items, weights)
+        else:
+            adder(self.sketch, items, weights)
 
     # -- clock ---------------------------------------------------------
     def tick(self, now):
@@ -387,7 +373,7 @@ class Recorder(Core):
         A full outbox writes nothing and costs no draw.
         """
         s = self.seq
-        err, tried = self._commit(0, self.elo, self.ehi, self.part, self.nz + 1, self.p.internal_noise(self.sh))
+        err, tried = self._commit(0, None, self.elo, self.ehi, self.part, self.nz + 1, self.p.internal_noise(self.sh))
         if err is not None:
             if tried:
                 self._redraw = True  # before any further event (or persist) of this accumulator

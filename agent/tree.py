@@ -227,14 +227,8 @@ class TreeRecorder(Core):
                 a.append(self.nodes[lv])
         self.sketch.counters = self.nodes[0]
 
-    # level lv's arrays as agent.accum.Core sees them
-    def _acc(self, lv):
-        return self.nodes[lv]
-
-    def _scheme(self, lv):
-        return self.shs[lv]
-
     def _shadow(self, lv):
+        """Level lv's shadow M (agent.accum.Core), allocated on first use."""
         if self.shadows[lv] is None:
             self.shadows[lv] = new_counters(len(self.relbuf))
         return self.shadows[lv]
@@ -242,7 +236,7 @@ class TreeRecorder(Core):
     def _refresh(self, lv):
         """After a persist: refresh, nodes[lv] += one fresh draw; shadow,
         shadows[lv] += one fresh G (mod 2**32). The draw leaves RAM."""
-        self._fresh(lv)
+        self._fresh(self.shs[lv])
         sh = self.shs[lv]
         add_staged(self.relbuf, self.shadows[lv] if sh else self.nodes[lv])
         if sh:
@@ -269,7 +263,7 @@ class TreeRecorder(Core):
         if not sh and self.shadows[lv] is not None:  # the config's scheme is refresh (migrated level)
             zero(self.shadows[lv])
             self.shadows[lv] = None
-        self._open_noise(lv)
+        self._open_noise(sh, lv)
         self.nodes[lv], self.relbuf = self.relbuf, self.nodes[lv]
         self._wipe()
         self.nzs[lv] = 1
@@ -404,8 +398,13 @@ class TreeRecorder(Core):
         self.sketch.update(item, weight)
 
     def add_many(self, items, weights=None, adder=None):
-        """Add a batch (agent.accum.Core._add_batch; the numpy path honours ``Sketch.arrays``)."""
-        self._add_batch(items, weights, adder)
+        """Add a batch; ``adder(sketch, items, weights)`` may replace
+        ``Sketch.update_many`` (the Pi daemon's numpy path, which also
+        honours ``Sketch.arrays``)."""
+        if adder is None:
+            self.sketch.update_many(items, weights)
+        else:
+            adder(self.sketch, items, weights)
 
     # -- clock -----------------------------------------------------------
     def tick(self, now):
@@ -549,7 +548,7 @@ class TreeRecorder(Core):
         ehi = elo + (1 << lv)
         part = self.parts[lv]
         marks = self._keep(self.marks + [(s, elo, ehi, part)], cur)
-        err, tried = self._commit(lv, elo, ehi, part, self.nzs[lv] + 1, self.p.internal_noise(self.shs[lv]), marks)
+        err, tried = self._commit(lv, self.nodes[lv], elo, ehi, part, self.nzs[lv] + 1, self.p.internal_noise(self.shs[lv]), marks)
         if err is not None:
             # The node is closed (it counts nothing more), so a stale .tmp = R + Z_out and
             # the later release R + Z_out' are both functions of R plus independent
