@@ -5,9 +5,7 @@ agent.tree.TreeRecorder (tree: one accumulator per level) both subclass
 :class:`Core`; what differs between them (how many accumulators, their keys,
 how a persist is written and when its fresh draw comes) stays in the
 subclass, which passes the core the arrays and the persist scheme of the
-accumulator at hand (True: shadow, agent/recorder.py) and gives it level
-``lv``'s shadow array M through ``_shadow(lv)``, allocated on first use (the
-Recorder has level 0 only).
+accumulator at hand (True: shadow, agent/recorder.py).
 
 What the core does the same way for both:
 
@@ -28,7 +26,7 @@ audit's negative controls, tests/audit_controls.py, patch them here).
 """
 
 from agent import release, storage
-from agent.noise import add_noise, draw_into, wrap32, zero
+from agent.noise import add_noise, add_staged, draw_into, wrap32, zero
 from agent.rng import Rng
 
 
@@ -72,27 +70,24 @@ class Core:
         ``self.sh``). On failure (no entropy, low memory) the partial draw is wiped."""
         draw_into(self.relbuf, self.p.internal_noise(self.sh if sh is None else sh), self.rng)
 
-    def _fresh_pair(self, lv=0):
-        """Shadow scheme: relbuf = a fresh Z_int, and level lv's shadow M = a fresh G
-        (returned; zeroed first). If either draw fails, both are wiped before the
-        exception leaves."""
+    def _shadow_pair(self, m, acc=None):
+        """Shadow scheme: relbuf = a fresh Z_int and the shadow ``m`` = a fresh G
+        (zeroed first); if either draw fails, both are wiped before the exception
+        leaves. Then, for a new accumulator (``acc`` None), M = Z_int + G_0 and
+        relbuf keeps Z_int for the caller to swap in (the old shadow left RAM);
+        after a restart (``acc`` holds the snapshot S = R - M from flash), R = S +
+        Z_int' and M = Z_int' + G', so R - M = S - G' and the next snapshot again
+        differs from this one by events minus a fresh G; relbuf is wiped."""
         self._fresh(True)
         try:
-            m = self._shadow(lv)
             draw_into(m, self.p.internal_noise(True), self.rng)
         except BaseException:
             self._wipe()
             raise
-        return m
-
-    def _open_noise(self, sh, lv=0):
-        """relbuf = Z_int for level lv's next accumulator under scheme sh (the caller
-        swaps it in); under shadow also M = Z_int + G_0 (the old shadow leaves RAM)."""
-        if not sh:
-            self._fresh(False)
-            return
-        m = self._fresh_pair(lv)
         b = self.relbuf
+        if acc is not None:
+            add_staged(b, acc, m)
+            return
         for i in range(len(m)):
             m[i] = wrap32(m[i] + b[i])
 

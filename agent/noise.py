@@ -172,16 +172,6 @@ def wrap32(v):
     return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
 
 
-def clip(weight, c):
-    """An event's weight clipped to [-c, c]: the bound on one event's effect
-    on a cell that the noise is calibrated to (DESIGN.md, "Threat model")."""
-    if weight > c:
-        return c
-    if weight < -c:
-        return -c
-    return weight
-
-
 def add_noise(arr, spec, rng, start=0, stop=None):
     """Add independent draws of ``spec`` to ``arr[start:stop]`` in place (mod 2**32).
 

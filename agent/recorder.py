@@ -119,12 +119,6 @@ class Recorder(Core):
                                  new_counters(n))
         self.counters = self.sketch.counters
 
-    def _shadow(self, lv):
-        """The shadow M (agent.accum.Core: level 0), allocated on first use."""
-        if self.shadow is None:
-            self.shadow = new_counters(self.p.cells)
-        return self.shadow
-
     # -- start-up ------------------------------------------------------
     def _boot(self, now):
         marker = storage.read_marker(self.marker_path)
@@ -143,11 +137,12 @@ class Recorder(Core):
                 self.log("the state was written under persist_noise = %s; the config's scheme starts "
                          "with the next accumulator" % ("shadow" if self.sh else "refresh"))
             if self.sh:
-                # counters hold the snapshot S = R - M. R = S + fresh Z_int' and M = Z_int' +
-                # fresh G: R - M = S - G, so the next snapshot again differs from this one by
-                # events minus a fresh G, and R - S = Z_int' + later events. The lost R's own
-                # Z_int is gone with the RAM; the nz draws inside S stay in R.
-                add_staged(self.relbuf, self.counters, self._fresh_pair())  # relbuf = Z_int', M = G
+                # counters hold the snapshot S = R - M: R = S + fresh Z_int', M = Z_int' + fresh G
+                # (R - S = Z_int' + later events). The lost R's own Z_int is gone with the RAM;
+                # the nz draws inside S stay in R.
+                if self.shadow is None:  # the config's scheme is refresh: the state's own continues
+                    self.shadow = new_counters(self.p.cells)
+                self._shadow_pair(self.shadow, self.counters)
                 self.nz = nz + 1
                 self.nzm = nz + 1
                 return
@@ -201,7 +196,12 @@ class Recorder(Core):
         if self.shadow is not None and not self.sh:  # the config's scheme is refresh (a migrated state was released)
             zero(self.shadow)
             self.shadow = None
-        self._open_noise(self.sh)  # relbuf = Z_int (shadow: M = Z_int + G_0)
+        if self.sh:
+            if self.shadow is None:
+                self.shadow = new_counters(self.p.cells)
+            self._shadow_pair(self.shadow)  # relbuf = Z_int, M = Z_int + G_0
+        else:
+            self._fresh(False)  # relbuf = Z_int
         self.counters, self.relbuf = self.relbuf, self.counters
         self.sketch.counters = self.counters
         self._wipe()  # the old accumulator (released data) leaves RAM

@@ -228,28 +228,10 @@ class TreeRecorder(Core):
         self.sketch.counters = self.nodes[0]
 
     def _shadow(self, lv):
-        """Level lv's shadow M (agent.accum.Core), allocated on first use."""
+        """Level lv's shadow M, allocated on first use."""
         if self.shadows[lv] is None:
             self.shadows[lv] = new_counters(len(self.relbuf))
         return self.shadows[lv]
-
-    def _refresh(self, lv):
-        """After a persist: refresh, nodes[lv] += one fresh draw; shadow,
-        shadows[lv] += one fresh G (mod 2**32). The draw leaves RAM."""
-        self._fresh(self.shs[lv])
-        sh = self.shs[lv]
-        add_staged(self.relbuf, self.shadows[lv] if sh else self.nodes[lv])
-        if sh:
-            self.nzms[lv] += 1
-        else:
-            self.nzs[lv] += 1
-
-    def _rebuild(self, lv):
-        """Shadow level resumed from flash (nodes[lv] = S): R = S + Z_int',
-        M = Z_int' + G', as agent.recorder.Recorder._resume_shadow."""
-        add_staged(self.relbuf, self.nodes[lv], self._fresh_pair(lv))
-        self.nzs[lv] += 1
-        self.nzms[lv] = self.nzs[lv]
 
     def _open(self, lv, cur=None):
         """Open level lv's next node (lo/parts already set): a fresh Z_int
@@ -263,7 +245,10 @@ class TreeRecorder(Core):
         if not sh and self.shadows[lv] is not None:  # the config's scheme is refresh (migrated level)
             zero(self.shadows[lv])
             self.shadows[lv] = None
-        self._open_noise(sh, lv)
+        if sh:
+            self._shadow_pair(self._shadow(lv))  # relbuf = Z_int, M = Z_int + G_0
+        else:
+            self._fresh(False)
         self.nodes[lv], self.relbuf = self.relbuf, self.nodes[lv]
         self._wipe()
         self.nzs[lv] = 1
@@ -279,11 +264,23 @@ class TreeRecorder(Core):
                 if st == PENDING:
                     self._open(lv, cur)
                 elif st == STALE:
-                    self._refresh(lv)
+                    # after a persist: refresh, nodes[lv] += one fresh draw; shadow, shadows[lv] += one
+                    # fresh G (mod 2**32). The draw leaves RAM.
+                    sh = self.shs[lv]
+                    self._fresh(sh)
+                    add_staged(self.relbuf, self.shadows[lv] if sh else self.nodes[lv])
+                    if sh:
+                        self.nzms[lv] += 1
+                    else:
+                        self.nzs[lv] += 1
                     self.status[lv] = OPEN
                     self._arrays()
                 elif st == REBUILD:
-                    self._rebuild(lv)
+                    # a shadow level resumed from flash (nodes[lv] = S): R = S + Z_int', M = Z_int' + G'
+                    # (agent.accum.Core._shadow_pair)
+                    self._shadow_pair(self._shadow(lv), self.nodes[lv])
+                    self.nzs[lv] += 1
+                    self.nzms[lv] = self.nzs[lv]
                     self.status[lv] = OPEN
                     self._arrays()
             except Exception as exc:  # MemoryError, NoEntropyError: retry at the next tick
@@ -422,13 +419,7 @@ class TreeRecorder(Core):
                 changed = True
         if changed:
             self._arrays()
-        n = 0
-        for lv in range(len(self.nodes)):
-            if self.status[lv] != CLOSED:
-                continue
-            if not self._release_open(lv, now, cur):
-                break  # outbox full or no noise: retry this node (and the later ones) next tick
-            n += 1
+        n = self._release_nodes(now, cur, False)
         if now - self.last_persist >= self.p.persist_s:
             self.persist(now)
         return n
@@ -437,15 +428,7 @@ class TreeRecorder(Core):
         """Release every node now (end of a batch input); each continues as its next part."""
         cur = now // self.p.epoch_s
         self._retry(cur)
-        n = 0
-        for lv in range(len(self.nodes)):
-            if self.status[lv] not in (OPEN, CLOSED):
-                continue
-            self.status[lv] = CLOSED
-            self._arrays()
-            if not self._release_open(lv, now, cur):
-                break
-            n += 1
+        n = self._release_nodes(now, cur, True)
         # a node closed above whose release failed stays CLOSED; one still in its
         # time re-opens as its next part only after its release (retried at tick)
         return n
@@ -528,15 +511,28 @@ class TreeRecorder(Core):
         return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     # -- releases --------------------------------------------------------
-    def _release_open(self, lv, now, cur):
-        """Release node lv, then open its level's next node; False if the release failed."""
-        if not self._release(lv, now, cur):
-            return False
-        try:
-            self._open(lv, cur)
-        except Exception as exc:
-            self.log("release committed, but the noise of level %d's next node failed (%r); retrying" % (lv, exc))
-        return True
+    def _release_nodes(self, now, cur, flush):
+        """Release every CLOSED node (flush: every OPEN one too, closed first) in level
+        order, each followed by its level's next node; the first failure stops (outbox
+        full or no noise: that node and the later ones are retried at the next tick).
+        Returns the number of releases committed."""
+        n = 0
+        for lv in range(len(self.nodes)):
+            st = self.status[lv]
+            if st != CLOSED and not (flush and st == OPEN):
+                continue
+            if flush:
+                self.status[lv] = CLOSED
+                self._arrays()
+            if not self._release(lv, now, cur):
+                break
+            n += 1
+            try:
+                self._open(lv, cur)
+            except Exception as exc:
+                self.log("release committed, but the noise of level %d's next node failed (%r); retrying"
+                         % (lv, exc))
+        return n
 
     def _release(self, lv, now, cur):
         """Commit node lv (state + Z_out; agent.accum.Core._commit) to the outbox.

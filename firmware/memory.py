@@ -33,8 +33,8 @@ checked with ``report()`` on the real board.
 """
 
 # -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
-CODE_PY = 105100     # live heap of core + firmware + umqtt.simple imported from .py sources
-CODE_MPY = 71800     # ... imported from .mpy files (deploy/flash.sh --mpy)
+CODE_PY = 107500     # live heap of core + firmware + umqtt.simple imported from .py sources
+CODE_MPY = 72400     # ... imported from .mpy files (deploy/flash.sh --mpy)
 CODE_FROZEN = 21800  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
 APP_FIXED = 4000     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
@@ -42,10 +42,11 @@ SHADOW_CELL = 4      # per cell, the shadow array of persist_noise = "shadow"
 BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
-TREE_CODE_PY = 4400  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
-                     # (.py, measured in the VM; tree.py alone is 14.7 KB, recorder.py ~10 KB)
-TREE_CODE_MPY = 2500  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; tree.py alone 8.6 KB)
-TREE_CODE_FROZEN = 900   # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
+TREE_CODE_PY = 2300  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
+                     # (.py, measured in the VM on top of the firmware's other modules; both modes load
+                     # their shared core agent/accum.py)
+TREE_CODE_MPY = 2550  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py)
+TREE_CODE_FROZEN = 500   # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
 # tree mode, measured in the VM (host_tools/bench/core.py --tree-only, bench-results/tree.json):
 # microseconds per event (SHA-256 + counter updates of every level), cs d=4 w=256
 TREE_US_PER_EVENT = {1: 14.0, 8: 37.0, 12: 54.0, 16: 64.0, 24: 88.0}
