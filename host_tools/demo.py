@@ -25,7 +25,6 @@ import bisect
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,27 +33,10 @@ import time
 from collections import Counter
 from typing import Any, Callable, Optional
 
+from host_tools.localnet import free_port, wait_port
+
 SALT = "pansketch-demo-fleet-salt"
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a window boundary for every window length dividing a day
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def _wait_port(port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and alive():
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.02)
-    return False
 
 
 def find_mosquitto() -> Optional[str]:
@@ -72,7 +54,7 @@ class DemoBroker:
 
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -89,7 +71,7 @@ class MosquittoBroker(DemoBroker):
             f.write("\n".join(lines) + "\n")
         self.log = open(os.path.join(workdir, "mosquitto.log"), "wb")
         self.proc = subprocess.Popen([exe, "-c", conf], stdout=self.log, stderr=subprocess.STDOUT)
-        if not _wait_port(self.port, 10, lambda: self.proc.poll() is None):
+        if not wait_port(self.port, 10, lambda: self.proc.poll() is None):
             self.stop()
             raise RuntimeError("mosquitto did not start (see %s)" % os.path.join(workdir, "mosquitto.log"))
         try:
@@ -147,7 +129,7 @@ class AmqttBroker(DemoBroker):
         self.thread = threading.Thread(target=main, name="amqtt", daemon=True)
         self.thread.start()
         started.wait(15)
-        if self.error is not None or not _wait_port(self.port, 10):
+        if self.error is not None or not wait_port(self.port, 10):
             raise RuntimeError("amqtt broker did not start: %s" % (self.error,))
         try:
             from importlib.metadata import version
@@ -564,8 +546,6 @@ def kind_lines(st: Any, args: argparse.Namespace, extra: dict[str, ExtraStream],
 
 def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]) -> int:
     """End of the demo: the dashboard URL, and with ``--serve`` the dashboard itself until Ctrl-C."""
-    import signal
-
     cands = os.path.join(workdir, "candidates.txt")
     with open(cands, "w") as f:
         f.write("\n".join(ZipfStream(args.items, args.zipf, 0).items) + "\n")
@@ -586,7 +566,7 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
         return 2
     try:
         from host_tools import hostconfig
-        from host_tools.web.serve import make_server, server_url
+        from host_tools.web.serve import make_server, run_until_stopped, server_url
         from host_tools.web.app import Dashboard
 
         from host_tools.web.app import allowed_hosts_for
@@ -606,19 +586,7 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
     url = server_url(server)
     say("  item over time: %sitem?item=host-00001.example&item=host-00020.example&item=never-seen.example" % url)
     say("  dashboard: %s  (serving until Ctrl-C)" % url)
-
-    def _term(*_a: Any) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, _term) if threading.current_thread() is threading.main_thread() else None
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+    run_until_stopped(server, sigterm=True)
     return 0
 
 

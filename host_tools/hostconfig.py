@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -344,6 +345,16 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
 
 # loads(text, base_dir=".", path=None) and load(path): parse and validate (raise ConfigError)
 loads, load = tomlconf.loaders(from_dict)
+
+
+def load_for_command(path: str) -> Optional[HostConfig]:
+    """:func:`load` for a command's ``--config``: None where the file is unreadable or invalid, after the
+    one-line ``pansketch: config error: ...`` on stderr (the command then exits 2)."""
+    try:
+        return load(path)
+    except ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return None
 
 
 def default_client_id(cfg: HostConfig) -> str:

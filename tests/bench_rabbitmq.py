@@ -38,7 +38,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from host_tools.bench.host import SALT, _count, _cpu_s, _env, make_releases  # noqa: E402
+from host_tools.bench.host import SALT, _count, _cpu_s, _env, _helpers, make_releases, publish_interleaved  # noqa: E402
 from tests.rabbit import AGG_PASSWORD, AGG_USER, Cluster, device_password  # noqa: E402
 
 QUEUE = "pansketch.releases"
@@ -57,18 +57,7 @@ def _publisher(ports: list[int], batches: list[list[tuple[str, bytes]]], start: 
         c.loop_start()
         c.subscribe("pansketch/%s/ack" % dev, qos=1)  # like an agent: the host's acks reach a session
         clients.append((c, msgs))
-    start.wait()
-    infos = []
-    for k in range(max(len(m) for _c, m in clients)):
-        for c, msgs in clients:
-            if k < len(msgs):
-                infos.append(c.publish(msgs[k][0], msgs[k][1], qos=1))
-    for inf in infos:
-        inf.wait_for_publish(300)
-    for c, _m in clients:
-        c.disconnect()
-        c.loop_stop()
-    done.put(len(infos))
+    publish_interleaved(clients, start, done, 300)
 
 
 def _bare_consumer(amqp_port: int, n: int, ready: Any, out: Any) -> None:
@@ -145,16 +134,10 @@ def run(c: Cluster, msgs: list[tuple[str, bytes]], workers: int, tmp: str, aggre
     for pub in pubs:
         pub.start()
     time.sleep(2)
-    roles: dict[int, str] = {n.proc.pid: "rabbitmq nodes (3)" for n in c.nodes if n.proc is not None}
-    for n in c.nodes:  # the Erlang VM is a child of the server script
+    roles: dict[int, str] = {}
+    for n in c.nodes:  # the server script and its children (the Erlang VM)
         assert n.proc is not None
-        for d in os.listdir("/proc"):
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == n.proc.pid:
-                        roles[int(d)] = "rabbitmq nodes (3)"
-            except (OSError, ValueError, IndexError):
-                continue
+        roles.update(dict.fromkeys(_helpers(n.proc.pid), "rabbitmq nodes (3)"))
     for a in procs:
         roles[a.pid] = "aggregators"
     cpu0 = {pid: _cpu_s(pid) for pid in roles}

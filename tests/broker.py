@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 from typing import Any, Optional
 
 import pytest
+
+from host_tools.localnet import free_port, wait_port  # noqa: F401  (free_port: re-exported)
 
 
 def mosquitto_path() -> Optional[str]:
@@ -36,14 +36,6 @@ def mosquitto_path() -> Optional[str]:
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_path() is None,
                                      reason="mosquitto is not installed (.ci/run installs it)")
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Mosquitto:
@@ -93,17 +85,9 @@ class Mosquitto:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([exe, "-c", self.conf_path], stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                if self.tls_port:
-                    socket.create_connection(("127.0.0.1", self.tls_port), 0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.02)
+        proc = self.proc
+        if all(wait_port(p, 10, lambda: proc.poll() is None) for p in (self.port, self.tls_port) if p):
+            return
         self.stop()
         raise RuntimeError("mosquitto did not start on port %d:\n%s" % (self.port, self.log_text()[-2000:]))
 

@@ -28,7 +28,8 @@ TREES = ("agent", "firmware", "host_tools")
 # Host "roles": a subpackage of host_tools, or a module directly in it. A role
 # may import agent, itself and the roles listed here (nothing else of the
 # project). cli and demo are the entry points and may import anything.
-SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup", "host_tools.cborscan"}
+SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup", "host_tools.cborscan",
+          "host_tools.localnet"}
 ALLOWED: dict[str, set[str]] = {
     "host_tools.store": SHARED,
     "host_tools.ingest": SHARED | {"host_tools.store", "host_tools.metrics"},
@@ -45,6 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     "host_tools.fasthash": set(),
     "host_tools.logsetup": set(),
     "host_tools.cborscan": set(),
+    "host_tools.localnet": set(),
     "host_tools.cli": {"*"},
     "host_tools.demo": {"*"},
 }

@@ -41,7 +41,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ import numpy as np
 
 from agent import release
 from agent.params import Params
+from host_tools.localnet import free_port, wait_port
 
 SALT = "bench-fleet-salt"
 EPOCH0 = 1_700_000_000 // 3600
@@ -79,19 +79,11 @@ def release_sizes() -> dict[str, int]:
     return out
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _start_mosquitto(tmp: str) -> Optional[tuple[subprocess.Popen[bytes], int]]:
     exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
     if exe is None:
         return None
-    port = _free_port()
+    port = free_port()
     conf = os.path.join(tmp, "mosquitto.conf")
     with open(conf, "w") as f:
         f.write("listener %d 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\n" % port)
@@ -99,12 +91,8 @@ def _start_mosquitto(tmp: str) -> Optional[tuple[subprocess.Popen[bytes], int]]:
             f.write("user root\n")
     log = open(os.path.join(tmp, "mosquitto.log"), "ab")
     proc = subprocess.Popen([exe, "-c", conf], stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.02)
+    if wait_port(port, 10, lambda: proc.poll() is None):
+        return proc, port
     proc.terminate()
     return None
 
@@ -120,15 +108,22 @@ def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, do
         c.connect("127.0.0.1", port)
         c.loop_start()
         clients.append((c, msgs))
+    publish_interleaved(clients, start, done, 120)
+
+
+def publish_interleaved(clients: list[tuple[Any, list[tuple[str, bytes]]]], start: Any, done: Any,
+                        timeout: float) -> None:
+    """Once ``start`` is set, publish each connected paho client's (topic, payload) list at QoS 1, the
+    devices interleaved like concurrent agents; wait for every PUBACK (``timeout`` s each), disconnect,
+    and put the number published on ``done``."""
     start.wait()
     infos = []
-    # interleave the devices like concurrent agents
     for k in range(max(len(m) for _c, m in clients)):
         for c, msgs in clients:
             if k < len(msgs):
                 infos.append(c.publish(msgs[k][0], msgs[k][1], qos=1))
     for i in infos:
-        i.wait_for_publish(120)
+        i.wait_for_publish(timeout)
     for c, _m in clients:
         c.disconnect()
         c.loop_stop()

@@ -45,7 +45,6 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -56,7 +55,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from host_tools.bench.host import SALT, _cpu_s, _env, _free_port, _helpers
+from host_tools.bench.host import SALT, _cpu_s, _env, _helpers
+from host_tools.localnet import free_port, wait_port
 
 EPOCH0 = 1_700_000_000 // 3600
 
@@ -79,12 +79,8 @@ def _start_broker(tmp: str, port: int) -> subprocess.Popen[bytes]:
     exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     log = open(os.path.join(tmp, "mosquitto.log"), "ab")
     proc = subprocess.Popen([exe, "-c", _mosquitto_conf(tmp, port)], stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(500):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.02)
+    if wait_port(port, 10, lambda: proc.poll() is None):
+        return proc
     raise RuntimeError("mosquitto did not start on port %d" % port)
 
 
@@ -207,7 +203,7 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
         options: Optional[dict[str, str]] = None, ack_timeout: float = 10.0, drain: float = 120.0,
         log: Any = print) -> dict[str, Any]:
     """One soak run in directory ``tmp``; returns the figures (see the module docstring)."""
-    port = _free_port()
+    port = free_port()
     db = os.path.join(tmp, "soak.db")
     conf = os.path.join(tmp, "host.toml")
     extra = "".join("%s = %s\n" % (k, v) for k, v in (options or {}).items())

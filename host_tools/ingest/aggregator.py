@@ -699,10 +699,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        cfg = hostconfig.load(args.config)
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
+    cfg = hostconfig.load_for_command(args.config)
+    if cfg is None:
         return 2
     if args.until_idle is not None and args.until_idle <= 0:
         print("pansketch aggregate: --until-idle must be positive", file=sys.stderr)

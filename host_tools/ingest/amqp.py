@@ -358,10 +358,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--declare", action="store_true", required=True)
     a = p.parse_args(argv)
-    try:
-        cfg = hostconfig.load(a.config)
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
+    cfg = hostconfig.load_for_command(a.config)
+    if cfg is None:
         return 2
     if cfg.broker.kind != "rabbitmq":
         print("pansketch: broker.kind is %r, not 'rabbitmq'" % cfg.broker.kind, file=sys.stderr)

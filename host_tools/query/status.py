@@ -385,10 +385,8 @@ def main(args: argparse.Namespace) -> int:
     if args.late_grace is not None and not args.late_grace >= 0:
         print("pansketch status: --late-grace must be at least 0", file=sys.stderr)
         return 2
-    try:
-        cfg = hostconfig.load(args.config)
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
+    cfg = hostconfig.load_for_command(args.config)
+    if cfg is None:
         return 2
     try:
         store = open_store(cfg.aggregator.db, readonly=True)

@@ -102,7 +102,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from host_tools import cborscan
-from host_tools.store.records import Rejected, Release, SketchShape
+from host_tools.store.records import Rejected, Release, ReleaseParams, SketchShape
 
 SCHEMA_VERSION = 1
 ROLLUP_MODES = ("window", "keep")
@@ -277,7 +277,7 @@ REASON_KEEP = 300
 
 
 @dataclass(frozen=True)
-class StoredRelease(SketchShape):
+class StoredRelease(ReleaseParams):
     """A release row as read back (counters decoded on demand)."""
 
     device: str
@@ -290,19 +290,6 @@ class StoredRelease(SketchShape):
     ep_s: int
     t0: int
     t1: int
-    mode: str
-    kind: str
-    d: int
-    w: int
-    hv: int
-    salt: str
-    clip: int
-    mech: str
-    budget: tuple[int, int]
-    nint: tuple[int, int]
-    nout: tuple[int, int]
-    nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
-    L: int
     received: float
     ctr_off: int
     payload: Optional[bytes] = None
@@ -330,11 +317,13 @@ def _locked(exc: BaseException) -> bool:
 def _row_to_release(r: Sequence[Any], with_payload: bool) -> StoredRelease:
     (device, elo, ehi, part, seq, win, win_s, ep_s, t0, t1, mode, kind, d, w, hv, salt, clip, mech,
      bn, bd, inn, ind, onn, ond, nz, L, received, ctr_off, v, lvl, b, mn, md, mo) = r[:34]
-    return StoredRelease(device, int(elo), int(ehi), int(part), int(seq), int(win), int(win_s), int(ep_s), int(t0),
-                         int(t1), mode, kind, int(d), int(w), int(hv), salt, int(clip), mech, (int(bn), int(bd)),
-                         (int(inn), int(ind)), (int(onn), int(ond)), int(nz), int(L), float(received), int(ctr_off),
-                         bytes(r[34]) if with_payload else None, int(v), int(lvl), int(b),
-                         (int(mn), int(md), int(mo)) if mn is not None else None)
+    return StoredRelease(mode=mode, kind=kind, d=int(d), w=int(w), hv=int(hv), salt=salt, clip=int(clip), mech=mech,
+                         budget=(int(bn), int(bd)), nint=(int(inn), int(ind)), nout=(int(onn), int(ond)), nz=int(nz),
+                         L=int(L), device=device, elo=int(elo), ehi=int(ehi), part=int(part), seq=int(seq),
+                         win=int(win), win_s=int(win_s), ep_s=int(ep_s), t0=int(t0), t1=int(t1),
+                         received=float(received), ctr_off=int(ctr_off),
+                         payload=bytes(r[34]) if with_payload else None, v=int(v), lvl=int(lvl), b=int(b),
+                         map=(int(mn), int(md), int(mo)) if mn is not None else None)
 
 
 @dataclass(frozen=True)
@@ -555,8 +544,6 @@ class SQLStore:
         self._devcache.update(seen)  # committed: device rows never change once written
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]]) -> None:
-        accs: dict[tuple[Any, ...], _Acc] = {}
-        unrolled = False
         seen.clear()
         logged = [0, 0]  # rejection, quarantine rows written
         totals: dict[str, list[Any]] = {}
@@ -587,7 +574,15 @@ class SQLStore:
                 cur.execute("ROLLBACK TO SAVEPOINT " + sp)
                 cur.execute("RELEASE SAVEPOINT " + sp)
                 p.status, p.error = "error", exc
-                continue
+        self._close_group(cur, items, logged, totals)
+
+    def _close_group(self, cur: Any, items: Sequence[Pending], logged: list[int],
+                     totals: dict[str, list[Any]]) -> None:
+        """The end of a group put (both back ends): roll the stored items up into their windows' roll-ups,
+        flag the store if one could not be, bound the rejection and quarantine logs."""
+        accs: dict[tuple[Any, ...], _Acc] = {}
+        unrolled = False
+        for p in items:
             if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
                 unrolled = True
         self._apply_rollups(cur, accs)
@@ -970,18 +965,10 @@ class SQLStore:
             devs = list(devices)
             where.append("device IN (%s)" % ",".join("?" * len(devs)))
             args += devs
-        if window is not None:
-            where.append("win = ?")
-            args.append(window)
-        if win_s is not None:
-            where.append("win_s = ?")
-            args.append(win_s)
-        if since is not None:
-            where.append("t0 >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("t1 <= ?")
-            args.append(until)
+        for cond, val in (("win = ?", window), ("win_s = ?", win_s), ("t0 >= ?", since), ("t1 <= ?", until)):
+            if val is not None:
+                where.append(cond)
+                args.append(val)
         return (" WHERE " + " AND ".join(where)) if where else "", args
 
     def releases(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import json
 
 from host_tools.store.records import Rejected
-from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
+from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError,
                               insert_values)
 
 _SERIALS = itertools.count()
@@ -233,8 +233,6 @@ class PgStore(SQLStore):
                seen: dict[str, tuple[Any, ...]]) -> None:
         """The group in a few round trips: every release through pansketch_put (pipelined), then the
         rejections, then the roll-ups."""
-        accs: dict[tuple[Any, ...], _Acc] = {}
-        unrolled = False
         seen.clear()
         logged = [0, 0]
         totals: dict[str, list[Any]] = {}
@@ -261,13 +259,7 @@ class PgStore(SQLStore):
                 self._log_rejection(cur, p)
                 self._total(totals, p)
             logged[0] += len(rej)
-        for p in todo:
-            if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
-                unrolled = True
-        self._apply_rollups(cur, accs)
-        if unrolled:
-            self._mark_unrolled(cur)
-        self._bound(cur, logged, totals)
+        self._close_group(cur, todo, logged, totals)
 
     def _meta(self, key: str) -> Optional[str]:
         try:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from typing import Optional
+
+from host_tools.localnet import free_port, wait_port
 
 MISSING = ("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql "
            "(.ci/run installs it)")
@@ -38,14 +38,6 @@ def binaries() -> Optional[str]:
         if os.access(os.path.join(d, "initdb"), os.X_OK) and os.access(os.path.join(d, "pg_ctl"), os.X_OK):
             return d
     return None
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _template(bindir: str, as_user: Optional[str]) -> str:
@@ -106,7 +98,7 @@ class PgServer:
             pw = pwd.getpwnam("postgres")
             os.chown(root, pw.pw_uid, pw.pw_gid)
             as_user = "postgres"
-        srv = cls(bindir, root, _free_port(), as_user)
+        srv = cls(bindir, root, free_port(), as_user)
         try:
             tmpl = _template(bindir, as_user)  # initdb once per machine (~3 s), then copy (~0.1 s)
             subprocess.run(["cp", "-a", tmpl, srv.data], check=True, stderr=subprocess.PIPE, timeout=120)
@@ -150,10 +142,4 @@ class PgServer:
 
 
 def wait_ready(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
+    wait_port(port, timeout, poll=0.05)

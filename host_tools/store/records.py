@@ -72,11 +72,10 @@ class SketchShape:
 
 
 @dataclass(frozen=True)
-class Release(SketchShape):
-    """A validated release (all fields of the map, plus the raw bytes)."""
+class ReleaseParams(SketchShape):
+    """The sketch and noise parameters a release carries, shared by the validated
+    message (:class:`Release`) and the stored row (host_tools.store.core.StoredRelease)."""
 
-    dev: str
-    seq: int
     mode: str
     kind: str
     d: int
@@ -90,6 +89,14 @@ class Release(SketchShape):
     nout: tuple[int, int]
     nz: int  # noise draws per cell: (nz - 1) x nint + 1 x nout
     L: int
+
+
+@dataclass(frozen=True)
+class Release(ReleaseParams):
+    """A validated release (all fields of the map, plus the raw bytes)."""
+
+    dev: str
+    seq: int
     win_s: int
     ep_s: int
     win: int

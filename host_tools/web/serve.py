@@ -43,6 +43,27 @@ def server_url(server: Any) -> str:
     return "http://%s:%s/" % (host, server.effective_port)
 
 
+def run_until_stopped(server: Any, sigterm: bool = False) -> None:
+    """Serve until Ctrl-C (with ``sigterm``, also until SIGTERM, where this is the main thread), then close."""
+    import signal
+    import threading
+
+    def _term(*_a: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = None
+    if sigterm and threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _term)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
 def read_token(args: argparse.Namespace) -> Optional[str]:
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
@@ -79,10 +100,8 @@ def main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
     from host_tools.logsetup import setup_logging
 
-    try:
-        cfg = hostconfig.load(args.config)
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
+    cfg = hostconfig.load_for_command(args.config)
+    if cfg is None:
         return 2
     try:
         token = read_token(args)
@@ -121,10 +140,5 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("waitress").setLevel(logging.WARNING)
     print("pansketch serve: %s (read-only: %s%s)" % (server_url(server), cfg.aggregator.db,
                                                      "; token required" if token else ""), flush=True)
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
+    run_until_stopped(server)
     return 0
