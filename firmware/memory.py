@@ -33,8 +33,8 @@ checked with ``report()`` on the real board.
 """
 
 # -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
-CODE_PY = 107500     # live heap of core + firmware + umqtt.simple imported from .py sources
-CODE_MPY = 72400     # ... imported from .mpy files (deploy/flash.sh --mpy)
+CODE_PY = 108100     # live heap of core + firmware + umqtt.simple imported from .py sources
+CODE_MPY = 73000     # ... imported from .mpy files (deploy/flash.sh --mpy)
 CODE_FROZEN = 21800  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
 APP_FIXED = 4000     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
