@@ -279,6 +279,6 @@ def test_agent_check_prints_the_board_fit(tmp_path):
 
     fit = "\n".join(memory.strhh_lines(8, 3, 64))
     assert "picow    fits for len=8 d=3 w=64" in fit and "esp8266  DOES NOT FIT" in fit
-    assert "esp32    DOES NOT FIT for len=8 d=3 w=128" in "\n".join(memory.strhh_lines(8, 3, 128))
+    assert "esp32    DOES NOT FIT for len=8 d=3 w=512" in "\n".join(memory.strhh_lines(8, 3, 512))  # frozen: 256 fits
     # noise sd of a node: dlap t = 24 (L d / eps), two draws, mean of 3 cells: sqrt(2 * 2q/(1-q)^2 / 3) ~ 28
     assert "noise sd of a node estimate (about that of the mean of d cells: internal + output draw): 28 " in out
