@@ -255,15 +255,50 @@ def report(path=None):
         max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // cell_bytes(p.levels, p.shadow))))
 
 
-def strhh_lines(L, d, w, shadow=False, tls=True):
-    """Kind strhh (agent/strhh.py): L*d*w cells. Per board profile: does it fit, and the largest
-    power-of-two w for these L and d (the host's descent needs d >= 3; docs/PRIVACY.md)."""
+# kind strhh, measured on the stdlib's identifier tokens (host_tools/bench/strheavy.py, docs/HOST.md):
+# (len, d, w, events, eps, recall at k = 10 (mean over 20 runs), smallest count every run reported)
+STRHH_MEASURED = ((6, 5, 80, 100000, "1", 0.91, 1006), (12, 5, 1024, 463783, "1", 1.0, 1516))
+STRHH_PICO = (6, 5, 80)  # the Pico-sized configuration of the table (2,400 cells)
+
+
+def strhh_noise_sd(L, d, noise, inoise=None):
+    """sd of a strhh node estimate from the noise: the mean of d cells, each with the internal and the
+    output draw (``noise``/``inoise``: agent.calibrate specs with mech, num, den)."""
+    import math
+
+    def var(spec):
+        t = spec.num / spec.den
+        if spec.mech == "dgauss":
+            return t
+        q = math.exp(-1.0 / t)
+        return 2 * q / (1 - q) ** 2
+
+    return math.sqrt((var(noise) + var(inoise or noise)) / d)
+
+
+def strhh_lines(L, d, w, shadow=False, tls=True, noise=None, inoise=None, events=100000):
+    """Kind strhh (agent/strhh.py): L*d*w cells. Per board profile: does it fit, the largest
+    power-of-two w for these L and d, and the largest w of the Pico-sized len=6 d=5; then the
+    error at ``events`` events per window: the noise sd of a node estimate (with the release's
+    ``noise`` spec) and what was measured at that size (STRHH_MEASURED). The host's descent
+    needs d >= 3 (docs/PRIVACY.md)."""
     out = []
+    pl, pd, _pw = STRHH_PICO
     for key, p in PROFILES:
         n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"], 1, shadow)
         wmax = _pow2_le(n // (L * d)) if n >= L * d else 0
-        out.append("%-8s %s for len=%d d=%d w=%d (%d cells of %d); largest power-of-two w at len=%d d=%d: %d" % (
-            key, "fits" if L * d * w <= n else "DOES NOT FIT", L, d, w, L * d * w, n, L, d, wmax))
+        out.append("%-8s %s for len=%d d=%d w=%d (%d cells of %d); largest power-of-two w at len=%d d=%d: %d;"
+                   " largest w at len=%d d=%d: %d" % (
+                       key, "fits" if L * d * w <= n else "DOES NOT FIT", L, d, w, L * d * w, n, L, d, wmax,
+                       pl, pd, n // (pl * pd)))
+    if noise is not None:
+        sd = strhh_noise_sd(L, d, noise, inoise)
+        out.append("error    at %d events per window: noise sd of a node estimate %.0f (%.2f %% of the events);"
+                   " the CountSketch collisions add an error set by the stream (heavy strings elsewhere in a row)"
+                   % (events, sd, 100.0 * sd / events))
+    for ml, md, mw, mn, meps, rec, small in STRHH_MEASURED:
+        out.append("measured len=%d d=%d w=%d, %d events, eps=%s (stdlib tokens): recall at k=10 %.2f, every string"
+                   " of >= %d events (%.2f %%) found" % (ml, md, mw, mn, meps, rec, small, 100.0 * small / mn))
     return out
 
 
@@ -298,7 +333,7 @@ def main(argv=None):
             a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "shadow" if p.shadow else "refresh",
             "on" if tls else "off"))
         if p.kind == "strhh":  # len levels of d x w: the cells are L*d*w (agent/strhh.py)
-            lines = strhh_lines(p.b, p.d, p.w, p.shadow, tls)
+            lines = strhh_lines(p.b, p.d, p.w, p.shadow, tls, p.noise, p.inoise)
         else:
             lines = estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow)
         for line in lines:
