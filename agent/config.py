@@ -158,22 +158,8 @@ def field_path(spec: str, key: str) -> list[str]:
 
 
 # -- loading ---------------------------------------------------------------
-def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> AgentConfig:
-    """Parse and validate a config given as TOML text."""
-    return from_dict(tomlconf.parse(text), base_dir, path)
-
-
-def load(path: str) -> AgentConfig:
-    """Read and validate a config file (raises :class:`ConfigError`)."""
-    raw, base_dir = tomlconf.read(path)
-    return from_dict(raw, base_dir, path)
-
-
 def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = None) -> AgentConfig:
-    tomlconf.check_sections(raw, SECTIONS)
-
-    def sec(name: str) -> dict[str, Any]:
-        return raw.get(name, {})
+    sec = tomlconf.sections(raw, SECTIONS)
 
     # device parameters: mapped onto agent.params.Params, which names the bad key
     pcfg: dict[str, Any] = {}
@@ -227,12 +213,10 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("broker.mqtt_version", "must be \"5\" or \"3.1.1\", got %r" % broker.mqtt_version)
     if not 5 <= broker.keepalive <= 65535:
         raise ConfigError("broker.keepalive", "must be between 5 and 65535 seconds")
-    if broker.reconnect_max_s < broker.reconnect_min_s:
-        raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
     if not broker.topic_prefix or any(c in broker.topic_prefix for c in "+#") or broker.topic_prefix.endswith("/"):
         raise ConfigError("broker.topic_prefix", "must be a plain topic prefix without wildcards")
-    if broker.password is not None and broker.username is None:
-        raise ConfigError("broker.username", "is required when a password is set")
+    tomlconf.check_client("broker", broker.username, broker.password, broker.reconnect_min_s,
+                          broker.reconnect_max_s)
 
     # source
     s = sec("source")
@@ -273,3 +257,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
             raise ConfigError("source.qos", "must be 0 or 1")
     return AgentConfig(params=params, broker=broker, source=source, state_dir=state_dir, path=path,
                        outbox_max=outbox_max, raw=raw)
+
+
+# loads(text, base_dir=".", path=None) and load(path): parse and validate (raise ConfigError)
+loads, load = tomlconf.loaders(from_dict)

@@ -106,19 +106,24 @@ class DistinctRecorder(Recorder):
         storage.remove(self.state_path)  # never written by this kind; a stale file is not ours to resume
         Recorder._boot(self, now)
 
-    def _open(self, epoch, part):
-        """Fresh Bern(1/2) bits for [epoch, epoch+1); counting waits until complete."""
-        self._pending = (epoch, part)
-        self._wipe()  # the staged release counts (published) leave the scratch buffer
+    def _new_bits(self):
+        """Every bit afresh from Bern(1/2): all zero first (the old bits leave RAM),
+        then random bytes; the Rng's buffer is wiped however the draw ends."""
         b = self.counters
         for i in range(len(b)):
-            b[i] = 0  # the released epoch's bits leave RAM first
+            b[i] = 0
         rng = self.rng
         try:
             for i in range(len(b)):
                 b[i] = rng.randbits(8)
         finally:
             rng.wipe()
+
+    def _open(self, epoch, part):
+        """Fresh Bern(1/2) bits for [epoch, epoch+1); counting waits until complete."""
+        self._pending = (epoch, part)
+        self._wipe()  # the staged release counts (published) leave the scratch buffer
+        self._new_bits()  # the released epoch's bits leave RAM first
         self.elo = epoch
         self.ehi = epoch + 1
         self.part = part
@@ -133,19 +138,8 @@ class DistinctRecorder(Recorder):
         (the items before are lost for the distinct count). Counting waits
         until the draw is complete."""
         self._redraw = True
-        b = self.counters
-        for i in range(len(b)):
-            b[i] = 0
-        rng = self.rng
-        try:
-            for i in range(len(b)):
-                b[i] = rng.randbits(8)
-        finally:
-            rng.wipe()
+        self._new_bits()
         self._redraw = False
-
-    def _refresh(self):
-        raise RuntimeError("dbits never resumes a persisted state")
 
     def persist(self, now=None):
         """Nothing is written (see the module docstring); the clock is noted."""
@@ -153,7 +147,7 @@ class DistinctRecorder(Recorder):
             self.last_persist = now
         return self._pending is None and not self._redraw
 
-    def _stage_release(self, rel):
+    def _stage_release(self, rel, src=None):
         sk = self.sketch
         for k in range(sk.d):
             rel[k] = sk.ones(k)

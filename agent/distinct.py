@@ -46,7 +46,8 @@ Pareto) tail does not allow.
 """
 
 from agent import hashing
-from agent.noise import clip, discrete_laplace
+from agent.levels import clip
+from agent.noise import discrete_laplace
 
 UNITS = ("event", "user")
 

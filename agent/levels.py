@@ -25,7 +25,7 @@ import struct
 import sys
 
 from agent import hashing
-from agent.noise import clip, wrap32
+from agent.noise import wrap32
 from agent.sketch import totals
 
 INT32_MAX = 0x7FFFFFFF
@@ -34,6 +34,17 @@ INT32_MIN = -0x80000000
 # CPython reads the d row words with one struct call; MicroPython reads bytes
 # (a 32-bit word would be a heap-allocated big int there), as agent.sketch.
 _WORDS = sys.implementation.name != "micropython"
+
+
+def clip(weight, c):
+    """An event's weight clipped to [-c, c]: the bound on one event's effect on a
+    cell that the noise is calibrated to (DESIGN.md, "Threat model"); also the
+    clip of agent.distinct (here, not in agent.noise: a cs/cms board never loads it)."""
+    if weight > c:
+        return c
+    if weight < -c:
+        return -c
+    return weight
 
 
 def add_exact(a, base, w, d, col, weight):

@@ -148,12 +148,6 @@ class NoiseSpec:
             return discrete_laplace(rng, self.num, self.den)
         return discrete_gaussian(rng, self.num, self.den)
 
-    def variance_fraction(self):
-        """Exact variance as (num, den) for dgauss; None for dlap (not rational)."""
-        if self.mech == "dgauss":
-            return (self.num, self.den)
-        return None
-
     def __eq__(self, other):
         return (
             isinstance(other, NoiseSpec)
@@ -176,16 +170,6 @@ def wrap32(v):
     if -0x80000000 <= v <= 0x7FFFFFFF:
         return v
     return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
-
-
-def clip(weight, c):
-    """An event's weight clipped to [-c, c]: the bound on one event's effect
-    on a cell that the noise is calibrated to (DESIGN.md, "Threat model")."""
-    if weight > c:
-        return c
-    if weight < -c:
-        return -c
-    return weight
 
 
 def add_noise(arr, spec, rng, start=0, stop=None):

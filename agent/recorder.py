@@ -61,17 +61,13 @@ accumulator gets one fresh internal draw before it counts again
 OSError, takes these paths; the scratch buffer is wiped on all of them.
 """
 
-from agent import hashing, release, storage
-from agent.noise import add_noise, add_staged, draw_into, wrap32, zero
-from agent.rng import Rng
+from agent import hashing, storage
+from agent.accum import Core
+from agent.noise import add_staged, wrap32, zero
 from agent.sketch import Sketch, new_counters
 
 
-def _log(msg):
-    print("pansketch: " + msg)
-
-
-class Recorder:
+class Recorder(Core):
     """The device core: count events into a noisy sketch, commit releases.
 
     ``params`` is an :class:`agent.params.Params`; ``root`` a directory for
@@ -86,25 +82,16 @@ class Recorder:
     """
 
     def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
-        self.p = params
-        self.root = root
-        self.rng = rng if rng is not None else Rng()
-        self.log = log if log is not None else _log
-        storage.makedirs(root)
-        self.outbox = storage.Outbox(root, outbox_max)
-        self.state_path = storage.join(root, "state.bin")
-        self.marker_path = storage.join(root, "released")
+        self._setup(params, root, now, rng, log, outbox_max)  # agent.accum.Core: outbox, paths, rng, log
         self._make_state(params)
         self._fps = (params.fingerprint(False), params.fingerprint(True))  # state.bin id per persist scheme
         self._fp = self._fps[1 if params.shadow else 0]
         self._pending = None  # (epoch, part) of an accumulator whose noise could not be drawn yet
         self._redraw = False  # a commit failed: the accumulator needs a fresh draw before it counts again
-        self._unrenamed = False  # a committed release's rename failed: finish it at the next tick
         self.nz = 0
         self.nzm = 0
         self.sh = params.shadow
         self.resumed = False  # True when boot continued a persisted accumulator
-        self.last_persist = now
         self._boot(now)
 
     def _make_state(self, params):
@@ -135,11 +122,7 @@ class Recorder:
     # -- start-up ------------------------------------------------------
     def _boot(self, now):
         marker = storage.read_marker(self.marker_path)
-        for s in self.outbox.uncommitted():
-            if marker is not None and s <= marker[0]:
-                storage.rename(self.outbox.path(s, ".tmp"), self.outbox.path(s))
-            else:
-                storage.remove(self.outbox.path(s, ".tmp"))
+        self._recover(marker[0] if marker is not None else None)
         cur = now // self.p.epoch_s
         # a state written under the other persist scheme (config changed) is continued in
         # that scheme until its release: its draws are of that scheme's scale
@@ -154,12 +137,20 @@ class Recorder:
                 self.log("the state was written under persist_noise = %s; the config's scheme starts "
                          "with the next accumulator" % ("shadow" if self.sh else "refresh"))
             if self.sh:
-                self._resume_shadow(nz)
+                # counters hold the snapshot S = R - M: R = S + fresh Z_int', M = Z_int' + fresh G
+                # (R - S = Z_int' + later events). The lost R's own Z_int is gone with the RAM;
+                # the nz draws inside S stay in R.
+                if self.shadow is None:  # the config's scheme is refresh: the state's own continues
+                    self.shadow = new_counters(self.p.cells)
+                self._shadow_pair(self.shadow, self.counters)
+                self.nz = nz + 1
+                self.nzm = nz + 1
                 return
             # The flash copy must not equal the RAM state we now count into,
-            # or RAM - flash would show the next events exactly: refresh.
+            # or RAM - flash would show the next events exactly: a fresh draw.
             self.nz = nz
-            self._refresh()
+            self._fresh()
+            self._add_fresh()
             return
         self.seq = marker[0] + 1 if marker is not None else 0
         if marker is None:
@@ -183,47 +174,6 @@ class Recorder:
             return (cur, 0)
         return (cur if cur > elo else elo, part + 1)
 
-    def _wipe(self):
-        """Zero the scratch buffer in place (no allocation)."""
-        zero(self.relbuf)
-
-    def _fresh(self):
-        """Fill the scratch buffer with one fresh independent internal noise draw per cell
-        (at the scale of the open accumulator's persist scheme).
-
-        On failure (no entropy, low memory) the partial draw is wiped.
-        """
-        draw_into(self.relbuf, self.p.internal_noise(self.sh), self.rng)
-
-    def _refresh(self):
-        """Add a fresh noise draw to the live accumulator (it stays noisy)."""
-        self._fresh()
-        self._add_fresh()
-
-    def _draw_shadow(self):
-        """M = a fresh G (the array is zeroed first; wiped again if the draw fails)."""
-        if self.shadow is None:
-            self.shadow = new_counters(self.p.cells)
-        draw_into(self.shadow, self.p.internal_noise(True), self.rng)
-
-    def _resume_shadow(self, nz):
-        """After a restart under shadow: counters hold the snapshot S = R - M.
-
-        R = S + fresh Z_int' and M = Z_int' + fresh G: R - M = S - G, so the
-        next snapshot again differs from this one by events minus a fresh G,
-        and R - S = Z_int' + later events. The lost R's own Z_int is gone
-        with the RAM; the nz draws inside S stay in R.
-        """
-        self._fresh()  # relbuf = Z_int'
-        try:
-            self._draw_shadow()  # M = G
-        except BaseException:
-            self._wipe()
-            raise
-        add_staged(self.relbuf, self.counters, self.shadow)
-        self.nz = nz + 1
-        self.nzm = nz + 1
-
     def _add_fresh(self):
         """counters += the staged fresh draw (mod 2**32), then wipe the draw.
 
@@ -243,19 +193,15 @@ class Recorder:
         """
         self._pending = (epoch, part)
         self.sh = self.p.shadow
-        if self.shadow is not None and not self.p.shadow:
-            self._drop_shadow()  # the config's scheme is refresh (a migrated state was released)
-        self._fresh()
-        if self.p.shadow:
-            try:
-                self._draw_shadow()  # M = G_0 (the old accumulator's shadow leaves RAM)
-            except BaseException:
-                self._wipe()
-                raise
-            m = self.shadow
-            b = self.relbuf
-            for i in range(len(m)):
-                m[i] = wrap32(m[i] + b[i])  # M = Z_int + G_0
+        if self.shadow is not None and not self.sh:  # the config's scheme is refresh (a migrated state was released)
+            zero(self.shadow)
+            self.shadow = None
+        if self.sh:
+            if self.shadow is None:
+                self.shadow = new_counters(self.p.cells)
+            self._shadow_pair(self.shadow)  # relbuf = Z_int, M = Z_int + G_0
+        else:
+            self._fresh(False)  # relbuf = Z_int
         self.counters, self.relbuf = self.relbuf, self.counters
         self.sketch.counters = self.counters
         self._wipe()  # the old accumulator (released data) leaves RAM
@@ -266,10 +212,6 @@ class Recorder:
         self.nzm = 1
         self._pending = None
         self._redraw = False  # a new accumulator: no stale copy of it exists
-
-    def _drop_shadow(self):
-        zero(self.shadow)
-        self.shadow = None
 
     def _ensure_open(self):
         if self._pending is not None:
@@ -331,12 +273,7 @@ class Recorder:
         Returns the number of releases committed (0 or 1). A clock that goes
         backwards releases nothing until it passes the open range again.
         """
-        if self._unrenamed:
-            try:
-                self.outbox.finish(self.seq)  # a committed release whose rename failed
-                self._unrenamed = False
-            except Exception:
-                pass  # retried at the next tick
+        self._finish_rename()
         if self._pending is not None or self._redraw:
             try:
                 self._ensure_open()
@@ -397,16 +334,6 @@ class Recorder:
         self._add_fresh()  # written or maybe partly written: the copy on flash must not equal RAM
         return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
-    def _failed(self, err, msg):
-        """After the bookkeeping of a write: True if it succeeded; else log an
-        Exception (the device goes on) or re-raise anything else."""
-        if err is None:
-            return True
-        if not isinstance(err, Exception):
-            raise err
-        self.log(msg % (err,))
-        return False
-
     def _persist_shadow(self, now=None):
         """relbuf holds a fresh G. M becomes S = R - M for the write (S is
         what flash gets, so holding it in RAM meanwhile shows nothing more),
@@ -436,57 +363,23 @@ class Recorder:
         return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     # -- releases ------------------------------------------------------
-    def _stage_release(self, rel):
-        """rel = state + fresh Z_out (one draw per cell)."""
-        c = self.counters
-        for i in range(len(c)):
-            rel[i] = c[i]
-        add_noise(rel, self.p.noise, self.rng)  # fresh Z_out
-
     def _release(self, next_epoch, next_part, now=None):
-        """Commit state + Z_out to the outbox, then open the next accumulator.
-
-        Exactly one Z_out draw per cell, whatever the counts (the sum wraps
-        mod 2**32, never raises): the release's noise and its timing do not
-        depend on the data. The staged copy is wiped on every path.
+        """Commit state + Z_out to the outbox (agent.accum.Core._commit), then
+        open the next accumulator.
 
         A failed commit (the .tmp or the marker write fails, in any way)
         counts as written: the accumulator gets a fresh internal draw before
         it counts again (``_renoise``) and keeps counting, its range growing.
         A full outbox writes nothing and costs no draw.
         """
-        rel = self.relbuf
-        try:
-            self._stage_release(rel)
-        except BaseException as exc:  # NoEntropyError, MemoryError: nothing was written
-            self._wipe()
-            if not isinstance(exc, Exception):
-                raise
-            self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
-            return False
         s = self.seq
-        tmp = self.outbox.path(s, ".tmp")
-        nz = self.nz + 1
-        inoise = self.p.internal_noise(self.sh)
-        tried = False
-        err = None
-        try:
-            if self.outbox.full():
-                raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
-            tried = True
-            storage.write_atomic(
-                tmp, lambda write: release.encode_to(self.p, s, self.elo, self.ehi, self.part, rel, write, nz, 0,
-                                                     inoise))
-            storage.write_marker(self.marker_path, s, self.elo, self.ehi, self.part)
-        except BaseException as exc:
-            err = exc
-        self._wipe()  # the staged release leaves RAM on every path
+        err, tried = self._commit(0, None, self.elo, self.ehi, self.part, self.nz + 1, self.p.internal_noise(self.sh))
         if err is not None:
             if tried:
                 self._redraw = True  # before any further event (or persist) of this accumulator
             if not isinstance(err, Exception):
                 raise err  # KeyboardInterrupt & co.: the fresh draw waits for the next add/tick/persist
-            storage.remove(tmp)
+            storage.remove(self.outbox.path(s, ".tmp"))
             if tried:
                 try:
                     self._renoise()
@@ -495,17 +388,13 @@ class Recorder:
             if next_part == 0 and next_epoch + 1 > self.ehi:
                 self.ehi = next_epoch + 1  # keep counting; release the longer range later
             return self._failed(err, "cannot write release %d (%%s); epochs now [%d, %d)" % (s, self.elo, self.ehi))
+        if not tried:
+            return False  # the output noise could not be drawn: retried
         self.seq = s + 1
         self._pending = (next_epoch, next_part)  # released: never persisted or counted into again
         if now is not None:
             self.last_persist = now
-        try:
-            storage.rename(tmp, self.outbox.path(s))
-        except BaseException as exc:  # committed (the marker says so): the rename is finished at the next tick
-            self._unrenamed = True
-            if not isinstance(exc, Exception):
-                raise
-            self.log("release %d committed, but its rename failed (%r); retrying" % (s, exc))
+        self._rename(s)
         try:
             self._open(next_epoch, next_part)
         except Exception as exc:

@@ -8,7 +8,7 @@ can print one line naming it and exit 2.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 try:  # Python >= 3.11
     import tomllib as _toml
@@ -153,3 +153,45 @@ def check_sections(raw: dict[str, Any], sections: dict[str, Any]) -> None:
             if key not in sections[secname]:
                 raise ConfigError("%s.%s" % (secname, key),
                                   "unknown key (known in [%s]: %s)" % (secname, ", ".join(sections[secname])))
+
+
+def sections(raw: dict[str, Any], known: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
+    """:func:`check_sections`, then a getter of one section's table ({} when the section is absent)."""
+    check_sections(raw, known)
+
+    def sec(name: str) -> dict[str, Any]:
+        return raw.get(name, {})
+
+    return sec
+
+
+def check_client(secname: str, username: Optional[str], password: Optional[str], reconnect_min_s: float,
+                 reconnect_max_s: float) -> None:
+    """The checks every broker client section shares (the agent's and the host's [broker])."""
+    if reconnect_max_s < reconnect_min_s:
+        raise ConfigError(secname + ".reconnect_max_s", "must be at least reconnect_min_s")
+    if password is not None and username is None:
+        raise ConfigError(secname + ".username", "is required when a password is set")
+
+
+C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
+
+
+class Loads(Protocol[C_co]):
+    def __call__(self, text: str, base_dir: str = ".", path: Optional[str] = None) -> C_co: ...
+
+
+def loaders(from_dict: Callable[[dict[str, Any], str, Optional[str]], C]) -> tuple[Loads[C], Callable[[str], C]]:
+    """(loads, load) of a config whose ``from_dict(raw, base_dir, path)`` validates the tables:
+    ``loads(text, base_dir=".", path=None)`` parses TOML text, ``load(path)`` reads a file
+    (relative paths in it are relative to its directory); both raise :class:`ConfigError`."""
+
+    def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> C:
+        return from_dict(parse(text), base_dir, path)
+
+    def load(path_: str) -> C:
+        raw, base_dir = read(path_)
+        return from_dict(raw, base_dir, path_)
+
+    return loads, load

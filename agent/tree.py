@@ -63,9 +63,9 @@ draw (docs/PRIVACY.md "Failed writes and failed commits").
 import hashlib
 import struct
 
-from agent import hashing, release, storage
-from agent.noise import add_noise, add_staged, draw_into, wrap32, zero
-from agent.rng import Rng
+from agent import hashing, storage
+from agent.accum import Core
+from agent.noise import add_staged, wrap32, zero
 from agent.sketch import Sketch, new_counters
 
 OPEN = 0  # counting
@@ -73,10 +73,6 @@ CLOSED = 1  # ended, release not committed yet (outbox full): no events
 PENDING = 2  # released; the next node's noise is not drawn yet: no events
 STALE = 3  # persisted, but the fresh draw after the write failed: no events until it succeeds
 REBUILD = 4  # shadow level resumed from flash: holds the snapshot S; needs Z_int' and a new shadow
-
-
-def _log(msg):
-    print("pansketch: " + msg)
 
 
 # -- the tree-mode state file (docs/FORMAT.md section 6) --------------------
@@ -174,18 +170,12 @@ def _tree_complete(path):
     return storage.complete(path, _THDR_LEN, TREE_MAGIC, _tree_body)
 
 
-class TreeRecorder:
-    """The device core in tree mode (same interface as agent.recorder.Recorder)."""
+class TreeRecorder(Core):
+    """The device core in tree mode (same interface as agent.recorder.Recorder;
+    the outbox, the draws and the commit are agent.accum.Core's)."""
 
     def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
-        self.p = params
-        self.root = root
-        self.rng = rng if rng is not None else Rng()
-        self.log = log if log is not None else _log
-        storage.makedirs(root)
-        self.outbox = storage.Outbox(root, outbox_max)
-        self.state_path = storage.join(root, "state.bin")
-        self.marker_path = storage.join(root, "released")
+        self._setup(params, root, now, rng, log, outbox_max)
         n = params.d * params.w
         L = params.levels
         # L accumulators (one per level) and one shared scratch buffer
@@ -208,8 +198,6 @@ class TreeRecorder:
         self.state_keys = []  # (elo, ehi, part) of the nodes in the last state file written
         self.seq = 0
         self.resumed = False
-        self._unrenamed = False  # a committed release's rename failed: finished at the next tick
-        self.last_persist = now
         self._boot(now)
 
     # -- leaf view (what the daemon and firmware schedule on) -------------
@@ -239,42 +227,11 @@ class TreeRecorder:
                 a.append(self.nodes[lv])
         self.sketch.counters = self.nodes[0]
 
-    def _wipe(self):
-        zero(self.relbuf)
-
-    def _fresh(self, lv):
-        """relbuf = one fresh internal draw per cell at level lv's scheme's scale."""
-        draw_into(self.relbuf, self.p.internal_noise(self.shs[lv]), self.rng)
-
-    def _draw_shadow(self, lv):
-        """shadows[lv] = a fresh G (zeroed first; wiped again if the draw fails)."""
+    def _shadow(self, lv):
+        """Level lv's shadow M, allocated on first use."""
         if self.shadows[lv] is None:
             self.shadows[lv] = new_counters(len(self.relbuf))
-        draw_into(self.shadows[lv], self.p.internal_noise(True), self.rng)
-
-    def _refresh(self, lv):
-        """After a persist: refresh, nodes[lv] += one fresh draw; shadow,
-        shadows[lv] += one fresh G (mod 2**32). The draw leaves RAM."""
-        self._fresh(lv)
-        sh = self.shs[lv]
-        add_staged(self.relbuf, self.shadows[lv] if sh else self.nodes[lv])
-        if sh:
-            self.nzms[lv] += 1
-        else:
-            self.nzs[lv] += 1
-
-    def _rebuild(self, lv):
-        """Shadow level resumed from flash (nodes[lv] = S): R = S + Z_int',
-        M = Z_int' + G', as agent.recorder.Recorder._resume_shadow."""
-        self._fresh(lv)
-        try:
-            self._draw_shadow(lv)
-        except BaseException:
-            self._wipe()
-            raise
-        add_staged(self.relbuf, self.nodes[lv], self.shadows[lv])
-        self.nzs[lv] += 1
-        self.nzms[lv] = self.nzs[lv]
+        return self.shadows[lv]
 
     def _open(self, lv, cur=None):
         """Open level lv's next node (lo/parts already set): a fresh Z_int
@@ -288,17 +245,10 @@ class TreeRecorder:
         if not sh and self.shadows[lv] is not None:  # the config's scheme is refresh (migrated level)
             zero(self.shadows[lv])
             self.shadows[lv] = None
-        self._fresh(lv)
         if sh:
-            try:
-                self._draw_shadow(lv)
-            except BaseException:
-                self._wipe()
-                raise
-            m = self.shadows[lv]
-            b = self.relbuf
-            for i in range(len(m)):
-                m[i] = wrap32(m[i] + b[i])
+            self._shadow_pair(self._shadow(lv))  # relbuf = Z_int, M = Z_int + G_0
+        else:
+            self._fresh(False)
         self.nodes[lv], self.relbuf = self.relbuf, self.nodes[lv]
         self._wipe()
         self.nzs[lv] = 1
@@ -314,11 +264,23 @@ class TreeRecorder:
                 if st == PENDING:
                     self._open(lv, cur)
                 elif st == STALE:
-                    self._refresh(lv)
+                    # after a persist: refresh, nodes[lv] += one fresh draw; shadow, shadows[lv] += one
+                    # fresh G (mod 2**32). The draw leaves RAM.
+                    sh = self.shs[lv]
+                    self._fresh(sh)
+                    add_staged(self.relbuf, self.shadows[lv] if sh else self.nodes[lv])
+                    if sh:
+                        self.nzms[lv] += 1
+                    else:
+                        self.nzs[lv] += 1
                     self.status[lv] = OPEN
                     self._arrays()
                 elif st == REBUILD:
-                    self._rebuild(lv)
+                    # a shadow level resumed from flash (nodes[lv] = S): R = S + Z_int', M = Z_int' + G'
+                    # (agent.accum.Core._shadow_pair)
+                    self._shadow_pair(self._shadow(lv), self.nodes[lv])
+                    self.nzs[lv] += 1
+                    self.nzms[lv] = self.nzs[lv]
                     self.status[lv] = OPEN
                     self._arrays()
             except Exception as exc:  # MemoryError, NoEntropyError: retry at the next tick
@@ -362,11 +324,7 @@ class TreeRecorder:
     def _boot(self, now):
         marks = storage.read_markers(self.marker_path)
         last = marks[-1][0] if marks else None
-        for s in self.outbox.uncommitted():
-            if last is not None and s <= last:
-                storage.rename(self.outbox.path(s, ".tmp"), self.outbox.path(s))
-            else:
-                storage.remove(self.outbox.path(s, ".tmp"))
+        self._recover(last)
         cur = now // self.p.epoch_s
         L = len(self.nodes)
         st = read_tree_state(self.state_path, self._fp, self.nodes)
@@ -452,12 +410,7 @@ class TreeRecorder:
         Returns the number of releases committed.
         """
         cur = now // self.p.epoch_s
-        if self._unrenamed:
-            try:
-                self.outbox.finish(self.seq)  # a committed release whose rename failed
-                self._unrenamed = False
-            except Exception:
-                pass  # retried at the next tick
+        self._finish_rename()
         self._retry(cur)
         changed = False
         for lv in range(len(self.nodes)):
@@ -466,18 +419,7 @@ class TreeRecorder:
                 changed = True
         if changed:
             self._arrays()
-        n = 0
-        for lv in range(len(self.nodes)):
-            if self.status[lv] != CLOSED:
-                continue
-            if not self._release(lv, now, cur):
-                break  # outbox full or no noise: retry this node (and the later ones) next tick
-            n += 1
-            try:
-                self._open(lv, cur)
-            except Exception as exc:
-                self.log("release committed, but the noise of level %d's next node failed (%r); retrying"
-                         % (lv, exc))
+        n = self._release_nodes(now, cur, False)
         if now - self.last_persist >= self.p.persist_s:
             self.persist(now)
         return n
@@ -486,20 +428,7 @@ class TreeRecorder:
         """Release every node now (end of a batch input); each continues as its next part."""
         cur = now // self.p.epoch_s
         self._retry(cur)
-        n = 0
-        for lv in range(len(self.nodes)):
-            if self.status[lv] not in (OPEN, CLOSED):
-                continue
-            self.status[lv] = CLOSED
-            self._arrays()
-            if not self._release(lv, now, cur):
-                break
-            n += 1
-            try:
-                self._open(lv, cur)
-            except Exception as exc:
-                self.log("release committed, but the noise of level %d's next node failed (%r); retrying"
-                         % (lv, exc))
+        n = self._release_nodes(now, cur, True)
         # a node closed above whose release failed stays CLOSED; one still in its
         # time re-opens as its next part only after its release (retried at tick)
         return n
@@ -579,69 +508,60 @@ class TreeRecorder:
                 self.state_keys.append((self.lo[lv], self.lo[lv] + (1 << lv), self.parts[lv]))
             self.marks = self._keep(self.marks, None)  # lines about older state files are not needed
         self._retry(None)
-        if err is None:
-            return True
-        if not isinstance(err, Exception):
-            raise err
-        self.log("cannot persist state (%s); counting continues in RAM" % (err,))
-        return False
+        return self._failed(err, "cannot persist state (%s); counting continues in RAM")
 
     # -- releases --------------------------------------------------------
+    def _release_nodes(self, now, cur, flush):
+        """Release every CLOSED node (flush: every OPEN one too, closed first) in level
+        order, each followed by its level's next node; the first failure stops (outbox
+        full or no noise: that node and the later ones are retried at the next tick).
+        Returns the number of releases committed."""
+        n = 0
+        for lv in range(len(self.nodes)):
+            st = self.status[lv]
+            if st != CLOSED and not (flush and st == OPEN):
+                continue
+            if flush:
+                self.status[lv] = CLOSED
+                self._arrays()
+            if not self._release(lv, now, cur):
+                break
+            n += 1
+            try:
+                self._open(lv, cur)
+            except Exception as exc:
+                self.log("release committed, but the noise of level %d's next node failed (%r); retrying"
+                         % (lv, exc))
+        return n
+
     def _release(self, lv, now, cur):
-        """Commit node lv (state + Z_out) to the outbox. True if committed;
-        then the level's key moves on to its next node (PENDING) before the
-        rename, so nothing can release or persist the released array again."""
-        rel = self.relbuf
-        c = self.nodes[lv]
-        for i in range(len(c)):
-            rel[i] = c[i]
-        try:
-            add_noise(rel, self.p.noise, self.rng)  # fresh Z_out (output noise: L arrays, both schemes)
-        except BaseException as exc:
-            self._wipe()
-            if not isinstance(exc, Exception):
-                raise
-            self.log("cannot draw the output noise of release %d (%r); retrying" % (self.seq, exc))
-            return False
+        """Commit node lv (state + Z_out; agent.accum.Core._commit) to the outbox.
+        True if committed; then the level's key moves on to its next node
+        (PENDING) before the rename, so nothing can release or persist the
+        released array again. Output noise: L arrays, both schemes."""
         s = self.seq
         elo = self.lo[lv]
         ehi = elo + (1 << lv)
         part = self.parts[lv]
-        tmp = self.outbox.path(s, ".tmp")
-        nz = self.nzs[lv] + 1
         marks = self._keep(self.marks + [(s, elo, ehi, part)], cur)
-        err = None
-        try:
-            if self.outbox.full():
-                raise OSError("outbox holds its limit of %d releases" % self.outbox.limit)
-            storage.write_atomic(
-                tmp, lambda write: release.encode_to(self.p, s, elo, ehi, part, rel, write, nz, lv,
-                                                     self.p.internal_noise(self.shs[lv])))
-            storage.write_markers(self.marker_path, marks)
-        except BaseException as exc:
-            err = exc
-        self._wipe()  # the staged release leaves RAM on every path
+        err, tried = self._commit(lv, self.nodes[lv], elo, ehi, part, self.nzs[lv] + 1, self.p.internal_noise(self.shs[lv]), marks)
         if err is not None:
             # The node is closed (it counts nothing more), so a stale .tmp = R + Z_out and
             # the later release R + Z_out' are both functions of R plus independent
             # output noise: no fresh draw is needed (docs/PRIVACY.md "Failed commits").
             if not isinstance(err, Exception):
                 raise err
-            storage.remove(tmp)
+            storage.remove(self.outbox.path(s, ".tmp"))
             self.log("cannot write release %d (%s); node [%d, %d) kept, retried at the next tick"
                      % (s, err, elo, ehi))
             return False
+        if not tried:
+            return False  # no output noise: retried at the next tick
         self.marks = marks
         self.seq = s + 1
         self.lo[lv], self.parts[lv] = self._next(lv, cur, elo, part)
         self.status[lv] = PENDING
-        try:
-            storage.rename(tmp, self.outbox.path(s))
-        except BaseException as exc:  # committed (the marker says so): finished at the next tick or boot
-            self._unrenamed = True
-            if not isinstance(exc, Exception):
-                raise
-            self.log("release %d committed, but its rename failed (%r)" % (s, exc))
+        self._rename(s)  # committed (the marker says so): a failed rename is finished at the next tick or boot
         # the persist clock is not reset: the other levels keep counting and
         # must stay durable (every persist_s), unlike a window's fresh accumulator
         return True

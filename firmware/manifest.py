@@ -17,8 +17,9 @@ require("umqtt.simple")  # micropython-lib; our own deterministic CBOR encoder r
 # The device core: only modules that run on MicroPython (agent/daemon.py,
 # config.py, sources.py and publisher.py are the CPython Pi daemon).
 CORE = (
-    "__init__.py", "acks.py", "calibrate.py", "cbor.py", "dbits.py", "dcs.py", "strhh.py", "hashing.py", "levels.py",
-    "noise.py", "params.py", "recorder.py", "recorders.py", "release.py", "rng.py", "sketch.py", "storage.py", "tree.py",
+    "__init__.py", "accum.py", "acks.py", "calibrate.py", "cbor.py", "dbits.py", "dcs.py", "strhh.py", "hashing.py",
+    "levels.py", "noise.py", "params.py", "recorder.py", "recorders.py", "release.py", "rng.py", "sketch.py",
+    "storage.py", "tree.py",
 )
 FIRMWARE = (
     "__init__.py", "app.py", "clock.py", "config.py", "memory.py", "mqtt.py", "wifi.py",

@@ -39,9 +39,9 @@ checked with ``report()`` on the real board.
 # .py / .mpy: the WebAssembly VM (tests/test_firmware_memory.py, bench-results/firmware.json);
 # frozen: the 32-bit Unix port with the firmware frozen into its image (tests/mpunix/build-frozen.sh;
 # tests/test_firmware_unix_frozen.py re-measures it, bench-results/firmware-unix.json "frozen").
-CODE_PY = 105100     # live heap of core + firmware + umqtt.simple imported from .py sources
-CODE_MPY = 71800     # ... imported from .mpy files (deploy/flash.sh --mpy)
-CODE_FROZEN = 13400  # ... frozen into the image (measured 13,360 B: module dicts, functions, classes;
+CODE_PY = 108100     # live heap of core + firmware + umqtt.simple imported from .py sources
+CODE_MPY = 73100     # ... imported from .mpy files (deploy/flash.sh --mpy)
+CODE_FROZEN = 13750  # ... frozen into the image (measured 13,696-13,728 B: module dicts, functions, classes;
                      # the bytecode stays in flash)
 APP_FIXED = 4000     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
                      # (3.9 KB in the WebAssembly VM, 3.8 KB in the frozen Unix port)
@@ -51,9 +51,10 @@ BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
 TREE_CODE_PY = 2200  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
-                     # (.py, measured in the VM: 2,112 B after this round's recorder/tree refactor; was 4.4 KB)
-TREE_CODE_MPY = 2500  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; tree.py alone 8.6 KB)
-TREE_CODE_FROZEN = 300   # ... frozen (measured in the frozen Unix port: agent/tree.py 2,192 B, agent/recorder.py 1,904 B)
+                     # (.py, measured in the VM on top of the firmware's other modules: 2,160 B; both modes
+                     # load their shared core agent/accum.py)
+TREE_CODE_MPY = 2550  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py: 2,544 B)
+TREE_CODE_FROZEN = 400   # ... frozen (measured in the frozen Unix port on top of the firmware's modules: 352 B)
 # tree mode, measured in the VM (host_tools/bench/core.py --tree-only, bench-results/tree.json):
 # microseconds per event (SHA-256 + counter updates of every level), cs d=4 w=256
 TREE_US_PER_EVENT = {1: 14.0, 8: 37.0, 12: 54.0, 16: 64.0, 24: 88.0}

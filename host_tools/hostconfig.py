@@ -172,12 +172,6 @@ class HostConfig:
 
 
 # -- helpers ---------------------------------------------------------------
-
-
-
-
-
-
 def _fraction_float(sec: dict[str, Any], secname: str, key: str, default: float) -> float:
     """A probability in (0, 1) given as a number or a string ('1e-6', '1/1000000')."""
     if key not in sec:
@@ -232,32 +226,8 @@ def _amqp_nodes(b: dict[str, Any], host: str, port: int) -> tuple[tuple[str, int
 
 
 # -- loading ---------------------------------------------------------------
-def loads(text: str, base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
-    """Parse and validate a config given as TOML text."""
-    return from_dict(tomlconf.parse(text), base_dir, path)
-
-
-def load(path: str) -> HostConfig:
-    """Read and validate a config file (raises :class:`ConfigError`)."""
-    raw, base_dir = tomlconf.read(path)
-    return from_dict(raw, base_dir, path)
-
-
-def load_for_command(path: str) -> Optional[HostConfig]:
-    """:func:`load` for a command's ``--config``: None where the file is unreadable or invalid, after the
-    one-line ``pansketch: config error: ...`` on stderr (the command then exits 2)."""
-    try:
-        return load(path)
-    except ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
-        return None
-
-
 def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = None) -> HostConfig:
-    tomlconf.check_sections(raw, SECTIONS)
-
-    def sec(name: str) -> dict[str, Any]:
-        return raw.get(name, {})
+    sec = tomlconf.sections(raw, SECTIONS)
 
     # [broker]
     b = sec("broker")
@@ -277,10 +247,8 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     )
     if not broker.host:
         raise ConfigError("broker.host", "must not be empty")
-    if broker.reconnect_max_s < broker.reconnect_min_s:
-        raise ConfigError("broker.reconnect_max_s", "must be at least reconnect_min_s")
-    if broker.password is not None and broker.username is None:
-        raise ConfigError("broker.username", "is required when a password is set")
+    tomlconf.check_client("broker", broker.username, broker.password, broker.reconnect_min_s,
+                          broker.reconnect_max_s)
     broker.kind = _get(b, "broker", "kind", str, "mosquitto")
     if broker.kind not in ("mosquitto", "rabbitmq"):
         raise ConfigError("broker.kind", "must be 'mosquitto' or 'rabbitmq', got %r" % broker.kind)
@@ -373,6 +341,20 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", 0.0) if "late_grace_s" in stc
                           else None)
     return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, path=path)
+
+
+# loads(text, base_dir=".", path=None) and load(path): parse and validate (raise ConfigError)
+loads, load = tomlconf.loaders(from_dict)
+
+
+def load_for_command(path: str) -> Optional[HostConfig]:
+    """:func:`load` for a command's ``--config``: None where the file is unreadable or invalid, after the
+    one-line ``pansketch: config error: ...`` on stderr (the command then exits 2)."""
+    try:
+        return load(path)
+    except ConfigError as exc:
+        print("pansketch: config error: %s" % exc, file=sys.stderr)
+        return None
 
 
 def default_client_id(cfg: HostConfig) -> str:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
-from agent import calibrate, noise, recorder
+from agent import accum, calibrate, noise
 from agent.noise import NoiseSpec, wrap32
 from agent.recorder import Recorder
 from agent.rng import Rng
@@ -54,7 +54,7 @@ def _patch(obj: object, name: str, value: object) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _skip_noise_in(method: str, cls: type = Recorder, module: object = recorder) -> Iterator[None]:
+def _skip_noise_in(method: str, cls: type = Recorder, module: object = accum) -> Iterator[None]:
     """add_noise does nothing while cls.<method> runs (``module``: where cls finds add_noise)."""
     depth = [0]
     real_add = module.add_noise  # type: ignore[attr-defined]
@@ -116,18 +116,17 @@ CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "rng-tail-kept": lambda: _patch(Rng, "wipe", lambda self: None),
 }
 
-# the hook patches the names the Recorder calls
-assert noise.add_noise is recorder.add_noise and noise.draw_into is recorder.draw_into
+# the hook patches the names the recorders call (agent/accum.py draws every noise array of both)
+assert noise.add_noise is accum.add_noise and noise.draw_into is accum.draw_into
 
 
 def _tree_controls() -> dict[str, Callable[[], contextlib.AbstractContextManager[None]]]:
     """The same defects in tree mode (agent/tree.py's TreeRecorder)."""
     from agent import tree
 
-    assert noise.add_noise is tree.add_noise and noise.draw_into is tree.draw_into
     return {
-        "tree-output-noise-skipped": lambda: _skip_noise_in("_release", tree.TreeRecorder, tree),
-        "tree-fresh-draw-skipped": lambda: _skip_noise_in("_retry", tree.TreeRecorder, tree),
+        "tree-output-noise-skipped": lambda: _skip_noise_in("_release", tree.TreeRecorder),
+        "tree-fresh-draw-skipped": lambda: _skip_noise_in("_retry", tree.TreeRecorder),
         # not "scale halved": halving t with L = 2 levels doubles the per-node
         # epsilon only up to the claim; beating it needs the evidence of all L
         # nodes summed, and the distinguisher tests one combination of arrays

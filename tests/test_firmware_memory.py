@@ -49,8 +49,8 @@ def _compile_mpy(dest: Path) -> int:
 
 
 RUNTIME = ["agent/__init__", "agent/rng", "agent/noise", "agent/calibrate", "agent/hashing", "agent/sketch",
-           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/recorder",
-           "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
+           "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/accum",
+           "agent/recorder", "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
            "firmware/sources/uart", "firmware/wifi", "firmware/mqtt", "firmware/app", "umqtt/simple"]
 
 
@@ -236,26 +236,24 @@ def test_tree_mode_on_the_board_per_cell_and_code(tmp_path):
     # the noise draws' garbage): 0.6 B of tolerance, about 2 % of the model
     assert abs(per_cell - memory.cell_bytes(lv)) < 0.6, per_cell
     # tree mode's code against window mode's: agent/tree.py is loaded instead of agent/recorder.py
-    # (agent.recorders.make imports only the one it needs); TREE_CODE_* is that difference
-    base = "import gc\nfrom agent import recorders, sketch, storage, release\ngc.collect()"
-
-    def net(pre: str, mounts: dict | None = None) -> tuple[int, str]:
+    # (agent.recorders.make imports only the one it needs); TREE_CODE_* is that difference, measured on top
+    # of the firmware's other modules as a board has them loaded (their names are already interned there)
+    def net(pre: str, mounts: dict) -> tuple[int, str]:
         got = {}
         for mod in ("recorder", "tree"):
-            r = mpvm.run([pre + base, "import agent.%s\ngc.collect()\nprint('@f', agent.%s.__file__)" % (mod, mod)],
-                         heap=160 * 1024, mounts=mounts).check()
+            r = mpvm.run([S.PRELUDE + FAKES + pre + BASE_IMPORTS + "gc.collect()",
+                          "import agent.%s\ngc.collect()\nprint('@f', agent.%s.__file__)" % (mod, mod)],
+                         heap=160 * 1024, mounts={**S.MOUNTS, **mounts}).check()
             got[mod] = (r.live[1] - r.live[0], r.values()["f"])
         return got["tree"][0] - got["recorder"][0], got["tree"][1]
 
-    tree_py, f = net("")
+    tree_py, f = net("", {})
     assert f.endswith("tree.py")
     RESULTS.update(tree_bytes_per_cell_L6=per_cell, tree_code_py=tree_py)
     if S.mpy_cross():
         d = tmp_path / "mpy"
-        for m in ("__init__", "tree", "recorder", "recorders", "sketch", "storage", "release", "noise", "rng",
-                  "hashing", "cbor", "calibrate", "params"):
-            S.mpy_compile(S.REPO / "agent" / (m + ".py"), d / "agent" / (m + ".mpy"))
-        tree_mpy, f = net("import sys\nsys.path.insert(0, '/mpy')\n", {"/mpy": d})
+        _compile_mpy(d)
+        tree_mpy, f = net("sys.path.insert(0, '/mpy')\n", {"/mpy": d})
         assert f.endswith("tree.mpy")
         RESULTS.update(tree_code_mpy=tree_mpy)
         assert 0.7 * memory.TREE_CODE_MPY <= tree_mpy <= 1.05 * memory.TREE_CODE_MPY, tree_mpy
