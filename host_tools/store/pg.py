@@ -19,8 +19,11 @@ database, not a process, enforces:
   every group of every aggregator locked the same hot row until its commit
   (fsync included), so aggregators took turns and two were slower than one.
   Queries add up all rows of a window (host_tools.query.core);
-* a deadlock or serialisation failure (SQLSTATE 40P01, 40001) rolls the
-  group back and retries it.
+* lock order: a group's releases go in key order (device, elo, ehi, part),
+  so writers that meet on the same new devices or re-sent keys wait for
+  each other instead of deadlocking; a deadlock or serialisation failure
+  (SQLSTATE 40P01, 40001) that still happens rolls the group back and
+  retries it.
 
 Each group commit is one transaction (``synchronous_commit`` as the server
 is configured: on by default, so a commit is durable before the
@@ -241,6 +244,11 @@ class PgStore(SQLStore):
             p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
             if p.status == "" and p.rel is not None and not self._quarantined(cur, p, logged):
                 todo.append(p)
+        # key order: concurrent writers take release keys and new devices' rows in one order, so two
+        # aggregators storing overlapping groups (a fleet's first releases, re-sends) wait for each other
+        # instead of deadlocking (each deadlock stalled both for deadlock_timeout, 1 s, and the loser's
+        # group was rolled back and stored again: two aggregators ran slower than one)
+        todo.sort(key=_key_order)
         if todo:
             cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
                             [_put_args(p) for p in todo], returning=True)
@@ -286,6 +294,12 @@ class PgStore(SQLStore):
             cur = self._cursor()
             cur.execute(self._sql(sql), tuple(args))
             return [tuple(r) for r in cur.fetchall()]
+
+
+def _key_order(p: Pending) -> tuple[Any, ...]:
+    rel = p.rel
+    assert rel is not None
+    return rel.key
 
 
 def _put_args(p: Pending) -> tuple[Any, ...]:
