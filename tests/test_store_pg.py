@@ -244,6 +244,34 @@ def test_concurrent_groups_with_the_same_new_devices_do_not_deadlock(dsn):
                          ).fetchone()[0] == 0
 
 
+def test_an_aggregator_starting_beside_a_running_one_takes_no_table_locks(dsn):
+    """Opening a database this code has set up runs no DDL: with a group of another aggregator in
+    progress (its row locks and ROW EXCLUSIVE table locks held), a new aggregator's store opens at once
+    and stores (before, its ALTER TABLE waited for that group and stalled every later one)."""
+    import threading
+
+    import psycopg
+
+    open_store(dsn).close()
+    group = psycopg.connect(dsn)  # a group in progress: ROW EXCLUSIVE on the tables a group writes
+    for t in ("releases", "devices", "rollups", "rollup_devices", "rollup_noise", "duplicates"):
+        group.execute("LOCK TABLE %s IN ROW EXCLUSIVE MODE" % t)
+    opened: list[Any] = []
+    th = threading.Thread(target=lambda: opened.append(open_store(dsn)), daemon=True)
+    th.start()
+    th.join(10)
+    try:
+        assert opened, "the new aggregator waited for the running group's locks"
+        p = params("pg-late", w=16)
+        assert opened[0].insert(decode(encoded(p, fill=1))) == "stored"
+    finally:
+        group.rollback()
+        group.close()
+        th.join(30)
+        for st in opened:
+            st.close()
+
+
 def test_bad_dsn_and_server_down_say_what_is_wrong(server, dsn):
     with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x"):
         open_store("postgresql://postgres:secret@127.0.0.1:1/x", timeout=2)

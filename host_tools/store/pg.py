@@ -135,6 +135,20 @@ $f$
        "vals": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
 
 
+def _setup_id() -> str:
+    """Names this code's PostgreSQL set-up (tables, columns, storage, indexes, functions): a database
+    whose meta 'pg_setup' holds it is opened without any DDL."""
+    import hashlib
+    import inspect
+
+    try:
+        code = inspect.getsource(PgStore._init_schema)
+    except (OSError, TypeError):  # no source (a frozen install): the DDL text alone
+        code = ""
+    text = "\n".join(pg_schema()) + _PUT_FN + code
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class PgStore(SQLStore):
     """The release store in the PostgreSQL database ``dsn``."""
 
@@ -211,6 +225,20 @@ class PgStore(SQLStore):
 
     def _init_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(7243310)")  # aggregators starting together create it once
+        # A database this code has set up already needs no DDL: ALTER TABLE, CREATE INDEX IF NOT EXISTS and
+        # CREATE OR REPLACE FUNCTION lock the tables (ACCESS EXCLUSIVE, SHARE) to the end of this
+        # transaction, so an aggregator starting beside running ones stalled their groups and could
+        # deadlock with them (it held rollups while waiting for releases, a running group the reverse).
+        cur.execute("SELECT to_regclass('meta') IS NOT NULL")
+        if cur.fetchone()[0]:
+            cur.execute("SELECT value FROM meta WHERE key = 'pg_setup'")
+            row = cur.fetchone()
+            if row is not None and row[0] == _SETUP_ID:
+                # ... and its release columns are all there (a catalog read, no table lock)
+                cur.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'releases'::regclass "
+                            "AND NOT attisdropped AND attname = ANY(%s)", ([name for name, _d, _x in _ADDED],))
+                if cur.fetchone()[0] == len(_ADDED):
+                    return
         for stmt in pg_schema():
             cur.execute(stmt)
         # releases are written once and rarely read; counters hardly compress: no pglz on every insert
@@ -231,6 +259,8 @@ class PgStore(SQLStore):
         if cur.fetchone() is None:
             self._rebuild_rollups(cur)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+        cur.execute("INSERT INTO meta (key, value) VALUES ('pg_setup', %s) ON CONFLICT (key) DO UPDATE "
+                    "SET value = excluded.value", (_SETUP_ID,))
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool,
                seen: dict[str, tuple[Any, ...]]) -> None:
@@ -294,6 +324,9 @@ class PgStore(SQLStore):
             cur = self._cursor()
             cur.execute(self._sql(sql), tuple(args))
             return [tuple(r) for r in cur.fetchall()]
+
+
+_SETUP_ID = _setup_id()
 
 
 def _key_order(p: Pending) -> tuple[Any, ...]:
