@@ -605,6 +605,58 @@ def bench_pg(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> di
     return pg
 
 
+def bench_pg_rows(srv: Any, msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
+    """Bytes on disk per stored release in PostgreSQL, measured: the releases table (heap, TOAST,
+    indexes), the roll-up tables, WAL; then every payload pruned (retention) and the table rewritten
+    (VACUUM FULL): the bytes a pruned release keeps. For the capacity plan (bench/capacity.py)."""
+    import psycopg
+
+    from host_tools.ingest.decode import decode
+    from host_tools.store.core import Pending
+    from host_tools.store.pg import PgStore
+
+    dsn = srv.create_database("rows")
+    st = PgStore(dsn)
+    rels = [decode(p, t) for t, p in msgs]
+    rels.sort(key=lambda r: (r.elo, r.dev))  # a fleet: every device's release of a window, window by window
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def one(sql: str, args: tuple[Any, ...] = ()) -> Any:
+            row = conn.execute(sql, args).fetchone()
+            assert row is not None
+            return row[0]
+
+        lsn0 = _lsn(one("SELECT pg_current_wal_lsn()::text"))
+        now = time.time()
+        for i in range(0, len(rels), 256):
+            st.commit_group([Pending(r.payload, "pansketch/%s/release" % r.dev, now, rel=r, device=r.dev)
+                             for r in rels[i:i + 256]])
+        wal = _lsn(one("SELECT pg_current_wal_lsn()::text")) - lsn0
+        conn.execute("VACUUM ANALYZE")
+
+        def size(tables: tuple[str, ...]) -> int:
+            return sum(int(one("SELECT pg_total_relation_size(%s)", (t,))) for t in tables)
+
+        n = len(rels)
+        rtabs = ("releases", "devices")
+        utabs = ("rollups", "rollup_noise", "rollup_devices")
+        windows = len({r.win for r in rels})
+        out = {"releases": n, "devices": len({r.dev for r in rels}), "windows": windows,
+               "release_bytes": len(rels[0].payload),
+               "releases_table_bytes_per_release": round(size(rtabs) / n),
+               "rollup_bytes_per_window": round(size(utabs) / windows),
+               "rollup_bytes_per_release": round(size(utabs) / n),
+               "wal_bytes_per_release_groups_of_256": round(wal / n)}
+        for t in utabs:  # per row: a window's sums (8 d w bytes) once per writer shard; a row per device
+            rows = int(one("SELECT count(*) FROM %s" % t))
+            out["%s_bytes_per_row" % t] = round(size((t,)) / max(1, rows))
+        while st.prune(time.time() + 1, limit=5000):
+            pass
+        conn.execute("VACUUM FULL releases")
+        out["pruned_releases_table_bytes_per_release"] = round(size(rtabs) / n)
+    st.close()
+    return out
+
+
 def _sqlite_key(k: int) -> str:
     return "aggregator_sqlite" if k == 1 else "%d_aggregators_sqlite" % k
 
@@ -682,6 +734,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             srv = pgserver.PgServer.start(fsync=True)
             try:
                 res["ingest_postgresql"] = bench_pg(srv, msgs, args, tmp)
+                res["ingest_postgresql"]["bytes"] = bench_pg_rows(srv, msgs)
+                print("PostgreSQL bytes:", json.dumps(res["ingest_postgresql"]["bytes"]), flush=True)
             finally:
                 srv.stop()
     if "query" not in skip:
