@@ -128,10 +128,12 @@ def pair() -> Iterator[tuple[pgserver.PgServer, pgserver.PgServer, str, str]]:
     try:
         dsn = primary.create_database("fleet")
         open_store(dsn).close()  # the aggregator's schema
-        standby = primary.standby("pansketch_standby")
         with psycopg.connect(primary.dsn(), autocommit=True) as c:  # OPERATIONS.md: synchronous replication
+            # (set before the base backup here, so the standby inherits it, as a re-built one would:
+            # the failover's step 3 clears it on the promoted node)
             c.execute("ALTER SYSTEM SET synchronous_standby_names = 'pansketch_standby'")
             c.execute("SELECT pg_reload_conf()")
+        standby = primary.standby("pansketch_standby")
         sdsn = "postgresql://postgres@127.0.0.1:%d/fleet" % standby.port
         deadline = time.monotonic() + 30
         with psycopg.connect(primary.dsn(), autocommit=True) as c:
@@ -216,11 +218,14 @@ def test_failover_promote_the_standby_and_repoint_the_aggregator_nothing_stored_
     with pytest.raises(Exception):
         agg.handle_many(in_flight)
     agg.close()
-    # the documented steps: 1. pg_ctl promote on the standby
+    # the documented steps (1. the old primary stays down): 2. pg_ctl promote on the standby
     standby.promote()
     with psycopg.connect(sdsn, autocommit=True) as c:
         assert c.execute("SELECT pg_is_in_recovery()").fetchone()[0] is False
-    # 2. point [aggregator] db at the promoted node and start the aggregator again
+        # 3. no synchronous standby to wait for until a new one streams
+        c.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        c.execute("SELECT pg_reload_conf()")
+    # 4. point [aggregator] db at the promoted node and start the aggregator again
     conf = _conf(str(tmp_path / "promoted.toml"), sdsn)
     agg2 = Aggregator(hostconfig.load(conf))
     try:

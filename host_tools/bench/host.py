@@ -299,7 +299,7 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             t_all = time.perf_counter() - t0
             stored = _count(db)
         for pid, role in roles.items():  # CPU seconds per role over the run (all aggregators together)
-            cpu[role] = cpu.get(role, 0.0) + _cpu_s(pid) - cpu0[pid]
+            cpu[role] = cpu.get(role, 0.0) + max(0.0, _cpu_s(pid) - cpu0[pid])  # 0: gone (an autovacuum worker)
         for pub in pubs:
             pub.join(30)
     finally:
