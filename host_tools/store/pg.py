@@ -42,7 +42,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import json
 
 from host_tools.store.records import Rejected
-from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError,
+from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
                               insert_values)
 
 _SERIALS = itertools.count()
@@ -298,6 +298,50 @@ class PgStore(SQLStore):
                 self._total(totals, p)
             logged[0] += len(rej)
         self._close_group(cur, todo, logged, totals)
+
+    def _apply_rollups(self, cur: Any, accs: dict[tuple[Any, ...], _Acc]) -> None:
+        """SQLStore._apply_rollups in two pipelined round trips instead of three per roll-up row: the
+        rows (this writer's shard) created if missing, locked and read, all at once (binary: no hex
+        text for the sums); then every update and the noise and device rows. While a group's
+        transaction waited for each of those round trips, its session sat idle in the transaction."""
+        if not accs:
+            return
+        import numpy as np
+
+        keys = sorted(accs)
+        shard = self._rollup_shard if self._rollup_shard is not None else 0
+        cols = "win_s, win, kind, d, w, hv, salt, shard"
+        cur.executemany("INSERT INTO rollups (%s, releases, t0, t1, sums) VALUES (%s, 0, %%s, %%s, %%s) "
+                        "ON CONFLICT (%s) DO NOTHING" % (cols, ", ".join(["%s"] * 8), cols),
+                        [k + (shard, accs[k].t0, accs[k].t1, np.zeros(k[3] * k[4], dtype="<i8").tobytes())
+                         for k in keys])
+        with self.conn.cursor(binary=True) as bcur:
+            bcur.executemany("SELECT id, releases, t0, t1, sums FROM rollups WHERE win_s = %s AND win = %s "
+                             "AND kind = %s AND d = %s AND w = %s AND hv = %s AND salt = %s AND shard = %s "
+                             "FOR UPDATE", [k + (shard,) for k in keys], returning=True)
+            rows = []
+            while True:
+                rows.append(bcur.fetchone())
+                if not bcur.nextset():
+                    break
+        if len(rows) != len(keys) or any(r is None for r in rows):
+            raise StoreError("roll-up rows missing after their insert (%d of %d)" % (len(rows), len(keys)))
+        ups, noise, devs = [], [], []
+        for k, (rid, n, t0, t1, blob) in zip(keys, rows):
+            acc = accs[k]
+            sums = np.frombuffer(blob, dtype="<i8").reshape(k[3], k[4]) + acc.sums
+            ups.append((int(n) + acc.releases, min(int(t0), acc.t0), max(int(t1), acc.t1),
+                        sums.astype("<i8").tobytes(), rid))
+            noise += [(rid, mech, num, den, c) for (mech, num, den), c in sorted(acc.noise.items())]
+            devs += [(rid, dev) for dev in sorted(acc.devices)]
+        cur.executemany("UPDATE rollups SET releases = %s, t0 = %s, t1 = %s, sums = %s WHERE id = %s", ups)
+        if noise:
+            cur.executemany("INSERT INTO rollup_noise (rollup, mech, num, den, count) VALUES (%s, %s, %s, %s, %s) "
+                            "ON CONFLICT (rollup, mech, num, den) DO UPDATE "
+                            "SET count = rollup_noise.count + excluded.count", noise)
+        if devs:
+            cur.executemany("INSERT INTO rollup_devices (rollup, device) VALUES (%s, %s) "
+                            "ON CONFLICT (rollup, device) DO NOTHING", devs)
 
     def _meta(self, key: str) -> Optional[str]:
         try:
