@@ -11,7 +11,9 @@ Inputs are the JSON files the benchmarks write, nothing else:
   PostgreSQL part): CPU microseconds per release of each process of the
   ingest path (aggregator, its MQTT and validation helpers, mosquitto,
   the PostgreSQL sessions and background processes) as medians over the
-  runs with one aggregator, and bytes per release measured in the
+  runs with one aggregator, the rate one aggregator stored (a ceiling
+  per aggregator: its writer commits one group at a time), and bytes per
+  release measured in the
   database (releases table with TOAST and indexes, a pruned release's
   row, roll-up rows, WAL);
 * ``--soak``: ``python -m host_tools.bench.soak``: the broker's resident
@@ -56,6 +58,7 @@ def measured(pg: dict[str, Any], soak: Optional[dict[str, Any]]) -> dict[str, fl
          "rollup_row_bytes": float(b["rollups_bytes_per_row"]),
          "rollup_device_row_bytes": float(b["rollup_devices_bytes_per_row"]),
          "wal_bytes": float(b["wal_bytes_per_release_groups_of_256"]),
+         "aggregator_releases_per_s": statistics.median(r["releases_per_second"] for r in runs),
          "load_1min": statistics.median(x["loadavg_at_start"][0] for x in ing["rounds"])}
     if soak and (soak.get("broker_rss_mb") or {}).get("bytes_per_device_connection"):
         m["broker_bytes_per_connection"] = float(soak["broker_rss_mb"]["bytes_per_device_connection"])
@@ -81,7 +84,8 @@ def plan(m: dict[str, float], n: float, a: argparse.Namespace) -> dict[str, str]
     windows = a.keep_days * per_day
     raw = n * per_day * min(a.retain_days, a.keep_days) * m["row_bytes"]
     pruned = n * per_day * max(0.0, a.keep_days - a.retain_days) * m["pruned_row_bytes"]
-    aggs = max(2, math.ceil(agg_cores / cores))  # >= 2: one may fail or restart
+    # >= 2: one may fail or restart; and no more per aggregator than one stored in the benchmark
+    aggs = max(2, math.ceil(agg_cores / cores), math.ceil(burst / m["aggregator_releases_per_s"]))
     rollups = windows * (aggs * m["rollup_row_bytes"] + n * m["rollup_device_row_bytes"])
     out = {"releases/s (mean)": "%.3g" % rate,
            "releases/s to drain the hourly burst": "%.3g" % burst,
@@ -113,7 +117,8 @@ FORMULAS = {
     "roll-ups": "keep_days x 86400/window_s x (aggregators x rollup_row_bytes + N x rollup_device_row_bytes)",
     "database total": "the three above",
     "aggregator cores at the burst": "burst rate x cpu_aggregator_us / 10^6",
-    "aggregators (hosts)": "max(2, ceil(aggregator cores / (cores_per_host x utilisation)))",
+    "aggregators (hosts)": "max(2, ceil(aggregator cores / (cores_per_host x utilisation)), "
+                           "ceil(burst rate / aggregator_releases_per_s))",
     "PostgreSQL cores at the burst": "burst rate x cpu_postgres_us / 10^6",
     "broker cores at the burst": "burst rate x cpu_broker_us / 10^6 (+ TLS: not measured here)",
     "connections per broker node (memory)": "broker_memory / broker_bytes_per_connection",
