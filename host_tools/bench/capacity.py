@@ -1,6 +1,6 @@
 """Capacity plan from measured per-release costs (deploy/OPERATIONS.md "Capacity plan").
 
-    python -m host_tools.bench.capacity [--pg bench-results/host-pg.json] [--soak bench-results/soak.json]
+    python -m host_tools.bench.capacity [--pg bench-results/host-pg*.json ...] [--soak bench-results/soak.json]
                                         [--devices 1e4,1e5,1e6] [--window-s 3600] [--drain-s 300]
                                         [--retain-days 30] [--keep-days 365] [--cores-per-host 8]
                                         [--utilisation 0.6] [--broker-memory-gb 8] [--out bench-results/capacity.md]
@@ -38,12 +38,15 @@ import sys
 from typing import Any, Optional
 
 
-def measured(pg: dict[str, Any], soak: Optional[dict[str, Any]]) -> dict[str, float]:
-    """The per-release costs the plan uses, from the benchmark files."""
-    ing = pg["ingest_postgresql"]
-    runs = [r["1_aggregators"] for r in ing["rounds"] if "cpu_us_per_release" in r.get("1_aggregators", {})]
-    if not runs:
-        raise SystemExit("capacity: %s has no PostgreSQL run with 1 aggregator" % "--pg")
+def measured(pgs: list[dict[str, Any]], soak: Optional[dict[str, Any]]) -> dict[str, float]:
+    """The per-release costs the plan uses, from the benchmark files (medians over all their rounds)."""
+    ings = [pg["ingest_postgresql"] for pg in pgs if "rounds" in pg.get("ingest_postgresql", {})]
+    rounds = [r for ing in ings for r in ing["rounds"]]
+    runs = [r["1_aggregators"] for r in rounds if "cpu_us_per_release" in r.get("1_aggregators", {})]
+    with_bytes = [ing for ing in ings if "bytes" in ing]
+    if not runs or not with_bytes:
+        raise SystemExit("capacity: no PostgreSQL run with 1 aggregator and measured bytes in --pg")
+    ing = with_bytes[-1]
 
     def med(*roles: str) -> float:
         return statistics.median(sum(r["cpu_us_per_release"].get(k, 0) for k in roles) for r in runs)
@@ -59,7 +62,8 @@ def measured(pg: dict[str, Any], soak: Optional[dict[str, Any]]) -> dict[str, fl
          "rollup_device_row_bytes": float(b["rollup_devices_bytes_per_row"]),
          "wal_bytes": float(b["wal_bytes_per_release_groups_of_256"]),
          "aggregator_releases_per_s": statistics.median(r["releases_per_second"] for r in runs),
-         "load_1min": statistics.median(x["loadavg_at_start"][0] for x in ing["rounds"])}
+         "rounds": float(len(runs)),
+         "load_1min": statistics.median(x["loadavg_at_start"][0] for x in rounds)}
     if soak and (soak.get("broker_rss_mb") or {}).get("bytes_per_device_connection"):
         m["broker_bytes_per_connection"] = float(soak["broker_rss_mb"]["bytes_per_device_connection"])
     return m
@@ -129,9 +133,10 @@ FORMULAS = {
 def table(m: dict[str, float], a: argparse.Namespace) -> str:
     ns = [float(x) for x in a.devices.split(",")]
     cols = [plan(m, n, a) for n in ns]
-    lines = ["Measured inputs (load average %.1f during the PostgreSQL runs):" % m["load_1min"], ""]
+    lines = ["Measured inputs (medians over %d PostgreSQL rounds with one aggregator, load average %.1f):"
+             % (m["rounds"], m["load_1min"]), ""]
     for k, v in m.items():
-        if k != "load_1min":
+        if k not in ("load_1min", "rounds"):
             lines.append("* %s = %s" % (k, ("%.0f" % v) if v >= 10 else ("%.3g" % v)))
     lines += ["", "Parameters: window_s = %g, drain_s = %g, retain_days = %g, keep_days = %g, cores_per_host = %g, "
               "utilisation = %g, broker_memory = %g GB" % (a.window_s, a.drain_s, a.retain_days, a.keep_days,
@@ -145,7 +150,8 @@ def table(m: dict[str, float], a: argparse.Namespace) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pg", default="bench-results/host-pg.json")
+    ap.add_argument("--pg", nargs="+", default=["bench-results/host-pg.json"],
+                    help="bench.host JSON file(s) with the PostgreSQL part")
     ap.add_argument("--soak", default="bench-results/soak.json")
     ap.add_argument("--devices", default="1e4,1e5,1e6")
     ap.add_argument("--window-s", type=float, default=3600.0)
@@ -157,13 +163,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--broker-memory-gb", type=float, default=8.0, help="memory per broker node for sessions")
     ap.add_argument("--out", default="bench-results/capacity.md")
     a = ap.parse_args(argv)
-    with open(a.pg) as f:
-        pg = json.load(f)
+    pgs = []
+    for name in a.pg:
+        with open(name) as f:
+            pgs.append(json.load(f))
     soak = None
     if os.path.exists(a.soak):
         with open(a.soak) as f:
             soak = json.load(f)
-    text = table(measured(pg, soak), a)
+    text = table(measured(pgs, soak), a)
     print(text)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
