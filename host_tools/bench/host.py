@@ -226,7 +226,8 @@ def _env() -> dict[str, str]:
 
 
 def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str, db: Optional[str] = None,
-                 aggregators: int = 1, peer: bool = False, tag: str = "r", pg_pid: Optional[int] = None) -> dict[str, Any]:
+                 aggregators: int = 1, peer: bool = False, tag: str = "r", pg_pid: Optional[int] = None,
+                 already: int = 0) -> dict[str, Any]:
     """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber).
 
     ``pg_pid``: the PostgreSQL postmaster's pid; its processes' CPU is reported as ``postgres sessions``
@@ -294,10 +295,10 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             sub.join(30)
         else:
             assert db is not None
-            while _count(db) < len(msgs) and time.perf_counter() - t0 < 600:
+            while _count(db) < len(msgs) + already and time.perf_counter() - t0 < 600:
                 time.sleep(0.05)
             t_all = time.perf_counter() - t0
-            stored = _count(db)
+            stored = _count(db) - already  # (already: rows stored before the run, --pg-warm)
         for pid, role in roles.items():  # CPU seconds per role over the run (all aggregators together)
             cpu[role] = cpu.get(role, 0.0) + max(0.0, _cpu_s(pid) - cpu0[pid])  # 0: gone (an autovacuum worker)
         for pub in pubs:
@@ -556,12 +557,37 @@ def _groups(tmp: str, tag: str, k: int) -> dict[str, Any]:
     return {"group_commits": int(g), "releases_per_group": round(m / g, 1) if g else None}
 
 
+def _warm(dsn: str, msgs: list[tuple[str, bytes]]) -> int:
+    """``--pg-warm``: the database already knows every device (one earlier release each, stored before
+    the timed run), as in a running fleet; a fresh database makes the first release of each device
+    wait for whichever aggregator inserted its ``devices`` row first."""
+    from host_tools.ingest.decode import decode
+    from host_tools.store.core import Pending
+    from host_tools.store.backend import open_store
+
+    seen: dict[str, Any] = {}
+    for t, p in msgs:
+        r = decode(p, t)
+        if r.dev not in seen:
+            seen[r.dev] = r
+    st = open_store(dsn)
+    group = []
+    for dev, r in seen.items():  # the same parameters, one window before the benchmark's first
+        prm = Params({"device": dev, "salt": SALT, "kind": r.kind, "d": r.d, "w": r.w})
+        ctr = array.array("i", [0] * (r.d * r.w))
+        rel = decode(release.encode(prm, 0, EPOCH0 - 1, EPOCH0, 0, ctr), "pansketch/%s/release" % dev)
+        group.append(Pending(rel.payload, "pansketch/%s/release" % dev, time.time(), rel=rel, device=dev))
+    st.commit_group(group)
+    st.close()
+    return len(group)
+
+
 def bench_pg(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[str, Any]:
     """PostgreSQL ingest with each number of aggregators in ``--pg-aggregators``, ``--rounds`` rounds,
     interleaved with the bare subscriber (the peer) in every round; a fresh database per run."""
     ks = [int(k) for k in args.pg_aggregators.split(",")]
     pg: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir,
-                          "rounds": []}
+                          "warm": bool(args.pg_warm), "rounds": []}
     for r in range(args.rounds):
         rnd: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
         rnd["peer"] = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="pp%d" % r)
@@ -571,11 +597,12 @@ def bench_pg(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> di
         for k in order:
             name = "bench_r%d_k%d" % (r, k)
             dsn = srv.create_database(name)
+            already = _warm(dsn, msgs) if args.pg_warm else 0
             with open(os.path.join(srv.data, "postmaster.pid")) as f:
                 pg_pid = int(f.readline())
             with PgWatch(srv.dsn(), name) as watch:
                 ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k,
-                                    tag="pg%d-%d" % (r, k), pg_pid=pg_pid)
+                                    tag="pg%d-%d" % (r, k), pg_pid=pg_pid, already=already)
             ours["server"] = watch.result(ours.get("received_or_stored", 0))
             ours["server"].update(_groups(tmp, "pg%d-%d" % (r, k), k))
             rnd["%d_aggregators" % k] = ours
@@ -685,6 +712,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--query-windows", type=int, default=168)
     ap.add_argument("--pg-aggregators", default="1,2,4", metavar="N,...",
                     help="PostgreSQL ingest with each of these numbers of aggregators (1,2,4), --rounds rounds")
+    ap.add_argument("--pg-warm", action="store_true",
+                    help="PostgreSQL: each database knows every device before the timed run (a running fleet)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,query")
     ap.add_argument("--out", default="bench-results/host.json")
     args = ap.parse_args(argv)
