@@ -17,13 +17,58 @@ chunk.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections import Counter
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from agent.sketch import Sketch, totals
 
 SMALL = 64  # fewer distinct items than this: the plain path is as fast
+
+
+def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
+    """Count one chunk of complete input lines (``RawLines.data``) into ``sk``.
+
+    Equal to ``add_batch(sk, *parse_lines(data, warn))`` (tests/test_feed_chunks.py). When every
+    line is plain text (valid UTF-8, no TAB weight, no CR) the lines are split and counted as
+    bytes, which are then exactly the UTF-8 the hash reads (hash version 1, ``b"s" + utf8``): no
+    str is made per line, and each distinct line is hashed once from the sketch's prefix state.
+    Anything else takes :func:`agent.sources.parse_lines`.
+    """
+    hs = sk._hs
+    if hs is None or b"\t" in data or b"\r" in data or not _utf8(data):
+        from agent.sources import parse_lines
+
+        items, weights = parse_lines(data, warn)  # type: ignore[arg-type]
+        add_batch(sk, items, weights)
+        del items, weights
+        return
+    agg = Counter(data.split(b"\n"))  # the chunk's exact per-line totals: cleared below
+    agg.pop(b"", None)  # empty lines are ignored (parse_lines)
+    n = len(agg)
+    if not n:
+        return
+    d, w = sk.d, sk.w
+    buf = bytearray()
+    cp = hs.copy
+    for x in agg:
+        h = cp()
+        h.update(x)
+        buf += h.digest()
+    vals = np.fromiter(agg.values(), dtype=np.int64, count=n)
+    agg.clear()
+    _scatter(sk, buf, vals, n, d, w)
+
+
+def _utf8(data: bytes) -> bool:
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")  # strict: valid UTF-8 decodes and re-encodes to the same bytes
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]] = None) -> None:
@@ -47,9 +92,15 @@ def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]]
         vals[i] = agg[x]
         o += nbytes
     agg.clear()
-    st = np.frombuffer(buf, dtype=np.uint8).reshape(n, nbytes)
-    words = np.ascontiguousarray(st[:, :4 * d]).view("<u4").astype(np.int64)  # (n, d)
-    idx = (words & 0x3FFFFFFF) % w + np.arange(d, dtype=np.int64) * w
+    _scatter(sk, buf, vals, n, d, w)
+
+
+def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> None:
+    """Add ``vals[i]`` at every row's cell of hash stream i (``buf``: n streams), then wipe."""
+    st = np.frombuffer(buf, dtype="<u4").reshape(n, len(buf) // (4 * n))  # row r's word: column r
+    words = st[:, :d]
+    idx = (words & 0x3FFFFFFF) % np.uint32(w)  # (n, d) columns, uint32
+    idx += np.arange(0, d * w, w, dtype=np.uint32)  # + r*w: cell index (d*w <= MAX_CELLS < 2**32)
     if sk.signed:
         wts = np.where(words >> 31, -vals[:, None], vals[:, None])
     else:
@@ -61,8 +112,9 @@ def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]]
         cells = np.frombuffer(arr, dtype=np.int32)  # a view: writes go to the array
         cells += add  # int32 arithmetic wraps mod 2**32 (wrap32)
     add.fill(0)
-    for a in (words, idx, vals, tot):
+    for a in (idx, vals, tot):
         a.fill(0)
     if sk.signed:
         wts.fill(0)
+    del st, words
     buf[:] = bytes(len(buf))

@@ -93,7 +93,11 @@ def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
             "For tests and reproductions only." % SEED_ENV)
         return Rng(DeterministicSource(seed))
     try:
-        return Rng(SystemSource())
+        try:  # whole-array noise draws with numpy (agent/bulknoise.py): same distributions, faster
+            from agent.bulknoise import BulkRng
+        except ImportError:
+            return Rng(SystemSource())
+        return BulkRng(SystemSource())
     except NoEntropyError as exc:
         raise SystemExit(_die(EXIT_RUNTIME, "refusing to start: %s" % exc))
 
@@ -120,6 +124,8 @@ class Agent:
 
             scfg = SourceConfig(type=source_type)
         self.source = make_source(scfg, self.q, self.log, cfg.device + "-source")
+        # cms/cs count raw line chunks in bulk (agent.batch.add_raw); other kinds get parsed batches
+        self.source.raw = cfg.params.kind in ("cms", "cs")
         self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
         self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
@@ -134,8 +140,13 @@ class Agent:
 
     def pump(self) -> bool:
         """Count events and tick the clock until stopped (False) or end of input (True)."""
-        from agent.batch import add_batch
-        from agent.sources import EOF, SourceFailed
+        from agent.batch import add_batch, add_raw
+        from agent.sources import EOF, RawLines, SourceFailed
+
+        warn = self.source.warn
+
+        def raw_adder(sk: Any, data: bytes, _weights: Any) -> None:
+            add_raw(sk, data, warn)
 
         tick_real = self.clock.seconds(1.0)
         next_tick = time.monotonic()
@@ -164,9 +175,14 @@ class Agent:
                     if not self.stopping.wait(max(0.0, next_tick - time.monotonic())):
                         self.tick()
                         next_tick = max(next_tick + tick_real, time.monotonic())
-                items, weights = batch
-                self.rec.add_many(items, weights, adder=add_batch)  # numpy path; counters wrap mod 2^32
-                del items, weights, batch
+                if type(batch) is RawLines:
+                    self.rec.add_many(batch.data, None, adder=raw_adder)  # cms/cs only (Agent.__init__)
+                    batch.data = b""
+                else:
+                    items, weights = batch
+                    self.rec.add_many(items, weights, adder=add_batch)  # numpy path; counters wrap mod 2^32
+                    del items, weights
+                del batch
         return False
 
     def _flush_when_room(self, timeout: Optional[float]) -> bool:

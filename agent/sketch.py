@@ -27,6 +27,7 @@ from agent.noise import wrap32
 # CPython reads the d row words with one struct call (2x faster); MicroPython
 # reads bytes, because a 32-bit word would be a heap-allocated big int there.
 _WORDS = sys.implementation.name != "micropython"
+_WORDS4 = struct.Struct("<4I").unpack_from if _WORDS else None  # d = 4, CPython's unrolled update
 
 INT32_MAX = 0x7FFFFFFF
 INT32_MIN = -0x80000000
@@ -104,6 +105,7 @@ class Sketch:
         # it, MicroPython (no copy()) hashes the str directly (no encode).
         self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
         self._hs = hashlib.sha256(self._ps) if (_WORDS and self._ps is not None) else None
+        self._d4 = d == 4  # CPython's update unrolls the default depth
 
     # -- updates -------------------------------------------------------
     def clip_weight(self, weight):
@@ -139,6 +141,31 @@ class Sketch:
             h.update(item.encode())
             a = self.counters
             w = self.w
+            if self._d4:
+                # d = 4 unrolled (the default shape). ``r`` counts the rows already added: a cell
+                # leaving int32 raises OverflowError before it is stored, and _wrap_rows goes on from it.
+                u0, u1, u2, u3 = _WORDS4(h.digest())
+                r = 0
+                try:
+                    if self.signed:
+                        a[(u0 & 0x3FFFFFFF) % w] += -weight if u0 >> 31 else weight
+                        r = 1
+                        a[w + (u1 & 0x3FFFFFFF) % w] += -weight if u1 >> 31 else weight
+                        r = 2
+                        a[w + w + (u2 & 0x3FFFFFFF) % w] += -weight if u2 >> 31 else weight
+                        r = 3
+                        a[3 * w + (u3 & 0x3FFFFFFF) % w] += -weight if u3 >> 31 else weight
+                    else:
+                        a[(u0 & 0x3FFFFFFF) % w] += weight
+                        r = 1
+                        a[w + (u1 & 0x3FFFFFFF) % w] += weight
+                        r = 2
+                        a[w + w + (u2 & 0x3FFFFFFF) % w] += weight
+                        r = 3
+                        a[3 * w + (u3 & 0x3FFFFFFF) % w] += weight
+                except OverflowError:
+                    self._wrap_rows((u0, u1, u2, u3), r, weight)
+                return
             i = 0
             if self.signed:
                 for u in self._words(h.digest()):
@@ -159,6 +186,15 @@ class Sketch:
                     i += w
             return
         self.add_stream(self.digest(item), weight)
+
+    def _wrap_rows(self, words, r, weight):
+        """The unrolled update from row ``r`` on, wrapping mod 2**32 (a cell left int32: rare)."""
+        a = self.counters
+        w = self.w
+        for k in range(r, len(words)):
+            u = words[k]
+            j = k * w + (u & 0x3FFFFFFF) % w
+            a[j] = wrap32(a[j] + (-weight if (self.signed and u >> 31) else weight))
 
     def add_stream(self, stream, weight):
         """Add ``weight`` (already clipped or pre-aggregated) for a hash stream.

@@ -43,8 +43,24 @@ class SourceFailed:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 Batch = tuple[list[Any], Optional[list[int]]]
-QueueItem = Union[Batch, None, SourceFailed]
 
+
+class RawLines:
+    """Complete input lines as read (``raw`` sources): the daemon's batch path
+    (agent.batch.add_raw) splits, counts and hashes them in bulk, and parses
+    them with :func:`parse_lines` only when they hold a TAB, a CR or non-ASCII
+    bytes. At most READ_CHUNK bytes: the exposure window of one chunk."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+QueueItem = Union[Batch, RawLines, None, SourceFailed]
+
+# Bytes per read, so per chunk: the most raw lines (and events) that exist un-noised at once on the
+# batch path (docs/PRIVACY.md "The intruder's view"; tests/test_feed_chunks.py states the bound).
 READ_CHUNK = 1 << 16
 
 
@@ -119,9 +135,18 @@ class Source:
     def run(self) -> None:
         raise NotImplementedError
 
+    raw = False  # True: hand complete lines over unparsed (RawLines), for the cms/cs batch path
+
     def put(self, batch: Batch) -> None:
         if batch[0]:
             self.q.put(batch)
+
+    def put_lines(self, data: bytes) -> None:
+        """Hand over complete lines: as RawLines (``raw``) or parsed."""
+        if self.raw:
+            self.q.put(RawLines(data))
+        else:
+            self.put(parse_lines(data, self.warn))
 
 
 class FdLineReader:
@@ -161,11 +186,11 @@ class StdinSource(Source):
                 break
             chunk = rd.feed(data)
             if chunk:
-                self.put(parse_lines(chunk, self.warn))
+                self.put_lines(chunk)
             del data, chunk  # do not hold the last lines while blocked in the next read
         tail = rd.tail()
         if tail:
-            self.put(parse_lines(tail, self.warn))
+            self.put_lines(tail)
         self.q.put(EOF)
 
 
@@ -212,13 +237,13 @@ class FileSource(Source):
                         break
                     chunk = rd.feed(data)
                     if chunk:
-                        self.put(parse_lines(chunk, self.warn))
+                        self.put_lines(chunk)
                     del data, chunk
             finally:
                 os.close(fd)
             tail = rd.tail()
             if tail:
-                self.put(parse_lines(tail, self.warn))
+                self.put_lines(tail)
             self.q.put(EOF)
             return
         opened = None
@@ -240,7 +265,7 @@ class FileSource(Source):
                     pos += len(data)
                     chunk = rd.feed(data)
                     if chunk:
-                        self.put(parse_lines(chunk, self.warn))
+                        self.put_lines(chunk)
                     del data, chunk  # nothing read stays referenced while following
                     continue
                 # at EOF: rotated (new inode) or truncated?
@@ -251,7 +276,7 @@ class FileSource(Source):
                 if cur is not None and (cur.st_ino != st.st_ino or cur.st_dev != st.st_dev):
                     rest = rd.tail()
                     if rest:
-                        self.put(parse_lines(rest, self.warn))
+                        self.put_lines(rest)
                     del rest
                     os.close(fd)
                     reopened = self._open(at_end=False)

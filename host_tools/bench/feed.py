@@ -3,21 +3,27 @@
     python -m host_tools.bench.feed [--events N] [--rounds R] [--out DIR]
 
 Both processes read the same file of N Zipf(1.1) items (16-byte strings)
-on standard input and count it into a d=4, w=2048 sketch: the peer is
+on standard input and count it into a d=4, w=2048 sketch (ours: CountSketch,
+``--kind cs``, as in issue 25's table; ``--kind cms`` for Count-Min): the peer is
 Apache DataSketches' ``count_min_sketch(4, 2048)`` updated line by line
 from Python (no privacy, no output); ours is the real agent with internal
 and output noise, a release committed to the outbox and delivered through
 a real mosquitto to a real aggregator that stores it and acknowledges it
 (so the figure includes start-up, noise, commit and end-to-end delivery).
-Rounds are interleaved; the best of each is reported, and the figures are
-written to bench-results/feed.json. Needs mosquitto and ``datasketches``.
+Rounds are interleaved; each round's ratio (peer time / our time, wall
+clock and CPU time of the process) and the best of each are reported, with
+the load average, and written to bench-results/feed.json. Needs mosquitto
+and ``datasketches``. ``--profile`` also runs the agent once under cProfile
+and keeps the top of the profile (bench-results/feed-profile.txt).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,11 +48,21 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run(events: int, rounds: int) -> dict[str, Any]:
+def _child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> dict[str, Any]:
     from host_tools.bench.core import zipf_items
     from tests.broker import start_mosquitto  # the test suite's broker launcher (mosquitto on loopback)
     from tests.test_e2e_support import AggregatorThread, agent_toml, host_toml
 
+    res: dict[str, Any] = {"events": events, "kind": kind, "d": 4, "w": 2048, "rounds": [],
+                           "loadavg_at_start": os.getloadavg()}
+    # A deployed agent runs from compiled modules (pip and the Debian package compile them), as the
+    # peer's DataSketches does; a PYTHONDONTWRITEBYTECODE environment would recompile ours per run.
+    compileall.compile_dir(str(Path(__file__).resolve().parents[2] / "agent"), quiet=1)
     with tempfile.TemporaryDirectory() as td:
         tdp = Path(td)
         data = tdp / "events.txt"
@@ -54,38 +70,72 @@ def run(events: int, rounds: int) -> dict[str, Any]:
         broker = start_mosquitto(tdp)
         try:
             host = AggregatorThread(host_toml(str(tdp / "h.toml"), broker.port, str(tdp / "h.db")))
-            best = {"agent": float("inf"), "datasketches": float("inf")}
-            for r in range(rounds):
+            for r in range(rounds + (1 if profile else 0)):
                 cfg = agent_toml(str(tdp / ("a%d.toml" % r)), "bench-%d" % r, broker.port, str(tdp / ("s%d" % r)),
-                                 w=2048, d=4, kind="cms")
-                for name, cmd in (("datasketches", [sys.executable, "-c", PEER]),
-                                  ("agent", [sys.executable, "-m", "agent.daemon", "feed", "--config", cfg,
-                                             "--timeout", "60", "-q"])):
+                                 w=2048, d=4, kind=kind)
+                agent = [sys.executable, "-m", "agent.daemon", "feed", "--config", cfg, "--timeout", "60", "-q"]
+                if r == rounds:  # the extra profiled run (not a round)
+                    prof = tdp / "feed.prof"
                     with open(data, "rb") as f:
+                        subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof)] + agent[1:], stdin=f,
+                                       env=_env(), capture_output=True, check=True)
+                    res["profile"] = _profile_top(prof)
+                    continue
+                rnd: dict[str, Any] = {"loadavg_1min": round(os.getloadavg()[0], 2)}
+                for name, cmd in (("datasketches", [sys.executable, "-c", PEER]), ("agent", agent)):
+                    with open(data, "rb") as f:
+                        c0 = _child_cpu()
                         t = time.perf_counter()
                         p = subprocess.run(cmd, stdin=f, env=_env(), capture_output=True)
                         dt = time.perf_counter() - t
+                        cpu = _child_cpu() - c0
                     if p.returncode != 0:
                         raise RuntimeError("%s failed: %s" % (name, p.stderr.decode()[-500:]))
-                    best[name] = min(best[name], dt)
-                    print("round %d %-12s %.2f s (%.0f k events/s)" % (r, name, dt, events / dt / 1e3), flush=True)
+                    rnd[name] = {"wall_s": round(dt, 4), "cpu_s": round(cpu, 4)}
+                    print("round %d %-12s %.2f s wall, %.2f s CPU (%.0f k events/s)"
+                          % (r, name, dt, cpu, events / dt / 1e3), flush=True)
+                rnd["ratio_wall"] = round(rnd["datasketches"]["wall_s"] / rnd["agent"]["wall_s"], 3)
+                rnd["ratio_cpu"] = round(rnd["datasketches"]["cpu_s"] / rnd["agent"]["cpu_s"], 3)
+                res["rounds"].append(rnd)
             host.stop()
         finally:
             broker.stop()
-    ratio = best["datasketches"] / best["agent"]
-    print("best: agent %.2f s, DataSketches %.2f s -> agent runs at %.2fx the peer's speed"
-          % (best["agent"], best["datasketches"], ratio))
-    return {"events": events, "agent_s": best["agent"], "datasketches_s": best["datasketches"], "ratio": ratio}
+    rs = res["rounds"]
+    best = {n: min(x[n]["wall_s"] for x in rs) for n in ("agent", "datasketches")}
+    best_cpu = {n: min(x[n]["cpu_s"] for x in rs) for n in ("agent", "datasketches")}
+    res.update({"agent_s": best["agent"], "datasketches_s": best["datasketches"],
+                "ratio": round(best["datasketches"] / best["agent"], 3),
+                "agent_cpu_s": best_cpu["agent"], "datasketches_cpu_s": best_cpu["datasketches"],
+                "ratio_cpu": round(best_cpu["datasketches"] / best_cpu["agent"], 3),
+                "ratios_per_round": [x["ratio_wall"] for x in rs], "ratios_cpu_per_round": [x["ratio_cpu"] for x in rs]})
+    print("best: agent %.2f s, DataSketches %.2f s -> agent runs at %.2fx the peer's speed (CPU time: %.2fx); "
+          "per round %s" % (best["agent"], best["datasketches"], res["ratio"], res["ratio_cpu"], res["ratios_per_round"]))
+    return res
+
+
+def _profile_top(path: Path, n: int = 25) -> str:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(str(path), stream=out).sort_stats("tottime").print_stats(n)
+    text = out.getvalue()
+    return text[text.find("   ncalls"):] if "   ncalls" in text else text
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kind", choices=("cs", "cms"), default="cs")
+    ap.add_argument("--profile", action="store_true", help="also profile one agent run (feed-profile.txt)")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()
-    res = run(a.events, a.rounds)
+    res = run(a.events, a.rounds, a.kind, a.profile)
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    prof = res.pop("profile", None)
+    if prof is not None:
+        (Path(a.out) / "feed-profile.txt").write_text(prof)
     (Path(a.out) / "feed.json").write_text(json.dumps(res, indent=1))
     print("wrote %s" % (Path(a.out) / "feed.json"))
 
