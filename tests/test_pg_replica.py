@@ -158,9 +158,11 @@ def test_queries_and_dashboard_read_a_replica_while_an_aggregator_writes(pair, t
     done = threading.Event()
     err: list[BaseException] = []
 
+    assert all(o.status == "stored" for o in agg.handle_many(msgs[:DEVICES]))  # the readers find a store
+
     def write() -> None:
         try:
-            for i in range(0, len(msgs), DEVICES):  # one window of the fleet per group, a little apart
+            for i in range(DEVICES, len(msgs), DEVICES):  # one window of the fleet per group, a little apart
                 assert all(o.status == "stored" for o in agg.handle_many(msgs[i:i + DEVICES]))
                 time.sleep(0.02)
         except BaseException as exc:  # pragma: no cover - reported below
