@@ -272,6 +272,29 @@ def test_an_aggregator_starting_beside_a_running_one_takes_no_table_locks(dsn):
             st.close()
 
 
+def test_rollups_rebuilt_when_their_meta_row_is_deleted(dsn):
+    """OPERATIONS.md "Backups": deleting meta 'rollups' and opening the store for writing rebuilds the
+    roll-ups from the releases (also with the set-up recorded, when opening runs no other DDL)."""
+    import psycopg
+
+    st = open_store(dsn)
+    for dv in range(3):
+        p = params("rb%d" % dv, w=16)
+        assert st.insert(decode(encoded(p, fill=dv + 1))) == "stored"
+    st.close()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DELETE FROM rollup_devices")
+        c.execute("DELETE FROM rollup_noise")
+        c.execute("DELETE FROM rollups")
+        c.execute("DELETE FROM meta WHERE key = 'rollups'")
+    open_store(dsn).close()
+    with open_store(dsn, readonly=True) as ro:
+        assert sum(r.releases for r in ro.rollups()) == 3
+        m, _ = query.select_merged(ro, salt=SALT)
+        raw, _ = query.select_merged(ro, salt=SALT, use_rollups=False)
+        assert m.releases == 3 and np.array_equal(m.counters, raw.counters)
+
+
 def test_bad_dsn_and_server_down_say_what_is_wrong(server, dsn):
     with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x"):
         open_store("postgresql://postgres:secret@127.0.0.1:1/x", timeout=2)

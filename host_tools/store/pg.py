@@ -231,7 +231,9 @@ class PgStore(SQLStore):
         # deadlock with them (it held rollups while waiting for releases, a running group the reverse).
         cur.execute("SELECT to_regclass('meta') IS NOT NULL")
         if cur.fetchone()[0]:
-            cur.execute("SELECT value FROM meta WHERE key = 'pg_setup'")
+            # (and the roll-ups are there: OPERATIONS.md rebuilds them by deleting meta 'rollups')
+            cur.execute("SELECT value FROM meta WHERE key = 'pg_setup' AND EXISTS "
+                        "(SELECT 1 FROM meta WHERE key = 'rollups')")
             row = cur.fetchone()
             if row is not None and row[0] == _SETUP_ID:
                 # ... and its release columns are all there (a catalog read, no table lock)
