@@ -105,8 +105,8 @@ def plan(m: dict[str, float], n: float, a: argparse.Namespace) -> dict[str, str]
            "broker cores at the burst": "%.2f" % br_cores}
     if "broker_bytes_per_connection" in m:
         per_node = a.broker_memory_gb * 2**30 / m["broker_bytes_per_connection"]
-        nodes = max(3, math.ceil(n / per_node), math.ceil(br_cores / cores))
-        out["connections per broker node (memory)"] = "%.3g" % min(n, per_node)
+        nodes = max(3, math.ceil(n / per_node) + 1, math.ceil(br_cores / cores))  # +1: survive a node's loss
+        out["connections per broker node (memory)"] = "%.3g" % per_node
         out["broker nodes"] = str(nodes)
     return out
 
@@ -126,7 +126,7 @@ FORMULAS = {
     "PostgreSQL cores at the burst": "burst rate x cpu_postgres_us / 10^6",
     "broker cores at the burst": "burst rate x cpu_broker_us / 10^6 (+ TLS: not measured here)",
     "connections per broker node (memory)": "broker_memory / broker_bytes_per_connection",
-    "broker nodes": "max(3, ceil(N / connections per node), ceil(broker cores / (cores_per_host x utilisation)))",
+    "broker nodes": "max(3, ceil(N / connections per node) + 1, ceil(broker cores / (cores_per_host x utilisation)))",
 }
 
 
