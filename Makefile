@@ -103,17 +103,19 @@ $(STAMP)-bench: pyproject.toml $(STAMP)-core
 	$(VPY) -m pip install -q -e ".[web,bench]"
 	@touch $@
 
-# Every row of issue 25's table with its peer, into bench-results/ (about 5 min on 2 cores):
-# device core (Sketch.update vs DataSketches per event), samplers (vs their textbook
-# transcription), feed (whole processes vs a DataSketches stdin reader, and its profile),
-# ingest through mosquitto (1 aggregator, SQLite, vs a bare paho subscriber; CPU per release),
-# then the README's performance table from those files (and the ESP32 row from
-# bench-results/firmware*.json, which the firmware benchmark writes). Needs mosquitto.
-bench: $(STAMP)-bench
+# Every row of the README's performance table with its peer, into bench-results/ (about
+# 10 min on 2 cores): device core (Sketch.update vs DataSketches per event), samplers (vs
+# their textbook transcription), feed (whole processes vs a DataSketches stdin reader, and
+# its profile), ingest through mosquitto (1 aggregator, SQLite, vs a bare paho subscriber;
+# CPU per release), the boards (MicroPython's Unix port with the firmware frozen in, heap set
+# to each board's: bench-results/firmware-unix.json), then the README's performance table
+# from those files. Needs mosquitto and a C compiler (the Unix port is built on first use).
+bench: $(STAMP)-bench setup-mpunix
 	$(VPY) -m host_tools.bench.core
 	$(VPY) -m host_tools.bench.samplers
 	$(VPY) -m host_tools.bench.feed --profile
 	$(VPY) -m host_tools.bench.host --devices 50 --per-device 40 --rounds 2 --skip pg,query --out bench-results/host.json
+	$(VPY) -m tests.bench_firmware_unix --frozen
 	$(VPY) -m host_tools.bench.report
 
 # Accuracy on the standard library's own sources (tokens, line lengths, file sizes), per salt,

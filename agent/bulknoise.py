@@ -158,17 +158,27 @@ def _bern_exp(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
 def _geometric(u: _Uniform, n: int) -> np.ndarray:
     """n independent counts V of Bernoulli(exp(-1)) successes before the first failure (the V
     of CKS Algorithm 2): one stream of Bernoulli(exp(-1)) draws cut at its failures. The runs
-    between failures of an i.i.d. stream are i.i.d. with exactly that law."""
+    between failures of an i.i.d. stream are i.i.d. with exactly that law. The stream is drawn in
+    pieces, and a run still open at the end of a piece goes on in the next (its successes are
+    carried over): dropping them would shorten exactly the runs that cross a piece's end, the
+    longer ones more often (a bias, however rare the extra piece)."""
     parts: list[np.ndarray] = []
     have = 0
+    carry = 0  # successes of the run still open at the end of the stream drawn so far
     while have < n:
-        m = int((n - have) * 1.7) + 64  # E[V] + 1 = 1 / (1 - 1/e) = 1.58 draws per count
+        m = (n - have) * 17 // 10 + 64  # E[V] + 1 = 1 / (1 - 1/e) = 1.58 draws per count
         b = _bexp1(u, m)
         fails = np.flatnonzero(~b)
         runs = np.diff(fails, prepend=-1) - 1  # successes before each failure
+        if len(runs):
+            runs[0] += carry
+            carry = m - 1 - int(fails[-1])
+        else:
+            carry += m
         parts.append(runs)
         have += len(runs)
         b.fill(False)
+        fails.fill(0)
     v = np.concatenate(parts)[:n]
     u.held += parts + [v]
     return v
@@ -181,7 +191,7 @@ def _dlap_pool(u: _Uniform, n: int, t: int, s: int) -> np.ndarray:
     parts: list[np.ndarray] = []
     have = 0
     while have < n:
-        m = int((n - have) * 1.6) + 64
+        m = (n - have) * 16 // 10 + 64
         tt = np.full(m, t, dtype=np.int64)
         uu = u.below(tt)
         d = _bern_exp_le1(u, uu, tt)  # U < t: gamma = U/t < 1
@@ -213,7 +223,7 @@ def _dgauss(u: _Uniform, n: int, vn: int, vd: int) -> np.ndarray:
     parts: list[np.ndarray] = []
     have = 0
     while have < n:
-        m = int((n - have) * 1.5) + 64
+        m = (n - have) * 15 // 10 + 64
         y = _dlap_pool(u, m, t, 1)
         a = np.abs(y) * (vd * t) - vn
         far = np.abs(a) >= 1 << 26  # a*a would leave the exact range (never seen at these scales)

@@ -380,6 +380,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("  error     noise sd of a node estimate (about that of the mean of d cells: internal + output draw): %.0f "
               "events per device window; a string holding 2%% of 10^5 events (2000) is %.0f sd above it"
               % (sd, 2000 / sd))
+        print("  boards    python -m firmware.memory --config pansketch.json: which len, d, w fit each board, the"
+              " node noise at 10^5 events and the recall measured at the Pico size (len=6 d=5 w=80)")
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
               % (p.levels, p.levels, p.epoch_s, p.levels - 1, p.window_s))

@@ -191,6 +191,16 @@ def interval_advice(p, events, target=0.05, warn_at=0.25):
         lines.append("intervals   dcs rank at %d events per release: +-%.1f%% of n from noise, up to +-%.1f%% "
                      "from collisions in %d hashed levels (worst case over the data)"
                      % (events, 100 * noise, 100 * coll, h))
+        # per-salt intervals (host_tools/query/dyadic.py DyadicView.fit): a hashed level is solved by least
+        # squares over the children of the nodes above 2 sd, at most d*w/2 of them
+        node_sd = math.sqrt(nv / max(1, p.d))
+        cap = p.d * p.w // 2
+        spread = min(float(1 << p.b), n / (2.0 * node_sd) * 2.0)
+        if h and spread > cap:
+            lines.append("resolution  per-salt dcs intervals at single readings need at most %d readings with more "
+                         "than %.0f events each (per release); with more, quantile and default cdf answers come "
+                         "at a coarser resolution and `query cdf --at` a finer reading has no honest interval "
+                         "(w = %d doubles the limit)" % (cap // 2, 2 * node_sd, 2 * p.w))
         total = noise + coll
     elif p.kind == "dbits":
         eps = p.budget[0] / float(p.budget[1])

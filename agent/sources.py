@@ -59,8 +59,10 @@ class RawLines:
 
 QueueItem = Union[Batch, RawLines, None, SourceFailed]
 
-# Bytes per read, so per chunk: the most raw lines (and events) that exist un-noised at once on the
-# batch path (docs/PRIVACY.md "The intruder's view"; tests/test_feed_chunks.py states the bound).
+# Bytes per read, so per chunk: the most raw lines (and events) one add_many counts at once, and the
+# most whose exact per-line totals exist at once (docs/PRIVACY.md "The intruder's view";
+# tests/test_feed_chunks.py states the bound). Raw lines in flight are more: the daemon's queue
+# (maxsize 8, agent/daemon.py) plus the chunk being counted and the one the reader is putting.
 READ_CHUNK = 1 << 16
 
 

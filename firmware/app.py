@@ -179,7 +179,7 @@ class App:
             gc.collect()
             raise StartError("out of memory allocating the sketch: d*w = %d cells need about %d bytes of heap "
                              "(%d free after collect); lower sketch.w%s (python -m firmware.memory --config ... "
-                             "prints what fits)" % (n, 16 * n, gc.mem_free(),
+                             "prints what fits)" % (n, _cell_bytes(self.p) * n, gc.mem_free(),
                                                     " or set sketch.persist_noise = \"refresh\" (one array less)"
                                                     if self.p.shadow else ""))
         except storage.StateError as exc:
@@ -411,6 +411,12 @@ class App:
         for kv in self.cfg.status_info():
             fields.append(kv)
         return self._mqtt.status_json(fields)
+
+
+def _cell_bytes(p):
+    """Heap per sketch cell (firmware/memory.py cell_bytes): L accumulators + one scratch array of
+    int32 (window/keep: L = 1), + one shadow per accumulator under persist_noise = "shadow"."""
+    return 4 * (p.levels + 1) + (4 * p.levels if p.shadow else 0)
 
 
 def boot(path=config.DEFAULT_PATH, rng=None):

@@ -10,7 +10,8 @@
 # Then flash the image (esptool / UF2) and run deploy/flash.sh --frozen to
 # copy only the config, boot.py and main.py. Paths are relative to this file.
 
-include("$(PORT_DIR)/boards/manifest.py")  # the port's own frozen modules
+if not options.unix_port:  # tests/mpunix/manifest.py (the Unix port has no boards/manifest.py)
+    include("$(PORT_DIR)/boards/manifest.py")  # the port's own frozen modules
 require("umqtt.simple")  # micropython-lib; our own deterministic CBOR encoder replaces cbor2
 
 # The device core: only modules that run on MicroPython (agent/daemon.py,

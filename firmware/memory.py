@@ -25,48 +25,71 @@ per level) and ONE shared scratch buffer: 4*(L+1) bytes per cell
 which a tree-mode board does not load (TREE_CODE_*); the tree
 state file is read straight into the L accumulators (BOOT_CELL stays 0).
 
-The constants marked *measured* come from the MicroPython VM
-(tests/test_firmware_memory.py re-measures them and fails if they drift;
-figures in bench-results/firmware.json). The board profiles are *assumed*
-from public figures (MicroPython docs and forum measurements) and should be
+The constants marked *measured* come from the MicroPython VMs
+(tests/test_firmware_memory.py re-measures the .py/.mpy ones in the
+WebAssembly VM, tests/test_firmware_unix_frozen.py the frozen code in the
+32-bit Unix port with the firmware frozen in; both fail if they drift;
+figures in bench-results/firmware.json and firmware-unix.json), and so do
+the TLS costs of the profiles. The boards' free heaps are *assumed* from
+public figures (MicroPython docs and forum measurements) and should be
 checked with ``report()`` on the real board.
 """
 
-# -- measured in the MicroPython 1.27 VM (tests/test_firmware_memory.py) ----
+# -- measured in the MicroPython VMs ------------------------------------------
+# .py / .mpy: the WebAssembly VM (tests/test_firmware_memory.py, bench-results/firmware.json);
+# frozen: the 32-bit Unix port with the firmware frozen into its image (tests/mpunix/build-frozen.sh;
+# tests/test_firmware_unix_frozen.py re-measures it, bench-results/firmware-unix.json "frozen").
 CODE_PY = 105100     # live heap of core + firmware + umqtt.simple imported from .py sources
 CODE_MPY = 71800     # ... imported from .mpy files (deploy/flash.sh --mpy)
-CODE_FROZEN = 21800  # ... frozen into the firmware image: CODE_MPY minus the .mpy bytes (estimate)
+CODE_FROZEN = 13400  # ... frozen into the image (measured 13,360 B: module dicts, functions, classes;
+                     # the bytecode stays in flash)
 APP_FIXED = 4000     # App, Link, Wifi, source buffers, config object, Recorder attributes after boot
+                     # (3.9 KB in the WebAssembly VM, 3.8 KB in the frozen Unix port)
 CELL = 8             # per sketch cell, steady (accumulator + release buffer)
 SHADOW_CELL = 4      # per cell, the shadow array of persist_noise = "shadow"
 BOOT_CELL = 0        # per cell, extra while the state file is read at boot
 STEP_EVENT = 350     # garbage per event in one main-loop step (UART line -> item -> SHA-256)
 RESERVE = 4096       # head room for fragmentation and the console
-TREE_CODE_PY = 4400  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
-                     # (.py, measured in the VM; tree.py alone is 14.7 KB, recorder.py ~10 KB)
+TREE_CODE_PY = 2200  # tree mode's code minus window mode's: agent/tree.py loaded instead of agent/recorder.py
+                     # (.py, measured in the VM: 2,112 B after this round's recorder/tree refactor; was 4.4 KB)
 TREE_CODE_MPY = 2500  # ... from .mpy (measured in the VM, tests/test_firmware_memory.py; tree.py alone 8.6 KB)
-TREE_CODE_FROZEN = 900   # ... frozen: assumed, the ratio CODE_FROZEN / CODE_PY applied
+TREE_CODE_FROZEN = 300   # ... frozen (measured in the frozen Unix port: agent/tree.py 2,192 B, agent/recorder.py 1,904 B)
 # tree mode, measured in the VM (host_tools/bench/core.py --tree-only, bench-results/tree.json):
 # microseconds per event (SHA-256 + counter updates of every level), cs d=4 w=256
 TREE_US_PER_EVENT = {1: 14.0, 8: 37.0, 12: 54.0, 16: 64.0, 24: 88.0}
 
-# -- assumed board profiles --------------------------------------------------
-# free:   Python heap free after boot with WiFi up, before importing pansketch.
-# tls:    what one TLS session costs *inside* the Python heap.
+# -- board profiles ----------------------------------------------------------
+# free:   Python heap free after boot with WiFi up, before importing pansketch (assumed, public figures:
+#         ESP32 -- MicroPython's ESP32 docs give "around 100KB" for the heap of a plain ESP32 (largest
+#         contiguous block, ESP-IDF v4), and since v1.21 the heap grows from the ESP-IDF heap on demand;
+#         Pico W -- what remains of the RP2040's 264 KB next to the CYW43 WiFi driver and lwIP; ESP8266 --
+#         its fixed ~38 KB heap). Check yours with report() on the board.
+# tls:    what one TLS session costs *inside* the Python heap: measured in the frozen Unix port
+#         (bench-results/firmware-unix.json "frozen": live high-water over TLS minus over plain MQTT)
+#         with Mbed TLS allocating outside the heap (ESP32: 2.7 KB, the ssl wrapper and socket objects)
+#         and inside it (Pico W: 26.6 KB, Mbed TLS's 16 KiB + 4 KiB record buffers and session state);
+#         ESP8266's axTLS is assumed.
+# code:   how the code is installed by default (the examples in deploy/board assume it);
+# codes:  the installs the table lists.
 # events: the max_events_per_step the table assumes (its garbage is head room).
 PROFILES = (
     ("esp8266", {
-        "name": "ESP8266 (1 MB+ flash)", "free": 34 * 1024, "tls": 12 * 1024, "code": "frozen", "events": 8,
-        "note": "38 KB fixed heap; axTLS buffers (~5 KB record + handshake) come from it; "
+        "name": "ESP8266 (1 MB+ flash)", "free": 34 * 1024, "tls": 12 * 1024, "code": "frozen", "codes": ("frozen",),
+        "events": 8,
+        "note": "38 KB fixed heap; axTLS buffers (~5 KB record + handshake, assumed) come from it; "
                 "no certificate verification; code must be frozen",
     }),
     ("esp32", {
-        "name": "ESP32 without PSRAM", "free": 110 * 1024, "tls": 0, "code": "mpy", "events": 64,
-        "note": "mbedTLS (~20 KB per connection) and WiFi live in the IDF heap outside the Python heap",
+        "name": "ESP32 without PSRAM", "free": 110 * 1024, "tls": 3 * 1024, "code": "frozen", "codes": ("mpy", "frozen"),
+        "events": 64,
+        "note": "Mbed TLS (~20 KB per connection) and WiFi live in the ESP-IDF heap outside the Python heap; "
+                "the board example (w = 1024, shadow) needs the frozen image (firmware/manifest.py)",
     }),
     ("picow", {
-        "name": "Raspberry Pi Pico W", "free": 160 * 1024, "tls": 40 * 1024, "code": "mpy", "events": 64,
-        "note": "mbedTLS buffers (16 KB in-record + handshake) are allocated from the Python heap",
+        "name": "Raspberry Pi Pico W", "free": 160 * 1024, "tls": 28 * 1024, "code": "mpy", "codes": ("mpy", "frozen"),
+        "events": 64,
+        "note": "Mbed TLS buffers (16 KiB in-record, 4 KiB out, session: 26.6 KB measured) are allocated "
+                "from the Python heap",
     }),
 )
 
@@ -158,19 +181,20 @@ def _pow2_le(x):
 
 
 def table(tls_modes=(True, False)):
-    """Markdown table of the largest sketches per board profile (window and keep mode alike)."""
+    """Markdown table of the largest sketches per board profile and install (window and keep mode alike)."""
     lines = [
         "| board | code | TLS | events/step | max d*w cells | d=4: max w (power of 2) | d=8: max w (power of 2) "
         "| shadow: max d*w | shadow d=4: max w (power of 2) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, p in PROFILES:
-        for tls in tls_modes:
-            n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"])
-            ns = max_cells(p["free"], p["tls"], p["code"], tls, p["events"], 1, True)
-            lines.append("| %s | %s | %s | %d | %d | %d (%d) | %d (%d) | %d | %d (%d) |" % (
-                p["name"], p["code"], "on" if tls else "off", p["events"], n, n // 4, _pow2_le(n // 4),
-                n // 8, _pow2_le(n // 8), ns, ns // 4, _pow2_le(ns // 4)))
+        for code in p["codes"]:
+            for tls in tls_modes:
+                n = max_cells(p["free"], p["tls"], code, tls, p["events"])
+                ns = max_cells(p["free"], p["tls"], code, tls, p["events"], 1, True)
+                lines.append("| %s | %s | %s | %d | %d | %d (%d) | %d (%d) | %d | %d (%d) |" % (
+                    p["name"], code, "on" if tls else "off", p["events"], n, n // 4, _pow2_le(n // 4),
+                    n // 8, _pow2_le(n // 8), ns, ns // 4, _pow2_le(ns // 4)))
     lines.append("")
     for key, p in PROFILES:
         lines.append("* %s: %s." % (p["name"], p["note"]))
@@ -230,15 +254,50 @@ def report(path=None):
         max(0, (free - RESERVE - STEP_EVENT * cfg.max_events) // cell_bytes(p.levels, p.shadow))))
 
 
-def strhh_lines(L, d, w, shadow=False, tls=True):
-    """Kind strhh (agent/strhh.py): L*d*w cells. Per board profile: does it fit, and the largest
-    power-of-two w for these L and d (the host's descent needs d >= 3; docs/PRIVACY.md)."""
+# kind strhh, measured on the stdlib's identifier tokens (host_tools/bench/strheavy.py, docs/HOST.md):
+# (len, d, w, events, eps, recall at k = 10 (mean over 20 runs), smallest count every run reported)
+STRHH_MEASURED = ((6, 5, 80, 100000, "1", 0.91, 1006), (12, 5, 1024, 463783, "1", 1.0, 1516))
+STRHH_PICO = (6, 5, 80)  # the Pico-sized configuration of the table (2,400 cells)
+
+
+def strhh_noise_sd(L, d, noise, inoise=None):
+    """sd of a strhh node estimate from the noise: the mean of d cells, each with the internal and the
+    output draw (``noise``/``inoise``: agent.calibrate specs with mech, num, den)."""
+    import math
+
+    def var(spec):
+        t = spec.num / spec.den
+        if spec.mech == "dgauss":
+            return t
+        q = math.exp(-1.0 / t)
+        return 2 * q / (1 - q) ** 2
+
+    return math.sqrt((var(noise) + var(inoise or noise)) / d)
+
+
+def strhh_lines(L, d, w, shadow=False, tls=True, noise=None, inoise=None, events=100000):
+    """Kind strhh (agent/strhh.py): L*d*w cells. Per board profile: does it fit, the largest
+    power-of-two w for these L and d, and the largest w of the Pico-sized len=6 d=5; then the
+    error at ``events`` events per window: the noise sd of a node estimate (with the release's
+    ``noise`` spec) and what was measured at that size (STRHH_MEASURED). The host's descent
+    needs d >= 3 (docs/PRIVACY.md)."""
     out = []
+    pl, pd, _pw = STRHH_PICO
     for key, p in PROFILES:
         n = max_cells(p["free"], p["tls"], p["code"], tls, p["events"], 1, shadow)
         wmax = _pow2_le(n // (L * d)) if n >= L * d else 0
-        out.append("%-8s %s for len=%d d=%d w=%d (%d cells of %d); largest power-of-two w at len=%d d=%d: %d" % (
-            key, "fits" if L * d * w <= n else "DOES NOT FIT", L, d, w, L * d * w, n, L, d, wmax))
+        out.append("%-8s %s for len=%d d=%d w=%d (%d cells of %d); largest power-of-two w at len=%d d=%d: %d;"
+                   " largest w at len=%d d=%d: %d" % (
+                       key, "fits" if L * d * w <= n else "DOES NOT FIT", L, d, w, L * d * w, n, L, d, wmax,
+                       pl, pd, n // (pl * pd)))
+    if noise is not None:
+        sd = strhh_noise_sd(L, d, noise, inoise)
+        out.append("error    at %d events per window: noise sd of a node estimate %.0f (%.2f %% of the events);"
+                   " the CountSketch collisions add an error set by the stream (heavy strings elsewhere in a row)"
+                   % (events, sd, 100.0 * sd / events))
+    for ml, md, mw, mn, meps, rec, small in STRHH_MEASURED:
+        out.append("measured len=%d d=%d w=%d, %d events, eps=%s (stdlib tokens): recall at k=10 %.2f, every string"
+                   " of >= %d events (%.2f %%) found" % (ml, md, mw, mn, meps, rec, small, 100.0 * small / mn))
     return out
 
 
@@ -273,7 +332,7 @@ def main(argv=None):
             a.config, p.kind, p.d, p.w, p.d * p.w, p.mode, "shadow" if p.shadow else "refresh",
             "on" if tls else "off"))
         if p.kind == "strhh":  # len levels of d x w: the cells are L*d*w (agent/strhh.py)
-            lines = strhh_lines(p.b, p.d, p.w, p.shadow, tls)
+            lines = strhh_lines(p.b, p.d, p.w, p.shadow, tls, p.noise, p.inoise)
         else:
             lines = estimate_lines(p.d, p.w, tls, cfg.max_events, a.code, p.levels, p.shadow)
         for line in lines:

@@ -33,7 +33,7 @@ section 7).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 MAX_DEPTH = 4  # a release is map -> list -> int: depth 3
 MAX_ITEMS = 256  # a release has about 60 data items (25 keys, 25 values, a few short lists)
@@ -55,10 +55,15 @@ _BREAK = object()
 
 
 class _Reader:
-    __slots__ = ("buf", "pos", "items", "max_items", "max_depth", "max_array", "max_map", "top", "partial")
+    __slots__ = ("buf", "pos", "items", "max_items", "max_depth", "max_array", "max_map", "top", "partial",
+                 "canonical", "offsets", "view")
 
-    def __init__(self, buf: bytes, max_depth: int, max_items: int, max_array: int, max_map: int) -> None:
+    def __init__(self, buf: bytes, max_depth: int, max_items: int, max_array: int, max_map: int,
+                 view: Optional[memoryview] = None) -> None:
         self.buf = buf
+        self.view = view  # byte strings as slices of this (no copy), when set
+        self.canonical = True  # every head in shortest form and map keys in encoded-byte order (so far)
+        self.offsets: dict[str, int] = {}  # top-level key -> offset of the content of its byte-string value
         self.pos = 0
         self.items = 0
         self.max_items = max_items
@@ -97,11 +102,13 @@ class _Reader:
         if ai < 24:
             n = ai
         elif ai < 28:
-            k = 1 << (ai - 24)
-            if pos + k > size:
-                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, k))
-            n = int.from_bytes(buf[pos:pos + k], "big")
-            pos += k
+            hk = 1 << (ai - 24)
+            if pos + hk > size:
+                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos - 1, hk))
+            n = int.from_bytes(buf[pos:pos + hk], "big")
+            pos += hk
+            if n < _SHORTEST[ai]:
+                self.canonical = False  # a longer head than agent.cbor writes
         elif ai == 31:
             raise ScanError("cbor", "indefinite length or break at byte %d (releases use definite lengths only)"
                             % (pos - 1))
@@ -119,9 +126,10 @@ class _Reader:
                 raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left" % (n, pos, left))
             self.pos = pos + n
             if major == 2:
-                return buf[pos:pos + n]
+                sv = self.view
+                return sv[pos:pos + n] if sv is not None else buf[pos:pos + n]
             try:
-                return buf[pos:pos + n].decode("utf-8")
+                return str(buf[pos:pos + n], "utf-8")
             except UnicodeDecodeError:
                 raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % pos)
         self.pos = pos
@@ -138,28 +146,120 @@ class _Reader:
         if depth == 0:
             self.top = m
         item = self.item
+        pl, pk = 0, ""  # the previous key's encoded length and text
+        inline = depth + 1 <= self.max_depth
         for _ in range(n):
             at = self.pos
-            k = item(depth + 1)
+            ib = buf[at] if inline and at < size else -1
+            if 0x60 <= ib < 0x78:
+                # a short text key (all a release has), read here rather than by a call per key:
+                # the same checks and messages as item()
+                self.items += 1
+                if self.items > self.max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                kn = ib - 0x60
+                if kn > size - at - 1:
+                    raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
+                                    % (kn, at + 1, size - at - 1))
+                try:
+                    k = str(buf[at + 1:at + 1 + kn], "utf-8")
+                except UnicodeDecodeError:
+                    raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
+                self.pos = at + 1 + kn
+            else:
+                k = item(depth + 1)
             if type(k) is not str:
                 raise ScanError("cbor", "map key at byte %d is not a text string" % at)
             if k in m:
                 raise ScanError("cbor", "duplicate map key %r at byte %d" % (k[:40], at))
-            m[k] = item(depth + 1)
+            # agent.cbor sorts keys by their encoded bytes; with shortest heads (else not canonical anyway)
+            # that is by encoded length, then by text (UTF-8 byte order is code point order)
+            kl = self.pos - at
+            if kl < pl or (kl == pl and k <= pk):
+                self.canonical = False
+            pl, pk = kl, k
+            at = self.pos
+            ib = buf[at] if inline and at < size else -1
+            if 0 <= ib < 0x1C or 0x60 <= ib < 0x78:
+                # an unsigned integer or a short text string (most values of a release): read here, with
+                # the same checks and messages as item()
+                self.items += 1
+                if self.items > self.max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                if ib < 24:
+                    self.pos = at + 1
+                    m[k] = ib
+                elif ib < 0x1C:
+                    hk = 1 << (ib - 24)
+                    if at + 1 + hk > size:
+                        raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (at, hk))
+                    val = int.from_bytes(buf[at + 1:at + 1 + hk], "big")
+                    if val < _SHORTEST[ib]:
+                        self.canonical = False
+                    self.pos = at + 1 + hk
+                    m[k] = val
+                else:
+                    kn = ib - 0x60
+                    if kn > size - at - 1:
+                        raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
+                                        % (kn, at + 1, size - at - 1))
+                    try:
+                        m[k] = str(buf[at + 1:at + 1 + kn], "utf-8")
+                    except UnicodeDecodeError:
+                        raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
+                    self.pos = at + 1 + kn
+                continue
+            v = m[k] = item(depth + 1)
+            if depth == 0 and (type(v) is bytes or type(v) is memoryview):
+                self.offsets[k] = self.pos - len(v)  # where the value's content starts
         return m
+
+
+_SHORTEST = {24: 24, 25: 1 << 8, 26: 1 << 16, 27: 1 << 32}  # smallest n that needs a head of this size
 
 
 def loads(buf: bytes, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_array: int = MAX_ARRAY,
           max_map: int = MAX_MAP) -> Any:
     """The value ``buf`` encodes, if it is one well-formed item of the release subset (else :class:`ScanError`)."""
-    buf = bytes(buf)
-    if not buf:
+    return scan(buf, max_depth, max_items, max_array, max_map).obj
+
+
+class Scan(NamedTuple):
+    """What :func:`scan` read."""
+
+    obj: Any
+    canonical: bool  # the bytes are agent.cbor's encoding of obj
+    offsets: dict[str, int]  # top-level map key -> offset of the content of its byte-string value
+
+
+def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_array: int = MAX_ARRAY,
+         max_map: int = MAX_MAP, views: bool = False) -> Scan:
+    """:func:`loads`, and whether ``buf`` is the deterministic encoding agent/cbor.py writes.
+
+    Deterministic means every head in shortest form and the keys of every
+    map in increasing order of their encoded bytes (RFC 8949 4.2.1, what
+    agent.cbor writes; definite lengths, no floats and no tags are required
+    anyway). For the values this reader returns (int, text, bytes, lists,
+    maps of text keys, false/true/null) that is exactly
+    ``agent.cbor.dumps(obj) == buf``, found in the same pass instead of by
+    re-encoding (tests/test_host_decode.py checks the two agree).
+    ``buf`` may be bytes or a memoryview (bytes received into a shared
+    buffer); ``views``: byte strings come back as memoryview slices of
+    ``buf`` (the 16 kB of counters are not copied).
+    """
+    if isinstance(buf, memoryview):
+        if buf.format != "B" or buf.ndim != 1:
+            buf = buf.cast("B")
+    elif not isinstance(buf, bytes):
+        buf = bytes(buf)
+    if not len(buf):
         raise ScanError("cbor", "empty payload")
-    r = _Reader(buf, max_depth, max_items, max_array, max_map)
+    r = _Reader(buf, max_depth, max_items, max_array, max_map,
+                view=(buf if isinstance(buf, memoryview) else memoryview(buf)) if views else None)
     obj = r.item(0)
     if r.pos != len(buf):
         raise ScanError("cbor", "%d trailing bytes after the release map" % (len(buf) - r.pos))
-    return obj
+    return Scan(obj, r.canonical, r.offsets)
 
 
 def peek(buf: Optional[bytes]) -> tuple[Optional[str], Optional[int]]:

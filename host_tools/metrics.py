@@ -27,7 +27,15 @@ own HTTP listener) and the store half by ``serve`` (on ``/metrics``):
   (releases devices still hold, waiting for a host acknowledgement).
 
 Metric values are counts of releases and times, never event counts or
-estimates: nothing here depends on the data beyond what ``status`` shows.
+estimates: nothing here depends on the data beyond what ``status`` shows --
+except the query kinds' own metrics (host_tools.query.kinds, field ``metrics``),
+exported by ``serve`` (which knows the fleet salt) and computed at most once per
+``QUERY_TTL_S`` per store state: ``pansketch_strhh_heavy_estimate{rank,item}``
+(``_lower``, ``_upper``), ``pansketch_strhh_heavy_strings`` and
+``pansketch_strhh_heavy_until_timestamp_seconds``, the answer of ``pansketch
+query heavy -k 10`` over the last day of strhh releases (noisy releases
+post-processed: what any query answers, docs/PRIVACY.md); a kind whose query
+fails counts in ``pansketch_query_metric_errors{kind}``.
 
 Imported by ingest (the aggregator's exporter) and web; reads the store and,
 for the gap and delivery gauges, host_tools.query.status (never ingest or web).
@@ -46,6 +54,7 @@ from typing import Any, Callable, Iterable, Optional
 
 # emitted only once ``status`` reports delivery states (host acknowledgements)
 CONDITIONAL_METRICS = ("pansketch_device_delivery_releases", "pansketch_ack_backlog_releases")
+QUERY_TTL_S = 60.0  # a query kind's metrics are recomputed at most this often, unless the store changed
 LAG_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, float("inf"))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -65,11 +74,14 @@ class StoreCollector:
     """Reads the release database at every scrape (read-only)."""
 
     def __init__(self, db: str, delta: float = 1e-6, with_status: bool = True,
-                 late_grace_s: Optional[float] = None) -> None:
+                 late_grace_s: Optional[float] = None, salt: Optional[str] = None) -> None:
         self.db = db
         self.delta = delta
         self.with_status = with_status
         self.late_grace_s = late_grace_s
+        self.salt = salt
+        self._query_cache: dict[str, tuple[Any, float, list[Any]]] = {}
+        self.query_errors: dict[str, int] = {}
 
     def describe(self) -> Iterable[Any]:  # no scrape at registration time
         return []
@@ -137,6 +149,37 @@ class StoreCollector:
         yield cnt
         if self.with_status:
             yield from self._status(st)
+        if self.salt:
+            yield from self._queries(st, act)
+
+    def _queries(self, st: Any, act: list[Any]) -> Iterable[Any]:
+        """The query kinds' metrics (host_tools.query.kinds), recomputed when the store changed
+        and QUERY_TTL_S passed: a scrape every few seconds must not run a descent each time."""
+        from prometheus_client.core import CounterMetricFamily
+
+        from host_tools.query import kinds
+
+        state = (st.release_count(), max((a[3] for a in act), default=0))
+        now = time.monotonic()
+        for qk in kinds.KINDS:
+            if qk.metrics is None:
+                continue
+            hit = self._query_cache.get(qk.name)
+            if hit is not None and (hit[0] == state or now - hit[1] < QUERY_TTL_S):
+                fams = hit[2]
+            else:
+                try:
+                    fams = qk.metrics(st, self.salt or "")
+                except Exception:
+                    self.query_errors[qk.name] = self.query_errors.get(qk.name, 0) + 1
+                    fams = []
+                self._query_cache[qk.name] = (state, now, fams)
+            yield from fams
+        err = CounterMetricFamily("pansketch_query_metric_errors", "query-kind metrics that failed to compute",
+                                  labels=["kind"])
+        for k, n in sorted(self.query_errors.items()):
+            err.add_metric([k], n)
+        yield err
 
     def _status(self, st: Any) -> Iterable[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -281,10 +324,12 @@ def start_aggregator_exporter(db: str, port: int, addr: str = "127.0.0.1", delta
     return activate(m)
 
 
-def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] = None) -> Any:
-    """A registry with only the store metrics (what ``serve`` exposes on /metrics)."""
+def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] = None,
+                   salt: Optional[str] = None) -> Any:
+    """A registry with only the store metrics (what ``serve`` exposes on /metrics); with the fleet
+    ``salt`` also the query kinds' metrics."""
     from prometheus_client import CollectorRegistry
 
     r = CollectorRegistry(auto_describe=False)
-    r.register(StoreCollector(db, delta, late_grace_s=late_grace_s))
+    r.register(StoreCollector(db, delta, late_grace_s=late_grace_s, salt=salt))
     return r

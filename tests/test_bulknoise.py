@@ -102,3 +102,72 @@ def test_scalar_rng_keeps_the_scalar_path():
     draw_into(a, spec, Rng(DeterministicSource("s")))
     r = Rng(DeterministicSource("s"))
     assert list(a) == [spec.sample(r) for _ in range(500)]
+
+
+def test_geometric_runs_go_on_across_the_pieces_of_the_stream(monkeypatch):
+    """V (CKS Algorithm 2) is cut from one Bernoulli(exp(-1)) stream drawn in pieces: a run of
+    successes still open at the end of a piece must go on in the next. Dropping its successes
+    (the first version) shortened exactly the runs that cross a piece's end, a bias towards small
+    noise that no chi-square test at these sizes sees: here a fixed stream whose 6th run (200
+    successes) spans three pieces must come out as 200."""
+    import agent.bulknoise as bn
+
+    stream = [False] * 5 + [True] * 200 + [False] * 50
+    pos = [0]
+
+    def fixed_stream(_u, m):
+        out = np.array(stream[pos[0]:pos[0] + m], dtype=bool)
+        assert len(out) == m
+        pos[0] += m
+        return out
+
+    monkeypatch.setattr(bn, "_bexp1", fixed_stream)
+    v = bn._geometric(bn._Uniform(DeterministicSource("runs")), 8)
+    assert list(v) == [0, 0, 0, 0, 0, 200, 0, 0]
+
+
+class _FailingSource:
+    """The system source's stand-in that runs dry after ``good`` reads (NoEntropyError mid-draw)."""
+
+    def __init__(self, good: int) -> None:
+        self.inner = DeterministicSource("dry")
+        self.good = good
+
+    def read(self, n: int) -> bytes:
+        if self.good <= 0:
+            return b""
+        self.good -= 1
+        return self.inner.read(n)
+
+
+@pytest.mark.parametrize("good", [1, 3, 10_000])
+def test_bulk_buffers_are_wiped_and_the_array_untouched_on_every_path(monkeypatch, good):
+    """PRIVACY.md: the uniform words and samples of a bulk draw are zeroed before bulk_noise
+    returns, also when the byte source fails mid-draw; and a failed draw adds nothing."""
+    import agent.bulknoise as bn
+    from agent.rng import NoEntropyError
+
+    seen: list[list[np.ndarray]] = []
+    real = bn._Uniform.wipe
+
+    def spy(self):  # type: ignore[no-untyped-def]
+        held = list(self.held)
+        real(self)
+        seen.append(held)
+
+    monkeypatch.setattr(bn._Uniform, "wipe", spy)
+    a = new_counters(4096)
+    for i in range(len(a)):
+        a[i] = i
+    before = list(a)
+    rng = BulkRng(_FailingSource(good))
+    if good < 100:
+        with pytest.raises(NoEntropyError):
+            add_noise(a, NoiseSpec("dgauss", 8), rng)
+        assert list(a) == before
+    else:
+        add_noise(a, NoiseSpec("dgauss", 8), rng)
+        assert list(a) != before
+    assert len(seen) == 1 and seen[0], "the draw's buffers were not handed to wipe()"
+    assert all(not x.any() for x in seen[0])
+    assert bytes(rng._buf) == bytes(32)

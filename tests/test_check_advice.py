@@ -47,3 +47,15 @@ def test_check_cli_prints_the_advice(tmp_path):
     r = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "-c", str(conf), "--offline", "--events",
                         "100000"], capture_output=True, text=True, timeout=60)
     assert "uninformative" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_dcs_resolution_line_names_the_least_squares_capacity():
+    """The per-salt intervals solve at most d*w/2 nodes per hashed level (host_tools.query.dyadic.LS_MAX_SHARE):
+    check says how many readings that resolves, before an answer comes coarsened or with no honest interval."""
+    from host_tools.query import dyadic
+
+    for d, w in ((4, 1024), (3, 16)):
+        lines = _advice(100_000, kind="dcs", b=16, d=d, w=w)
+        res = [x for x in lines if x.startswith("resolution")]
+        assert res and ("at most %d readings" % int(dyadic.LS_MAX_SHARE * d * w / 2)) in res[0], lines
+    assert not any(x.startswith("resolution") for x in _advice(50, kind="dcs", b=16, d=4, w=1024))

@@ -293,3 +293,58 @@ def test_interval_coverage_at_eps_half_both_sides():
 def test_host_reads_p_from_the_device():
     assert distinct.device_p(16, 1024, (1, 2)) == Fraction(5, 8)
     assert distinct.device_p(16, 1024, (1, 1)) == Fraction(3, 4)
+
+
+def test_neyman_interval_covers_at_every_n_and_eps(monkeypatch):
+    """release_interval (maximum likelihood + Neyman interval from the device's simulated sampling
+    distribution) on exact simulations of the device's bits (dnpry_simulate, not the host's own
+    simulator): at eps = 1/2 and 3/2 and n = 30 and 3000 (a 10 x 256 sketch and 800 simulations per
+    band, so the run is short), misses of each side stay within the 0.1%..99.9% points of
+    Binomial(N, 0.025). The inverse-variance estimate +- z sd it replaced missed low too rarely at
+    small n and too often at large n."""
+    from scipy.stats import binom
+
+    monkeypatch.setattr(distinct, "NEY_DRAWS", 800)
+    monkeypatch.setattr(distinct, "_ney_cache", {})
+    m, K = 256, 10
+    g = np.random.default_rng(31)
+    low = high = total = 0
+    for en, ed in ((1, 2), (3, 2)):
+        ov = noise_variance("dlap", ed, en)
+        for D in (30, 3000):
+            for _ in range(70):
+                d, lo, hi = distinct.release_interval(dnpry_simulate(D, m, K, en / ed, g), K, m, (en, ed), ed / en, ov)
+                assert lo <= d <= hi
+                low += D < lo
+                high += D > hi
+                total += 1
+    lo_b, hi_b = int(binom.ppf(0.001, total, 0.025)), int(binom.ppf(0.999, total, 0.025))
+    assert lo_b <= low <= hi_b and lo_b <= high <= hi_b, (low, high, total, lo_b, hi_b)
+
+
+def test_mle_has_no_collapse_at_large_n():
+    """At 2e6 distinct and eps = 1/2 the former inverse-variance average fell to ~4e5 in 2.5% of
+    releases (a self-consistent wrong weighting); the maximum-likelihood estimate's 1st percentile
+    stays above half the truth."""
+    m, K = 1024, 16
+    g = np.random.default_rng(5)
+    ov = noise_variance("dlap", 2, 1)
+    p = float(distinct.device_p(K, m, (1, 2)))
+    sims = distinct.simulate_device(2_000_000, K, m, p, 2.0, 400, g)
+    est = distinct.mle_many(sims, m, p, ov)
+    old = np.array([distinct.estimate_release(c, m, 0.5, ov)[0] for c in sims])
+    assert np.quantile(est, 0.01) > 1_000_000, np.quantile(est, 0.01)
+    assert np.quantile(old, 0.01) < 1_000_000  # what it replaces
+
+
+def test_device_path_covers(tmp_path):
+    """Recorder -> release bytes -> decode -> store -> query distinct, a short version of
+    python -m host_tools.bench.accuracy --dbits-device 40: 12 releases of 1,500 distinct items, misses
+    at most the 99.9% point of Binomial(12, 0.05)."""
+    from scipy.stats import binom
+
+    from host_tools.bench.accuracy import dbits_device_path
+
+    rows = dbits_device_path(12, Ds=(1500,), K=12, m=256, workdir=str(tmp_path))
+    misses = round(12 * (1 - rows[0]["coverage"]))
+    assert misses <= int(binom.ppf(0.999, 12, 0.05)), rows

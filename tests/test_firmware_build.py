@@ -29,7 +29,11 @@ MANIFEST = REPO / "firmware" / "manifest.py"
 
 def _manifest() -> dict:
     calls: dict = {"include": [], "require": [], "package": [], "module": []}
+    class Options:  # MicroPython's IncludeOptions: include() keywords, None when not given
+        unix_port = None
+
     env = {
+        "options": Options(),
         "include": lambda p, **kw: calls["include"].append(p),
         "require": lambda n, **kw: calls["require"].append(n),
         "package": lambda p, files=None, base_path=".", opt=None: calls["package"].append((p, files, base_path)),

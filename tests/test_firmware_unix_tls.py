@@ -89,7 +89,9 @@ def test_tls_board_with_client_cert_releases_stored_and_acked(mpunix, tmp_path, 
             fed += batch
             U.wait_until(lambda: False, 0.7)
         n = board.next_seq()
-        assert U.wait_until(lambda: board.next_seq() >= n + 2 and U.all_stored(host, board), 20), \
+        # two windows after the feed, and at least the 3 asserted below (a slow TLS boot under load
+        # can leave the first window's release for after the feed)
+        assert U.wait_until(lambda: board.next_seq() >= max(n + 2, 3) and U.all_stored(host, board), 30), \
             (board.next_seq(), host.stored_seqs(), sorted(board.outbox()), board.text[-2000:])
     finally:
         board.stop()
@@ -187,8 +189,10 @@ def test_tls_heap_high_water(mpunix, tmp_path, pki):  # noqa: F811
     print(json.dumps(res, sort_keys=True))
     assert tls["live_high_water"] <= tls["heap"]
     # tests/mpunix/build.sh's 32-bit build allocates Mbed TLS from the Python heap, as a Pico W does: the
-    # session's record buffers (16 KiB in, 4 KiB out) and state count here, within the 40 KiB that
+    # session's record buffers (16 KiB in, 4 KiB out) and state count here, within the 28 KiB that
     # firmware/memory.py budgets for TLS on a Pico W. (The 64-bit fallback allocates them with libc: only
     # the ssl module, the context and the socket object count, a few KiB.)
     in_heap = "tls-in-heap" in (U.CACHE / "SOURCE").read_text() if (U.CACHE / "SOURCE").exists() else False
-    assert (16 * 1024 if in_heap else 0) < cost <= 40 * 1024, res
+    from firmware import memory
+
+    assert (16 * 1024 if in_heap else 0) < cost <= memory.profile("picow")["tls"], res

@@ -71,3 +71,50 @@ def test_cbor_heads_shortest_form():
                    (2**32, "1b0000000100000000"), (-1, "20"), (-25, "3818")]:
         assert cbor.dumps(n).hex() == enc
         assert cbor2.loads(cbor.dumps(n)) == n
+
+
+def strhh_example():
+    p = Params({"device": "pico-7", "salt": "fleet-salt-1", "kind": "strhh", "len": 3, "d": 3, "w": 2,
+                "mechanism": "dlap", "budget": "1", "persist_noise": "refresh"})
+    noisy = [3, -4, 1, 4, -6, 2, -2, 6, -3, -1, 2, 0, 5, 0, 0, 1, 0, 6]
+    c = new_counters(18)
+    for i, v in enumerate(noisy):
+        c[i] = v
+    return release.encode(p, 42, 480000, 480001, 0, c)
+
+
+def test_strhh_worked_example_decodes_as_documented():
+    """The strhh example's bytes are the encoder's; the host decodes them to the documented fields;
+    the documented columns/signs are hash version 1's; counters minus the documented noise are the
+    exact counters of the events ab, ab, x; the documented node estimates are the host's."""
+    import numpy as np
+
+    from agent import hashing
+    from agent.strhh import encode_item, level_prefix
+    from host_tools import fasthash
+    from host_tools.ingest.decode import decode
+    from host_tools.query import strheavy
+
+    b = strhh_example()
+    assert _doc_block(len(b)) == b and len(b) == 262
+    r = decode(b)
+    assert (r.kind, r.levels, r.d, r.w, r.nint, r.L) == ("strhh", 3, 3, 2, (9, 1), 3)
+    C = r.counters()
+    assert C.shape == (9, 2) and C.ravel().tolist() == list(memoryview(cbor2.loads(b)["ctr"]).cast("i"))
+    noise = np.array([3, -1, 0, 2, -4, 1, 0, 5, -2, -1, 1, 0, 2, 0, -3, 1, -1, 4]).reshape(9, 2)
+    assert ((C - noise) == strheavy.exact_counters(["ab", "ab", "x"], 3, 3, 2, "fleet-salt-1")).all()
+    text = DOC.read_text()
+    sec = text[text.index("#### Worked example (strhh)"):text.index("#### Kind `dbits`")]
+    pre = hashing.salt_prefix("fleet-salt-1")
+    for lv in range(3):
+        for it in ("ab", "x"):
+            node = encode_item(it, 3)[:lv + 1]
+            st = bytes(hashing.digest(level_prefix(pre, lv), node, 3))
+            cols, signs = fasthash.cols_signs(np.frombuffer(st, dtype=np.uint8)[None, :], 3, 2)
+            row = "| %d | `%s` | `%s` | %s | %s |" % (
+                lv, " ".join("%02x" % x for x in node),
+                " ".join(st[i:i + 4].hex() for i in (0, 4, 8)), ", ".join(str(x) for x in cols[0]),
+                ", ".join("+1" if s > 0 else "\u22121" for s in signs[0]))
+            assert row in sec, row
+    v = strheavy.PrefixView(C, 3, 3, 2, "fleet-salt-1", [])
+    assert v.node_est(1, [b"ab"])[0] == 2 and v.node_est(2, [b"ab\x00"])[0] == 5

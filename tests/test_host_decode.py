@@ -298,3 +298,94 @@ def test_fast_encoding_check_agrees_with_the_reference():
             continue
         assert canonical_offset(mv, v) == canonical_offset_ref(mv, v)
         assert canonical_offset(mv, good) == canonical_offset_ref(mv, good)
+
+
+def test_scanner_encoding_check_is_exactly_reencoding():
+    """cborscan.scan's one-pass check (shortest heads, keys in encoded order) says canonical exactly when
+    agent.cbor re-encodes the decoded value to the same bytes; the counters' offset and the plain reader
+    agree, also on memoryviews and on random mutations (a wrong check would store non-deterministic bytes,
+    or refuse what devices write)."""
+    import random
+
+    from agent import cbor as acbor
+    from host_tools import cborscan
+
+    p = params(w=16)
+    good = encoded(p, seq=70000, fill=-3, nz=300)
+    sc = cborscan.scan(good)
+    assert sc.canonical and good[sc.offsets["ctr"]:sc.offsets["ctr"] + len(sc.obj["ctr"])] == sc.obj["ctr"]
+    head = good.index(b"\x63seq")  # 'seq' 70000 = 0x1a 00 01 11 70: re-encode it with an 8-byte head
+    longer = good[:head + 4] + b"\x1b" + (70000).to_bytes(8, "big") + good[head + 9:]
+    assert cborscan.loads(longer)["seq"] == 70000 and not cborscan.scan(longer).canonical
+    dv = good.index(b"\x63dev")  # swap two adjacent 3-letter keys' positions by renaming: out of order
+    assert not cborscan.scan(good[:dv] + b"\x63zzz" + good[dv + 4:]).canonical
+
+    def plain(o):
+        if isinstance(o, memoryview):
+            return bytes(o)
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        return [plain(v) for v in o] if isinstance(o, list) else o
+
+    rng = random.Random(5)
+    seen = [0, 0]
+    for _ in range(3000):
+        b = bytearray(good)
+        for _k in range(rng.randint(1, 3)):
+            i = rng.randrange(len(b))
+            b[i] = rng.randrange(256)
+        b = bytes(b)
+        try:
+            sc = cborscan.scan(memoryview(b), views=True)
+        except cborscan.ScanError:
+            continue
+        assert plain(sc.obj) == cborscan.loads(b)
+        try:
+            same = acbor.dumps(plain(sc.obj)) == b
+        except (TypeError, ValueError):
+            same = False
+        assert sc.canonical == same, b
+        seen[same] += 1
+    assert seen[0] > 50 and seen[1] > 50  # both answers exercised
+
+
+def test_payload_frames_between_processes():
+    """child.send_batch / recv_frame: a batch's payloads come back byte for byte as views of one buffer,
+    pickled objects sent with Connection.send in between are told apart, a reused buffer too small is
+    replaced (never resized under live views), sizes that do not add up are refused."""
+    import socket
+    import struct
+    import threading
+    from multiprocessing.connection import Connection
+
+    from host_tools.ingest import child
+
+    a, b = socket.socketpair()
+    ca, cb = Connection(a.detach()), Connection(b.detach())
+    msgs = [bytes([i]) * (i * 997) for i in range(1, 12)] + [b""]
+    meta = [("t/%d" % i, len(m), i) for i, m in enumerate(msgs)]
+    child.send_batch(ca, meta, msgs)
+    ca.send(("connected",))
+    buf = bytearray(10)
+    fr = child.recv_frame(cb, buf)
+    assert fr.batch and fr.obj == meta and [bytes(v) for v in fr.payloads] == msgs
+    assert fr.buf is not buf and len(buf) == 10
+    ev = child.recv_frame(cb, fr.buf)
+    assert not ev.batch and ev.obj == ("connected",) and ev.buf is fr.buf
+    child.send_batch(ca, meta[:2], msgs[:2])
+    fr2 = child.recv_frame(cb, fr.buf)
+    assert fr2.buf is fr.buf and [bytes(v) for v in fr2.payloads] == msgs[:2]
+    big = [bytes([i % 251]) * 16583 for i in range(300)]  # ~5 MB: writev goes out in many partial writes
+    t = threading.Thread(target=child.send_batch, args=(ca, [("x", len(m)) for m in big], big))
+    t.start()
+    fr3 = child.recv_frame(cb, fr2.buf)
+    t.join(10)
+    assert [bytes(v) for v in fr3.payloads] == big
+    hdr = __import__("pickle").dumps([("x", 2)])
+    body = struct.pack("!BI", child.BATCH, len(hdr)) + hdr + b"abc"  # says 2 bytes, carries 3
+    ca.send_bytes(body)
+    with pytest.raises(ValueError):
+        child.recv_frame(cb)
+    ca.close()
+    with pytest.raises(EOFError):
+        child.recv_frame(cb)

@@ -57,6 +57,7 @@ from tests.broker import Mosquitto, start_mosquitto
 REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "tests" / "mpunix"
 BUILD = HERE / "build.sh"
+BUILD_FROZEN = HERE / "build-frozen.sh"  # the same VM with the firmware frozen into its image
 LAUNCHER = HERE / "board.py"
 FAKES = HERE / "fakes"
 CACHE = REPO / ".micropython"
@@ -92,6 +93,33 @@ def build() -> Path:
     return _built["bin"]
 
 
+_frozen: dict[str, Any] = {}
+
+
+def build_frozen() -> Path:
+    """Build (or update) the frozen-image VM of tests/mpunix/build-frozen.sh: this checkout's agent/,
+    firmware/ and umqtt.simple compiled into the binary, as in an image built with firmware/manifest.py.
+    Raises RuntimeError with the build's output. PANSKETCH_MICROPYTHON_FROZEN overrides the binary."""
+    if "bin" in _frozen:
+        return _frozen["bin"]
+    if "error" in _frozen:
+        raise RuntimeError(_frozen["error"])
+    override = os.environ.get("PANSKETCH_MICROPYTHON_FROZEN")
+    if override:
+        _frozen["bin"] = Path(override)
+        return _frozen["bin"]
+    try:
+        p = subprocess.run(["bash", str(BUILD_FROZEN)], capture_output=True, text=True, timeout=1500, cwd=REPO)
+        out = p.stdout.strip().splitlines()
+        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
+            raise RuntimeError("tests/mpunix/build-frozen.sh failed (exit %d): %s" % (p.returncode, p.stderr[-1500:]))
+    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
+        _frozen["error"] = str(exc)
+        raise RuntimeError(str(exc))
+    _frozen["bin"] = Path(out[-1])
+    return _frozen["bin"]
+
+
 _bits: dict[Path, int] = {}
 
 
@@ -121,6 +149,17 @@ def mpunix() -> Path:
         if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
             pytest.fail("MicroPython Unix port required but not built: %s" % exc)
         pytest.skip("MicroPython Unix port cannot be built here: %s" % exc)
+
+
+@pytest.fixture(scope="session")
+def mpunix_frozen() -> Path:
+    """Path of the frozen-image Unix-port binary (built or updated on first use; skip/fail as ``mpunix``)."""
+    try:
+        return build_frozen()
+    except RuntimeError as exc:
+        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
+            pytest.fail("MicroPython Unix port (frozen image) required but not built: %s" % exc)
+        pytest.skip("MicroPython Unix port (frozen image) cannot be built here: %s" % exc)
 
 
 # -- the board's flash ---------------------------------------------------------
@@ -164,9 +203,16 @@ def mpy_available() -> bool:
     return True
 
 
-def stage_flash(flash: Path, cfg: dict[str, Any], mpy: bool = False) -> Path:
-    """Write a board's flash as ``deploy/flash.sh [--mpy]`` plus ``mip install umqtt.simple`` would."""
+def stage_flash(flash: Path, cfg: dict[str, Any], mpy: bool = False, frozen: bool = False) -> Path:
+    """Write a board's flash as ``deploy/flash.sh [--mpy]`` plus ``mip install umqtt.simple`` would;
+    ``frozen``: as ``deploy/flash.sh --frozen`` (config, boot.py and main.py only: the code is in the
+    image of :func:`build_frozen`)."""
     flash.mkdir(parents=True, exist_ok=True)
+    if frozen:
+        shutil.copyfile(REPO / "firmware" / "boot.py", flash / "boot.py")
+        shutil.copyfile(REPO / "firmware" / "main.py", flash / "main.py")
+        write_config(flash, cfg)
+        return flash
     for rel in manifest_files():
         src = REPO / rel
         if mpy:

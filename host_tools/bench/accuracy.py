@@ -201,6 +201,30 @@ def freq_topk(keys: list[str], vals: np.ndarray, salts: int, devices: int, ks: t
     return out
 
 
+def freq_cov(keys: list[str], vals: np.ndarray, salts: int, devices: int, d: int, w: int,
+             confidence: float = 0.95) -> dict[str, Any]:
+    """Per-salt coverage of the cs and cms frequency intervals over every token at (d, w) (one
+    noise draw per salt: 23k items per draw, so a salt's coverage is measured to ~0.2 points)."""
+    out: dict[str, Any] = {"d": d, "w": w, "salts": salts, "confidence": confidence}
+    for kind in ("cs", "cms"):
+        cov = []
+        for s in range(salts):
+            salt = "accuracy-salt-%03d" % s
+            cols, signs = fasthash.cols_signs(fasthash.streams(keys, salt, d), d, w)
+            ex = fasthash.counts_from_distinct(keys, vals, kind, d, w, salt)
+            C, terms = add_fleet_noise(ex, device_noise(kind, d, w), devices, BulkNoise(7000 + s))
+            m = Merged(kind=kind, d=d, w=w, hv=1, salt="", counters=C, releases=devices, devices=[], noise=terms,
+                       t0=0, t1=0)
+            est = estimators.point_estimates(C, cols, signs, kind)
+            rule = estimators.interval_rule(m, confidence)
+            cov.append(float(((est - rule.below <= vals) & (vals <= est + rule.above)).mean()))
+        out[kind] = {"median": pct(cov, 0.5), "p05": pct(cov, 0.05), "min": min(cov),
+                     "share_ok": float(np.mean([c >= confidence - 0.05 for c in cov]))}
+        print("freq %s d=%d w=%d: per-salt coverage median %.4f p05 %.4f" % (kind, d, w, out[kind]["median"],
+                                                                            out[kind]["p05"]), flush=True)
+    return out
+
+
 def frequent_items(keys: list[str], vals: np.ndarray, ks: tuple[int, ...], budget: int) -> dict[str, Any]:
     """DataSketches frequent_strings_sketch with the largest map that fits ``budget`` bytes serialized."""
     import datasketches as ds  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -228,33 +252,92 @@ def frequent_items(keys: list[str], vals: np.ndarray, ks: tuple[int, ...], budge
 QS = np.array([0.01, 0.05, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95, 0.99])
 
 
+def add_sum_noise(exact: np.ndarray, draws: list[tuple[str, Fraction]], devices: int, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, list[NoiseTerm]]:
+    """Counters plus the fleet's summed noise drawn as one rounded normal per cell of the same variance
+    (devices x draws discrete Gaussians of sigma^2 = 68 each: their sum is within ~1e-3 of it in total
+    variation; the exact draws, :func:`add_fleet_noise`, cost 20 s per merged dcs sketch). The terms
+    the host reads are the exact ones."""
+    from host_tools.query.merge import noise_variance
+
+    terms = [NoiseTerm(mech, par.numerator, par.denominator, devices) for mech, par in draws]
+    var = sum(t.count * noise_variance(t.mech, t.num, t.den) for t in terms)
+    z = np.rint(rng.normal(0.0, math.sqrt(var), np.shape(exact))).astype(np.int64)
+    return np.asarray(exact, dtype=np.int64) + z, terms
+
+
 def quantiles(name: str, values: np.ndarray, salts: int, devices: int, configs: tuple[tuple[int, int], ...],
-              b: int = 16, confidence: float = 0.95) -> dict[str, Any]:
+              b: int = 16, confidence: float = 0.95, reps: int = 4) -> dict[str, Any]:
+    """Per-salt coverage of dcs rank intervals: for each salt (a fleet's fixed hash key) ``reps``
+    independent noise draws (the noise is fresh in every release, the salt is not), each answering
+    the QS quantiles and a 17-point default CDF; a salt's coverage is the share of its rows whose
+    interval holds the true rank (rows without an honest interval are counted apart). 'after' are
+    the answers of ``query quantile`` / ``query cdf`` (dyadic.rank_answers: per-salt least-squares
+    intervals, values coarsened to the resolution the salt's sketch resolves); 'before' the
+    hash-averaged calibrated intervals at the uncoarsened values (DyadicView.rank_le_right / rank_le)."""
+    from host_tools.query.dyadic import rank_answers
+
     vals = np.clip(values, 0, (1 << b) - 1)
     srt = np.sort(vals)
     n = len(vals)
-    out: dict[str, Any] = {"data": name, "n": n, "b": b, "devices": devices, "salts": salts,
-                           "confidence": confidence, "configs": []}
+    out: dict[str, Any] = {"data": name, "n": n, "b": b, "devices": devices, "salts": salts, "reps": reps,
+                           "distinct_values": int(len(np.unique(vals))), "confidence": confidence, "configs": []}
+    cdf_q = np.linspace(0.0, 1.0, 17)
+    ident = (1, 1, 0)
     for d, w in configs:
-        per_salt: list[float] = []
+        before: list[float] = []
+        after: list[float] = []
+        honest: list[float] = []
         rank_err: list[float] = []
         width: list[float] = []
+        width0: list[float] = []
+        res_blocks: list[int] = []
         draws = device_noise("dcs", d, w, b)
         for s in range(salts):
             salt = "accuracy-dcs-%03d" % s
-            C, terms = add_fleet_noise(exact_counters(vals, b, d, w, salt), draws, devices, BulkNoise(5000 + s))
-            v = DyadicView(C, b, d, w, salt, terms, confidence)
-            xs = v.quantile(QS)
-            r, h = v.rank_le_right(xs)
-            true = np.searchsorted(srt, xs, side="right")
-            per_salt.append(float(((r - h <= true) & (true <= r + h)).mean()))
-            lo = np.searchsorted(srt, xs, side="left") / n
-            rank_err += list(np.maximum(0.0, np.maximum(lo - QS, QS - true / n)))
-            width += list(h / n)
-        row: dict[str, Any] = {"d": d, "w": w, "memory_bytes": 4 * d * w * (b + 1), "coverage_median": pct(per_salt, 0.5),
-               "coverage_p05": pct(per_salt, 0.05), "coverage_min": min(per_salt),
-               "rank_err_mean": float(np.mean(rank_err)), "halfwidth_mean_frac": float(np.mean(width)),
-               "_per_salt": per_salt}
+            ex = exact_counters(vals, b, d, w, salt)
+            cb = tb = ca = ta = hn = 0
+            for rep in range(reps):
+                C, terms = add_sum_noise(ex, draws, devices, np.random.default_rng([5000, d, w, s, rep]))
+                v = DyadicView(C, b, d, w, salt, terms, confidence)
+                xq = v.quantile(QS)
+                xc = np.unique(np.minimum((1 << b) - 1, v.quantile(cdf_q)))
+                for xs, right in ((xq, True), (xc, False)):
+                    r, h = v.rank_le_right(xs) if right else v.rank_le(xs)
+                    true = np.searchsorted(srt, xs, side="right")
+                    cb += int(((r - h <= true) & (true <= r + h)).sum())
+                    tb += len(xs)
+                    width0 += list(h / n)
+                    rows = rank_answers(v, xs, list(QS) if right else None, ident, coarsen=True)
+                    for a in rows:
+                        ta += 1
+                        if not a.honest:
+                            continue
+                        hn += 1
+                        t_ = int(np.searchsorted(srt, a.x, side="right"))
+                        ca += int(a.rank_lo <= t_ <= a.rank_hi)
+                        width.append((a.rank_hi - a.rank_lo) / (2.0 * n))
+                    res_blocks.append(rows[0].resolution)
+                lo = np.searchsorted(srt, xq, side="left") / n
+                hi = np.searchsorted(srt, xq, side="right") / n
+                rank_err += list(np.maximum(0.0, np.maximum(lo - QS, QS - hi)))
+            before.append(cb / tb)
+            after.append(ca / hn if hn else math.nan)
+            honest.append(hn / ta)
+        aft = [x for x in after if not math.isnan(x)]
+        row: dict[str, Any] = {
+            "d": d, "w": w, "memory_bytes": 4 * d * w * (b + 1),
+            "before": {"median": pct(before, 0.5), "p05": pct(before, 0.05), "min": min(before)},
+            "after": {"median": pct(aft, 0.5), "p05": pct(aft, 0.05), "min": min(aft) if aft else math.nan,
+                      "share_ok": float(np.mean([x >= confidence - 0.05 for x in aft])) if aft else math.nan},
+            "honest_share": float(np.mean(honest)), "resolution_median": int(np.median(res_blocks)),
+            "rank_err_mean": float(np.mean(rank_err)), "halfwidth_mean_frac": float(np.mean(width)) if width else math.nan,
+            "halfwidth_before_mean_frac": float(np.mean(width0)), "_per_salt": aft, "_per_salt_before": before}
+        print("dcs %s d=%d w=%d: per-salt coverage before median %.3f p05 %.3f | after median %.3f p05 %.3f "
+              "(share >= %.2f: %.3f), honest %.3f, block %d"
+              % (name, d, w, row["before"]["median"], row["before"]["p05"], row["after"]["median"],
+                 row["after"]["p05"], confidence - 0.05, row["after"]["share_ok"], row["honest_share"],
+                 row["resolution_median"]), flush=True)
         try:
             row["kll"] = kll(vals, row["memory_bytes"])
         except ImportError:
@@ -311,38 +394,76 @@ def distinct_reference(keys: list[str], budget: int) -> Optional[dict[str, Any]]
 
 # -- dbits -------------------------------------------------------------------------------------
 def dbits_coverage(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000, 300_000, 1_000_000),
-                   epss: tuple[tuple[int, int], ...] = ((1, 2), (1, 1)), K: int = 16, m: int = 1024,
+                   epss: tuple[tuple[int, int], ...] = ((1, 4), (1, 2), (1, 1), (3, 2)), K: int = 16, m: int = 1024,
                    confidence: float = 0.95, seed: int = 2026) -> list[dict[str, Any]]:
-    """Coverage of one release's interval, the default dbits (16 levels x 1024 bits), by n and eps:
-    the releases are exact simulations of the device (host_tools.bench.kinds.dnpry_simulate), the
-    interval is the host's (host_tools.query.distinct), next to the former delta-method one."""
-    from statistics import NormalDist
-
+    """Coverage of one release's interval, the default dbits (16 levels x 1024 bits), by n and eps
+    (1/4 .. 3/2: the accepted budgets go up to 1.5936): the releases are exact simulations of the
+    device's bits (host_tools.bench.kinds.dnpry_simulate: every item's level and bucket drawn, not
+    the host's simulator), the interval the host's (host_tools.query.distinct.release_interval)."""
     from host_tools.bench.kinds import dnpry_simulate
-    from host_tools.query.distinct import boot_variance, estimate_release
+    from host_tools.query.distinct import release_interval
     from host_tools.query.merge import noise_variance
 
-    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
     rows: list[dict[str, Any]] = []
     for en, ed in epss:
         eps = en / ed
         ov = noise_variance("dlap", ed, en)
         for D in Ds:
             g = np.random.default_rng([seed, D, en, ed])
-            inside = inside_delta = 0
-            err = []
+            inside = 0
+            err, half = [], []
             for _ in range(trials):
-                d, v = estimate_release(dnpry_simulate(D, m, K, eps, g), m, eps, ov)
-                vb = boot_variance(d, K, m, (en, ed), ed / en, ov)
-                inside += abs(d - D) <= z * math.sqrt(vb)
-                inside_delta += abs(d - D) <= z * math.sqrt(v)
+                d, lo, hi = release_interval(dnpry_simulate(D, m, K, eps, g), K, m, (en, ed), ed / en, ov, confidence)
+                inside += lo <= D <= hi
                 err.append(d / D - 1.0)
+                half.append((hi - lo) / (2.0 * D))
             rows.append({"eps": "%d/%d" % (en, ed), "n": D, "trials": trials, "coverage": inside / trials,
-                         "coverage_delta_method": inside_delta / trials,
-                         "rel_err_rmse": float(np.sqrt(np.mean(np.square(err))))})
-            print("dbits eps %d/%d n %d: coverage %.3f (delta method %.3f), relative RMSE %.3f"
-                  % (en, ed, D, rows[-1]["coverage"], rows[-1]["coverage_delta_method"], rows[-1]["rel_err_rmse"]),
+                         "rel_err_rmse": float(np.sqrt(np.mean(np.square(err)))),
+                         "halfwidth_median": float(np.median(half))})
+            print("dbits eps %d/%d n %d: coverage %.3f, relative RMSE %.3f, median half-width %.3f of n"
+                  % (en, ed, D, rows[-1]["coverage"], rows[-1]["rel_err_rmse"], rows[-1]["halfwidth_median"]),
                   flush=True)
+    return rows
+
+
+def dbits_device_path(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000), eps: str = "1/2",
+                      K: int = 16, m: int = 1024, confidence: float = 0.95, workdir: Optional[str] = None
+                      ) -> list[dict[str, Any]]:
+    """Coverage through the real path: the device's recorder (agent.recorders.make_recorder, kind
+    dbits, window mode) fed ``D`` distinct items, its release bytes from the outbox, the aggregator's
+    decode, the SQLite store and ``pansketch query distinct`` (host_tools.query.distinct.query).
+    ``trials`` per D, a fresh salt each (the device's randomness from a seeded source)."""
+    import tempfile
+
+    from agent.params import Params
+    from agent.recorders import make_recorder
+    from agent.rng import DeterministicSource, Rng
+    from host_tools.ingest.decode import decode
+    from host_tools.query import distinct
+    from host_tools.store.core import Store
+
+    t0 = 200_000 * 3600
+    rows = []
+    for D in Ds:
+        inside = 0
+        for t in range(trials):
+            with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+                salt = "dbits-path-%d-%d" % (D, t)
+                p = Params({"device": "pi-1", "salt": salt, "kind": "dbits", "d": K, "w": m, "mechanism": "dlap",
+                            "budget": eps, "mode": "window", "window_s": 3600})
+                rec = make_recorder(p, tmp, t0, rng=Rng(DeterministicSource(b"dbits-path-%d-%d" % (D, t))),
+                                    log=lambda msg: None)
+                rec.add_many(["item-%d-%d" % (t, i) for i in range(D)])
+                rec.tick(t0 + 3600)
+                st = Store(os.path.join(tmp, "db"))
+                for f in sorted(Path(tmp, "outbox").glob("*.cbor")):
+                    st.insert(decode(f.read_bytes(), "pansketch/pi-1/release"))
+                a = distinct.query(st, salt=salt, confidence=confidence)
+                st.close()
+                hi = math.inf if a["hi"] is None else a["hi"]
+                inside += a["lo"] <= D <= hi
+        rows.append({"eps": eps, "n": D, "trials": trials, "coverage": inside / trials, "path": "device"})
+        print("dbits device path eps %s n %d: %d of %d covered" % (eps, D, inside, trials), flush=True)
     return rows
 
 
@@ -363,6 +484,8 @@ def figures(res: dict[str, Any], outdir: str) -> list[str]:
     for q in res["quantiles"]:
         for c in q["configs"]:
             ax.hist(c["_per_salt"], bins=20, alpha=0.4, label="dcs %s d=%d w=%d" % (q["data"], c["d"], c["w"]))
+            ax.hist(c["_per_salt_before"], bins=20, alpha=0.2, histtype="step",
+                    label="before: dcs %s d=%d w=%d" % (q["data"], c["d"], c["w"]))
     ax.axvline(res["freq"]["confidence"], color="k", ls="--", lw=1)
     ax.set_xlabel("coverage per salt (one fleet = one salt)")
     ax.set_ylabel("salts")
@@ -422,14 +545,30 @@ def tables(res: dict[str, Any]) -> str:
     if fi:
         lines.append("| DataSketches frequent_items (lg map %d, %d bytes, no candidates) | %.2f | - | %.2f | - |"
                      % (fi["lg_max_map_size"], fi["serialized_bytes"], fi["precision"]["50"], fi["precision"]["100"]))
-    lines += ["", "| quantiles (dcs, b = 16) | d x w | coverage per salt at 0.95: median | 5th pct | min | "
-              "mean rank error | mean half-width (of n) | KLL rank error (bytes) |", "|---|---|---|---|---|---|---|---|"]
-    for q in res["quantiles"]:
+    lines += ["", "Per-salt coverage at 0.95 (one salt = one fleet). dcs rows: each salt answers %s noise draws "
+              "(fresh releases) x (15 quantiles + a 17-point default CDF); before = the hash-averaged calibrated "
+              "intervals, after = the per-salt least-squares ones (`query quantile` / `query cdf`)."
+              % (res["quantiles"][0].get("reps", "?") if res.get("quantiles") else "?"), "",
+              "| kind, data | d x w | before: median | 5th pct | after: median | 5th pct | min | salts >= 0.90 | "
+              "honest rows | block | mean half-width (of n) | KLL rank error (bytes) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for fc in [f.get("coverage_per_salt") and {"d": f["d"], "w": f["w"], **{k: dict(f["coverage_per_salt"][k],
+               share_ok=float(np.mean([c >= f["confidence"] - 0.05 for c in f["_raw_coverage"][k]])))
+               for k in ("cs", "cms")}}] + list(res.get("freq_small", [])):
+        for k in ("cs", "cms"):
+            c = fc[k]
+            lines.append("| %s frequency, tokens | %d x %d | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f | 1.00 | - | - | - |"
+                         % (k, fc["d"], fc["w"], c["median"], c["p05"], c["median"], c["p05"], c["min"],
+                            c["share_ok"]))
+    for q in res.get("quantiles", []):
         for c in q["configs"]:
             kl = c.get("kll")
-            lines.append("| %s (n = %d) | %d x %d | %.3f | %.3f | %.3f | %.4f | %.4f | %s |"
-                         % (q["data"], q["n"], c["d"], c["w"], c["coverage_median"], c["coverage_p05"],
-                            c["coverage_min"], c["rank_err_mean"], c["halfwidth_mean_frac"],
+            lines.append("| dcs rank, %s (n = %d, %d values) | %d x %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | "
+                         "%.2f | %d | %.4f (was %.4f) | %s |"
+                         % (q["data"], q["n"], q.get("distinct_values", 0), c["d"], c["w"], c["before"]["median"],
+                            c["before"]["p05"], c["after"]["median"], c["after"]["p05"], c["after"]["min"],
+                            c["after"]["share_ok"], c["honest_share"], c["resolution_median"],
+                            c["halfwidth_mean_frac"], c["halfwidth_before_mean_frac"],
                             "%.4f (%d)" % (kl["rank_err_mean"], kl["serialized_bytes"]) if kl else "-"))
     ds_ = res.get("distinct")
     if ds_ and "hll" in ds_:
@@ -454,22 +593,47 @@ def dbits_table(rows: list[dict[str, Any]]) -> str:
     ns = sorted({r["n"] for r in rows})
     out = ["| dbits 16 x 1024, 95%% intervals (%d trials per cell) | %s |" % (
         rows[0]["trials"], " | ".join("n = %g" % n for n in ns)), "|---" * (len(ns) + 1) + "|"]
-    for eps in sorted({r["eps"] for r in rows}, key=lambda e: -len(e)):
+    for eps in sorted({r["eps"] for r in rows}, key=lambda e: Fraction(e)):
         by = {r["n"]: r for r in rows if r["eps"] == eps}
-        out.append("| eps = %s: coverage (delta method before) | %s |" % (eps, " | ".join(
-            "%.3f (%.3f)" % (by[n]["coverage"], by[n]["coverage_delta_method"]) if n in by else "-" for n in ns)))
-        out.append("| eps = %s: relative RMSE | %s |" % (eps, " | ".join(
-            "%.3f" % by[n]["rel_err_rmse"] if n in by else "-" for n in ns)))
+        out.append("| eps = %s: coverage | %s |" % (eps, " | ".join(
+            "%.3f" % by[n]["coverage"] if n in by else "-" for n in ns)))
+        out.append("| eps = %s: relative RMSE / median half-width | %s |" % (eps, " | ".join(
+            "%.3f / %.3f" % (by[n]["rel_err_rmse"], by[n].get("halfwidth_median", math.nan)) if n in by else "-"
+            for n in ns)))
     return "\n".join(out)
+
+
+def dbits_device_line(rows: list[dict[str, Any]]) -> str:
+    cov = sum(round(r["coverage"] * r["trials"]) for r in rows)
+    tot = sum(r["trials"] for r in rows)
+    return ("Through the real device path (the recorder, release bytes, decode, SQLite store, `query distinct`; "
+            "eps = %s, `--dbits-device %d`): %s; %d of %d covered (%.3f)."
+            % (rows[0]["eps"], rows[0]["trials"], ", ".join("n = %g: %d of %d" % (r["n"], round(r["coverage"] * r["trials"]),
+                                                                               r["trials"]) for r in rows), cov, tot, cov / tot))
+
+
+def _dbits_md(out: Path) -> str:
+    md = ""
+    dj = out.with_name("accuracy_dbits.json")
+    if dj.exists():
+        md += "\n\n" + dbits_table(json.loads(dj.read_text()))
+    dv = out.with_name("accuracy_dbits_device.json")
+    if dv.exists():
+        md += "\n\n" + dbits_device_line(json.loads(dv.read_text()))
+    return md
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--salts", type=int, default=30, help="fleets (hash keys) per configuration")
     ap.add_argument("--devices", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=8, help="noise draws per salt for the dcs rows")
     ap.add_argument("--quick", action="store_true", help="every 4th file and 6 salts (a minute)")
     ap.add_argument("--dbits", type=int, default=0, metavar="TRIALS",
                     help="only the dbits interval coverage, TRIALS per (eps, n) (2000 for the docs)")
+    ap.add_argument("--dbits-device", type=int, default=0, metavar="TRIALS",
+                    help="only the dbits coverage through the device's recorder, release bytes, store and query "
+                    "(TRIALS per n; 40 for the docs)")
     ap.add_argument("--section", choices=("all", "freq", "quantiles"), default="all",
                     help="run one section only (written to accuracy_<section>.json; 'all' merges them)")
     ap.add_argument("--out", default="bench-results/accuracy.json")
@@ -482,13 +646,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     t = time.time()
     if a.render:
         res0 = json.loads(Path(a.out).read_text())
-        md = tables(res0)
-        dj0 = Path(a.out).with_name("accuracy_dbits.json")
-        if dj0.exists():
-            md += "\n\n" + dbits_table(json.loads(dj0.read_text()))
+        md = tables(res0) + _dbits_md(Path(a.out))
         print(md)
         if a.update_docs:
             update_docs(md)
+        return 0
+    if a.dbits_device:
+        rows = dbits_device_path(a.dbits_device)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).with_name("accuracy_dbits_device.json").write_text(json.dumps(rows, indent=1))
         return 0
     if a.dbits:
         rows = dbits_coverage(a.dbits)
@@ -504,11 +670,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(a.out)
     if a.section in ("all", "freq"):
         res["freq"] = freq_topk(keys, vals, salts, a.devices)
+        res["freq_small"] = [freq_cov(keys, vals, salts, a.devices, 3, 64), freq_cov(keys, vals, salts, a.devices, 3, 16)]
         res["distinct"] = distinct_reference(keys, 16 * 1024 // 8)
         print("freq/topk done, %.0f s" % (time.time() - t), flush=True)
     if a.section in ("all", "quantiles"):
-        res["quantiles"] = [quantiles("line lengths", data["line_lengths"], salts, a.devices, ((4, 1024), (3, 16))),
-                            quantiles("file sizes", data["file_sizes"], salts, a.devices, ((4, 1024), (3, 16)))]
+        grid = ((4, 1024), (4, 256), (3, 64), (3, 16))  # default .. board-sized (docs/FIRMWARE.md)
+        reps = 3 if a.quick else a.reps
+        res["quantiles"] = [quantiles("line lengths", data["line_lengths"], salts, a.devices, grid, reps=reps),
+                            quantiles("file sizes", data["file_sizes"], salts, a.devices, grid, reps=reps)]
         print("quantiles done, %.0f s" % (time.time() - t), flush=True)
     if a.section != "all":
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -519,10 +688,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         res.update({k: v for k, v in json.loads(other.read_text()).items() if k not in res})
     res["figures"] = figures(res, a.figures)
-    md = tables(res)
-    dj = out.with_name("accuracy_dbits.json")
-    if dj.exists():
-        md += "\n\n" + dbits_table(json.loads(dj.read_text()))
+    md = tables(res) + _dbits_md(out)
     print(md)
     if a.update_docs:
         update_docs(md)

@@ -279,8 +279,8 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         if pg_pid is not None:  # the server and its backends (one per aggregator connection)
             for pid in _helpers(pg_pid):  # sessions: "postgres: <user> <db> <client> ..."; the rest background
                 roles[pid] = "postgres sessions" if _pg_session(pid) else "postgres background"
-        for pub in pubs:  # the load generators share the cores: count them, to show when these are the limit
-            if pub.pid is not None:
+        for pub in pubs if pg_pid is not None else ():  # PostgreSQL runs: the load generators share the
+            if pub.pid is not None:                         # cores; counted to show when these are the limit
                 roles[pub.pid] = "publishers"
         cpu0 = {pid: _cpu_s(pid) for pid in roles}
         t0 = time.perf_counter()
@@ -313,13 +313,17 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         if db is not None and db in _PG_COUNTERS:  # closed before the next run lists the server's processes
             _PG_COUNTERS.pop(db).close()
     busy = sum(cpu.values()) / max(1e-9, t_all)
+    logs = [os.path.join(tmp, "agg-%s-%d.log" % (tag, k)) for k in range(len(procs_agg))]
+    stages = {role: st for role in ("aggregator", "MQTT", "validation") for st in [_stage_cpu(logs, role)] if st}
     return {"consumer": "bare paho subscriber (acks only)" if peer else "%d x pansketch aggregate" % aggregators,
             "clients": devices, "publisher_processes": workers, "releases": len(msgs), "published": published,
             "received_or_stored": stored, "seconds_to_publish_all": round(t_pub, 3),
             "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
             "release_bytes": len(msgs[0][1]),
             "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())},
-            "cpu_cores_busy": round(busy, 2), "cpus": os.cpu_count()}
+            "cpu_cores_busy": round(busy, 2), "cpus": os.cpu_count(),
+            **({"stages_cpu_us_per_message": stages} if stages else {}),
+            **({"messages_per_group_commit": _per_group(logs)} if not peer else {})}
 
 
 def _pg_session(pid: int) -> bool:
@@ -329,6 +333,40 @@ def _pg_session(pid: int) -> bool:
     except OSError:
         return False
     return title.startswith("postgres: ") and "(" in title  # a client session shows its address (host(port))
+
+
+def _per_group(logs: list[str]) -> Optional[float]:
+    """Messages per group commit, from the aggregators' exit summary (mean over aggregators)."""
+    vals = []
+    for lf in logs:
+        try:
+            with open(lf) as f:
+                for ln in f:
+                    if "WAL checkpoints:" in ln and "messages per group" in ln:
+                        vals.append(float(ln.rsplit(" messages per group", 1)[0].rsplit(" ", 1)[1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return round(sum(vals) / len(vals), 1) if vals else None
+
+
+def _stage_cpu(logs: list[str], role: str) -> dict[str, float]:
+    """A process's CPU per message by stage (the summary line each ingest process logs at exit, with
+    host_tools.ingest.child.log_stage_cpu; mean over aggregators)."""
+    from host_tools.ingest.child import STAGES_LINE
+
+    line = STAGES_LINE % role
+    found: list[dict[str, float]] = []
+    for lf in logs:
+        try:
+            with open(lf) as f:
+                for ln in f:
+                    if line in ln:
+                        found.append(json.loads(ln.split(line, 1)[1]))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return {}
+    return {k: round(sum(x.get(k, 0.0) for x in found) / len(found), 1) for k in sorted(found[0])}
 
 
 def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:
@@ -684,6 +722,46 @@ def bench_pg_rows(srv: Any, msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
     return out
 
 
+PROCESS_KEYS = {"aggregator": "aggregator", "host_tools.ingest.mqttproc": "mqtt_helper",
+                "host_tools.ingest.validproc": "validation_helper"}
+
+
+def flat_ingest(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline ingest figures as flat keys (the ``make bench`` report reads them): 1 aggregator on
+    SQLite vs the bare paho subscriber of the same round (medians over the interleaved rounds); CPU
+    microseconds per stored release of each pansketch process and their total (mosquitto apart)."""
+    ours = [x["aggregator_sqlite"] for x in rounds]
+    peers = [x["peer"] for x in rounds]
+    ratios = [o["releases_per_second"] / p["releases_per_second"] for o, p in zip(ours, peers)]
+    out: dict[str, Any] = {
+        "ingest_ratio_vs_paho": round(statistics.median(ratios), 3),
+        "ingest_ratio_vs_paho_rounds": [round(r, 3) for r in ratios],
+        "ingest_releases_per_second": statistics.median(o["releases_per_second"] for o in ours),
+        "paho_releases_per_second": statistics.median(p["releases_per_second"] for p in peers),
+        "ingest_loadavg_1min_rounds": [round(x["loadavg_at_start"][0], 2) for x in rounds],
+        "ingest_release_bytes": ours[0]["release_bytes"],
+        "ingest_releases_per_round": ours[0]["releases"],
+    }
+    totals = []
+    per: dict[str, list[float]] = {v: [] for v in PROCESS_KEYS.values()}
+    for o in ours:
+        cpu = o["cpu_us_per_release"]
+        totals.append(sum(cpu.get(k, 0) for k in PROCESS_KEYS))
+        for k, v in PROCESS_KEYS.items():
+            per[v].append(cpu.get(k, 0))
+    out["cpu_us_per_release_total"] = statistics.median(totals)
+    for v, xs in per.items():
+        out["cpu_us_per_release_%s" % v] = statistics.median(xs)
+    out["cpu_us_per_release_mosquitto"] = statistics.median(o["cpu_us_per_release"].get("mosquitto", 0) for o in ours)
+    out["cpu_us_per_release_paho_peer"] = statistics.median(p["cpu_us_per_release"].get("bare subscriber", 0)
+                                                            for p in peers)
+    for o in ours[:1]:
+        for role, st in sorted(o.get("stages_cpu_us_per_message", {}).items()):
+            for k, v in st.items():  # first round's stage split (per message, thread CPU time)
+                out["cpu_us_stage_%s_%s" % (role.lower(), k)] = v
+    return out
+
+
 def _sqlite_key(k: int) -> str:
     return "aggregator_sqlite" if k == 1 else "%d_aggregators_sqlite" % k
 
@@ -753,6 +831,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                 "median_ratio": statistics.median(ratios)}
             res["ingest_mqtt_summary"] = summary
             print("ingest summary:", summary, flush=True)
+            if 1 in ks:
+                flat = flat_ingest(rounds)
+                res.update(flat)
+                print("ingest (flat keys):", json.dumps(flat), flush=True)
     if "pg" not in skip:
         why = _pg_available()
         if why is not None:

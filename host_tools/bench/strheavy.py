@@ -1,6 +1,7 @@
 """Kind strhh vs Apache DataSketches frequent_items at equal memory, on real text.
 
     python -m host_tools.bench.strheavy [--devices 20] [--per-device 100000] [--quick]
+                                        [--out bench-results/strheavy.json] [--md bench-results/strheavy.md]
 
 Data: the NAME tokens of the Python standard library's own source (text none of
 us wrote), in file order, cut into ``--devices`` consecutive streams of
@@ -11,33 +12,25 @@ bytes plus a hash bucket, so the truth is counted over the same encodings.
 strhh: the exact counters (host_tools.query.strheavy.exact_counters, equal to the
 device's) of the whole stream (linear), plus per device two discrete Laplace draws
 per cell (internal + output, exact distribution, numpy) at the recorder's
-calibration (scale L*d/eps); host descent with the default FDR, top k.
+calibration (scale L*d/eps); host descent (peeling, default FDR and beam), top k.
 DataSketches: one frequent_strings_sketch per device (lg_max_k chosen so the
 serialized size of the merged sketch is at most strhh's counter bytes), merged,
-top k by estimate (NO_FALSE_POSITIVES not used: top-k by estimate). Not private.
+top k by estimate. Not private.
 
-Reports precision = recall at k (both lists have k entries unless strhh
-discovers fewer: then recall uses k, precision the reported count) and the
-smallest true count c such that every string with count >= c is reported by
-strhh with k = 100.
+Configurations:
 
-Measured (2 cores, seed 1; the stdlib outside tests/site-packages holds 463,783
-NAME tokens, 22,015 distinct encodings; 20 devices of ~23k tokens):
+* Pi: the device default len=12 d=5 w=1024 (245,760 counter bytes) and the
+  long-tail one len=8 d=3 w=2048 (196,608 B), 20 devices over the whole stdlib;
+* Pico: len=6 d=5 w=80 (2,400 cells: 9,600 B per array, 19,200 B for the
+  recorder's two arrays; the Pico W model of firmware/memory.py leaves 4,109
+  cells with TLS up), ONE device of 10^5 events, repeated over ``--slices``
+  consecutive 10^5-token slices x ``--seeds`` noise seeds (recall mean, min and
+  the share of runs with recall >= 0.8 at k = 10).
 
-| config | eps | strhh P/R k=10 | k=50 | k=100 | DataSketches P/R k=10/50/100 | bytes strhh / DS |
-|---|---|---|---|---|---|---|
-| Pi len=12 d=5 w=1024 (default) | 1 | 1.0/1.0 | 1.0/0.60 | 1.0/0.30 | 1.0/1.0/1.0 | 245,760 / 223,517 |
-| Pi len=12 d=5 w=1024 (default) | 1/2 | 1.0/1.0 | 1.0/0.28 | 1.0/0.14 | 1.0/1.0/1.0 | 245,760 / 223,517 |
-| Pi len=16 d=3 w=1024 | 1 | 0.90/0.90 | 0.94/0.32 | 0.94/0.16 | 1.0/1.0/1.0 | 196,608 / 223,517 |
-| Pi len=16 d=3 w=1024 | 1/2 | 0.90/0.90 | 0.93/0.28 | 0.93/0.14 | 1.0/1.0/1.0 | 196,608 / 223,517 |
-| Pico len=8 d=3 w=128, 1 device 10^5 | 1 | 0/0 | 0/0 | 0/0 | 1.0/0.9/0.72 | 12,288 / 5,666 |
-
-Smallest count strhh reliably reports (all strings at or above it found, k=100):
-1698 of 463,783 (0.37 %) with len=12 d=5 at eps = 1, 2741 (0.59 %) at eps = 1/2 and with len=16 d=3. strhh reports fewer than k strings: the FDR control at
-the last level (q = 0.05 over ~4000 candidates) under the data-driven CountSketch
-null (a null node colliding with Zipf-heavy cells in 2 of 3 rows) is the limit,
-with d = 3; with d = 5 (3 rows must agree) the noise matters (k=50 recall 0.60 at eps = 1, 0.28 at 1/2). At Pico size the
-collision null makes nothing discoverable. Descent: 0.1-0.2 s per query.
+Reports precision/recall at k (strhh may report fewer than k: recall uses k,
+precision the reported count) and the smallest true count c such that every
+string with count >= c is reported by strhh with k = 100; the descent's CPU time.
+The table it writes (``--md``) is the one in docs/HOST.md "Heavy-hitter strings".
 """
 
 from __future__ import annotations
@@ -91,10 +84,10 @@ def dlap_sum(rng: np.random.Generator, scale: float, draws: int, shape: tuple[in
 
 
 def run(devices: int, per: int, L: int, d: int, w: int, eps: tuple[int, int], seed: int,
-        ks: tuple[int, ...] = (10, 50, 100)) -> dict[str, Any]:
+        ks: tuple[int, ...] = (10, 50, 100), offset: int = 0, all_toks: list[str] | None = None) -> dict[str, Any]:
     import datasketches  # type: ignore[import-untyped]
 
-    toks = stdlib_tokens(devices * per)
+    toks = (all_toks if all_toks is not None else stdlib_tokens(offset + devices * per))[offset:offset + devices * per]
     per = len(toks) // devices  # the stdlib may hold fewer tokens than asked: split evenly
     enc = [encode_item(t, L) for t in toks]
     truth = Counter(e for e in enc if e is not None)
@@ -126,12 +119,14 @@ def run(devices: int, per: int, L: int, d: int, w: int, eps: tuple[int, int], se
         if e is not None:
             ds_est[e] += est
     res: dict[str, Any] = {"devices": devices, "per_device": per, "tokens": len(toks), "distinct": len(truth),
-                           "L": L, "d": d, "w": w, "eps": "%d/%d" % eps, "strhh_bytes": mem,
+                           "L": L, "d": d, "w": w, "eps": "%d" % eps[0] if eps[1] == 1 else "%d/%d" % eps, "strhh_bytes": mem,
                            "ds_lg_max_k": lg, "ds_bytes": ds_bytes}
-    t0 = time.perf_counter()
+    cpu = 0.0
     for k in ks:
         top = {x for x, _ in truth.most_common(k)}
+        t0 = time.process_time()
         found, _hw, _st = v.heavy(k)
+        cpu += time.process_time() - t0
         got = {x for x, _ in found}
         dsk = {x for x, _ in ds_est.most_common(k)}
         res["k%d" % k] = {"strhh_precision": round(len(got & top) / max(1, len(got)), 3),
@@ -142,23 +137,94 @@ def run(devices: int, per: int, L: int, d: int, w: int, eps: tuple[int, int], se
             missed = [truth[x] for x in top - got]
             res["strhh_smallest_reliable_count"] = (max(missed) + 1) if missed else min(truth[x] for x in top)
             res["smallest_reliable_fraction"] = round(res["strhh_smallest_reliable_count"] / len(toks), 5)
-    res["descent_s"] = round((time.perf_counter() - t0) / len(ks), 3)
+    res["descent_cpu_s"] = round(cpu / len(ks), 3)
     return res
+
+
+PI = ((12, 5, 1024), (8, 3, 2048))
+PICO = (6, 5, 80)
+EPS = ((1, 1), (1, 2))
+
+
+def pico_runs(L: int, d: int, w: int, eps: tuple[int, int], slices: int, seeds: int, per: int,
+              toks: list[str]) -> dict[str, Any]:
+    """The Pico configuration over ``slices`` x ``seeds`` single-device windows of ``per`` events."""
+    runs = [run(1, per, L, d, w, eps, seed, offset=sl * per, all_toks=toks)
+            for sl in range(slices) for seed in range(seeds)]
+    out: dict[str, Any] = {k: v for k, v in runs[0].items() if not k.startswith("k") and "smallest" not in k}
+    out["runs"] = len(runs)
+    for k in (10, 50, 100):
+        for key in ("strhh_precision", "strhh_recall", "ds_precision", "ds_recall"):
+            out["k%d" % k] = out.get("k%d" % k, {})
+            out["k%d" % k][key] = round(float(np.mean([r["k%d" % k][key] for r in runs])), 3)
+        out["k%d" % k]["strhh_recall_min"] = min(r["k%d" % k]["strhh_recall"] for r in runs)
+    out["k10"]["share_recall_ge_0.8"] = round(float(np.mean([r["k10"]["strhh_recall"] >= 0.8 for r in runs])), 3)
+    out["strhh_smallest_reliable_count"] = int(np.median([r["strhh_smallest_reliable_count"] for r in runs]))
+    out["smallest_reliable_fraction"] = round(out["strhh_smallest_reliable_count"] / per, 5)
+    out["descent_cpu_s"] = round(float(np.mean([r["descent_cpu_s"] for r in runs])), 3)
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of docs/HOST.md."""
+    out = ["| config | eps | strhh P/R k=10 | k=50 | k=100 | DataSketches P/R k=10 / 50 / 100 | smallest count "
+           "always found (k=100) | counter bytes strhh / DS | descent CPU |", "|---" * 9 + "|"]
+    for r in rows:
+        name = "%s len=%d d=%d w=%d" % ("Pico" if r["devices"] == 1 else "Pi", r["L"], r["d"], r["w"])
+        if r["devices"] == 1:
+            name += ", 1 device x %d events, %d runs" % (r["per_device"], r["runs"])
+        else:
+            name += ", %d devices x %d" % (r["devices"], r["per_device"])
+
+        def pr(k: int) -> str:
+            x = r["k%d" % k]
+            s = "%.2f/%.2f" % (x["strhh_precision"], x["strhh_recall"])
+            if "strhh_recall_min" in x:
+                s += " (min R %.1f%s)" % (x["strhh_recall_min"], ", R>=0.8 in %d%%" % round(
+                    100 * x["share_recall_ge_0.8"]) if "share_recall_ge_0.8" in x else "")
+            return s
+
+        ds = " / ".join("%.2f/%.2f" % (r["k%d" % k]["ds_precision"], r["k%d" % k]["ds_recall"]) for k in (10, 50, 100))
+        out.append("| %s | %s | %s | %s | %s | %s | %d (%.2f %%) | %d / %d | %.2f s |" % (
+            name, r["eps"], pr(10), pr(50), pr(100), ds, r["strhh_smallest_reliable_count"],
+            100 * r["smallest_reliable_fraction"], r["strhh_bytes"], r["ds_bytes"], r["descent_cpu_s"]))
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--devices", type=int, default=20)
     ap.add_argument("--per-device", type=int, default=100_000)
+    ap.add_argument("--pico-events", type=int, default=100_000)
+    ap.add_argument("--slices", type=int, default=4, help="Pico: consecutive slices of the stdlib tokens")
+    ap.add_argument("--seeds", type=int, default=5, help="Pico: noise seeds per slice")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="Pi config at eps = 1 only")
+    ap.add_argument("--quick", action="store_true", help="the Pi default and the Pico config at eps = 1, 1 seed")
+    ap.add_argument("--out", default="bench-results/strheavy.json")
+    ap.add_argument("--md", default="bench-results/strheavy.md")
     a = ap.parse_args(argv)
-    configs = [(12, 5, 1024, (1, 1)), (12, 5, 1024, (1, 2)), (16, 3, 1024, (1, 1)), (8, 3, 128, (1, 1))]
-    if a.quick:
-        configs = configs[:1]
-    for L, d, w, eps in configs:
-        devs = a.devices if w >= 1024 else 1  # the Pico row: one device, --per-device events
-        print(json.dumps(run(devs, a.per_device, L, d, w, eps, a.seed)), flush=True)
+    toks = stdlib_tokens(max(a.devices * a.per_device, a.slices * a.pico_events))
+    rows: list[dict[str, Any]] = []
+    pis = PI[:1] if a.quick else PI
+    epss = EPS[:1] if a.quick else EPS
+    for L, d, w in pis:
+        for eps in epss:
+            rows.append(run(a.devices, a.per_device, L, d, w, eps, a.seed, all_toks=toks))
+            print(json.dumps(rows[-1]), flush=True)
+    for eps in epss:
+        rows.append(pico_runs(*PICO, eps, 1 if a.quick else a.slices, 1 if a.quick else a.seeds, a.pico_events, toks))
+        print(json.dumps(rows[-1]), flush=True)
+    md = table(rows)
+    load = os.getloadavg()
+    note = "load average %.1f %.1f %.1f (2 cores shared); descent CPU = mean per query over k = 10, 50, 100" % load
+    print(md + "\n\n" + note)
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"rows": rows, "load": load}, f, indent=1)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(md + "\n\n" + note + "\n")
     return 0
 
 

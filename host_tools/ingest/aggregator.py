@@ -161,15 +161,17 @@ class Aggregator:
                        device=topic_device(topic, self.cfg.aggregator.topic) if topic else None, seq=seq, pdev=dev)
 
     def handle_many(self, msgs: Sequence[tuple[str, bytes]], received: Optional[float] = None,
-                    pending: Optional[Sequence[Pending]] = None) -> list[Outcome]:
+                    pending: Optional[Sequence[Pending]] = None, committed: bool = False) -> list[Outcome]:
         """Validate and store messages in one transaction (a savepoint each); outcomes in order.
 
         A database error that concerns one message alone (rolled back to its
         savepoint) raises :class:`MessageError` for it after the others are
         committed; a failure of the transaction raises and stores nothing.
+        ``committed``: ``pending`` went through ``store.commit_group`` already (only the outcomes are made).
         """
         items = list(pending) if pending is not None else [self.validate(t, p, received) for t, p in msgs]
-        self.store.commit_group(items)
+        if not committed:
+            self.store.commit_group(items)
         out: list[Outcome] = []
         failed: list[tuple[int, BaseException]] = []
         for i, p in enumerate(items):
@@ -360,6 +362,10 @@ class _Writer:
         self.messages = 0
         self.pruned = 0
         self._next_prune = 0.0
+        # CPU seconds of this process per stage (thread CPU time, read once per batch): where a release's
+        # cost goes, in the summary line at exit (host_tools/bench/host.py reads it)
+        self.cpu: dict[str, float] = {"status": 0.0, "validation_ipc": 0.0, "pending": 0.0, "store": 0.0,
+                                      "outcomes_acks": 0.0, "housekeeping": 0.0}
         self.threads = [threading.Thread(target=self._validate_loop, name="pansketch-validate", daemon=True),
                         threading.Thread(target=self._write_loop, name="pansketch-writer", daemon=True)]
 
@@ -410,11 +416,18 @@ class _Writer:
             chunks, end = self._take(self.q, first, GROUP_MAX, len)
             batch = [m for c in chunks for m in c]
             try:
+                t0 = time.thread_time()
                 # a device's status (gap detection) is recorded and acknowledged here, like a release
                 batch = [m for m in batch if not devstatus.handle_message(self.agg.store, self.transport, m)]
+                t1 = time.thread_time()
+                self.cpu["status"] += t1 - t0
                 if batch:
                     verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
-                    self.valid.put([(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)])
+                    t2 = time.thread_time()
+                    pend = [(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)]
+                    self.cpu["validation_ipc"] += t2 - t1
+                    self.cpu["pending"] += time.thread_time() - t2
+                    self.valid.put(pend)
             except ValidatorDied as exc:
                 if not self.validator.closing:  # stopping: what was not validated is not acknowledged
                     self._fatal(str(exc))
@@ -440,10 +453,12 @@ class _Writer:
                     self.groups += 1
                     self.messages += len(batch)
                     self._store(batch)
+                    t0 = time.thread_time()
                     try:
                         self._housekeeping()
                     except Exception as exc:  # housekeeping is retried after the next group; ingest goes on
                         log.warning("WAL checkpoint / retention failed (%s); trying again later", exc)
+                    self.cpu["housekeeping"] += time.thread_time() - t0
             except Exception as exc:  # never let the writer die silently
                 log.exception("writer failed")
                 self._fatal("writer failed: %s" % exc)
@@ -510,7 +525,12 @@ class _Writer:
         why = ""
         for attempt in range(4):
             try:
-                outs = self.agg.handle_many([], pending=[pend[i] for i in todo])
+                t0 = time.thread_time()
+                self.agg.store.commit_group([pend[i] for i in todo])
+                t1 = time.thread_time()
+                self.cpu["store"] += t1 - t0
+                outs = self.agg.handle_many([], pending=[pend[i] for i in todo], committed=True)
+                self.cpu["outcomes_acks"] += time.thread_time() - t1
                 done += list(zip(todo, outs))
                 todo = []
                 break
@@ -526,7 +546,9 @@ class _Writer:
             log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
             time.sleep(delay)
             delay *= 2
+        t0 = time.thread_time()
         self._ack(msgs, done)
+        self.cpu["outcomes_acks"] += time.thread_time() - t0
         if todo:
             log.error("cannot store %d message(s) (first on %s): %s; stopping without acknowledging them",
                       len(todo), msgs[todo[0]].topic, why)
@@ -629,6 +651,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     warning = placeholder_salt_warning("fleet.salt", cfg.fleet.salt, "in every device's config")
     if warning:
         log.warning("%s", warning)
+    cpu0 = time.process_time()
     try:
         validator.start()
         writer.start()
@@ -677,6 +700,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             summary.info("WAL checkpoints: %d completed, %d gave up (readers); %d pruned (retention); %d group "
                          "commit(s), %.1f messages per group", ck[1], ck[0], writer.pruned, writer.groups,
                          writer.messages / max(1, writer.groups))
+        cpu = dict(writer.cpu)
+        cpu["receive"] = getattr(transport, "cpu_s", 0.0)
+        cpu["process_total"] = time.process_time() - cpu0  # all threads: the stages and the rest
+        child.log_stage_cpu("aggregator", cpu, writer.messages)
         agg.close()
 
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,6 +45,98 @@ def spawn(module: str, settings: Any) -> tuple[subprocess.Popen[bytes], Connecti
     conn = Connection(mine.detach())
     conn.send(settings)
     return proc, conn
+
+
+IOV_BATCH = 512  # buffers per writev (Linux IOV_MAX is 1024)
+BATCH = 0x50  # first byte of a batch frame ("P"); a pickled object starts with 0x80 (protocol 2 and up)
+
+
+def send_batch(conn: Connection, meta: list[tuple[Any, ...]], payloads: list[Any]) -> None:
+    """Send a batch of messages as one frame: ``meta`` (one tuple per message, its size at index 1) and the
+    payloads (bytes-like), read with :func:`recv_frame`.
+
+    Message bytes are not pickled, nor joined into one copy: the frame
+    (:class:`Connection`'s framing: a 4-byte length, or -1 and an 8-byte
+    one; then the marker byte, the pickled ``meta`` with its length, the
+    payloads back to back) goes out in one ``writev`` straight from the
+    messages, and the reader receives it into one buffer. (A pickled list
+    of bytes costs a copy per message on each side, and more in
+    Connection's reassembly.) One frame per batch, as many system calls as
+    ``Connection.send``: batches of one or two messages cost no more than
+    before.
+    """
+    hdr = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    n = 5 + len(hdr) + sum(len(p) for p in payloads)
+    head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    bufs: list[Any] = [head + struct.pack("!BI", BATCH, len(hdr)) + hdr] + [p for p in payloads if len(p)]
+    fd = conn.fileno()
+    i = 0
+    while i < len(bufs):
+        k = os.writev(fd, bufs[i:i + IOV_BATCH])
+        while k > 0:  # drop what was written; a partly written buffer goes on from where it stopped
+            m = len(bufs[i])
+            if k >= m:
+                k -= m
+                i += 1
+            else:
+                bufs[i] = memoryview(bufs[i])[k:]
+                k = 0
+
+
+class Frame(NamedTuple):
+    """What :func:`recv_frame` read: a pickled object (``batch`` False: ``obj``), or a batch (``obj`` = its
+    meta list, ``payloads`` = a view of each message's bytes in ``buf``)."""
+
+    batch: bool
+    obj: Any
+    payloads: list[memoryview]
+    buf: bytearray
+
+
+def recv_frame(conn: Connection, buf: Optional[bytearray] = None) -> Frame:
+    """The next frame from ``conn``: an object sent with ``Connection.send`` or a batch from :func:`send_batch`.
+
+    The frame is read straight into ``buf`` when it is large enough (a new
+    buffer otherwise; never resized, so views of an earlier frame cannot
+    stop it; pass the returned ``buf`` back next time), so a batch's views
+    stay valid until the buffer is reused. EOFError when the peer is gone;
+    ValueError for a batch whose sizes do not add up (a protocol error).
+    """
+    fd = conn.fileno()
+    n = struct.unpack("!i", _read_exact(fd, 4))[0]
+    if n == -1:
+        n = struct.unpack("!Q", _read_exact(fd, 8))[0]
+    if buf is None or len(buf) < n:
+        buf = bytearray(n if buf is None else max(n, 2 * len(buf)))
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.readv(fd, [mv[got:n]])
+        if k == 0:
+            raise EOFError("peer closed the connection in a frame")
+        got += k
+    if n == 0 or mv[0] != BATCH:
+        return Frame(False, pickle.loads(mv[:n]), [], buf)
+    hl = struct.unpack_from("!I", mv, 1)[0]
+    meta = pickle.loads(mv[5:5 + hl])
+    off = 5 + hl
+    out = []
+    for m in meta:
+        out.append(mv[off:off + m[1]])
+        off += m[1]
+    if off != n:
+        raise ValueError("batch frame of %d bytes for messages of %d bytes" % (n - 5 - hl, off - 5 - hl))
+    return Frame(True, meta, out, buf)
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    b = b""
+    while len(b) < n:
+        chunk = os.read(fd, n - len(b))
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        b += chunk
+    return b
 
 
 PR_SET_PDEATHSIG = 1
@@ -91,6 +185,22 @@ def exit_status(rc: Optional[int]) -> str:
         except ValueError:
             return "killed by signal %d" % -rc
     return "exit code %d" % rc
+
+
+STAGES_LINE = "CPU per message in the %s process (us): "
+
+
+def log_stage_cpu(role: str, cpu: dict[str, float], messages: int) -> None:
+    """One line at exit, also under -q: this process's CPU seconds per stage, as microseconds per message
+    (the host benchmark reads it: where a release's cost goes)."""
+    if messages <= 0:
+        return
+    import json
+
+    summary = logging.getLogger("pansketch.aggregator.summary")
+    summary.setLevel(logging.INFO)
+    summary.info("%s%s", STAGES_LINE % role,
+                 json.dumps({k: round(v / messages * 1e6, 1) for k, v in sorted(cpu.items())}))
 
 
 def log_to_stderr(level: Optional[int] = None) -> None:

@@ -95,7 +95,7 @@ def _type_check_fast(obj: Any) -> bool:
         if type(k) is not str:
             return False
         t = type(v)
-        if t is int or t is str or t is bytes:
+        if t is int or t is str or t is bytes or t is memoryview:
             continue
         if t is list and all(type(x) is int for x in v):
             continue
@@ -107,7 +107,7 @@ def _type_check(obj: Any, depth: int = 0) -> None:
     """Only the types agent/cbor.py writes: int, str, bytes, list, dict (no tags, no floats)."""
     if isinstance(obj, bool) or obj is None:
         return
-    if isinstance(obj, (int, str, bytes)):
+    if isinstance(obj, (int, str, bytes, memoryview)):
         return
     if isinstance(obj, list):
         for x in obj:
@@ -283,21 +283,45 @@ def canonical_offset_ref(m: dict[str, Any], payload: bytes) -> int:
     return off
 
 
+_NOISE: dict[tuple[Any, ...], Any] = {}
+_NOISE_MAX = 1024  # distinct calibrations remembered (a fleet has a handful; hostile input cannot grow it)
+
+
+def _noise_for(mech: str, budget: tuple[int, int], d: int, clip: int, arrays: int) -> Any:
+    """agent.calibrate.noise_for, remembered (the same few calibrations for every release of a fleet)."""
+    key = (mech, budget, d, clip, arrays)
+    spec = _NOISE.get(key)
+    if spec is None:
+        spec = calibrate.noise_for(mech, budget, d, clip, arrays)  # ValueError: not remembered
+        if len(_NOISE) >= _NOISE_MAX:
+            _NOISE.clear()
+        _NOISE[key] = spec
+    return spec
+
+
 def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
            fleet: Any = None, topic_filter: str = DEFAULT_TOPIC) -> Release:
     """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
 
     ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
     its salt_id, kind, d, w and mechanism are enforced when set.
-    Raises :class:`Rejected`.
+    Raises :class:`Rejected`. ``payload`` may be a memoryview (the
+    validation helper reads messages out of one received buffer): nothing
+    of it is copied then, and the Release refers to it.
     """
-    payload = bytes(payload)
+    if isinstance(payload, memoryview):
+        if payload.format != "B" or payload.ndim != 1:
+            payload = payload.cast("B")
+    else:
+        payload = bytes(payload)
     if len(payload) > max_bytes:
         raise Rejected("size", "payload of %d bytes exceeds max_bytes = %d" % (len(payload), max_bytes))
     if not payload:
         raise Rejected("cbor", "empty payload")
     try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
-        obj = cborscan.loads(payload)
+        # (byte strings as views: the counters are not copied; the encoding check is found on the way)
+        sc = cborscan.scan(payload, views=True)
+        obj = sc.obj
     except cborscan.ScanError as exc:
         raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
     if not _type_check_fast(obj):
@@ -399,7 +423,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
                        % (win, elo, (elo * ep_s) // win_s))
     part = _int(obj, "part", 0, MAX_U32)
     ctr = obj["ctr"]
-    if not isinstance(ctr, bytes):
+    if not isinstance(ctr, (bytes, memoryview)):
         raise Rejected("schema", "field 'ctr' must be a byte string")
     if kind == "dbits":
         # eps above DBITS_EPS_MAX: the device's bits would not be eps-DP both ways (agent.params refuses it)
@@ -416,7 +440,8 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
                        % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
 
-    off = canonical_offset(obj, payload)
+    # payload == agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
+    off = sc.offsets["ctr"] if sc.canonical else -1
     if off < 0:
         raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
 
@@ -436,8 +461,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
                 raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
 
     try:
-        spec = (calibrate.noise_for(mech, budget, 1, 1, 1) if kind == "dbits"
-                else calibrate.noise_for(mech, budget, d, clip, L))
+        spec = _noise_for(mech, budget, 1, 1, 1) if kind == "dbits" else _noise_for(mech, budget, d, clip, L)
     except (ValueError, ZeroDivisionError) as exc:
         raise Rejected("noise", "cannot calibrate %s budget %d/%d: %s" % (mech, budget[0], budget[1], exc))
     if nout[0] * spec.den != spec.num * nout[1]:
@@ -449,7 +473,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     # (docs/PRIVACY.md "Persisting without growing the noise")
     allowed = [spec]
     if nint[0] * spec.den != spec.num * nint[1] and v >= 2 and kind != "dbits":
-        allowed.append(calibrate.noise_for(mech, budget, d, clip, 2 * L))  # only when the first does not match
+        allowed.append(_noise_for(mech, budget, d, clip, 2 * L))  # only when the first does not match
     if not any(nint[0] * a.den == a.num * nint[1] for a in allowed):
         raise Rejected("noise", "nint = %d/%d does not match the %s noise for budget %d/%d "
                        "(d=%d, clip=%d, L=%d): expected %s"

@@ -9,8 +9,9 @@ host_tools.ingest.aggregator) is the parent. They talk over one socket pair
 (host_tools/ingest/child.py):
 
 child -> parent
-    ``("msgs", [(topic, payload, mid, qos), ...])`` what arrived since the
-    last batch; ``("connected",)``, ``("refused", reason)``,
+    a batch frame (:func:`host_tools.ingest.child.send_batch`: no pickling
+    of message bytes) of what arrived since the last batch, meta
+    ``[(topic, size, mid, qos), ...]``; ``("connected",)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
     ``("connect_failed",)``: connection events, logged by the parent.
 parent -> child
@@ -32,6 +33,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, NamedTuple, Optional
@@ -89,10 +91,14 @@ def serve(conn: Connection, s: Settings) -> int:
     more = threading.Condition()
     closing = threading.Event()
 
-    def send(event: tuple[Any, ...]) -> None:
+    def send(event: tuple[Any, ...], payloads: Optional[list[bytes]] = None) -> None:
+        """An event (pickled), or with ``payloads`` a batch frame whose meta is ``event``."""
         try:
             with send_lock:
-                conn.send(event)
+                if payloads is None:
+                    conn.send(event)
+                else:
+                    child.send_batch(conn, list(event), payloads)
         except OSError:  # the parent is gone: the command loop sees EOF and exits
             closing.set()
 
@@ -114,6 +120,9 @@ def serve(conn: Connection, s: Settings) -> int:
             if len(inbox) == 1:
                 more.notify()
 
+    cpu = {"forward": 0.0, "acks": 0.0}  # stage timers (thread CPU time); the MQTT client is the rest
+    forwarded = [0]
+
     def batcher() -> None:
         while not closing.is_set():
             with more:
@@ -122,7 +131,10 @@ def serve(conn: Connection, s: Settings) -> int:
                 batch = inbox[:]
                 inbox.clear()
             if batch:
-                send(("msgs", batch))
+                t0 = time.thread_time()
+                send(tuple((t, len(p), mid, q) for t, p, mid, q in batch), [m[1] for m in batch])
+                forwarded[0] += len(batch)
+                cpu["forward"] += time.thread_time() - t0
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
@@ -137,6 +149,7 @@ def serve(conn: Connection, s: Settings) -> int:
         props.SessionExpiryInterval = s.session_expiry_s
     client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive, clean_start=not s.persistent,
                          properties=props)
+    cpu0 = time.process_time()
     threading.Thread(target=batcher, name="pansketch-mqtt-batcher", daemon=True).start()
     client.loop_start()
     rc = 1
@@ -148,10 +161,12 @@ def serve(conn: Connection, s: Settings) -> int:
                 log.error("MQTT process: the aggregator process went away; disconnecting without acknowledging")
                 break
             if cmd[0] == "ack":
+                t0 = time.thread_time()
                 for mid, qos in cmd[1]:
                     client.ack(mid, qos)
                 for topic, payload in cmd[2]:
                     client.publish(topic, payload, qos=1)
+                cpu["acks"] += time.thread_time() - t0
             elif cmd[0] == "stop":
                 rc = 0
                 break
@@ -161,6 +176,8 @@ def serve(conn: Connection, s: Settings) -> int:
             more.notify()
         client.disconnect()  # queued after the PUBACKs and publishes above, so they go out first
         client.loop_stop()
+        cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"])
+        child.log_stage_cpu("MQTT", cpu, forwarded[0])
     return rc
 
 
@@ -184,6 +201,7 @@ class MQTTProcess:
         self._closing = False
         self._lost_logged = False
         self._reader: Optional[threading.Thread] = None
+        self.cpu_s = 0.0  # CPU time of the reader thread spent receiving message batches (stage timer)
 
     def start(self) -> None:
         self.proc, self.conn = child.spawn("host_tools.ingest.mqttproc", self.settings)
@@ -233,18 +251,26 @@ class MQTTProcess:
 
     def _read_loop(self) -> None:
         assert self.conn is not None and self.proc is not None
+        rbuf: Optional[bytearray] = None
         while True:
             try:
-                ev = self.conn.recv()
-            except (EOFError, OSError):
+                t0 = time.thread_time()
+                fr = child.recv_frame(self.conn, rbuf)
+            except (EOFError, OSError, ValueError):
                 break
+            rbuf = fr.buf
             try:
-                if ev[0] == "msgs":
-                    self.on_messages([Msg(*m) for m in ev[1]])
+                if fr.batch:
+                    # bytes from here on (the store keeps them): the one copy out of the received frame,
+                    # whose buffer is reused for the next batch
+                    msgs = [Msg(m[0], v.tobytes(), m[2], m[3]) for m, v in zip(fr.obj, fr.payloads)]
+                    del fr
+                    self.cpu_s += time.thread_time() - t0
+                    self.on_messages(msgs)
                 else:
-                    self.on_event(ev)
+                    self.on_event(fr.obj)
             except Exception:  # a bug in one handler must not stop every later message
-                log.exception("handling %s from the MQTT process failed", ev[0])
+                log.exception("handling a message from the MQTT process failed")
         if not self._closing:
             try:
                 rc: Optional[int] = self.proc.wait(5)

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -84,6 +85,10 @@ from agent.dcs import exact_from, level_prefix, map_value
 from host_tools import fasthash
 from host_tools.query import consistency, estimators
 from host_tools.query.merge import Merged, NoiseTerm
+
+
+SIG_Z = 2.0  # a node whose estimate is below SIG_Z sd has its children left out of the next level's fit
+LS_MAX_SHARE = 0.5  # a level's fit needs at most this share of its d * w counters as unknowns
 
 
 def exact_counters(values: Sequence[int] | np.ndarray, b: int, d: int, w: int, salt: str | bytes,
@@ -134,6 +139,8 @@ class DyadicView:
         self._t: dict[tuple[int, float], float] = {}
         self._samples: dict[int, np.ndarray] = {}
         self._hsum: dict[tuple[int, ...], float] = {}
+        self._fits: dict[int, Optional[dict[int, tuple[float, float]]]] = {}
+        self._z = NormalDist().inv_cdf(1.0 - self.alpha / 2.0)
 
     @classmethod
     def of(cls, m: Merged, salt: str | bytes, confidence: float = 0.95) -> "DyadicView":
@@ -207,6 +214,177 @@ class DyadicView:
                     tot += self.level_error_samples(lv)
                 self._hsum[key] = estimators.abs_quantile(tot, self.alpha)
         return self._hsum[key]
+
+    # -- per-salt node estimates: least squares over the level's support -----------------------
+    def cell_var(self) -> float:
+        """Variance of one merged counter's noise (every draw of every release summed)."""
+        return float(sum(t.variance() for t in self.noise))
+
+    def exact_sd(self) -> float:
+        return math.sqrt(self.cell_var() / self.d)
+
+    def _significant(self, level: int) -> Optional[dict[int, tuple[float, float]]]:
+        """{node: (estimate, sd)} of the nodes at ``level`` estimated above SIG_Z sd (None: unresolved)."""
+        if level >= self.exact:
+            nodes = np.arange(1 << (self.b - level), dtype=np.int64)
+            est = self.C[level][:, nodes].mean(axis=0)
+            sd = self.exact_sd()
+            keep = est > SIG_Z * sd
+            return {int(v): (float(e), sd) for v, e in zip(nodes[keep], est[keep])}
+        fit = self.fit(level)
+        if fit is None:
+            return None
+        return {v: fit[v] for v in fit if fit[v][0] > SIG_Z * fit[v][1]}
+
+    def fit(self, level: int) -> Optional[dict[int, tuple[float, float]]]:
+        """{node: (estimate, sd)} for the support of a hashed ``level``: the children of the nodes
+        significant one level up, estimated jointly by least squares on the level's d x w counters
+        (None: the support exceeds LS_MAX_SHARE * d * w nodes, no honest estimate).
+
+        Given the salt, the counters are A f + noise + the mass of the nodes left out (A: the
+        support's columns and signs, known), so the estimate's error is (A'A)^-1 A' (noise + rest):
+        its variance s^2 [(A'A)^-1]_ii holds for *this* salt, not only on average over salts, with
+        s^2 = max(residual variance, the merged noise variance per cell) -- the residual carries
+        the left-out mass. The median estimate's error is the collision of this node with the
+        heavy ones, fixed for a fleet's salt: its calibrated interval covered 5th-percentile fleets
+        0.87 at d = 4, w = 1024 (docs/HOST.md)."""
+        if level in self._fits:
+            return self._fits[level]
+        sig = self._significant(level + 1)
+        out: Optional[dict[int, tuple[float, float]]] = None
+        if sig is not None:
+            par = np.array(sorted(sig), dtype=np.int64)
+            S = np.sort(np.concatenate((2 * par, 2 * par + 1)))
+            if len(S) == 0:
+                out = {}
+            elif len(S) <= LS_MAX_SHARE * self.d * self.w:
+                out = self._ls(level, S)
+        self._fits[level] = out
+        return out
+
+    def _ls(self, level: int, S: np.ndarray) -> Optional[dict[int, tuple[float, float]]]:
+        d, w = self.d, self.w
+        st = fasthash.streams_prefix([int(x) for x in S], level_prefix(self.prefix, level), d)
+        cols, signs = fasthash.cols_signs(st, d, w)
+        sg = signs.astype(np.float64)
+        Y = self.C[level].astype(np.float64)
+        N = np.zeros((len(S), len(S)))
+        rhs = np.zeros(len(S))
+        for r in range(d):
+            N += (cols[:, r][:, None] == cols[:, r][None, :]) * np.outer(sg[:, r], sg[:, r])
+            rhs += sg[:, r] * Y[r, cols[:, r]]
+        try:
+            Ninv = np.linalg.inv(N)
+        except np.linalg.LinAlgError:
+            return None
+        if not np.all(np.isfinite(Ninv)) or np.min(np.diag(Ninv)) <= 0:
+            return None
+        f = Ninv @ rhs
+        res = 0.0
+        for r in range(d):
+            pred = np.bincount(cols[:, r], weights=sg[:, r] * f, minlength=w)
+            res += float(((Y[r] - pred) ** 2).sum())
+        dof = d * w - len(S)
+        s2 = max(res / dof if dof > 0 else math.inf, self.cell_var())
+        sd = np.sqrt(s2 * np.diag(Ninv))
+        return {int(v): (float(e), float(s)) for v, e, s in zip(S, f, sd)}
+
+    def _walk(self, x: int, right: bool, top: Optional[int] = None) -> tuple[float, float, float, bool]:
+        """(estimate, variance, bound, honest) of the events < x (``right`` False: the left siblings
+        of x's path, Algorithm 5) or of the events > x within the domain (``right`` True: the right
+        siblings), from the exact levels and the least-squares node estimates (:meth:`fit`).
+        Where x's ancestor p is not significant, the nodes below it hold between 0 and f(p) events
+        in all: ``bound`` adds f(p)'s upper end (estimate + z sd) and the walk stops there (event
+        weights >= 0). honest False: a level the walk needs is unresolved."""
+        est = var = bound = 0.0
+        for lv in range(self.b - 1 if top is None else top - 1, -1, -1):
+            bit = (x >> lv) & 1
+            low = x & ((1 << lv) - 1)
+            need = (bit == 0) if right else (bit == 1)
+            if lv >= self.exact:
+                if need:
+                    v = (x >> lv) + (1 if right else -1)
+                    est += float(self.C[lv][:, v].mean())
+                    var += self.cell_var() / self.d
+                continue
+            fit = self.fit(lv)
+            if fit is None:  # unresolved: honest only if no node at this level or below is needed
+                rest_below = (x & ((1 << (lv + 1)) - 1)) != ((1 << (lv + 1)) - 1 if right else 0)
+                return est, var, bound, not rest_below
+            v = (x >> lv) + (1 if right else -1)
+            if need:
+                if v in fit:
+                    e, s = fit[v]
+                    est += e
+                    var += s * s
+                else:  # x's parent (v's too) is not significant: the rest lies within it
+                    p = x >> (lv + 1)
+                    pe, ps = self._node_upper(lv + 1, p)
+                    bound += max(0.0, pe + self._z * ps)
+                    return est, var, bound, True
+            elif (x >> lv) not in fit:  # nothing needed here, but the parent is not significant
+                rest = (low != (1 << lv) - 1) if right else (low != 0)
+                if rest:
+                    p = x >> (lv + 1)
+                    pe, ps = self._node_upper(lv + 1, p)
+                    bound += max(0.0, pe + self._z * ps)
+                return est, var, bound, True
+        return est, var, bound, True
+
+    def _node_upper(self, level: int, node: int) -> tuple[float, float]:
+        """(estimate, sd) of a node (exact level, or the least-squares fit one level up)."""
+        if level >= self.exact:
+            return float(self.C[level][:, node].mean()), self.exact_sd()
+        fit = self.fit(level)
+        if fit is not None and node in fit:
+            return fit[node]
+        pe, ps = self._node_upper(level + 1, node >> 1)  # its parent bounds it too
+        return pe, ps
+
+    def resolved_level(self) -> int:
+        """The finest level l such that every hashed level >= l has a fit (:meth:`fit`): ranks at
+        multiples of 2^l have per-salt intervals."""
+        for lv in range(self.exact - 1, -1, -1):
+            if self.fit(lv) is None:
+                return lv + 1
+        return 0
+
+    def rank_ls(self, xs: Sequence[int] | np.ndarray, right: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(estimate, half-width, honest) of rank_le(x) (``right`` False: left siblings of x + 1;
+        True: n minus the right siblings of x), per-salt intervals (:meth:`fit`): the Gaussian
+        z sd of the summed node errors (independent levels) plus half of the bounds, the estimate
+        at the middle of the bounded part. honest False: the half-width is nan."""
+        x = np.asarray(xs, dtype=np.int64)
+        est = np.zeros(x.shape)
+        half = np.zeros(x.shape)
+        ok = np.ones(x.shape, dtype=bool)
+        n, tn = self.total()
+        U = 1 << self.b
+        for i, xn in np.ndenumerate(x):
+            xv = int(xn)
+            if right:
+                # x's half of the domain (plus the lower half if x is in the upper one) minus the right
+                # siblings below: not n - (right siblings), as the quantile search aims at q * n, so n's
+                # error would be a selected one (0.85 at a nominal 0.95 at n = 167). The nodes left of
+                # x's path are selected too (the search stopped on them): splitting lower, with x's
+                # ancestor at an exact level L and the left siblings above it, covered 0.63-0.81.
+                L = self.b - 1
+                used = [(xv >> L, L)] + ([(0, L)] if (xv >> L) & 1 else [])
+                base = sum(float(self.C[lv][:, u].mean()) for u, lv in used)
+                e, v, bd, h = self._walk(xv, True, top=L)
+                est[i] = base - e - bd / 2.0
+                half[i] = self._z * math.sqrt(v + len(used) * self.cell_var() / self.d) + bd / 2.0
+            elif xv + 1 >= U:
+                est[i], half[i], h = n, tn, True
+            else:
+                e, v, bd, h = self._walk(xv + 1, False)
+                est[i] = e + bd / 2.0
+                half[i] = self._z * math.sqrt(v) + bd / 2.0
+            if not h:
+                ok[i] = False
+                half[i] = math.nan
+        return est, half, ok
 
     # -- ranks -----------------------------------------------------------
     def total(self) -> tuple[float, float]:
@@ -337,6 +515,11 @@ def to_value(reading: Any, b: int, mapping: tuple[int, int, int]) -> int:
     return x
 
 
+NO_INTERVAL = ("no honest interval at this value: the sketch cannot separate the readings this finely for this "
+               "fleet's salt (too many distinct values per level for d x w; pansketch-agent check --events N warns); "
+               "the interval shown is the trivial one")
+
+
 @dataclass
 class RankAnswer:
     q: Optional[float]
@@ -352,6 +535,8 @@ class RankAnswer:
     frac: float
     frac_lo: float
     frac_hi: float
+    honest: bool = True  # False: no per-salt interval at this value (the trivial [0, n] / [0, 1] is given)
+    resolution: int = 1  # the value ends a block of this many domain values (a coarser, honest answer)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -360,26 +545,60 @@ class RankAnswer:
         d.update({"value": self.x, "reading": [self.reading_lo, self.reading_hi],
                   "rank": round(self.rank, 3), "rank_lo": round(self.rank_lo, 3), "rank_hi": round(self.rank_hi, 3),
                   "n": round(self.n, 3), "n_lo": round(self.n_lo, 3), "n_hi": round(self.n_hi, 3),
-                  "cdf": round(self.frac, 6), "cdf_lo": round(self.frac_lo, 6), "cdf_hi": round(self.frac_hi, 6)})
+                  "cdf": round(self.frac, 6), "cdf_lo": round(self.frac_lo, 6), "cdf_hi": round(self.frac_hi, 6),
+                  "honest_interval": self.honest})
+        if self.resolution > 1:
+            d["resolution"] = self.resolution
+        if not self.honest:
+            d["note"] = NO_INTERVAL
         return d
 
 
-def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int]
-                 ) -> list[RankAnswer]:
-    """Rows for the values ``xs``: quantile answers (``qs`` given: ranks from the right siblings,
-    :meth:`DyadicView.rank_le_right`, as x was selected by the left ones) or cdf points (Algorithm 5)."""
+def snap(v: DyadicView, xs: np.ndarray) -> tuple[np.ndarray, int]:
+    """Values moved to the end of their block at the finest level every rank can be read from
+    honestly (:meth:`DyadicView.resolved_level`): (values, block size). A quantile or a default
+    CDF point then has a per-salt interval at a coarser resolution instead of none."""
+    lr = v.resolved_level()
+    if lr == 0:
+        return np.asarray(xs, dtype=np.int64), 1
+    return np.asarray(xs, dtype=np.int64) | ((1 << lr) - 1), 1 << lr
+
+
+def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], mapping: tuple[int, int, int],
+                 coarsen: bool = False) -> list[RankAnswer]:
+    """Rows for the values ``xs``: quantile answers (``qs`` given: ranks from the right siblings, as
+    x was selected by the left ones) or cdf points (Algorithm 5's left siblings), with per-salt
+    intervals (:meth:`DyadicView.rank_ls`). ``coarsen``: values finer than the sketch resolves for
+    this salt move to the end of their block (:func:`snap`; the row's ``resolution``); otherwise
+    such rows say there is no honest interval and carry the trivial one."""
     n, tn = v.total()
-    r, h = v.rank_le_right(xs) if qs is not None else v.rank_le(xs)
     xs = np.asarray(xs, dtype=np.int64)
+    res = 1
+    if coarsen:
+        xs, res = snap(v, xs)
+        if qs is None:
+            xs = np.unique(xs)
+    right = qs is not None
+    r, h, ok = v.rank_ls(xs, right=right)
+    if not ok.all():
+        r0, _ = v.rank_le_right(xs) if right else v.rank_le(xs)
+        r = np.where(ok, r, r0)
     out: list[RankAnswer] = []
     for i, x in enumerate(xs):
         lo, hi = reading_range(int(x), v.b, mapping)
-        rl, rh = float(r[i] - h[i]), float(r[i] + h[i])
+        if res > 1:
+            lo = reading_range(int(x) - res + 1, v.b, mapping)[0]
+        if ok[i]:
+            rl, rh = float(r[i] - h[i]), float(r[i] + h[i])
+        else:
+            rl, rh = 0.0, n + tn
         nl, nh = n - tn, n + tn
         fl = max(0.0, rl / nh) if nh > 0 else 0.0
         fh = min(1.0, rh / nl) if nl > 0 else 1.0
+        if not ok[i]:
+            fl, fh = 0.0, 1.0
         out.append(RankAnswer(None if qs is None else float(qs[i]), int(x), lo, hi, float(r[i]), rl, rh, n, nl, nh,
-                              float(r[i] / n) if n > 0 else math.nan, fl, fh))
+                              float(r[i] / n) if n > 0 else math.nan, fl, fh, bool(ok[i]), res))
     return make_consistent(out, across_rows=qs is None)
 
 

@@ -33,6 +33,9 @@ def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, An
     return m, s, dyadic.DyadicView.of(m, salt, confidence)
 
 
+RANK_METHOD = "dcs-rank-ls-per-salt"
+
+
 def _meta(m: Any, s: Any, v: dyadic.DyadicView) -> dict[str, Any]:
     from host_tools.query.core import iso
 
@@ -55,7 +58,7 @@ def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float =
     m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
     xs = v.quantile(qs)
     meta = _meta(m, s, v)
-    return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, qs, m.map)]
+    return [dict(a.to_dict(), method=RANK_METHOD, **meta) for a in dyadic.rank_answers(v, xs, qs, m.map, coarsen=True)]
 
 
 def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] = None, confidence: float = 0.95,
@@ -77,7 +80,7 @@ def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] 
         qs = np.linspace(0.0, 1.0, points)
         xs = np.unique(np.minimum(top, v.quantile(qs)))
     meta = _meta(m, s, v)
-    return [dict(a.to_dict(), method="dcs-rank-conditional", **meta) for a in dyadic.rank_answers(v, xs, None, m.map)]
+    return [dict(a.to_dict(), method=RANK_METHOD, **meta) for a in dyadic.rank_answers(v, xs, None, m.map, coarsen=not at)]
 
 
 def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, confidence: float = 0.95,
@@ -136,7 +139,7 @@ def add_heavy_arguments(h: argparse.ArgumentParser) -> None:
                    help="how many of the heaviest values to list (at least 1)")
     h.add_argument("--threshold", type=float, default=None, help="only values whose estimate is at least this")
     h.add_argument("--fdr", type=float, default=None, help="kind strhh: target false-discovery rate (default 0.05)")
-    h.add_argument("--beam", type=int, default=None, help="kind strhh: prefixes kept per level (default max(4k, 64))")
+    h.add_argument("--beam", type=int, default=None, help="kind strhh: open prefixes and finished strings kept per level (default max(2k+4, min(64, w/16), 24))")
 
 
 def add_distinct_arguments(dq: argparse.ArgumentParser) -> None:
@@ -218,18 +221,28 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
         head = ("%6s  " % "Q" if args.qtype == "quantile" else "")
         print(head + "%22s  %24s  %12s  %26s  %8s  %s" % ("VALUE", "READING", "RANK<=", "RANK INTERVAL", "CDF",
                                                           "CDF INTERVAL"))
-        outside = 0
+        outside = dishonest = 0
         for r in rows:
             line = ("%6g  " % r["q"] if args.qtype == "quantile" else "")
-            line += "%22d  %24s  %12s  %26s  %8.4f  [%.4f, %.4f]" % (
-                r["value"], reading_label(r["reading"]), _fmt(r["rank"]),
-                "[%s, %s]" % (_fmt(r["rank_lo"]), _fmt(r["rank_hi"])), r["cdf"], r["cdf_lo"], r["cdf_hi"])
+            if r.get("honest_interval", True):
+                line += "%22d  %24s  %12s  %26s  %8.4f  [%.4f, %.4f]" % (
+                    r["value"], reading_label(r["reading"]), _fmt(r["rank"]),
+                    "[%s, %s]" % (_fmt(r["rank_lo"]), _fmt(r["rank_hi"])), r["cdf"], r["cdf_lo"], r["cdf_hi"])
+            else:
+                dishonest += 1
+                line += "%22d  %24s  %12s  %26s  %8.4f  %s" % (
+                    r["value"], reading_label(r["reading"]), _fmt(r["rank"]), "none (see below)", r["cdf"], "none")
             if _outside(r):
                 outside += 1
                 line += "  !"
             print(line)
         print("# n = %s [%s, %s]; READING: the readings of that domain value (the end values also hold the "
               "readings clamped into them)" % (_fmt(r0["n"]), _fmt(r0["n_lo"]), _fmt(r0["n_hi"])))
+        if r0.get("resolution", 1) > 1:
+            print("# values are the ends of blocks of %d domain values (READING: the whole block): the finest "
+                  "resolution at which this fleet's sketch gives honest intervals" % r0["resolution"])
+        if dishonest:
+            print("# none: %s" % dyadic.NO_INTERVAL)
         if outside:
             print("# ! = %d noisy estimate(s) outside their own interval (the raw sums are not monotone); "
                   "trust the interval, not the point" % outside)

@@ -5,8 +5,9 @@ selection and output options: host_tools.query.cli), the device sketch
 kinds whose releases it reads, and where the dashboard shows it: ``page``
 and ``api`` are paths that ``host_tools.web.app.Dashboard`` serves with its
 method ``page_<name>`` / ``api_<name>`` (``/item`` -> ``page_item``,
-``/api/cdf`` -> ``api_cdf``), listed in the dashboard's menu by ``nav``. The metrics (host_tools.metrics) count
-releases per device and never answer a query, so they name no kind.
+``/api/cdf`` -> ``api_cdf``), listed in the dashboard's menu by ``nav``. The store metrics (host_tools.metrics)
+count releases per device; a kind with ``metrics`` also exports its answer at every scrape of
+``pansketch serve``'s /metrics (kind heavy: the top strings of the last day of strhh releases).
 
 Adding a kind: a module with the query function, ``add_arguments`` and
 ``run`` (as host_tools.query.series_cli), plus one :class:`QueryKind` in
@@ -17,14 +18,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from host_tools.query import dyadic_cli, point_cli, series_cli
+from host_tools.query import dyadic_cli, point_cli, series_cli, strheavy_cli
 from host_tools.store.core import SQLStore
 
 POINT = ("cms", "cs")  # the point-query sketches (Count-Min, CountSketch)
 # run(args, store, salt, confidence, since, until) -> exit code; it prints the answer
 Runner = Callable[[argparse.Namespace, SQLStore, str, float, Optional[float], Optional[float]], int]
+# metrics(store, salt) -> Prometheus metric families of the kind's answer ([] when the store has none)
+MetricsFn = Callable[[SQLStore, str], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class QueryKind:
     page: Optional[str] = None  # dashboard page showing it
     api: Optional[str] = None  # JSON endpoint answering it
     nav: Optional[tuple[str, str]] = None  # (menu label, page title): the page's menu entry, on one kind per page
+    metrics: Optional[MetricsFn] = None  # its answer as Prometheus gauges on /metrics (needs the fleet salt)
 
     @property
     def hint(self) -> Optional[str]:
@@ -65,7 +69,7 @@ KINDS: tuple[QueryKind, ...] = (
               dyadic_cli.run, ("dcs",), page="/quantiles", api="/api/cdf"),
     QueryKind("heavy", "heaviest values (kind dcs) or strings (kind strhh), no candidate list",
               dyadic_cli.add_heavy_arguments, dyadic_cli.run, ("dcs", "strhh"), page="/heavy", api="/api/heavy",
-              nav=("Heavy hitters", "heavy hitters")),
+              nav=("Heavy hitters", "heavy hitters"), metrics=strheavy_cli.metric_families),
     QueryKind("distinct", "distinct items (kind dbits): sum of per-device, per-window counts",
               dyadic_cli.add_distinct_arguments, dyadic_cli.run, ("dbits",), page="/distinct", api="/api/distinct",
               nav=("Distinct", "distinct")),

@@ -11,31 +11,51 @@ readings (hashed levels, dp-linear-sketches.txt Algorithm 2), as in
 host_tools.query.dyadic for kind dcs.
 
 Descent (the string form of the dyadic descent, dp-linear-sketches.txt §4;
-the prefix-tree search of Bassily et al.'s TreeHist):
+the prefix-tree search with a fixed beam of Bassily et al.'s TreeHist):
 
 1. level 0: the 256 one-byte prefixes are the candidates;
-2. at each level, every candidate gets a one-sided p-value for "its count is
-   0" from the level's error model (below); the Benjamini-Hochberg step-up
-   procedure keeps the discoveries: at the last level at the target
-   false-discovery rate q (default 0.05), which is the FDR of the reported
-   strings among the last level's candidates; at the levels above at the
-   looser rate max(q, 0.5) (``prune``): there a false prefix only costs
-   work (its children are candidates at the next level, where it must be
-   discovered again under an independent hash), while a lost true prefix
-   loses its strings for good, so the strict rate there only costs recall
-   (at 10 strings of 2 % each, w = 1024, the strict rate lost half of them:
-   a null node colliding with a heavy cell in 2 of 3 rows is as likely as
-   the per-candidate cut q/m at m ~ 2500 candidates); with a count threshold T, candidates estimated below
-   T - t_l (t_l the level's half-width at alpha) are dropped too (a prefix
-   counts at least as much as any string under it); at most ``beam``
-   (default max(4k, 64)) with the largest estimates survive;
-3. each survivor is expanded by every next byte (256 children; a prefix
-   ending in the end marker 0x00 only by 0x00, the encoding pads with it);
+2. each candidate gets an estimate and a one-sided p-value for "its count is
+   0"; on a hashed level both come from greedy peeling (below), on an exact
+   level from the mean of its d cells and the exact noise distribution. The
+   Benjamini-Hochberg step-up procedure keeps the discoveries: at the last
+   level at the target false-discovery rate q (default 0.05), which is the
+   FDR of the reported strings among the last level's candidates; at the
+   levels above at the looser rate max(q, 0.5) (``prune``): there a false
+   prefix only costs work (its children are candidates at the next level,
+   where it must be discovered again under an independent hash), while a
+   lost true prefix loses its strings for good. With a count threshold T,
+   candidates estimated below T - t_l (t_l the level's half-width at alpha)
+   are dropped too (a prefix counts at least as much as any string under
+   it). The beam keeps at most B open prefixes and B finished strings (a
+   prefix ending in the end marker 0x00 has one child) with the largest
+   estimates, B = max(2k + 4, min(64, w/16), 24) (``default_beam``);
+3. each open survivor is expanded by every next byte (256 children; a
+   finished one only by 0x00, the encoding pads with it);
 4. at the last level the discoveries are the strings; the top k (with T:
    those estimated >= T) are reported with intervals +- t at confidence
    1 - alpha/m over the m candidates of the last level: simultaneous over
    the candidates, so they cover although the reported strings were selected
    for large estimates (as dyadic.DyadicView.heavy).
+
+Why peeling (``fit_level``). A level with m candidates (up to 256 B) in w
+columns gives every heavy node about m C(d, j) / w^j "twins" that share
+its cell in j = ceil(d/2) rows (3m/w^2 at d = 3): null candidates whose
+median reads the heavy count, so their estimate equals the heavy node's, and
+the row-error model below (a random cell of the row) finds it significant.
+At Pico size (w = 80, m ~ 6000) that made every heavy string's p-value no
+smaller than its twins' and BH kept nothing. Peeling takes the candidates
+one at a time, the one whose SMALLEST signed reading (capped by its
+parent's estimate: a child counts at most its parent) is largest: a heavy
+node reads high in every row, a twin only in the shared ones. Its estimate
+(the median of its readings) is subtracted from its d cells, the readings
+of the candidates sharing them are updated, and so on until 2B are taken
+or the best is below the noise floor (the per-cell noise quantile at
+1 - 1/(2w)); BACKFIT sweeps then re-estimate each taken node with the
+others' current estimates removed (a node taken early with a twin's share
+gives it back). Every candidate is then read from the residual, plus its own
+estimate if taken: a twin of a taken heavy node reads ~0 in the shared
+rows. This is the greedy recovery of sparse-recovery CountSketch decoding
+(matching pursuit), applied per level to the descent's candidates only.
 
 Error model for the p-values (what "set by the noise" means):
 
@@ -43,22 +63,25 @@ Error model for the p-values (what "set by the noise" means):
   merged noise; P(mean >= e) from the exact pmf of the sum of the d * draws
   independent draws (estimators.noise_distribution; a normal tail of the
   same variance if the support is too large to convolve);
-* hashed level: per row, P(row error >= e) ~ (#cells of the row with |c| >= e
-  + 1) / (2w) (the data-driven CountSketch model of estimators.cs_halfwidth:
-  a random column of the row with a fair sign; the node's own cell is left
-  out, as the error of a node is the reading of the counters without its own
-  events, docs/HOST.md "The key fact"); the median of d rows
-  exceeds e only if at least ceil(d/2) rows do (Poisson-binomial tail).
-  The model's resolution is ~ (1/2w)^ceil(d/2): with d >= 3 a heavy string's
-  p-value is ~1e-6 at w = 1024, far below BH's cut i*q/m for the ~10^4
-  candidates of a level; d = 1 or 2 would cap it at ~1/w (agent.params
-  therefore requires d >= 3 for strhh).
+* hashed level: per row, P(row reading >= e) ~ (#cells of the row's
+  residual with |c| >= e + 1) / (2w) (the data-driven CountSketch model of
+  estimators.cs_halfwidth on the residual: a random column of the row with a
+  fair sign; the node's own cell is left out, as the error of a node is the
+  reading of the counters without its own events, docs/HOST.md "The key
+  fact"); the statistic "the j-th largest of the d readings is >= e" has
+  tail P(at least j rows >= e) (Poisson-binomial); the p-value is the
+  smallest over j = ceil(d/2) .. d times their number (Bonferroni): the
+  median's test is the strong one against noise (many devices), the
+  minimum's against collisions (a small sketch).
+  The model's resolution is ~ (1/2w)^ceil(d/2) for the median and (1/2w)^d
+  for the minimum; agent.params requires d >= 3 for strhh.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from statistics import NormalDist
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
@@ -71,6 +94,7 @@ from host_tools.query import estimators
 from host_tools.query.merge import Merged, NoiseTerm
 
 DEFAULT_FDR = 0.05
+BACKFIT = 2  # sweeps re-estimating the peeled nodes (fit_level)
 DEFAULT_PRUNE = 0.5  # BH rate at the levels above the last: it only bounds the work (module doc)
 
 
@@ -166,6 +190,7 @@ class PrefixView:
         self._sorted: dict[int, np.ndarray] = {}
         self._t: dict[tuple[int, float], float] = {}
         self._upper: Optional[tuple[np.ndarray, int, float]] = None
+        self._floor: Optional[float] = None
 
     @classmethod
     def of(cls, m: Merged, salt: str | bytes, confidence: float = 0.95) -> "PrefixView":
@@ -243,6 +268,95 @@ class PrefixView:
                 out.extend(p + c for c in allb)
         return out
 
+    def _peel_floor(self) -> float:
+        """A cell value pure noise exceeds in about one cell of a row (normal quantile of the
+        per-cell noise at 1 - 1/(2w)): peeling stops below it (a heuristic cut, not a test)."""
+        if self._floor is None:
+            sd = math.sqrt(sum(t.variance() for t in self.noise))
+            self._floor = sd * NormalDist().inv_cdf(1.0 - 1.0 / (2 * self.w)) if sd > 0 else 0.0
+        return self._floor
+
+    def fit_level(self, level: int, nodes: Sequence[bytes], cap_est: Optional[np.ndarray],
+                  budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """(estimates, p-values) of the candidates of a hashed level by greedy peeling (module doc).
+
+        Repeatedly take the candidate whose smallest signed reading (capped by its parent's
+        estimate) is largest, fix its estimate at the median of its readings and subtract it
+        from its d cells, until ``budget`` candidates are taken or the best is below the noise
+        floor. Then every candidate is read from the residual (plus its own estimate if taken)
+        and tested against the residual's cells (:meth:`pvalues_residual`)."""
+        d, w = self.d, self.w
+        st = node_streams(nodes, level_prefix(self.prefix, level), d)
+        cols, signs = fasthash.cols_signs(st, d, w)
+        R = self.C[level].astype(np.float64)
+        rows = np.arange(d)[None, :]
+        rd = R[rows, cols] * signs
+        m = len(nodes)
+        order = [np.argsort(cols[:, r], kind="stable") for r in range(d)]
+        starts = [np.searchsorted(cols[order[r], r], np.arange(w + 1)) for r in range(d)]
+        score = rd.min(axis=1)
+        if cap_est is not None:
+            score = np.minimum(score, cap_est)
+        taken = np.zeros(m, dtype=bool)
+        est = np.zeros(m)
+        floor = self._peel_floor()
+        seq: list[int] = []
+
+        def move(i: int, v: float) -> np.ndarray:
+            """Subtract v of node i from its cells; update the readings sharing them."""
+            aff = []
+            for r in range(d):
+                c = cols[i, r]
+                R[r, c] -= signs[i, r] * v
+                a = order[r][starts[r][c]:starts[r][c + 1]]
+                rd[a, r] = R[r, c] * signs[a, r]
+                aff.append(a)
+            return np.concatenate(aff)
+
+        for _ in range(min(budget, m)):
+            i = int(np.argmax(score))
+            if score[i] <= floor:
+                break
+            e = float(np.median(rd[i]))
+            taken[i] = True
+            est[i] = e
+            seq.append(i)
+            a = move(i, e)
+            score[a] = rd[a].min(axis=1)
+            if cap_est is not None:
+                score[a] = np.minimum(score[a], cap_est[a])
+            score[taken] = -np.inf
+        for _ in range(BACKFIT):  # re-estimate each taken node with the others' current estimates removed
+            for i in seq:
+                move(i, -est[i])
+                est[i] = float(np.median(rd[i]))
+                move(i, est[i])
+        fin = rd + est[:, None]
+        return np.median(fin, axis=1), self.pvalues_residual(R, fin, cols)
+
+    def pvalues_residual(self, R: np.ndarray, fin: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """One-sided p-values of candidates with readings ``fin`` (n, d) against the residual R.
+
+        A null candidate reads a random cell of each row with a fair sign, so P(row reading >= e)
+        ~ (#cells of the row with |R| >= e, own cell left out, + 1) / (2w). For j = ceil(d/2)..d
+        the statistic "the j-th largest reading is >= e" has tail P(at least j rows >= e)
+        (Poisson-binomial); the p-value is the smallest of these d - ceil(d/2) + 1 tails times
+        their number (Bonferroni): j = ceil(d/2) is the median's test (strong against noise),
+        j = d the minimum's (a null colliding with heavy cells in some rows fails it)."""
+        d, w = self.d, self.w
+        a = np.sort(np.abs(R), axis=1)
+        srt = np.sort(fin, axis=1)
+        owncell = np.abs(R[np.arange(d)[None, :], cols])
+        js = range((d + 1) // 2, d + 1)
+        best = np.ones(fin.shape[0])
+        for j in js:
+            e = srt[:, d - j]
+            cnt = np.stack([w - np.searchsorted(a[r], e, side="left") for r in range(d)], axis=1)
+            cnt = cnt - (owncell >= e[:, None])
+            P = np.minimum(1.0, (cnt + 1) / w) / 2.0
+            best = np.minimum(best, np.where(e > 0, estimators._pb_tails(P, j), 1.0))
+        return np.minimum(1.0, best * len(js))
+
     def heavy(self, k: int, threshold: Optional[float] = None, fdr: float = DEFAULT_FDR,
               beam: Optional[int] = None, prune: float = DEFAULT_PRUNE
               ) -> tuple[list[tuple[bytes, float]], float, dict[str, Any]]:
@@ -251,21 +365,34 @@ class PrefixView:
             raise ValueError("k must be at least 1")
         if not 0 < fdr < 1:
             raise ValueError("the false-discovery rate must be in (0, 1)")
-        B = beam if beam is not None else max(4 * k, 64)
+        B = beam if beam is not None else default_beam(k, self.w)
         nodes: list[bytes] = [bytes([c]) for c in range(256)]
         examined: list[int] = []
         est = np.zeros(0)
+        cap: Optional[np.ndarray] = None
         for lv in range(self.L):
             if lv:
+                counts = [1 if p[-1] == 0 else 256 for p in nodes]
+                cap = np.repeat(est, counts)  # a child counts at most its parent's count
                 nodes = self.children(nodes)
             examined.append(len(nodes))
-            est, own = self.node_readings(lv, nodes)
-            keep = bh_keep(self.pvalues(lv, est, own), fdr if lv == self.L - 1 else max(fdr, prune))
+            if lv < self.exact:
+                est, own = self.node_readings(lv, nodes)
+                p = self.pvalues(lv, est, own)
+            else:
+                est, p = self.fit_level(lv, nodes, cap, 2 * B)
+            keep = bh_keep(p, fdr if lv == self.L - 1 else max(fdr, prune))
             if threshold is not None:
                 keep &= est >= threshold - self.halfwidth(lv, self.alpha)
             idx = np.nonzero(keep)[0]
-            if idx.size > B:
-                idx = idx[np.argpartition(-est[idx], B - 1)[:B]]
+            if idx.size > B:  # the beam: B open prefixes and B finished strings (ending in the end marker)
+                fin = np.array([nodes[i][-1] == 0 for i in idx], dtype=bool)
+                parts = []
+                for sub in (idx[fin], idx[~fin]):
+                    if sub.size > B:
+                        sub = sub[np.argpartition(-est[sub], B - 1)[:B]]
+                    parts.append(sub)
+                idx = np.sort(np.concatenate(parts))
             nodes = [nodes[i] for i in idx]
             est = est[idx]
             if not nodes:
@@ -280,6 +407,16 @@ class PrefixView:
         if threshold is not None:
             out = [(x, e) for x, e in out if e >= threshold]
         return out[:k], t, stats
+
+
+def default_beam(k: int, w: int = 1024) -> int:
+    """Prefixes kept per level: 2k + 4, and at least min(64, w/16), at least 24.
+
+    A wide beam on a narrow sketch adds candidates (256 per open prefix), hence collisions
+    with the heavy cells, faster than it adds recall (w = 80: 24 beats 64); a wide sketch
+    needs room for the busy subtrees whose prefixes all outweigh a short heavy string
+    (host_tools/bench/strheavy.py, tests/test_e2e_strhh.py)."""
+    return max(2 * k + 4, min(64, w // 16), 24)
 
 
 @dataclass

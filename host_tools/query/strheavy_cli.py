@@ -91,3 +91,49 @@ def run_heavy(args: argparse.Namespace, store: Any, salt: str, conf: float, sinc
     rows = heavy_merged(m, s, args.k, salt=salt, threshold=args.threshold, fdr=getattr(args, "fdr", None)
                         or strheavy.DEFAULT_FDR, beam=getattr(args, "beam", None), confidence=conf)
     return print_rows(rows, args.json, time.perf_counter() - t, args.threshold)
+
+
+METRIC_K = 10
+METRIC_SPAN_S = 86400
+
+
+def metric_families(store: Any, salt: str, k: int = METRIC_K, span_s: int = METRIC_SPAN_S) -> list[Any]:
+    """Prometheus families of the heavy strings of the last ``span_s`` seconds of strhh releases.
+
+    ``pansketch_strhh_heavy_estimate{rank,item}`` (with ``_lower``/``_upper``: the simultaneous
+    interval of ``query heavy``), ``pansketch_strhh_heavy_strings`` (how many the descent reported,
+    at most k) and ``pansketch_strhh_heavy_until_timestamp_seconds`` (end of the span: the latest
+    epoch end of a strhh device). The span ends at that epoch end, so a scrape answers the same
+    as ``pansketch query heavy -k 10 --since END-86400 --until END``. Empty on a store without
+    strhh releases. The values are noisy releases post-processed (docs/PRIVACY.md): nothing
+    beyond what ``query heavy`` answers."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from host_tools.query.core import QueryError
+
+    held = store.kind_counts()
+    if not held.get("strhh"):
+        return []
+    devs = None if len(held) == 1 else set(store.devices_of_kind("strhh"))
+    ends = [t1 for dev, _n, _last, t1 in store.device_activity() if devs is None or dev in devs]
+    if not ends:
+        return []
+    until = float(max(ends))
+    try:
+        rows = heavy(store, k, salt=salt, since=until - span_s, until=until)
+    except QueryError:
+        return []
+    fams = {n: GaugeMetricFamily("pansketch_strhh_heavy_" + n, h, labels=["rank", "item"]) for n, h in (
+        ("estimate", "estimated count of the rank-th heaviest string (kind strhh, last day of releases)"),
+        ("lower", "lower end of its simultaneous interval"), ("upper", "upper end of its simultaneous interval"))}
+    for r in rows:
+        lab = [str(r["rank"]), r["label"]]
+        fams["estimate"].add_metric(lab, r["estimate"])
+        fams["lower"].add_metric(lab, r["lo"])
+        fams["upper"].add_metric(lab, r["hi"])
+    n = GaugeMetricFamily("pansketch_strhh_heavy_strings", "heavy strings reported (at most %d)" % k)
+    n.add_metric([], len(rows))
+    end = GaugeMetricFamily("pansketch_strhh_heavy_until_timestamp_seconds",
+                            "end (unix time) of the day of strhh releases the heavy strings are from")
+    end.add_metric([], until)
+    return list(fams.values()) + [n, end]

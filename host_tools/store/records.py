@@ -136,7 +136,15 @@ class Release(ReleaseParams):
     @classmethod
     def from_state(cls, state: tuple[Any, ...], payload: bytes) -> "Release":
         """The release :meth:`state` was taken from, given its payload (no validation: it was validated)."""
-        return cls(payload=payload, **dict(zip(STATE_FIELDS, state)))
+        if len(state) != len(STATE_FIELDS):
+            raise ValueError("release state of %d fields, expected %d" % (len(state), len(STATE_FIELDS)))
+        # the frozen dataclass's __init__ sets each of the 28 fields through object.__setattr__; filling
+        # the instance dict at once gives the same object for a fraction of the cost (once per message)
+        rel = cls.__new__(cls)
+        d = rel.__dict__
+        d.update(zip(STATE_FIELDS, state))
+        d["payload"] = payload
+        return rel
 
 
 STATE_FIELDS = tuple(f.name for f in fields(Release) if f.name != "payload")

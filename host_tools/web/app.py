@@ -570,7 +570,7 @@ class Dashboard(KindPages):
         from prometheus_client import generate_latest
 
         if self.registry is None:
-            self.registry = metrics.store_registry(self.db, self.delta, self.cfg.status.late_grace_s)
+            self.registry = metrics.store_registry(self.db, self.delta, self.cfg.status.late_grace_s, self.salt or None)
         return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], generate_latest(self.registry)
 
     def healthz(self, _p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
