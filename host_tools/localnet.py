@@ -1,5 +1,6 @@
 """Local daemons on 127.0.0.1 (the demo's broker, the throwaway PostgreSQL, the benchmarks' and the
-tests' brokers): pick a free port, wait until the daemon answers on it.
+tests' brokers): pick a free port, wait until the daemon answers on it (or, generally, until a
+condition holds), stop it.
 
 Shared by every host package (imports nothing of the project).
 """
@@ -7,8 +8,9 @@ Shared by every host package (imports nothing of the project).
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 HOST = "127.0.0.1"
 
@@ -21,6 +23,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
     finally:
         s.close()
+
+
+def stop_process(proc: Optional[subprocess.Popen[Any]], timeout: float = 10.0) -> None:
+    """SIGTERM ``proc`` (if it still runs) and wait ``timeout`` s for it to exit; SIGKILL it if it does not."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> bool:
+    """Poll ``pred`` every ``every`` seconds until it is true (True) or ``timeout`` seconds have passed
+    (then its last value, as a bool)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(every)
+    return bool(pred())
 
 
 def wait_port(port: int, timeout: float = 10.0, alive: Optional[Callable[[], bool]] = None,

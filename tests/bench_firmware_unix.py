@@ -39,17 +39,8 @@ def run_bench(binary: Path, tmp: Path, port: int, heap: str, w: int, mpy: bool =
     hw = tmp / "hw"
     hw.mkdir(exist_ok=True)
     (hw / "bench.json").write_text(json.dumps(opts))
-    for mod in ("bench", "benchrun"):  # precompiled: compiling them in the VM would cost heap
-        U.mpy_cross(U.HERE / (mod + ".py"), hw / (mod + ".mpy"))
     b = U.Board(binary, flash, hw, heap=heap, log=tmp / "bench.log", exact_heap=True)
-    b.start(wait=False, script="bench")
-    assert b.proc is not None
-    try:
-        rc = b.proc.wait(60)
-    except Exception:
-        b.kill()
-        rc = -9
-    U.wait_until(lambda: "--- exit" in (tmp / "bench.log").read_text(), 5)
+    rc = b.run_script("bench", 60, also=("benchrun",))
     v = b.values()
     if rc != 0 or "done" not in v:
         v["error"] = "exit %s: %s" % (rc, "\n".join(b.text.splitlines()[-6:]))
@@ -286,15 +277,7 @@ def memrun(binary: Path, tmp: Path, cfg: dict[str, Any], ca_der: Path, heap_kib:
         finally:
             b.kill()
         return res
-    U.mpy_cross(U.HERE / (script + ".py"), hw / (script + ".mpy"))
-    b.start(wait=False, script=script)
-    assert b.proc is not None
-    try:
-        rc = b.proc.wait(120)
-    except Exception:
-        b.kill()
-        rc = -9
-    U.wait_until(lambda: "--- exit" in (tmp / "board.log").read_text(), 5)
+    rc = b.run_script(script, 120)
     v = b.values()
     if rc != 0 or "done" not in v:
         res["error"] = v.get("idle") or "exit %s: %s" % (rc, "\n".join(b.text.splitlines()[-8:]))

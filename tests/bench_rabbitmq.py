@@ -38,7 +38,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from host_tools.bench.host import SALT, _count, _cpu_s, _env, _helpers, make_releases, publish_interleaved  # noqa: E402
+from host_tools.bench.host import (SALT, _count, _cpu_s, _env, _helpers, make_releases,  # noqa: E402
+                                   publish_interleaved, start_publishers)
 from tests.rabbit import AGG_PASSWORD, AGG_USER, Cluster, device_password  # noqa: E402
 
 QUEUE = "pansketch.releases"
@@ -123,16 +124,7 @@ def run(c: Cluster, msgs: list[tuple[str, bytes]], workers: int, tmp: str, aggre
                                            "--until-idle", "30"], env=_env(), stdout=subprocess.DEVNULL,
                                           stderr=open(log, "w")))
         time.sleep(3)
-    by_dev: dict[str, list[tuple[str, bytes]]] = {}
-    for t, p in msgs:
-        by_dev.setdefault(t, []).append((t, p))
-    groups = list(by_dev.values())
-    start = ctx.Event()
-    done: Any = ctx.Queue()
-    ports = [n.mqtt_port for n in c.nodes]
-    pubs = [ctx.Process(target=_publisher, args=(ports, groups[i::workers], start, done, tag)) for i in range(workers)]
-    for pub in pubs:
-        pub.start()
+    pubs, start, done = start_publishers(ctx, _publisher, [n.mqtt_port for n in c.nodes], msgs, workers, tag)
     time.sleep(2)
     roles: dict[int, str] = {}
     for n in c.nodes:  # the server script and its children (the Erlang VM)

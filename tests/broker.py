@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import pytest
 
-from host_tools.localnet import free_port, wait_port  # noqa: F401  (free_port: re-exported)
+from host_tools.localnet import free_port, stop_process, wait_port  # noqa: F401  (free_port: re-exported)
 
 
 def mosquitto_path() -> Optional[str]:
@@ -92,13 +92,7 @@ class Mosquitto:
         raise RuntimeError("mosquitto did not start on port %d:\n%s" % (self.port, self.log_text()[-2000:]))
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
 
     def kill(self) -> None:

@@ -26,6 +26,8 @@ from typing import Optional
 
 import pytest
 
+from host_tools.localnet import stop_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAP_DEVICE = "pi-gap"
 # the cs fleet only: these tests count its devices and releases; the demo's other kinds (cms, tree,
@@ -109,13 +111,7 @@ class Server:
         self.url = line.split()[2].rstrip("/")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 

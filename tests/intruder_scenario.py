@@ -53,6 +53,17 @@ def _attrs(obj, skip):
     return out
 
 
+def _view(op, rec, n_events, flash, sketch_skip):
+    return {
+        "op": op,
+        "events": n_events,
+        "rec": _attrs(rec, ("p", "rng", "sketch", "log", "outbox")),
+        "sketch": _attrs(rec.sketch, sketch_skip),
+        "rng": _attrs(rec.rng, ("source",)),
+        "flash": flash,
+    }
+
+
 def snapshot(op, rec, n_events, root):
     flash = None
     buf = array.array("i", bytes(4 * rec.p.cells))
@@ -61,14 +72,40 @@ def snapshot(op, rec, n_events, root):
             flash = list(buf)
     except Exception:
         flash = None
-    return {
-        "op": op,
-        "events": n_events,
-        "rec": _attrs(rec, ("p", "rng", "sketch", "log", "outbox")),
-        "sketch": _attrs(rec.sketch, ("counters",)),
-        "rng": _attrs(rec.rng, ("source",)),
-        "flash": flash,
-    }
+    return _view(op, rec, n_events, flash, ("counters",))
+
+
+class _Run:
+    """A recorder driven through a scenario, with a snapshot (``snap``) after every operation."""
+
+    def __init__(self, rec, root, snap, kind="cms"):
+        self.rec = rec
+        self.root = root
+        self.snap = snap
+        self.kind = kind
+        self.stream = []
+        self.snaps = [snap("boot", rec, 0, root)]
+
+    def note(self, op):
+        self.snaps.append(self.snap(op, self.rec, len(self.stream), self.root))
+
+    def add(self, step):
+        for x in events_for(step, self.kind):
+            self.rec.add(x)
+            self.stream.append(x)
+        self.note("add")
+
+    def op(self, name, fn, t):
+        """fn(t): a persist, tick or flush of the recorder."""
+        fn(t)
+        self.note(name)
+
+    def result(self):
+        return {"snaps": self.snaps, "stream": self.stream}
+
+
+def _quiet(m):
+    pass
 
 
 def events_for(step, kind="cms"):
@@ -87,42 +124,25 @@ def events_for(step, kind="cms"):
 
 def run(root, seed, cfg=None):
     p = Params(cfg if cfg is not None else CFG)
-    rng = Rng(DeterministicSource(seed))
-    quiet = lambda m: None  # noqa: E731
-    rec = Recorder(p, root, T0, rng=rng, log=quiet)
-    stream = []
-    snaps = [snapshot("boot", rec, 0, root)]
-
-    def add(step):
-        for x in events_for(step, p.kind):
-            rec.add(x)
-            stream.append(x)
-        snaps.append(snapshot("add", rec, len(stream), root))
-
-    add(1)
-    rec.persist(T0 + 10)
-    snaps.append(snapshot("persist", rec, len(stream), root))
-    add(2)
-    rec.persist(T0 + 20)
-    snaps.append(snapshot("persist", rec, len(stream), root))
-    add(3)
+    r = _Run(Recorder(p, root, T0, rng=Rng(DeterministicSource(seed)), log=_quiet), root, snapshot, p.kind)
+    r.add(1)
+    r.op("persist", r.rec.persist, T0 + 10)
+    r.add(2)
+    r.op("persist", r.rec.persist, T0 + 20)
+    r.add(3)
     # power cut and restart: RAM is gone, the device boots on its flash
-    rec = Recorder(p, root, T0 + 30, rng=Rng(DeterministicSource(seed + "-boot")), log=quiet)
-    snaps.append(snapshot("restart", rec, len(stream), root))
-    add(4)
-    rec.tick(T0 + 60)  # epoch end: release 0
-    snaps.append(snapshot("release", rec, len(stream), root))
-    add(5)
-    rec.persist(T0 + 70)
-    snaps.append(snapshot("persist", rec, len(stream), root))
-    add(6)
-    rec.flush(T0 + 80)  # early release (part 0), the epoch goes on as part 1
-    snaps.append(snapshot("flush", rec, len(stream), root))
-    add(7)
-    rec.tick(T0 + 120)
-    snaps.append(snapshot("release", rec, len(stream), root))
-    add(8)
-    return {"snaps": snaps, "stream": stream}
+    r.rec = Recorder(p, root, T0 + 30, rng=Rng(DeterministicSource(seed + "-boot")), log=_quiet)
+    r.note("restart")
+    r.add(4)
+    r.op("release", r.rec.tick, T0 + 60)  # epoch end: release 0
+    r.add(5)
+    r.op("persist", r.rec.persist, T0 + 70)
+    r.add(6)
+    r.op("flush", r.rec.flush, T0 + 80)  # early release (part 0), the epoch goes on as part 1
+    r.add(7)
+    r.op("release", r.rec.tick, T0 + 120)
+    r.add(8)
+    return r.result()
 
 
 # -- tree mode (agent/tree.py) -------------------------------------------------
@@ -148,15 +168,9 @@ def tree_snapshot(op, rec, n_events, root):
                 flash.append(list(b))
     except Exception:
         flash = None
-    return {
-        "op": op,
-        "events": n_events,
-        "rec": _attrs(rec, ("p", "rng", "sketch", "log", "outbox")),
-        "sketch": _attrs(rec.sketch, ("counters", "arrays")),
-        "arrays": len(rec.sketch.arrays),
-        "rng": _attrs(rec.rng, ("source",)),
-        "flash": flash,
-    }
+    v = _view(op, rec, n_events, flash, ("counters", "arrays"))
+    v["arrays"] = len(rec.sketch.arrays)
+    return v
 
 
 def run_tree(root, seed, cfg=None):
@@ -165,44 +179,26 @@ def run_tree(root, seed, cfg=None):
     from agent.recorders import make
 
     p = Params(cfg if cfg is not None else CFG_TREE)
-    quiet = lambda m: None  # noqa: E731
-    rec = make(p, root, T0, rng=Rng(DeterministicSource(seed)), log=quiet)
-    stream = []
-    snaps = [tree_snapshot("boot", rec, 0, root)]
-
-    def add(step):
-        for x in events_for(step):
-            rec.add(x)
-            stream.append(x)
-        snaps.append(tree_snapshot("add", rec, len(stream), root))
-
-    add(1)
-    rec.persist(T0 + 10)
-    snaps.append(tree_snapshot("persist", rec, len(stream), root))
-    add(2)
-    rec.tick(T0 + 60)  # leaf [0, 1)
-    snaps.append(tree_snapshot("release", rec, len(stream), root))
-    add(3)
-    rec.persist(T0 + 70)
-    snaps.append(tree_snapshot("persist", rec, len(stream), root))
-    add(4)
+    r = _Run(make(p, root, T0, rng=Rng(DeterministicSource(seed)), log=_quiet), root, tree_snapshot)
+    r.add(1)
+    r.op("persist", r.rec.persist, T0 + 10)
+    r.add(2)
+    r.op("release", r.rec.tick, T0 + 60)  # leaf [0, 1)
+    r.add(3)
+    r.op("persist", r.rec.persist, T0 + 70)
+    r.add(4)
     # power cut and restart mid-node
-    rec = make(p, root, T0 + 90, rng=Rng(DeterministicSource(seed + "-boot")), log=quiet)
-    snaps.append(tree_snapshot("restart", rec, len(stream), root))
-    add(5)
-    rec.tick(T0 + 120)  # leaf [1, 2) and level-1 node [0, 2)
-    snaps.append(tree_snapshot("release", rec, len(stream), root))
-    add(6)
-    rec.tick(T0 + 180)  # leaf [2, 3)
-    snaps.append(tree_snapshot("release", rec, len(stream), root))
-    add(7)
-    rec.persist(T0 + 200)
-    snaps.append(tree_snapshot("persist", rec, len(stream), root))
-    add(8)
-    rec.tick(T0 + 240)  # leaf [3, 4), [2, 4), root [0, 4)
-    snaps.append(tree_snapshot("release", rec, len(stream), root))
-    add(9)
-    rec.flush(T0 + 250)  # early release of all three open nodes; they go on as part 1
-    snaps.append(tree_snapshot("flush", rec, len(stream), root))
-    add(10)
-    return {"snaps": snaps, "stream": stream}
+    r.rec = make(p, root, T0 + 90, rng=Rng(DeterministicSource(seed + "-boot")), log=_quiet)
+    r.note("restart")
+    r.add(5)
+    r.op("release", r.rec.tick, T0 + 120)  # leaf [1, 2) and level-1 node [0, 2)
+    r.add(6)
+    r.op("release", r.rec.tick, T0 + 180)  # leaf [2, 3)
+    r.add(7)
+    r.op("persist", r.rec.persist, T0 + 200)
+    r.add(8)
+    r.op("release", r.rec.tick, T0 + 240)  # leaf [3, 4), [2, 4), root [0, 4)
+    r.add(9)
+    r.op("flush", r.rec.flush, T0 + 250)  # early release of all three open nodes; they go on as part 1
+    r.add(10)
+    return r.result()

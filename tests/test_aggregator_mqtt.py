@@ -22,7 +22,8 @@ from host_tools.ingest import aggregator
 from host_tools.query import core as query
 from host_tools.store.core import Store
 from tests.broker import needs_mosquitto, start_mosquitto
-from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
+from tests.test_host_support import (SALT, T0, encoded, fleet_releases, host_cfg, params, record, topic,
+                                     zipf_stream)
 
 pytestmark = needs_mosquitto
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,10 +127,7 @@ def test_shared_subscription_splits_load_and_stores_once(tmp_path):
     a1 = AggThread(cfg)
     a2 = AggThread(cfg)
     try:
-        msgs = []
-        for dv in range(8):
-            p = params("s%d" % dv, w=32)
-            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(10)]
+        msgs = fleet_releases("s", 8, 10, w=32)
         publish_all(b.port, msgs)
         wait_for(lambda: counts(cfg.aggregator.db)[0] == len(msgs))
         time.sleep(0.3)
@@ -156,10 +154,7 @@ def test_a_group_member_that_is_gone_gets_no_share(tmp_path):
     a1, a2 = AggThread(cfgs[0]), AggThread(cfgs[1])
     try:
         assert a1.close() == 0  # gone (a kill -9 closes the connection the same way)
-        msgs = []
-        for dv in range(4):
-            p = params("g%d" % dv, w=32)
-            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(6)]
+        msgs = fleet_releases("g", 4, 6, w=32)
         publish_all(b.port, msgs)
         # with a persistent session for agg-1, mosquitto would queue every other message there
         wait_for(lambda: counts(cfgs[1].aggregator.db)[0] == len(msgs), 10)
@@ -295,10 +290,7 @@ def test_acks_follow_the_group_commit(tmp_path):
     sub.loop_start()
     a = AggThread(cfg)
     try:
-        msgs = []
-        for dv in range(6):
-            p = params("g%d" % dv, w=64)
-            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(40)]
+        msgs = fleet_releases("g", 6, 40, w=64)
         bad = params("g0", w=64)
         msgs.insert(100, (topic("g0"), encoded(bad, seq=99, elo=T0 // 3600, fill=77)))  # conflict with seq 0
         publish_all(b.port, msgs)

@@ -19,6 +19,7 @@ from host_tools.ingest.decode import Rejected, decode
 from host_tools.query.merge import noise_variance
 from host_tools.store.core import Store
 from tests import mpvm
+from tests.test_host_support import binom_lower, binom_upper
 
 T0 = 200_000 * 3600
 # reviewed attributes (docs/PRIVACY.md, "Distinct counts"): the bits (counters), the zeroed release scratch
@@ -85,15 +86,6 @@ def test_releases_decode_and_no_state_on_flash(tmp_path):
     st.close()
 
 
-def _binom_upper(n, p, level):
-    acc = 0.0
-    for m in range(n + 1):
-        acc += math.comb(n, m) * p ** m * (1 - p) ** (n - m)
-        if acc >= level:
-            return m
-    return n
-
-
 def test_interval_coverage_by_simulation():
     """95% intervals miss at most the 99.9% point of Binomial(N, 0.05) (fixed seeds)."""
     g = np.random.default_rng(2024)
@@ -106,7 +98,7 @@ def test_interval_coverage_by_simulation():
             z = 1.959964
             misses += not (d - z * math.sqrt(v) <= D <= d + z * math.sqrt(v))
             total += 1
-    assert misses <= _binom_upper(total, 0.05, 0.999), (misses, total)
+    assert misses <= binom_upper(total, 0.05, 0.999), (misses, total)
 
 
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
@@ -263,16 +255,6 @@ def test_dbits_limit_identical_on_micropython():
     assert got["ok"] == " ".join(str(int(dbits_eps_ok(a, b))) for a, b in cases) == "1 1 1 0 0 0 1 0"
 
 
-def _binom_lower(n, p, level):
-    """Largest m with P(X < m) <= 1 - level (X ~ Binomial(n, p))."""
-    acc = 0.0
-    for m in range(n + 1):
-        acc += math.comb(n, m) * p ** m * (1 - p) ** (n - m)
-        if acc > 1 - level:
-            return m
-    return n
-
-
 def test_interval_coverage_at_eps_half_both_sides():
     """eps = 1/2 (the default budget), 16 x 1024 bits, up to 10^6 distinct: the bootstrap
     variance (distinct.boot_variance) keeps misses within the 0.1%..99.9% points of
@@ -287,7 +269,7 @@ def test_interval_coverage_at_eps_half_both_sides():
             sd = math.sqrt(distinct.boot_variance(d, K, m, (1, 2), 2.0, ov))
             misses += not (d - 1.959964 * sd <= D <= d + 1.959964 * sd)
             total += 1
-    assert _binom_lower(total, 0.05, 0.999) <= misses <= _binom_upper(total, 0.05, 0.999), (misses, total)
+    assert binom_lower(total, 0.05, 0.999) <= misses <= binom_upper(total, 0.05, 0.999), (misses, total)
 
 
 def test_host_reads_p_from_the_device():

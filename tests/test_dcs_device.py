@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import cbor2
 import numpy as np
 import pytest
 
 from agent import hashing
 from agent.dcs import DyadicSketch, exact_from, map_value, parse_reading
 from agent.params import ParamError, Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
 from agent.sketch import new_counters
-from host_tools.ingest.decode import decode
 from host_tools.query.dyadic import exact_counters
 from tests import mpvm
+from tests import recorder_replay as R
 
-T0 = 200_000 * 3600
+T0 = R.T0
 READINGS = ["21.5", "-3.25", "1e3", "2.5E-1", "+7", "0x1F", "10.0.0.1", "aa:bb:cc:dd:ee:ff", "AA-BB-CC-00-11-22",
             " 42 ", "nan", "inf", "", "1.2.3", "12:x", "1e999", "-0.001", 17, -5, "3.14159265358979323846"]
 
@@ -89,66 +86,28 @@ def _events(k):
     return [READINGS[(k * 7 + i) % len(READINGS)] for i in range(25)] + ["%d.%d" % (k % 40, i) for i in range(10)]
 
 
+EVENTS = [_events(k) for k in range(R.STEPS)]
+
+
 def _cpython(root):
-    rec = Recorder(Params(CFG), str(root), T0, rng=Rng(DeterministicSource(b"dcs-seed")), log=lambda m: None)
-    for k in range(12):
-        if k % 2:
-            rec.add_many(_events(k))
-        else:
-            for x in _events(k):
-                rec.add(x)
-        if k == 5:
-            rec.persist(T0 + 100)
-        rec.tick(T0 + k * 300)
-    rec.tick(T0 + 3600)
+    R.run_cpython(root, CFG, b"dcs-seed", EVENTS)
 
 
 def test_release_is_v2_and_decodes(tmp_path):
     _cpython(tmp_path)
-    files = sorted((tmp_path / "outbox").glob("*.cbor"))
-    assert len(files) == 6
-    for f in files:
-        raw = f.read_bytes()
-        m = cbor2.loads(raw)
+    rels = R.released(tmp_path)
+    assert len(rels) == 6
+    for _raw, m, r in rels:
         assert m["v"] == 2 and m["lvl"] == 0 and m["kind"] == "dcs" and m["b"] == 10 and m["map"] == [10, 1, -20]
         assert m["L"] == 11 and len(m["ctr"]) == 4 * 11 * 3 * 32
-        r = decode(raw, "pansketch/pico-7/release")
         assert r.counters().shape == (33, 32) and r.group[-2:] == (10, (10, 1, -20))
     # size is data-independent: every release of these parameters has the same length (same digit counts)
-    assert len({len(f.read_bytes()) for f in files[1:]}) == 1
+    assert len({len(raw) for raw, _m, _r in rels[1:]}) == 1
 
 
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
 def test_recorder_identical_on_micropython(tmp_path):
-    setup = """
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import Rng, DeterministicSource
-CFG = %r
-READINGS = %r
-def ev(k):
-    return [READINGS[(k * 7 + i) %% len(READINGS)] for i in range(25)] + ["%%d.%%d" %% (k %% 40, i) for i in range(10)]
-rec = Recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"dcs-seed")), log=lambda m: None)
-def step(k):
-    if k %% 2:
-        rec.add_many(ev(k))
-    else:
-        for x in ev(k):
-            rec.add(x)
-    if k == 5:
-        rec.persist(%d)
-    rec.tick(%d + k * 300)
-""" % (CFG, READINGS, T0, T0 + 100, T0)
-    steps = [setup] + ["step(%d)" % k for k in range(12)] + ["rec.tick(%d)" % (T0 + 3600)]
-    mp_root = tmp_path / "mp"
-    mpvm.run(steps, heap=256 * 1024, flash=mp_root).check()
-    cp_root = tmp_path / "cp"
-    _cpython(cp_root)
-    mp_files = sorted(p.relative_to(mp_root / "dev") for p in (mp_root / "dev").rglob("*") if p.is_file())
-    cp_files = sorted(p.relative_to(cp_root) for p in cp_root.rglob("*") if p.is_file())
-    assert mp_files == cp_files and len([f for f in cp_files if str(f).startswith("outbox/")]) == 6
-    for f in cp_files:
-        assert (mp_root / "dev" / f).read_bytes() == (cp_root / f).read_bytes(), f
+    R.assert_same_on_micropython(tmp_path, CFG, b"dcs-seed", EVENTS, 6)
 
 
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")

@@ -21,6 +21,7 @@ from host_tools.ingest.decode import Rejected, decode
 from host_tools.query.dyadic import DyadicView, exact_counters
 from host_tools.query.merge import MergeError, merge
 from host_tools.store.core import Store
+from tests.test_host_support import binom_upper
 
 SALT = "fleet-salt-1"
 T0 = 200_000 * 3600
@@ -138,16 +139,6 @@ def test_old_database_gains_columns(tmp_path):
     st.close()
 
 
-def _binom_upper(n: int, p: float, level: float) -> int:
-    """Smallest m with P(Binomial(n, p) > m) <= 1 - level."""
-    acc = 0.0
-    for m in range(n + 1):
-        acc += math.comb(n, m) * p ** m * (1 - p) ** (n - m)
-        if acc >= level:
-            return m
-    return n
-
-
 def _rank_coverage(b, w, trials, confs, n=20_000, devices=3, seed=100):
     """Misses of the quantile rows (rank_answers with qs: right-sibling ranks) and of cdf rows
     at fixed points (Algorithm 5), per confidence, over fresh salts and noise."""
@@ -212,7 +203,7 @@ def test_total_interval_covers():
         nn, tn = DyadicView(C, 12, 4, 64, "n-%d" % t, terms, 0.95).total()
         misses += int(abs(nn - len(vals)) > tn)
         total += 1
-    assert misses <= _binom_upper(total, 0.025, 0.999), (misses, total)  # n's interval is at alpha/2
+    assert misses <= binom_upper(total, 0.025, 0.999), (misses, total)  # n's interval is at alpha/2
 
 
 def test_heavy_finds_planted_values_with_covering_intervals():

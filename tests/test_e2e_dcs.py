@@ -35,10 +35,12 @@ T0 = 1_700_000_000 - 1_700_000_000 % 3600  # in the past: the host quarantines w
 FROZEN = ("--clock-start", str(T0 + 100), "--clock-speed", "0")
 
 
-def _fleet(tmp_path, streams, sketch_extra, w, db="fleet.db"):
+def _fleet(tmp_path, streams, kind, timeout=120, db="fleet.db", **sketch):
+    """mosquitto, ``pansketch aggregate`` and one agent of ``kind`` per stream (agent_toml's ``sketch``
+    arguments), each fed its stream with a frozen clock; every release stored, nothing rejected."""
     broker = start_mosquitto(tmp_path)
     log = open(tmp_path / "aggregate.log", "wb")
-    hcfg = host_toml(str(tmp_path / "host.toml"), broker.port, db, fleet_extra='kind = "dcs"')
+    hcfg = host_toml(str(tmp_path / "host.toml"), broker.port, db, fleet_extra='kind = "%s"' % kind)
     agg = subprocess.Popen(pansketch_cmd("aggregate", "--config", hcfg), stdout=log, stderr=log, env=agent_env(),
                            cwd=REPO)
     try:
@@ -46,9 +48,9 @@ def _fleet(tmp_path, streams, sketch_extra, w, db="fleet.db"):
         time.sleep(0.3)
         for i, lines in enumerate(streams):
             cfg = agent_toml(str(tmp_path / ("a%d.toml" % i)), "pi-%d" % i, broker.port, str(tmp_path / ("s%d" % i)),
-                             kind="dcs", w=w, sketch_extra=sketch_extra)
-            r = run_agent("feed", cfg, "--timeout", "60", "--insecure-seed", "dcs-%d" % i, *FROZEN,
-                          input=("\n".join(lines) + "\n").encode(), timeout=120)
+                             kind=kind, **sketch)
+            r = run_agent("feed", cfg, "--timeout", "60", "--insecure-seed", "%s-%d" % (kind, i), *FROZEN,
+                          input=("\n".join(lines) + "\n").encode(), timeout=timeout)
             assert r.returncode == 0, r.stderr.decode()
         with Store(str(tmp_path / db), readonly=True) as st:
             assert wait_for(lambda: st.release_count() >= len(streams), 30)
@@ -88,7 +90,7 @@ def test_quantiles_and_cdf_of_readings(tmp_path):
         lines += ["not a number", "-300", "9e9"]  # ignored; clipped to 0; clipped to 2^16 - 1
         values += [0, 65535]
         streams.append(lines)
-    broker, agg, log, hcfg = _fleet(tmp_path, streams, "b = 16\nmap = [100, 1, -40]", 1024)
+    broker, agg, log, hcfg = _fleet(tmp_path, streams, "dcs", w=1024, sketch_extra="b = 16\nmap = [100, 1, -40]")
     try:
         n = len(values)
         qa = _query(hcfg, "quantile", "--q", "0.05", "0.5", "0.95")
@@ -143,7 +145,7 @@ def test_heavy_hitters_without_candidates(tmp_path):
         for ip in s:
             a, b, c, d = (int(p) for p in ip.split("."))
             truth[(a << 24) | (b << 16) | (c << 8) | d] += 1
-    broker, agg, log, hcfg = _fleet(tmp_path, streams, "b = 32", 1024)
+    broker, agg, log, hcfg = _fleet(tmp_path, streams, "dcs", w=1024, sketch_extra="b = 32")
     try:
         ha = _query(hcfg, "heavy", "-k", "10")
         assert [a["rank"] for a in ha] == list(range(1, 11))
@@ -168,23 +170,8 @@ def test_distinct_count_dbits(tmp_path):
     for i, n in enumerate(sizes):
         macs = ["%02x:11:22:%02x:%02x:%02x" % (i, k >> 16, (k >> 8) & 255, k & 255) for k in range(n)]
         streams.append([rng.choice(macs) for _ in range(4 * n)] + macs)  # every MAC at least once
-    broker = start_mosquitto(tmp_path)
-    log = open(tmp_path / "aggregate.log", "wb")
-    hcfg = host_toml(str(tmp_path / "host.toml"), broker.port, "fleet.db", fleet_extra='kind = "dbits"')
-    agg = subprocess.Popen(pansketch_cmd("aggregate", "--config", hcfg), stdout=log, stderr=log, env=agent_env(),
-                           cwd=REPO)
+    broker, agg, log, hcfg = _fleet(tmp_path, streams, "dbits", d=16, w=1024, mechanism="dlap", budget="1")
     try:
-        assert wait_for(lambda: b"subscribing" in open(tmp_path / "aggregate.log", "rb").read(), 20)
-        time.sleep(0.3)
-        for i, lines in enumerate(streams):
-            cfg = agent_toml(str(tmp_path / ("a%d.toml" % i)), "pi-%d" % i, broker.port, str(tmp_path / ("s%d" % i)),
-                             kind="dbits", d=16, w=1024, mechanism="dlap", budget="1")
-            r = run_agent("feed", cfg, "--timeout", "60", "--insecure-seed", "dbits-%d" % i, *FROZEN,
-                          input=("\n".join(lines) + "\n").encode(), timeout=120)
-            assert r.returncode == 0, r.stderr.decode()
-        with Store(str(tmp_path / "fleet.db"), readonly=True) as st:
-            assert wait_for(lambda: st.release_count() >= 3, 30)
-            assert st.rejection_count() == 0
         per = [_query(hcfg, "distinct", "--device", "pi-%d" % i)[0] for i in range(3)]
         for a, n in zip(per, sizes):
             assert a["lo"] <= n <= a["hi"], (a, n)

@@ -54,6 +54,7 @@ from typing import Any, Optional
 import cbor2
 import pytest
 
+from host_tools.localnet import stop_process
 from host_tools.ingest import devstatus
 from host_tools.store.core import Store
 from tests.test_e2e_support import (REPO, SALT, agent_cmd, agent_env, agent_toml, needs_mosquitto, pansketch_cmd,
@@ -186,16 +187,18 @@ def host_config(tmp: Any, port: int, name: str, shared_group: str = "") -> str:
 
 
 class Host:
-    """One ``pansketch aggregate -v`` process."""
+    """One ``pansketch aggregate -v`` process (``config``: another host config than :func:`host_config`'s,
+    up once its log shows ``ready`` within ``ready_s`` seconds)."""
 
-    def __init__(self, tmp: Any, port: int, name: str = "agg", shared_group: str = "") -> None:
-        self.config = host_config(tmp, port, name, shared_group)
+    def __init__(self, tmp: Any, port: int, name: str = "agg", shared_group: str = "", config: str = "",
+                 ready: str = "subscribing", ready_s: float = 20) -> None:
+        self.config = config or host_config(tmp, port, name, shared_group)
         self.log = str(tmp / ("%s.log" % name))
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(pansketch_cmd("aggregate", "--config", self.config, "-v"), stdout=out,
                                      stderr=out, env=agent_env(), cwd=REPO)
         out.close()
-        assert wait_for(lambda: "subscribing" in self.text() or self.proc.poll() is not None, 20), self.text()
+        assert wait_for(lambda: ready in self.text() or self.proc.poll() is not None, ready_s), self.text()
         assert self.proc.poll() is None, self.text()
 
     def text(self) -> str:
@@ -207,13 +210,7 @@ class Host:
         return len(STORED_LINE.findall(self.text()))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 15)
 
     def kill(self) -> None:
         self.proc.kill()
@@ -283,6 +280,8 @@ class StatusRecorder:
 class Scene:
     """Broker + status recorder + cleanup of every process of one fault test."""
 
+    device_class = Device
+
     def __init__(self, tmp: Any, autosave_interval: int = 1) -> None:
         self.tmp = tmp
         self.db = str(tmp / "fleet.db")
@@ -293,7 +292,7 @@ class Scene:
         self.hosts: list[Host] = []
 
     def device(self, name: str, **kw: Any) -> Device:
-        d = Device(self.tmp, name, self.port, **kw)
+        d = self.device_class(self.tmp, name, self.port, **kw)
         self.devices.append(d)
         return d
 
@@ -363,13 +362,16 @@ class Scene:
         ROWS.append(row)
         return row
 
-    def close(self) -> None:
+    def stop_processes(self) -> None:
         for d in self.devices:
             d.cleanup()
         for h in self.hosts:
             if h.proc.poll() is None:
                 h.proc.kill()
                 h.proc.wait(10)
+
+    def close(self) -> None:
+        self.stop_processes()
         self.status.close()
         self.broker.stop()
 

@@ -24,20 +24,9 @@ import subprocess
 
 from agent.strhh import encode_item
 from host_tools.query.strheavy import label
-from host_tools.store.core import Store
-from tests.test_e2e_dcs import FROZEN, _query, _stop
+from tests.test_e2e_dcs import _fleet, _query, _stop
+from tests.test_e2e_support import REPO, agent_env, needs_mosquitto, pansketch_cmd
 from tests.unixvm import mpunix  # noqa: F401  (fixture)
-from tests.test_e2e_support import (
-    REPO,
-    agent_env,
-    agent_toml,
-    host_toml,
-    needs_mosquitto,
-    pansketch_cmd,
-    run_agent,
-    start_mosquitto,
-    wait_for,
-)
 
 pytestmark = needs_mosquitto
 
@@ -55,22 +44,9 @@ def test_heavy_strings_without_candidates(tmp_path):
     events += ["rare-%d" % rng.randrange(30000) for _ in range(100_000 - len(events))]
     rng.shuffle(events)
     streams = [events[:50_000], events[50_000:]]
-    broker = start_mosquitto(tmp_path)
-    log = open(tmp_path / "aggregate.log", "wb")
-    hcfg = host_toml(str(tmp_path / "host.toml"), broker.port, "fleet.db", fleet_extra='kind = "strhh"')
-    agg = subprocess.Popen(pansketch_cmd("aggregate", "--config", hcfg), stdout=log, stderr=log, env=agent_env(),
-                           cwd=REPO)
+    broker, agg, log, hcfg = _fleet(tmp_path, streams, "strhh", timeout=180, d=3, w=1024, mechanism="dlap", budget="1",
+                                    sketch_extra="len = 12")
     try:
-        assert wait_for(lambda: b"subscribing" in open(tmp_path / "aggregate.log", "rb").read(), 20)
-        for i, lines in enumerate(streams):
-            cfg = agent_toml(str(tmp_path / ("a%d.toml" % i)), "pi-%d" % i, broker.port, str(tmp_path / ("s%d" % i)),
-                             kind="strhh", d=3, w=1024, mechanism="dlap", budget="1", sketch_extra="len = 12")
-            r = run_agent("feed", cfg, "--timeout", "60", "--insecure-seed", "strhh-%d" % i, *FROZEN,
-                          input=("\n".join(lines) + "\n").encode(), timeout=180)
-            assert r.returncode == 0, r.stderr.decode()
-        with Store(str(tmp_path / "fleet.db"), readonly=True) as st:
-            assert wait_for(lambda: st.release_count() >= 2, 30)
-            assert st.release_count() == 2 and st.rejection_count() == 0
         rows = _query(hcfg, "heavy", "-k", "20", "--threshold", "1000")
         got = {r["label"] for r in rows}
         want = {label(encode_item(h, 12)) for h in HEAVY}

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from host_tools.localnet import wait_until
 from tests.broker import free_port, mosquitto_path, needs_mosquitto, start_mosquitto  # noqa: F401  (re-exported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,10 +222,4 @@ def pansketch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "host_tools.cli", *args]
 
 
-def wait_for(pred: Any, timeout: float = 20.0, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(every)
-    return bool(pred())
+wait_for = wait_until

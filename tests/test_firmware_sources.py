@@ -47,10 +47,10 @@ def test_ble_addresses_deduplicated_per_burst(tmp_path):
     A, B, C, D, E, F = [bytes([0xAA, 0xBB, 0xCC, 0x00, 0x10, i]) for i in range(6)]
     r = S.run([
         "fwdrive.boot()\nimport bluetooth", "fwdrive.run(3)",
-        "print('@scan', bluetooth.scans[-1][1:])\n"
+        "print('@scan', fakehw.scans[-1][1:])\n"
         "bluetooth.burst([%r, %r, %r], end=False)\nbluetooth.burst([%r], addr_type=1)\nfwdrive.run(60)" % (A, B, A, C),
         "bluetooth.burst([%r, %r, %r, %r, %r, %r])\nfwdrive.run(60)" % (A, B, C, D, E, F),
-        "fwdrive.run(600)\nprint('@scans', len(bluetooth.scans))\n"
+        "fwdrive.run(600)\nprint('@scans', len(fakehw.scans))\n"
         "print('@clean', fwdrive.app.source.n, bytes(fwdrive.app.source.table) == bytes(24))",
     ], flash).check()
     v = r.values()

@@ -152,18 +152,8 @@ def _heap_run(mpunix, tmp: Path, port: int, tls: bool, pki: dict[str, Any], w: i
         cfg["watchdog_s"] = 12  # must exceed the socket timeout
     flash = U.stage_flash(tmp / "flash", cfg, mpy=True)
     shutil.copyfile(good["ca_der"], flash / "ca.der")
-    hw = tmp / "hw"
-    hw.mkdir(parents=True, exist_ok=True)
-    U.mpy_cross(U.HERE / "tlsheap.py", hw / "tlsheap.mpy")
-    b = U.Board(mpunix, flash, hw, heap=heap, log=tmp / "board.log", exact_heap=True)
-    b.start(wait=False, script="tlsheap")
-    assert b.proc is not None
-    try:
-        rc = b.proc.wait(90)
-    except Exception:
-        b.kill()
-        rc = -9
-    U.wait_until(lambda: "--- exit" in (tmp / "board.log").read_text(), 5)
+    b = U.Board(mpunix, flash, tmp / "hw", heap=heap, log=tmp / "board.log", exact_heap=True)
+    rc = b.run_script("tlsheap", 90)
     v = b.values()
     assert rc == 0 and "done" in v, "exit %s:\n%s" % (rc, b.text[-3000:])
     steps, live_hw = (int(x) for x in v["loop"].split())

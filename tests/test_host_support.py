@@ -8,6 +8,7 @@ hand-made counters. No tests of its own.
 
 from __future__ import annotations
 
+import math
 import array
 import os
 from typing import Any, Optional
@@ -91,3 +92,34 @@ def record(p: Params, root: str, windows: list[list[Any]], seed: Any = None, t_s
 
 def topic(dev: str) -> str:
     return "pansketch/%s/release" % dev
+
+
+def fleet_releases(prefix: str, devices: int, per_device: int, w: int, fill: Any = None) -> list[tuple[str, bytes]]:
+    """(topic, release) of devices prefix0, prefix1, ...: release k of each is seq k, epoch T0 + k hours, its
+    counters all ``fill(dv, k)`` (default k)."""
+    out = []
+    for dv in range(devices):
+        p = params("%s%d" % (prefix, dv), w=w)
+        out += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k if fill is None else fill(dv, k)))
+                for k in range(per_device)]
+    return out
+
+
+def binom_upper(n: int, p: float, level: float) -> int:
+    """Smallest m with P(X <= m) >= level (X ~ Binomial(n, p)): at most m misses at that level."""
+    acc = 0.0
+    for m in range(n + 1):
+        acc += math.comb(n, m) * p ** m * (1 - p) ** (n - m)
+        if acc >= level:
+            return m
+    return n
+
+
+def binom_lower(n: int, p: float, level: float) -> int:
+    """Largest m with P(X < m) <= 1 - level (X ~ Binomial(n, p))."""
+    acc = 0.0
+    for m in range(n + 1):
+        acc += math.comb(n, m) * p ** m * (1 - p) ** (n - m)
+        if acc > 1 - level:
+            return m
+    return n

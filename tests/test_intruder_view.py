@@ -251,32 +251,43 @@ def test_whole_view_cpython(tmp_path, cfg):
     check_whole_view(run, _releases(tmp_path), cfg)
 
 
-@CFGS
-@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM (tests/mpnode) not installed")
-def test_whole_view_micropython_is_the_same(tmp_path, cfg):
+def _micropython_run(tmp_path: Path, fn: str, seed: str, cfg: dict) -> tuple[dict, Path]:
+    """``scen.<fn>`` run in the MicroPython VM: its snapshots and stream, and the device directory."""
     flash = tmp_path / "flash"
     flash.mkdir()
     mod = tmp_path / "mod"
     mod.mkdir()
     (mod / "intruder_scenario.py").write_text(Path(scen.__file__).read_text())
     code = ("import sys\nsys.path.insert(0, '/src/t')\nimport json, intruder_scenario as s\n"
-            "r = s.run('/flash/dev', 'view', %r)\nprint('@run', json.dumps(r))" % (cfg,))
+            "r = s.%s('/flash/dev', %r, %r)\nprint('@run', json.dumps(r))" % (fn, seed, cfg))
     res = mpvm.run(code, heap=256 * 1024, flash=flash, mounts={"/src/t": mod}).check()
-    run = json.loads(res.values()["run"])
-    check_whole_view(run, _releases(flash / "dev"), cfg)
+    return json.loads(res.values()["run"]), flash / "dev"
+
+
+def _same(snaps: list[dict], hs: bool) -> str:
+    """The snapshots but what differs by design between the VMs: paths and the CPython-only struct
+    reader; CPython keeps a hash state of the public prefix (cms/cs), which ``hs`` says every sketch has."""
+    for sn in snaps:
+        for k in ("root", "state_path", "marker_path"):
+            sn["rec"].pop(k)
+        sn["sketch"].pop("_words")
+        if hs:
+            sn["sketch"].pop("_hs")
+        else:
+            sn["sketch"].pop("_hs", None)
+    return json.dumps(snaps, sort_keys=True)
+
+
+@CFGS
+@pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM (tests/mpnode) not installed")
+def test_whole_view_micropython_is_the_same(tmp_path, cfg):
+    run, dev = _micropython_run(tmp_path, "run", "view", cfg)
+    check_whole_view(run, _releases(dev), cfg)
     # byte-identical device behaviour: the CPython run gives the same snapshots and releases
     cp = tmp_path / "cp"
     want = scen.run(str(cp), "view", cfg)
-    def same(snaps: list[dict]) -> str:  # paths and the CPython-only struct reader differ by design
-        for sn in snaps:
-            for k in ("root", "state_path", "marker_path"):
-                sn["rec"].pop(k)
-            sn["sketch"].pop("_words")
-            sn["sketch"].pop("_hs", None)  # CPython keeps a hash state of the public prefix (cms/cs)
-        return json.dumps(snaps, sort_keys=True)
-
-    assert same(run["snaps"]) == same(want["snaps"])
-    assert [r.tobytes() for r in _releases(flash / "dev")] == [r.tobytes() for r in _releases(cp)]
+    assert _same(run["snaps"], False) == _same(want["snaps"], False)
+    assert [r.tobytes() for r in _releases(dev)] == [r.tobytes() for r in _releases(cp)]
 
 
 # -- tree mode: L accumulators, one scratch buffer ---------------------------------
@@ -349,33 +360,16 @@ def test_tree_whole_view_cpython(tmp_path, cfg):
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM (tests/mpnode) not installed")
 @TREE_CFGS
 def test_tree_whole_view_micropython_is_the_same(tmp_path, cfg):
-    flash = tmp_path / "flash"
-    flash.mkdir()
-    mod = tmp_path / "mod"
-    mod.mkdir()
-    (mod / "intruder_scenario.py").write_text(Path(scen.__file__).read_text())
-    code = ("import sys\nsys.path.insert(0, '/src/t')\nimport json, intruder_scenario as s\n"
-            "r = s.run_tree('/flash/dev', 'tview', %r)\nprint('@run', json.dumps(r))" % (cfg,))
-    res = mpvm.run(code, heap=256 * 1024, flash=flash, mounts={"/src/t": mod}).check()
-    run = json.loads(res.values()["run"])
-    check_tree_view(run, _releases(flash / "dev"), cfg)
+    run, dev = _micropython_run(tmp_path, "run_tree", "tview", cfg)
+    check_tree_view(run, _releases(dev), cfg)
     cp = tmp_path / "cp"
     want = scen.run_tree(str(cp), "tview", cfg)
-
-    def same(snaps: list[dict]) -> str:
-        for sn in snaps:
-            for k in ("root", "state_path", "marker_path"):
-                sn["rec"].pop(k)
-            sn["sketch"].pop("_words")
-            sn["sketch"].pop("_hs")  # CPython keeps a hash state of the public prefix
-        return json.dumps(snaps, sort_keys=True)
-
-    assert same(run["snaps"]) == same(want["snaps"])
-    ob_mp = storage.Outbox(str(flash / "dev"))
+    assert _same(run["snaps"], True) == _same(want["snaps"], True)
+    ob_mp = storage.Outbox(str(dev))
     ob_cp = storage.Outbox(str(cp))
     assert ob_mp.pending() == ob_cp.pending()
     assert [ob_mp.read(s) for s in ob_mp.pending()] == [ob_cp.read(s) for s in ob_cp.pending()]
-    assert (flash / "dev" / "state.bin").read_bytes() == (cp / "state.bin").read_bytes()
+    assert (dev / "state.bin").read_bytes() == (cp / "state.bin").read_bytes()
 
 
 def test_negative_control_shadow_without_a_fresh_draw_is_caught(tmp_path, monkeypatch):

@@ -9,7 +9,10 @@ and ``TYPE_CHECKING`` blocks. Asserted:
   and nothing imports web, bench or the lab except the entry points
   (host_tools.cli, host_tools.demo) -- see ALLOWED below;
 * every package ``__init__`` has a docstring: its role and what it may import;
-* at most 8 modules directly in host_tools/.
+* at most 8 modules directly in host_tools/;
+* the fake board modules of the two MicroPython VMs are one set: the Unix-port
+  board's (tests/mpunix/fakes) are links to tests/mpfakes, beside its own
+  ``fakehw`` (the hardware behind them).
 
 ``python tests/test_layering.py`` prints the cycles and the edges between
 host packages.
@@ -234,6 +237,15 @@ def test_checker_sees_cycles_and_violations(tmp_path):
     assert cycles(g) == [["agent.a", "agent.b"], ["host_tools.store.core", "host_tools.web.app"]]
     assert violations(g) == ["host_tools.store.core -> host_tools.web.app: host_tools.store may import only "
                              + ", ".join(sorted(SHARED))]
+
+
+
+def test_board_fakes_exist_once():
+    unix = ROOT / "tests" / "mpunix" / "fakes"
+    for name in ("machine.py", "network.py", "ntptime.py", "bluetooth.py"):
+        f = unix / name
+        assert f.is_symlink() and f.resolve() == (ROOT / "tests" / "mpfakes" / name).resolve(), f
+    assert sorted(f.name for f in unix.glob("*.py") if not f.is_symlink()) == ["fakehw.py"]
 
 
 if __name__ == "__main__":

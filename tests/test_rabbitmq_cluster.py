@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 from tests.rabbit import AGG_PASSWORD, AGG_USER, Balancer, device_password, needs_rabbitmq, start_cluster
-from tests.test_e2e_faults import STORED_LINE, Device, Scene
-from tests.test_e2e_support import REPO, SALT, agent_env, pansketch_cmd, wait_for
+from tests.test_e2e_faults import STORED_LINE, Device, Host, Scene
+from tests.test_e2e_support import REPO, SALT, agent_env, wait_for
 from tests.broker import make_test_pki
 
 pytestmark = needs_rabbitmq
@@ -83,29 +83,17 @@ def rabbit_host_config(tmp: Any, cluster: Any, name: str) -> str:
     return path
 
 
-class RHost:
-    """One ``pansketch aggregate -v`` on the cluster (the interface Scene needs: config, proc, text)."""
+class RHost(Host):
+    """One ``pansketch aggregate -v`` on the cluster."""
 
     def __init__(self, tmp: Any, cluster: Any, name: str) -> None:
-        self.config = rabbit_host_config(tmp, cluster, name)
-        self.log = str(tmp / ("%s.log" % name))
-        out = open(self.log, "ab")
-        self.proc = subprocess.Popen(pansketch_cmd("aggregate", "--config", self.config, "-v"), stdout=out,
-                                     stderr=out, env=agent_env(), cwd=REPO)
-        out.close()
-        assert wait_for(lambda: "storing releases in" in self.text() or self.proc.poll() is not None, 60), self.text()
-        assert self.proc.poll() is None, self.text()
-
-    def text(self) -> str:
-        with open(self.log, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
+        Host.__init__(self, tmp, 0, name, config=rabbit_host_config(tmp, cluster, name), ready="storing releases in",
+                      ready_s=60)
 
 
 class RScene(Scene):
+    device_class = RDevice
+
     def __init__(self, tmp: Any, cluster: Any) -> None:  # no mosquitto, no status recorder: the aggregators do it
         self.tmp = tmp
         self.db = str(tmp / "fleet.db")
@@ -115,23 +103,13 @@ class RScene(Scene):
         self.devices: list[Device] = []
         self.hosts: list[Any] = []
 
-    def device(self, name: str, **kw: Any) -> Device:
-        d = RDevice(self.tmp, name, self.port, **kw)
-        self.devices.append(d)
-        return d
-
     def rhost(self, name: str) -> RHost:
         h = RHost(self.tmp, self.cluster, name)
         self.hosts.append(h)
         return h
 
     def close(self) -> None:
-        for d in self.devices:
-            d.cleanup()
-        for h in self.hosts:
-            if h.proc.poll() is None:
-                h.proc.kill()
-                h.proc.wait(10)
+        self.stop_processes()
         self.front.close()
 
 

@@ -27,7 +27,7 @@ from host_tools.ingest.aggregator import Aggregator
 from host_tools.ingest.decode import Rejected, decode
 from host_tools.store.core import Pending, StoreError
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, T0, encoded, params, record, topic, zipf_stream
+from tests.test_host_support import SALT, T0, encoded, fleet_releases, params, record, topic, zipf_stream
 
 try:
     import psycopg  # noqa: F401
@@ -169,10 +169,7 @@ def _writer(dsn: str, payloads: list[tuple[str, bytes]], out: "mp.Queue[list[str
 
 
 def test_concurrent_aggregator_processes_store_each_release_once(dsn):
-    pl = []
-    for dv in range(6):
-        p = params("pc%02d" % dv, w=32)
-        pl += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=dv * 100 + k)) for k in range(10)]
+    pl = fleet_releases("pc0", 6, 10, w=32, fill=lambda dv, k: dv * 100 + k)
     ctx = mp.get_context("fork")
     q: "mp.Queue[list[str]]" = ctx.Queue()
     orders = [pl, list(reversed(pl)), pl[30:] + pl[:30], pl[::2] + pl[1::2]]
@@ -347,10 +344,7 @@ def test_aggregators_share_the_subscription_and_one_database(dsn, tmp_path):
     sub.loop_start()
     aggs = [AggThread(cfg) for _ in range(3)]
     try:
-        msgs = []
-        for dv in range(10):
-            p = params("ps%d" % dv, w=32)
-            msgs += [(topic(p.device), encoded(p, seq=k, elo=T0 // 3600 + k, fill=k)) for k in range(12)]
+        msgs = fleet_releases("ps", 10, 12, w=32)
         publish_all(b.port, msgs)
         publish_all(b.port, msgs[:20], client_id="again")  # re-sends: duplicates, acknowledged again
         st = open_store(dsn, readonly=True)

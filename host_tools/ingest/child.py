@@ -192,8 +192,9 @@ STAGES_LINE = "CPU per message in the %s process (us): "
 
 def log_stage_cpu(role: str, cpu: dict[str, float], messages: int) -> None:
     """One line at exit, also under -q: this process's CPU seconds per stage, as microseconds per message
-    (the host benchmark reads it: where a release's cost goes)."""
-    if messages <= 0:
+    (the host benchmark reads it: where a release's cost goes). ``PANSKETCH_STAGE_CPU=0`` in the
+    environment leaves it out (the demo, whose terminal is the user's)."""
+    if messages <= 0 or os.environ.get("PANSKETCH_STAGE_CPU") == "0":
         return
     import json
 

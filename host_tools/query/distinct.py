@@ -105,15 +105,15 @@ def _loglik(c: np.ndarray, D: np.ndarray, m: int, p: float, out_var: float) -> n
     nominal rate at small D too, not above it)."""
     K = c.shape[-1]
     P = level_probs(K)[None, None, :]
-    lam = D * P / m
-    la = np.abs(lam)
-    e = np.exp(-la)
-    occ = m * -np.expm1(-lam)
-    occa = m * (1.0 - e)
-    var_occ = m * e * (1.0 - (1.0 + la) * e) + e * e * np.abs(D) * P * (1.0 - P)
-    mu = m / 2.0 + (p - 0.5) * occ
-    var = occa * p * (1.0 - p) + (m - occa) / 4.0 + (p - 0.5) ** 2 * var_occ + out_var
-    with np.errstate(over="ignore", invalid="ignore"):  # D far beyond the sketch: -inf, never the maximum
+    with np.errstate(over="ignore", invalid="ignore"):  # D far beyond the sketch (either sign): -inf, never the maximum
+        lam = D * P / m
+        la = np.abs(lam)
+        e = np.exp(-la)
+        occ = m * -np.expm1(-lam)
+        occa = m * (1.0 - e)
+        var_occ = m * e * (1.0 - (1.0 + la) * e) + e * e * np.abs(D) * P * (1.0 - P)
+        mu = m / 2.0 + (p - 0.5) * occ
+        var = occa * p * (1.0 - p) + (m - occa) / 4.0 + (p - 0.5) ** 2 * var_occ + out_var
         ll = -0.5 * (((c - mu) ** 2) / var + np.log(var)).sum(axis=-1)
     return np.where(np.isnan(ll), -np.inf, ll)
 

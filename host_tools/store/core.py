@@ -951,11 +951,16 @@ class SQLStore:
         with self._lock:
             cur = self._cursor()
             cur.execute(self._sql(sql), tuple(args))
-            while True:
-                rows = cur.fetchmany(size)
-                if not rows:
-                    return
-                yield from rows
+            yield from self._fetched(cur, size)
+
+    @staticmethod
+    def _fetched(cur: Any, size: int) -> Iterator[tuple[Any, ...]]:
+        """The rows of an executed cursor, ``size`` at a time."""
+        while True:
+            rows = cur.fetchmany(size)
+            if not rows:
+                return
+            yield from rows
 
     def _release_where(self, devices: Optional[Iterable[str]], window: Optional[int], since: Optional[float],
                        until: Optional[float], win_s: Optional[int] = None) -> tuple[str, list[Any]]:

@@ -359,17 +359,7 @@ class PgStore(SQLStore):
             with self.conn.cursor(name="pansketch_%d" % next(_SERIALS), withhold=True) as cur:
                 cur.itersize = size
                 cur.execute(self._sql(sql), tuple(args))
-                while True:
-                    rows = cur.fetchmany(size)
-                    if not rows:
-                        return
-                    yield from rows
-
-    def _q(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            cur = self._cursor()
-            cur.execute(self._sql(sql), tuple(args))
-            return [tuple(r) for r in cur.fetchall()]
+                yield from self._fetched(cur, size)
 
 
 _SETUP_ID = _setup_id()

@@ -1,10 +1,11 @@
-"""Fake ``bluetooth``: a BLE object whose scans a test fills with adverts."""
+"""Fake ``bluetooth`` for both test VMs: a BLE object whose scans run on the radio
+of ``fakehw`` (in the WebAssembly VM a test fills them with adverts, ``burst``;
+on the Unix-port board they end at once, having heard nothing)."""
 import fakehw
 
 _IRQ_SCAN_RESULT = 5
 _IRQ_SCAN_DONE = 6
 _ble = [None]
-scans = []
 
 
 def burst(addrs, addr_type=0, end=True):
@@ -35,11 +36,11 @@ class BLE:
         if duration_ms is None:
             self.scanning = False
             return
-        scans.append((fakehw.ms, duration_ms, interval_us, window_us, active))
         self.scanning = True
-        fakehw.at(fakehw.ms + duration_ms, self._done)
+        fakehw.ble_scan(self, duration_ms, interval_us, window_us, active)
 
     def _done(self):
         if self.scanning:
             self.scanning = False
-            self._irq(_IRQ_SCAN_DONE, ())
+            if self._irq is not None:
+                self._irq(_IRQ_SCAN_DONE, ())

@@ -1,10 +1,14 @@
-"""Shared state of the fake hardware used by tests/test_firmware_*.py.
+"""Simulated hardware behind the fakes of tests/test_firmware_*.py (WebAssembly VM).
 
 Runs inside the MicroPython VM. The fake modules beside it (``network``,
 ``machine``, ``ntptime``, ``bluetooth``, ``usocket``, ``ssl``,
 ``umqtt.simple``) read and write the dicts below, and tests flip them
 between main-loop steps: ``wifi["ap"] = False`` is a WiFi drop,
 ``broker["connack"] = 5`` a broker refusing the device, and so on.
+The board modules (machine, network, ntptime, bluetooth) are shared with
+the Unix-port board, whose tests/mpunix/fakes/fakehw.py implements the same
+interface (the section "what the board modules call") over files and the
+real clock.
 
 Time is fake too: ``install()`` points ``firmware.clock`` at a millisecond
 counter that only moves when the firmware sleeps or a test calls
@@ -122,6 +126,102 @@ def wifi_connected():
     if t is not None and t == (wifi["ssid"], wifi["password"]) and ms - sta["since"] >= wifi["join_ms"]:
         sta["joined"] = True
     return sta["joined"]
+
+
+# -- what the board modules call (machine, network, ntptime, bluetooth) ---------
+UNIQUE_ID = b"\x24\x0a\xc4\x11\x22\x33"
+HOSTNAME = "esp"
+IFCONFIG = ("10.0.0.7", "255.255.255.0", "10.0.0.1", "10.0.0.1")
+scans = []  # BLE scans started: (ms, duration_ms, interval_us, window_us, active)
+
+
+def reset():
+    raise Reset("machine.reset()")
+
+
+class WDT:
+    def __init__(self, id=0, timeout=5000):
+        if timeout > 60000:
+            raise ValueError("timeout too long")
+        wdt["armed"] = True
+        wdt["timeout"] = timeout
+        wdt["last"] = ms
+
+    def feed(self):
+        wdt["last"] = ms
+        wdt["feeds"] += 1
+
+
+class UART:
+    """Never blocks; a test feeds the bytes that arrive (``machine.uarts[id].feed``)."""
+
+    def __init__(self, id, baudrate=9600, tx=None, rx=None, rxbuf=256, **kw):
+        import machine
+
+        self.id = id
+        self.baudrate = baudrate
+        self.rxbuf = rxbuf
+        self.buf = bytearray()
+        machine.uarts[id] = self
+
+    def feed(self, data):
+        """Test hook: bytes arrive on the line."""
+        self.buf.extend(data)
+
+    def any(self):
+        return len(self.buf)
+
+    def readinto(self, buf, nbytes=None):
+        n = len(buf) if nbytes is None else nbytes
+        n = min(n, len(self.buf))
+        if not n:
+            return None
+        buf[0:n] = self.buf[0:n]
+        self.buf = self.buf[n:]
+        if uart_read_ms:
+            advance(uart_read_ms)
+        return n
+
+    def deinit(self):
+        pass
+
+
+def radio_on():
+    order.append("wlan_active")
+
+
+def wifi_join(ssid, key):
+    stats["wlan_connects"] += 1
+    sta["target"] = (ssid, key)
+    sta["since"] = ms
+    sta["joined"] = False
+
+
+def wifi_leave():
+    sta["target"] = None
+    sta["joined"] = False
+
+
+def wifi_status():
+    if wifi_connected():
+        return "got_ip"
+    if not wifi["ap"]:
+        return "no_ap"
+    t = sta["target"]
+    if t is not None and t[1] != wifi["password"]:
+        return "wrong_password"
+    return "connecting"
+
+
+def ntp_time():
+    if not ntp["ok"] or not wifi_connected():
+        raise OSError(110)
+    return unix()
+
+
+def ble_scan(ble, duration_ms, interval_us, window_us, active):
+    scans.append((ms, duration_ms, interval_us, window_us, active))
+    at(ms + duration_ms, ble._done)
 
 
 def install():

@@ -1,5 +1,7 @@
-"""Fake ``machine``: WDT, Pin (with IRQs a test can fire), UART (with bytes a
-test can feed), RTC, reset, IRQ masking."""
+"""Fake ``machine`` for both test VMs: Pin (with IRQs a test can fire), RTC, IRQ
+masking; the watchdog, the UART and reset are the hardware's, ``fakehw``:
+simulated in the WebAssembly VM (tests/mpfakes/fakehw.py), files and the real
+clock on the Unix-port board (tests/mpunix/fakes/fakehw.py)."""
 import fakehw
 
 pins = {}
@@ -7,16 +9,14 @@ uarts = {}
 _rtc = [None]
 
 
-def reset():
-    raise fakehw.Reset("machine.reset()")
-
-
-def soft_reset():
-    raise fakehw.Reset("machine.soft_reset()")
+reset = fakehw.reset
+soft_reset = fakehw.reset
+WDT = fakehw.WDT
+UART = fakehw.UART  # registers itself in ``uarts``
 
 
 def unique_id():
-    return b"\x24\x0a\xc4\x11\x22\x33"
+    return fakehw.UNIQUE_ID
 
 
 def freq(*a):
@@ -29,19 +29,6 @@ def disable_irq():
 
 def enable_irq(state):
     pass
-
-
-class WDT:
-    def __init__(self, id=0, timeout=5000):
-        if timeout > 60000:
-            raise ValueError("timeout too long")
-        fakehw.wdt["armed"] = True
-        fakehw.wdt["timeout"] = timeout
-        fakehw.wdt["last"] = fakehw.ms
-
-    def feed(self):
-        fakehw.wdt["last"] = fakehw.ms
-        fakehw.wdt["feeds"] += 1
 
 
 class Pin:
@@ -76,36 +63,6 @@ class Pin:
         for _ in range(n):
             if self.handler is not None:
                 self.handler(self)
-
-
-class UART:
-    def __init__(self, id, baudrate=9600, tx=None, rx=None, rxbuf=256, **kw):
-        self.id = id
-        self.baudrate = baudrate
-        self.rxbuf = rxbuf
-        self.buf = bytearray()
-        uarts[id] = self
-
-    def feed(self, data):
-        """Test hook: bytes arrive on the line."""
-        self.buf.extend(data)
-
-    def any(self):
-        return len(self.buf)
-
-    def readinto(self, buf, nbytes=None):
-        n = len(buf) if nbytes is None else nbytes
-        n = min(n, len(self.buf))
-        if not n:
-            return None
-        buf[0:n] = self.buf[0:n]
-        self.buf = self.buf[n:]
-        if fakehw.uart_read_ms:
-            fakehw.advance(fakehw.uart_read_ms)
-        return n
-
-    def deinit(self):
-        pass
 
 
 class RTC:

@@ -1,4 +1,6 @@
-"""Fake ``network`` (station interface only), driven by fakehw.wifi."""
+"""Fake ``network`` (station interface only) for both test VMs, over the WiFi of
+``fakehw`` (simulated in the WebAssembly VM; loopback and /hw/wifi_down on the
+Unix-port board)."""
 import fakehw
 
 STA_IF = 0
@@ -8,15 +10,16 @@ STAT_CONNECTING = 1001
 STAT_WRONG_PASSWORD = 202
 STAT_NO_AP_FOUND = 201
 STAT_GOT_IP = 1010
+_STATUS = {"idle": STAT_IDLE, "connecting": STAT_CONNECTING, "wrong_password": STAT_WRONG_PASSWORD,
+           "no_ap": STAT_NO_AP_FOUND, "got_ip": STAT_GOT_IP}
 
-_hostname = "esp"
+_hostname = [fakehw.HOSTNAME]
 
 
 def hostname(name=None):
-    global _hostname
     if name is None:
-        return _hostname
-    _hostname = name
+        return _hostname[0]
+    _hostname[0] = name
 
 
 _active = {}  # iface -> bool: like the real ports, WLAN(STA_IF) is one interface
@@ -26,44 +29,30 @@ class WLAN:
     def __init__(self, iface=STA_IF):
         self._iface = iface
 
-    @property
-    def _active(self):
-        return _active.get(self._iface, False)
-
     def active(self, v=None):
+        on = _active.get(self._iface, False)
         if v is None:
-            return self._active
-        if v and not self._active:
-            fakehw.order.append("wlan_active")
+            return on
+        if v and not on:
+            fakehw.radio_on()
         _active[self._iface] = bool(v)
 
     def connect(self, ssid, key=None):
-        if not self._active:
+        if not self.active():
             raise OSError("WiFi Internal Error")
-        fakehw.stats["wlan_connects"] += 1
-        fakehw.sta["target"] = (ssid, key)
-        fakehw.sta["since"] = fakehw.ms
-        fakehw.sta["joined"] = False
+        fakehw.wifi_join(ssid, key)
 
     def disconnect(self):
-        fakehw.sta["target"] = None
-        fakehw.sta["joined"] = False
+        fakehw.wifi_leave()
 
     def isconnected(self):
         return fakehw.wifi_connected()
 
     def status(self, *a):
-        if fakehw.wifi_connected():
-            return STAT_GOT_IP
-        if not fakehw.wifi["ap"]:
-            return STAT_NO_AP_FOUND
-        t = fakehw.sta["target"]
-        if t is not None and t[1] != fakehw.wifi["password"]:
-            return STAT_WRONG_PASSWORD
-        return STAT_CONNECTING
+        return _STATUS[fakehw.wifi_status()]
 
     def ifconfig(self, *a):
-        return ("10.0.0.7", "255.255.255.0", "10.0.0.1", "10.0.0.1")
+        return fakehw.IFCONFIG
 
     def config(self, *a, **kw):
         return None

@@ -7,7 +7,8 @@
 #   layout deploy/flash.sh writes: /pansketch.json, /boot.py, /main.py,
 #   /agent, /firmware, /lib/umqtt/simple.py, and its state under /data.
 # * FAKES_DIR (machine, network, ntptime, bluetooth: the board modules the
-#   Unix port lacks) is mounted at /fakes, first on sys.path.
+#   Unix port lacks, linked from tests/mpfakes, and fakehw, the hardware
+#   behind them) is mounted at /fakes, first on sys.path.
 # * HW_DIR is mounted at /hw: the files the fakes read (e.g. /hw/uart1, the
 #   bytes arriving on UART 1).
 # sys.path is then a board's ['', '.frozen', '/lib'] behind /fakes. Nothing
