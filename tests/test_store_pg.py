@@ -191,6 +191,107 @@ def test_concurrent_aggregator_processes_store_each_release_once(dsn):
     st.close()
 
 
+def _group_writer(dsn: str, payloads: list[tuple[str, bytes]], start: Any, out: "mp.Queue[list[str]]") -> None:
+    agg = Aggregator(_cfg(dsn))
+    start.wait()
+    out.put([o.status for o in agg.handle_many(payloads)])
+    agg.close()
+
+
+def test_concurrent_groups_with_the_same_new_devices_do_not_deadlock(dsn):
+    """Two aggregators whose groups hold the same new devices in opposite orders: each group's releases
+    go to the database in key order, so one waits for the other instead of deadlocking (a deadlock
+    cost both deadlock_timeout, 1 s, and a retry of the group; pg_stat_database counts them).
+
+    Made deterministic with a third session that holds the row of the middle device until both groups
+    wait for it: in arrival order each group would then hold one half and wait for the other's."""
+    import psycopg
+
+    n = 40
+    pl = [(topic("dl%03d" % dv), encoded(params("dl%03d" % dv, w=16), seq=0, fill=dv)) for dv in range(n)]
+    pl2 = [(topic("dl%03d" % dv), encoded(params("dl%03d" % dv, w=16), seq=1, elo=T0 // 3600 + 1, fill=dv))
+           for dv in range(n)]
+    open_store(dsn).close()
+    blocker = psycopg.connect(dsn)
+    blocker.execute("INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
+                    "VALUES ('dl%03d', 'x', 1, 'cs', 4, 16, 3600, 0)" % (n // 2))
+    ctx = mp.get_context("fork")
+    q: "mp.Queue[list[str]]" = ctx.Queue()
+    start = ctx.Event()
+    procs = [ctx.Process(target=_group_writer, args=(dsn, o, start, q)) for o in (pl, list(reversed(pl2)))]
+    for p in procs:
+        p.start()
+    start.set()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        deadline = time.monotonic() + 60
+        while c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'").fetchone()[0] < 2:
+            assert time.monotonic() < deadline, "the two groups did not both wait"
+            time.sleep(0.02)
+    blocker.rollback()
+    blocker.close()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert sorted(s for r in results for s in r) == ["stored"] * (2 * n)
+    time.sleep(1.0)  # the writers' sessions flushed their statistics when they ended
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert c.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+                         ).fetchone()[0] == 0
+
+
+def test_an_aggregator_starting_beside_a_running_one_takes_no_table_locks(dsn):
+    """Opening a database this code has set up runs no DDL: with a group of another aggregator in
+    progress (its row locks and ROW EXCLUSIVE table locks held), a new aggregator's store opens at once
+    and stores (before, its ALTER TABLE waited for that group and stalled every later one)."""
+    import threading
+
+    import psycopg
+
+    open_store(dsn).close()
+    group = psycopg.connect(dsn)  # a group in progress: ROW EXCLUSIVE on the tables a group writes
+    for t in ("releases", "devices", "rollups", "rollup_devices", "rollup_noise", "duplicates"):
+        group.execute("LOCK TABLE %s IN ROW EXCLUSIVE MODE" % t)
+    opened: list[Any] = []
+    th = threading.Thread(target=lambda: opened.append(open_store(dsn)), daemon=True)
+    th.start()
+    th.join(10)
+    try:
+        assert opened, "the new aggregator waited for the running group's locks"
+        p = params("pg-late", w=16)
+        assert opened[0].insert(decode(encoded(p, fill=1))) == "stored"
+    finally:
+        group.rollback()
+        group.close()
+        th.join(30)
+        for st in opened:
+            st.close()
+
+
+def test_rollups_rebuilt_when_their_meta_row_is_deleted(dsn):
+    """OPERATIONS.md "Backups": deleting meta 'rollups' and opening the store for writing rebuilds the
+    roll-ups from the releases (also with the set-up recorded, when opening runs no other DDL)."""
+    import psycopg
+
+    st = open_store(dsn)
+    for dv in range(3):
+        p = params("rb%d" % dv, w=16)
+        assert st.insert(decode(encoded(p, fill=dv + 1))) == "stored"
+    st.close()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DELETE FROM rollup_devices")
+        c.execute("DELETE FROM rollup_noise")
+        c.execute("DELETE FROM rollups")
+        c.execute("DELETE FROM meta WHERE key = 'rollups'")
+    open_store(dsn).close()
+    with open_store(dsn, readonly=True) as ro:
+        assert sum(r.releases for r in ro.rollups()) == 3
+        m, _ = query.select_merged(ro, salt=SALT)
+        raw, _ = query.select_merged(ro, salt=SALT, use_rollups=False)
+        assert m.releases == 3 and np.array_equal(m.counters, raw.counters)
+
+
 def test_bad_dsn_and_server_down_say_what_is_wrong(server, dsn):
     with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x"):
         open_store("postgresql://postgres:secret@127.0.0.1:1/x", timeout=2)

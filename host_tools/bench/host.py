@@ -18,8 +18,13 @@
   its MQTT and validation helpers, mosquitto; from /proc). Also in-process
   (no MQTT): ``Aggregator.handle`` one by one vs ``handle_many`` groups;
 * PostgreSQL (when its server binaries and psycopg are installed): the
-  same ingest with 1, 2 and 4 aggregators on a shared subscription
-  writing to one server started for the run (fsync on);
+  same ingest with 1, 2 and 4 aggregators (``--pg-aggregators``) on a
+  shared subscription writing to one server started for the run (fsync
+  on), ``--rounds`` rounds each with its own peer run, the order of the
+  aggregator counts alternating; besides the CPU per release of every
+  process (the server's as ``postgres``, the publishers') what the server
+  did (:class:`PgWatch`: wait events of the aggregators' sessions,
+  commits, deadlocks, WAL and database bytes per release);
 * queries over ``query-devices`` x ``query-windows`` hourly releases
   (d=4, w=1024): ``freq`` of one item over everything and ``topk`` over
   100,000 candidates, from roll-ups vs from raw releases (the peer, the
@@ -202,15 +207,21 @@ def _helpers(pid: int) -> dict[int, str]:
     return out
 
 
+_PG_COUNTERS: dict[str, Any] = {}  # one polling session per database (a new one every 50 ms cost a fork)
+
+
 def _count(db: str) -> int:
     if db.startswith("postgresql://"):
         try:
             import psycopg
 
-            with psycopg.connect(db, connect_timeout=5) as pcon:
-                row = pcon.execute("SELECT COUNT(*) FROM releases").fetchone()
-                return int(row[0]) if row else 0
+            pcon = _PG_COUNTERS.get(db)
+            if pcon is None or pcon.closed:
+                pcon = _PG_COUNTERS[db] = psycopg.connect(db, connect_timeout=5, autocommit=True)
+            row = pcon.execute("SELECT COUNT(*) FROM releases").fetchone()
+            return int(row[0]) if row else 0
         except Exception:
+            _PG_COUNTERS.pop(db, None)
             return 0
     import sqlite3
 
@@ -231,10 +242,13 @@ def _env() -> dict[str, str]:
 
 
 def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str, db: Optional[str] = None,
-                 aggregators: int = 1, peer: bool = False, tag: str = "r", pg_pid: Optional[int] = None) -> dict[str, Any]:
+                 aggregators: int = 1, peer: bool = False, tag: str = "r", pg_pid: Optional[int] = None,
+                 already: int = 0) -> dict[str, Any]:
     """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber).
 
-    ``pg_pid``: the PostgreSQL postmaster's pid; its processes' CPU is reported as ``postgres``."""
+    ``pg_pid``: the PostgreSQL postmaster's pid; its processes' CPU is reported as ``postgres sessions``
+    (the aggregators' connections) and ``postgres background`` (postmaster, WAL writer, checkpointer...;
+    autovacuum workers started during the run are not counted)."""
     started = _start_mosquitto(tmp)
     if started is None:
         return {"skipped": "mosquitto not installed"}
@@ -270,7 +284,11 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         for a in procs_agg:
             roles.update(_helpers(a.pid))
         if pg_pid is not None:  # the server and its backends (one per aggregator connection)
-            roles.update({pid: "postgres" for pid in _helpers(pg_pid)})
+            for pid in _helpers(pg_pid):  # sessions: "postgres: <user> <db> <client> ..."; the rest background
+                roles[pid] = "postgres sessions" if _pg_session(pid) else "postgres background"
+        for pub in pubs if pg_pid is not None else ():  # PostgreSQL runs: the load generators share the
+            if pub.pid is not None:                         # cores; counted to show when these are the limit
+                roles[pub.pid] = "publishers"
         cpu0 = {pid: _cpu_s(pid) for pid in roles}
         t0 = time.perf_counter()
         t0_wall = time.time()
@@ -284,12 +302,12 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             sub.join(30)
         else:
             assert db is not None
-            while _count(db) < len(msgs) and time.perf_counter() - t0 < 600:
+            while _count(db) < len(msgs) + already and time.perf_counter() - t0 < 600:
                 time.sleep(0.05)
             t_all = time.perf_counter() - t0
-            stored = _count(db)
+            stored = _count(db) - already  # (already: rows stored before the run, --pg-warm)
         for pid, role in roles.items():  # CPU seconds per role over the run (all aggregators together)
-            cpu[role] = cpu.get(role, 0.0) + _cpu_s(pid) - cpu0[pid]
+            cpu[role] = cpu.get(role, 0.0) + max(0.0, _cpu_s(pid) - cpu0[pid])  # 0: gone (an autovacuum worker)
         for pub in pubs:
             pub.join(30)
     finally:
@@ -299,6 +317,9 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             a.wait(30)
         broker.terminate()
         broker.wait(10)
+        if db is not None and db in _PG_COUNTERS:  # closed before the next run lists the server's processes
+            _PG_COUNTERS.pop(db).close()
+    busy = sum(cpu.values()) / max(1e-9, t_all)
     logs = [os.path.join(tmp, "agg-%s-%d.log" % (tag, k)) for k in range(len(procs_agg))]
     stages = {role: st for role in ("aggregator", "MQTT", "validation") for st in [_stage_cpu(logs, role)] if st}
     return {"consumer": "bare paho subscriber (acks only)" if peer else "%d x pansketch aggregate" % aggregators,
@@ -307,8 +328,18 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             "seconds_to_store_all": round(t_all, 3), "releases_per_second": round(stored / t_all, 1),
             "release_bytes": len(msgs[0][1]),
             "cpu_us_per_release": {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu.items())},
+            "cpu_cores_busy": round(busy, 2), "cpus": os.cpu_count(),
             **({"stages_cpu_us_per_message": stages} if stages else {}),
             **({"messages_per_group_commit": _per_group(logs)} if not peer else {})}
+
+
+def _pg_session(pid: int) -> bool:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            title = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return title.startswith("postgres: ") and "(" in title  # a client session shows its address (host(port))
 
 
 def _per_group(logs: list[str]) -> Optional[float]:
@@ -472,6 +503,232 @@ def bench_query(db: str, tmp: str, n_cand: int = 100_000) -> dict[str, Any]:
     return out
 
 
+class PgWatch:
+    """What a PostgreSQL server did during one ingest run, read from the server itself.
+
+    A thread samples ``pg_stat_activity`` every 10 ms: per session of the
+    aggregators (``application_name`` pansketch) in a transaction, its wait
+    event, or ``CPU`` when it waits for nothing: lock waits (``Lock:*``,
+    ``LWLock:*``) are the contention between aggregators, ``Client:ClientRead``
+    and ``idle in transaction`` the server waiting for an aggregator. Around
+    the run: commits, rollbacks and deadlocks of the database
+    (``pg_stat_database``), WAL bytes (``pg_current_wal_lsn``) and the
+    database's size.
+    """
+
+    def __init__(self, admin_dsn: str, dbname: str, interval: float = 0.01) -> None:
+        import psycopg
+
+        self.con = psycopg.connect(admin_dsn, autocommit=True)
+        self.dbname = dbname
+        self.interval = interval
+        self.samples: dict[str, int] = {}
+        self.polls = 0
+        self._stop = False
+        self._thread: Any = None
+        self.before: tuple[Any, ...] = ()
+
+    def _stats(self) -> tuple[Any, ...]:
+        self.con.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.con.execute("SELECT xact_commit, xact_rollback, deadlocks, pg_current_wal_lsn()::text, "
+                               "pg_database_size(datname) FROM pg_stat_database WHERE datname = %s",
+                               (self.dbname,)).fetchone()
+        return tuple(row) if row else (0, 0, 0, "0/0", 0)
+
+    def _poll(self) -> None:
+        import psycopg
+
+        con = psycopg.connect(self.con.info.dsn, autocommit=True)
+        try:
+            while not self._stop:
+                for state, wtype, wev in con.execute(
+                        "SELECT state, wait_event_type, wait_event FROM pg_stat_activity WHERE datname = %s "
+                        "AND application_name = 'pansketch' AND state IS DISTINCT FROM 'idle'", (self.dbname,)):
+                    k = ("aggregator's turn (idle in transaction)" if state == "idle in transaction"
+                         else "CPU" if wtype is None else "%s:%s" % (wtype, wev))
+                    self.samples[k] = self.samples.get(k, 0) + 1
+                self.polls += 1
+                time.sleep(self.interval)
+        finally:
+            con.close()
+
+    def __enter__(self) -> "PgWatch":
+        import threading
+
+        self.before = self._stats()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop = True
+        self._thread.join(5)
+
+    def result(self, stored: int) -> dict[str, Any]:
+        time.sleep(0.6)  # exited sessions have flushed their statistics
+        after = self._stats()
+        self.con.close()
+        n = max(1, stored)
+        wal = _lsn(after[3]) - _lsn(self.before[3])
+        total = max(1, sum(self.samples.values()))
+        # (the commits of pg_stat_database include the benchmark's polling; the aggregators' exit lines
+        # give their group commits, _groups)
+        return {"rollbacks": after[1] - self.before[1],
+                "deadlocks": after[2] - self.before[2], "wal_bytes_per_release": round(wal / n),
+                "db_bytes_per_release": round((after[4] - self.before[4]) / n),
+                "session_samples_in_transaction": total, "polls": self.polls,
+                "wait_events_share": {k: round(v / total, 3) for k, v in
+                                      sorted(self.samples.items(), key=lambda kv: -kv[1])}}
+
+
+def _lsn(s: str) -> int:
+    hi, lo = s.split("/")
+    return (int(hi, 16) << 32) + int(lo, 16)
+
+
+def _groups(tmp: str, tag: str, k: int) -> dict[str, Any]:
+    """Group commits and releases per group, from the aggregators' exit lines."""
+    import re
+
+    g = m = 0.0
+    for i in range(k):
+        try:
+            text = open(os.path.join(tmp, "agg-%s-%d.log" % (tag, i))).read()
+        except OSError:
+            continue
+        for n, per in re.findall(r"(\d+) group commit\(s\), ([0-9.]+) messages per group", text)[:1]:
+            g += int(n)
+            m += int(n) * float(per)
+    return {"group_commits": int(g), "releases_per_group": round(m / g, 1) if g else None}
+
+
+def _warm(dsn: str, msgs: list[tuple[str, bytes]]) -> int:
+    """``--pg-warm``: the database already knows every device (one earlier release each, stored before
+    the timed run), as in a running fleet; a fresh database makes the first release of each device
+    wait for whichever aggregator inserted its ``devices`` row first."""
+    from host_tools.ingest.decode import decode
+    from host_tools.store.core import Pending
+    from host_tools.store.backend import open_store
+
+    seen: dict[str, Any] = {}
+    for t, p in msgs:
+        r = decode(p, t)
+        if r.dev not in seen:
+            seen[r.dev] = r
+    st = open_store(dsn)
+    group = []
+    for dev, r in seen.items():  # the same parameters, one window before the benchmark's first
+        prm = Params({"device": dev, "salt": SALT, "kind": r.kind, "d": r.d, "w": r.w})
+        ctr = array.array("i", [0] * (r.d * r.w))
+        rel = decode(release.encode(prm, 0, EPOCH0 - 1, EPOCH0, 0, ctr), "pansketch/%s/release" % dev)
+        group.append(Pending(rel.payload, "pansketch/%s/release" % dev, time.time(), rel=rel, device=dev))
+    st.commit_group(group)
+    st.close()
+    return len(group)
+
+
+def bench_pg(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[str, Any]:
+    """PostgreSQL ingest with each number of aggregators in ``--pg-aggregators``, ``--rounds`` rounds,
+    interleaved with the bare subscriber (the peer) in every round; a fresh database per run."""
+    ks = [int(k) for k in args.pg_aggregators.split(",")]
+    pg: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir,
+                          "warm": bool(args.pg_warm), "rounds": []}
+    for r in range(args.rounds):
+        rnd: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
+        rnd["peer"] = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="pp%d" % r)
+        print("PostgreSQL round %d, peer (bare subscriber): %s/s" % (r, rnd["peer"].get("releases_per_second")),
+              flush=True)
+        order = ks if r % 2 == 0 else ks[::-1]  # alternate the order: no k always runs first or last
+        for k in order:
+            name = "bench_r%d_k%d" % (r, k)
+            dsn = srv.create_database(name)
+            already = _warm(dsn, msgs) if args.pg_warm else 0
+            with open(os.path.join(srv.data, "postmaster.pid")) as f:
+                pg_pid = int(f.readline())
+            with PgWatch(srv.dsn(), name) as watch:
+                ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k,
+                                    tag="pg%d-%d" % (r, k), pg_pid=pg_pid, already=already)
+            ours["server"] = watch.result(ours.get("received_or_stored", 0))
+            ours["server"].update(_groups(tmp, "pg%d-%d" % (r, k), k))
+            rnd["%d_aggregators" % k] = ours
+            print("PostgreSQL round %d, %d aggregator(s): %s/s, CPU us/release %s, server %s" % (
+                r, k, ours.get("releases_per_second"), ours.get("cpu_us_per_release"),
+                json.dumps(ours["server"])), flush=True)
+        pg["rounds"].append(rnd)
+    ok = all("releases_per_second" in x["%d_aggregators" % k] for x in pg["rounds"] for k in ks)
+    if ok:
+        summ: dict[str, Any] = {"peer_per_second": [x["peer"].get("releases_per_second") for x in pg["rounds"]],
+                                "loadavg_1min_per_round": [round(x["loadavg_at_start"][0], 2) for x in pg["rounds"]]}
+        for k in ks:
+            runs = [x["%d_aggregators" % k] for x in pg["rounds"]]
+            rates = [x["releases_per_second"] for x in runs]
+            e: dict[str, Any] = {"per_second": rates, "median": statistics.median(rates),
+                                 "ratio_to_peer": [round(a["releases_per_second"] / x["peer"]["releases_per_second"], 3)
+                                                   for a, x in zip(runs, pg["rounds"])],
+                                 "deadlocks": sum(a["server"]["deadlocks"] for a in runs),
+                                 "cpu_cores_busy": [a["cpu_cores_busy"] for a in runs]}
+            if k != ks[0]:
+                e["ratio_to_%d_aggregator(s)_same_round" % ks[0]] = [
+                    round(a["releases_per_second"] / x["%d_aggregators" % ks[0]]["releases_per_second"], 3)
+                    for a, x in zip(runs, pg["rounds"])]
+            summ["%d_aggregators" % k] = e
+        pg["summary"] = summ
+        print("PostgreSQL summary:", json.dumps(summ), flush=True)
+    return pg
+
+
+def bench_pg_rows(srv: Any, msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
+    """Bytes on disk per stored release in PostgreSQL, measured: the releases table (heap, TOAST,
+    indexes), the roll-up tables, WAL; then every payload pruned (retention) and the table rewritten
+    (VACUUM FULL): the bytes a pruned release keeps. For the capacity plan (bench/capacity.py)."""
+    import psycopg
+
+    from host_tools.ingest.decode import decode
+    from host_tools.store.core import Pending
+    from host_tools.store.pg import PgStore
+
+    dsn = srv.create_database("rows")
+    st = PgStore(dsn)
+    rels = [decode(p, t) for t, p in msgs]
+    rels.sort(key=lambda r: (r.elo, r.dev))  # a fleet: every device's release of a window, window by window
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def one(sql: str, args: tuple[Any, ...] = ()) -> Any:
+            row = conn.execute(sql, args).fetchone()
+            assert row is not None
+            return row[0]
+
+        lsn0 = _lsn(one("SELECT pg_current_wal_lsn()::text"))
+        now = time.time()
+        for i in range(0, len(rels), 256):
+            st.commit_group([Pending(r.payload, "pansketch/%s/release" % r.dev, now, rel=r, device=r.dev)
+                             for r in rels[i:i + 256]])
+        wal = _lsn(one("SELECT pg_current_wal_lsn()::text")) - lsn0
+        conn.execute("VACUUM ANALYZE")
+
+        def size(tables: tuple[str, ...]) -> int:
+            return sum(int(one("SELECT pg_total_relation_size(%s)", (t,))) for t in tables)
+
+        n = len(rels)
+        rtabs = ("releases", "devices")
+        utabs = ("rollups", "rollup_noise", "rollup_devices")
+        windows = len({r.win for r in rels})
+        out = {"releases": n, "devices": len({r.dev for r in rels}), "windows": windows,
+               "release_bytes": len(rels[0].payload),
+               "releases_table_bytes_per_release": round(size(rtabs) / n),
+               "rollup_bytes_per_window": round(size(utabs) / windows),
+               "rollup_bytes_per_release": round(size(utabs) / n),
+               "wal_bytes_per_release_groups_of_256": round(wal / n)}
+        for t in utabs:  # per row: a window's sums (8 d w bytes) once per writer shard; a row per device
+            rows = int(one("SELECT count(*) FROM %s" % t))
+            out["%s_bytes_per_row" % t] = round(size((t,)) / max(1, rows))
+        while st.prune(time.time() + 1, limit=5000):
+            pass
+        conn.execute("VACUUM FULL releases")
+        out["pruned_releases_table_bytes_per_release"] = round(size(rtabs) / n)
+    st.close()
+    return out
+
+
 PROCESS_KEYS = {"aggregator": "aggregator", "host_tools.ingest.mqttproc": "mqtt_helper",
                 "host_tools.ingest.validproc": "validation_helper"}
 
@@ -538,6 +795,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="SQLite ingest with each of these numbers of aggregators on a shared subscription (1)")
     ap.add_argument("--query-devices", type=int, default=50)
     ap.add_argument("--query-windows", type=int, default=168)
+    ap.add_argument("--pg-aggregators", default="1,2,4", metavar="N,...",
+                    help="PostgreSQL ingest with each of these numbers of aggregators (1,2,4), --rounds rounds")
+    ap.add_argument("--pg-warm", action="store_true",
+                    help="PostgreSQL: each database knows every device before the timed run (a running fleet)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,query")
     ap.add_argument("--out", default="bench-results/host.json")
     args = ap.parse_args(argv)
@@ -590,19 +851,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             srv = pgserver.PgServer.start(fsync=True)
             try:
-                pg: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir}
-                for k in (1, 2, 4):
-                    dsn = srv.create_database("bench%d" % k)
-                    peer = bench_ingest(msgs, args.devices, args.workers, tmp, peer=True, tag="pp%d" % k)
-                    with open(os.path.join(srv.data, "postmaster.pid")) as f:
-                        pg_pid = int(f.readline())
-                    ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k, tag="pg%d" % k,
-                                        pg_pid=pg_pid)
-                    pg["%d_aggregators" % k] = {"aggregators_per_second": ours.get("releases_per_second"),
-                                                "peer_per_second": peer.get("releases_per_second"),
-                                                "run": ours}
-                    print("PostgreSQL, %d aggregator(s):" % k, pg["%d_aggregators" % k], flush=True)
-                res["ingest_postgresql"] = pg
+                res["ingest_postgresql"] = bench_pg(srv, msgs, args, tmp)
+                res["ingest_postgresql"]["bytes"] = bench_pg_rows(srv, msgs)
+                print("PostgreSQL bytes:", json.dumps(res["ingest_postgresql"]["bytes"]), flush=True)
             finally:
                 srv.stop()
     if "query" not in skip:

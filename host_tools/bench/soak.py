@@ -28,7 +28,9 @@ of mosquitto and the aggregator's three processes (from /proc), ack
 latency percentiles (first send to ack, at the device), ``lost``
 (released, never stored: must be 0), ``stored_twice`` (a (device, seq)
 stored more than once, or roll-ups summing more releases than are stored:
-must be 0), ``unacked`` at the end. ``--option`` adds ``[aggregator]``
+must be 0), ``unacked`` at the end, the broker's resident memory (idle,
+and with every device connected: bytes per device connection, for the
+capacity plan), the load average. ``--option`` adds ``[aggregator]``
 keys to the aggregator's host.toml (e.g. ``group_wait_ms=0`` to measure
 without group waiting). tests/test_soak.py runs a 30 s version.
 """
@@ -171,6 +173,18 @@ def _device_proc(port: int, devs: list[str], period: float, t_start: float, t_st
              "released": {d: nxt[d] for d in devs}})
 
 
+def _rss(pid: int) -> int:
+    """Resident memory of ``pid`` in bytes (0 if unknown)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for ln in f:
+                if ln.startswith("VmRSS:"):
+                    return int(ln.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _db_files(db: str) -> tuple[int, int]:
     def size(p: str) -> int:
         try:
@@ -218,6 +232,7 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             if b"soak-agg 1 pansketch/+/release" in logf.read():
                 break
         time.sleep(0.05)
+    rss_idle = _rss(broker.pid)  # the broker with only the aggregator connected
     ctx = mp.get_context("fork")
     out: Any = ctx.Queue()
     names = ["soak-%04d" % i for i in range(devices)]
@@ -274,7 +289,8 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             sample_cpu()
             size, wal = _db_files(db)
             series.append({"t": round(now - t_start, 1), "db_bytes": size, "wal_bytes": wal,
-                           "stored": _stored_estimate(db)})
+                           "stored": _stored_estimate(db), "broker_rss_bytes": _rss(broker.pid),
+                           "loadavg_1min": round(os.getloadavg()[0], 2)})
         try:
             results.append(out.get(timeout=0.2))
         except queue.Empty:
@@ -323,6 +339,9 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
     cpu_us = {k: round(v / max(1, stored) * 1e6) for k, v in sorted(cpu_done.items())}
     cpu_us["total"] = sum(cpu_us.values())
     wal_peak = max([x["wal_bytes"] for x in series] or [0])
+    # broker memory with every device connected (the releasing part of the run, the broker not restarting)
+    rss = sorted(x["broker_rss_bytes"] for x in series if 0 <= x["t"] <= duration and x["broker_rss_bytes"])
+    rss_run = rss[len(rss) // 2] if rss else 0
     return {"devices": devices, "rate_target": rate, "duration_s": duration, "workers": workers,
             "ack_timeout_s": ack_timeout, "options": options or {}, "events": events,
             "released": published, "sends_incl_resends": sends, "stored": stored, "rows": n_rows,
@@ -336,6 +355,11 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             "wal_checkpoints": {"completed": int(ck[-1][0]), "gave_up": int(ck[-1][1])} if ck else None,
             "pruned_by_last_aggregator": int(pruned[-1]) if pruned else None,
             "cpu_us_per_release": cpu_us,
+            "broker_rss_mb": {"idle": round(rss_idle / 2**20, 1), "median_while_releasing": round(rss_run / 2**20, 1),
+                              "bytes_per_device_connection": round((rss_run - rss_idle) / max(1, devices))
+                              if rss_run and rss_idle else None},
+            "loadavg_1min": {"median": _pct([x["loadavg_1min"] for x in series], 50),
+                             "max": _pct([x["loadavg_1min"] for x in series], 100)},
             "ack_latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99),
                               "max": _pct(lat, 100), "n": len(lat)},
             "series": series}

@@ -19,8 +19,11 @@ database, not a process, enforces:
   every group of every aggregator locked the same hot row until its commit
   (fsync included), so aggregators took turns and two were slower than one.
   Queries add up all rows of a window (host_tools.query.core);
-* a deadlock or serialisation failure (SQLSTATE 40P01, 40001) rolls the
-  group back and retries it.
+* lock order: a group's releases go in key order (device, elo, ehi, part),
+  so writers that meet on the same new devices or re-sent keys wait for
+  each other instead of deadlocking; a deadlock or serialisation failure
+  (SQLSTATE 40P01, 40001) that still happens rolls the group back and
+  retries it.
 
 Each group commit is one transaction (``synchronous_commit`` as the server
 is configured: on by default, so a commit is durable before the
@@ -39,7 +42,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import json
 
 from host_tools.store.records import Rejected
-from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError,
+from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
                               insert_values)
 
 _SERIALS = itertools.count()
@@ -132,6 +135,20 @@ $f$
        "vals": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
 
 
+def _setup_id() -> str:
+    """Names this code's PostgreSQL set-up (tables, columns, storage, indexes, functions): a database
+    whose meta 'pg_setup' holds it is opened without any DDL."""
+    import hashlib
+    import inspect
+
+    try:
+        code = inspect.getsource(PgStore._init_schema)
+    except (OSError, TypeError):  # no source (a frozen install): the DDL text alone
+        code = ""
+    text = "\n".join(pg_schema()) + _PUT_FN + code
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class PgStore(SQLStore):
     """The release store in the PostgreSQL database ``dsn``."""
 
@@ -208,6 +225,22 @@ class PgStore(SQLStore):
 
     def _init_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(7243310)")  # aggregators starting together create it once
+        # A database this code has set up already needs no DDL: ALTER TABLE, CREATE INDEX IF NOT EXISTS and
+        # CREATE OR REPLACE FUNCTION lock the tables (ACCESS EXCLUSIVE, SHARE) to the end of this
+        # transaction, so an aggregator starting beside running ones stalled their groups and could
+        # deadlock with them (it held rollups while waiting for releases, a running group the reverse).
+        cur.execute("SELECT to_regclass('meta') IS NOT NULL")
+        if cur.fetchone()[0]:
+            # (and the roll-ups are there: OPERATIONS.md rebuilds them by deleting meta 'rollups')
+            cur.execute("SELECT value FROM meta WHERE key = 'pg_setup' AND EXISTS "
+                        "(SELECT 1 FROM meta WHERE key = 'rollups')")
+            row = cur.fetchone()
+            if row is not None and row[0] == _SETUP_ID:
+                # ... and its release columns are all there (a catalog read, no table lock)
+                cur.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'releases'::regclass "
+                            "AND NOT attisdropped AND attname = ANY(%s)", ([name for name, _d, _x in _ADDED],))
+                if cur.fetchone()[0] == len(_ADDED):
+                    return
         for stmt in pg_schema():
             cur.execute(stmt)
         # releases are written once and rarely read; counters hardly compress: no pglz on every insert
@@ -228,6 +261,8 @@ class PgStore(SQLStore):
         if cur.fetchone() is None:
             self._rebuild_rollups(cur)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+        cur.execute("INSERT INTO meta (key, value) VALUES ('pg_setup', %s) ON CONFLICT (key) DO UPDATE "
+                    "SET value = excluded.value", (_SETUP_ID,))
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool,
                seen: dict[str, tuple[Any, ...]]) -> None:
@@ -241,6 +276,11 @@ class PgStore(SQLStore):
             p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
             if p.status == "" and p.rel is not None and not self._quarantined(cur, p, logged):
                 todo.append(p)
+        # key order: concurrent writers take release keys and new devices' rows in one order, so two
+        # aggregators storing overlapping groups (a fleet's first releases, re-sends) wait for each other
+        # instead of deadlocking (each deadlock stalled both for deadlock_timeout, 1 s, and the loser's
+        # group was rolled back and stored again: two aggregators ran slower than one)
+        todo.sort(key=_key_order)
         if todo:
             cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
                             [_put_args(p) for p in todo], returning=True)
@@ -261,6 +301,50 @@ class PgStore(SQLStore):
             logged[0] += len(rej)
         self._close_group(cur, todo, logged, totals)
 
+    def _apply_rollups(self, cur: Any, accs: dict[tuple[Any, ...], _Acc]) -> None:
+        """SQLStore._apply_rollups in two pipelined round trips instead of three per roll-up row: the
+        rows (this writer's shard) created if missing, locked and read, all at once (binary: no hex
+        text for the sums); then every update and the noise and device rows. While a group's
+        transaction waited for each of those round trips, its session sat idle in the transaction."""
+        if not accs:
+            return
+        import numpy as np
+
+        keys = sorted(accs)
+        shard = self._rollup_shard if self._rollup_shard is not None else 0
+        cols = "win_s, win, kind, d, w, hv, salt, shard"
+        cur.executemany("INSERT INTO rollups (%s, releases, t0, t1, sums) VALUES (%s, 0, %%s, %%s, %%s) "
+                        "ON CONFLICT (%s) DO NOTHING" % (cols, ", ".join(["%s"] * 8), cols),
+                        [k + (shard, accs[k].t0, accs[k].t1, np.zeros(k[3] * k[4], dtype="<i8").tobytes())
+                         for k in keys])
+        with self.conn.cursor(binary=True) as bcur:
+            bcur.executemany("SELECT id, releases, t0, t1, sums FROM rollups WHERE win_s = %s AND win = %s "
+                             "AND kind = %s AND d = %s AND w = %s AND hv = %s AND salt = %s AND shard = %s "
+                             "FOR UPDATE", [k + (shard,) for k in keys], returning=True)
+            rows = []
+            while True:
+                rows.append(bcur.fetchone())
+                if not bcur.nextset():
+                    break
+        if len(rows) != len(keys) or any(r is None for r in rows):
+            raise StoreError("roll-up rows missing after their insert (%d of %d)" % (len(rows), len(keys)))
+        ups, noise, devs = [], [], []
+        for k, (rid, n, t0, t1, blob) in zip(keys, rows):
+            acc = accs[k]
+            sums = np.frombuffer(blob, dtype="<i8").reshape(k[3], k[4]) + acc.sums
+            ups.append((int(n) + acc.releases, min(int(t0), acc.t0), max(int(t1), acc.t1),
+                        sums.astype("<i8").tobytes(), rid))
+            noise += [(rid, mech, num, den, c) for (mech, num, den), c in sorted(acc.noise.items())]
+            devs += [(rid, dev) for dev in sorted(acc.devices)]
+        cur.executemany("UPDATE rollups SET releases = %s, t0 = %s, t1 = %s, sums = %s WHERE id = %s", ups)
+        if noise:
+            cur.executemany("INSERT INTO rollup_noise (rollup, mech, num, den, count) VALUES (%s, %s, %s, %s, %s) "
+                            "ON CONFLICT (rollup, mech, num, den) DO UPDATE "
+                            "SET count = rollup_noise.count + excluded.count", noise)
+        if devs:
+            cur.executemany("INSERT INTO rollup_devices (rollup, device) VALUES (%s, %s) "
+                            "ON CONFLICT (rollup, device) DO NOTHING", devs)
+
     def _meta(self, key: str) -> Optional[str]:
         try:
             r = self._q("SELECT value FROM meta WHERE key = ?", (key,))
@@ -276,6 +360,15 @@ class PgStore(SQLStore):
                 cur.itersize = size
                 cur.execute(self._sql(sql), tuple(args))
                 yield from self._fetched(cur, size)
+
+
+_SETUP_ID = _setup_id()
+
+
+def _key_order(p: Pending) -> tuple[Any, ...]:
+    rel = p.rel
+    assert rel is not None
+    return rel.key
 
 
 def _put_args(p: Pending) -> tuple[Any, ...]:

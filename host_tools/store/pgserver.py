@@ -2,6 +2,7 @@
 
     srv = PgServer.start()          # initdb + pg_ctl into a temp dir, ~1 s
     dsn = srv.create_database("t1") # postgresql://postgres@127.0.0.1:<port>/t1
+    sb = srv.standby()              # a streaming hot standby (pg_basebackup); sb.promote()
     srv.stop()
 
 The server runs as the ``postgres`` user (via ``runuser``) when we are
@@ -117,6 +118,44 @@ class PgServer:
             shutil.rmtree(root, ignore_errors=True)
             raise RuntimeError("starting PostgreSQL failed: %s %s %s" % (exc, (exc.stderr or b"").decode()[-2000:], log))
         return srv
+
+    def standby(self, name: str = "pansketch_standby") -> "PgServer":
+        """A streaming hot standby of this server, on its own free port (``pg_basebackup -X stream -R``:
+        a copy of the data directory plus ``standby.signal`` and ``primary_conninfo``). ``name`` is its
+        ``cluster_name``, which its WAL receiver reports as ``application_name`` (what
+        ``synchronous_standby_names`` lists)."""
+        root = tempfile.mkdtemp(prefix="pansketch-pg-standby-")
+        if self.as_user:
+            import pwd
+
+            pw = pwd.getpwnam(self.as_user)
+            os.chown(root, pw.pw_uid, pw.pw_gid)
+        srv = PgServer(self.bindir, root, free_port(), self.as_user)
+        try:
+            subprocess.run(srv._cmd(os.path.join(self.bindir, "pg_basebackup"), "-D", srv.data, "-h", "127.0.0.1",
+                                    "-p", str(self.port), "-U", "postgres", "-X", "stream", "-R",
+                                    "--checkpoint=fast", "--no-sync"),
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+            srv.opts = self.opts.replace("-p %d -k %s" % (self.port, self.root), "-p %d -k %s" % (srv.port, root)) + \
+                " -c hot_standby=on -c cluster_name=%s" % name
+            srv._pg_ctl("start", "-o", srv.opts, "-t", "60")
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError("starting a standby failed: %s %s" % (exc, (exc.stderr or b"").decode()[-2000:]))
+        return srv
+
+    def _pg_ctl(self, *args: str) -> None:
+        subprocess.run(self._cmd(os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-l",
+                                 os.path.join(self.root, "server.log"), "-w", *args),
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: the standby ends recovery and takes writes (waits until it does)."""
+        self._pg_ctl("promote", "-t", "60")
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``: every server process quits at once, no checkpoint (as a crash)."""
+        self._pg_ctl("stop", "-m", "immediate")
 
     def dsn(self, dbname: str = "postgres") -> str:
         return "postgresql://postgres@127.0.0.1:%d/%s" % (self.port, dbname)
