@@ -33,18 +33,7 @@ mkdir -p "$cache"
 exec 9>"$cache.lock"   # two test runs in one checkout build once
 flock 9 2>/dev/null || true
 
-bits=${PANSKETCH_MPUNIX_BITS:-}
-if [ -z "$bits" ]; then
-  probe=$(mktemp -d)
-  if printf 'int main(void){return 0;}\n' > "$probe/t.c" && gcc -m32 -o "$probe/t" "$probe/t.c" >/dev/null 2>&1 \
-     && "$probe/t"; then
-    bits=32
-  else
-    bits=64
-    echo "tests/mpunix/build-frozen.sh: no 32-bit toolchain (gcc -m32; Debian: gcc-multilib): building the 64-bit VM" >&2
-  fi
-  rm -rf "$probe"
-fi
+. "$repo/tests/mpunix/vmbits.sh" "tests/mpunix/build-frozen.sh"
 tarball=$(ls "$shared"/micropython/micropython-*.tar.gz | head -n 1)
 if [ "$bits" = 32 ]; then
   build=build-frozen32

@@ -37,18 +37,7 @@ fi
 exec 9>"$repo/.micropython.lock"   # two test runs in one checkout build once
 flock 9 2>/dev/null || true
 
-bits=${PANSKETCH_MPUNIX_BITS:-}
-if [ -z "$bits" ]; then
-  probe=$(mktemp -d)
-  if printf 'int main(void){return 0;}\n' > "$probe/t.c" && gcc -m32 -o "$probe/t" "$probe/t.c" >/dev/null 2>&1 \
-     && "$probe/t"; then
-    bits=32
-  else
-    bits=64
-    echo "tests/mpunix/build.sh: no 32-bit toolchain (gcc -m32; Debian: gcc-multilib): building the 64-bit VM" >&2
-  fi
-  rm -rf "$probe"
-fi
+. "$repo/tests/mpunix/vmbits.sh" "tests/mpunix/build.sh"
 unix="$cache/micropython/ports/unix"
 if [ "$bits" = 32 ]; then bin="$unix/build-standard32/micropython"; else bin="$unix/build-standard/micropython"; fi
 
