@@ -74,6 +74,16 @@ def amqp_to_mqtt(key: str) -> str:
     return key.replace("*", "+").replace(".", "/")
 
 
+def _close_quietly(conn: Any) -> None:
+    """Close a pika connection on the way out of a session; a connection that is already broken
+    may raise anything here, and the reason it ended has been logged already."""
+    try:
+        if conn.is_open:
+            conn.close()
+    except Exception:
+        pass
+
+
 @dataclass(frozen=True)
 class Settings:
     broker: Any  # hostconfig.BrokerConfig (kind = "rabbitmq")
@@ -189,11 +199,7 @@ class AMQPTransport:
             except (pika.exceptions.AMQPError, OSError) as exc:
                 why = "%s: %s" % (type(exc).__name__, exc)
             finally:
-                try:
-                    if conn.is_open:
-                        conn.close()
-                except Exception:
-                    pass
+                _close_quietly(conn)
             if not self._stop.is_set():
                 self.on_event(("disconnected", why))
                 self._stop.wait(0.2)
@@ -294,11 +300,7 @@ class AckPublisher:
             except (pika.exceptions.AMQPError, OSError) as exc:
                 log.warning("host ack connection lost (%s: %s); reconnecting", type(exc).__name__, exc)
             finally:
-                try:
-                    if conn.is_open:
-                        conn.close()
-                except Exception:
-                    pass
+                _close_quietly(conn)
 
     def _take(self) -> None:
         while True:
