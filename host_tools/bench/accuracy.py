@@ -137,6 +137,18 @@ def pct(xs: list[float], q: float) -> float:
 
 
 # -- frequencies and top-k ---------------------------------------------------------------------
+def _fleet_answers(keys: list[str], vals: np.ndarray, kind: str, d: int, w: int, salt: str, cols: np.ndarray,
+                   signs: np.ndarray, devices: int, seed: int, confidence: float) -> tuple[Any, ...]:
+    """One fleet's merged noisy sketch of the true counts ``vals`` under ``salt``: (counters, Merged,
+    point estimates, interval rule, whether each true count is inside its interval)."""
+    ex = fasthash.counts_from_distinct(keys, vals, kind, d, w, salt)
+    C, terms = add_fleet_noise(ex, device_noise(kind, d, w), devices, BulkNoise(seed))
+    m = Merged(kind=kind, d=d, w=w, hv=1, salt="", counters=C, releases=devices, devices=[], noise=terms, t0=0, t1=0)
+    est = estimators.point_estimates(C, cols, signs, kind)
+    rule = estimators.interval_rule(m, confidence)
+    return C, m, est, rule, (est - rule.below <= vals) & (vals <= est + rule.above)
+
+
 def freq_topk(keys: list[str], vals: np.ndarray, salts: int, devices: int, ks: tuple[int, ...] = (50, 100),
               d: int = 4, w: int = 1024, confidence: float = 0.95) -> dict[str, Any]:
     out: dict[str, Any] = {"d": d, "w": w, "memory_bytes": 4 * d * w, "devices": devices, "salts": salts,
@@ -153,13 +165,8 @@ def freq_topk(keys: list[str], vals: np.ndarray, salts: int, devices: int, ks: t
         st = fasthash.streams(keys, salt, d)
         cols, signs = fasthash.cols_signs(st, d, w)
         for kind in ("cs", "cms"):
-            ex = fasthash.counts_from_distinct(keys, vals, kind, d, w, salt)
-            C, terms = add_fleet_noise(ex, device_noise(kind, d, w), devices, BulkNoise(1000 + s))
-            m = Merged(kind=kind, d=d, w=w, hv=1, salt="", counters=C, releases=devices, devices=[], noise=terms,
-                       t0=0, t1=0)
-            est = estimators.point_estimates(C, cols, signs, kind)
-            rule = estimators.interval_rule(m, confidence)
-            inside = (est - rule.below <= vals) & (vals <= est + rule.above)
+            C, m, est, rule, inside = _fleet_answers(keys, vals, kind, d, w, salt, cols, signs, devices, 1000 + s,
+                                                     confidence)
             cov[kind].append(float(inside.mean()))
             rmse[kind].append(float(np.sqrt(np.mean((est[:1000] - vals[:1000]) ** 2))))
             if kind == "cms":
@@ -211,13 +218,8 @@ def freq_cov(keys: list[str], vals: np.ndarray, salts: int, devices: int, d: int
         for s in range(salts):
             salt = "accuracy-salt-%03d" % s
             cols, signs = fasthash.cols_signs(fasthash.streams(keys, salt, d), d, w)
-            ex = fasthash.counts_from_distinct(keys, vals, kind, d, w, salt)
-            C, terms = add_fleet_noise(ex, device_noise(kind, d, w), devices, BulkNoise(7000 + s))
-            m = Merged(kind=kind, d=d, w=w, hv=1, salt="", counters=C, releases=devices, devices=[], noise=terms,
-                       t0=0, t1=0)
-            est = estimators.point_estimates(C, cols, signs, kind)
-            rule = estimators.interval_rule(m, confidence)
-            cov.append(float(((est - rule.below <= vals) & (vals <= est + rule.above)).mean()))
+            inside = _fleet_answers(keys, vals, kind, d, w, salt, cols, signs, devices, 7000 + s, confidence)[-1]
+            cov.append(float(inside.mean()))
         out[kind] = {"median": pct(cov, 0.5), "p05": pct(cov, 0.05), "min": min(cov),
                      "share_ok": float(np.mean([c >= confidence - 0.05 for c in cov]))}
         print("freq %s d=%d w=%d: per-salt coverage median %.4f p05 %.4f" % (kind, d, w, out[kind]["median"],

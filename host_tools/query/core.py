@@ -513,15 +513,20 @@ def _item(s: str, as_int: bool, where: str) -> Any:
         raise ValueError("%s: %r is not an integer (drop --int for text items)" % (where, s))
 
 
-def positive_int(txt: str) -> int:
-    """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
+def int_at_least(txt: str, lo: int) -> int:
+    """An integer >= ``lo`` for an argparse type (a usage error, exit 2, otherwise)."""
     try:
         v = int(txt, 10)
     except ValueError:
         raise argparse.ArgumentTypeError("not an integer: %r" % txt)
-    if v < 1:
-        raise argparse.ArgumentTypeError("must be at least 1, got %d" % v)
+    if v < lo:
+        raise argparse.ArgumentTypeError("must be at least %d, got %d" % (lo, v))
     return v
+
+
+def positive_int(txt: str) -> int:
+    """argparse type: an integer >= 1."""
+    return int_at_least(txt, 1)
 
 
 def _fmt(x: float) -> str:

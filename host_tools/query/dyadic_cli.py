@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from host_tools.query import dyadic
-from host_tools.query.core import positive_int
+from host_tools.query.core import int_at_least, positive_int
 
 
 def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
@@ -114,13 +114,7 @@ def _unit(txt: str) -> float:
 
 
 def _points(txt: str) -> int:
-    try:
-        v = int(txt, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
-    if v < 2:
-        raise argparse.ArgumentTypeError("must be at least 2, got %d" % v)
-    return v
+    return int_at_least(txt, 2)
 
 
 # the arguments of each kind (host_tools.query.kinds registers them; the CLI adds the shared options)
