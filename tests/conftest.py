@@ -1,6 +1,13 @@
 """Shared test hygiene."""
 
+import os
+import tempfile
+
 import pytest
+
+# Caches the host keeps between processes (host_tools.query.distinct's sampling bands) go to a
+# directory of this test run, not the user's ~/.cache (set before any test starts a process).
+os.environ.setdefault("PANSKETCH_CACHE_DIR", tempfile.mkdtemp(prefix="pansketch-test-cache-"))
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from fractions import Fraction
@@ -330,3 +331,42 @@ def test_device_path_covers(tmp_path):
     rows = dbits_device_path(12, Ds=(1500,), K=12, m=256, workdir=str(tmp_path))
     misses = round(12 * (1 - rows[0]["coverage"]))
     assert misses <= int(binom.ppf(0.999, 12, 0.05)), rows
+
+
+def test_sampling_bands_outlive_the_process(tmp_path, monkeypatch):
+    """A `query distinct` process simulated ~10 sampling bands (0.3-0.5 s each) on every call: the
+    bands go to a cache file, and a later process answers from it with the same interval, without
+    simulating. A malformed file is no cache (the bands are simulated again, same answer), and a
+    directory that cannot be written is no error."""
+    import subprocess
+    import sys
+
+    code = ("import time; from host_tools.query import distinct as D; t = time.perf_counter(); "
+            "print(D.neyman_interval(5000.0, 10, 256, (1, 2), 2.0, 8.0), D._disk_new, "
+            "len(D._ney_cache), flush=True)")
+
+    def run(cache):
+        env = dict(os.environ, PANSKETCH_CACHE_DIR=str(cache))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return out.stdout.split(")")[0] + ")"
+
+    first = run(tmp_path)
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].name.startswith("dbits-bands-2000-"), files
+    n_bands = len(json.loads(files[0].read_text()))
+    assert n_bands >= 5
+    # the second process finds every band in the file: nothing is simulated (simulate_device fails)
+    env_code = code.replace("import time;", "import time; import host_tools.query.distinct as X; "
+                            "X.simulate_device = None;")
+    env = dict(os.environ, PANSKETCH_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", env_code], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(")")[0] + ")" == first
+    files[0].write_text("{not json")
+    assert run(tmp_path) == first
+    assert len(json.loads(files[0].read_text())) == n_bands  # rewritten whole
+    ro = tmp_path / "ro"
+    ro.write_text("a file where the directory should be")
+    assert run(ro / "sub") == first

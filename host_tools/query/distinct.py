@@ -32,7 +32,9 @@ tests/test_dbits.py.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Optional, Sequence, Union
@@ -218,6 +220,76 @@ GRID_MAX = 34 * GRID_STEPS  # D up to 2^34
 NEY_DRAWS = 2000
 NEY_SEED = 0xD15C
 _ney_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
+_disk_loaded = False
+_disk_new = 0  # bands computed since the cache file was last written
+DISK_MAX = 200_000  # entries in the cache file (about 80 bytes each); past it the file starts over
+
+
+def _cache_file() -> Optional[str]:
+    """Where the sampling bands outlive the process: ``$PANSKETCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/pansketch``, else ``~/.cache/pansketch`` (empty PANSKETCH_CACHE_DIR: none).
+    The file is named for what the bands depend on besides their key: the draws, seed, grid and
+    numpy's version (its distributions' streams may change between versions)."""
+    d = os.environ.get("PANSKETCH_CACHE_DIR")
+    if d is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "pansketch")
+    if not d:
+        return None
+    return os.path.join(d, "dbits-bands-%d-%x-%d-np%s.json" % (NEY_DRAWS, NEY_SEED, GRID_STEPS, np.__version__))
+
+
+def _band_key(key: tuple[Any, ...]) -> str:
+    return ",".join(repr(x) for x in key)
+
+
+def _load_disk() -> None:
+    """Bands of earlier processes (a ``pansketch query distinct`` simulated ~10 bands, 0.3-0.5 s
+    each, on every call). A missing, unreadable or malformed file is no cache; entries are
+    deterministic (seeded simulations), so whoever wrote them wrote the same numbers."""
+    global _disk_loaded
+    _disk_loaded = True
+    path = _cache_file()
+    if path is None:
+        return
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        for k, v in raw.items():
+            parts = tuple(float(x) if "." in x or "e" in x else int(x) for x in k.split(","))
+            if isinstance(v, list) and len(v) == 2:
+                _ney_cache.setdefault(parts, (float(v[0]), float(v[1])))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return
+
+
+def _save_disk() -> None:
+    """Write the bands (this process's and any another wrote meanwhile) atomically; a cache that
+    cannot be written is no error (a read-only home, a full disk: the next call simulates again)."""
+    global _disk_new
+    path = _cache_file()
+    if path is None or not _disk_new:
+        return
+    _disk_new = 0
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        out = {_band_key(k): [v[0], v[1]] for k, v in _ney_cache.items()}
+        try:
+            with open(path) as f:
+                old = json.load(f)
+            if isinstance(old, dict) and len(old) + len(out) <= DISK_MAX:
+                old.update(out)
+                out = old
+        except (OSError, ValueError):
+            pass
+        if len(out) > DISK_MAX:
+            out = dict(list(out.items())[-DISK_MAX:])
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(out, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        return
 
 
 def _grid_d(j: int) -> float:
@@ -228,8 +300,12 @@ def sampling_band(j: int, K: int, m: int, eps: tuple[int, int], out_scale: float
                   alpha: float) -> tuple[float, float]:
     """The (alpha/2, 1 - alpha/2) quantiles of one release's estimate when D = D_j (grid point j),
     from NEY_DRAWS seeded simulations of the device (:func:`simulate_device`); cached."""
+    global _disk_new
     key = (j, K, m, eps[0], eps[1], round(out_scale, 9), round(alpha, 9))
+    if key not in _ney_cache and not _disk_loaded:
+        _load_disk()
     if key not in _ney_cache:
+        _disk_new += 1
         p = float(device_p(K, m, eps))
         sims = simulate_device(_grid_d(j), K, m, p, out_scale, NEY_DRAWS,
                                np.random.default_rng([NEY_SEED, K, m, eps[0], eps[1], j + 1]))
@@ -295,7 +371,9 @@ def neyman_interval(dhat: float, K: int, m: int, eps: tuple[int, int], out_scale
 
     jl = first(lambda bd: bd[1] >= dhat)
     ju = first(lambda bd: bd[0] > dhat)
-    return interp(jl, dhat, 1), interp(ju, dhat, 0)
+    out = interp(jl, dhat, 1), interp(ju, dhat, 0)
+    _save_disk()
+    return out
 
 
 BOOT_DRAWS = 400
