@@ -32,7 +32,7 @@ must be 0), ``unacked`` at the end, the broker's resident memory (idle,
 and with every device connected: bytes per device connection, for the
 capacity plan), the load average. ``--option`` adds ``[aggregator]``
 keys to the aggregator's host.toml (e.g. ``group_wait_ms=0`` to measure
-without group waiting). tests/test_soak.py runs a 30 s version.
+without group waiting). tests/test_soak.py runs a one-minute version (100 devices, 200/s).
 """
 
 from __future__ import annotations
