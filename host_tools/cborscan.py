@@ -209,6 +209,69 @@ class _Reader:
                         raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
                     self.pos = at + 1 + kn
                 continue
+            if 0x40 <= ib < 0x5C:
+                # a byte string (the counters): read here, with the same checks and messages as item()
+                self.items += 1
+                if self.items > self.max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                p = at + 1
+                if ib < 0x58:
+                    kn = ib - 0x40
+                else:
+                    hk = 1 << (ib - 0x58)
+                    if p + hk > size:
+                        raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (at, hk))
+                    kn = int.from_bytes(buf[p:p + hk], "big")
+                    p += hk
+                    if kn < _SHORTEST[ib - 0x40]:
+                        self.canonical = False
+                if kn > size - p:
+                    raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
+                                    % (kn, p, size - p))
+                self.pos = p + kn
+                sv = self.view
+                m[k] = sv[p:p + kn] if sv is not None else buf[p:p + kn]
+                if depth == 0:
+                    self.offsets[k] = p  # where the value's content starts
+                continue
+            if 0x80 <= ib < 0x98 and depth + 2 <= self.max_depth:
+                # a short array (budget, nint, nout, map): its unsigned integers read here, anything
+                # else by item(); the same checks and messages as item()
+                self.items += 1
+                if self.items > self.max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                kn = ib - 0x80
+                p = at + 1
+                if kn > self.max_array or kn > size - p:
+                    raise ScanError("cbor", "array of %d items at byte %d (at most %d in a release, %d bytes left)"
+                                    % (kn, p, self.max_array, size - p))
+                lst: list[Any] = []
+                for _ in range(kn):
+                    eb = buf[p] if p < size else -1
+                    if 0 <= eb < 0x1C:
+                        self.items += 1
+                        if self.items > self.max_items:
+                            raise ScanError("cbor", "more than %d data items (a release has fewer than 100)"
+                                            % self.max_items)
+                        if eb < 24:
+                            lst.append(eb)
+                            p += 1
+                        else:
+                            hk = 1 << (eb - 24)
+                            if p + 1 + hk > size:
+                                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (p, hk))
+                            val = int.from_bytes(buf[p + 1:p + 1 + hk], "big")
+                            if val < _SHORTEST[eb]:
+                                self.canonical = False
+                            lst.append(val)
+                            p += 1 + hk
+                    else:
+                        self.pos = p
+                        lst.append(item(depth + 2))
+                        p = self.pos
+                self.pos = p
+                m[k] = lst
+                continue
             v = m[k] = item(depth + 1)
             if depth == 0 and (type(v) is bytes or type(v) is memoryview):
                 self.offsets[k] = self.pos - len(v)  # where the value's content starts

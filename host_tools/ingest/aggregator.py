@@ -347,7 +347,8 @@ class _Writer:
     of that group (the broker redelivers it; storing is idempotent).
     """
 
-    def __init__(self, agg: Aggregator, validator: ValidatorProcess, transport: MQTTProcess, stop: threading.Event,
+    def __init__(self, agg: Aggregator, validator: Optional[ValidatorProcess], transport: MQTTProcess,
+                 stop: threading.Event,
                  state: dict[str, Any]) -> None:
         self.agg = agg
         self.validator = validator
@@ -422,14 +423,21 @@ class _Writer:
                 t1 = time.thread_time()
                 self.cpu["status"] += t1 - t0
                 if batch:
-                    verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
+                    verdicts: list[Any] = [m.verdict for m in batch]  # the MQTT process validated them
+                    todo = [i for i, v in enumerate(verdicts) if v is None]
+                    if todo:  # AMQP: validated here, in the validation process
+                        if self.validator is None:
+                            raise RuntimeError("%d message(s) arrived without a validation verdict" % len(todo))
+                        for i, v in zip(todo, self.validator.validate([(batch[i].topic, batch[i].payload)
+                                                                       for i in todo])):
+                            verdicts[i] = v
                     t2 = time.thread_time()
                     pend = [(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)]
                     self.cpu["validation_ipc"] += t2 - t1
                     self.cpu["pending"] += time.thread_time() - t2
                     self.valid.put(pend)
             except ValidatorDied as exc:
-                if not self.validator.closing:  # stopping: what was not validated is not acknowledged
+                if self.validator is None or not self.validator.closing:  # stopping: what was not validated is not acknowledged
                     self._fatal(str(exc))
             except Exception as exc:  # verdict() turns validator bugs into rejections; this is worse
                 log.exception("validator failed")
@@ -588,8 +596,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
                     cfg.aggregator.shared_group, cfg.aggregator.session_expiry_s, cfg.aggregator.session_expiry_s)
     # releases (maybe a shared subscription) and every device's retained status
     # (never shared: each aggregator keeps its own copy; gap detection)
+    # the MQTT process validates releases before it forwards them (host_tools.ingest.mqttproc._Judge)
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
-                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
+                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG),
+                        validation=agg.validation)
 
     where = "%s:%d" % (cfg.broker.host, cfg.broker.port)  # for the log
     if cfg.broker.kind == "rabbitmq":
@@ -626,6 +636,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             state["connected"] = False
             if not stop.is_set() and not state["closing"]:
                 log.warning("disconnected from broker (%s); reconnecting", ev[1])
+        elif kind == "restarted":
+            log.warning("MQTT process restarted (validating a message %s)", ev[1])
         elif kind == "exited":
             fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, child.exit_status(ev[1])))
 
@@ -634,15 +646,17 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         writer.put(msgs)
 
     transport: Any
+    validator: Optional[ValidatorProcess] = None
     if cfg.broker.kind == "rabbitmq":  # a quorum queue over AMQP (host_tools/ingest/amqp.py)
         from host_tools.ingest import amqp
 
         sub = "queue %s on %s" % (cfg.broker.queue, ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes))
         transport = amqp.AMQPTransport(amqp.Settings(cfg.broker, cfg.aggregator.topic, RECEIVE_MAXIMUM, cid),
                                        on_messages, on_event)
+        # pika delivers in this process: validation in a helper process of its own (CPU budget there)
+        validator = ValidatorProcess(agg.validation)
     else:
         transport = MQTTProcess(settings, on_messages, on_event)
-    validator = ValidatorProcess(agg.validation)
     writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
@@ -653,14 +667,16 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         log.warning("%s", warning)
     cpu0 = time.process_time()
     try:
-        validator.start()
+        if validator is not None:
+            validator.start()
         writer.start()
         transport.start()
         start = time.monotonic()
         while not stop.is_set():
             stop.wait(0.05)
             try:
-                validator.check()
+                if validator is not None:
+                    validator.check()
             except ValidatorDied as exc:
                 fatal(str(exc))
             if until_idle is not None and time.monotonic() - state["last"] > until_idle and writer.idle():
@@ -679,19 +695,23 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         # bounded, well below systemd's 30 s stop timeout: MQTT child <= 10 s, validation helper <= 2 s
         # (killed if busy: what it was validating is not acknowledged and comes again), threads <= 8 s
         transport.close()
-        validator.close()
+        if validator is not None:
+            validator.close()
         writer.close()
         agg.warnings.flush()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts
+        guard: Any = validator if validator is not None else transport  # whichever process validated
+        restarts, timeouts = getattr(guard, "restarts", 0), getattr(guard, "timeouts", 0)
         if counts is not None:
             counts.update(c)
         log.info("aggregator stopped: %d stored, %d duplicates, %d rejected, %d quarantined; %d group commit(s), "
                  "%.1f messages per group%s", c["stored"], c["duplicate"], c["rejected"], c["quarantined"],
                  writer.groups, writer.messages / max(1, writer.groups),
-                 "; validation helper restarted %d time(s), %d timeout(s)" % (validator.restarts, validator.timeouts)
-                 if validator.restarts else "")
+                 "; %s restarted %d time(s), %d timeout(s)"
+                 % ("validation helper" if validator is not None else "MQTT process", restarts, timeouts)
+                 if restarts else "")
         ck = getattr(agg.store, "checkpoints", None)
         if ck is not None:
             # one line at exit, also under -q (the soak benchmark reads it)

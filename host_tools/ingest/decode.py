@@ -300,14 +300,17 @@ def _noise_for(mech: str, budget: tuple[int, int], d: int, clip: int, arrays: in
 
 
 def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
-           fleet: Any = None, topic_filter: str = DEFAULT_TOPIC) -> Release:
+           fleet: Any = None, topic_filter: str = DEFAULT_TOPIC, sha256: Optional[str] = None) -> Release:
     """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
 
     ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
     its salt_id, kind, d, w and mechanism are enforced when set.
     Raises :class:`Rejected`. ``payload`` may be a memoryview (the
     validation helper reads messages out of one received buffer): nothing
-    of it is copied then, and the Release refers to it.
+    of it is copied then, and the Release refers to it. ``sha256``: the
+    payload's SHA-256 (hex) when the caller has it already (the MQTT helper
+    hashes each message before validating it, to know it again if it
+    exhausts the CPU budget).
     """
     if isinstance(payload, memoryview):
         if payload.format != "B" or payload.ndim != 1:
@@ -482,5 +485,6 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
 
     return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
                    budget=budget, nint=nint, nout=nout, nz=nz, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
-                   part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest(),
+                   part=part, payload=payload, ctr_off=off,
+                   sha256=sha256 if sha256 is not None else hashlib.sha256(payload).hexdigest(),
                    v=v, lvl=lvl, b=b, map=dmap)

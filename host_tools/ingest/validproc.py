@@ -65,17 +65,18 @@ def rejected(code: str, reason: str, payload: Optional[bytes]) -> Verdict:
     return ("rejected", code, reason, dev, seq)
 
 
-def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]) -> Verdict:
+def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview], sha256: Optional[str] = None) -> Verdict:
     """Validate one message (no storage); a validator bug becomes the rejection ``internal``.
 
-    ``payload`` may be a view into the helper's receive buffer (decode reads it in place)."""
+    ``payload`` may be a view into the helper's receive buffer (decode reads it in place); ``sha256``
+    its SHA-256 in hex, if the caller has it."""
     if s.spin_topic is not None and topic == s.spin_topic:
         while True:  # a stand-in for a validation bug that never ends (tests/test_hostile.py)
             pass
     try:
         try:
             rel = decode(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
-                         topic_filter=s.topic_filter)
+                         topic_filter=s.topic_filter, sha256=sha256)
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
