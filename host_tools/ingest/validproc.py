@@ -40,7 +40,7 @@ from typing import Any, Optional, Sequence, Union, cast
 
 from host_tools import cborscan
 from host_tools.ingest import child
-from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode
+from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode_state
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -75,8 +75,8 @@ def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]
             pass
     try:
         try:
-            rel = decode(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
-                         topic_filter=s.topic_filter, sha256=sha256)
+            state = decode_state(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
+                                 topic_filter=s.topic_filter, sha256=sha256)
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
@@ -84,7 +84,7 @@ def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]
             raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
     except Rejected as rej:
         return rejected(rej.code, rej.reason, bytes(payload) if rej.code != "size" else None)
-    return ("ok", rel.state())
+    return ("ok", state)
 
 
 class ValidatorDied(Exception):
