@@ -148,15 +148,19 @@ class _Reader:
         item = self.item
         pl, pk = 0, ""  # the previous key's encoded length and text
         inline = depth + 1 <= self.max_depth
+        # the read position and the item count live in locals in this loop (written back around each
+        # call of item() and at the end): attribute writes per pair were a large part of a release's cost
+        max_items = self.max_items
+        pos, items = self.pos, self.items
         for _ in range(n):
-            at = self.pos
+            at = pos
             ib = buf[at] if inline and at < size else -1
             if 0x60 <= ib < 0x78:
                 # a short text key (all a release has), read here rather than by a call per key:
                 # the same checks and messages as item()
-                self.items += 1
-                if self.items > self.max_items:
-                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
                 kn = ib - 0x60
                 if kn > size - at - 1:
                     raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
@@ -165,29 +169,31 @@ class _Reader:
                     k = str(buf[at + 1:at + 1 + kn], "utf-8")
                 except UnicodeDecodeError:
                     raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
-                self.pos = at + 1 + kn
+                pos = at + 1 + kn
             else:
+                self.pos, self.items = pos, items
                 k = item(depth + 1)
+                pos, items = self.pos, self.items
             if type(k) is not str:
                 raise ScanError("cbor", "map key at byte %d is not a text string" % at)
             if k in m:
                 raise ScanError("cbor", "duplicate map key %r at byte %d" % (k[:40], at))
             # agent.cbor sorts keys by their encoded bytes; with shortest heads (else not canonical anyway)
             # that is by encoded length, then by text (UTF-8 byte order is code point order)
-            kl = self.pos - at
+            kl = pos - at
             if kl < pl or (kl == pl and k <= pk):
                 self.canonical = False
             pl, pk = kl, k
-            at = self.pos
+            at = pos
             ib = buf[at] if inline and at < size else -1
             if 0 <= ib < 0x1C or 0x60 <= ib < 0x78:
                 # an unsigned integer or a short text string (most values of a release): read here, with
                 # the same checks and messages as item()
-                self.items += 1
-                if self.items > self.max_items:
-                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
                 if ib < 24:
-                    self.pos = at + 1
+                    pos = at + 1
                     m[k] = ib
                 elif ib < 0x1C:
                     hk = 1 << (ib - 24)
@@ -196,7 +202,7 @@ class _Reader:
                     val = int.from_bytes(buf[at + 1:at + 1 + hk], "big")
                     if val < _SHORTEST[ib]:
                         self.canonical = False
-                    self.pos = at + 1 + hk
+                    pos = at + 1 + hk
                     m[k] = val
                 else:
                     kn = ib - 0x60
@@ -207,13 +213,13 @@ class _Reader:
                         m[k] = str(buf[at + 1:at + 1 + kn], "utf-8")
                     except UnicodeDecodeError:
                         raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
-                    self.pos = at + 1 + kn
+                    pos = at + 1 + kn
                 continue
             if 0x40 <= ib < 0x5C:
                 # a byte string (the counters): read here, with the same checks and messages as item()
-                self.items += 1
-                if self.items > self.max_items:
-                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
                 p = at + 1
                 if ib < 0x58:
                     kn = ib - 0x40
@@ -228,7 +234,7 @@ class _Reader:
                 if kn > size - p:
                     raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
                                     % (kn, p, size - p))
-                self.pos = p + kn
+                pos = p + kn
                 sv = self.view
                 m[k] = sv[p:p + kn] if sv is not None else buf[p:p + kn]
                 if depth == 0:
@@ -237,9 +243,9 @@ class _Reader:
             if 0x80 <= ib < 0x98 and depth + 2 <= self.max_depth:
                 # a short array (budget, nint, nout, map): its unsigned integers read here, anything
                 # else by item(); the same checks and messages as item()
-                self.items += 1
-                if self.items > self.max_items:
-                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
                 kn = ib - 0x80
                 p = at + 1
                 if kn > self.max_array or kn > size - p:
@@ -249,10 +255,10 @@ class _Reader:
                 for _ in range(kn):
                     eb = buf[p] if p < size else -1
                     if 0 <= eb < 0x1C:
-                        self.items += 1
-                        if self.items > self.max_items:
+                        items += 1
+                        if items > max_items:
                             raise ScanError("cbor", "more than %d data items (a release has fewer than 100)"
-                                            % self.max_items)
+                                            % max_items)
                         if eb < 24:
                             lst.append(eb)
                             p += 1
@@ -266,15 +272,18 @@ class _Reader:
                             lst.append(val)
                             p += 1 + hk
                     else:
-                        self.pos = p
+                        self.pos, self.items = p, items
                         lst.append(item(depth + 2))
-                        p = self.pos
-                self.pos = p
+                        p, items = self.pos, self.items
+                pos = p
                 m[k] = lst
                 continue
+            self.pos, self.items = pos, items
             v = m[k] = item(depth + 1)
+            pos, items = self.pos, self.items
             if depth == 0 and (type(v) is bytes or type(v) is memoryview):
-                self.offsets[k] = self.pos - len(v)  # where the value's content starts
+                self.offsets[k] = pos - len(v)  # where the value's content starts
+        self.pos, self.items = pos, items
         return m
 
 

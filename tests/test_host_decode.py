@@ -265,7 +265,7 @@ def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch)
     def boom(*_a, **_k):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr(V, "decode", boom)
+    monkeypatch.setattr(V, "decode_state", boom)  # what verdict() calls
     before = agg.store.snapshot()
     out = agg.handle(topic("dev-a"), b"anything")
     assert out.code == "internal" and "ZeroDivisionError" in out.reason
