@@ -9,21 +9,26 @@ validates one message (host_tools.ingest.decode), stores it idempotently
 * subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
   QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
   ``shared_group`` is set, so several aggregators split the load;
-* three processes, so that no CPU work competes with the writer for
-  this process's GIL (docs/HOST.md, "Performance")::
+* two processes, so that no CPU work competes with the writer for this
+  process's GIL (docs/HOST.md, "Performance")::
 
-      mosquitto ──▶ MQTT process ──batches──▶ aggregator ──(topic, payload)──▶ validation process
-                   (host_tools.ingest.mqttproc:      │ validator thread ◀──verdicts──┘ (host_tools.ingest.validproc)
-                    paho client, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
-                         ▲                     │
+      mosquitto ──▶ MQTT process ──batches: verdicts + payloads──▶ aggregator
+                   (host_tools.ingest.mqttproc: paho client,     │ validator thread: verdicts -> store items
+                    validation under a CPU budget, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
+                         ▲                                        │
                          └──── PUBACKs + host acks, after each commit
 
-  the MQTT process only forwards what arrives and sends what it is told;
-  the validator thread hands each batch to the validation process and
-  turns its verdicts into store items; the writer thread stores them as
-  one group commit (one transaction, a savepoint per message, so one bad
-  message rolls back alone; host_tools.store.core), which amortises the fsync
-  over the group. If a helper process dies the aggregator stops with exit
+  the MQTT process validates each release as it arrives (a per-message
+  CPU budget; a message that kills it is remembered, the process
+  restarted, and the message refused as ``timeout`` when it killed it
+  twice) and forwards it with its verdict; it sends what it is told; the
+  validator thread turns verdicts into store items; the writer thread
+  stores them as one group commit (one transaction; one bad message rolls
+  back alone; host_tools.store.core), which amortises the fsync over the
+  group. With ``[broker] kind = "rabbitmq"`` the AMQP client runs in a
+  thread of this process and validation in a helper process of its own
+  (host_tools.ingest.validproc), as before. If a helper process dies
+  other than while validating a message, the aggregator stops with exit
   code 1 and says which (nothing committed is lost; what was not is
   redelivered); if the aggregator dies its helpers exit too;
 * acknowledges a message only after its outcome is committed to the
@@ -52,7 +57,8 @@ validates one message (host_tools.ingest.decode), stores it idempotently
   signals and stop when told).
 
 Hostile input (docs/HOST.md "Hostile input"): validation has a per-message
-CPU budget in its helper (host_tools.ingest.validproc); refused messages are kept
+CPU budget in the process that validates (host_tools.ingest.mqttproc, or
+host_tools.ingest.validproc for AMQP); refused messages are kept
 bounded (host_tools.store.Limits); a valid release from the future (beyond
 ``max_clock_skew_s``) or with a seq jump beyond ``max_seq_jump`` is
 quarantined, not stored, and not acknowledged.

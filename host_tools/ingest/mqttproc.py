@@ -1,17 +1,21 @@
-"""The aggregator's MQTT transport, in a process of its own (``python -m host_tools.ingest.mqttproc``).
+"""The aggregator's MQTT transport and validation, in a process of its own (``python -m host_tools.ingest.mqttproc``).
 
 Why a process: receiving a 16 kB QoS 1 publish costs paho about as much
 CPU as validating it (MQTT v5 properties, packet parsing), and in the
 aggregator's process that work would compete with the writer for the GIL.
 Here the paho client (network thread, reconnects, manual acks) runs in a
-helper process; the aggregator (group commit, every acknowledgement,
-host_tools.ingest.aggregator) is the parent. They talk over one socket pair
-(host_tools/ingest/child.py):
+helper process, which also validates each release before forwarding it
+(:class:`_Judge`: host_tools.ingest.validproc.verdict under a per-message
+CPU budget), so a message's bytes cross one socket, once, and the
+aggregator receives verdicts with them; the aggregator (group commit,
+every acknowledgement, host_tools.ingest.aggregator) is the parent. They
+talk over one socket pair (host_tools/ingest/child.py):
 
 child -> parent
     a batch frame (:func:`host_tools.ingest.child.send_batch`: no pickling
     of message bytes) of what arrived since the last batch, meta
-    ``[(topic, size, mid, qos), ...]``; ``("connected",)``, ``("refused", reason)``,
+    ``[(topic, size, mid, qos, verdict), ...]`` (``verdict`` None for a
+    device status); ``("connected",)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
     ``("connect_failed",)``: connection events, logged by the parent.
 parent -> child
@@ -24,7 +28,9 @@ The child acknowledges nothing on its own, so every PUBACK still follows
 a commit. It ignores SIGINT/SIGTERM (the parent drains, then sends
 ``stop``); when the parent's end closes (the parent died) it exits 1
 without acknowledging, and the broker redelivers. The parent sees the
-child's end close and stops the aggregator (:class:`MQTTProcess`).
+child's end close: if the child died while validating a message (the
+watch file says so) it remembers the message and starts a new child
+(:class:`MQTTProcess`); otherwise it stops the aggregator.
 """
 
 from __future__ import annotations

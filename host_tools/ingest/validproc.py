@@ -6,9 +6,12 @@ validated release without its payload: :meth:`Release.state`) or
 ``("rejected", code, reason, dev, seq)`` (``dev``/``seq``: what the
 message's top-level map says, read by host_tools.cborscan as far as its
 bytes are well formed; for the device's acknowledgement and ``status``).
-``Aggregator.validate`` runs it in process; ``pansketch aggregate`` runs
-it here, in a helper process (host_tools/ingest/child.py), so that decoding does
-not compete with the writer for the parent's GIL. The parent sends
+``Aggregator.validate`` runs it in process; with MQTT, ``pansketch
+aggregate`` runs it in the MQTT process (host_tools.ingest.mqttproc, with
+the same CPU budget); with AMQP (host_tools.ingest.amqp, whose client runs
+in the aggregator's process) it runs here, in a helper process
+(host_tools/ingest/child.py), so that decoding does not compete with the
+writer for the parent's GIL. The parent sends
 ``[(topic, size), ...]`` and the payloads in one batch frame
 (:func:`host_tools.ingest.child.send_batch`), which the helper reads
 into one reused buffer and validates in place (no pickling or copying of
