@@ -304,8 +304,123 @@ class Scan(NamedTuple):
     offsets: dict[str, int]  # top-level map key -> offset of the content of its byte-string value
 
 
+def key_table(keys: Any) -> dict[bytes, tuple[int, str]]:
+    """For :func:`scan`'s ``known``: each key's encoded bytes -> (its rank in agent.cbor's key order, the key).
+    Keys are short text (at most 23 UTF-8 bytes), as a release's are."""
+    enc = sorted((bytes([0x60 + len(k.encode())]) + k.encode(), k) for k in set(keys))
+    if any(len(kb) > 24 for kb, _k in enc):
+        raise ValueError("key_table: keys of at most 23 bytes")
+    return {kb: (i, k) for i, (kb, k) in enumerate(enc)}
+
+
+def _scan_known(buf: bytes, view: Optional[memoryview], known: dict[bytes, tuple[int, str]]) -> Optional[Scan]:
+    """The common case in one tight pass: a canonical map of ``known`` keys whose values are unsigned
+    integers, short text, byte strings or short arrays of unsigned integers (every release a device writes).
+
+    Returns what :func:`scan` returns with the default limits, or None for anything else (then the
+    general reader reads it, with its checks and messages): an unknown, repeated or out-of-order key,
+    another kind of value, a head longer than needed, invalid UTF-8, bytes missing or left over. Within
+    what it accepts the other limits cannot be reached (at most MAX_MAP keys, arrays of at most MAX_ARRAY
+    integers: depth 3; the items are counted). tests/test_host_decode.py checks both readers agree.
+    """
+    size = len(buf)
+    mv = type(buf) is not bytes  # a view into a receive buffer: keys looked up as bytes (views do not hash)
+    ib = buf[0]
+    if 0xA0 <= ib < 0xB8:
+        n, pos = ib - 0xA0, 1
+    elif ib == 0xB8 and size > 1:
+        n, pos = buf[1], 2
+        if n < 24:
+            return None  # not the shortest head
+    else:
+        return None
+    if n > MAX_MAP or 2 * n > size - pos:
+        return None
+    m: dict[str, Any] = {}
+    offsets: dict[str, int] = {}
+    last = -1
+    items = 1 + 2 * n  # the map, its keys and values (array elements added below)
+    for _ in range(n):
+        if pos >= size:
+            return None
+        kh = buf[pos]
+        if not 0x61 <= kh < 0x78:
+            return None
+        e = pos + kh - 0x5F
+        r = known.get(bytes(buf[pos:e]) if mv else buf[pos:e])
+        if r is None or r[0] <= last or e >= size:
+            return None
+        last = r[0]
+        k = r[1]
+        ib = buf[e]
+        if ib < 24:
+            m[k] = ib
+            pos = e + 1
+        elif ib < 0x1C:
+            hk = 1 << (ib - 24)
+            if e + 1 + hk > size:
+                return None
+            v = int.from_bytes(buf[e + 1:e + 1 + hk], "big")
+            if v < _SHORTEST[ib]:
+                return None
+            m[k] = v
+            pos = e + 1 + hk
+        elif 0x60 <= ib < 0x78:
+            pos = e + 1 + ib - 0x60
+            if pos > size:
+                return None
+            try:
+                m[k] = str(buf[e + 1:pos], "utf-8")
+            except UnicodeDecodeError:
+                return None
+        elif 0x40 <= ib < 0x5C:
+            p = e + 1
+            if ib < 0x58:
+                bn = ib - 0x40
+            else:
+                hk = 1 << (ib - 0x58)
+                if p + hk > size:
+                    return None
+                bn = int.from_bytes(buf[p:p + hk], "big")
+                p += hk
+                if bn < _SHORTEST[ib - 0x40]:
+                    return None
+            pos = p + bn
+            if pos > size:
+                return None
+            m[k] = view[p:pos] if view is not None else buf[p:pos]
+            offsets[k] = p
+        elif 0x80 <= ib < 0x80 + min(24, MAX_ARRAY + 1):
+            p = e + 1
+            lst = []
+            for _ in range(ib - 0x80):
+                eb = buf[p] if p < size else 0xFF
+                if eb < 24:
+                    lst.append(eb)
+                    p += 1
+                elif eb < 0x1C:
+                    hk = 1 << (eb - 24)
+                    if p + 1 + hk > size:
+                        return None
+                    v = int.from_bytes(buf[p + 1:p + 1 + hk], "big")
+                    if v < _SHORTEST[eb]:
+                        return None
+                    lst.append(v)
+                    p += 1 + hk
+                else:
+                    return None
+            m[k] = lst
+            items += len(lst)
+            pos = p
+        else:
+            return None
+    if pos != size or items > MAX_ITEMS:
+        return None
+    return Scan(m, True, offsets)
+
+
 def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_array: int = MAX_ARRAY,
-         max_map: int = MAX_MAP, views: bool = False) -> Scan:
+         max_map: int = MAX_MAP, views: bool = False, known: Optional[dict[bytes, tuple[int, str]]] = None) -> Scan:
     """:func:`loads`, and whether ``buf`` is the deterministic encoding agent/cbor.py writes.
 
     Deterministic means every head in shortest form and the keys of every
@@ -317,7 +432,10 @@ def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_a
     re-encoding (tests/test_host_decode.py checks the two agree).
     ``buf`` may be bytes or a memoryview (bytes received into a shared
     buffer); ``views``: byte strings come back as memoryview slices of
-    ``buf`` (the 16 kB of counters are not copied).
+    ``buf`` (the 16 kB of counters are not copied). ``known``
+    (:func:`key_table` of the release's field names): try the one-pass
+    reader of the common case first (:func:`_scan_known`; with the
+    default limits only), the general reader when it declines.
     """
     if isinstance(buf, memoryview):
         if buf.format != "B" or buf.ndim != 1:
@@ -326,8 +444,12 @@ def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_a
         buf = bytes(buf)
     if not len(buf):
         raise ScanError("cbor", "empty payload")
-    r = _Reader(buf, max_depth, max_items, max_array, max_map,
-                view=(buf if isinstance(buf, memoryview) else memoryview(buf)) if views else None)
+    view = (buf if isinstance(buf, memoryview) else memoryview(buf)) if views else None
+    if known is not None and (max_depth, max_items, max_array, max_map) == (MAX_DEPTH, MAX_ITEMS, MAX_ARRAY, MAX_MAP):
+        fast = _scan_known(buf, view, known)
+        if fast is not None:
+            return fast
+    r = _Reader(buf, max_depth, max_items, max_array, max_map, view=view)
     obj = r.item(0)
     if r.pos != len(buf):
         raise ScanError("cbor", "%d trailing bytes after the release map" % (len(buf) - r.pos))

@@ -274,6 +274,9 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     return Release.from_state(decode_state(payload, topic, max_bytes, fleet, topic_filter, sha256), payload)
 
 
+# every field name of every version and kind: cborscan's one-pass reader of the common case
+_KNOWN = cborscan.key_table(FIELDS + tuple(k for ks in KIND_FIELDS.values() for k in ks))
+
 # the key sets of a release by (format version, kind): one comparison for a well-formed map
 _KEYSETS = {(v, k): frozenset(VERSIONS[v] + (KIND_FIELDS.get(k, ()) if v == 2 else ())) for v in VERSIONS
             for k in V2_KINDS}
@@ -304,7 +307,7 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
         raise Rejected("cbor", "empty payload")
     try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
         # (byte strings as views: the counters are not copied; the encoding check is found on the way)
-        sc = cborscan.scan(payload, views=True)
+        sc = cborscan.scan(payload, views=True, known=_KNOWN)
         obj = sc.obj
     except cborscan.ScanError as exc:
         raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
