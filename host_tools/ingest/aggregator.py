@@ -180,18 +180,23 @@ class Aggregator:
             self.store.commit_group(items)
         out: list[Outcome] = []
         failed: list[tuple[int, BaseException]] = []
+        stored: Optional[list[str]] = [] if self.log.isEnabledFor(logging.INFO) else None
         for i, p in enumerate(items):
             if p.status == "error":
                 assert p.error is not None
                 failed.append((i, p.error))
                 out.append(Outcome("error", str(p.error), None, p.device, None, None))
                 continue
-            out.append(self._outcome(p))
+            out.append(self._outcome(p, stored))
+        if stored:
+            info_lines(self.log, stored)
         if failed:
             raise MessageError(out, failed)
         return out
 
-    def _outcome(self, p: Pending) -> Outcome:
+    def _outcome(self, p: Pending, stored: Optional[list[str]] = None) -> Outcome:
+        """The outcome of one committed message, logged; a stored release's INFO line is added to
+        ``stored`` (written by :func:`info_lines` after the group) when it is given."""
         if p.status == "rejected":
             assert p.rej is not None
             self.warnings.warn(p.rej.code, "rejected message on %s (%d bytes): %s: %s"
@@ -213,12 +218,10 @@ class Aggregator:
         if p.status == "duplicate":
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
                           rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
+        elif stored is not None:
+            stored.append("stored %s seq %d: %s, %d bytes" % (rel.dev, rel.seq, _span(rel), len(p.payload)))
         elif self.log.isEnabledFor(logging.INFO):
-            # one line per stored release (operators and tests read them), without logging's search of the
-            # caller's frame (a third of a line's cost: the line format has no file or line number)
-            lg = self.log
-            lg.handle(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "stored %s seq %d: %s, %d bytes",
-                                    (rel.dev, rel.seq, _span(rel), len(p.payload)), None))
+            info_lines(self.log, ["stored %s seq %d: %s, %d bytes" % (rel.dev, rel.seq, _span(rel), len(p.payload))])
         self._count(p.status)
         metrics.record(self, p.status, None, rel.t1, p.received)
         return Outcome(p.status, None, None, rel.dev, rel.key, rel.seq)
@@ -226,6 +229,55 @@ class Aggregator:
     def _count(self, k: str) -> None:
         with self._lock:
             self.counts[k] += 1
+
+
+LINE_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # host_tools.logsetup's
+
+
+def _plain_handler(lg: logging.Logger) -> Optional[logging.StreamHandler]:  # type: ignore[type-arg]
+    """The one handler ``lg``'s INFO records reach, if it is a plain stream handler with the line format
+    of host_tools.logsetup, nothing filters them and no other handler sees them (``pansketch
+    aggregate``); None otherwise (e.g. under pytest's log capture)."""
+    if lg.filters:
+        return None
+    found: Optional[logging.StreamHandler] = None  # type: ignore[type-arg]
+    c: Optional[logging.Logger] = lg
+    while c is not None:
+        for h in c.handlers:
+            f = h.formatter
+            if (found is not None or type(h) is not logging.StreamHandler or h.filters or h.level > logging.INFO
+                    or f is None or type(f) is not logging.Formatter or f._fmt != LINE_FORMAT):
+                return None
+            found = h
+        if not c.propagate:
+            break
+        c = c.parent
+    return found
+
+
+def info_lines(lg: logging.Logger, lines: list[str]) -> None:
+    """Log ``lines`` at INFO, one record each (operators and tests read one line per stored release).
+
+    To the plain stderr handler of ``pansketch aggregate`` (:func:`_plain_handler`) they are written
+    as logging would write them, with the time of the group, in one write: one LogRecord per line,
+    its caller lookup, formatting and a flushed write each cost about as much as storing the
+    release's row. Otherwise one record per line through the logger's handlers.
+    """
+    h = _plain_handler(lg)
+    if h is None:
+        for line in lines:
+            lg.handle(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "%s", (line,), None))
+        return
+    prefix = h.format(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "", (), None))
+    text = "".join([prefix + line + h.terminator for line in lines])
+    h.acquire()
+    try:
+        h.stream.write(text)
+        h.flush()
+    except Exception:  # what logging does with a failed write: report it, never raise
+        h.handleError(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "%s", (text[:200],), None))
+    finally:
+        h.release()
 
 
 class MessageError(Exception):
