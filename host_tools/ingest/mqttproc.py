@@ -146,6 +146,14 @@ class _Judge:
                 self.mm = mmap.mmap(f.fileno(), WATCH_SIZE)
 
     def __call__(self, topic: str, payload: bytes) -> Any:
+        try:
+            return self._judge(topic, payload)
+        except Exception as exc:  # a bug here must not stop the batcher (nothing would be forwarded)
+            log.exception("judging a message on %s failed unexpectedly", str(topic)[:200])
+            return self.rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc),
+                                 None)
+
+    def _judge(self, topic: str, payload: bytes) -> Any:
         if self.status_device(topic) is not None:
             return None  # a device status: the parent records it (host_tools.ingest.devstatus)
         vs = self.vs
