@@ -148,15 +148,19 @@ class _Reader:
         item = self.item
         pl, pk = 0, ""  # the previous key's encoded length and text
         inline = depth + 1 <= self.max_depth
+        # the read position and the item count live in locals in this loop (written back around each
+        # call of item() and at the end): attribute writes per pair were a large part of a release's cost
+        max_items = self.max_items
+        pos, items = self.pos, self.items
         for _ in range(n):
-            at = self.pos
+            at = pos
             ib = buf[at] if inline and at < size else -1
             if 0x60 <= ib < 0x78:
                 # a short text key (all a release has), read here rather than by a call per key:
                 # the same checks and messages as item()
-                self.items += 1
-                if self.items > self.max_items:
-                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
                 kn = ib - 0x60
                 if kn > size - at - 1:
                     raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
@@ -165,29 +169,31 @@ class _Reader:
                     k = str(buf[at + 1:at + 1 + kn], "utf-8")
                 except UnicodeDecodeError:
                     raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
-                self.pos = at + 1 + kn
+                pos = at + 1 + kn
             else:
+                self.pos, self.items = pos, items
                 k = item(depth + 1)
+                pos, items = self.pos, self.items
             if type(k) is not str:
                 raise ScanError("cbor", "map key at byte %d is not a text string" % at)
             if k in m:
                 raise ScanError("cbor", "duplicate map key %r at byte %d" % (k[:40], at))
             # agent.cbor sorts keys by their encoded bytes; with shortest heads (else not canonical anyway)
             # that is by encoded length, then by text (UTF-8 byte order is code point order)
-            kl = self.pos - at
+            kl = pos - at
             if kl < pl or (kl == pl and k <= pk):
                 self.canonical = False
             pl, pk = kl, k
-            at = self.pos
+            at = pos
             ib = buf[at] if inline and at < size else -1
             if 0 <= ib < 0x1C or 0x60 <= ib < 0x78:
                 # an unsigned integer or a short text string (most values of a release): read here, with
                 # the same checks and messages as item()
-                self.items += 1
-                if self.items > self.max_items:
-                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % self.max_items)
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
                 if ib < 24:
-                    self.pos = at + 1
+                    pos = at + 1
                     m[k] = ib
                 elif ib < 0x1C:
                     hk = 1 << (ib - 24)
@@ -196,7 +202,7 @@ class _Reader:
                     val = int.from_bytes(buf[at + 1:at + 1 + hk], "big")
                     if val < _SHORTEST[ib]:
                         self.canonical = False
-                    self.pos = at + 1 + hk
+                    pos = at + 1 + hk
                     m[k] = val
                 else:
                     kn = ib - 0x60
@@ -207,11 +213,77 @@ class _Reader:
                         m[k] = str(buf[at + 1:at + 1 + kn], "utf-8")
                     except UnicodeDecodeError:
                         raise ScanError("cbor", "text string at byte %d is not valid UTF-8" % (at + 1))
-                    self.pos = at + 1 + kn
+                    pos = at + 1 + kn
                 continue
+            if 0x40 <= ib < 0x5C:
+                # a byte string (the counters): read here, with the same checks and messages as item()
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
+                p = at + 1
+                if ib < 0x58:
+                    kn = ib - 0x40
+                else:
+                    hk = 1 << (ib - 0x58)
+                    if p + hk > size:
+                        raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (at, hk))
+                    kn = int.from_bytes(buf[p:p + hk], "big")
+                    p += hk
+                    if kn < _SHORTEST[ib - 0x40]:
+                        self.canonical = False
+                if kn > size - p:
+                    raise ScanError("cbor", "string of %d bytes at byte %d but only %d bytes left"
+                                    % (kn, p, size - p))
+                pos = p + kn
+                sv = self.view
+                m[k] = sv[p:p + kn] if sv is not None else buf[p:p + kn]
+                if depth == 0:
+                    self.offsets[k] = p  # where the value's content starts
+                continue
+            if 0x80 <= ib < 0x98 and depth + 2 <= self.max_depth:
+                # a short array (budget, nint, nout, map): its unsigned integers read here, anything
+                # else by item(); the same checks and messages as item()
+                items += 1
+                if items > max_items:
+                    raise ScanError("cbor", "more than %d data items (a release has fewer than 100)" % max_items)
+                kn = ib - 0x80
+                p = at + 1
+                if kn > self.max_array or kn > size - p:
+                    raise ScanError("cbor", "array of %d items at byte %d (at most %d in a release, %d bytes left)"
+                                    % (kn, p, self.max_array, size - p))
+                lst: list[Any] = []
+                for _ in range(kn):
+                    eb = buf[p] if p < size else -1
+                    if 0 <= eb < 0x1C:
+                        items += 1
+                        if items > max_items:
+                            raise ScanError("cbor", "more than %d data items (a release has fewer than 100)"
+                                            % max_items)
+                        if eb < 24:
+                            lst.append(eb)
+                            p += 1
+                        else:
+                            hk = 1 << (eb - 24)
+                            if p + 1 + hk > size:
+                                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (p, hk))
+                            val = int.from_bytes(buf[p + 1:p + 1 + hk], "big")
+                            if val < _SHORTEST[eb]:
+                                self.canonical = False
+                            lst.append(val)
+                            p += 1 + hk
+                    else:
+                        self.pos, self.items = p, items
+                        lst.append(item(depth + 2))
+                        p, items = self.pos, self.items
+                pos = p
+                m[k] = lst
+                continue
+            self.pos, self.items = pos, items
             v = m[k] = item(depth + 1)
+            pos, items = self.pos, self.items
             if depth == 0 and (type(v) is bytes or type(v) is memoryview):
-                self.offsets[k] = self.pos - len(v)  # where the value's content starts
+                self.offsets[k] = pos - len(v)  # where the value's content starts
+        self.pos, self.items = pos, items
         return m
 
 
@@ -232,8 +304,123 @@ class Scan(NamedTuple):
     offsets: dict[str, int]  # top-level map key -> offset of the content of its byte-string value
 
 
+def key_table(keys: Any) -> dict[bytes, tuple[int, str]]:
+    """For :func:`scan`'s ``known``: each key's encoded bytes -> (its rank in agent.cbor's key order, the key).
+    Keys are short text (at most 23 UTF-8 bytes), as a release's are."""
+    enc = sorted((bytes([0x60 + len(k.encode())]) + k.encode(), k) for k in set(keys))
+    if any(len(kb) > 24 for kb, _k in enc):
+        raise ValueError("key_table: keys of at most 23 bytes")
+    return {kb: (i, k) for i, (kb, k) in enumerate(enc)}
+
+
+def _scan_known(buf: bytes, view: Optional[memoryview], known: dict[bytes, tuple[int, str]]) -> Optional[Scan]:
+    """The common case in one tight pass: a canonical map of ``known`` keys whose values are unsigned
+    integers, short text, byte strings or short arrays of unsigned integers (every release a device writes).
+
+    Returns what :func:`scan` returns with the default limits, or None for anything else (then the
+    general reader reads it, with its checks and messages): an unknown, repeated or out-of-order key,
+    another kind of value, a head longer than needed, invalid UTF-8, bytes missing or left over. Within
+    what it accepts the other limits cannot be reached (at most MAX_MAP keys, arrays of at most MAX_ARRAY
+    integers: depth 3; the items are counted). tests/test_host_decode.py checks both readers agree.
+    """
+    size = len(buf)
+    mv = type(buf) is not bytes  # a view into a receive buffer: keys looked up as bytes (views do not hash)
+    ib = buf[0]
+    if 0xA0 <= ib < 0xB8:
+        n, pos = ib - 0xA0, 1
+    elif ib == 0xB8 and size > 1:
+        n, pos = buf[1], 2
+        if n < 24:
+            return None  # not the shortest head
+    else:
+        return None
+    if n > MAX_MAP or 2 * n > size - pos:
+        return None
+    m: dict[str, Any] = {}
+    offsets: dict[str, int] = {}
+    last = -1
+    items = 1 + 2 * n  # the map, its keys and values (array elements added below)
+    for _ in range(n):
+        if pos >= size:
+            return None
+        kh = buf[pos]
+        if not 0x61 <= kh < 0x78:
+            return None
+        e = pos + kh - 0x5F
+        r = known.get(bytes(buf[pos:e]) if mv else buf[pos:e])
+        if r is None or r[0] <= last or e >= size:
+            return None
+        last = r[0]
+        k = r[1]
+        ib = buf[e]
+        if ib < 24:
+            m[k] = ib
+            pos = e + 1
+        elif ib < 0x1C:
+            hk = 1 << (ib - 24)
+            if e + 1 + hk > size:
+                return None
+            v = int.from_bytes(buf[e + 1:e + 1 + hk], "big")
+            if v < _SHORTEST[ib]:
+                return None
+            m[k] = v
+            pos = e + 1 + hk
+        elif 0x60 <= ib < 0x78:
+            pos = e + 1 + ib - 0x60
+            if pos > size:
+                return None
+            try:
+                m[k] = str(buf[e + 1:pos], "utf-8")
+            except UnicodeDecodeError:
+                return None
+        elif 0x40 <= ib < 0x5C:
+            p = e + 1
+            if ib < 0x58:
+                bn = ib - 0x40
+            else:
+                hk = 1 << (ib - 0x58)
+                if p + hk > size:
+                    return None
+                bn = int.from_bytes(buf[p:p + hk], "big")
+                p += hk
+                if bn < _SHORTEST[ib - 0x40]:
+                    return None
+            pos = p + bn
+            if pos > size:
+                return None
+            m[k] = view[p:pos] if view is not None else buf[p:pos]
+            offsets[k] = p
+        elif 0x80 <= ib < 0x80 + min(24, MAX_ARRAY + 1):
+            p = e + 1
+            lst = []
+            for _ in range(ib - 0x80):
+                eb = buf[p] if p < size else 0xFF
+                if eb < 24:
+                    lst.append(eb)
+                    p += 1
+                elif eb < 0x1C:
+                    hk = 1 << (eb - 24)
+                    if p + 1 + hk > size:
+                        return None
+                    v = int.from_bytes(buf[p + 1:p + 1 + hk], "big")
+                    if v < _SHORTEST[eb]:
+                        return None
+                    lst.append(v)
+                    p += 1 + hk
+                else:
+                    return None
+            m[k] = lst
+            items += len(lst)
+            pos = p
+        else:
+            return None
+    if pos != size or items > MAX_ITEMS:
+        return None
+    return Scan(m, True, offsets)
+
+
 def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_array: int = MAX_ARRAY,
-         max_map: int = MAX_MAP, views: bool = False) -> Scan:
+         max_map: int = MAX_MAP, views: bool = False, known: Optional[dict[bytes, tuple[int, str]]] = None) -> Scan:
     """:func:`loads`, and whether ``buf`` is the deterministic encoding agent/cbor.py writes.
 
     Deterministic means every head in shortest form and the keys of every
@@ -245,7 +432,10 @@ def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_a
     re-encoding (tests/test_host_decode.py checks the two agree).
     ``buf`` may be bytes or a memoryview (bytes received into a shared
     buffer); ``views``: byte strings come back as memoryview slices of
-    ``buf`` (the 16 kB of counters are not copied).
+    ``buf`` (the 16 kB of counters are not copied). ``known``
+    (:func:`key_table` of the release's field names): try the one-pass
+    reader of the common case first (:func:`_scan_known`; with the
+    default limits only), the general reader when it declines.
     """
     if isinstance(buf, memoryview):
         if buf.format != "B" or buf.ndim != 1:
@@ -254,8 +444,12 @@ def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_a
         buf = bytes(buf)
     if not len(buf):
         raise ScanError("cbor", "empty payload")
-    r = _Reader(buf, max_depth, max_items, max_array, max_map,
-                view=(buf if isinstance(buf, memoryview) else memoryview(buf)) if views else None)
+    view = (buf if isinstance(buf, memoryview) else memoryview(buf)) if views else None
+    if known is not None and (max_depth, max_items, max_array, max_map) == (MAX_DEPTH, MAX_ITEMS, MAX_ARRAY, MAX_MAP):
+        fast = _scan_known(buf, view, known)
+        if fast is not None:
+            return fast
+    r = _Reader(buf, max_depth, max_items, max_array, max_map, view=view)
     obj = r.item(0)
     if r.pos != len(buf):
         raise ScanError("cbor", "%d trailing bytes after the release map" % (len(buf) - r.pos))

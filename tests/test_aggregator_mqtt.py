@@ -305,3 +305,42 @@ def test_acks_follow_the_group_commit(tmp_path):
     assert sorted(s for d, o, _b, _k in seen for s in o if d == "g3") == list(range(40))
     assert [x for _d, _o, bads, _k in seen for x in bads] == [[99, "conflict"]]
     assert any(len(o) > 1 for _d, o, _b, _k in seen)  # groups: several releases of a device in one ack
+
+
+def test_stored_lines_written_at_once_are_the_lines_logging_writes():
+    """aggregator.info_lines: to the plain stderr handler of ``pansketch aggregate`` the per-release INFO
+    lines go in one write, byte for byte what logging writes (timestamp apart); with a filter on the
+    handler (or any other setup) each line is a record through logging, so the filter still applies."""
+    import io
+    import logging
+    import re
+
+    from host_tools.ingest.aggregator import LINE_FORMAT, info_lines
+
+    lg = logging.getLogger("pansketch-test-lines.aggregator")
+    parent = logging.getLogger("pansketch-test-lines")
+    buf = io.StringIO()
+    h = logging.StreamHandler(buf)
+    h.setFormatter(logging.Formatter(LINE_FORMAT))
+    parent.addHandler(h)
+    parent.setLevel(logging.INFO)
+    parent.propagate = False
+    try:
+        lines = ["stored dev-a seq 1: window x (3600 s), 10 bytes", "stored dev-b seq 2: window y (3600 s), 20 bytes"]
+        info_lines(lg, lines)
+        fast = buf.getvalue()
+        buf.truncate(0)
+        buf.seek(0)
+        for line in lines:
+            lg.info("%s", line)
+        ref = buf.getvalue()
+        stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", re.M)
+        assert fast.count("\n") == 2 and stamp.sub("", fast) == stamp.sub("", ref)
+        assert stamp.sub("", fast).splitlines()[0] == "pansketch-test-lines.aggregator INFO " + lines[0]
+        buf.truncate(0)
+        buf.seek(0)
+        h.addFilter(lambda r: "dev-b" not in r.getMessage())  # not a plain handler any more
+        info_lines(lg, lines)
+        assert "dev-a" in buf.getvalue() and "dev-b" not in buf.getvalue()
+    finally:
+        parent.removeHandler(h)

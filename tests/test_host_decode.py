@@ -265,7 +265,7 @@ def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch)
     def boom(*_a, **_k):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr(V, "decode", boom)
+    monkeypatch.setattr(V, "decode_state", boom)  # what verdict() calls
     before = agg.store.snapshot()
     out = agg.handle(topic("dev-a"), b"anything")
     assert out.code == "internal" and "ZeroDivisionError" in out.reason
@@ -348,6 +348,58 @@ def test_scanner_encoding_check_is_exactly_reencoding():
         seen[same] += 1
     assert seen[0] > 50 and seen[1] > 50  # both answers exercised
 
+
+def test_one_pass_reader_agrees_with_the_general_reader():
+    """cborscan's one-pass reader of the common case (what decode tries first) either declines or returns
+    exactly what the general reader returns (value, canonical, counter offsets), on random mutations of a
+    release's header and on crafted maps; it declines whatever the general reader refuses (e.g. more than
+    MAX_ITEMS items made only of known keys and integer arrays)."""
+    import random
+
+    from agent import cbor as acbor
+    from host_tools import cborscan
+    from host_tools.ingest.decode import _KNOWN
+
+    def plain(o):
+        if isinstance(o, memoryview):
+            return bytes(o)
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        return [plain(v) for v in o] if isinstance(o, list) else o
+
+    good = encoded(params(w=16), seq=70000, fill=-3, nz=300)
+    fast = cborscan._scan_known(good, memoryview(good), _KNOWN)
+    assert fast is not None and fast.canonical and plain(fast.obj) == cborscan.loads(good)
+    rb = memoryview(bytearray(good))  # a writable receive buffer (the validation helper's)
+    assert cborscan._scan_known(rb, rb, _KNOWN) == fast
+    ctr = good.index(b"\x63ctr")
+    rng = random.Random(11)
+    took = [0, 0]
+    for _ in range(4000):
+        b = bytearray(good)
+        for _k in range(rng.randint(1, 3)):  # mostly in the header, where the structure is
+            i = rng.randrange(ctr + 8) if rng.random() < 0.8 else rng.randrange(len(b))
+            b[i] = rng.randrange(256)
+        if rng.random() < 0.1:
+            b = b[:rng.randrange(len(b))]
+        b = bytes(b)
+        fast = cborscan._scan_known(b, memoryview(b), _KNOWN) if b else None
+        took[fast is not None] += 1
+        if fast is None:
+            continue
+        ref = cborscan.scan(memoryview(b), views=True)  # must not raise: the fast reader accepted it
+        assert plain(fast.obj) == plain(ref.obj) and fast.canonical and ref.canonical, b
+        assert fast.offsets == ref.offsets
+        assert acbor.dumps(plain(fast.obj)) == b
+    assert took[0] > 500 and took[1] > 100  # both answers exercised
+    many = acbor.dumps({k: [1] * 16 for _kb, (_r, k) in _KNOWN.items()})  # > MAX_ITEMS items
+    with pytest.raises(cborscan.ScanError, match="data items"):
+        cborscan.loads(many)
+    assert cborscan._scan_known(many, None, _KNOWN) is None
+    dup = good.replace(b"\x63dev", b"\x63seq", 1)  # a repeated key
+    assert cborscan._scan_known(dup, None, _KNOWN) is None
+    with pytest.raises(cborscan.ScanError, match="duplicate"):
+        cborscan.loads(dup)
 
 def test_payload_frames_between_processes():
     """child.send_batch / recv_frame: a batch's payloads come back byte for byte as views of one buffer,

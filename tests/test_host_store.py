@@ -192,3 +192,31 @@ def test_simultaneous_first_opens_of_a_fresh_file_all_succeed(tmp_path):
         for p in procs:
             p.join(30)
         assert all(o == "ok" for o in outs), [o for o in outs if o != "ok"][0]
+
+
+def test_group_without_savepoints_unless_one_message_needs_its_own_rollback(tmp_path):
+    """A group is put without a savepoint per message; only when one message hits a database error of its
+    own is the group rolled back and put again with savepoints, with the same outcome as always."""
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": str(tmp_path / "sp.db")}))
+    seen: list[str] = []
+    a.store.db.set_trace_callback(seen.append)
+    p = params("sp", w=16)
+    e = T0 // 3600
+    items = [a.validate(topic("sp"), encoded(p, seq=k, elo=e + k, fill=k + 1)) for k in range(3)]
+    a.store.commit_group(items)
+    assert [x.status for x in items] == ["stored"] * 3
+    assert not [s for s in seen if "SAVEPOINT" in s]  # the plain path: no savepoint statements
+    a.store.db.execute("CREATE TRIGGER boom BEFORE INSERT ON releases WHEN NEW.device = 'boom' "
+                       "BEGIN SELECT RAISE(ABORT, 'boom refused'); END")
+    seen.clear()
+    items = [a.validate(topic("sp"), encoded(p, seq=3, elo=e + 3, fill=4)),
+             a.validate(topic("boom"), encoded(params("boom", w=16), seq=0, elo=e, fill=3)),
+             a.validate(topic("sp"), encoded(p, seq=4, elo=e + 4, fill=5))]
+    a.store.commit_group(items)
+    assert [x.status for x in items] == ["stored", "error", "stored"]
+    assert "boom refused" in str(items[1].error)
+    assert [s for s in seen if s.startswith("SAVEPOINT")]  # put again, a savepoint per message
+    st = Store(str(tmp_path / "sp.db"), readonly=True)
+    assert st.release_count() == 5 and [d[0] for d in st.devices()] == ["sp"]  # boom's device row rolled back
+    st.close()
+    a.close()

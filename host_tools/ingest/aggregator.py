@@ -9,21 +9,26 @@ validates one message (host_tools.ingest.decode), stores it idempotently
 * subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
   QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
   ``shared_group`` is set, so several aggregators split the load;
-* three processes, so that no CPU work competes with the writer for
-  this process's GIL (docs/HOST.md, "Performance")::
+* two processes, so that no CPU work competes with the writer for this
+  process's GIL (docs/HOST.md, "Performance")::
 
-      mosquitto ──▶ MQTT process ──batches──▶ aggregator ──(topic, payload)──▶ validation process
-                   (host_tools.ingest.mqttproc:      │ validator thread ◀──verdicts──┘ (host_tools.ingest.validproc)
-                    paho client, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
-                         ▲                     │
+      mosquitto ──▶ MQTT process ──batches: verdicts + payloads──▶ aggregator
+                   (host_tools.ingest.mqttproc: paho client,     │ validator thread: verdicts -> store items
+                    validation under a CPU budget, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
+                         ▲                                        │
                          └──── PUBACKs + host acks, after each commit
 
-  the MQTT process only forwards what arrives and sends what it is told;
-  the validator thread hands each batch to the validation process and
-  turns its verdicts into store items; the writer thread stores them as
-  one group commit (one transaction, a savepoint per message, so one bad
-  message rolls back alone; host_tools.store.core), which amortises the fsync
-  over the group. If a helper process dies the aggregator stops with exit
+  the MQTT process validates each release as it arrives (a per-message
+  CPU budget; a message that kills it is remembered, the process
+  restarted, and the message refused as ``timeout`` when it killed it
+  twice) and forwards it with its verdict; it sends what it is told; the
+  validator thread turns verdicts into store items; the writer thread
+  stores them as one group commit (one transaction; one bad message rolls
+  back alone; host_tools.store.core), which amortises the fsync over the
+  group. With ``[broker] kind = "rabbitmq"`` the AMQP client runs in a
+  thread of this process and validation in a helper process of its own
+  (host_tools.ingest.validproc), as before. If a helper process dies
+  other than while validating a message, the aggregator stops with exit
   code 1 and says which (nothing committed is lost; what was not is
   redelivered); if the aggregator dies its helpers exit too;
 * acknowledges a message only after its outcome is committed to the
@@ -52,7 +57,8 @@ validates one message (host_tools.ingest.decode), stores it idempotently
   signals and stop when told).
 
 Hostile input (docs/HOST.md "Hostile input"): validation has a per-message
-CPU budget in its helper (host_tools.ingest.validproc); refused messages are kept
+CPU budget in the process that validates (host_tools.ingest.mqttproc, or
+host_tools.ingest.validproc for AMQP); refused messages are kept
 bounded (host_tools.store.Limits); a valid release from the future (beyond
 ``max_clock_skew_s``) or with a seq jump beyond ``max_seq_jump`` is
 quarantined, not stored, and not acknowledged.
@@ -174,18 +180,23 @@ class Aggregator:
             self.store.commit_group(items)
         out: list[Outcome] = []
         failed: list[tuple[int, BaseException]] = []
+        stored: Optional[list[str]] = [] if self.log.isEnabledFor(logging.INFO) else None
         for i, p in enumerate(items):
             if p.status == "error":
                 assert p.error is not None
                 failed.append((i, p.error))
                 out.append(Outcome("error", str(p.error), None, p.device, None, None))
                 continue
-            out.append(self._outcome(p))
+            out.append(self._outcome(p, stored))
+        if stored:
+            info_lines(self.log, stored)
         if failed:
             raise MessageError(out, failed)
         return out
 
-    def _outcome(self, p: Pending) -> Outcome:
+    def _outcome(self, p: Pending, stored: Optional[list[str]] = None) -> Outcome:
+        """The outcome of one committed message, logged; a stored release's INFO line is added to
+        ``stored`` (written by :func:`info_lines` after the group) when it is given."""
         if p.status == "rejected":
             assert p.rej is not None
             self.warnings.warn(p.rej.code, "rejected message on %s (%d bytes): %s: %s"
@@ -207,8 +218,10 @@ class Aggregator:
         if p.status == "duplicate":
             self.log.info("duplicate of stored release %s seq %d epochs [%d, %d) part %d ignored",
                           rel.dev, rel.seq, rel.elo, rel.ehi, rel.part)
+        elif stored is not None:
+            stored.append("stored %s seq %d: %s, %d bytes" % (rel.dev, rel.seq, _span(rel), len(p.payload)))
         elif self.log.isEnabledFor(logging.INFO):
-            self.log.info("stored %s seq %d: %s, %d bytes", rel.dev, rel.seq, _span(rel), len(p.payload))
+            info_lines(self.log, ["stored %s seq %d: %s, %d bytes" % (rel.dev, rel.seq, _span(rel), len(p.payload))])
         self._count(p.status)
         metrics.record(self, p.status, None, rel.t1, p.received)
         return Outcome(p.status, None, None, rel.dev, rel.key, rel.seq)
@@ -216,6 +229,55 @@ class Aggregator:
     def _count(self, k: str) -> None:
         with self._lock:
             self.counts[k] += 1
+
+
+LINE_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # host_tools.logsetup's
+
+
+def _plain_handler(lg: logging.Logger) -> Optional[logging.StreamHandler]:  # type: ignore[type-arg]
+    """The one handler ``lg``'s INFO records reach, if it is a plain stream handler with the line format
+    of host_tools.logsetup, nothing filters them and no other handler sees them (``pansketch
+    aggregate``); None otherwise (e.g. under pytest's log capture)."""
+    if lg.filters:
+        return None
+    found: Optional[logging.StreamHandler] = None  # type: ignore[type-arg]
+    c: Optional[logging.Logger] = lg
+    while c is not None:
+        for h in c.handlers:
+            f = h.formatter
+            if (found is not None or type(h) is not logging.StreamHandler or h.filters or h.level > logging.INFO
+                    or f is None or type(f) is not logging.Formatter or f._fmt != LINE_FORMAT):
+                return None
+            found = h
+        if not c.propagate:
+            break
+        c = c.parent
+    return found
+
+
+def info_lines(lg: logging.Logger, lines: list[str]) -> None:
+    """Log ``lines`` at INFO, one record each (operators and tests read one line per stored release).
+
+    To the plain stderr handler of ``pansketch aggregate`` (:func:`_plain_handler`) they are written
+    as logging would write them, with the time of the group, in one write: one LogRecord per line,
+    its caller lookup, formatting and a flushed write each cost about as much as storing the
+    release's row. Otherwise one record per line through the logger's handlers.
+    """
+    h = _plain_handler(lg)
+    if h is None:
+        for line in lines:
+            lg.handle(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "%s", (line,), None))
+        return
+    prefix = h.format(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "", (), None))
+    text = "".join([prefix + line + h.terminator for line in lines])
+    h.acquire()
+    try:
+        h.stream.write(text)
+        h.flush()
+    except Exception:  # what logging does with a failed write: report it, never raise
+        h.handleError(lg.makeRecord(lg.name, logging.INFO, "aggregator.py", 0, "%s", (text[:200],), None))
+    finally:
+        h.release()
 
 
 class MessageError(Exception):
@@ -290,8 +352,16 @@ def ack_topic(release_topic: str) -> str:
     return release_topic.rsplit("/", 1)[0] + "/ack"
 
 
+_UTC: dict[int, str] = {}  # epoch boundaries shown in the log lines (a few per window; cleared when large)
+
+
 def _utc(t: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
+    s = _UTC.get(t)
+    if s is None:
+        if len(_UTC) >= 4096:
+            _UTC.clear()
+        s = _UTC[t] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
+    return s
 
 
 def _span(rel: Any) -> str:
@@ -347,7 +417,8 @@ class _Writer:
     of that group (the broker redelivers it; storing is idempotent).
     """
 
-    def __init__(self, agg: Aggregator, validator: ValidatorProcess, transport: MQTTProcess, stop: threading.Event,
+    def __init__(self, agg: Aggregator, validator: Optional[ValidatorProcess], transport: MQTTProcess,
+                 stop: threading.Event,
                  state: dict[str, Any]) -> None:
         self.agg = agg
         self.validator = validator
@@ -422,14 +493,21 @@ class _Writer:
                 t1 = time.thread_time()
                 self.cpu["status"] += t1 - t0
                 if batch:
-                    verdicts = self.validator.validate([(m.topic, m.payload) for m in batch])
+                    verdicts: list[Any] = [m.verdict for m in batch]  # the MQTT process validated them
+                    todo = [i for i, v in enumerate(verdicts) if v is None]
+                    if todo:  # AMQP: validated here, in the validation process
+                        if self.validator is None:
+                            raise RuntimeError("%d message(s) arrived without a validation verdict" % len(todo))
+                        for i, v in zip(todo, self.validator.validate([(batch[i].topic, batch[i].payload)
+                                                                       for i in todo])):
+                            verdicts[i] = v
                     t2 = time.thread_time()
                     pend = [(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)]
                     self.cpu["validation_ipc"] += t2 - t1
                     self.cpu["pending"] += time.thread_time() - t2
                     self.valid.put(pend)
             except ValidatorDied as exc:
-                if not self.validator.closing:  # stopping: what was not validated is not acknowledged
+                if self.validator is None or not self.validator.closing:  # stopping: what was not validated is not acknowledged
                     self._fatal(str(exc))
             except Exception as exc:  # verdict() turns validator bugs into rejections; this is worse
                 log.exception("validator failed")
@@ -588,8 +666,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
                     cfg.aggregator.shared_group, cfg.aggregator.session_expiry_s, cfg.aggregator.session_expiry_s)
     # releases (maybe a shared subscription) and every device's retained status
     # (never shared: each aggregator keeps its own copy; gap detection)
+    # the MQTT process validates releases before it forwards them (host_tools.ingest.mqttproc._Judge)
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
-                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG))
+                        cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG),
+                        validation=agg.validation)
 
     where = "%s:%d" % (cfg.broker.host, cfg.broker.port)  # for the log
     if cfg.broker.kind == "rabbitmq":
@@ -626,6 +706,8 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             state["connected"] = False
             if not stop.is_set() and not state["closing"]:
                 log.warning("disconnected from broker (%s); reconnecting", ev[1])
+        elif kind == "restarted":
+            log.warning("MQTT process restarted (validating a message %s)", ev[1])
         elif kind == "exited":
             fatal("the MQTT process (pid %s) exited unexpectedly (%s)" % (transport.pid, child.exit_status(ev[1])))
 
@@ -634,15 +716,17 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         writer.put(msgs)
 
     transport: Any
+    validator: Optional[ValidatorProcess] = None
     if cfg.broker.kind == "rabbitmq":  # a quorum queue over AMQP (host_tools/ingest/amqp.py)
         from host_tools.ingest import amqp
 
         sub = "queue %s on %s" % (cfg.broker.queue, ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes))
         transport = amqp.AMQPTransport(amqp.Settings(cfg.broker, cfg.aggregator.topic, RECEIVE_MAXIMUM, cid),
                                        on_messages, on_event)
+        # pika delivers in this process: validation in a helper process of its own (CPU budget there)
+        validator = ValidatorProcess(agg.validation)
     else:
         transport = MQTTProcess(settings, on_messages, on_event)
-    validator = ValidatorProcess(agg.validation)
     writer = _Writer(agg, validator, transport, stop, state)
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
@@ -653,14 +737,16 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         log.warning("%s", warning)
     cpu0 = time.process_time()
     try:
-        validator.start()
+        if validator is not None:
+            validator.start()
         writer.start()
         transport.start()
         start = time.monotonic()
         while not stop.is_set():
             stop.wait(0.05)
             try:
-                validator.check()
+                if validator is not None:
+                    validator.check()
             except ValidatorDied as exc:
                 fatal(str(exc))
             if until_idle is not None and time.monotonic() - state["last"] > until_idle and writer.idle():
@@ -679,19 +765,23 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         # bounded, well below systemd's 30 s stop timeout: MQTT child <= 10 s, validation helper <= 2 s
         # (killed if busy: what it was validating is not acknowledged and comes again), threads <= 8 s
         transport.close()
-        validator.close()
+        if validator is not None:
+            validator.close()
         writer.close()
         agg.warnings.flush()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         c = agg.counts
+        guard: Any = validator if validator is not None else transport  # whichever process validated
+        restarts, timeouts = getattr(guard, "restarts", 0), getattr(guard, "timeouts", 0)
         if counts is not None:
             counts.update(c)
         log.info("aggregator stopped: %d stored, %d duplicates, %d rejected, %d quarantined; %d group commit(s), "
                  "%.1f messages per group%s", c["stored"], c["duplicate"], c["rejected"], c["quarantined"],
                  writer.groups, writer.messages / max(1, writer.groups),
-                 "; validation helper restarted %d time(s), %d timeout(s)" % (validator.restarts, validator.timeouts)
-                 if validator.restarts else "")
+                 "; %s restarted %d time(s), %d timeout(s)"
+                 % ("validation helper" if validator is not None else "MQTT process", restarts, timeouts)
+                 if restarts else "")
         ck = getattr(agg.store, "checkpoints", None)
         if ck is not None:
             # one line at exit, also under -q (the soak benchmark reads it)

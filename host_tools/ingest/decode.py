@@ -87,45 +87,9 @@ MAX_MAP = 1 << 62
 
 
 
-def _type_check_fast(obj: Any) -> bool:
-    """True when ``obj`` is a map of str keys to str/int/bytes/int-list values (the release shape)."""
-    if type(obj) is not dict:
-        return False
-    for k, v in obj.items():
-        if type(k) is not str:
-            return False
-        t = type(v)
-        if t is int or t is str or t is bytes or t is memoryview:
-            continue
-        if t is list and all(type(x) is int for x in v):
-            continue
-        return False
-    return True
-
-
-def _type_check(obj: Any, depth: int = 0) -> None:
-    """Only the types agent/cbor.py writes: int, str, bytes, list, dict (no tags, no floats)."""
-    if isinstance(obj, bool) or obj is None:
-        return
-    if isinstance(obj, (int, str, bytes, memoryview)):
-        return
-    if isinstance(obj, list):
-        for x in obj:
-            _type_check(x, depth + 1)
-        return
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _type_check(k, depth + 1)
-            _type_check(v, depth + 1)
-        return
-    if isinstance(obj, float):
-        raise Rejected("type", "floating-point value in release (releases carry integers only)")
-    raise Rejected("type", "CBOR tag or unsupported type %s in release" % type(obj).__name__)
-
-
 def _int(m: dict[str, Any], k: str, lo: int, hi: int) -> int:
     v = m[k]
-    if isinstance(v, bool) or not isinstance(v, int):
+    if type(v) is not int:  # not bool either (a subclass of int)
         raise Rejected("schema", "field %r must be an integer, got %s" % (k, type(v).__name__))
     if not lo <= v <= hi:
         raise Rejected("schema", "field %r = %d out of range [%d, %d]" % (k, v, lo, hi))
@@ -134,7 +98,7 @@ def _int(m: dict[str, Any], k: str, lo: int, hi: int) -> int:
 
 def _str(m: dict[str, Any], k: str, allowed: Optional[tuple[str, ...]] = None) -> str:
     v = m[k]
-    if not isinstance(v, str):
+    if type(v) is not str:  # cborscan builds plain str
         raise Rejected("schema", "field %r must be a text string, got %s" % (k, type(v).__name__))
     if allowed is not None and v not in allowed:
         raise Rejected("schema", "field %r = %r is not one of %s" % (k, v, ", ".join(allowed)))
@@ -143,8 +107,7 @@ def _str(m: dict[str, Any], k: str, allowed: Optional[tuple[str, ...]] = None) -
 
 def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
     v = m[k]
-    if (not isinstance(v, list) or len(v) != 2
-            or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
+    if type(v) is not list or len(v) != 2 or type(v[0]) is not int or type(v[1]) is not int:
         raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
     n, d = v
     if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
@@ -155,12 +118,13 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
 
 
 DEVICE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # docs/FORMAT.md section 1; agent.params.DEVICE_CHARS
+SALT_ID = re.compile(r"[0-9a-f]{16}")
 DEFAULT_TOPIC = "pansketch/+/release"
 
 
 def valid_device(dev: str) -> bool:
     """The device id rules of agent.params.Params: 1-64 ASCII letters, digits, '.', '_', '-'."""
-    return isinstance(dev, str) and DEVICE_ID.fullmatch(dev) is not None
+    return type(dev) is str and DEVICE_ID.fullmatch(dev) is not None
 
 
 def topic_device(topic: str, topic_filter: str = DEFAULT_TOPIC) -> Optional[str]:
@@ -300,14 +264,37 @@ def _noise_for(mech: str, budget: tuple[int, int], d: int, clip: int, arrays: in
 
 
 def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
-           fleet: Any = None, topic_filter: str = DEFAULT_TOPIC) -> Release:
-    """Validate ``payload`` (received on ``topic``) and return the :class:`Release`.
+           fleet: Any = None, topic_filter: str = DEFAULT_TOPIC, sha256: Optional[str] = None) -> Release:
+    """Validate ``payload`` (received on ``topic``) and return the :class:`Release` (see :func:`decode_state`)."""
+    if isinstance(payload, memoryview):
+        if payload.format != "B" or payload.ndim != 1:
+            payload = payload.cast("B")
+    else:
+        payload = bytes(payload)
+    return Release.from_state(decode_state(payload, topic, max_bytes, fleet, topic_filter, sha256), payload)
+
+
+# every field name of every version and kind: cborscan's one-pass reader of the common case
+_KNOWN = cborscan.key_table(FIELDS + tuple(k for ks in KIND_FIELDS.values() for k in ks))
+
+# the key sets of a release by (format version, kind): one comparison for a well-formed map
+_KEYSETS = {(v, k): frozenset(VERSIONS[v] + (KIND_FIELDS.get(k, ()) if v == 2 else ())) for v in VERSIONS
+            for k in V2_KINDS}
+
+
+def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
+                 fleet: Any = None, topic_filter: str = DEFAULT_TOPIC, sha256: Optional[str] = None) -> tuple[Any, ...]:
+    """Validate ``payload`` (received on ``topic``): the release's :meth:`Release.state` (every field
+    but the payload, :data:`STATE_FIELDS` order; what the MQTT process sends the aggregator).
 
     ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
     its salt_id, kind, d, w and mechanism are enforced when set.
     Raises :class:`Rejected`. ``payload`` may be a memoryview (the
     validation helper reads messages out of one received buffer): nothing
-    of it is copied then, and the Release refers to it.
+    of it is copied then, and the Release refers to it. ``sha256``: the
+    payload's SHA-256 (hex) when the caller has it already (the MQTT helper
+    hashes each message before validating it, to know it again if it
+    exhausts the CPU budget).
     """
     if isinstance(payload, memoryview):
         if payload.format != "B" or payload.ndim != 1:
@@ -320,13 +307,13 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
         raise Rejected("cbor", "empty payload")
     try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
         # (byte strings as views: the counters are not copied; the encoding check is found on the way)
-        sc = cborscan.scan(payload, views=True)
+        sc = cborscan.scan(payload, views=True, known=_KNOWN)
         obj = sc.obj
     except cborscan.ScanError as exc:
         raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
-    if not _type_check_fast(obj):
-        _type_check(obj)
-    if not isinstance(obj, dict):
+    # (only the release subset's types come out of cborscan: no floats, no tags, nothing else to refuse
+    # as code 'type' here)
+    if type(obj) is not dict:
         raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
     if "v" not in obj:
         raise Rejected("version", "field 'v' (format version) is missing")
@@ -334,15 +321,17 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     if isinstance(v, bool) or not isinstance(v, int) or v not in VERSIONS:
         raise Rejected("version", "unsupported release format version %r (this host reads v1 and v2)" % (v,))
     fields = VERSIONS[v]
+    k0 = obj.get("kind")
+    ks = _KEYSETS.get((v, k0)) if type(k0) is str else None
     if v == 2:
-        k0 = obj.get("kind")
         fields = fields + (KIND_FIELDS.get(k0, ()) if isinstance(k0, str) else ())
-    for k in obj:
+    same = ks is not None and obj.keys() == ks  # the release's fields exactly: no loops over the keys
+    for k in (() if same else obj):
         if not isinstance(k, str):
             raise Rejected("schema", "map key %r is not a text string" % (k,))
         if k not in fields:
             raise Rejected("schema", "unknown field %r (format v%d)" % (k, v))
-    for k in fields:
+    for k in (() if same else fields):
         if k not in obj:
             raise Rejected("schema", "missing field %r" % k)
 
@@ -376,7 +365,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     if hv != hashing.HASH_VERSION:
         raise Rejected("schema", "unsupported hash version %d (this host hashes with v%d)" % (hv, hashing.HASH_VERSION))
     salt = _str(obj, "salt")
-    if not re.fullmatch(r"[0-9a-f]{16}", salt):
+    if SALT_ID.fullmatch(salt) is None:
         raise Rejected("schema", "field 'salt' must be a 16-hex-digit salt id")
     clip = _int(obj, "clip", 1, 1 << 20)
     mech = _str(obj, "mech", calibrate.MECHANISMS)
@@ -384,7 +373,7 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
     nint = _ratio(obj, "nint")
     nout = _ratio(obj, "nout")
     nz = obj["nz"]
-    if isinstance(nz, bool) or not isinstance(nz, int):
+    if type(nz) is not int:
         raise Rejected("schema", "field 'nz' must be an integer, got %s" % type(nz).__name__)
     if not 2 <= nz <= MAX_NZ:
         raise Rejected("schema", "field 'nz' = %d out of range [2, %d]: every cell carries at least one "
@@ -480,7 +469,11 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
                        % (nint[0], nint[1], mech, budget[0], budget[1], d, clip, L,
                           " or ".join("%d/%d" % (a.num, a.den) for a in allowed)))
 
-    return Release(dev=dev, seq=seq, mode=mode, kind=kind, d=d, w=w, hv=hv, salt=salt, clip=clip, mech=mech,
-                   budget=budget, nint=nint, nout=nout, nz=nz, L=L, win_s=win_s, ep_s=ep_s, win=win, elo=elo, ehi=ehi,
-                   part=part, payload=payload, ctr_off=off, sha256=hashlib.sha256(payload).hexdigest(),
-                   v=v, lvl=lvl, b=b, map=dmap)
+    # Release.state(): STATE_FIELDS order (checked where this module is imported)
+    return (mode, kind, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, dev, seq, win_s, ep_s, win, elo, ehi,
+            part, off, sha256 if sha256 is not None else hashlib.sha256(payload).hexdigest(), v, lvl, b, dmap)
+
+
+assert STATE_FIELDS == ("mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint", "nout", "nz", "L",
+                        "dev", "seq", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr_off", "sha256", "v", "lvl",
+                        "b", "map"), "decode_state builds Release.state() in this order"

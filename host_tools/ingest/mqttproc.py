@@ -1,17 +1,21 @@
-"""The aggregator's MQTT transport, in a process of its own (``python -m host_tools.ingest.mqttproc``).
+"""The aggregator's MQTT transport and validation, in a process of its own (``python -m host_tools.ingest.mqttproc``).
 
 Why a process: receiving a 16 kB QoS 1 publish costs paho about as much
 CPU as validating it (MQTT v5 properties, packet parsing), and in the
 aggregator's process that work would compete with the writer for the GIL.
 Here the paho client (network thread, reconnects, manual acks) runs in a
-helper process; the aggregator (group commit, every acknowledgement,
-host_tools.ingest.aggregator) is the parent. They talk over one socket pair
-(host_tools/ingest/child.py):
+helper process, which also validates each release before forwarding it
+(:class:`_Judge`: host_tools.ingest.validproc.verdict under a per-message
+CPU budget), so a message's bytes cross one socket, once, and the
+aggregator receives verdicts with them; the aggregator (group commit,
+every acknowledgement, host_tools.ingest.aggregator) is the parent. They
+talk over one socket pair (host_tools/ingest/child.py):
 
 child -> parent
     a batch frame (:func:`host_tools.ingest.child.send_batch`: no pickling
     of message bytes) of what arrived since the last batch, meta
-    ``[(topic, size, mid, qos), ...]``; ``("connected",)``, ``("refused", reason)``,
+    ``[(topic, size, mid, qos, verdict), ...]`` (``verdict`` None for a
+    device status); ``("connected",)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
     ``("connect_failed",)``: connection events, logged by the parent.
 parent -> child
@@ -24,14 +28,23 @@ The child acknowledges nothing on its own, so every PUBACK still follows
 a commit. It ignores SIGINT/SIGTERM (the parent drains, then sends
 ``stop``); when the parent's end closes (the parent died) it exits 1
 without acknowledging, and the broker redelivers. The parent sees the
-child's end close and stops the aggregator (:class:`MQTTProcess`).
+child's end close: if the child died while validating a message (the
+watch file says so) it remembers the message and starts a new child
+(:class:`MQTTProcess`); otherwise it stops the aggregator.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
+import mmap
+import os
+import signal
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -44,17 +57,21 @@ log = logging.getLogger("pansketch.aggregator")
 
 
 class Msg(NamedTuple):
-    """One received message, as the aggregator needs it (paho's MQTTMessage does not cross processes)."""
+    """One received message, as the aggregator needs it (paho's MQTTMessage does not cross processes).
+
+    ``verdict``: the validation verdict (host_tools.ingest.validproc.verdict) when the transport
+    validated the message already (the MQTT process does, for releases); None otherwise."""
 
     topic: str
     payload: bytes
     mid: int
     qos: int
+    verdict: Any = None
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What the child needs to connect: broker ([broker] of host.toml) and session."""
+    """What the child needs to connect: broker ([broker] of host.toml) and session; and how to validate."""
 
     broker: Any  # hostconfig.BrokerConfig
     client_id: str
@@ -63,6 +80,108 @@ class Settings:
     session_expiry_s: int
     receive_maximum: int  # unacknowledged QoS 1 messages the broker may send us (MQTT v5 Receive Maximum)
     verbose: bool = False  # -v: paho's packet log on stderr
+    validation: Any = None  # validproc.Settings: validate releases here (None: forward them unvalidated)
+    watch: Optional[str] = None  # the file where the child records the message it is validating (set by MQTTProcess)
+    poison: tuple[tuple[bytes, int, str], ...] = ()  # (message key, deaths, code) of messages that killed a child
+
+
+GEN_SHIFT = 32  # Msg.mid = child generation << GEN_SHIFT | MQTT packet id (acks of a dead child's messages are dropped)
+POISON_DEATHS = 2  # a message that killed the child this many times is refused without validating it again
+POISON_MAX = 1024  # messages remembered as poison (each cost a CPU budget and a restart; bounded anyway)
+_WATCH = struct.Struct("=QB32sHI")  # counter, validating (0/1), message key, topic length, payload size
+_WATCH_TOPIC = 64  # the topic's bytes (at most 1024) from this offset
+WATCH_SIZE = _WATCH_TOPIC + 1024
+
+
+def message_key(topic: str, digest: bytes) -> bytes:
+    """What identifies a message again when it is redelivered or re-sent: SHA-256 of the topic and of
+    the payload's SHA-256 (which the release needs anyway)."""
+    return hashlib.sha256(topic.encode("utf-8", "replace") + b"\0" + digest).digest()
+
+
+class Watched(NamedTuple):
+    """What the watch file says: the message the child was validating (``validating``) or last validated."""
+
+    counter: int
+    validating: bool
+    key: bytes
+    topic: str
+    size: int
+
+
+def read_watch(mm: Any) -> Watched:
+    counter, st, key, tl, size = _WATCH.unpack_from(mm, 0)
+    topic = bytes(mm[_WATCH_TOPIC:_WATCH_TOPIC + min(tl, 1024)]).decode("utf-8", "replace")
+    return Watched(counter, st == 1, key, topic, size)
+
+
+class _Judge:
+    """In the child: validate releases before they are forwarded, each under the CPU budget.
+
+    Before each message it writes the message's key, topic and size to the
+    watch file (a shared mapping the parent reads if this process dies),
+    then arms ``ITIMER_PROF`` (``validate_cpu_s``; the process's CPU time,
+    the MQTT client's threads included: the budget is never looser than in
+    a helper of its own): a message that takes more kills this process
+    with SIGPROF, even inside C code. The parent restarts the child, which
+    validates that message once more when the broker redelivers it (or the
+    device re-sends it); a message that killed the child twice is refused
+    with code ``timeout`` (``internal`` if it crashed it otherwise) without
+    being validated again.
+    """
+
+    def __init__(self, s: Settings) -> None:
+        from host_tools.ingest import devstatus, validproc
+
+        self.vs = s.validation
+        self.poison = {k: (n, code) for k, n, code in s.poison}
+        self.status_device = devstatus.status_device
+        self.verdict = validproc.verdict
+        self.rejected = validproc.rejected
+        self.budget = float(self.vs.cpu_s)
+        self.counter = 0
+        self.mm: Any = None
+        if s.watch is not None:
+            with open(s.watch, "r+b") as f:
+                self.mm = mmap.mmap(f.fileno(), WATCH_SIZE)
+
+    def __call__(self, topic: str, payload: bytes) -> Any:
+        try:
+            return self._judge(topic, payload)
+        except Exception as exc:  # a bug here must not stop the batcher (nothing would be forwarded)
+            log.exception("judging a message on %s failed unexpectedly", str(topic)[:200])
+            return self.rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc),
+                                 None)
+
+    def _judge(self, topic: str, payload: bytes) -> Any:
+        if self.status_device(topic) is not None:
+            return None  # a device status: the parent records it (host_tools.ingest.devstatus)
+        vs = self.vs
+        sha = None
+        key = b"\0" * 32
+        if len(payload) <= vs.max_bytes:  # larger: refused for its size, before anything reads it
+            h = hashlib.sha256(payload)
+            sha = h.hexdigest()
+            key = message_key(topic, h.digest())
+            bad = self.poison.get(key)
+            if bad is not None and bad[0] >= POISON_DEATHS:
+                return self.rejected(bad[1], "validation took more than %g s of CPU (aggregator.validate_cpu_s)"
+                                     % vs.cpu_s if bad[1] == "timeout" else
+                                     "validating this message crashed the MQTT process", None)
+        mm = self.mm
+        if mm is not None:
+            self.counter += 1
+            tb = topic.encode("utf-8", "replace")[:1024]
+            mm[_WATCH_TOPIC:_WATCH_TOPIC + len(tb)] = tb
+            _WATCH.pack_into(mm, 0, self.counter, 1, key, len(tb), len(payload))
+        # SIGPROF (default action: terminate) after `budget` s of this process's CPU time
+        signal.setitimer(signal.ITIMER_PROF, self.budget)
+        try:
+            return self.verdict(vs, topic, payload, sha)
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            if mm is not None:
+                mm[8] = 0  # not validating any more
 
 
 def _client(s: Settings) -> Any:
@@ -120,8 +239,9 @@ def serve(conn: Connection, s: Settings) -> int:
             if len(inbox) == 1:
                 more.notify()
 
-    cpu = {"forward": 0.0, "acks": 0.0}  # stage timers (thread CPU time); the MQTT client is the rest
+    cpu = {"forward": 0.0, "acks": 0.0, "validate": 0.0}  # stage timers (thread CPU time); the MQTT client is the rest
     forwarded = [0]
+    judge = _Judge(s) if s.validation is not None else None
 
     def batcher() -> None:
         while not closing.is_set():
@@ -132,9 +252,15 @@ def serve(conn: Connection, s: Settings) -> int:
                 inbox.clear()
             if batch:
                 t0 = time.thread_time()
-                send(tuple((t, len(p), mid, q) for t, p, mid, q in batch), [m[1] for m in batch])
+                if judge is not None:
+                    meta = tuple((t, len(p), mid, q, judge(t, p)) for t, p, mid, q in batch)
+                else:
+                    meta = tuple((t, len(p), mid, q, None) for t, p, mid, q in batch)
+                t1 = time.thread_time()
+                send(meta, [m[1] for m in batch])
                 forwarded[0] += len(batch)
-                cpu["forward"] += time.thread_time() - t0
+                cpu["validate"] += t1 - t0
+                cpu["forward"] += time.thread_time() - t1
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
@@ -176,7 +302,7 @@ def serve(conn: Connection, s: Settings) -> int:
             more.notify()
         client.disconnect()  # queued after the PUBACKs and publishes above, so they go out first
         client.loop_stop()
-        cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"])
+        cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"] - cpu["validate"])
         child.log_stage_cpu("MQTT", cpu, forwarded[0])
     return rc
 
@@ -187,8 +313,21 @@ class MQTTProcess:
     ``on_messages`` gets each batch of :class:`Msg` and ``on_event`` each
     connection event (docstring above), both on a receiver thread;
     ``on_event(("exited", returncode))`` when the child's end closes
-    without :meth:`close` having been called.
+    without :meth:`close` having been called, except when it died while
+    validating a message (:class:`_Judge`): then that message is remembered
+    (``poison``), the child restarted, and ``on_event(("restarted", why))``.
+    Five such deaths in a row that are not CPU timeouts are an exit. A
+    child that validates one message for longer than a wall-clock backstop
+    (10 s + 4 budgets) without the CPU timer firing is killed (a timeout).
+
+    ``Msg.mid`` carries the child's generation: after a restart, the
+    acknowledgements of what the dead child received are dropped (with a
+    clean session its packet ids mean other messages now; the broker
+    redelivers, or the devices re-send, what was not acknowledged, and
+    storing is idempotent).
     """
+
+    MAX_RESTARTS = 5  # deaths in a row while validating that were not CPU timeouts
 
     def __init__(self, settings: Settings, on_messages: Callable[[list[Msg]], None],
                  on_event: Callable[[tuple[Any, ...]], None]) -> None:
@@ -202,20 +341,53 @@ class MQTTProcess:
         self._lost_logged = False
         self._reader: Optional[threading.Thread] = None
         self.cpu_s = 0.0  # CPU time of the reader thread spent receiving message batches (stage timer)
+        self.gen = 0  # children started so far (Msg.mid's high bits)
+        self.restarts = 0  # child restarts after a death while validating
+        self.timeouts = 0  # messages refused with code 'timeout' (after their second death)
+        self._deaths = 0  # deaths while validating in a row that were not CPU timeouts
+        self.poison: dict[bytes, tuple[int, str]] = {}  # message key -> (deaths, code)
+        self._watch_path: Optional[str] = None
+        self._mm: Any = None
+        self._backstop_killed = False
 
     def start(self) -> None:
-        self.proc, self.conn = child.spawn("host_tools.ingest.mqttproc", self.settings)
+        if self.settings.validation is not None:
+            fd, self._watch_path = tempfile.mkstemp(prefix="pansketch-mqtt-watch-",
+                                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            os.ftruncate(fd, WATCH_SIZE)
+            self._mm = mmap.mmap(fd, WATCH_SIZE)
+            os.close(fd)
+        self._spawn()
         self._reader = threading.Thread(target=self._read_loop, name="pansketch-mqtt-reader", daemon=True)
         self._reader.start()
+        if self._mm is not None:
+            threading.Thread(target=self._backstop, name="pansketch-mqtt-backstop", daemon=True).start()
+
+    def _spawn(self) -> None:
+        s = dataclasses.replace(self.settings, watch=self._watch_path,
+                                poison=tuple((k, n, c) for k, (n, c) in self.poison.items()))
+        if self._mm is not None:
+            self._mm[:WATCH_SIZE] = bytes(WATCH_SIZE)
+        proc, conn = child.spawn("host_tools.ingest.mqttproc", s)
+        with self._send_lock:
+            self.gen += 1
+            self.proc, self.conn = proc, conn
+            self._backstop_killed = False
 
     @property
     def pid(self) -> Optional[int]:
         return self.proc.pid if self.proc is not None else None
 
     def acknowledge(self, acks: list[tuple[int, int]], publishes: list[tuple[str, bytes]]) -> None:
-        """PUBACK ``(mid, qos)`` pairs, then publish ``(topic, payload)`` at QoS 1 (after a commit)."""
-        if acks or publishes:
-            self._send(("ack", acks, publishes))
+        """PUBACK ``(mid, qos)`` pairs, then publish ``(topic, payload)`` at QoS 1 (after a commit).
+
+        Acknowledgements of messages a dead child received are dropped (see the class docstring)."""
+        with self._send_lock:
+            g = self.gen
+            mask = (1 << GEN_SHIFT) - 1
+            acks = [(mid & mask, q) for mid, q in acks if mid >> GEN_SHIFT == g]
+            if acks or publishes:
+                self._send_locked(("ack", acks, publishes))
 
     def ack(self, mid: int, qos: int) -> None:
         """paho's ``Client.ack``, for host_tools.ingest.devstatus."""
@@ -226,44 +398,74 @@ class MQTTProcess:
         self._closing = True
         if self.proc is None:
             return None
-        self._send(("stop",))
+        with self._send_lock:
+            self._send_locked(("stop",))
+            proc = self.proc
         try:
-            rc = self.proc.wait(timeout)
+            rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            log.error("MQTT process %d did not stop within %.0f s; killing it", self.proc.pid, timeout)
-            self.proc.kill()
-            rc = self.proc.wait()
+            log.error("MQTT process %d did not stop within %.0f s; killing it", proc.pid, timeout)
+            proc.kill()
+            rc = proc.wait()
         if self._reader is not None:
             self._reader.join(5)
         if self.conn is not None:
             self.conn.close()
+        if self._watch_path is not None:
+            try:
+                os.unlink(self._watch_path)
+            except OSError:
+                pass
         return rc
 
-    def _send(self, obj: Any) -> None:
+    def _send_locked(self, obj: Any) -> None:
         assert self.conn is not None
         try:
-            with self._send_lock:
-                self.conn.send(obj)
+            self.conn.send(obj)
         except OSError as exc:  # the child is gone; the reader reports it, the broker redelivers
             if not self._lost_logged:
                 self._lost_logged = True
                 log.warning("cannot reach the MQTT process: %s", exc)
 
+    def _backstop(self) -> None:
+        """Kill a child that has been validating one message for longer than the wall-clock backstop."""
+        assert self._mm is not None
+        limit = 10.0 + 4.0 * float(self.settings.validation.cpu_s)
+        last, since = -1, time.monotonic()
+        while not self._closing:
+            time.sleep(0.25)
+            w = read_watch(self._mm)
+            now = time.monotonic()
+            if not w.validating or w.counter != last:
+                last, since = w.counter if w.validating else -1, now
+                continue
+            proc = self.proc
+            if now - since > limit and proc is not None and proc.poll() is None:
+                log.error("MQTT process %d has been validating one message for %.0f s; killing it",
+                          proc.pid, now - since)
+                self._backstop_killed = True
+                proc.kill()
+                last, since = -1, now
+
     def _read_loop(self) -> None:
-        assert self.conn is not None and self.proc is not None
         rbuf: Optional[bytearray] = None
         while True:
+            assert self.conn is not None and self.proc is not None
+            conn, gen = self.conn, self.gen << GEN_SHIFT
             try:
                 t0 = time.thread_time()
-                fr = child.recv_frame(self.conn, rbuf)
+                fr = child.recv_frame(conn, rbuf)
             except (EOFError, OSError, ValueError):
-                break
+                if self._closing or not self._died_validating():
+                    break
+                rbuf = None
+                continue
             rbuf = fr.buf
             try:
                 if fr.batch:
                     # bytes from here on (the store keeps them): the one copy out of the received frame,
                     # whose buffer is reused for the next batch
-                    msgs = [Msg(m[0], v.tobytes(), m[2], m[3]) for m, v in zip(fr.obj, fr.payloads)]
+                    msgs = [Msg(m[0], v.tobytes(), gen | m[2], m[3], m[4]) for m, v in zip(fr.obj, fr.payloads)]
                     del fr
                     self.cpu_s += time.thread_time() - t0
                     self.on_messages(msgs)
@@ -272,11 +474,55 @@ class MQTTProcess:
             except Exception:  # a bug in one handler must not stop every later message
                 log.exception("handling a message from the MQTT process failed")
         if not self._closing:
+            assert self.proc is not None
             try:
                 rc: Optional[int] = self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 rc = None
             self.on_event(("exited", rc))
+
+    def _died_validating(self) -> bool:
+        """The child's end closed: if it died while validating a message, remember the message and start
+        a new child (True); otherwise False (the aggregator stops)."""
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return False
+        if self._mm is None or self._closing:
+            return False
+        w = read_watch(self._mm)
+        if not w.validating:
+            return False
+        timeout = rc == -signal.SIGPROF or self._backstop_killed
+        if not timeout:
+            self._deaths += 1
+            if self._deaths >= self.MAX_RESTARTS:
+                return False
+        else:
+            self._deaths = 0
+        code = "timeout" if timeout else "internal"
+        n = self.poison.pop(w.key, (0, code))[0] + 1
+        if len(self.poison) >= POISON_MAX:
+            self.poison.pop(next(iter(self.poison)))
+        self.poison[w.key] = (n, code)
+        if n >= POISON_DEATHS and timeout:
+            self.timeouts += 1
+        what = ("took more than %g s of CPU" % self.settings.validation.cpu_s if timeout
+                else "crashed it (%s)" % child.exit_status(rc))
+        log.warning("validating a message on %s (%d bytes) in the MQTT process %d %s; restarting it (%s)",
+                    w.topic[:200], w.size, self.proc.pid, what,
+                    "refused as %s when it comes again" % code if n >= POISON_DEATHS
+                    else "validated once more when it comes again")
+        try:
+            if self.conn is not None:
+                self.conn.close()
+        except OSError:
+            pass
+        self.restarts += 1
+        self._spawn()
+        self.on_event(("restarted", what))
+        return True
 
 
 def main(argv: Optional[list[str]] = None) -> int:

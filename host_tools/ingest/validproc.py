@@ -6,9 +6,12 @@ validated release without its payload: :meth:`Release.state`) or
 ``("rejected", code, reason, dev, seq)`` (``dev``/``seq``: what the
 message's top-level map says, read by host_tools.cborscan as far as its
 bytes are well formed; for the device's acknowledgement and ``status``).
-``Aggregator.validate`` runs it in process; ``pansketch aggregate`` runs
-it here, in a helper process (host_tools/ingest/child.py), so that decoding does
-not compete with the writer for the parent's GIL. The parent sends
+``Aggregator.validate`` runs it in process; with MQTT, ``pansketch
+aggregate`` runs it in the MQTT process (host_tools.ingest.mqttproc, with
+the same CPU budget); with AMQP (host_tools.ingest.amqp, whose client runs
+in the aggregator's process) it runs here, in a helper process
+(host_tools/ingest/child.py), so that decoding does not compete with the
+writer for the parent's GIL. The parent sends
 ``[(topic, size), ...]`` and the payloads in one batch frame
 (:func:`host_tools.ingest.child.send_batch`), which the helper reads
 into one reused buffer and validates in place (no pickling or copying of
@@ -40,7 +43,7 @@ from typing import Any, Optional, Sequence, Union, cast
 
 from host_tools import cborscan
 from host_tools.ingest import child
-from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode
+from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode_state
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -65,17 +68,18 @@ def rejected(code: str, reason: str, payload: Optional[bytes]) -> Verdict:
     return ("rejected", code, reason, dev, seq)
 
 
-def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]) -> Verdict:
+def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview], sha256: Optional[str] = None) -> Verdict:
     """Validate one message (no storage); a validator bug becomes the rejection ``internal``.
 
-    ``payload`` may be a view into the helper's receive buffer (decode reads it in place)."""
+    ``payload`` may be a view into the helper's receive buffer (decode reads it in place); ``sha256``
+    its SHA-256 in hex, if the caller has it."""
     if s.spin_topic is not None and topic == s.spin_topic:
         while True:  # a stand-in for a validation bug that never ends (tests/test_hostile.py)
             pass
     try:
         try:
-            rel = decode(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
-                         topic_filter=s.topic_filter)
+            state = decode_state(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
+                                 topic_filter=s.topic_filter, sha256=sha256)
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
@@ -83,7 +87,7 @@ def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]
             raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
     except Rejected as rej:
         return rejected(rej.code, rej.reason, bytes(payload) if rej.code != "size" else None)
-    return ("ok", rel.state())
+    return ("ok", state)
 
 
 class ValidatorDied(Exception):

@@ -411,8 +411,20 @@ class _Acc:
         self.devices.add(rel.device if hasattr(rel, "device") else rel.dev)
 
 
+class _NeedSavepoints(Exception):
+    """A group put without savepoints met a message that needs one (SQLStore._group)."""
+
+
 class SQLStore:
     """Backend-independent store logic (SQL written with ``?`` placeholders)."""
+
+    # a group is first put without a savepoint per message (two statements fewer each), and again with
+    # them only if one message needs its own rollback (a database error of its own); _changes() counts
+    # the rows written so far on the connection (SQLite: total_changes)
+    _optimistic = False
+
+    def _changes(self) -> int:
+        return 0
 
     path: str
     readonly: bool
@@ -540,10 +552,25 @@ class SQLStore:
         for p in items:
             p.status, p.error = "", None
         seen: dict[str, tuple[Any, ...]] = {}
+        if self._optimistic:
+            try:
+                self._exec_tx(self._put_group, items, log_rejections, seen, False)
+                self._devcache.update(seen)
+                return
+            except _NeedSavepoints:  # rolled back: the group again, a savepoint per message
+                for p in items:
+                    p.status, p.error = "", None
         self._exec_tx(self._group, items, log_rejections, seen)
         self._devcache.update(seen)  # committed: device rows never change once written
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]]) -> None:
+        self._put_group(cur, items, log_rejections, seen, True)
+
+    def _put_group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]],
+                   savepoints: bool) -> None:
+        """``savepoints`` False (SQLite, :attr:`_optimistic`): no savepoint per message; a message whose
+        database error, or whose refusal after it wrote something, needs one raises :class:`_NeedSavepoints`
+        (the transaction is rolled back and the group put again with savepoints)."""
         seen.clear()
         logged = [0, 0]  # rejection, quarantine rows written
         totals: dict[str, list[Any]] = {}
@@ -552,14 +579,21 @@ class SQLStore:
             # one name for every message's savepoint (each is released before the next begins): the
             # same three statement texts each time stay prepared in the connection's statement cache
             sp = "msg"
-            cur.execute("SAVEPOINT " + sp)
+            before = 0
+            if savepoints:
+                cur.execute("SAVEPOINT " + sp)
+            else:
+                before = self._changes()
             try:
                 if p.rel is not None and p.rej is None:
                     if not self._quarantined(cur, p, logged):
                         try:
                             p.status = self._insert(cur, p.rel, p.topic, p.received, seen)
                         except Rejected as rej:
-                            cur.execute("ROLLBACK TO SAVEPOINT " + sp)
+                            if savepoints:
+                                cur.execute("ROLLBACK TO SAVEPOINT " + sp)
+                            elif self._changes() != before:  # a partial write to undo: needs the savepoint
+                                raise _NeedSavepoints()
                             p.rej, p.status = rej, "rejected"
                 else:
                     p.status = "rejected"
@@ -567,10 +601,13 @@ class SQLStore:
                     self._log_rejection(cur, p)
                     self._total(totals, p)
                     logged[0] += 1
-                cur.execute("RELEASE SAVEPOINT " + sp)
+                if savepoints:
+                    cur.execute("RELEASE SAVEPOINT " + sp)
             except self._db_errors as exc:
                 if self._retryable(exc):
                     raise  # locked/deadlock: the whole group is retried
+                if not savepoints:
+                    raise _NeedSavepoints() from exc
                 cur.execute("ROLLBACK TO SAVEPOINT " + sp)
                 cur.execute("RELEASE SAVEPOINT " + sp)
                 p.status, p.error = "error", exc
@@ -1312,6 +1349,11 @@ class Store(SQLStore):
 
     def _retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and _locked(exc)
+
+    _optimistic = True  # SQLStore._group without savepoints first
+
+    def _changes(self) -> int:
+        return self.db.total_changes
 
     def close(self) -> None:
         if self._ckpt is not None:
