@@ -72,9 +72,11 @@ CHUNK_LINES = 1 << 15
 READ_BYTES = 1 << 20
 
 
-def split_lines(buf: bytes, most: int = CHUNK_LINES) -> list[bytes]:
-    """Complete lines ``buf`` cut at line ends into chunks of at most ``most`` lines each (in order)."""
-    n = buf.count(b"\n")
+def split_lines(buf: bytes, most: int = CHUNK_LINES, n: int = -1) -> list[bytes]:
+    """Complete lines ``buf`` (``n`` of them, -1: count them) cut at line ends into chunks of at
+    most ``most`` lines each (in order)."""
+    if n < 0:
+        n = buf.count(b"\n")
     if n <= most:
         return [buf]
     half = buf.rfind(b"\n", 0, len(buf) // 2) + 1  # after a line end in the first half ...
@@ -83,7 +85,8 @@ def split_lines(buf: bytes, most: int = CHUNK_LINES) -> list[bytes]:
     head = buf[:half]
     tail = buf[half:]
     del buf
-    return split_lines(head, most) + split_lines(tail, most)
+    nh = head.count(b"\n")
+    return split_lines(head, most, nh) + split_lines(tail, most, n - nh)
 
 
 class Warner:
