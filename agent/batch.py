@@ -99,7 +99,11 @@ def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> N
     """Add ``vals[i]`` at every row's cell of hash stream i (``buf``: n streams), then wipe."""
     st = np.frombuffer(buf, dtype="<u4").reshape(n, len(buf) // (4 * n))  # row r's word: column r
     words = st[:, :d]
-    idx = (words & 0x3FFFFFFF) % np.uint32(w)  # (n, d) columns, uint32
+    idx: Any  # (n, d) uint32
+    if w & (w - 1):
+        idx = (words & 0x3FFFFFFF) % np.uint32(w)  # (n, d) columns, uint32
+    else:  # w a power of two (<= MAX_CELLS < 2**30) divides 2**30: the column is the low bits
+        idx = words & np.uint32(w - 1)
     idx += np.arange(0, d * w, w, dtype=np.uint32)  # + r*w: cell index (d*w <= MAX_CELLS < 2**32)
     if sk.signed:
         wts = np.where(words >> 31, -vals[:, None], vals[:, None])

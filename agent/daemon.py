@@ -569,6 +569,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
+    # numpy's OpenBLAS starts one thread per core when numpy is imported (agent/bulknoise.py), which
+    # costs about 60 ms of CPU on 2 cores (half of numpy's import); the daemon's numpy work is
+    # elementwise integer arithmetic, never BLAS. An operator's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from agent.pipes import run_main
 
     def body() -> int:

@@ -28,6 +28,11 @@ from agent.noise import wrap32
 # reads bytes, because a 32-bit word would be a heap-allocated big int there.
 _WORDS = sys.implementation.name != "micropython"
 _WORDS4 = struct.Struct("<4I").unpack_from if _WORDS else None  # d = 4, CPython's unrolled update
+# d = 4 and w a power of two up to 2**16 (the default shapes): w divides 2**30, so row r's column is
+# its word's low 16 bits & (w - 1); "H" values are one-digit ints, the byte "B" after them is the
+# word's top byte (sign: bit 7), a cached small int.
+_LOW4 = struct.Struct("<HxxHxxHxxHxx16x").unpack if _WORDS else None  # a whole 32-byte digest
+_LOWSIGN4 = struct.Struct("<HxBHxBHxBHxB16x").unpack if _WORDS else None
 
 INT32_MAX = 0x7FFFFFFF
 INT32_MIN = -0x80000000
@@ -102,10 +107,14 @@ class Sketch:
         # Text items with d <= 8 (one SHA-256 block) take a shortcut with the
         # same bytes as hashing.digest (hash version 1): the hash state of
         # prefix + b"s" is kept (public: the salt is public), CPython copies
-        # it, MicroPython (no copy()) hashes the str directly (no encode).
+        # it (hashing.sha256: CPython's builtin SHA-256 where it has one, a
+        # cheaper object per item than OpenSSL's), MicroPython (no copy())
+        # hashes the str directly (no encode).
         self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
-        self._hs = hashlib.sha256(self._ps) if (_WORDS and self._ps is not None) else None
+        self._hs = hashing.sha256(self._ps) if (_WORDS and self._ps is not None) else None
         self._d4 = d == 4  # CPython's update unrolls the default depth
+        # d = 4 and w a power of two <= 2**16: w - 1 (the unrolled update masks 16-bit row values), else 0
+        self._mask = w - 1 if (d == 4 and w & (w - 1) == 0 and w <= 0x10000) else 0
 
     # -- updates -------------------------------------------------------
     def clip_weight(self, weight):
@@ -141,9 +150,35 @@ class Sketch:
             h.update(item.encode())
             a = self.counters
             w = self.w
-            if self._d4:
-                # d = 4 unrolled (the default shape). ``r`` counts the rows already added: a cell
-                # leaving int32 raises OverflowError before it is stored, and _wrap_rows goes on from it.
+            m = self._mask
+            # d = 4 unrolled (the default shape). ``r`` counts the rows already added: a cell
+            # leaving int32 raises OverflowError before it is stored, and _wrap_rows goes on from it.
+            if m:  # w a power of two <= 2**16: 16-bit row values (see _LOW4)
+                dg = h.digest()
+                r = 0
+                try:
+                    if self.signed:
+                        c0, s0, c1, s1, c2, s2, c3, s3 = _LOWSIGN4(dg)
+                        a[c0 & m] += -weight if s0 > 127 else weight
+                        r = 1
+                        a[w + (c1 & m)] += -weight if s1 > 127 else weight
+                        r = 2
+                        a[w + w + (c2 & m)] += -weight if s2 > 127 else weight
+                        r = 3
+                        a[3 * w + (c3 & m)] += -weight if s3 > 127 else weight
+                    else:
+                        c0, c1, c2, c3 = _LOW4(dg)
+                        a[c0 & m] += weight
+                        r = 1
+                        a[w + (c1 & m)] += weight
+                        r = 2
+                        a[w + w + (c2 & m)] += weight
+                        r = 3
+                        a[3 * w + (c3 & m)] += weight
+                except OverflowError:
+                    self._wrap_rows(_WORDS4(dg), r, weight)
+                return
+            if self._d4:  # any other w: the 30-bit row words
                 u0, u1, u2, u3 = _WORDS4(h.digest())
                 r = 0
                 try:

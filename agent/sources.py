@@ -10,7 +10,7 @@ daemon's main thread touches the Recorder. A batch holds raw events for
 the few milliseconds until it is counted into the noisy sketch; nothing
 else keeps them, and sources keep no counters (DESIGN.md: an intruder
 reading memory must not learn exact counts). The reading loops drop their
-references to the bytes just read (``del data, chunk``) before blocking
+references to the bytes just read (``del data, chunks``) before blocking
 for more input, so the last lines are not kept alive while the input is
 quiet. (CPython does not wipe freed memory: the bytes may remain in the
 heap until reused. LimitCORE=0 in the systemd unit keeps them out of core
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import sys
 import threading
 import time
@@ -49,7 +50,7 @@ class RawLines:
     """Complete input lines as read (``raw`` sources): the daemon's batch path
     (agent.batch.add_raw) splits, counts and hashes them in bulk, and parses
     them with :func:`parse_lines` only when they hold a TAB, a CR or non-ASCII
-    bytes. At most READ_CHUNK bytes: the exposure window of one chunk."""
+    bytes. At most CHUNK_LINES lines: the exposure window of one chunk."""
 
     __slots__ = ("data",)
 
@@ -59,11 +60,33 @@ class RawLines:
 
 QueueItem = Union[Batch, RawLines, None, SourceFailed]
 
-# Bytes per read, so per chunk: the most raw lines (and events) one add_many counts at once, and the
-# most whose exact per-line totals exist at once (docs/PRIVACY.md "The intruder's view";
-# tests/test_feed_chunks.py states the bound). Raw lines in flight are more: the daemon's queue
+# Lines per chunk: the most raw lines (and so events) one add_many counts at once, and the most whose
+# exact per-line totals exist at once (docs/PRIVACY.md "The intruder's view"; tests/test_feed_chunks.py
+# states the bound). A chunk is cut after at most CHUNK_LINES newlines; the unfinished last line of an
+# input (no newline before EOF) is a chunk of its own. Raw lines in flight are more: the daemon's queue
 # (maxsize 8, agent/daemon.py) plus the chunk being counted and the one the reader is putting.
-READ_CHUNK = 1 << 16
+CHUNK_LINES = 1 << 15
+# Bytes per read (so at most this plus one unfinished line per chunk). A read returns what is
+# available: a file gives READ_BYTES at once, a pipe what its buffer holds (64 KiB on Linux), to which
+# the stdin reader adds what else is already waiting (no batching delay: it never waits for more).
+READ_BYTES = 1 << 20
+
+
+def split_lines(buf: bytes, most: int = CHUNK_LINES, n: int = -1) -> list[bytes]:
+    """Complete lines ``buf`` (``n`` of them, -1: count them) cut at line ends into chunks of at
+    most ``most`` lines each (in order)."""
+    if n < 0:
+        n = buf.count(b"\n")
+    if n <= most:
+        return [buf]
+    half = buf.rfind(b"\n", 0, len(buf) // 2) + 1  # after a line end in the first half ...
+    if half <= 0:
+        half = buf.find(b"\n", len(buf) // 2) + 1  # ... or the first one after it (a long first line)
+    head = buf[:half]
+    tail = buf[half:]
+    del buf
+    nh = head.count(b"\n")
+    return split_lines(head, most, nh) + split_lines(tail, most, n - nh)
 
 
 class Warner:
@@ -152,23 +175,59 @@ class Source:
 
 
 class FdLineReader:
-    """Split raw reads from a file descriptor into complete-line chunks."""
+    """Split raw reads from a file descriptor into chunks of complete lines (:func:`split_lines`)."""
 
     def __init__(self) -> None:
         self.rest = b""
 
-    def feed(self, data: bytes) -> bytes:
-        buf = self.rest + data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self.rest + data if self.rest else data
+        cut = buf.rfind(b"\n") + 1
+        if not cut:
             self.rest = buf
-            return b""
-        self.rest = buf[cut + 1:]
-        return buf[: cut + 1]
+            return []
+        self.rest = buf[cut:]
+        if cut < len(buf):
+            buf = buf[:cut]
+        return split_lines(buf)
 
     def tail(self) -> bytes:
         out, self.rest = self.rest, b""
         return out
+
+
+def _waiting(fd: int) -> bool:
+    """True if a read of ``fd`` would not block now (more input, or its end)."""
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):  # not pollable here: hand over what was read
+        return False
+
+
+def read_available(fd: int) -> tuple[bytes, bool]:
+    """One read of up to READ_BYTES (blocking until there is input), plus what else is already
+    waiting in a pipe, up to READ_BYTES in all. Returns (data, at_end): ``at_end`` when the input
+    ended (``data`` may still hold its last bytes)."""
+    data = os.read(fd, READ_BYTES)
+    if not data:
+        return data, True
+    if len(data) >= READ_BYTES or not _waiting(fd):
+        return data, False
+    parts = [data]
+    have = len(data)
+    at_end = False
+    while have < READ_BYTES:
+        more = os.read(fd, READ_BYTES - have)
+        if not more:
+            at_end = True
+            break
+        parts.append(more)
+        have += len(more)
+        if not _waiting(fd):
+            break
+    data = b"".join(parts)
+    del parts
+    return data, at_end
 
 
 class StdinSource(Source):
@@ -182,14 +241,14 @@ class StdinSource(Source):
 
     def run(self) -> None:
         rd = FdLineReader()
-        while not self.stopping.is_set():
-            data = os.read(self.fd, READ_CHUNK)  # returns what is available: no batching delay
-            if not data:
-                break
-            chunk = rd.feed(data)
-            if chunk:
-                self.put_lines(chunk)
-            del data, chunk  # do not hold the last lines while blocked in the next read
+        at_end = False
+        while not at_end and not self.stopping.is_set():
+            data, at_end = read_available(self.fd)  # what is available now: no batching delay
+            chunks = rd.feed(data)
+            del data
+            while chunks:
+                self.put_lines(chunks.pop(0))
+            del chunks  # do not hold the last lines while blocked in the next read
         tail = rd.tail()
         if tail:
             self.put_lines(tail)
@@ -234,13 +293,14 @@ class FileSource(Source):
             rd = FdLineReader()
             try:
                 while not self.stopping.is_set():
-                    data = os.read(fd, READ_CHUNK)
+                    data = os.read(fd, READ_BYTES)
                     if not data:
                         break
-                    chunk = rd.feed(data)
-                    if chunk:
-                        self.put_lines(chunk)
-                    del data, chunk
+                    chunks = rd.feed(data)
+                    del data
+                    while chunks:
+                        self.put_lines(chunks.pop(0))
+                    del chunks
             finally:
                 os.close(fd)
             tail = rd.tail()
@@ -262,13 +322,14 @@ class FileSource(Source):
         pos = os.lseek(fd, 0, os.SEEK_CUR)
         try:
             while not self.stopping.is_set():
-                data = os.read(fd, READ_CHUNK)
+                data = os.read(fd, READ_BYTES)
                 if data:
                     pos += len(data)
-                    chunk = rd.feed(data)
-                    if chunk:
-                        self.put_lines(chunk)
-                    del data, chunk  # nothing read stays referenced while following
+                    chunks = rd.feed(data)
+                    del data
+                    while chunks:
+                        self.put_lines(chunks.pop(0))
+                    del chunks  # nothing read stays referenced while following
                     continue
                 # at EOF: rotated (new inode) or truncated?
                 try:

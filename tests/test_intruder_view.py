@@ -61,7 +61,7 @@ REC_ATTRS = {
     "last_persist": "public", "_redraw": "public", "_unrenamed": "public",
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
-SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "_d4", "arrays"}
+SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "_d4", "_mask", "arrays"}
 # kind dcs (agent/dcs.DyadicSketch): all public parameters or derived from them (the level hash prefixes)
 DCS_ATTRS = {"kind", "b", "d", "w", "clip", "levels", "map", "exact", "prefixes", "_words"}
 RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public"}

@@ -8,6 +8,7 @@ agent/hashing.py; tests/test_mp_core.py checks that path against the MicroPython
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -31,11 +32,14 @@ def events(n: int, seed: int) -> list:
     return [(rnd.choice(pool), rnd.choice((1, 1, 1, -1, 3, -4, 0, 1 << 20))) for _ in range(n)]
 
 
-@pytest.mark.parametrize("kind,d,w", [("cms", 4, 2048), ("cs", 4, 2048), ("cs", 4, 100), ("cms", 3, 64), ("cs", 9, 32)])
+@pytest.mark.parametrize("kind,d,w", [("cms", 4, 2048), ("cs", 4, 2048), ("cs", 4, 100), ("cms", 3, 64), ("cs", 9, 32),
+                                      ("cs", 4, 1 << 16), ("cms", 4, 1 << 16), ("cs", 4, 1 << 17), ("cms", 4, 2)])
 def test_update_equals_portable_path(kind, d, w):
+    """d = 4 with w a power of two <= 2**16 takes the 16-bit row values (``_mask``), other shapes the 30-bit words."""
     fast = Sketch(kind, d, w, PREFIX, clip=5)
     ref = portable(kind, d, w, 5)
     assert (fast._hs is not None) == (d <= 8) and fast._d4 == (d == 4)
+    assert fast._mask == (w - 1 if d == 4 and w in (2, 2048, 1 << 16) else 0)
     for x, v in events(6000, d * w):
         fast.update(x, v)
         c = ref.clip_weight(v)
@@ -46,10 +50,10 @@ def test_update_equals_portable_path(kind, d, w):
 
 
 @pytest.mark.parametrize("kind", ["cms", "cs"])
-def test_unrolled_update_wraps_from_the_row_that_overflowed(kind):
+@pytest.mark.parametrize("w", [16, 12])  # the 16-bit (power of two) and the 30-bit unrolled path
+def test_unrolled_update_wraps_from_the_row_that_overflowed(kind, w):
     """Cells near +-2**31: rows overflow in every position, also mid-event (earlier rows already
     added). Reference: plain ints reduced mod 2**32 per cell (what MicroPython's array store does)."""
-    w = 16
     fast = Sketch(kind, 4, w, PREFIX, clip=1 << 30)
     ref = [0x7FFFFFFF - (i % 3) if i % 2 else -0x80000000 + (i % 3) for i in range(4 * w)]
     for i, v in enumerate(ref):
@@ -67,3 +71,25 @@ def test_unrolled_update_wraps_from_the_row_that_overflowed(kind):
         fast.update(x, v)
         assert list(fast.counters) == ref, k
     assert wrapped > 100  # the wrap path really ran
+
+
+def test_builtin_sha256_gives_hashlibs_bytes_and_falls_back_without_it():
+    """hashing.sha256 is CPython's builtin SHA-256 (_sha2 / _sha256) where it exists: same digests as
+    hashlib's (copied states included); without the builtin module it is hashlib.sha256."""
+    import hashlib
+    import subprocess
+    import sys
+
+    for data in (b"", b"abc", PREFIX + b"s" + "ü-x".encode(), bytes(range(256)) * 3):
+        h = hashing.sha256(data[:7])
+        c = h.copy()
+        c.update(data[7:])
+        assert c.digest() == hashlib.sha256(data).digest() == hashing.sha256(data).digest()
+        assert h.digest() == hashlib.sha256(data[:7]).digest()  # the copy left the original alone
+    code = ("import sys, hashlib; sys.modules['_sha2'] = None; sys.modules['_sha256'] = None\n"
+            "from agent import hashing; assert hashing.sha256 is hashlib.sha256, hashing.sha256\n"
+            "from agent.sketch import Sketch\n"
+            "s = Sketch('cs', 4, 64, hashing.salt_prefix('x')); s.update('a'); print(sum(map(abs, s.counters)))")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "4"
