@@ -174,25 +174,61 @@ class Source:
             self.put(parse_lines(data, self.warn))
 
 
-class FdLineReader:
-    """Split raw reads from a file descriptor into chunks of complete lines (:func:`split_lines`)."""
+MAX_LINE = READ_BYTES  # bytes of one input line before its newline; a longer line is skipped
 
-    def __init__(self) -> None:
+
+class FdLineReader:
+    """Split raw reads from a file descriptor into chunks of complete lines (:func:`split_lines`).
+
+    The unfinished last line is carried over to the next read, up to MAX_LINE bytes: a line
+    longer than that is skipped, with a rate-limited warning that names no content, and its
+    bytes are dropped up to its newline (input without newlines costs bounded memory and time,
+    not a buffer that grows and is copied on every read). Every read is at most READ_BYTES =
+    MAX_LINE, so a line that starts and ends within one read is never too long."""
+
+    def __init__(self, warn: Optional[Callable[[str, str], None]] = None) -> None:
         self.rest = b""
+        self.skipping = False  # inside a line longer than MAX_LINE: drop bytes up to its newline
+        self.warn = warn
+
+    def _skip(self) -> None:
+        self.rest = b""
+        if self.warn is not None:
+            self.warn("long", "skipped an input line longer than %d bytes" % MAX_LINE)
 
     def feed(self, data: bytes) -> list[bytes]:
+        if self.skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return []
+            self.skipping = False
+            data = data[nl + 1:]
         buf = self.rest + data if self.rest else data
         cut = buf.rfind(b"\n") + 1
         if not cut:
-            self.rest = buf
+            if len(buf) > MAX_LINE:
+                self._skip()
+                self.skipping = True
+            else:
+                self.rest = buf
             return []
+        if self.rest:
+            first = buf.find(b"\n")  # the carried-over line ends here
+            if first > MAX_LINE:
+                buf = buf[first + 1:]
+                cut -= first + 1
+                self._skip()
         self.rest = buf[cut:]
+        if len(self.rest) > MAX_LINE:
+            self._skip()
+            self.skipping = True
         if cut < len(buf):
             buf = buf[:cut]
-        return split_lines(buf)
+        return split_lines(buf) if cut else []
 
     def tail(self) -> bytes:
         out, self.rest = self.rest, b""
+        self.skipping = False
         return out
 
 
@@ -240,7 +276,7 @@ class StdinSource(Source):
         self.fd = sys.stdin.fileno() if fd is None else fd
 
     def run(self) -> None:
-        rd = FdLineReader()
+        rd = FdLineReader(self.warn)
         at_end = False
         while not at_end and not self.stopping.is_set():
             data, at_end = read_available(self.fd)  # what is available now: no batching delay
@@ -290,7 +326,7 @@ class FileSource(Source):
                 fd = os.open(self.path, os.O_RDONLY)
             except OSError as exc:
                 raise OSError("cannot open %s: %s" % (self.path, exc.strerror))
-            rd = FdLineReader()
+            rd = FdLineReader(self.warn)
             try:
                 while not self.stopping.is_set():
                     data = os.read(fd, READ_BYTES)
@@ -318,7 +354,7 @@ class FileSource(Source):
         if opened is None:
             return
         fd, st = opened
-        rd = FdLineReader()
+        rd = FdLineReader(self.warn)
         pos = os.lseek(fd, 0, os.SEEK_CUR)
         try:
             while not self.stopping.is_set():

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from agent.config import ConfigError, SourceConfig, field_path
-from agent.sources import EOF, FileSource, MqttSource, StdinSource, Warner, extract, parse_lines
+from agent import sources
+from agent.sources import EOF, FdLineReader, FileSource, MqttSource, StdinSource, Warner, extract, parse_lines
 
 
 def collect(q: "queue.Queue", until_eof: bool = True, timeout: float = 5.0, want: int | None = None):
@@ -62,6 +63,29 @@ def test_stdin_source_joins_lines_split_across_reads():
     os.close(r)
     assert eof
     assert items == ["alpha", "beta", "gamma"] and weights == [1, 2, 1]
+
+
+def test_a_line_longer_than_max_line_is_skipped_and_memory_stays_bounded(monkeypatch):
+    """Input without newlines used to grow the carried-over line without limit (and copy it on every
+    read). Lines up to MAX_LINE bytes are counted, longer ones are skipped with one warning that
+    names no content, whether they end in the read that started them, a later one, or never;
+    the carried-over bytes never exceed MAX_LINE."""
+    monkeypatch.setattr(sources, "MAX_LINE", 16)
+    logged = []
+    rd = FdLineReader(Warner(logged.append))
+    out = []
+    for data in (b"ok1\n" + b"x" * 10, b"y" * 10, b"z" * 30, b"still\nok2\npart", b"ial\n" + b"q" * 17):
+        out += rd.feed(data)
+        assert len(rd.rest) <= 16
+    out += rd.feed(b"\n" + b"a" * 16 + b"\nlast")
+    out.append(rd.tail())
+    assert b"".join(out).split(b"\n") == [b"ok1", b"ok2", b"partial", b"a" * 16, b"last"]
+    assert len(logged) == 1 and "longer than 16 bytes" in logged[0]
+    assert not any(c * 5 in logged[0] for c in "xyzq")
+    # a carried-over line that ends within MAX_LINE is kept, one that ends past it is skipped
+    rd = FdLineReader()
+    assert rd.feed(b"k" * 10) == [] and rd.feed(b"k" * 6 + b"\n") == [b"k" * 16 + b"\n"]
+    assert rd.feed(b"m" * 10) == [] and rd.feed(b"m" * 7 + b"\nn\n") == [b"n\n"]
 
 
 def test_file_source_once(tmp_path):
