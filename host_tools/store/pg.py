@@ -158,7 +158,7 @@ $f$
 # checks read the rows stored before the statement, so releases of one group must not depend on each other.
 _PUT_MANY_FN = """
 CREATE OR REPLACE FUNCTION pansketch_put_many(%(args)s) RETURNS text[] LANGUAGE plpgsql AS $f$
-DECLARE res text[]; miss bigint[]; j bigint; r record; dv record;
+DECLARE res text[]; ok boolean[]; miss bigint[]; j bigint; r record; dv record;
 BEGIN
   BEGIN
     -- a new device's parameters are those of its first release (key order), as release by release
@@ -168,20 +168,24 @@ BEGIN
            AS t(device, salt, hv, kind, d, w, ep_s, received, i)
      ORDER BY t.device, t.i
     ON CONFLICT (device) DO NOTHING;
-    WITH t AS (SELECT * FROM unnest(a_device, a_elo, a_ehi, a_part, a_mode, a_L, a_win_s, a_salt, a_hv, a_kind,
-                                    a_d, a_w, a_ep_s) WITH ORDINALITY
-                        AS t(device, elo, ehi, part, mode, L, win_s, salt, hv, kind, d, w, ep_s, i)),
-    ok AS (SELECT t.i FROM t JOIN devices x ON x.device = t.device
-                  LEFT JOIN LATERAL (SELECT y.mode, y.L, y.win_s FROM releases y WHERE y.device = t.device LIMIT 1)
-                       sh ON true
-            WHERE (x.salt, x.hv, x.kind, x.d, x.w, x.ep_s) IS NOT DISTINCT FROM (t.salt, t.hv, t.kind, t.d, t.w, t.ep_s)
-              AND (sh.mode IS NULL OR ((sh.mode = 'tree') = (t.mode = 'tree')
-                                       AND (t.mode <> 'tree' OR (sh.L = t.L AND sh.win_s = t.win_s))))),
-    ins AS (INSERT INTO releases (%(cols)s)
-            SELECT %(cols)s FROM unnest(%(arrays)s) WITH ORDINALITY AS u(%(cols)s, i)
-             WHERE u.i IN (SELECT ok.i FROM ok) ORDER BY u.i
-            ON CONFLICT (device, elo, ehi, part) DO NOTHING RETURNING device, elo, ehi, part)
-    SELECT coalesce(array_agg(t.i ORDER BY t.i), '{}') INTO miss FROM t
+    -- which releases pass the device and shape checks (a mask by position: the insert below then reads the
+    -- arrays in their order, key order, with no sort of the wide rows: ORDER BY over a group's payloads
+    -- spilled them to a temporary file)
+    SELECT array_agg(coalesce((x.salt, x.hv, x.kind, x.d, x.w, x.ep_s)
+                                IS NOT DISTINCT FROM (t.salt, t.hv, t.kind, t.d, t.w, t.ep_s), false)
+                     AND (sh.mode IS NULL OR coalesce((sh.mode = 'tree') = (t.mode = 'tree')
+                                                      AND (t.mode <> 'tree' OR (sh.L = t.L AND sh.win_s = t.win_s)),
+                                                      false))
+                     ORDER BY t.i) INTO ok
+      FROM unnest(a_device, a_mode, a_L, a_win_s, a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) WITH ORDINALITY
+           AS t(device, mode, L, win_s, salt, hv, kind, d, w, ep_s, i)
+      LEFT JOIN devices x ON x.device = t.device
+      LEFT JOIN LATERAL (SELECT y.mode, y.L, y.win_s FROM releases y WHERE y.device = t.device LIMIT 1) sh ON true;
+    WITH ins AS (INSERT INTO releases (%(cols)s)
+                 SELECT %(cols)s FROM unnest(%(arrays)s) WITH ORDINALITY AS u(%(cols)s, i) WHERE ok[u.i]
+                 ON CONFLICT (device, elo, ehi, part) DO NOTHING RETURNING device, elo, ehi, part)
+    SELECT coalesce(array_agg(t.i ORDER BY t.i), '{}') INTO miss
+      FROM unnest(a_device, a_elo, a_ehi, a_part) WITH ORDINALITY AS t(device, elo, ehi, part, i)
      WHERE NOT EXISTS (SELECT 1 FROM ins WHERE (ins.device, ins.elo, ins.ehi, ins.part) = (t.device, t.elo, t.ehi, t.part));
     res := array_fill('stored'::text, ARRAY[cardinality(a_device)]);
     FOREACH j IN ARRAY miss LOOP  -- (each statement reads what committed meanwhile: another aggregator's key)
