@@ -154,10 +154,13 @@ $f$
 # stored: duplicate or conflict; else device parameters; else shape). Returns one result per release, as
 # pansketch_put's, or NULL when the statement failed (a database error on some release: the caller puts the
 # group release by release, each in its own subtransaction); deadlocks and serialisation failures propagate.
+# work_mem: unnest(...) of a group's columns is materialised (a function scan), about 4 MB for 256 releases of
+# 16.6 KB; with the default 4 MB it went to a temporary file and back (IO:BufFileWrite).
 # The caller passes releases in key order with distinct keys and, per device, one shape (PgStore._group): the
 # checks read the rows stored before the statement, so releases of one group must not depend on each other.
 _PUT_MANY_FN = """
-CREATE OR REPLACE FUNCTION pansketch_put_many(%(args)s) RETURNS text[] LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION pansketch_put_many(%(args)s) RETURNS text[] LANGUAGE plpgsql
+SET work_mem = '64MB' AS $f$
 DECLARE res text[]; ok boolean[]; miss bigint[]; j bigint; r record; dv record;
 BEGIN
   BEGIN
