@@ -627,6 +627,17 @@ def _warm(dsn: str, msgs: list[tuple[str, bytes]]) -> int:
     return len(group)
 
 
+def _checkpoint(dsn: str) -> None:
+    """A CHECKPOINT before each timed PostgreSQL run: otherwise the checkpoint the previous runs' WAL
+    (about 250 MB each) triggered ran in the background of whichever run came next (the middle run of
+    a round, 2 aggregators, more often than the others: 'postgres background' 8-10 us per release there
+    against 1-3), flushing and fsyncing their pages beside it."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CHECKPOINT")
+
+
 def bench_pg(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[str, Any]:
     """PostgreSQL ingest with each number of aggregators in ``--pg-aggregators``, ``--rounds`` rounds,
     interleaved with the bare subscriber (the peer) in every round; a fresh database per run."""
@@ -645,6 +656,7 @@ def bench_pg(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> di
             already = _warm(dsn, msgs) if args.pg_warm else 0
             with open(os.path.join(srv.data, "postmaster.pid")) as f:
                 pg_pid = int(f.readline())
+            _checkpoint(srv.dsn())
             load = os.getloadavg()[0]
             with PgWatch(srv.dsn(), name) as watch:
                 ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=dsn, aggregators=k,
