@@ -466,3 +466,133 @@ def test_a_device_keeps_one_tree_shape_on_postgresql(dsn, tmp_path):
     out = agg.handle(topic("win"), tree[0])
     assert out.status == "rejected" and out.code == "device" and "tree shape" in (out.reason or ""), out
     agg.close()
+
+
+def _group_outcomes(dsn: str, tmp_path: Any, per_release: bool, monkeypatch: Any) -> tuple[Any, ...]:
+    """One prepared database, then one group mixing every outcome; returns the statuses, the reasons and what
+    the database holds. ``per_release``: without the set-based statement (every release through pansketch_put)."""
+    import psycopg
+
+    from host_tools.store import pg
+    from tests.test_tree_query import E0 as TE0
+    from tests.test_tree_query import record_epochs, tparams
+
+    if per_release:
+        monkeypatch.setattr(pg, "_set_rows", lambda todo: ([], list(todo)))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("ALTER DATABASE %s SET track_functions = 'pl'" % dsn.rsplit("/", 1)[1])
+    agg = Aggregator(_cfg(dsn))
+    e = T0 // 3600
+    pa, pb = params("ga", w=16), params("gb", w=16)
+    pw = params("gt", w=128)  # window releases, then one tree node of the same kind, d, w
+    tree = record_epochs(tparams("gt"), str(tmp_path / ("t%d" % per_release)), [["x"]] * 2, seed="t", start=TE0 + 64)
+    mixed = record_epochs(tparams("gm"), str(tmp_path / ("m%d" % per_release)), [["x"]] * 2, seed="m", start=TE0 + 64)
+    first = [(pa, 0, e, 1), (pb, 0, e, 1)] + [(pw, k, TE0 + k, 0) for k in range(3)]
+    items = [agg.validate(topic(p.device), encoded(p, seq=s, elo=el, fill=f)) for p, s, el, f in first]
+    agg.store.commit_group(items)
+    assert [x.status for x in items] == ["stored"] * 5
+    group = [(topic("ga"), encoded(pa, seq=0, elo=e, fill=1)),  # 0 duplicate of a stored release
+             (topic("ga"), encoded(pa, seq=5, elo=e, fill=9)),  # 1 conflict with stored seq 0
+             (topic("ga"), encoded(pa, seq=1, elo=e + 1, fill=2)),  # 2 stored
+             (topic("ga"), encoded(pa, seq=1, elo=e + 1, fill=2)),  # 3 its re-send in the same group: duplicate
+             (topic("gb"), encoded(pb, seq=7, elo=e + 1, fill=4)),  # 4 stored (first of its key in arrival order)
+             (topic("gb"), encoded(pb, seq=1, elo=e + 1, fill=3)),  # 5 same key, other bytes: conflict
+             (topic("gc"), encoded(params("gc", w=16), seq=0, elo=e)),  # 6 new device: stored
+             (topic("gc"), encoded(params("gc", w=32), seq=1, elo=e + 1)),  # 7 its parameters changed: device
+             (topic("gb"), encoded(params("gb", w=32), seq=2, elo=e + 2)),  # 8 device (a known device)
+             (topic("ga"), encoded(params("ga", w=32), seq=6, elo=e)),  # 9 key stored, other bytes: conflict first
+             (topic("gt"), tree[0]),  # 10 tree node of a device of window releases: device (shape)
+             (topic("gm"), encoded(params("gm", w=128), seq=0, elo=TE0)),  # 11 new device, window then tree:
+             (topic("gm"), mixed[0]),  # 12 ... the first in key order decides: device (shape)
+             (topic("gn"), encoded(params("gn", w=16), seq=0, elo=e, fill=5))]  # 13 stored
+    items = [agg.validate(t, raw) for t, raw in group]
+    agg.store.commit_group(items)
+    agg.close()
+    statuses = [x.status if x.rej is None else "%s:%s" % (x.status, x.rej.code) for x in items]
+    reasons = [x.rej.reason if x.rej is not None else None for x in items]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        rows = c.execute("SELECT device, elo, ehi, part, seq, sha256 FROM releases ORDER BY 1, 2, 3, 4").fetchall()
+        devs = c.execute("SELECT device, salt, hv, kind, d, w, ep_s FROM devices ORDER BY 1").fetchall()
+        dups = c.execute("SELECT device, elo, ehi, part FROM duplicates ORDER BY 1, 2, 3, 4").fetchall()
+        deadline = time.monotonic() + 30
+        while True:  # the aggregator's session reported its function calls when it ended
+            calls = dict(c.execute("SELECT funcname, calls FROM pg_stat_user_functions").fetchall())
+            if calls or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    return statuses, reasons, rows, devs, dups, calls
+
+
+def test_set_based_group_put_classifies_as_release_by_release(server, tmp_path, monkeypatch):
+    """A group goes to PostgreSQL in one set-based statement (pansketch_put_many), only the releases
+    that did not insert classified one by one: stored, duplicate, conflict, device parameters and tree
+    shape come out exactly as storing the group release by release (pansketch_put, in key order), in
+    the statuses, the reasons and the rows; a re-send in the same group, and a device mixing shapes,
+    go release by release after the statement."""
+    set_based = _group_outcomes(server.create_database("t%d" % next(_N)), tmp_path, False, monkeypatch)
+    monkeypatch.undo()
+    by_release = _group_outcomes(server.create_database("t%d" % next(_N)), tmp_path, True, monkeypatch)
+    assert set_based[0] == ["duplicate", "rejected:conflict", "stored", "duplicate", "stored", "rejected:conflict",
+                            "stored", "rejected:device", "rejected:device", "rejected:conflict", "rejected:device",
+                            "stored", "rejected:device", "stored"]
+    assert "stored seq 0, this seq 5" in set_based[1][1] and "stored seq 7, this seq 1" in set_based[1][5]
+    assert "stored seq 0, this seq 6" in set_based[1][9] and "w 16 -> 32" in set_based[1][7]
+    assert "tree shape" in set_based[1][10] and "tree shape" in set_based[1][12]
+    assert set_based[:5] == by_release[:5]
+    # one set-based statement per group; the later copies of a key in the group (1, 9 after 0; 3; 5) and
+    # the device mixing shapes (11, 12) went alone
+    assert set_based[5].get("pansketch_put_many") == 2 and set_based[5].get("pansketch_put") == 6, set_based[5]
+    assert "pansketch_put_many" not in by_release[5] and by_release[5].get("pansketch_put") == 5 + 14
+
+
+def _racer(dsn: str, payloads: list[tuple[str, bytes]], start: Any, out: "mp.Queue[Any]") -> None:
+    agg = Aggregator(_cfg(dsn))
+    items = [agg.validate(t, raw) for t, raw in payloads]
+    start.wait()
+    agg.store.commit_group(items)
+    out.put([(x.rel.key if x.rel else None, x.rel.sha256 if x.rel else None, x.status,
+              x.rej.code if x.rej else None) for x in items])
+    agg.close()
+
+
+def test_concurrent_set_based_groups_classify_each_key_once(dsn):
+    """Two aggregators store groups with the same keys at the same moment, half of them with the same
+    bytes and half with other bytes (noise re-drawn): each key is stored once, and every other copy
+    is a duplicate exactly when its bytes are the stored ones, else a conflict (a key the other
+    aggregator inserted while this statement ran is classified against the committed row)."""
+    import psycopg
+
+    e = T0 // 3600
+    for rnd in range(3):
+        mine = [(topic("cr%d" % dv), encoded(params("cr%d" % dv, w=16), seq=rnd * 8 + k, elo=e + rnd * 8 + k,
+                                             fill=dv * 10 + k)) for dv in range(8) for k in range(8)]
+        theirs = [(t, raw if i % 2 else encoded(params("cr%d" % (i // 8), w=16), seq=rnd * 8 + i % 8,
+                                                 elo=e + rnd * 8 + i % 8, fill=1000 + i))
+                  for i, (t, raw) in enumerate(mine)]
+        ctx = mp.get_context("fork")
+        q: "mp.Queue[Any]" = ctx.Queue()
+        start = ctx.Event()
+        procs = [ctx.Process(target=_racer, args=(dsn, o, start, q)) for o in (mine, list(reversed(theirs)))]
+        for p in procs:
+            p.start()
+        time.sleep(0.5)
+        start.set()
+        results = [q.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        with psycopg.connect(dsn, autocommit=True) as c:
+            stored = {(r[0], r[1], r[2], r[3]): r[4] for r in c.execute(
+                "SELECT device, elo, ehi, part, sha256 FROM releases WHERE elo >= %s", (e + rnd * 8,))}
+        assert len(stored) == len(mine)
+        seen: dict[Any, int] = {}
+        for key, sha, status, code in (x for r in results for x in r):
+            assert key is not None and key in stored
+            if status == "stored":
+                assert stored[key] == sha
+                seen[key] = seen.get(key, 0) + 1
+            elif stored[key] == sha:
+                assert status == "duplicate", (key, status, code)
+            else:
+                assert (status, code) == ("rejected", "conflict"), (key, status, code)
+        assert set(seen) == set(stored) and set(seen.values()) == {1}

@@ -25,6 +25,19 @@ database, not a process, enforces:
   (SQLSTATE 40P01, 40001) that still happens rolls the group back and
   retries it.
 
+A group's releases go to the server in one set-based statement
+(``pansketch_put_many``: the new devices' rows, then one ``INSERT ...
+SELECT FROM unnest(...) ON CONFLICT DO NOTHING`` of every release that
+passes the device and shape checks), in one subtransaction for the whole
+group; only the releases that did not insert are classified one by one.
+A re-sent key in the same group and a device mixing shapes in it go
+release by release after it (``pansketch_put``), and so does the whole
+group when the statement fails (a database error on one release: each
+then in its own subtransaction, and only that one is refused). One
+subtransaction per release (a savepoint each) made every group of more
+than 64 releases overflow the session's subtransaction cache, and cost
+the server a function call, three probes and a savepoint per release.
+
 Each group commit is one transaction (``synchronous_commit`` as the server
 is configured: on by default, so a commit is durable before the
 aggregator acknowledges). A broken connection is re-opened on the next
@@ -135,6 +148,164 @@ $f$
        "vals": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
 
 
+# A whole group in one round trip and one subtransaction (the EXCEPTION block): the new devices' rows, then
+# every release that passes the device and shape checks in one INSERT ... SELECT FROM unnest(...) ON CONFLICT
+# DO NOTHING. Only the releases that did not insert are classified one by one, in pansketch_put's order (key
+# stored: duplicate or conflict; else device parameters; else shape). Returns one result per release, as
+# pansketch_put's, or NULL when the statement failed (a database error on some release: the caller puts the
+# group release by release, each in its own subtransaction); deadlocks and serialisation failures propagate.
+# work_mem: unnest(...) of a group's columns is materialised (a function scan), about 4 MB for 256 releases of
+# 16.6 KB; with the default 4 MB it went to a temporary file and back (IO:BufFileWrite).
+# The caller passes releases in key order with distinct keys and, per device, one shape (PgStore._group): the
+# checks read the rows stored before the statement, so releases of one group must not depend on each other.
+_PUT_MANY_FN = """
+CREATE OR REPLACE FUNCTION pansketch_put_many(%(args)s) RETURNS text[] LANGUAGE plpgsql
+SET work_mem = '64MB' AS $f$
+DECLARE res text[]; ok boolean[]; miss bigint[]; j bigint; r record; dv record;
+BEGIN
+  BEGIN
+    -- a new device's parameters are those of its first release (key order), as release by release
+    INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received)
+    SELECT DISTINCT ON (t.device) t.device, t.salt, t.hv, t.kind, t.d, t.w, t.ep_s, t.received
+      FROM unnest(a_device, a_salt, a_hv, a_kind, a_d, a_w, a_ep_s, a_received) WITH ORDINALITY
+           AS t(device, salt, hv, kind, d, w, ep_s, received, i)
+     ORDER BY t.device, t.i
+    ON CONFLICT (device) DO NOTHING;
+    -- which releases pass the device and shape checks (a mask by position: the insert below then reads the
+    -- arrays in their order, key order, with no sort of the wide rows: ORDER BY over a group's payloads
+    -- spilled them to a temporary file)
+    SELECT array_agg(coalesce((x.salt, x.hv, x.kind, x.d, x.w, x.ep_s)
+                                IS NOT DISTINCT FROM (t.salt, t.hv, t.kind, t.d, t.w, t.ep_s), false)
+                     AND (sh.mode IS NULL OR coalesce((sh.mode = 'tree') = (t.mode = 'tree')
+                                                      AND (t.mode <> 'tree' OR (sh.L = t.L AND sh.win_s = t.win_s)),
+                                                      false))
+                     ORDER BY t.i) INTO ok
+      FROM unnest(a_device, a_mode, a_L, a_win_s, a_salt, a_hv, a_kind, a_d, a_w, a_ep_s) WITH ORDINALITY
+           AS t(device, mode, L, win_s, salt, hv, kind, d, w, ep_s, i)
+      LEFT JOIN devices x ON x.device = t.device
+      LEFT JOIN LATERAL (SELECT y.mode, y.L, y.win_s FROM releases y WHERE y.device = t.device LIMIT 1) sh ON true;
+    WITH ins AS (INSERT INTO releases (%(cols)s)
+                 SELECT %(cols)s FROM unnest(%(arrays)s) WITH ORDINALITY AS u(%(cols)s, i) WHERE ok[u.i]
+                 ON CONFLICT (device, elo, ehi, part) DO NOTHING RETURNING device, elo, ehi, part)
+    SELECT coalesce(array_agg(t.i ORDER BY t.i), '{}') INTO miss
+      FROM unnest(a_device, a_elo, a_ehi, a_part) WITH ORDINALITY AS t(device, elo, ehi, part, i)
+     WHERE NOT EXISTS (SELECT 1 FROM ins WHERE (ins.device, ins.elo, ins.ehi, ins.part) = (t.device, t.elo, t.ehi, t.part));
+    res := array_fill('stored'::text, ARRAY[cardinality(a_device)]);
+    FOREACH j IN ARRAY miss LOOP  -- (each statement reads what committed meanwhile: another aggregator's key)
+      SELECT x.sha256, x.seq INTO r FROM releases x
+       WHERE x.device = a_device[j] AND x.elo = a_elo[j] AND x.ehi = a_ehi[j] AND x.part = a_part[j];
+      IF FOUND THEN
+        IF r.sha256 = a_sha256[j] THEN
+          INSERT INTO duplicates (device, elo, ehi, part, received)
+          VALUES (a_device[j], a_elo[j], a_ehi[j], a_part[j], a_received[j]);
+          res[j] := 'duplicate';
+        ELSE
+          res[j] := 'conflict:' || r.seq;
+        END IF;
+        CONTINUE;
+      END IF;
+      SELECT x.salt, x.hv, x.kind, x.d, x.w, x.ep_s INTO dv FROM devices x WHERE x.device = a_device[j];
+      IF (dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s) IS DISTINCT FROM
+         (a_salt[j], a_hv[j], a_kind[j], a_d[j], a_w[j], a_ep_s[j]) THEN
+        res[j] := 'device:' || json_build_array(dv.salt, dv.hv, dv.kind, dv.d, dv.w, dv.ep_s)::text;
+        CONTINUE;
+      END IF;
+      SELECT x.mode, x.L, x.win_s INTO dv FROM releases x WHERE x.device = a_device[j] LIMIT 1;
+      IF FOUND AND ((dv.mode = 'tree') <> (a_mode[j] = 'tree')
+                    OR (a_mode[j] = 'tree' AND (dv.L <> a_L[j] OR dv.win_s <> a_win_s[j]))) THEN
+        res[j] := 'shape:' || json_build_array(dv.mode, dv.L, dv.win_s)::text;
+        CONTINUE;
+      END IF;
+      res[j] := 'error:XX000:release key neither inserted nor found';
+    END LOOP;
+    RETURN res;
+  EXCEPTION WHEN OTHERS THEN
+    IF SQLSTATE IN ('40P01', '40001', '55P03') THEN
+      RAISE;
+    END IF;
+    RETURN NULL;
+  END;
+END
+$f$
+""" % {"args": ", ".join("a_%s %s[]" % tuple(a.split(" ", 1)) for a in _PUT_ARGS),
+       "cols": ", ".join(a.split()[0] for a in _PUT_ARGS),
+       "arrays": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
+_PUT_MANY_CALL = "SELECT pansketch_put_many(%s)" % ", ".join("%%b::%s[]" % a.split(" ", 1)[1] for a in _PUT_ARGS)
+
+# Binary one-dimensional arrays of pansketch_put_many's columns, built in one pass per column: psycopg's list
+# dumper walks every element in Python (about 70 us per release of a group's 37 columns, more than the
+# server spends storing it). (element type oid, array type oid, struct code of a fixed-size element or None)
+_ARRAY_TYPES = {"bigint": (20, 1016, "q"), "double precision": (701, 1022, "d"), "text": (25, 1009, None),
+                "bytea": (17, 1001, None)}
+_COL_TYPES = [_ARRAY_TYPES[a.split(" ", 1)[1]] for a in _PUT_ARGS]
+
+
+class _PgArray:
+    """A binary PostgreSQL array, ready to send (``oid``: its array type)."""
+
+    __slots__ = ("oid", "data")
+
+    def __init__(self, oid: int, data: bytes) -> None:
+        self.oid, self.data = oid, data
+
+
+def _pg_array(values: Sequence[Any], elem: int, oid: int, fixed: Optional[str]) -> _PgArray:
+    """``values`` (None: NULL) as a binary array (the wire format of array_send)."""
+    import struct
+
+    import numpy as np
+
+    nulls = any(v is None for v in values)
+    head = struct.pack(">iiiii", 1, int(nulls), elem, len(values), 1)
+    if fixed is not None and not nulls:  # (length 8, value) pairs, big-endian, in one numpy pass
+        a = np.empty(len(values), dtype=[("n", ">i4"), ("v", ">" + ("i8" if fixed == "q" else "f8"))])
+        a["n"] = 8
+        a["v"] = values
+        return _PgArray(oid, head + a.tobytes())
+    parts = [head]
+    texts: dict[Any, bytes] = {}  # a group repeats a few strings (device, kind, salt, ...): each encoded once
+    for v in values:
+        if v is None:
+            parts.append(b"\xff\xff\xff\xff")
+        elif fixed is not None:
+            parts.append(struct.pack(">i" + fixed, 8, v))
+        elif isinstance(v, str):
+            b = texts.get(v)
+            if b is None:
+                e = v.encode()
+                b = texts[v] = struct.pack(">i", len(e)) + e
+            parts.append(b)
+        else:
+            parts += [struct.pack(">i", len(v)), v]
+    return _PgArray(oid, b"".join(parts))
+
+
+def _put_many_params(rows: Sequence[Pending]) -> list[_PgArray]:
+    cols = zip(*[_put_args(p) for p in rows])
+    return [_pg_array(c, elem, oid, fixed) for c, (elem, oid, fixed) in zip(cols, _COL_TYPES)]
+
+
+def _register_arrays(conn: Any) -> None:
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class ArrayDumper(Dumper):
+        format = Format.BINARY
+
+        def dump(self, obj: Any) -> bytes:
+            return obj.data  # type: ignore[no-any-return]
+
+        def get_key(self, obj: Any, format: Any) -> Any:
+            return (_PgArray, obj.oid)
+
+        def upgrade(self, obj: Any, format: Any) -> "Dumper":
+            d = ArrayDumper(_PgArray)
+            d.oid = obj.oid
+            return d
+
+    conn.adapters.register_dumper(_PgArray, ArrayDumper)
+
+
 def _setup_id() -> str:
     """Names this code's PostgreSQL set-up (tables, columns, storage, indexes, functions): a database
     whose meta 'pg_setup' holds it is opened without any DDL."""
@@ -145,7 +316,7 @@ def _setup_id() -> str:
         code = inspect.getsource(PgStore._init_schema)
     except (OSError, TypeError):  # no source (a frozen install): the DDL text alone
         code = ""
-    text = "\n".join(pg_schema()) + _PUT_FN + code
+    text = "\n".join(pg_schema()) + _PUT_FN + _PUT_MANY_FN + code
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -192,6 +363,7 @@ class PgStore(SQLStore):
         except psycopg.Error as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StoreError("cannot connect to PostgreSQL at %s: %s" % (self.path, msg))
+        _register_arrays(self.conn)
         if self.readonly:
             self.conn.execute("SET default_transaction_read_only = on")
         else:
@@ -255,6 +427,7 @@ class PgStore(SQLStore):
         for (name,) in cur.fetchall():
             cur.execute('ALTER TABLE rollups DROP CONSTRAINT "%s"' % name.replace('"', '""'))
         cur.execute(_PUT_FN)
+        cur.execute(_PUT_MANY_FN)
         cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
                     (str(SCHEMA_VERSION),))
         cur.execute("SELECT value FROM meta WHERE key = 'rollups'")
@@ -266,8 +439,9 @@ class PgStore(SQLStore):
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool,
                seen: dict[str, tuple[Any, ...]]) -> None:
-        """The group in a few round trips: every release through pansketch_put (pipelined), then the
-        rejections, then the roll-ups."""
+        """The group in a few round trips: its releases in one set-based pansketch_put_many (the rest, and
+        all of them when that fails, through pansketch_put, pipelined), then the rejections, then the
+        roll-ups."""
         seen.clear()
         logged = [0, 0]
         totals: dict[str, list[Any]] = {}
@@ -281,17 +455,33 @@ class PgStore(SQLStore):
         # instead of deadlocking (each deadlock stalled both for deadlock_timeout, 1 s, and the loser's
         # group was rolled back and stored again: two aggregators ran slower than one)
         todo.sort(key=_key_order)
-        if todo:
+        together, alone = _set_rows(todo)
+        try:
+            params = _put_many_params(together) if together else None
+        except (OverflowError, ValueError, TypeError):  # a value no array column holds: release by release,
+            params, together, alone = None, [], todo   # where the server refuses that release alone
+        if params is not None:
+            cur.execute(_PUT_MANY_CALL, params)
+            results = cur.fetchone()[0]
+            if results is None:  # a database error on some release: each in its own subtransaction
+                together, alone = [], todo
+            elif len(results) != len(together):
+                raise StoreError("pansketch_put_many returned %d results for %d releases"
+                                 % (len(results), len(together)))
+            else:
+                for p, res in zip(together, results):
+                    _apply_result(p, res)
+        if alone:
             cur.executemany("SELECT pansketch_put(%s)" % ", ".join(["%s"] * len(_PUT_ARGS)),
-                            [_put_args(p) for p in todo], returning=True)
-            results: list[str] = []
+                            [_put_args(p) for p in alone], returning=True)
+            results = []
             while True:
                 results.append(cur.fetchone()[0])
                 if not cur.nextset():
                     break
-            if len(results) != len(todo):
-                raise StoreError("pansketch_put returned %d results for %d releases" % (len(results), len(todo)))
-            for p, res in zip(todo, results):
+            if len(results) != len(alone):
+                raise StoreError("pansketch_put returned %d results for %d releases" % (len(results), len(alone)))
+            for p, res in zip(alone, results):
                 _apply_result(p, res)
         rej = [p for p in items if p.status == "rejected" and p.rej is not None]
         if log_rejections and rej:
@@ -341,9 +531,11 @@ class PgStore(SQLStore):
             cur.executemany("INSERT INTO rollup_noise (rollup, mech, num, den, count) VALUES (%s, %s, %s, %s, %s) "
                             "ON CONFLICT (rollup, mech, num, den) DO UPDATE "
                             "SET count = rollup_noise.count + excluded.count", noise)
-        if devs:
-            cur.executemany("INSERT INTO rollup_devices (rollup, device) VALUES (%s, %s) "
-                            "ON CONFLICT (rollup, device) DO NOTHING", devs)
+        if devs:  # a row per device and window: one statement, not one per row
+            cur.execute("INSERT INTO rollup_devices (rollup, device) SELECT * FROM unnest(%b::bigint[], %b::text[]) "
+                        "ON CONFLICT (rollup, device) DO NOTHING",
+                        [_pg_array([r for r, _d in devs], *_ARRAY_TYPES["bigint"]),
+                         _pg_array([d for _r, d in devs], *_ARRAY_TYPES["text"])])
 
     def _meta(self, key: str) -> Optional[str]:
         try:
@@ -369,6 +561,33 @@ def _key_order(p: Pending) -> tuple[Any, ...]:
     rel = p.rel
     assert rel is not None
     return rel.key
+
+
+def _set_rows(todo: list[Pending]) -> tuple[list[Pending], list[Pending]]:
+    """``todo`` (in key order) split into what pansketch_put_many stores in one statement and what goes
+    release by release after it. That statement checks every release against the rows stored before it,
+    so it takes only releases that do not depend on each other: the first of each key (a re-sent copy in
+    the same group goes after it, and is then a duplicate or a conflict), and only devices whose releases
+    in the group have one shape (tree or not, L, win_s; a device mixing them goes release by release, in
+    key order, so the first stored decides as it always did)."""
+    shapes: dict[str, set[tuple[Any, ...]]] = {}
+    for p in todo:
+        rel = p.rel
+        assert rel is not None
+        tree = rel.mode == "tree"
+        shapes.setdefault(rel.dev, set()).add((tree, rel.L if tree else 0, rel.win_s if tree else 0))
+    together: list[Pending] = []
+    alone: list[Pending] = []
+    last: Any = None
+    for p in todo:
+        rel = p.rel
+        assert rel is not None
+        if len(shapes[rel.dev]) > 1 or rel.key == last:
+            alone.append(p)
+        else:
+            together.append(p)
+        last = rel.key
+    return together, alone
 
 
 def _put_args(p: Pending) -> tuple[Any, ...]:

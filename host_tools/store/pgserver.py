@@ -87,7 +87,8 @@ class PgServer:
         return list(args)
 
     @classmethod
-    def start(cls, fsync: bool = False, max_connections: int = 100) -> "PgServer":
+    def start(cls, fsync: bool = False, max_connections: int = 100,
+              settings: Optional[dict[str, str]] = None) -> "PgServer":
         bindir = binaries()
         if bindir is None:
             raise FileNotFoundError(MISSING)
@@ -105,6 +106,8 @@ class PgServer:
             subprocess.run(["cp", "-a", tmpl, srv.data], check=True, stderr=subprocess.PIPE, timeout=120)
             srv.opts = opts = ("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=%s -c max_connections=%d "
                     "-c shared_buffers=64MB" % (srv.port, root, "on" if fsync else "off", max_connections))
+            opts += "".join(" -c %s=%s" % kv for kv in sorted((settings or {}).items()))
+            srv.opts = opts
             subprocess.run(srv._cmd(os.path.join(bindir, "pg_ctl"), "-D", srv.data, "-l",
                                     os.path.join(root, "server.log"), "-o", opts, "-w", "-t", "60", "start"),
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
