@@ -151,3 +151,29 @@ def test_acks_of_a_dead_childs_messages_are_dropped():
     assert theirs.recv() == ("ack", [(8, 1), (7, 1)], [("t/ack", b"x")])
     mp.acknowledge([(1 << GEN_SHIFT | 9, 1)], [])  # nothing left to send
     assert not theirs.poll(0.2)
+
+
+@pytest.mark.parametrize("code", ["timeout", "internal"])
+def test_poison_refusal_names_dev_and_seq(tmp_path, code):
+    """A message refused as poison (it killed the MQTT process twice) is still refused with the dev and
+    seq its bytes name: the aggregator acknowledges a refusal by seq (docs/FORMAT.md section 7), and a
+    device never told 'bad' re-sends the poison forever."""
+    import dataclasses
+    import hashlib
+
+    from host_tools.ingest import mqttproc, validproc
+
+    p = params("pi-poison")
+    payload = encoded(p, seq=41)
+    t = topic("pi-poison")
+    key = mqttproc.message_key(t, hashlib.sha256(payload).digest())
+    watch = tmp_path / "watch"
+    watch.write_bytes(bytes(mqttproc.WATCH_SIZE))
+    s = mqttproc.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=5),
+                          watch=str(watch), poison=((key, mqttproc.POISON_DEATHS, code),))
+    v = mqttproc._Judge(s)(t, payload)
+    assert v[:2] == ("rejected", code) and v[3:] == ("pi-poison", 41), v
+    # killed once more while reading dev/seq for the refusal: refused without reading anything
+    s = dataclasses.replace(s, poison=((key, mqttproc.POISON_DEATHS + 1, code),))
+    v = mqttproc._Judge(s)(t, payload)
+    assert v[:2] == ("rejected", code) and v[3:] == (None, None), v

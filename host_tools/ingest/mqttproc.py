@@ -165,9 +165,18 @@ class _Judge:
             key = message_key(topic, h.digest())
             bad = self.poison.get(key)
             if bad is not None and bad[0] >= POISON_DEATHS:
-                return self.rejected(bad[1], "validation took more than %g s of CPU (aggregator.validate_cpu_s)"
-                                     % vs.cpu_s if bad[1] == "timeout" else
-                                     "validating this message crashed the MQTT process", None)
+                reason = ("validation took more than %g s of CPU (aggregator.validate_cpu_s)" % vs.cpu_s
+                          if bad[1] == "timeout" else "validating this message crashed the MQTT process")
+                if bad[0] > POISON_DEATHS:  # it killed the process once more while dev/seq were read below
+                    return self.rejected(bad[1], reason, None)
+                # the refusal names the dev and seq the bytes give (the device is acknowledged by seq,
+                # docs/FORMAT.md section 7; never told, it would re-send this forever): read by the
+                # bounded reader, watched and under the budget like validation
+                return self._watched(topic, payload, key, lambda: self.rejected(bad[1], reason, payload))
+        return self._watched(topic, payload, key, lambda: self.verdict(vs, topic, payload, sha))
+
+    def _watched(self, topic: str, payload: bytes, key: bytes, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with the message recorded in the watch file and the CPU budget armed."""
         mm = self.mm
         if mm is not None:
             self.counter += 1
@@ -177,7 +186,7 @@ class _Judge:
         # SIGPROF (default action: terminate) after `budget` s of this process's CPU time
         signal.setitimer(signal.ITIMER_PROF, self.budget)
         try:
-            return self.verdict(vs, topic, payload, sha)
+            return fn()
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
             if mm is not None:
