@@ -177,3 +177,65 @@ def test_poison_refusal_names_dev_and_seq(tmp_path, code):
     s = dataclasses.replace(s, poison=((key, mqttproc.POISON_DEATHS + 1, code),))
     v = mqttproc._Judge(s)(t, payload)
     assert v[:2] == ("rejected", code) and v[3:] == (None, None), v
+
+
+def test_acks_from_before_a_reconnect_are_not_sent_on_the_new_connection(tmp_path):
+    """One MQTT process, a clean session: its connection is taken over and it reconnects. A message received
+    before (packet id 1) and acknowledged after the reconnect must not PUBACK the new session's packet id 1,
+    another message that is not stored yet (with Receive Maximum 1 the broker would then send the next)."""
+    import threading
+    import time
+
+    import paho.mqtt.client as mqtt
+
+    from host_tools.hostconfig import BrokerConfig
+    from host_tools.ingest.mqttproc import MQTTProcess, Msg, Settings
+
+    b = start_mosquitto(tmp_path)
+    got: list[Msg] = []
+    events: list[tuple] = []
+    cond = threading.Condition()
+
+    def on_messages(ms: list[Msg]) -> None:
+        with cond:
+            got.extend(ms)
+            cond.notify_all()
+
+    def on_event(ev: tuple) -> None:
+        with cond:
+            events.append(ev)
+            cond.notify_all()
+
+    def until(pred, t: float = 15.0) -> None:
+        with cond:
+            assert cond.wait_for(pred, t), (got, events)
+
+    s = Settings(BrokerConfig(host="127.0.0.1", port=b.port, reconnect_min_s=1, reconnect_max_s=1), "rc-agg",
+                 (("rc/#", 1),), False, 0, 1)
+    mp = MQTTProcess(s, on_messages, on_event)
+    mp.start()
+    try:
+        until(lambda: ("subscribed", None) in events)
+        publish_all(b.port, [("rc/a", b"A")], client_id="rc-pub1")
+        until(lambda: len(got) == 1)
+        kick = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="rc-agg", protocol=mqtt.MQTTv5)
+        kick.connect("127.0.0.1", b.port)  # takes the session over: the MQTT process is disconnected
+        kick.loop_start()
+        time.sleep(0.5)
+        kick.disconnect()
+        kick.loop_stop()
+        until(lambda: events.count(("subscribed", None)) == 2)
+        publish_all(b.port, [("rc/b", b"B")], client_id="rc-pub2")
+        until(lambda: len(got) == 2)
+        assert got[0].mid & 0xFFFF == got[1].mid & 0xFFFF == 1  # the same packet id in both sessions
+        mp.acknowledge([(got[0].mid, 1)], [])  # A stored: its ack is from the old connection
+        publish_all(b.port, [("rc/c", b"C")], client_id="rc-pub3")
+        time.sleep(2.0)
+        with cond:
+            assert len(got) == 2, "B was PUBACKed by A's acknowledgement before it was stored: %r" % got
+        mp.acknowledge([(got[1].mid, 1)], [])  # B stored: now the broker may send C
+        until(lambda: len(got) == 3)
+        assert got[2].payload == b"C"
+    finally:
+        mp.close()
+        b.stop()

@@ -85,7 +85,10 @@ class Settings:
     poison: tuple[tuple[bytes, int, str], ...] = ()  # (message key, deaths, code) of messages that killed a child
 
 
-GEN_SHIFT = 32  # Msg.mid = child generation << GEN_SHIFT | MQTT packet id (acks of a dead child's messages are dropped)
+GEN_SHIFT = 32  # Msg.mid = child generation << GEN_SHIFT | connection << EPOCH_SHIFT | MQTT packet id (acks of a dead child's messages, or from before a reconnect, are dropped)
+EPOCH_SHIFT = 16  # below GEN_SHIFT: Msg.mid's bits 16..31 are the child's connection (MQTT packet ids are 16 bits)
+EPOCH_MASK = (1 << (GEN_SHIFT - EPOCH_SHIFT)) - 1
+PID_MASK = (1 << EPOCH_SHIFT) - 1
 POISON_DEATHS = 2  # a message that killed the child this many times is refused without validating it again
 POISON_MAX = 1024  # messages remembered as poison (each cost a CPU budget and a restart; bounded anyway)
 _WATCH = struct.Struct("=QB32sHI")  # counter, validating (0/1), message key, topic length, payload size
@@ -218,6 +221,17 @@ def serve(conn: Connection, s: Settings) -> int:
     inbox: list[tuple[str, bytes, int, int]] = []
     more = threading.Condition()
     closing = threading.Event()
+    # the connection a message came on: Msg.mid = ... | epoch << EPOCH_SHIFT | packet id. A packet id names a
+    # message only on its connection (after a clean-session reconnect the same id is another message, not
+    # stored yet): an ack from before a reconnect is dropped (the message comes again; storing is idempotent).
+    # Changed by the network thread on connect and disconnect, under ack_lock, which the ack loop holds
+    # from its check to paho's queueing of the PUBACK (a reconnect clears what paho had queued).
+    epoch = [0]
+    ack_lock = threading.Lock()
+
+    def new_epoch() -> None:
+        with ack_lock:
+            epoch[0] = (epoch[0] + 1) & EPOCH_MASK
 
     def send(event: tuple[Any, ...], payloads: Optional[list[bytes]] = None) -> None:
         """An event (pickled), or with ``payloads`` a batch frame whose meta is ``event``."""
@@ -231,6 +245,7 @@ def serve(conn: Connection, s: Settings) -> int:
             closing.set()
 
     def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
+        new_epoch()
         if rc.is_failure:
             send(("refused", str(rc)))
             return
@@ -244,7 +259,7 @@ def serve(conn: Connection, s: Settings) -> int:
     def on_message(_c: Any, _u: Any, m: Any) -> None:
         # the network thread only queues; the batcher pickles and sends
         with more:
-            inbox.append((m.topic, m.payload, m.mid, m.qos))
+            inbox.append((m.topic, m.payload, epoch[0] << EPOCH_SHIFT | m.mid, m.qos))
             if len(inbox) == 1:
                 more.notify()
 
@@ -274,7 +289,11 @@ def serve(conn: Connection, s: Settings) -> int:
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
-    client.on_disconnect = lambda _c, _u, _f, rc, _p: send(("disconnected", str(rc)))
+    def on_disconnect(_c: Any, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        new_epoch()
+        send(("disconnected", str(rc)))
+
+    client.on_disconnect = on_disconnect
     client.on_connect_fail = lambda _c, _u: send(("connect_failed",))
     if s.verbose:
         client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
@@ -297,8 +316,11 @@ def serve(conn: Connection, s: Settings) -> int:
                 break
             if cmd[0] == "ack":
                 t0 = time.thread_time()
-                for mid, qos in cmd[1]:
-                    client.ack(mid, qos)
+                with ack_lock:
+                    e = epoch[0]
+                    for mid, qos in cmd[1]:
+                        if mid >> EPOCH_SHIFT == e:  # else received on an earlier connection: dropped
+                            client.ack(mid & PID_MASK, qos)
                 for topic, payload in cmd[2]:
                     client.publish(topic, payload, qos=1)
                 cpu["acks"] += time.thread_time() - t0
