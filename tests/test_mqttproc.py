@@ -239,3 +239,41 @@ def test_acks_from_before_a_reconnect_are_not_sent_on_the_new_connection(tmp_pat
     finally:
         mp.close()
         b.stop()
+
+
+def test_backstop_never_kills_the_successor_of_a_process_that_died_validating(tmp_path):
+    """The wall-clock backstop times the message the watch file shows. A restarted MQTT process that is
+    validating its own first message (counter 1 again) must get its own time, not inherit the dead
+    process's: killing it would make the aggregator stop (not validating any more when its death is seen)."""
+    import mmap
+    import time
+
+    from host_tools.ingest import mqttproc, validproc
+
+    s = mqttproc.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=0.01))
+    mp = mqttproc.MQTTProcess(s, lambda _m: None, lambda _e: None)
+    path = tmp_path / "watch"
+    path.write_bytes(bytes(mqttproc.WATCH_SIZE))
+    with open(path, "r+b") as f:
+        mp._mm = mmap.mmap(f.fileno(), mqttproc.WATCH_SIZE)
+    old = subprocess.Popen(["sleep", "60"])
+    new = subprocess.Popen(["sleep", "60"])
+    try:
+        mp.proc = old
+        mqttproc._WATCH.pack_into(mp._mm, 0, 1, 1, b"k" * 32, 0, 10)  # validating its message 1
+        import threading
+
+        threading.Thread(target=mp._backstop, daemon=True).start()
+        time.sleep(9.0)  # the limit is 10 s + 4 budgets
+        old.kill()
+        old.wait()
+        with mp._send_lock:  # what _spawn does: the new process, validating its own message 1
+            mp.proc = new
+        time.sleep(3.0)
+        assert new.poll() is None, "the backstop killed the new process after %.1f s of its message" % 3.0
+    finally:
+        mp._closing = True
+        for p in (old, new):
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -463,19 +463,23 @@ class MQTTProcess:
         assert self._mm is not None
         limit = 10.0 + 4.0 * float(self.settings.validation.cpu_s)
         last, since = -1, time.monotonic()
+        last_proc: Any = None
         while not self._closing:
             time.sleep(0.25)
+            proc = self.proc  # before the watch: a restart clears the watch, then replaces the process
             w = read_watch(self._mm)
             now = time.monotonic()
-            if not w.validating or w.counter != last:
-                last, since = w.counter if w.validating else -1, now
+            if not w.validating or w.counter != last or proc is not last_proc:
+                last, since, last_proc = w.counter if w.validating else -1, now, proc
                 continue
-            proc = self.proc
-            if now - since > limit and proc is not None and proc.poll() is None:
-                log.error("MQTT process %d has been validating one message for %.0f s; killing it",
-                          proc.pid, now - since)
-                self._backstop_killed = True
-                proc.kill()
+            if now - since > limit and proc is not None:
+                with self._send_lock:  # the lock _spawn replaces the process under: never a successor
+                    if proc is not self.proc or proc.poll() is not None:
+                        continue
+                    log.error("MQTT process %d has been validating one message for %.0f s; killing it",
+                              proc.pid, now - since)
+                    self._backstop_killed = True
+                    proc.kill()
                 last, since = -1, now
 
     def _read_loop(self) -> None:
