@@ -474,12 +474,13 @@ class MQTTProcess:
                 continue
             if now - since > limit and proc is not None:
                 with self._send_lock:  # the lock _spawn replaces the process under: never a successor
-                    if proc is not self.proc or proc.poll() is not None:
+                    p: subprocess.Popen[bytes] = proc
+                    if p is not self.proc or p.poll() is not None:
                         continue
                     log.error("MQTT process %d has been validating one message for %.0f s; killing it",
-                              proc.pid, now - since)
+                              p.pid, now - since)
                     self._backstop_killed = True
-                    proc.kill()
+                    p.kill()
                 last, since = -1, now
 
     def _read_loop(self) -> None:
