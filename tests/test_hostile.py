@@ -463,8 +463,7 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
 
 def test_cpu_budget_refusal_names_dev_and_seq():
     """With AMQP (the validation helper): a message refused with code 'timeout' names the dev and seq its
-    bytes give, so the device is acknowledged with 'bad' (docs/FORMAT.md section 7) instead of re-sending
-    it forever."""
+    bytes give, as every refusal does where they are readable (the rejection row, pansketch status)."""
     spin = "pansketch/spin-dev/release"
     vp = ValidatorProcess(Settings(None, 1 << 20, cpu_s=0.2, spin_topic=spin))
     vp.start()

@@ -155,9 +155,9 @@ def test_acks_of_a_dead_childs_messages_are_dropped():
 
 @pytest.mark.parametrize("code", ["timeout", "internal"])
 def test_poison_refusal_names_dev_and_seq(tmp_path, code):
-    """A message refused as poison (it killed the MQTT process twice) is still refused with the dev and
-    seq its bytes name: the aggregator acknowledges a refusal by seq (docs/FORMAT.md section 7), and a
-    device never told 'bad' re-sends the poison forever."""
+    """A message refused as poison (it killed the MQTT process twice) is refused with the dev and seq its
+    bytes name, as every refusal is where they are readable (the rejection row; pansketch status counts
+    that seq as refused, not as lost)."""
     import dataclasses
     import hashlib
 

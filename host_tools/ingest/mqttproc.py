@@ -172,9 +172,10 @@ class _Judge:
                           if bad[1] == "timeout" else "validating this message crashed the MQTT process")
                 if bad[0] > POISON_DEATHS:  # it killed the process once more while dev/seq were read below
                     return self.rejected(bad[1], reason, None)
-                # the refusal names the dev and seq the bytes give (the device is acknowledged by seq,
-                # docs/FORMAT.md section 7; never told, it would re-send this forever): read by the
-                # bounded reader, watched and under the budget like validation
+                # the refusal names the dev and seq the bytes give, as every refusal does where they are
+                # readable (the rejection row; pansketch status counts that seq as refused; a timeout is
+                # not acknowledged to the device, aggregator._ack_entry): read by the bounded reader,
+                # watched and under the budget like validation
                 return self._watched(topic, payload, key, lambda: self.rejected(bad[1], reason, payload))
         return self._watched(topic, payload, key, lambda: self.verdict(vs, topic, payload, sha))
 

@@ -183,8 +183,8 @@ class ValidatorProcess:
             self.timeouts += 1
             log.warning("validating a message on %s (%d bytes) took more than %g s of CPU: refused (timeout), "
                         "validation process restarted", str(topic)[:200], len(payload), self.settings.cpu_s)
-            # the dev and seq its bytes give (cborscan.peek: bounded on any bytes, as in Store.reject): the
-            # device is acknowledged by seq (docs/FORMAT.md section 7); never told, it re-sends this forever
+            # the dev and seq its bytes give, as every refusal names them where readable (the rejection
+            # row, pansketch status); cborscan.peek is bounded on any bytes (Store.reject runs it here too)
             return [rejected("timeout", "validation took more than %g s of CPU (aggregator.validate_cpu_s)"
                              % self.settings.cpu_s, payload if len(payload) <= self.settings.max_bytes else None)]
         log.error("the validation process died on a message on %s (%s); refused, process restarted",
