@@ -356,7 +356,9 @@ class MQTTProcess:
     acknowledgements of what the dead child received are dropped (with a
     clean session its packet ids mean other messages now; the broker
     redelivers, or the devices re-send, what was not acknowledged, and
-    storing is idempotent).
+    storing is idempotent). It also carries the child's connection to the
+    broker (bits 16..31, :func:`serve`): the child drops acknowledgements of
+    what it received before it reconnected, for the same reason.
     """
 
     MAX_RESTARTS = 5  # deaths in a row while validating that were not CPU timeouts
