@@ -397,16 +397,29 @@ class MQTTProcess:
         if self._mm is not None:
             threading.Thread(target=self._backstop, name="pansketch-mqtt-backstop", daemon=True).start()
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> bool:
+        """Start a child (False, and none started, once :meth:`close` was called after the first).
+
+        All under the lock acknowledgements are sent under: the old end is closed here, so no
+        acknowledgement is being written to it (its descriptor number may be the new socket's), and
+        close() either stops the new child or sees that none was started."""
         s = dataclasses.replace(self.settings, watch=self._watch_path,
                                 poison=tuple((k, n, c) for k, (n, c) in self.poison.items()))
-        if self._mm is not None:
-            self._mm[:WATCH_SIZE] = bytes(WATCH_SIZE)
-        proc, conn = child.spawn("host_tools.ingest.mqttproc", s)
         with self._send_lock:
+            if self._closing and self.proc is not None:
+                return False
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except OSError:
+                    pass
+            if self._mm is not None:
+                self._mm[:WATCH_SIZE] = bytes(WATCH_SIZE)
+            proc, conn = child.spawn("host_tools.ingest.mqttproc", s)
             self.gen += 1
             self.proc, self.conn = proc, conn
             self._backstop_killed = False
+        return True
 
     @property
     def pid(self) -> Optional[int]:
@@ -553,13 +566,9 @@ class MQTTProcess:
                     w.topic[:200], w.size, self.proc.pid, what,
                     "refused as %s when it comes again" % code if n >= POISON_DEATHS
                     else "validated once more when it comes again")
-        try:
-            if self.conn is not None:
-                self.conn.close()
-        except OSError:
-            pass
+        if not self._spawn():  # stopping meanwhile
+            return False
         self.restarts += 1
-        self._spawn()
         self.on_event(("restarted", what))
         return True
 
