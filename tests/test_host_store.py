@@ -220,3 +220,25 @@ def test_group_without_savepoints_unless_one_message_needs_its_own_rollback(tmp_
     assert st.release_count() == 5 and [d[0] for d in st.devices()] == ["sp"]  # boom's device row rolled back
     st.close()
     a.close()
+
+
+def test_a_device_row_rolled_back_with_its_message_is_not_cached_as_stored(tmp_path):
+    """A new device's first release hits a database error of its own after its device row was written: the
+    savepoint rolls the row back, so the device must not be remembered as known (its next release would be
+    stored without a device row: no parameters to check the ones after it against)."""
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": str(tmp_path / "dc.db")}))
+    e = T0 // 3600
+    a.store.db.execute("CREATE TRIGGER boom BEFORE INSERT ON releases WHEN NEW.device = 'boom' "
+                       "BEGIN SELECT RAISE(ABORT, 'boom refused'); END")
+    p = params("boom", w=16)
+    items = [a.validate(topic("boom"), encoded(p, seq=0, elo=e, fill=3))]
+    a.store.commit_group(items)
+    assert [x.status for x in items] == ["error"]
+    a.store.db.execute("DROP TRIGGER boom")
+    items = [a.validate(topic("boom"), encoded(p, seq=1, elo=e + 1, fill=3))]
+    a.store.commit_group(items)
+    assert [x.status for x in items] == ["stored"]
+    st = Store(str(tmp_path / "dc.db"), readonly=True)
+    assert st.release_count() == 1 and [d[0] for d in st.devices()] == ["boom"]
+    st.close()
+    a.close()

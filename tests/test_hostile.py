@@ -459,3 +459,17 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
         ro.close()
     finally:
         b.stop()
+
+
+def test_cpu_budget_refusal_names_dev_and_seq():
+    """With AMQP (the validation helper): a message refused with code 'timeout' names the dev and seq its
+    bytes give, as every refusal does where they are readable (the rejection row, pansketch status)."""
+    spin = "pansketch/spin-dev/release"
+    vp = ValidatorProcess(Settings(None, 1 << 20, cpu_s=0.2, spin_topic=spin))
+    vp.start()
+    try:
+        payload = bh.valid("spin-dev")
+        out = vp.validate([(spin, payload)])
+        assert out[0][:2] == ("rejected", "timeout") and out[0][3] == "spin-dev" and type(out[0][4]) is int, out
+    finally:
+        vp.close()

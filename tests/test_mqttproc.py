@@ -151,3 +151,129 @@ def test_acks_of_a_dead_childs_messages_are_dropped():
     assert theirs.recv() == ("ack", [(8, 1), (7, 1)], [("t/ack", b"x")])
     mp.acknowledge([(1 << GEN_SHIFT | 9, 1)], [])  # nothing left to send
     assert not theirs.poll(0.2)
+
+
+@pytest.mark.parametrize("code", ["timeout", "internal"])
+def test_poison_refusal_names_dev_and_seq(tmp_path, code):
+    """A message refused as poison (it killed the MQTT process twice) is refused with the dev and seq its
+    bytes name, as every refusal is where they are readable (the rejection row; pansketch status counts
+    that seq as refused, not as lost)."""
+    import dataclasses
+    import hashlib
+
+    from host_tools.ingest import mqttproc, validproc
+
+    p = params("pi-poison")
+    payload = encoded(p, seq=41)
+    t = topic("pi-poison")
+    key = mqttproc.message_key(t, hashlib.sha256(payload).digest())
+    watch = tmp_path / "watch"
+    watch.write_bytes(bytes(mqttproc.WATCH_SIZE))
+    s = mqttproc.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=5),
+                          watch=str(watch), poison=((key, mqttproc.POISON_DEATHS, code),))
+    v = mqttproc._Judge(s)(t, payload)
+    assert v[:2] == ("rejected", code) and v[3:] == ("pi-poison", 41), v
+    # killed once more while reading dev/seq for the refusal: refused without reading anything
+    s = dataclasses.replace(s, poison=((key, mqttproc.POISON_DEATHS + 1, code),))
+    v = mqttproc._Judge(s)(t, payload)
+    assert v[:2] == ("rejected", code) and v[3:] == (None, None), v
+
+
+def test_acks_from_before_a_reconnect_are_not_sent_on_the_new_connection(tmp_path):
+    """One MQTT process, a clean session: its connection is taken over and it reconnects. A message received
+    before (packet id 1) and acknowledged after the reconnect must not PUBACK the new session's packet id 1,
+    another message that is not stored yet (with Receive Maximum 1 the broker would then send the next)."""
+    import threading
+    import time
+
+    import paho.mqtt.client as mqtt
+
+    from host_tools.hostconfig import BrokerConfig
+    from host_tools.ingest.mqttproc import MQTTProcess, Msg, Settings
+
+    b = start_mosquitto(tmp_path)
+    got: list[Msg] = []
+    events: list[tuple] = []
+    cond = threading.Condition()
+
+    def on_messages(ms: list[Msg]) -> None:
+        with cond:
+            got.extend(ms)
+            cond.notify_all()
+
+    def on_event(ev: tuple) -> None:
+        with cond:
+            events.append(ev)
+            cond.notify_all()
+
+    def until(pred, t: float = 15.0) -> None:
+        with cond:
+            assert cond.wait_for(pred, t), (got, events)
+
+    s = Settings(BrokerConfig(host="127.0.0.1", port=b.port, reconnect_min_s=1, reconnect_max_s=1), "rc-agg",
+                 (("rc/#", 1),), False, 0, 1)
+    mp = MQTTProcess(s, on_messages, on_event)
+    mp.start()
+    try:
+        until(lambda: ("subscribed", None) in events)
+        publish_all(b.port, [("rc/a", b"A")], client_id="rc-pub1")
+        until(lambda: len(got) == 1)
+        kick = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="rc-agg", protocol=mqtt.MQTTv5)
+        kick.connect("127.0.0.1", b.port)  # takes the session over: the MQTT process is disconnected
+        kick.loop_start()
+        time.sleep(0.5)
+        kick.disconnect()
+        kick.loop_stop()
+        until(lambda: events.count(("subscribed", None)) == 2)
+        publish_all(b.port, [("rc/b", b"B")], client_id="rc-pub2")
+        until(lambda: len(got) == 2)
+        assert got[0].mid & 0xFFFF == got[1].mid & 0xFFFF == 1  # the same packet id in both sessions
+        mp.acknowledge([(got[0].mid, 1)], [])  # A stored: its ack is from the old connection
+        publish_all(b.port, [("rc/c", b"C")], client_id="rc-pub3")
+        time.sleep(2.0)
+        with cond:
+            assert len(got) == 2, "B was PUBACKed by A's acknowledgement before it was stored: %r" % got
+        mp.acknowledge([(got[1].mid, 1)], [])  # B stored: now the broker may send C
+        until(lambda: len(got) == 3)
+        assert got[2].payload == b"C"
+    finally:
+        mp.close()
+        b.stop()
+
+
+def test_backstop_never_kills_the_successor_of_a_process_that_died_validating(tmp_path):
+    """The wall-clock backstop times the message the watch file shows. A restarted MQTT process that is
+    validating its own first message (counter 1 again) must get its own time, not inherit the dead
+    process's: killing it would make the aggregator stop (not validating any more when its death is seen)."""
+    import mmap
+    import time
+
+    from host_tools.ingest import mqttproc, validproc
+
+    s = mqttproc.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=0.01))
+    mp = mqttproc.MQTTProcess(s, lambda _m: None, lambda _e: None)
+    path = tmp_path / "watch"
+    path.write_bytes(bytes(mqttproc.WATCH_SIZE))
+    with open(path, "r+b") as f:
+        mp._mm = mmap.mmap(f.fileno(), mqttproc.WATCH_SIZE)
+    old = subprocess.Popen(["sleep", "60"])
+    new = subprocess.Popen(["sleep", "60"])
+    try:
+        mp.proc = old
+        mqttproc._WATCH.pack_into(mp._mm, 0, 1, 1, b"k" * 32, 0, 10)  # validating its message 1
+        import threading
+
+        threading.Thread(target=mp._backstop, daemon=True).start()
+        time.sleep(9.0)  # the limit is 10 s + 4 budgets
+        old.kill()
+        old.wait()
+        with mp._send_lock:  # what _spawn does: the new process, validating its own message 1
+            mp.proc = new
+        time.sleep(3.0)
+        assert new.poll() is None, "the backstop killed the new process after %.1f s of its message" % 3.0
+    finally:
+        mp._closing = True
+        for p in (old, new):
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -85,7 +85,10 @@ class Settings:
     poison: tuple[tuple[bytes, int, str], ...] = ()  # (message key, deaths, code) of messages that killed a child
 
 
-GEN_SHIFT = 32  # Msg.mid = child generation << GEN_SHIFT | MQTT packet id (acks of a dead child's messages are dropped)
+GEN_SHIFT = 32  # Msg.mid = child generation << GEN_SHIFT | connection << EPOCH_SHIFT | MQTT packet id (acks of a dead child's messages, or from before a reconnect, are dropped)
+EPOCH_SHIFT = 16  # below GEN_SHIFT: Msg.mid's bits 16..31 are the child's connection (MQTT packet ids are 16 bits)
+EPOCH_MASK = (1 << (GEN_SHIFT - EPOCH_SHIFT)) - 1
+PID_MASK = (1 << EPOCH_SHIFT) - 1
 POISON_DEATHS = 2  # a message that killed the child this many times is refused without validating it again
 POISON_MAX = 1024  # messages remembered as poison (each cost a CPU budget and a restart; bounded anyway)
 _WATCH = struct.Struct("=QB32sHI")  # counter, validating (0/1), message key, topic length, payload size
@@ -165,9 +168,19 @@ class _Judge:
             key = message_key(topic, h.digest())
             bad = self.poison.get(key)
             if bad is not None and bad[0] >= POISON_DEATHS:
-                return self.rejected(bad[1], "validation took more than %g s of CPU (aggregator.validate_cpu_s)"
-                                     % vs.cpu_s if bad[1] == "timeout" else
-                                     "validating this message crashed the MQTT process", None)
+                reason = ("validation took more than %g s of CPU (aggregator.validate_cpu_s)" % vs.cpu_s
+                          if bad[1] == "timeout" else "validating this message crashed the MQTT process")
+                if bad[0] > POISON_DEATHS:  # it killed the process once more while dev/seq were read below
+                    return self.rejected(bad[1], reason, None)
+                # the refusal names the dev and seq the bytes give, as every refusal does where they are
+                # readable (the rejection row; pansketch status counts that seq as refused; a timeout is
+                # not acknowledged to the device, aggregator._ack_entry): read by the bounded reader,
+                # watched and under the budget like validation
+                return self._watched(topic, payload, key, lambda: self.rejected(bad[1], reason, payload))
+        return self._watched(topic, payload, key, lambda: self.verdict(vs, topic, payload, sha))
+
+    def _watched(self, topic: str, payload: bytes, key: bytes, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with the message recorded in the watch file and the CPU budget armed."""
         mm = self.mm
         if mm is not None:
             self.counter += 1
@@ -177,7 +190,7 @@ class _Judge:
         # SIGPROF (default action: terminate) after `budget` s of this process's CPU time
         signal.setitimer(signal.ITIMER_PROF, self.budget)
         try:
-            return self.verdict(vs, topic, payload, sha)
+            return fn()
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
             if mm is not None:
@@ -209,6 +222,17 @@ def serve(conn: Connection, s: Settings) -> int:
     inbox: list[tuple[str, bytes, int, int]] = []
     more = threading.Condition()
     closing = threading.Event()
+    # the connection a message came on: Msg.mid = ... | epoch << EPOCH_SHIFT | packet id. A packet id names a
+    # message only on its connection (after a clean-session reconnect the same id is another message, not
+    # stored yet): an ack from before a reconnect is dropped (the message comes again; storing is idempotent).
+    # Changed by the network thread on connect and disconnect, under ack_lock, which the ack loop holds
+    # from its check to paho's queueing of the PUBACK (a reconnect clears what paho had queued).
+    epoch = [0]
+    ack_lock = threading.Lock()
+
+    def new_epoch() -> None:
+        with ack_lock:
+            epoch[0] = (epoch[0] + 1) & EPOCH_MASK
 
     def send(event: tuple[Any, ...], payloads: Optional[list[bytes]] = None) -> None:
         """An event (pickled), or with ``payloads`` a batch frame whose meta is ``event``."""
@@ -222,6 +246,7 @@ def serve(conn: Connection, s: Settings) -> int:
             closing.set()
 
     def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
+        new_epoch()
         if rc.is_failure:
             send(("refused", str(rc)))
             return
@@ -235,7 +260,7 @@ def serve(conn: Connection, s: Settings) -> int:
     def on_message(_c: Any, _u: Any, m: Any) -> None:
         # the network thread only queues; the batcher pickles and sends
         with more:
-            inbox.append((m.topic, m.payload, m.mid, m.qos))
+            inbox.append((m.topic, m.payload, epoch[0] << EPOCH_SHIFT | m.mid, m.qos))
             if len(inbox) == 1:
                 more.notify()
 
@@ -265,7 +290,11 @@ def serve(conn: Connection, s: Settings) -> int:
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
-    client.on_disconnect = lambda _c, _u, _f, rc, _p: send(("disconnected", str(rc)))
+    def on_disconnect(_c: Any, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        new_epoch()
+        send(("disconnected", str(rc)))
+
+    client.on_disconnect = on_disconnect
     client.on_connect_fail = lambda _c, _u: send(("connect_failed",))
     if s.verbose:
         client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
@@ -288,8 +317,11 @@ def serve(conn: Connection, s: Settings) -> int:
                 break
             if cmd[0] == "ack":
                 t0 = time.thread_time()
-                for mid, qos in cmd[1]:
-                    client.ack(mid, qos)
+                with ack_lock:
+                    e = epoch[0]
+                    for mid, qos in cmd[1]:
+                        if mid >> EPOCH_SHIFT == e:  # else received on an earlier connection: dropped
+                            client.ack(mid & PID_MASK, qos)
                 for topic, payload in cmd[2]:
                     client.publish(topic, payload, qos=1)
                 cpu["acks"] += time.thread_time() - t0
@@ -324,7 +356,9 @@ class MQTTProcess:
     acknowledgements of what the dead child received are dropped (with a
     clean session its packet ids mean other messages now; the broker
     redelivers, or the devices re-send, what was not acknowledged, and
-    storing is idempotent).
+    storing is idempotent). It also carries the child's connection to the
+    broker (bits 16..31, :func:`serve`): the child drops acknowledgements of
+    what it received before it reconnected, for the same reason.
     """
 
     MAX_RESTARTS = 5  # deaths in a row while validating that were not CPU timeouts
@@ -363,16 +397,29 @@ class MQTTProcess:
         if self._mm is not None:
             threading.Thread(target=self._backstop, name="pansketch-mqtt-backstop", daemon=True).start()
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> bool:
+        """Start a child (False, and none started, once :meth:`close` was called after the first).
+
+        All under the lock acknowledgements are sent under: the old end is closed here, so no
+        acknowledgement is being written to it (its descriptor number may be the new socket's), and
+        close() either stops the new child or sees that none was started."""
         s = dataclasses.replace(self.settings, watch=self._watch_path,
                                 poison=tuple((k, n, c) for k, (n, c) in self.poison.items()))
-        if self._mm is not None:
-            self._mm[:WATCH_SIZE] = bytes(WATCH_SIZE)
-        proc, conn = child.spawn("host_tools.ingest.mqttproc", s)
         with self._send_lock:
+            if self._closing and self.proc is not None:
+                return False
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except OSError:
+                    pass
+            if self._mm is not None:
+                self._mm[:WATCH_SIZE] = bytes(WATCH_SIZE)
+            proc, conn = child.spawn("host_tools.ingest.mqttproc", s)
             self.gen += 1
             self.proc, self.conn = proc, conn
             self._backstop_killed = False
+        return True
 
     @property
     def pid(self) -> Optional[int]:
@@ -432,19 +479,24 @@ class MQTTProcess:
         assert self._mm is not None
         limit = 10.0 + 4.0 * float(self.settings.validation.cpu_s)
         last, since = -1, time.monotonic()
+        last_proc: Any = None
         while not self._closing:
             time.sleep(0.25)
+            proc = self.proc  # before the watch: a restart clears the watch, then replaces the process
             w = read_watch(self._mm)
             now = time.monotonic()
-            if not w.validating or w.counter != last:
-                last, since = w.counter if w.validating else -1, now
+            if not w.validating or w.counter != last or proc is not last_proc:
+                last, since, last_proc = w.counter if w.validating else -1, now, proc
                 continue
-            proc = self.proc
-            if now - since > limit and proc is not None and proc.poll() is None:
-                log.error("MQTT process %d has been validating one message for %.0f s; killing it",
-                          proc.pid, now - since)
-                self._backstop_killed = True
-                proc.kill()
+            if now - since > limit and proc is not None:
+                with self._send_lock:  # the lock _spawn replaces the process under: never a successor
+                    p: subprocess.Popen[bytes] = proc
+                    if p is not self.proc or p.poll() is not None:
+                        continue
+                    log.error("MQTT process %d has been validating one message for %.0f s; killing it",
+                              p.pid, now - since)
+                    self._backstop_killed = True
+                    p.kill()
                 last, since = -1, now
 
     def _read_loop(self) -> None:
@@ -514,13 +566,9 @@ class MQTTProcess:
                     w.topic[:200], w.size, self.proc.pid, what,
                     "refused as %s when it comes again" % code if n >= POISON_DEATHS
                     else "validated once more when it comes again")
-        try:
-            if self.conn is not None:
-                self.conn.close()
-        except OSError:
-            pass
+        if not self._spawn():  # stopping meanwhile
+            return False
         self.restarts += 1
-        self._spawn()
         self.on_event(("restarted", what))
         return True
 

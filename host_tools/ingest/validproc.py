@@ -183,12 +183,14 @@ class ValidatorProcess:
             self.timeouts += 1
             log.warning("validating a message on %s (%d bytes) took more than %g s of CPU: refused (timeout), "
                         "validation process restarted", str(topic)[:200], len(payload), self.settings.cpu_s)
+            # the dev and seq its bytes give, as every refusal names them where readable (the rejection
+            # row, pansketch status); cborscan.peek is bounded on any bytes (Store.reject runs it here too)
             return [rejected("timeout", "validation took more than %g s of CPU (aggregator.validate_cpu_s)"
-                             % self.settings.cpu_s, None)]
+                             % self.settings.cpu_s, payload if len(payload) <= self.settings.max_bytes else None)]
         log.error("the validation process died on a message on %s (%s); refused, process restarted",
                   str(topic)[:200], child.exit_status(rc))
         return [rejected("internal", "the validation process died on this message (%s)" % child.exit_status(rc),
-                         None)]
+                         payload if len(payload) <= self.settings.max_bytes else None)]
 
     def check(self) -> None:
         """Raise :class:`ValidatorDied` if the helper has exited while idle (polled while no message comes)."""

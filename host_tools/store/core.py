@@ -580,6 +580,8 @@ class SQLStore:
             # same three statement texts each time stay prepared in the connection's statement cache
             sp = "msg"
             before = 0
+            # a device row this message writes is rolled back with it: then it is not known (seen) either
+            new_dev = p.rel.dev if p.rel is not None and p.rel.dev not in seen else None
             if savepoints:
                 cur.execute("SAVEPOINT " + sp)
             else:
@@ -592,6 +594,8 @@ class SQLStore:
                         except Rejected as rej:
                             if savepoints:
                                 cur.execute("ROLLBACK TO SAVEPOINT " + sp)
+                                if new_dev is not None:
+                                    seen.pop(new_dev, None)
                             elif self._changes() != before:  # a partial write to undo: needs the savepoint
                                 raise _NeedSavepoints()
                             p.rej, p.status = rej, "rejected"
@@ -610,6 +614,8 @@ class SQLStore:
                     raise _NeedSavepoints() from exc
                 cur.execute("ROLLBACK TO SAVEPOINT " + sp)
                 cur.execute("RELEASE SAVEPOINT " + sp)
+                if new_dev is not None:
+                    seen.pop(new_dev, None)
                 p.status, p.error = "error", exc
         self._close_group(cur, items, logged, totals)
 
