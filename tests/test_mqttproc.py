@@ -277,3 +277,25 @@ def test_backstop_never_kills_the_successor_of_a_process_that_died_validating(tm
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_inbox_drops_qos0_past_its_backlog_but_never_qos1():
+    """QoS 1 arrivals are bounded by Receive Maximum, QoS 0 ones by nothing: a flood of them used to
+    grow the MQTT process's inbox while validation fell behind. Past the backlog a QoS 0 arrival is
+    dropped and counted (the batcher reports the count once); a QoS 1 one is always kept."""
+    import threading
+
+    from host_tools.ingest.mqttproc import Inbox
+
+    box = Inbox(qos0_max=3)
+    assert all(box.add(("t", b"x", i, 0)) for i in range(3))
+    assert not box.add(("t", b"x", 3, 0)) and not box.add(("t", b"x", 4, 0))
+    assert box.add(("t", b"x", 5, 1))  # QoS 1 past the backlog: kept
+    batch, dropped = box.take(threading.Event())
+    assert [m[2] for m in batch] == [0, 1, 2, 5] and dropped == 2
+    assert box.add(("t", b"x", 6, 0))  # room again
+    batch, dropped = box.take(threading.Event())
+    assert [m[2] for m in batch] == [6] and dropped == 0
+    closing = threading.Event()
+    closing.set()
+    assert box.take(closing) == ([], 0)  # closing: no wait

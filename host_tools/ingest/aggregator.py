@@ -706,6 +706,14 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             state["connected"] = False
             if not stop.is_set() and not state["closing"]:
                 log.warning("disconnected from broker (%s); reconnecting", ev[1])
+        elif kind == "dropped":
+            state["dropped"] = state.get("dropped", 0) + ev[1]
+            now = time.monotonic()
+            if now - state.get("drop_logged", -1e9) >= 60:  # once a minute while a flood lasts
+                state["drop_logged"] = now
+                log.warning("dropped %d QoS 0 messages (%d in all): more than %d were waiting for validation "
+                            "(a QoS 0 flood? devices publish releases at QoS 1 and re-send them until "
+                            "acknowledged)", ev[1], state["dropped"], ev[2])
         elif kind == "restarted":
             log.warning("MQTT process restarted (validating a message %s)", ev[1])
         elif kind == "exited":

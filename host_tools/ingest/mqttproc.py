@@ -17,7 +17,8 @@ child -> parent
     ``[(topic, size, mid, qos, verdict), ...]`` (``verdict`` None for a
     device status); ``("connected",)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
-    ``("connect_failed",)``: connection events, logged by the parent.
+    ``("connect_failed",)``: connection events, logged by the parent; ``("dropped", n, limit)``:
+    n QoS 0 messages dropped because ``limit`` were waiting (:class:`Inbox`).
 parent -> child
     ``("ack", [(mid, qos), ...], [(topic, payload), ...])``: PUBACK these
     messages (their outcome is committed), then publish these host
@@ -211,6 +212,50 @@ def _client(s: Settings) -> Any:
     return c
 
 
+QOS0_BACKLOG = 4096  # messages waiting in the inbox past which a QoS 0 arrival is dropped
+
+
+class Inbox:
+    """What the network thread received, waiting for the batcher (validation, forwarding).
+
+    QoS 1 messages are bounded by Receive Maximum (the broker sends no more unacknowledged
+    ones); QoS 0 messages are not, so a flood of them (any client may publish at QoS 0) would
+    grow this list while validation falls behind, until the process ran out of memory and
+    the aggregator stopped. Past ``qos0_max`` waiting messages a QoS 0 arrival is dropped and
+    counted: QoS 0 promises no delivery, and a device re-sends a release until the host
+    acknowledges it (the agent publishes releases at QoS 1)."""
+
+    def __init__(self, qos0_max: int = QOS0_BACKLOG) -> None:
+        self.items: list[tuple[str, bytes, int, int]] = []
+        self.cond = threading.Condition()
+        self.qos0_max = qos0_max
+        self.dropped = 0  # since the last take()
+
+    def add(self, item: tuple[str, bytes, int, int]) -> bool:
+        with self.cond:
+            if item[3] == 0 and len(self.items) >= self.qos0_max:
+                self.dropped += 1
+                return False
+            self.items.append(item)
+            if len(self.items) == 1:
+                self.cond.notify()
+            return True
+
+    def take(self, closing: threading.Event) -> tuple[list[tuple[str, bytes, int, int]], int]:
+        """Everything waiting (blocks until something is, or ``closing``), and the drops since last time."""
+        with self.cond:
+            while not self.items and not closing.is_set():
+                self.cond.wait(0.5)
+            batch = self.items[:]
+            self.items.clear()
+            dropped, self.dropped = self.dropped, 0
+            return batch, dropped
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+
 def serve(conn: Connection, s: Settings) -> int:
     """The child: run the MQTT client until the parent says stop (0) or goes away (1)."""
     from paho.mqtt.packettypes import PacketTypes
@@ -219,8 +264,7 @@ def serve(conn: Connection, s: Settings) -> int:
 
     client = _client(s)
     send_lock = threading.Lock()  # the network thread and the batcher both send
-    inbox: list[tuple[str, bytes, int, int]] = []
-    more = threading.Condition()
+    inbox = Inbox()
     closing = threading.Event()
     # the connection a message came on: Msg.mid = ... | epoch << EPOCH_SHIFT | packet id. A packet id names a
     # message only on its connection (after a clean-session reconnect the same id is another message, not
@@ -259,10 +303,7 @@ def serve(conn: Connection, s: Settings) -> int:
 
     def on_message(_c: Any, _u: Any, m: Any) -> None:
         # the network thread only queues; the batcher pickles and sends
-        with more:
-            inbox.append((m.topic, m.payload, epoch[0] << EPOCH_SHIFT | m.mid, m.qos))
-            if len(inbox) == 1:
-                more.notify()
+        inbox.add((m.topic, m.payload, epoch[0] << EPOCH_SHIFT | m.mid, m.qos))
 
     cpu = {"forward": 0.0, "acks": 0.0, "validate": 0.0}  # stage timers (thread CPU time); the MQTT client is the rest
     forwarded = [0]
@@ -270,11 +311,9 @@ def serve(conn: Connection, s: Settings) -> int:
 
     def batcher() -> None:
         while not closing.is_set():
-            with more:
-                while not inbox and not closing.is_set():
-                    more.wait(0.5)
-                batch = inbox[:]
-                inbox.clear()
+            batch, dropped = inbox.take(closing)
+            if dropped:
+                send(("dropped", dropped, inbox.qos0_max))
             if batch:
                 t0 = time.thread_time()
                 if judge is not None:
@@ -330,8 +369,7 @@ def serve(conn: Connection, s: Settings) -> int:
                 break
     finally:
         closing.set()
-        with more:
-            more.notify()
+        inbox.wake()
         client.disconnect()  # queued after the PUBACKs and publishes above, so they go out first
         client.loop_stop()
         cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"] - cpu["validate"])
