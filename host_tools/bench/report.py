@@ -124,10 +124,13 @@ def _esp32(results: Path) -> Optional[dict[str, Any]]:
         if not d:
             continue
         if "esp32_w" in d:
+            fz: dict[str, Any] = d["frozen"] if isinstance(d.get("frozen"), dict) else {}
+            # the run whose high-water gave the minimum (tests/bench_firmware_unix.py: runs esp32_plain, esp32_tls)
+            runs = [r for r in (fz.get("runs") or {}).values() if isinstance(r, dict) and r.get("ok")
+                    and r.get("w") == d["esp32_w"] and r.get("free_at_high_water") == d.get("esp32_free_bytes_min")]
+            e = runs[0] if runs else (fz.get("esp32") or {})
             return {"w": d["esp32_w"], "d": d.get("esp32_d"), "free": d.get("esp32_free_bytes_min"),
-                    "heap": d.get("esp32_heap_bytes"), "file": f.name,
-                    "tls": (d.get("frozen", {}).get("esp32", {}) or {}).get("tls"),
-                    "shadow": (d.get("frozen", {}).get("esp32", {}) or {}).get("shadow")}
+                    "heap": d.get("esp32_heap_bytes"), "file": f.name, "tls": e.get("tls"), "shadow": e.get("shadow")}
         e = (d.get("frozen") or {}).get("esp32") if isinstance(d.get("frozen"), dict) else None
         if isinstance(e, dict) and "w" in e:
             return {"w": e["w"], "d": e.get("d"), "free": e.get("free_at_high_water"), "heap": e.get("heap_bytes"),
