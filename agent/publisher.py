@@ -346,6 +346,23 @@ class Publisher:
 
     STATUS_EVERY_S = 60.0
 
+    def _send_status(self) -> bool:
+        """Publish the retained status; True once the broker has it.
+
+        The dirty mark is cleared *before* the facts are read: an acknowledgement
+        arriving while this status is in flight marks it dirty again, so the newer
+        facts are sent next (clearing it after the PUBACK lost them, and ``feed``
+        could exit with the last ``acked_seq`` never reported)."""
+        with self._cond:
+            self._status_dirty = False
+        ok, _ = self._send(self.status_topic, self.status(), retain=True)
+        if ok:
+            self._status_sent = time.monotonic()
+        else:
+            with self._cond:
+                self._status_dirty = True
+        return ok
+
     def _main(self) -> None:
         backoff = self.broker.reconnect_min_s
         status_gen = -1
@@ -355,11 +372,8 @@ class Publisher:
                 break
             if gen != status_gen:
                 self.resend.reset()  # every reconnect: re-send all unacknowledged releases
-                ok, why = self._send(self.status_topic, self.status(), retain=True)
-                if ok:
+                if self._send_status():
                     status_gen = gen
-                    self._status_dirty = False
-                    self._status_sent = time.monotonic()
             refused = False
             pend = self.outbox.pending()
             self.resend.forget_except(pend)
@@ -396,10 +410,7 @@ class Publisher:
             since = time.monotonic() - self._status_sent
             if self._connected and ((self._status_dirty and not pend) or
                                     (pend and since >= self.STATUS_EVERY_S)):
-                ok, _ = self._send(self.status_topic, self.status(), retain=True)
-                if ok:
-                    self._status_dirty = False
-                    self._status_sent = time.monotonic()
+                self._send_status()
             wait = 5.0
             nd = self.resend.next_due(pend, int(time.monotonic() * 1000))
             if nd is not None:

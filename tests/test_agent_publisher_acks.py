@@ -92,3 +92,39 @@ def test_failed_puback_and_unqueued_publish(tmp_path):
     t0 = time.monotonic()
     ok, why = p._send(p.release_topic, b"r")
     assert not ok and "did not queue" in why and time.monotonic() - t0 < 1
+
+
+class Msg:
+    def __init__(self, topic: str, payload: bytes) -> None:
+        self.topic = topic
+        self.payload = payload
+
+
+def test_host_ack_arriving_while_a_status_is_in_flight_keeps_the_status_dirty(tmp_path):
+    """The race behind a red CI: the status with acked_seq=1 was in flight when the
+    host's ack of seq 2 arrived; clearing the dirty mark after the PUBACK dropped the
+    newer fact, so ``feed`` exited with acked_seq=2 never published."""
+    import json
+
+    c = StubClient([1, 2])
+    p = publisher(tmp_path, c)
+    p.last_acked = 1
+    ack2 = Msg(p.ack_topic, json.dumps({"dev": "pi-1", "ok": [2]}).encode())
+
+    def broker(mid: int) -> None:
+        if mid == 1:  # the host's ack lands between publish and PUBACK of the status
+            p._on_message(None, None, ack2)
+        p._on_publish(None, None, mid, OK)
+
+    c.on_publish = broker
+    assert p._send_status() is True
+    assert json.loads(c.sent[0][1])["acked_seq"] == 1
+    assert p.last_acked == 2
+    assert p._status_dirty, "the newer acked_seq must still be sent"
+    assert p._send_status() is True
+    assert json.loads(c.sent[1][1])["acked_seq"] == 2 and not p._status_dirty
+
+
+def test_status_that_the_broker_did_not_take_stays_dirty(tmp_path):
+    p = publisher(tmp_path, StubClient([5], rc=mqtt.MQTT_ERR_QUEUE_SIZE))
+    assert p._send_status() is False and p._status_dirty
