@@ -173,11 +173,16 @@ class Publisher:
         except acks.AckError as exc:
             self.log("ignoring a malformed host ack: %s" % exc)
             return
-        top = acks.apply(self.outbox, ok, bad, self.log)
+        # the facts first, then the outbox: ``feed`` exits as soon as the outbox is empty, and its
+        # final status must already carry this ack (acks.apply's top is max(ok))
+        top = max(ok) if ok else None
         with self._cond:
             if top is not None and (self.last_acked is None or top > self.last_acked):
                 self.last_acked = top
             self._status_dirty = True
+        acks.apply(self.outbox, ok, bad, self.log)
+        with self._cond:
+            self._status_dirty = True  # pending and rejected changed too
         self._wake.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
@@ -253,9 +258,10 @@ class Publisher:
             self._thread.join(timeout)
         if self._connected:
             # the drain thread may have stopped before reporting the last acknowledgements
-            # (feed stops as soon as the outbox is empty): the final facts first, then offline
-            final = [self.status()] if self._status_dirty else []
-            for doc in final + [OFFLINE]:
+            # (feed stops as soon as the outbox is empty): the final facts first, then offline.
+            # Always, not only when marked dirty: the paho thread may still be between deleting
+            # the last acknowledged file and marking the status dirty.
+            for doc in [self.status(), OFFLINE]:
                 try:
                     mid, _ = self._publish(self.status_topic, doc, True, None)
                     if mid is not None and self._wait_mid(mid, min(timeout, 2.0), ignore_stop=True) is None:

@@ -404,7 +404,9 @@ def test_live_poison_redelivered_after_restart_and_broker_drops(tmp_path):
     the restart the queued poison is refused again at once and the agent's re-send is stored and acknowledged."""
     r = bh.drop_scenario(str(tmp_path), flood=600, queue=200)
     assert r["agent_rc"] == 0 and r["releases"] == 1, r
-    assert r["stored_after_restart_s"] < 10, r
+    # the agent re-sends after 2-2.5, 6-7.5 and 14-17.5 s: which one lands depends on how fast the
+    # aggregator starts, so the bound is the third, with room for a loaded machine
+    assert r["stored_after_restart_s"] < 25, r
     assert r["refused_after_restart"].get("type", 0) >= 2, r  # the two poison messages, refused again
 
 
@@ -436,7 +438,7 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
         ro = Store(cfg.aggregator.db, readonly=True)
         publish_all(b.port, [(spin, b"\x00"), (bh.topic("pi-b"), bh.valid("pi-b"))], client_id="budget-pub")
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 10 and ro.release_count() < 1:
+        while time.monotonic() - t0 < 30 and ro.release_count() < 1:  # two helper deaths and restarts
             time.sleep(0.05)
         assert ro.release_count() == 1 and th.is_alive()
         assert [r[4] for r in ro.rejections()] == ["timeout"]

@@ -692,6 +692,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             log.error("broker refused the subscription to %s: %s", sub, ev[1])
             fatal("subscription refused: %s" % ev[1])
         elif kind == "subscribed":
+            state["last"] = time.monotonic()  # --until-idle counts from here: start-up is not idleness
             log.info("subscribed to %s (QoS %d%s); storing releases in %s", sub, cfg.aggregator.qos,
                      ", persistent session" if persistent else ", clean session", cfg.aggregator.db)
             if ready is not None:

@@ -344,7 +344,8 @@ def serve(conn: Connection, s: Settings) -> int:
     client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive, clean_start=not s.persistent,
                          properties=props)
     cpu0 = time.process_time()
-    threading.Thread(target=batcher, name="pansketch-mqtt-batcher", daemon=True).start()
+    batch_thread = threading.Thread(target=batcher, name="pansketch-mqtt-batcher", daemon=True)
+    batch_thread.start()
     client.loop_start()
     rc = 1
     try:
@@ -370,6 +371,10 @@ def serve(conn: Connection, s: Settings) -> int:
     finally:
         closing.set()
         inbox.wake()
+        # what the batcher took is forwarded before the exit (the parent reads to the end and stores it;
+        # its acks cannot go out any more, so the broker redelivers it: a duplicate, never a loss);
+        # bounded, for a batcher stuck in a message over the CPU budget
+        batch_thread.join(2.0)
         client.disconnect()  # queued after the PUBACKs and publishes above, so they go out first
         client.loop_stop()
         cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"] - cpu["validate"])
