@@ -80,7 +80,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from agent.tomlconf import placeholder_salt_warning
 from host_tools import hostconfig
@@ -395,6 +395,47 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
 
 
 GROUP_MAX = 256  # messages per group commit
+# Bytes of received messages this process holds at once (queued, being validated, being stored), each
+# counted as its payload plus MSG_OVERHEAD. Several full groups of 16.6 KB releases fit many times over;
+# past it the MQTT process's reader waits, so a flood the store cannot keep up with backs up into the
+# MQTT process (QoS 1: Receive Maximum; QoS 0: its inbox bound, then dropped and counted) instead of
+# growing this process without bound.
+HELD_BYTES_MAX = 64 << 20
+MSG_OVERHEAD = 256
+
+
+class _Held:
+    """The byte budget of :data:`HELD_BYTES_MAX`: ``take`` waits while it is spent (one message larger than
+    the whole budget still passes alone), ``give`` returns bytes once their messages are done with."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self.waits = 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int, give_up: Callable[[], bool]) -> bool:
+        with self._cond:
+            waited = False
+            while self.used > 0 and self.used + n > self.limit:
+                if give_up():
+                    return False
+                waited = True
+                self._cond.wait(0.25)
+            self.waits += waited
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+def _held_bytes(msgs: Any) -> int:
+    return sum(len(m.payload) for m in msgs) + MSG_OVERHEAD * len(msgs)
 # unacknowledged messages the broker may send (MQTT v5 Receive Maximum): several groups, so the
 # next ones arrive and are validated while one commits
 RECEIVE_MAXIMUM = 4 * GROUP_MAX
@@ -427,6 +468,7 @@ class _Writer:
         self.state = state
         self.q: "queue.Queue[Any]" = queue.Queue()  # lists of received messages
         self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
+        self.held = _Held(HELD_BYTES_MAX)  # bounds what the two queues and the threads hold
         self._busy = [False, False]
         self._dead = False
         self.groups = 0
@@ -445,8 +487,13 @@ class _Writer:
             t.start()
 
     def put(self, msgs: list[Msg]) -> None:
+        """Queue received messages; waits while :data:`HELD_BYTES_MAX` is spent. Stopping (or a dead
+        writer) drops them unqueued: nothing of them is acknowledged, the broker redelivers them."""
         for i in range(0, len(msgs), GROUP_MAX):
-            self.q.put(msgs[i:i + GROUP_MAX])
+            chunk = msgs[i:i + GROUP_MAX]
+            if not self.held.take(_held_bytes(chunk), lambda: self.stop.is_set() or self._dead):
+                return
+            self.q.put(chunk)
 
     def idle(self) -> bool:
         return self.q.empty() and self.valid.empty() and not any(self._busy)
@@ -486,6 +533,7 @@ class _Writer:
             self._busy[0] = True
             chunks, end = self._take(self.q, first, GROUP_MAX, len)
             batch = [m for c in chunks for m in c]
+            held, passed = _held_bytes(batch), 0  # the writer gives back what it is passed
             try:
                 t0 = time.thread_time()
                 # a device's status (gap detection) is recorded and acknowledged here, like a release
@@ -505,6 +553,7 @@ class _Writer:
                     pend = [(m, self.agg.pending(m.topic, m.payload, v)) for m, v in zip(batch, verdicts)]
                     self.cpu["validation_ipc"] += t2 - t1
                     self.cpu["pending"] += time.thread_time() - t2
+                    passed = _held_bytes(batch)
                     self.valid.put(pend)
             except ValidatorDied as exc:
                 if self.validator is None or not self.validator.closing:  # stopping: what was not validated is not acknowledged
@@ -513,6 +562,7 @@ class _Writer:
                 log.exception("validator failed")
                 self._fatal("validator failed: %s" % exc)
             finally:
+                self.held.give(held - passed)  # device statuses, and whatever failed here
                 self._busy[0] = False
             if end:
                 self.valid.put(None)
@@ -541,6 +591,7 @@ class _Writer:
                 log.exception("writer failed")
                 self._fatal("writer failed: %s" % exc)
             finally:
+                self.held.give(_held_bytes([m for m, _p in batch]))
                 self._busy[1] = False
             if end:
                 return
@@ -791,6 +842,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
                  "; %s restarted %d time(s), %d timeout(s)"
                  % ("validation helper" if validator is not None else "MQTT process", restarts, timeouts)
                  if restarts else "")
+        if writer.held.waits:
+            log.info("received messages held here peaked at %.1f MB: the MQTT process waited %d time(s) for the "
+                     "store to catch up (at most %d MB are held)", writer.held.peak / 1e6, writer.held.waits,
+                     HELD_BYTES_MAX >> 20)
         ck = getattr(agg.store, "checkpoints", None)
         if ck is not None:
             # one line at exit, also under -q (the soak benchmark reads it)

@@ -1,0 +1,85 @@
+"""The aggregator holds a bounded number of bytes of received messages.
+
+QoS 0 arrivals have no Receive Maximum: when the store falls behind, the
+parent's queues used to grow with every message the MQTT process forwarded.
+Now the reader waits once HELD_BYTES_MAX is spent, so the backlog stays in
+the MQTT process (whose inbox drops QoS 0 past its bound, test_mqttproc).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from host_tools.ingest import aggregator
+from host_tools.ingest.aggregator import MSG_OVERHEAD, Aggregator, _Held, _Writer
+from host_tools.ingest.mqttproc import Msg
+from host_tools.ingest.validproc import verdict
+from host_tools.store.core import Store
+from tests.test_host_support import T0, encoded, host_cfg, params, topic
+
+
+def test_held_waits_while_spent_and_lets_one_oversized_message_through():
+    h = _Held(100)
+    assert h.take(60, lambda: False) and h.take(40, lambda: False) and h.used == 100
+    assert h.take(1, lambda: True) is False, "spent: the caller gives up (stopping) instead of waiting"
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(h.take(30, lambda: False)))
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive() and h.used == 100, "waits while the budget is spent"
+    h.give(60)
+    t.join(2)
+    assert got == [True] and h.used == 70 and h.waits == 1 and h.peak == 100
+    h.give(70)
+    assert h.take(500, lambda: False) and h.used == 500, "nothing held: a message over the budget passes alone"
+
+
+class Acks:
+    """Stands in for the MQTT process's acknowledge request (the transport is tested in test_mqttproc)."""
+
+    def __init__(self) -> None:
+        self.mids: list[int] = []
+
+    def acknowledge(self, acks: list[tuple[int, int]], host_acks: Any) -> None:
+        self.mids += [mid for mid, _q in acks]
+
+
+def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypatch):
+    cfg = host_cfg(tmp_path)
+    agg = Aggregator(cfg)
+    p = params("held-dev", w=64)
+    msgs = []
+    for k in range(12):
+        payload = encoded(p, seq=k, elo=T0 // 3600 + k)
+        msgs.append(Msg(topic("held-dev"), payload, k + 1, 0, verdict(agg.validation, topic("held-dev"), payload)))
+    one = len(msgs[0].payload) + MSG_OVERHEAD
+    gate = threading.Event()
+    commit = agg.store.commit_group
+
+    def slow_commit(pend: Any) -> Any:  # the store falls behind until the gate opens
+        gate.wait(20)
+        return commit(pend)
+
+    monkeypatch.setattr(agg.store, "commit_group", slow_commit)
+    monkeypatch.setattr(aggregator, "GROUP_MAX", 2)  # small groups: the reader hands them over one by one
+    stop = threading.Event()
+    acks = Acks()
+    w = _Writer(agg, None, acks, stop, {})  # type: ignore[arg-type]
+    w.held = _Held(3 * one)  # three releases' worth
+    w.start()
+    reader = threading.Thread(target=lambda: [w.put([m]) for m in msgs])
+    reader.start()
+    time.sleep(1.0)
+    assert reader.is_alive(), "the reader waits: the store is behind and the budget is spent"
+    assert w.held.used <= 3 * one and w.q.qsize() + w.valid.qsize() <= 3
+    gate.set()
+    reader.join(20)
+    assert not reader.is_alive()
+    w.drain(20)
+    w.close()
+    assert sorted(acks.mids) == list(range(1, 13)), "every message stored and acknowledged, none dropped"
+    assert w.held.used == 0 and w.held.peak <= 3 * one and w.held.waits >= 1
+    assert Store(cfg.aggregator.db, readonly=True).release_count() == 12
+    agg.close()
