@@ -40,6 +40,7 @@ Protocol (DESIGN.md "Safety rules", issue 3 "Publishing"):
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -55,6 +56,15 @@ from agent.storage import Outbox
 
 OFFLINE = b'{"state":"offline"}'
 AGENT_VERSION = agent.__version__
+
+
+def tcp_no_delay(client: Any, userdata: Any, sock: Any) -> None:
+    """TCP_NODELAY on the broker connection: MQTT packets are small and each waits for an answer
+    (PUBACK), so Nagle's algorithm only adds a delayed-ACK round (40 ms on Linux) to some of them."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):
+        pass  # not a TCP socket (a websocket wrapper, a test double)
 
 
 class Publisher:
@@ -136,6 +146,7 @@ class Publisher:
         c.on_publish = self._on_publish
         c.on_message = self._on_message
         c.on_connect_fail = self._on_connect_fail
+        c.on_socket_open = tcp_no_delay
         return c
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:

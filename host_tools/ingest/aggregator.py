@@ -469,6 +469,9 @@ class _Writer:
         self.q: "queue.Queue[Any]" = queue.Queue()  # lists of received messages
         self.valid: "queue.Queue[Any]" = queue.Queue()  # lists of (message, Pending)
         self.held = _Held(HELD_BYTES_MAX)  # bounds what the two queues and the threads hold
+        # arrival times of the last two batches from the transport: _gather waits for more only while
+        # messages keep coming (a lone release after a quiet spell is committed and acknowledged at once)
+        self._put_at = (-1e9, -1e9)
         self._busy = [False, False]
         self._dead = False
         self.groups = 0
@@ -489,6 +492,7 @@ class _Writer:
     def put(self, msgs: list[Msg]) -> None:
         """Queue received messages; waits while :data:`HELD_BYTES_MAX` is spent. Stopping (or a dead
         writer) drops them unqueued: nothing of them is acknowledged, the broker redelivers them."""
+        self._put_at = (self._put_at[1], time.monotonic())
         for i in range(0, len(msgs), GROUP_MAX):
             chunk = msgs[i:i + GROUP_MAX]
             if not self.held.take(_held_bytes(chunk), lambda: self.stop.is_set() or self._dead):
@@ -603,11 +607,18 @@ class _Writer:
         trickle alone costs an fsync and rewrites the touched pages (roll-up
         row, indexes) into the WAL per message. Waiting a few milliseconds
         lets the group grow with the rate (about rate x wait), for at most
-        that much added ack latency.
+        that much added ack latency. Only while messages keep coming: when
+        the last two arrivals were further apart than the wait, no second
+        message is likely within it, so the group is committed at once
+        (a quiet fleet's release is acknowledged without the wait).
         """
         chunks, end = self._take(self.valid, first, GROUP_MAX, len)
         n = sum(len(c) for c in chunks)
-        deadline = time.monotonic() + self.agg.cfg.aggregator.group_wait_ms / 1000.0
+        wait_s = self.agg.cfg.aggregator.group_wait_ms / 1000.0
+        before, last = self._put_at
+        if last - before > wait_s and n < 2:
+            wait_s = 0.0
+        deadline = time.monotonic() + wait_s
         while not end and n < GROUP_MAX and not self.stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

@@ -201,6 +201,8 @@ class _Judge:
 def _client(s: Settings) -> Any:
     import paho.mqtt.client as mqtt
 
+    from agent.publisher import tcp_no_delay
+
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5,
                     manual_ack=True)
     b = s.broker
@@ -209,6 +211,9 @@ def _client(s: Settings) -> Any:
     if b.username is not None:
         c.username_pw_set(b.username, b.password)
     c.reconnect_delay_set(min_delay=max(1, int(b.reconnect_min_s)), max_delay=max(1, int(b.reconnect_max_s)))
+    # a PUBACK and the device's ack go out back to back: without TCP_NODELAY the second waits for the
+    # broker's delayed ACK of the first
+    c.on_socket_open = tcp_no_delay
     return c
 
 

@@ -1,4 +1,5 @@
-"""The aggregator holds a bounded number of bytes of received messages.
+"""The aggregator's writer: a bounded number of bytes of received messages, and groups that wait
+for more messages only while messages keep coming.
 
 QoS 0 arrivals have no Receive Maximum: when the store falls behind, the
 parent's queues used to grow with every message the MQTT process forwarded.
@@ -41,19 +42,53 @@ class Acks:
 
     def __init__(self) -> None:
         self.mids: list[int] = []
+        self.at: dict[int, float] = {}
 
     def acknowledge(self, acks: list[tuple[int, int]], host_acks: Any) -> None:
         self.mids += [mid for mid, _q in acks]
+        now = time.monotonic()  # one request per group
+        for mid, _q in acks:
+            self.at[mid] = now
+
+
+def releases(agg: Aggregator, n: int, dev: str = "held-dev") -> list[Msg]:
+    p = params(dev, w=64)
+    out = []
+    for k in range(n):
+        payload = encoded(p, seq=k, elo=T0 // 3600 + k)
+        out.append(Msg(topic(dev), payload, k + 1, 1, verdict(agg.validation, topic(dev), payload)))
+    return out
+
+
+def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path):
+    cfg = host_cfg(tmp_path, aggregator={"group_wait_ms": 1000})
+    agg = Aggregator(cfg)
+    msgs = releases(agg, 3)
+    acks = Acks()
+    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    w.start()
+    t0 = time.monotonic()
+    w.put([msgs[0]])  # after a quiet spell: nothing else is coming
+    w.drain(10)
+    assert acks.mids == [1] and acks.at[1] - t0 < 0.7, "a lone release does not wait group_wait_ms"
+    assert w.groups == 1
+    # two arrivals close together: messages keep coming, so the group waits for more (up to 1 s)
+    w.put([msgs[1]])
+    t1 = time.monotonic()
+    time.sleep(0.3)
+    w.put([msgs[2]])
+    w.drain(10)
+    w.close()
+    assert sorted(acks.mids) == [1, 2, 3]
+    assert w.groups == 2, "the third release joined the second's group"
+    assert acks.at[2] - t1 >= 0.3 and acks.at[2] == acks.at[3]
+    agg.close()
 
 
 def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypatch):
     cfg = host_cfg(tmp_path)
     agg = Aggregator(cfg)
-    p = params("held-dev", w=64)
-    msgs = []
-    for k in range(12):
-        payload = encoded(p, seq=k, elo=T0 // 3600 + k)
-        msgs.append(Msg(topic("held-dev"), payload, k + 1, 0, verdict(agg.validation, topic("held-dev"), payload)))
+    msgs = releases(agg, 12)
     one = len(msgs[0].payload) + MSG_OVERHEAD
     gate = threading.Event()
     commit = agg.store.commit_group
