@@ -61,7 +61,7 @@ def test_late_puback_of_an_abandoned_mid_does_not_ack_a_reused_mid(tmp_path):
     t0 = time.monotonic()
     ok, why = p._send(p.release_topic, b"release-0")
     assert not ok and why.startswith("no PUBACK")
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 3  # the 0.2 s PUBACK wait, not forever
     p._on_publish(None, None, 7, OK)  # the PUBACK of release-0 arrives late
     assert 7 not in p._acks and 7 not in p._abandoned
     # release-1 gets mid 7; the broker never acknowledges it
