@@ -39,6 +39,17 @@ def _frames_hold_secret(thread: threading.Thread) -> list[str]:
     return hits
 
 
+def _clean(thread: threading.Thread, timeout: float = 5.0) -> bool:
+    """True once no frame of ``thread`` holds the secret (it has moved on to wait for more)."""
+    time.sleep(0.2)
+    end = time.monotonic() + timeout
+    while _frames_hold_secret(thread):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_stdin_source_keeps_no_line_while_waiting_for_input():
     r, w = os.pipe()
     q: "queue.Queue[Any]" = queue.Queue()
@@ -49,8 +60,8 @@ def test_stdin_source_keeps_no_line_while_waiting_for_input():
         batch = q.get(timeout=5)
         assert batch[0] == [SECRET]
         del batch
-        time.sleep(0.2)  # the thread is blocked in the next os.read
-        assert _frames_hold_secret(src.thread) == []  # type: ignore[arg-type]
+        # the thread goes on to block in the next os.read; a line kept in a local stays there
+        assert _clean(src.thread), _frames_hold_secret(src.thread)  # type: ignore[arg-type]
     finally:
         os.close(w)
         src.thread.join(5)  # type: ignore[union-attr]
@@ -67,8 +78,8 @@ def test_followed_file_source_keeps_no_line_while_following(tmp_path):
         batch = q.get(timeout=5)
         assert batch[0] == [SECRET]
         del batch
-        time.sleep(0.5)  # following: polling for more at EOF
-        assert _frames_hold_secret(src.thread) == []  # type: ignore[arg-type]
+        # following: polling for more at EOF; a line kept in a local stays there
+        assert _clean(src.thread), _frames_hold_secret(src.thread)  # type: ignore[arg-type]
     finally:
         src.stop()
         src.thread.join(5)  # type: ignore[union-attr]
@@ -95,6 +106,7 @@ def _agent(tmp_path: Any, name: str, start: float) -> Any:
 
 def _run(a: Any, event_at: float | None) -> tuple[float, list[int]]:
     t = threading.Thread(target=a.pump, daemon=True)
+    a.clock.m0 = time.monotonic()  # the simulated clock starts now, not when the agent was built
     t0 = time.monotonic()
     t.start()
     if event_at is not None:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from typing import IO
 
 import cbor2
 import paho.mqtt.client as mqtt
@@ -84,6 +85,21 @@ def test_broker_down_then_up_delivers_everything_in_order_byte_for_byte(tmp_path
         broker.stop()
 
 
+def _pipe_drained(w: "IO[bytes]", timeout: float) -> bool:
+    """True once nothing written to the pipe ``w`` is left unread (FIONREAD on its write end)."""
+    import fcntl
+    import termios
+
+    end = time.monotonic() + timeout
+    n = array.array("i", [1])
+    while time.monotonic() < end:
+        fcntl.ioctl(w.fileno(), termios.FIONREAD, n, True)
+        if n[0] == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def test_sigterm_keeps_noisy_state_and_last_will_on_kill(tmp_path):
     broker = start_mosquitto(tmp_path)
     try:
@@ -95,7 +111,9 @@ def test_sigterm_keeps_noisy_state_and_last_will_on_kill(tmp_path):
         assert cap.wait(lambda m: any(json.loads(x[1])["state"] == "online" for x in m))
         p.stdin.write(b"x\n" * 50 + b"y\n")
         p.stdin.flush()
-        time.sleep(2.0)  # read and counted (a loaded machine needs more than a fraction of a second)
+        # read (the pipe is empty) and then counted (a loaded machine needs more than a fraction of a second)
+        assert _pipe_drained(p.stdin, 20), "the agent did not read its input"
+        time.sleep(1.0)
         assert stop_process(p, signal.SIGTERM) == 0
         assert outbox(state) == {}, "the window is still open: nothing is released on SIGTERM"
         assert os.path.exists(os.path.join(state, "state.bin"))
@@ -135,9 +153,10 @@ def test_local_mqtt_source_forwards_only_noisy_releases(tmp_path):
                          'topic = "tele/+/SENSOR"', 'field = "payload.BLE.mac"', 'weight_field = "payload.BLE.n"'])
         cfg = agent_toml(str(tmp_path / "a.toml"), "pi-3", broker.port, state, window_s=60, source=src)
         cap = Capture(broker.port, ["pansketch/#"])
-        # simulated clock: 30 s before a window end, 10x speed -> the window closes after ~3 s real
+        # simulated clock: 55 s before a window end, 10x speed -> the window closes after ~5.5 s real
+        # (the 40 readings below take 0.2 s, or more than 2 s on a loaded machine)
         log = str(tmp_path / "agent.log")
-        p = spawn_agent("run", cfg, "--insecure-seed", "s3", "--clock-start", str(T0 + 3600 - 30), "--clock-speed", "10",
+        p = spawn_agent("run", cfg, "--insecure-seed", "s3", "--clock-start", str(T0 + 3600 - 55), "--clock-speed", "10",
                         log=log)
         deadline = time.monotonic() + 10
         while b"source subscribed" not in open(log, "rb").read():
@@ -155,7 +174,7 @@ def test_local_mqtt_source_forwards_only_noisy_releases(tmp_path):
         assert stop_process(p) == 0
         rel = cap.on("/release")[0]
         m = cbor2.loads(rel)
-        assert m["dev"] == "pi-3" and m["elo"] == (T0 + 3600 - 30) // 60
+        assert m["dev"] == "pi-3" and m["elo"] == (T0 + 3600 - 55) // 60
         assert abs(estimate(rel, "aa:bb:cc") - 40) <= 12
         # only releases and status leave on pansketch/#: the raw readings are not forwarded
         assert {t for t, _, _ in cap.msgs} <= {"pansketch/pi-3/release", "pansketch/pi-3/status"}

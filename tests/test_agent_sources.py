@@ -99,6 +99,22 @@ def test_file_source_once(tmp_path):
     assert eof and items == ["a", "b", "c"]
 
 
+def _wait_open(path: str, at: int, timeout: float) -> bool:
+    """True once this process has ``path`` open at offset ``at`` (the source thread's descriptor)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink("/proc/self/fd/" + fd) == path:
+                    with open("/proc/self/fdinfo/" + fd) as info:
+                        if "pos:\t%d\n" % at in info.read():
+                            return True
+            except OSError:
+                pass
+        time.sleep(0.01)
+    return False
+
+
 def test_file_source_follows_appends_rotation_and_truncation(tmp_path):
     p = tmp_path / "ev.log"
     p.write_text("old1\nold2\n")  # present before start: not counted (tail -F semantics)
@@ -107,7 +123,8 @@ def test_file_source_follows_appends_rotation_and_truncation(tmp_path):
     src = FileSource(q, logs.append, SourceConfig(type="file", path=str(p), follow=True, from_start=False))
     src.POLL_S = 0.02
     src.start()
-    time.sleep(0.2)
+    # the source seeks to the end when it opens the file: append only once it has it open
+    assert _wait_open(str(p), os.path.getsize(p), 10), "the source did not open %s" % p
     with open(p, "a") as f:
         f.write("n1\nn2\n")
     items, _, _ = collect(q, until_eof=False, want=2, timeout=3)
@@ -205,14 +222,21 @@ def test_mqtt_source_with_its_broker_down_says_so_at_once(tmp_path):
     from tests.test_e2e_support import REPO, agent_env, free_port
 
     cfg = _mqtt_source_cfg(tmp_path, free_port(), free_port())
-    p = subprocess.Popen([sys.executable, "-m", "agent.daemon", "run", "--config", str(cfg)],
-                         stderr=subprocess.PIPE, cwd=REPO, env=agent_env())
-    try:
-        time.sleep(4)
-    finally:
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=30)
-    assert b"cannot connect to the local source broker localhost:" in err, err
+    errf = tmp_path / "agent.err"
+    want = b"cannot connect to the local source broker localhost:"
+    with open(errf, "wb") as ef:
+        p = subprocess.Popen([sys.executable, "-m", "agent.daemon", "run", "--config", str(cfg)],
+                             stderr=ef, cwd=REPO, env=agent_env())
+        try:
+            # "at once": within seconds of start (a cold, loaded machine takes 1-2 s to get there)
+            end = time.monotonic() + 20
+            while want not in errf.read_bytes() and p.poll() is None and time.monotonic() < end:
+                time.sleep(0.05)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+    err = errf.read_bytes()
+    assert want in err, err
 
 
 def test_check_tries_the_mqtt_source_broker(tmp_path):

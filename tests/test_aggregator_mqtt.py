@@ -233,7 +233,7 @@ def test_cli_until_idle_and_exit_codes(tmp_path):
     p = params("cli", w=32)
     # publish while the CLI aggregator runs: a background publisher after it has subscribed
     proc_env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "2"],
+    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "5"],
                             cwd=REPO, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         head = []

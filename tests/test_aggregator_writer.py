@@ -31,7 +31,7 @@ def test_held_waits_while_spent_and_lets_one_oversized_message_through():
     time.sleep(0.3)
     assert t.is_alive() and h.used == 100, "waits while the budget is spent"
     h.give(60)
-    t.join(2)
+    t.join(10)
     assert got == [True] and h.used == 70 and h.waits == 1 and h.peak == 100
     h.give(70)
     assert h.take(500, lambda: False) and h.used == 500, "nothing held: a message over the budget passes alone"
@@ -62,6 +62,9 @@ def releases(agg: Aggregator, n: int, dev: str = "held-dev") -> list[Msg]:
 
 def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path):
     cfg = host_cfg(tmp_path, aggregator={"group_wait_ms": 1000})
+    # 3 s, past the config limit: the timing checks keep their meaning with a margin for a
+    # loaded CI core, which stalls for 0.3 s and more
+    cfg.aggregator.group_wait_ms = 3000
     agg = Aggregator(cfg)
     msgs = releases(agg, 3)
     acks = Acks()
@@ -70,9 +73,9 @@ def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path):
     t0 = time.monotonic()
     w.put([msgs[0]])  # after a quiet spell: nothing else is coming
     w.drain(10)
-    assert acks.mids == [1] and acks.at[1] - t0 < 0.7, "a lone release does not wait group_wait_ms"
+    assert acks.mids == [1] and acks.at[1] - t0 < 1.5, "a lone release does not wait group_wait_ms (3 s)"
     assert w.groups == 1
-    # two arrivals close together: messages keep coming, so the group waits for more (up to 1 s)
+    # two arrivals close together: messages keep coming, so the group waits for more (up to 3 s)
     w.put([msgs[1]])
     t1 = time.monotonic()
     time.sleep(0.3)

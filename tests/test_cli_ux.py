@@ -131,7 +131,7 @@ def test_aggregate_reports_subscription_and_each_stored_release(tmp_path, mosqui
             (topic("ux-a"), b"junk")]
 
     def aggregate(*extra: str) -> str:
-        proc = subprocess.Popen(pansketch("aggregate", "--config", conf, "--until-idle", "2", *extra), env=env(),
+        proc = subprocess.Popen(pansketch("aggregate", "--config", conf, "--until-idle", "5", *extra), env=env(),
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         try:

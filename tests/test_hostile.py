@@ -8,6 +8,7 @@ the live run is ``python -m host_tools.bench.hostile``, docs/HOST.md
 from __future__ import annotations
 
 import ast
+import gc
 import glob
 import logging
 import os
@@ -55,13 +56,19 @@ def test_in_process_fuzz_no_input_costs_more_than_50ms():
     s = Settings(None, 1 << 20)
     worst: dict[str, float] = {}
     codes: dict[str, set[str]] = {}
-    for cls, t, p in inputs:
-        c0 = time.process_time()
-        v = verdict(s, t, p)
-        cborscan.peek(p)
-        dt = time.process_time() - c0
-        worst[cls] = max(worst.get(cls, 0.0), dt)
-        codes.setdefault(cls, set()).add(v[1] if v[0] == "rejected" else "ok")
+    # CPU of this thread alone, no collector pauses: what the input costs, not what the rest of a
+    # long pytest process (leftover threads, a full GC late in the suite) costs meanwhile
+    gc.disable()
+    try:
+        for cls, t, p in inputs:
+            c0 = time.thread_time()
+            v = verdict(s, t, p)
+            cborscan.peek(p)
+            dt = time.thread_time() - c0
+            worst[cls] = max(worst.get(cls, 0.0), dt)
+            codes.setdefault(cls, set()).add(v[1] if v[0] == "rejected" else "ok")
+    finally:
+        gc.enable()
     assert max(worst.values()) < 0.050, worst
     assert not any("internal" in c for c in codes.values()), codes
     for cls in ("billion laughs (tags 28/29)", "rationals 900 KB (tag 30)", "tags", "floats / simple values"):
@@ -78,9 +85,10 @@ def test_poison_through_the_aggregator_core_is_cheap(tmp_path):
     cost > 60 s and 2 x 20 s), and the valid release after them is stored."""
     agg = Aggregator(fleet_cfg(tmp_path))
     for payload in (bh.billion_laughs(), bh.nested_rationals(), bh.nested_rationals(4 << 20)):
-        c0 = time.process_time()
+        gc.collect()  # (a collection here is the suite's cost, not the payload's)
+        c0 = time.thread_time()
         out = agg.handle(bh.topic("fuzz-dev"), payload)
-        assert time.process_time() - c0 < 0.05
+        assert time.thread_time() - c0 < 0.05
         assert out.status == "rejected" and out.code in ("type", "size"), out
     assert agg.handle(bh.topic("fuzz-dev"), bh.valid()).stored
     agg.close()

@@ -193,7 +193,7 @@ def test_hostile_device_over_tls(cluster, tmp_path):
     c.on_subscribe = lambda cl, u, mid, rcs, p=None: sub.append(rcs)
     c.connect("localhost", port)
     c.loop_start()
-    time.sleep(0.5)
+    assert wait_for(c.is_connected, 20), "dev1 could not connect"  # (a subscribe before CONNACK is lost)
     c.subscribe("pansketch/dev0/ack", qos=1)
     wait_for(lambda: bool(sub) or not c.is_connected(), 10)
     assert not c.is_connected() or all(getattr(r, "is_failure", r == 128) for r in sub[0]), sub
