@@ -44,7 +44,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import cbor2
 import numpy as np
 
 from agent import hashing, noise, storage
@@ -53,6 +52,7 @@ from agent.recorder import Recorder
 from agent.recorders import make
 from agent.rng import NoEntropyError, Rng
 
+from host_tools import cborscan
 from host_tools.audit.scenarios import Scenario
 
 # Recorder/Sketch/Rng attributes that are objects, not data (they are walked
@@ -614,7 +614,7 @@ def _drive(p: Params, sc: Scenario, world: int, source_for: Callable[[int], Any]
     for s in ob.pending():
         published[s] = ob.read(s)
     for s in sorted(published):
-        m = cbor2.loads(published[s])
+        m = cborscan.loads(published[s])  # bounded, byte-level checked (the release subset)
         releases.append(np.frombuffer(m["ctr"], dtype="<i4").astype(np.int64))
         rmeta.append({k: v for k, v in m.items() if k != "ctr"})
     return Run(moments, flash, flash_meta, releases, rmeta, [bytes(s.data) for s in srcs], target_cells(p, item),
