@@ -115,6 +115,40 @@ class Sketch:
         self._d4 = d == 4  # CPython's update unrolls the default depth
         # d = 4 and w a power of two <= 2**16: w - 1 (the unrolled update masks 16-bit row values), else 0
         self._mask = w - 1 if (d == 4 and w & (w - 1) == 0 and w <= 0x10000) else 0
+        if self._hs is not None and self._mask:  # CPython only (_hs): the per-event closure
+            self._cur = []
+            self._bind()
+
+    if _WORDS:
+        # CPython: ``update`` is a closure (agent/fastupdate.py) over memoryview rows
+        # of ``counters``; these properties refill its rows whenever the sketch
+        # is pointed at another array (the recorder swaps arrays at each
+        # release; tree mode sets ``arrays``). MicroPython (boards) keeps plain
+        # attributes and the method: none of this exists there.
+        @property
+        def counters(self):
+            return self._counters
+
+        @counters.setter
+        def counters(self, a):
+            self._counters = a
+            if "_cur" in self.__dict__:
+                self._bind()
+
+        @property
+        def arrays(self):
+            return self._arrays
+
+        @arrays.setter
+        def arrays(self, a):
+            self._arrays = a
+            if "_cur" in self.__dict__:
+                self._bind()
+
+        def _bind(self):
+            from agent import fastupdate
+
+            fastupdate.bind(self, _LOW4, _LOWSIGN4, _WORDS4)
 
     # -- updates -------------------------------------------------------
     def clip_weight(self, weight):

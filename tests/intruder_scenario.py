@@ -37,7 +37,7 @@ def _plain(v):
     """JSON-able copy of an attribute value (arrays and byte buffers as int lists)."""
     if isinstance(v, (bool, int, str)) or v is None:
         return v
-    if isinstance(v, (bytes, bytearray, array.array, list, tuple)):
+    if isinstance(v, (bytes, bytearray, array.array, list, tuple, memoryview)):
         out = []
         for x in v:
             out.append(_plain(x))
@@ -45,11 +45,16 @@ def _plain(v):
     return "<%s>" % type(v).__name__
 
 
+# CPython's Sketch keeps these behind properties (agent/sketch.py, Sketch._bind)
+_PROPERTY_STORE = {"_counters": "counters", "_arrays": "arrays"}
+
+
 def _attrs(obj, skip):
     out = {}
     for k in obj.__dict__:
-        if k not in skip:
-            out[k] = _plain(obj.__dict__[k])
+        name = _PROPERTY_STORE.get(k, k)
+        if name not in skip:
+            out[name] = _plain(obj.__dict__[k])
     return out
 
 

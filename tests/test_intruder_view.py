@@ -62,6 +62,9 @@ REC_ATTRS = {
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
 SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "_d4", "_mask", "arrays"}
+# CPython's per-event closure (agent/fastupdate.py): ``update`` holds only references, ``_cur`` four
+# memoryviews of the accumulator (the same bytes, checked in _check_views; [] in tree mode)
+SKETCH_CPYTHON_ATTRS = {"update", "_cur"}
 # kind dcs (agent/dcs.DyadicSketch): all public parameters or derived from them (the level hash prefixes)
 DCS_ATTRS = {"kind", "b", "d", "w", "clip", "levels", "map", "exact", "prefixes", "_words"}
 RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public"}
@@ -200,6 +203,14 @@ def _dedupe(arrays: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def _check_views(snap: dict) -> None:
+    """The closure's rows are views of the accumulator: the same cells, nothing of their own."""
+    cur = snap["sketch"].get("_cur")
+    if cur:
+        assert [c for row in cur for c in row] == snap["rec"]["counters"], snap["op"]
+        assert "update" in snap["sketch"]
+
+
 def check_whole_view(run: dict, releases: list[np.ndarray], cfg: dict = scen.CFG) -> None:
     p = Params(cfg)
     n = p.cells
@@ -216,7 +227,9 @@ def check_whole_view(run: dict, releases: list[np.ndarray], cfg: dict = scen.CFG
     for snap in snaps:
         assert set(snap["rec"]) == set(REC_ATTRS), set(snap["rec"]) ^ set(REC_ATTRS)
         want = DCS_ATTRS if p.kind == "dcs" else SKETCH_ATTRS
-        assert set(snap["sketch"]) == want, set(snap["sketch"]) ^ want
+        got = set(snap["sketch"]) - SKETCH_CPYTHON_ATTRS
+        assert got == want, got ^ want
+        _check_views(snap)
         assert set(snap["rng"]) == set(RNG_ATTRS), set(snap["rng"]) ^ set(RNG_ATTRS)
         # between calls the scratch buffers hold nothing
         assert not any(snap["rec"]["relbuf"]), snap["op"]
@@ -266,11 +279,14 @@ def _micropython_run(tmp_path: Path, fn: str, seed: str, cfg: dict) -> tuple[dic
 
 def _same(snaps: list[dict], hs: bool) -> str:
     """The snapshots but what differs by design between the VMs: paths and the CPython-only struct
-    reader; CPython keeps a hash state of the public prefix (cms/cs), which ``hs`` says every sketch has."""
+    reader; CPython keeps a hash state of the public prefix (cms/cs), which ``hs`` says every sketch has,
+    and its per-event closure with its views of the accumulator (checked in check_whole_view)."""
     for sn in snaps:
         for k in ("root", "state_path", "marker_path"):
             sn["rec"].pop(k)
         sn["sketch"].pop("_words")
+        sn["sketch"].pop("_cur", None)
+        sn["sketch"].pop("update", None)
         if hs:
             sn["sketch"].pop("_hs")
         else:
@@ -323,7 +339,8 @@ def check_tree_view(run: dict, releases: list[np.ndarray], cfg: dict = scen.CFG_
     worst = math.inf
     for snap in snaps:
         assert set(snap["rec"]) == set(TREE_REC_ATTRS), set(snap["rec"]) ^ set(TREE_REC_ATTRS)
-        assert set(snap["sketch"]) == SKETCH_ATTRS - {"arrays"}, snap["sketch"].keys()
+        assert set(snap["sketch"]) - SKETCH_CPYTHON_ATTRS == SKETCH_ATTRS - {"arrays"}, snap["sketch"].keys()
+        assert not snap["sketch"].get("_cur") and "update" not in snap["sketch"]  # tree mode: the method, no views
         assert set(snap["rng"]) == set(RNG_ATTRS)
         assert len(snap["rec"]["nodes"]) == p.levels  # one accumulator per level, no more
         assert not any(snap["rec"]["relbuf"]), snap["op"]

@@ -93,3 +93,61 @@ def test_builtin_sha256_gives_hashlibs_bytes_and_falls_back_without_it():
     root = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "4"
+
+
+def _reference(kind: str, w: int, start: list[int], evs: list) -> list[int]:
+    """Plain ints mod 2**32 per cell, cells from hashing.columns (hash version 1)."""
+    ref = list(start)
+    for x, v in evs:
+        for r, (col, sign) in enumerate(hashing.columns(PREFIX, x, 4, w)):
+            j = r * w + col
+            ref[j] = wrap32(ref[j] + (v * sign if kind == "cs" else v))
+    return ref
+
+
+@pytest.mark.parametrize("kind", ["cms", "cs"])
+def test_per_event_closure_wraps_weight_one_events_from_the_row_that_overflowed(kind):
+    """The closure (weight 1, text) stores through memoryview rows, which refuse a value outside
+    int32 with ValueError: every cell sits at the edge, so nearly every event wraps some row."""
+    w = 16
+    fast = Sketch(kind, 4, w, PREFIX)
+    assert "update" in fast.__dict__  # the closure is what callers get
+    start = [0x7FFFFFFF if i % 2 else -0x80000000 for i in range(4 * w)]
+    for i, v in enumerate(start):
+        fast.counters[i] = v
+    rnd = random.Random(11)
+    evs = [("e-%d" % rnd.randrange(300), 1) for _ in range(2000)]
+    for x, v in evs:
+        fast.update(x, v)
+    ref = _reference(kind, w, start, evs)
+    assert list(fast.counters) == ref
+    assert sum(1 for a, b in zip(start, ref) if (a > 0) != (b > 0)) > 4 * w // 4  # many cells really wrapped
+
+
+def test_per_event_closure_follows_the_array_the_sketch_holds():
+    """A caller that took ``update`` once (as feed and the benchmarks do) keeps counting into the array
+    the sketch holds now: after the recorder's swap of ``counters``, and into every array in tree mode."""
+    from agent.sketch import new_counters
+
+    s = Sketch("cs", 4, 64, PREFIX, clip=5)
+    u = s.update
+    first = s.counters
+    u("before")
+    second = new_counters(4 * 64)
+    s.counters = second  # the recorder's swap at a release
+    u("after")
+    u("weighted", 3)  # the method's path
+    assert list(first) == _reference("cs", 64, [0] * 256, [("before", 1)])
+    assert list(second) == _reference("cs", 64, [0] * 256, [("after", 1), ("weighted", 3)])
+    third = new_counters(4 * 64)
+    s.arrays = [second, third]  # tree mode: each event into every open level
+    assert "update" not in s.__dict__
+    u("tree")
+    s.update("tree2")
+    assert list(third) == _reference("cs", 64, [0] * 256, [("tree", 1), ("tree2", 1)])
+    s.arrays = None
+    assert "update" in s.__dict__
+    u("back")
+    assert list(first) == _reference("cs", 64, [0] * 256, [("before", 1)])  # never touched again
+    assert list(second) == _reference("cs", 64, [0] * 256,
+                                      [("after", 1), ("weighted", 3), ("tree", 1), ("tree2", 1), ("back", 1)])

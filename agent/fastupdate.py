@@ -1,0 +1,80 @@
+"""CPython's per-event ``Sketch.update`` for the default shapes (not on boards).
+
+For d = 4, w a power of two <= 2**16 and no tree levels, ``Sketch.update``
+is replaced per instance by a closure over four memoryview rows of the
+counters: no attribute lookups, no row offsets, and a memoryview store costs
+less than an ``array('i')`` store. Same cells and bytes as the method
+(dp-linear-sketches.txt Algorithm 1 with hash version 1, agent/hashing.py);
+tests/test_sketch_fastpath.py holds them equal, wraps included.
+
+The rows live in one list that :func:`bind` refills in place, so an
+``update`` a caller took earlier (feed, the benchmarks) follows the sketch
+to its next array; an empty list sends every event to the method.
+"""
+
+import weakref
+
+
+def bind(sk, low4, lowsign4, words4):
+    """Point ``sk``'s closure at the array it holds now (install it if needed),
+    or take it away (tree mode, ``arrays`` set): the method counts then."""
+    cur = sk.__dict__["_cur"]
+    a = sk.__dict__.get("_counters")
+    if a is None or sk.__dict__.get("_arrays") is not None:
+        del cur[:]
+        sk.__dict__.pop("update", None)
+        return
+    w = sk.w
+    mv = memoryview(a)
+    cur[:] = [mv[0:w], mv[w:2 * w], mv[2 * w:3 * w], mv[3 * w:4 * w]]
+    if "update" not in sk.__dict__:
+        sk.update = _closure(weakref.ref(sk), type(sk).update, cur, sk._hs.copy, sk._mask, sk.signed,
+                             low4, lowsign4, words4)
+
+
+def _closure(ref, method, cur, copy, m, signed, low4, lowsign4, words4):
+    """update(item, weight=1) for a text item of weight 1; anything else goes to
+    ``method``. A memoryview refuses a value outside int32 with ValueError
+    before it stores it: ``r`` rows are done and _wrap_rows goes on from there
+    (counters wrap mod 2**32, docs/PRIVACY.md "Counters wrap")."""
+    if signed:
+        def update(item, weight=1):
+            if weight != 1 or type(item) is not str or not cur:
+                return method(ref(), item, weight)
+            h = copy()
+            h.update(item.encode())
+            dg = h.digest()
+            c0, s0, c1, s1, c2, s2, c3, s3 = lowsign4(dg)
+            r0, r1, r2, r3 = cur
+            r = 0
+            try:
+                r0[c0 & m] += -1 if s0 > 127 else 1
+                r = 1
+                r1[c1 & m] += -1 if s1 > 127 else 1
+                r = 2
+                r2[c2 & m] += -1 if s2 > 127 else 1
+                r = 3
+                r3[c3 & m] += -1 if s3 > 127 else 1
+            except ValueError:
+                ref()._wrap_rows(words4(dg), r, 1)
+    else:
+        def update(item, weight=1):
+            if weight != 1 or type(item) is not str or not cur:
+                return method(ref(), item, weight)
+            h = copy()
+            h.update(item.encode())
+            dg = h.digest()
+            c0, c1, c2, c3 = low4(dg)
+            r0, r1, r2, r3 = cur
+            r = 0
+            try:
+                r0[c0 & m] += 1
+                r = 1
+                r1[c1 & m] += 1
+                r = 2
+                r2[c2 & m] += 1
+                r = 3
+                r3[c3 & m] += 1
+            except ValueError:
+                ref()._wrap_rows(words4(dg), r, 1)
+    return update
