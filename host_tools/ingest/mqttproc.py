@@ -203,11 +203,8 @@ def _client(s: Settings) -> Any:
 
     from agent.publisher import tcp_no_delay
 
-    from host_tools.ingest import pahofast
-
-    # fewer system calls per message (buffered reads, batched PUBACKs) where paho has the internals for it
-    cls = pahofast.BufferedClient if pahofast.supported() else mqtt.Client
-    c = cls(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5, manual_ack=True)
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5,
+                    manual_ack=True)
     b = s.broker
     if b.tls:
         c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
@@ -269,8 +266,6 @@ def serve(conn: Connection, s: Settings) -> int:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
     from paho.mqtt.subscribeoptions import SubscribeOptions
-
-    from host_tools.ingest import pahofast  # paho is imported in the child only
 
     client = _client(s)
     send_lock = threading.Lock()  # the network thread and the batcher both send
@@ -369,14 +364,9 @@ def serve(conn: Connection, s: Settings) -> int:
                 t0 = time.thread_time()
                 with ack_lock:
                     e = epoch[0]
-                    ones = []
                     for mid, qos in cmd[1]:
                         if mid >> EPOCH_SHIFT == e:  # else received on an earlier connection: dropped
-                            if qos == 1:
-                                ones.append(mid & PID_MASK)
-                            else:
-                                client.ack(mid & PID_MASK, qos)
-                    pahofast.ack_many(client, ones)  # one write for the group's PUBACKs
+                            client.ack(mid & PID_MASK, qos)
                 for topic, payload in cmd[2]:
                     client.publish(topic, payload, qos=1)
                 cpu["acks"] += time.thread_time() - t0
