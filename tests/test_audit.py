@@ -76,6 +76,18 @@ def test_model_reproduces_real_views_bit_for_bit() -> None:
         assert m.C[rel].min() >= 0 and m.delta[rel][[c for c, _ in m.cells]].tolist() == [1, 1]
 
 
+def test_default_shape_snapshots_have_no_attribute_that_differs_between_worlds() -> None:
+    """d = 4 and w a power of two: CPython's Sketch holds its per-event closure and memoryviews of the
+    accumulator (agent/fastupdate.py); the auditor reads the accumulator once, not the views' addresses."""
+    p = params(d=4, w=8)
+    sc = scenarios.for_mode("window", ["flush-part0"])[0]
+    m = model.learn(p, sc)
+    assert m.notes == []
+    r = device.run(p, sc, 1, lambda i: DeterministicSource("d4-%d" % i))
+    assert not any("_cur" in k for mo in r.moments for k in list(mo.meta) + list(mo.arrays)), r.moments[0].meta
+    assert any(k == "rec.counters" for k in r.moments[0].arrays)
+
+
 def test_outbox_failure_makes_a_longer_range_and_flush_a_part() -> None:
     p = params()
     sc = scenarios.for_mode("window", ["outbox-failure"])[0]

@@ -58,6 +58,7 @@ from host_tools.audit.scenarios import Scenario
 # Recorder/Sketch/Rng attributes that are objects, not data (they are walked
 # separately or hold no state of the data: config, log function, file paths).
 _SKIP = {"p", "rng", "sketch", "log", "outbox", "source"}
+_PROPERTY_STORE = {"_counters": "counters", "_arrays": "arrays"}  # CPython's Sketch keeps these behind properties
 
 
 class RecordingSource:
@@ -491,8 +492,10 @@ def _snapshot(label: str, rec: Recorder, n_flash: int, instance: int, src: Recor
         for k, v in obj.__dict__.items():
             if k in _SKIP or id(v) in seen:
                 continue
+            if isinstance(v, list) and v and all(isinstance(x, memoryview) for x in v):
+                continue  # views of an array already in the view, no bytes of their own (CPython's closure: agent/fastupdate.py)
             seen.add(id(v))
-            key = name + "." + k
+            key = name + "." + _PROPERTY_STORE.get(k, k)
             if isinstance(v, array.array):
                 arrays[key] = np.array(v, dtype=np.int64)
             elif isinstance(v, (list, tuple)) and v and all(isinstance(x, array.array) for x in v):
