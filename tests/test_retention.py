@@ -207,6 +207,7 @@ def test_the_running_aggregator_prunes_between_groups(tmp_path):
         assert a.close() == 0
         dev.loop_stop()
         dev.disconnect()
+        b.stop()  # (the broker outlived the test run before)
     oks = sorted(s for p in acks for s in json.loads(p).get("ok", []))
     assert oks == [1, 4]  # the fresh release and the re-send of the pruned one
     with Store(cfg.aggregator.db, readonly=True) as st:
