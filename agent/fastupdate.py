@@ -36,7 +36,8 @@ def _closure(ref, method, cur, copy, m, signed, low4, lowsign4, words4):
     """update(item, weight=1) for a text item of weight 1; anything else goes to
     ``method``. A memoryview refuses a value outside int32 with ValueError
     before it stores it: ``r`` rows are done and _wrap_rows goes on from there
-    (counters wrap mod 2**32, docs/PRIVACY.md "Counters wrap")."""
+    (counters wrap mod 2**32, docs/PRIVACY.md "Counters wrap"). Two bodies, one
+    per kind, on purpose: choosing the sign rule per event would cost every event."""
     if signed:
         def update(item, weight=1):
             if weight != 1 or type(item) is not str or not cur:

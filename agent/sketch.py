@@ -75,6 +75,20 @@ def totals(items, weights, clip):
     return agg
 
 
+if _WORDS:
+    def _rebinding(store):
+        """A property kept in ``store`` whose setter re-points the per-event closure (Sketch._bind)."""
+        def get(self):
+            return self.__dict__[store]
+
+        def put(self, a):
+            self.__dict__[store] = a
+            if "_cur" in self.__dict__:
+                self._bind()
+
+        return property(get, put)
+
+
 class Sketch:
     """A d x w linear sketch of int32 counters.
 
@@ -125,25 +139,8 @@ class Sketch:
         # is pointed at another array (the recorder swaps arrays at each
         # release; tree mode sets ``arrays``). MicroPython (boards) keeps plain
         # attributes and the method: none of this exists there.
-        @property
-        def counters(self):
-            return self._counters
-
-        @counters.setter
-        def counters(self, a):
-            self._counters = a
-            if "_cur" in self.__dict__:
-                self._bind()
-
-        @property
-        def arrays(self):
-            return self._arrays
-
-        @arrays.setter
-        def arrays(self, a):
-            self._arrays = a
-            if "_cur" in self.__dict__:
-                self._bind()
+        counters = _rebinding("_counters")
+        arrays = _rebinding("_arrays")
 
         def _bind(self):
             from agent import fastupdate
