@@ -280,9 +280,10 @@ def test_backstop_never_kills_the_successor_of_a_process_that_died_validating(tm
 
 
 def test_inbox_drops_qos0_past_its_backlog_but_never_qos1():
-    """QoS 1 arrivals are bounded by Receive Maximum, QoS 0 ones by nothing: a flood of them used to
-    grow the MQTT process's inbox while validation fell behind. Past the backlog a QoS 0 arrival is
-    dropped and counted (the batcher reports the count once); a QoS 1 one is always kept."""
+    """QoS 0 arrivals are bounded by nothing upstream: a flood of them used to grow the MQTT process's
+    inbox while validation fell behind. Past the backlog a QoS 0 arrival is dropped and counted (the
+    batcher reports the count once); a QoS 1 one is never dropped (below its own bound it is kept
+    at once; at the bound the network thread waits: next test)."""
     import threading
 
     from host_tools.ingest.mqttproc import Inbox
@@ -290,7 +291,7 @@ def test_inbox_drops_qos0_past_its_backlog_but_never_qos1():
     box = Inbox(qos0_max=3)
     assert all(box.add(("t", b"x", i, 0)) for i in range(3))
     assert not box.add(("t", b"x", 3, 0)) and not box.add(("t", b"x", 4, 0))
-    assert box.add(("t", b"x", 5, 1))  # QoS 1 past the backlog: kept
+    assert box.add(("t", b"x", 5, 1))  # QoS 1 past the QoS 0 backlog: kept
     batch, dropped = box.take(threading.Event())
     assert [m[2] for m in batch] == [0, 1, 2, 5] and dropped == 2
     assert box.add(("t", b"x", 6, 0))  # room again
@@ -299,3 +300,37 @@ def test_inbox_drops_qos0_past_its_backlog_but_never_qos1():
     closing = threading.Event()
     closing.set()
     assert box.take(closing) == ([], 0)  # closing: no wait
+
+
+def test_inbox_holds_qos1_at_its_bound_until_taken_and_takes_at_most_a_batch():
+    """At ``qos1_max`` waiting messages add() of a QoS 1 message waits (never drops it) until take()
+    makes room, then keeps it after the others; take() returns at most ``limit``, oldest first;
+    closing releases a waiting add() (the process is stopping)."""
+    import threading
+    import time
+
+    from host_tools.ingest.mqttproc import Inbox
+
+    box = Inbox(qos1_max=4)
+    for i in range(4):
+        assert box.add(("t", b"x", i, 1))
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (box.add(("t", b"x", 4, 1)), done.set()), daemon=True)
+    t.start()
+    assert not done.wait(0.3)  # held at the bound
+    batch, _d = box.take(threading.Event(), limit=3)
+    assert [m[2] for m in batch] == [0, 1, 2]
+    assert done.wait(5)  # room: the held message went in, after the one still waiting
+    batch, _d = box.take(threading.Event())
+    assert [m[2] for m in batch] == [3, 4] and box.waits == 1 and box.peak == 4
+    for i in range(4):
+        box.add(("t", b"x", 10 + i, 1))
+    closing = threading.Event()
+    box.closing = closing
+    done.clear()
+    t = threading.Thread(target=lambda: (box.add(("t", b"x", 20, 1)), done.set()), daemon=True)
+    t.start()
+    time.sleep(0.2)
+    closing.set()
+    box.wake()
+    assert done.wait(5)

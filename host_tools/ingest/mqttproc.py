@@ -203,8 +203,11 @@ def _client(s: Settings) -> Any:
 
     from agent.publisher import tcp_no_delay
 
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5,
-                    manual_ack=True)
+    from host_tools.ingest import pahofast
+
+    # fewer system calls and no per-packet properties object per release, where paho has the internals for it
+    cls = pahofast.BufferedClient if pahofast.supported() else mqtt.Client
+    c = cls(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5, manual_ack=True)
     b = s.broker
     if b.tls:
         c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
@@ -218,47 +221,67 @@ def _client(s: Settings) -> Any:
 
 
 QOS0_BACKLOG = 4096  # messages waiting in the inbox past which a QoS 0 arrival is dropped
+QOS1_BACKLOG = 1024  # messages waiting in the inbox past which the network thread waits (QoS 1 and 2)
+BATCH_MAX = 256  # messages validated and forwarded as one batch (the aggregator's GROUP_MAX)
 
 
 class Inbox:
     """What the network thread received, waiting for the batcher (validation, forwarding).
 
-    QoS 1 messages are bounded by Receive Maximum (the broker sends no more unacknowledged
-    ones); QoS 0 messages are not, so a flood of them (any client may publish at QoS 0) would
-    grow this list while validation falls behind, until the process ran out of memory and
-    the aggregator stopped. Past ``qos0_max`` waiting messages a QoS 0 arrival is dropped and
-    counted: QoS 0 promises no delivery, and a device re-sends a release until the host
-    acknowledges it (the agent publishes releases at QoS 1)."""
+    Both kinds are bounded. QoS 0: any client may publish at QoS 0 and nothing bounds how fast the
+    broker passes it on, so a flood would grow this list while validation falls behind, until the
+    process ran out of memory and the aggregator stopped. Past ``qos0_max`` waiting messages a QoS 0
+    arrival is dropped and counted: QoS 0 promises no delivery, and a device re-sends a release until
+    the host acknowledges it (the agent publishes releases at QoS 1). QoS 1 should be bounded by
+    Receive Maximum, but mosquitto 2.0.11 (Debian 12) goes past it once PUBACKs come back in groups
+    (measured: 5,232 unacknowledged with Receive Maximum 1,024; tests/test_pahofast.py), and an
+    unacknowledged QoS 1 message must not be dropped (the broker sends it again only after a
+    reconnect). Past ``qos1_max`` waiting messages the network thread waits in :meth:`add` until
+    the batcher takes some: the broker's bytes stay in the kernel and the broker (TCP flow
+    control), not here. The batcher never waits for the network thread, so this cannot deadlock
+    (it waits only for the aggregator, which commits and acknowledges without this process).
+    """
 
-    def __init__(self, qos0_max: int = QOS0_BACKLOG) -> None:
+    def __init__(self, qos0_max: int = QOS0_BACKLOG, qos1_max: int = QOS1_BACKLOG) -> None:
         self.items: list[tuple[str, bytes, int, int]] = []
         self.cond = threading.Condition()
         self.qos0_max = qos0_max
+        self.qos1_max = qos1_max
         self.dropped = 0  # since the last take()
+        self.waits = 0  # times the network thread waited for room
+        self.peak = 0
+        self.closing: Optional[threading.Event] = None  # set: add() stops waiting
 
     def add(self, item: tuple[str, bytes, int, int]) -> bool:
         with self.cond:
-            if item[3] == 0 and len(self.items) >= self.qos0_max:
-                self.dropped += 1
-                return False
+            if item[3] == 0:
+                if len(self.items) >= self.qos0_max:
+                    self.dropped += 1
+                    return False
+            elif len(self.items) >= self.qos1_max:
+                self.waits += 1
+                while len(self.items) >= self.qos1_max and not (self.closing is not None and self.closing.is_set()):
+                    self.cond.wait(0.5)
             self.items.append(item)
-            if len(self.items) == 1:
-                self.cond.notify()
+            self.peak = max(self.peak, len(self.items))
+            self.cond.notify_all()
             return True
 
-    def take(self, closing: threading.Event) -> tuple[list[tuple[str, bytes, int, int]], int]:
-        """Everything waiting (blocks until something is, or ``closing``), and the drops since last time."""
+    def take(self, closing: threading.Event, limit: int = BATCH_MAX) -> tuple[list[tuple[str, bytes, int, int]], int]:
+        """Up to ``limit`` waiting messages, oldest first (blocks until one is, or ``closing``), and the
+        drops since last time."""
         with self.cond:
             while not self.items and not closing.is_set():
                 self.cond.wait(0.5)
-            batch = self.items[:]
-            self.items.clear()
+            batch = self.items[:limit]
+            del self.items[:limit]
             dropped, self.dropped = self.dropped, 0
+            self.cond.notify_all()  # room for a waiting add()
             return batch, dropped
 
     def wake(self) -> None:
         with self.cond:
-            self.cond.notify()
+            self.cond.notify_all()
 
 
 def serve(conn: Connection, s: Settings) -> int:
@@ -267,10 +290,13 @@ def serve(conn: Connection, s: Settings) -> int:
     from paho.mqtt.properties import Properties
     from paho.mqtt.subscribeoptions import SubscribeOptions
 
+    from host_tools.ingest import pahofast  # paho is imported in the child only
+
     client = _client(s)
     send_lock = threading.Lock()  # the network thread and the batcher both send
     inbox = Inbox()
     closing = threading.Event()
+    inbox.closing = closing
     # the connection a message came on: Msg.mid = ... | epoch << EPOCH_SHIFT | packet id. A packet id names a
     # message only on its connection (after a clean-session reconnect the same id is another message, not
     # stored yet): an ack from before a reconnect is dropped (the message comes again; storing is idempotent).
@@ -334,6 +360,10 @@ def serve(conn: Connection, s: Settings) -> int:
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
+    if isinstance(client, pahofast.BufferedClient):
+        # a release without MQTT v5 properties comes here straight from the packet (pahofast)
+        client.on_fast = lambda t, p, mid, q: inbox.add((t, p, epoch[0] << EPOCH_SHIFT | mid, q))
+
     def on_disconnect(_c: Any, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         new_epoch()
         send(("disconnected", str(rc)))
@@ -364,9 +394,14 @@ def serve(conn: Connection, s: Settings) -> int:
                 t0 = time.thread_time()
                 with ack_lock:
                     e = epoch[0]
+                    ones = []
                     for mid, qos in cmd[1]:
                         if mid >> EPOCH_SHIFT == e:  # else received on an earlier connection: dropped
-                            client.ack(mid & PID_MASK, qos)
+                            if qos == 1:
+                                ones.append(mid & PID_MASK)
+                            else:
+                                client.ack(mid & PID_MASK, qos)
+                    pahofast.ack_many(client, ones)  # one queued write for the group's PUBACKs
                 for topic, payload in cmd[2]:
                     client.publish(topic, payload, qos=1)
                 cpu["acks"] += time.thread_time() - t0

@@ -1,0 +1,136 @@
+"""paho's MQTT client with fewer system calls per message (the aggregator's MQTT process).
+
+paho reads each packet with at least three ``recv`` calls (the command
+byte, each byte of the remaining length, then the body) and goes back to
+``select()`` between packets; each PUBACK is a packet of its own (a wake-up
+write and a ``send``). At 16 KB releases that was about a third of the MQTT
+process's CPU (bench-results/host.json, ``mqtt_client``). This client:
+
+* reads the socket up to :data:`READ_SIZE` bytes at a time into a buffer
+  that paho's packet reader takes its small reads from. One ``loop_read``
+  goes on through the packets already in the buffer but never reads the
+  socket again for them, so it stays bounded, and what is left in the
+  kernel still wakes ``select()``;
+* queues a batch of PUBACKs as one write (:func:`ack_many`);
+* hands a PUBLISH without MQTT v5 properties (every release: devices set
+  none, and this client asks the broker for no topic aliases or
+  subscription identifiers) straight to :attr:`BufferedClient.on_fast`,
+  without paho's ``Properties`` object (a third of paho's CPU per 16 KB
+  message: it builds its table of property names for every packet) or
+  ``MQTTMessage``. A PUBLISH with properties, QoS 2, or bytes that do not
+  add up goes to paho's own handler, which decodes or refuses it as
+  before.
+
+Everything else (keepalive, reconnects, TLS, the packet reader and its
+limits) is paho's. These rely on paho internals (``_sock_recv``,
+``loop_read``, ``_packet_queue``, ``_manual_ack``, ``_in_packet``,
+``_handle_publish``); :func:`supported` checks that they are there, and the
+MQTT process uses the plain client when they are not. tests/test_mqttproc.py runs it against a real mosquitto.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable, Iterable, Optional
+
+import paho.mqtt.client as mqtt
+
+READ_SIZE = 256 * 1024
+PUBACK = 0x40
+_PUBACK = struct.Struct("!BBH")  # fixed header, remaining length 2, packet id (v5: reason 0 omitted)
+
+
+def supported() -> bool:
+    """paho has the internals this client builds on (2.x does)."""
+    return all(hasattr(mqtt.Client, n) for n in ("_sock_recv", "loop_read", "_packet_read", "_packet_queue",
+                                                  "_handle_publish", "_handle_on_message"))
+
+
+class BufferedClient(mqtt.Client):
+    """``mqtt.Client`` whose packet reader takes its reads from a buffer (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rbuf = b""
+        self._rpos = 0
+        self._rsock: Any = None  # the socket the buffer was read from: a new connection starts empty
+        self._no_refill = False
+        # PUBLISH without properties goes to on_fast(topic, payload, mid, qos) instead of on_message and the
+        # message_callback_add filters (the MQTT process uses neither); None: paho's path for every PUBLISH
+        self.on_fast: Optional[Callable[[str, bytes, int, int], None]] = None
+
+    def buffered(self) -> int:
+        """Bytes read from the socket that the packet reader has not taken yet."""
+        return len(self._rbuf) - self._rpos if self._rsock is self._sock else 0
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        buf = self._rbuf
+        pos = self._rpos
+        if self._rsock is not self._sock or pos >= len(buf):
+            if self._no_refill:
+                raise BlockingIOError()  # paho: "again later", with its partial packet kept
+            buf = super()._sock_recv(READ_SIZE)  # raises as paho's (BlockingIOError, OSError, ...)
+            self._rsock = self._sock
+            self._rbuf = buf
+            pos = 0
+            if not buf:
+                return buf  # the connection closed
+        out = buf[pos:pos + bufsize]
+        self._rpos = pos + len(out)
+        return out
+
+    def loop_read(self, max_packets: int = 1) -> Any:
+        rc = super().loop_read(max_packets)
+        # the packets already buffered, without reading the socket again (bounded; select() sees the rest)
+        self._no_refill = True
+        try:
+            while rc == mqtt.MQTT_ERR_SUCCESS and self._sock is not None and self.buffered() > 0:
+                rc = super().loop_read(1)
+        finally:
+            self._no_refill = False
+        return rc
+
+
+    def _handle_publish(self) -> Any:
+        fast = self.on_fast
+        if fast is None or self._protocol != mqtt.MQTTv5:
+            return super()._handle_publish()
+        cmd = self._in_packet["command"]
+        qos = (cmd >> 1) & 3
+        pkt = self._in_packet["packet"]
+        n = len(pkt)
+        if qos == 2 or n < 2:
+            return super()._handle_publish()
+        tl = pkt[0] << 8 | pkt[1]
+        pos = 2 + tl
+        mid = 0
+        if qos:
+            if pos + 2 > n:
+                return super()._handle_publish()
+            mid = pkt[pos] << 8 | pkt[pos + 1]
+            pos += 2
+        # property length 0 (one byte 0x00): anything else is paho's to decode
+        if pos >= n or pkt[pos] != 0:
+            return super()._handle_publish()
+        try:
+            topic = pkt[2:2 + tl].decode("utf-8")
+        except UnicodeDecodeError:
+            return super()._handle_publish()
+        payload = pkt[pos + 1:]
+        with self._in_callback_mutex:
+            fast(topic, payload, mid, qos)
+        if qos == 1 and not self._manual_ack:
+            return self._send_puback(mid)
+        return mqtt.MQTT_ERR_SUCCESS
+
+
+def ack_many(client: Any, mids: Iterable[int]) -> None:
+    """PUBACK each QoS 1 packet id in ``mids``: one queued write for all of them on a
+    :class:`BufferedClient` (manual-ack mode), ``client.ack`` each on any other client."""
+    if not isinstance(client, BufferedClient) or not client._manual_ack:
+        for mid in mids:
+            client.ack(mid, 1)
+        return
+    blob = b"".join([_PUBACK.pack(PUBACK, 2, mid) for mid in mids])
+    if blob:
+        client._packet_queue(PUBACK, blob, 0, 0)

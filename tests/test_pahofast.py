@@ -1,0 +1,237 @@
+"""host_tools/ingest/pahofast.py against a real mosquitto: the buffered reader delivers every message
+byte for byte (small ones many to a read, large ones over many reads, over TLS too) without leaving
+any in its buffer, through paho's handler or the fast path; a PUBLISH with properties still goes to
+paho's; a batch of PUBACKs in one write is what the broker takes as acknowledged; and the MQTT
+process's inbox holds the network thread back at its bound without losing a message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from host_tools.ingest import pahofast
+from tests.broker import make_test_pki, needs_mosquitto, start_mosquitto
+
+pytestmark = needs_mosquitto
+
+
+def _sub(port: int, cid: str, clean: bool = True, tls: Any = None, auto_ack: bool = False,
+         fast: bool = False) -> tuple[pahofast.BufferedClient, list[Any], Any]:
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    got: list[Any] = []
+    ready = threading.Event()
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5,
+                                manual_ack=True)
+    if tls is not None:
+        c.tls_set(ca_certs=tls["cafile"])
+    def on_message(_c: Any, _u: Any, m: Any) -> None:
+        got.append((m.topic, m.payload, m.mid, m.dup))
+        if auto_ack:  # else the broker stops at 20 unacknowledged (max_inflight_messages)
+            pahofast.ack_many(c, [m.mid])
+
+    def on_fast(topic: str, payload: bytes, mid: int, qos: int) -> None:
+        got.append((topic, payload, mid, "fast", qos))
+        if auto_ack and qos:
+            pahofast.ack_many(c, [mid])
+
+    c.on_message = on_message
+    if fast:
+        c.on_fast = on_fast
+    c.on_subscribe = lambda *_a: ready.set()
+    c.on_connect = lambda cl, *_a: cl.subscribe("t/#", qos=1)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 0 if clean else 300
+    c.connect("localhost" if tls else "127.0.0.1", port, clean_start=clean, properties=props)
+    c.loop_start()
+    assert ready.wait(10)
+    return c, got, ready
+
+
+def _publish(port: int, msgs: list[tuple[str, bytes]], tls: Any = None) -> None:
+    p = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="pub", protocol=mqtt.MQTTv5)
+    if tls is not None:
+        p.tls_set(ca_certs=tls["cafile"])
+    p.connect("localhost" if tls else "127.0.0.1", port)
+    p.loop_start()
+    infos = [p.publish(t, pl, qos=1) for t, pl in msgs]
+    for i in infos:
+        i.wait_for_publish(20)
+    p.disconnect()
+    p.loop_stop()
+
+
+def _wait(pred: Any, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+@pytest.mark.parametrize("tls,fast", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["tcp", "tls", "tcp-fast", "tls-fast"])
+def test_buffered_reader_delivers_every_message_and_leaves_none_buffered(tmp_path, tls, fast):
+    """A burst of 300 small messages (many packets to one read, the last ones with nothing after them:
+    a reader that left them in its buffer would hold them until the next keepalive, 60 s), then
+    messages larger than READ_SIZE (one packet over many reads) and sizes around it; through paho's
+    handler, or (``fast``) every one through on_fast (none of them has properties)."""
+    pki = make_test_pki(tmp_path / "pki") if tls else None
+    b = start_mosquitto(tmp_path, tls=pki)
+    port = b.tls_port if tls else b.port
+    c, got, _r = _sub(port, "fast-sub", tls=pki, auto_ack=True, fast=fast)
+    try:
+        small = [("t/s/%d" % i, bytes([i % 256]) * (i % 97 + 1)) for i in range(300)]
+        _publish(port, small, pki)
+        assert _wait(lambda: len(got) == len(small), 10), len(got)
+        big = [("t/b/%d" % i, bytes(range(256)) * (n // 256) + b"x" * (n % 256))
+               for i, n in enumerate((pahofast.READ_SIZE - 3, pahofast.READ_SIZE + 5, 3 * pahofast.READ_SIZE + 17, 1))]
+        _publish(port, big, pki)
+        assert _wait(lambda: len(got) == len(small) + len(big), 20), len(got)
+        assert [(g[0], g[1]) for g in got] == small + big  # in order, byte for byte
+        assert all((g[3] == "fast") == fast for g in got)
+        assert c.buffered() == 0
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        b.stop()
+
+
+def test_ack_many_is_one_write_the_broker_takes_as_acknowledged(tmp_path):
+    """Three of five messages acknowledged with ack_many: after a reconnect to the persistent session the
+    broker redelivers exactly the other two (dup set); acknowledged with ack_many too, nothing more comes."""
+    b = start_mosquitto(tmp_path)
+    c, got, _r = _sub(b.port, "acker", clean=False)
+    sent: list[Any] = []
+    c._packet_queue = (lambda orig: lambda *a: (sent.append(a[1]), orig(*a))[1])(c._packet_queue)  # type: ignore
+    try:
+        msgs = [("t/a/%d" % i, b"m%d" % i) for i in range(5)]
+        _publish(b.port, msgs)
+        assert _wait(lambda: len(got) == 5, 10)
+        n0 = len(sent)
+        pahofast.ack_many(c, [got[i][2] for i in (0, 2, 4)])
+        assert len(sent) == n0 + 1 and len(sent[-1]) == 12  # one queued write, three 4-byte PUBACKs
+        time.sleep(0.5)  # the loop thread writes it
+        c.disconnect()
+        c.loop_stop()
+        c, got2, _r = _sub(b.port, "acker", clean=False)
+        assert _wait(lambda: len(got2) == 2, 10), got2
+        assert sorted(t for t, _p, _m, _d in got2) == ["t/a/1", "t/a/3"] and all(d for *_x, d in got2)
+        pahofast.ack_many(c, [m for _t, _p, m, _d in got2])
+        time.sleep(0.5)
+        c.disconnect()
+        c.loop_stop()
+        c, got3, _r = _sub(b.port, "acker", clean=False)
+        time.sleep(1.0)
+        assert got3 == []
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        b.stop()
+
+
+def test_fast_path_takes_only_publishes_without_properties(tmp_path):
+    """on_fast gets QoS 0 and QoS 1 publishes without MQTT v5 properties (topic, payload, packet id,
+    QoS); a publish with properties (here a user property and a content type) goes to paho's handler,
+    which decodes them for on_message; an empty payload and a topic of 300 bytes pass the fast path."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    b = start_mosquitto(tmp_path)
+    c, got, _r = _sub(b.port, "fast-props", auto_ack=True, fast=True)
+    props_seen: list[Any] = []
+    orig = c.on_message
+
+    def on_message(cl: Any, u: Any, m: Any) -> None:
+        props_seen.append((m.topic, m.properties.UserProperty, m.properties.ContentType))
+        orig(cl, u, m)
+
+    c.on_message = on_message
+    p = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="pub-props", protocol=mqtt.MQTTv5)
+    p.connect("127.0.0.1", b.port)
+    p.loop_start()
+    try:
+        pp = Properties(PacketTypes.PUBLISH)
+        pp.UserProperty = ("k", "v")
+        pp.ContentType = "application/cbor"
+        long_topic = "t/" + "x" * 298
+        infos = [p.publish("t/q1", b"one", qos=1), p.publish("t/q0", b"zero", qos=0),
+                 p.publish("t/props", b"with", qos=1, properties=pp), p.publish("t/empty", b"", qos=1),
+                 p.publish(long_topic, b"long", qos=1)]
+        for i in infos:
+            i.wait_for_publish(10)
+        assert _wait(lambda: len(got) == 5, 10), got
+        by = {g[0]: g for g in got}
+        assert by["t/q1"][1:2] == (b"one",) and by["t/q1"][3:] == ("fast", 1) and by["t/q1"][2] > 0
+        assert by["t/q0"][1] == b"zero" and by["t/q0"][3:] == ("fast", 0)
+        assert by["t/empty"][1] == b"" and by["t/empty"][3] == "fast"
+        assert by[long_topic][1] == b"long" and by[long_topic][3] == "fast"
+        assert by["t/props"][1] == b"with" and len(by["t/props"]) == 4  # paho's on_message, not on_fast
+        assert props_seen == [("t/props", [("k", "v")], "application/cbor")]
+    finally:
+        p.disconnect()
+        p.loop_stop()
+        c.disconnect()
+        c.loop_stop()
+        b.stop()
+
+
+def test_inbox_bound_holds_the_network_thread_and_loses_nothing(tmp_path):
+    """The MQTT process's inbox on a real connection: the broker may send more unacknowledged QoS 1
+    messages than Receive Maximum (mosquitto 2.0.11 does once PUBACKs come back in groups), so at
+    its bound the inbox makes paho's network thread wait inside the callback until the batcher
+    takes some. 400 messages through an inbox of 16 with a slow batcher acknowledging in groups
+    of 32: every one arrives exactly once, in order, the inbox never held more than 16, and the
+    network thread did wait (a test that never reached the bound would prove nothing)."""
+    from host_tools.ingest.mqttproc import Inbox
+
+    b = start_mosquitto(tmp_path)
+    c, _got, _r = _sub(b.port, "bounded", fast=True)
+    box = Inbox(qos1_max=16)
+    closing = threading.Event()
+    box.closing = closing
+    c.on_fast = lambda t, p, mid, q: box.add((t, p, mid, q))
+    taken: list[Any] = []
+
+    def batcher() -> None:
+        while not closing.is_set() and len(taken) < 400:
+            batch, _d = box.take(closing, limit=32)
+            time.sleep(0.01)  # validation and forwarding take time
+            taken.extend(batch)
+            pahofast.ack_many(c, [m[2] for m in batch if m[3] == 1])
+
+    t = threading.Thread(target=batcher, daemon=True)
+    t.start()
+    try:
+        msgs = [("t/n/%d" % i, b"%d" % i * 50) for i in range(400)]
+        _publish(b.port, msgs)
+        assert _wait(lambda: len(taken) == 400, 30), len(taken)
+        assert [(m[0], m[1]) for m in taken] == msgs
+        assert box.peak <= 16 and box.waits > 0, (box.peak, box.waits)
+    finally:
+        closing.set()
+        box.wake()
+        t.join(5)
+        c.disconnect()
+        c.loop_stop()
+        b.stop()
+
+
+def test_plain_client_falls_back_to_paho_ack():
+    """ack_many on a client that is not a BufferedClient acknowledges through paho, one by one."""
+    acked: list[tuple[int, int]] = []
+
+    class Stub:
+        def ack(self, mid: int, qos: int) -> None:
+            acked.append((mid, qos))
+
+    pahofast.ack_many(Stub(), [3, 9])
+    assert acked == [(3, 1), (9, 1)]
+    assert pahofast.supported()
