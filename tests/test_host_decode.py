@@ -441,3 +441,95 @@ def test_payload_frames_between_processes():
     ca.close()
     with pytest.raises(EOFError):
         child.recv_frame(cb)
+
+
+@pytest.mark.parametrize("shape", ["v1", "v2", "strhh", "dcs"])
+def test_template_reader_agrees_with_the_general_reader(shape):
+    """cborscan's regular-expression reader of the common case (decode's first try) either declines or
+    returns exactly what the general reader returns (value, canonical, counter offset), for each key
+    set a device writes (v1; v2; v2 with kind strhh's and dcs's extra fields), on random mutations of
+    the header and on crafted near-misses it must decline: a longer head than needed, a negative
+    integer, a trailing byte, counters running past the end, invalid UTF-8, a key out of order."""
+    import random
+
+    from agent import cbor as acbor
+    from host_tools import cborscan
+    from host_tools.ingest.decode import _TEMPLATES
+
+    def plain(o):
+        if isinstance(o, memoryview):
+            return bytes(o)
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        return [plain(v) for v in o] if isinstance(o, list) else o
+
+    m = release_map(params(w=16), seq=70000, nz=300, elo=2 ** 40, ehi=2 ** 40 + 1)
+    if shape == "v1":
+        del m["lvl"]
+        m["v"] = 1
+    elif shape == "strhh":
+        m.update(kind="strhh", b=8)
+    elif shape == "dcs":
+        m.update(kind="dcs", b=8, map=[3, 2, 70000])
+    good = acbor.dumps(m)
+    t = _TEMPLATES[len(m)]
+    fast = t.read(good, memoryview(good))
+    ref = cborscan.scan(good, views=True)
+    assert fast is not None and plain(fast.obj) == plain(ref.obj) == m and fast.offsets == ref.offsets
+    assert cborscan.scan(good, views=True, known={}, templates=_TEMPLATES) == fast
+    ctr = good.index(b"\x63ctr")
+    rng = random.Random(12)
+    took = [0, 0]
+    for _ in range(3000):
+        b = bytearray(good)
+        for _k in range(rng.randint(1, 3)):  # mostly in the header, where the structure is
+            i = rng.randrange(ctr + 8) if rng.random() < 0.8 else rng.randrange(len(b))
+            b[i] = rng.randrange(256)
+        if rng.random() < 0.1:
+            b = b[:rng.randrange(len(b))]
+        b = bytes(b)
+        fast = t.read(b, memoryview(b))
+        took[fast is not None] += 1
+        if fast is None:
+            continue
+        ref = cborscan.scan(memoryview(b), views=True)  # must not raise: the template accepted it
+        assert plain(fast.obj) == plain(ref.obj) and ref.canonical, b
+        assert fast.offsets == ref.offsets
+        assert acbor.dumps(plain(fast.obj)) == b
+    assert took[0] > 500 and took[1] > 100  # both answers exercised
+    near = [good + b"\0",  # a trailing byte
+            good.replace(b"\x62nz\x19\x01\x2c", b"\x62nz\x1a\x00\x00\x01\x2c"),  # a longer head for nz = 300
+            good.replace(b"\x63seq\x1a\x00\x01\x11\x70", b"\x63seq\x3a\x00\x01\x11\x70"),  # seq negative
+            good[:-1]]  # the last byte missing
+    bad_utf8 = bytearray(good)
+    dv = good.index(b"\x63dev") + 4
+    bad_utf8[dv + 1] = 0xFF  # the device id's first byte: not UTF-8
+    near.append(bytes(bad_utf8))
+    ctr_at = good.index(b"\x63ctr") + 4
+    long_ctr = bytearray(good)
+    long_ctr[ctr_at + 1:ctr_at + 3] = (0xFFFF).to_bytes(2, "big")  # counters said to run past the end
+    near.append(bytes(long_ctr))
+    if shape == "dcs":
+        near.append(acbor.dumps(dict(m, map=[3, 2, -5])))  # a negative offset: the general reader's
+    for b in near:
+        assert b != good
+        assert t.read(b, memoryview(b)) is None, b[:80]
+    assert sum(good.count(x) for x in (b"\x63seq\x1a", b"\x62nz\x19\x01\x2c")) == 2  # the replacements hit
+    swapped = acbor.dumps(m).replace(b"\x61L", b"\x61X", 1)  # another key: not this template's key set
+    assert t.read(swapped, None) is None
+
+
+def test_template_with_the_byte_string_last_checks_its_length():
+    """A template whose byte string is the last field ends right after it: a length that runs past the
+    end of the message is declined (the pattern after it is empty, so only the length check stops it)."""
+    from agent import cbor as acbor
+    from host_tools import cborscan
+
+    t = cborscan.Template([("a", "u"), ("zzz", "b")])
+    good = acbor.dumps({"a": 5, "zzz": b"xyz"})
+    r = t.read(good, None)
+    assert r is not None and r.obj == {"a": 5, "zzz": b"xyz"} and r.offsets == {"zzz": len(good) - 3}
+    assert t.read(good[:-1], None) is None  # 3 bytes said, 2 there
+    assert t.read(good + b"\0", None) is None
+    with pytest.raises(ValueError):
+        cborscan.Template([("a", "b"), ("c", "b")])

@@ -276,6 +276,13 @@ def decode(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20
 
 # every field name of every version and kind: cborscan's one-pass reader of the common case
 _KNOWN = cborscan.key_table(FIELDS + tuple(k for ks in KIND_FIELDS.values() for k in ks))
+# the key sets of v1, v2 and v2 with each kind's extra fields, by map size (all different), with their
+# types as devices write them: cborscan's regular-expression reader of the common case
+_TYPES = {"dev": "t", "mode": "t", "kind": "t", "salt": "t", "mech": "t", "budget": "u2", "nint": "u2",
+          "nout": "u2", "map": "u3", "ctr": "b"}
+_TEMPLATES = {len(ks): cborscan.Template([(k, _TYPES.get(k, "u")) for k in ks])
+              for ks in (FIELDS_V1, FIELDS) + tuple(FIELDS + extra for extra in KIND_FIELDS.values())}
+assert len(_TEMPLATES) == 2 + len(KIND_FIELDS), "one template per map size"
 
 # the key sets of a release by (format version, kind): one comparison for a well-formed map
 _KEYSETS = {(v, k): frozenset(VERSIONS[v] + (KIND_FIELDS.get(k, ()) if v == 2 else ())) for v in VERSIONS
@@ -307,7 +314,7 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
         raise Rejected("cbor", "empty payload")
     try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
         # (byte strings as views: the counters are not copied; the encoding check is found on the way)
-        sc = cborscan.scan(payload, views=True, known=_KNOWN)
+        sc = cborscan.scan(payload, views=True, known=_KNOWN, templates=_TEMPLATES)
         obj = sc.obj
     except cborscan.ScanError as exc:
         raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
