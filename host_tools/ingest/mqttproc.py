@@ -234,7 +234,7 @@ class Inbox:
     arrival is dropped and counted: QoS 0 promises no delivery, and a device re-sends a release until
     the host acknowledges it (the agent publishes releases at QoS 1). QoS 1 should be bounded by
     Receive Maximum, but mosquitto 2.0.11 (Debian 12) goes past it once PUBACKs come back in groups
-    (measured: 5,232 unacknowledged with Receive Maximum 1,024; tests/test_pahofast.py), and an
+    (measured: 5,232 unacknowledged with Receive Maximum 1,024; docs/HOST.md), and an
     unacknowledged QoS 1 message must not be dropped (the broker sends it again only after a
     reconnect). Past ``qos1_max`` waiting messages the network thread waits in :meth:`add` until
     the batcher takes some: the broker's bytes stay in the kernel and the broker (TCP flow
