@@ -121,3 +121,95 @@ def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypa
     assert w.held.used == 0 and w.held.peak <= 3 * one and w.held.waits >= 1
     assert Store(cfg.aggregator.db, readonly=True).release_count() == 12
     agg.close()
+
+
+def test_deferred_sync_acknowledges_only_after_the_fsync_and_the_writer_goes_on(tmp_path, monkeypatch):
+    """SQLite with deferred syncs (what `pansketch aggregate` runs): a group's commit returns before its
+    fsync, the syncer thread runs Store.sync_committed and only then acknowledges. While the fsync is
+    held back nothing is acknowledged, yet the writer commits the next group; once it completes, every
+    message is acknowledged in order, and drain() waited for that (idle covers the syncer)."""
+    import os
+    import sqlite3
+
+    cfg = host_cfg(tmp_path, aggregator={"group_wait_ms": 0})
+    agg = Aggregator(cfg)
+    assert agg.store.defer_sync() is True
+    level = agg.store.db.execute("PRAGMA synchronous").fetchone()[0]
+    assert level == 1, "NORMAL on the writer's connection: no fsync inside COMMIT"
+    synced: list[int] = []
+    fsynced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsynced.append(os.fstat(fd).st_ino), real_fsync(fd))[1])
+    gate = threading.Event()
+    real_sync = agg.store.sync_committed
+
+    def held_sync() -> None:
+        gate.wait(20)
+        real_sync()
+        synced.append(agg.store.release_count())
+
+    monkeypatch.setattr(agg.store, "sync_committed", held_sync)
+    msgs = releases(agg, 6)
+    acks = Acks()
+    w = _Writer(agg, None, acks, threading.Event(), {}, deferred=True)  # type: ignore[arg-type]
+    w.start()
+    w.put(msgs[:3])
+    deadline = time.monotonic() + 10
+    while agg.store.release_count() < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.put(msgs[3:])
+    while agg.store.release_count() < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert agg.store.release_count() == 6, "the writer committed the second group while the first waited"
+    time.sleep(0.3)
+    assert acks.mids == [] and not w.idle(), "nothing acknowledged before its fsync"
+    gate.set()
+    w.drain(10)
+    assert w.idle()
+    assert acks.mids == [1, 2, 3, 4, 5, 6]
+    assert synced and synced[0] >= 3
+    wal_ino = os.stat(cfg.aggregator.db + "-wal").st_ino
+    assert wal_ino in fsynced, "the fsync was of the WAL file"
+    w.close()
+    agg.close()
+    con = sqlite3.connect(cfg.aggregator.db)
+    assert con.execute("SELECT COUNT(*) FROM releases").fetchone()[0] == 6
+    con.close()
+
+
+def test_deferred_sync_failure_stops_without_acknowledging(tmp_path, monkeypatch):
+    """An fsync that fails (EIO; and a WAL that is not the file opened for it any more, which
+    sync_committed refuses as ESTALE) stops the aggregator: the committed group is not acknowledged
+    (the broker redelivers it; storing again is a duplicate) and the reason is the fatal state."""
+    import errno
+    import os
+
+    for kind in ("eio", "estale"):
+        sub = tmp_path / kind
+        sub.mkdir()
+        cfg = host_cfg(sub, aggregator={"group_wait_ms": 0})
+        agg = Aggregator(cfg)
+        agg.store.defer_sync()
+        if kind == "eio":
+            def bad(fd: int) -> None:
+                raise OSError(errno.EIO, "Input/output error")
+
+            monkeypatch.setattr(os, "fsync", bad)
+        else:
+            real_stat = os.stat
+            monkeypatch.setattr(os, "stat", lambda p, *a, **k: os.stat_result(
+                (0, 1 << 40) + tuple(real_stat(p, *a, **k))[2:]) if str(p).endswith("-wal") else real_stat(p, *a, **k))
+        stop = threading.Event()
+        state: dict[str, Any] = {}
+        acks = Acks()
+        w = _Writer(agg, None, acks, stop, state, deferred=True)  # type: ignore[arg-type]
+        w.start()
+        w.put(releases(agg, 2))
+        assert stop.wait(10), "the aggregator stops"
+        w.drain(5)
+        w.close()
+        monkeypatch.undo()
+        assert acks.mids == [] and "fsync failed" in state["fatal"], state
+        assert ("Input/output" if kind == "eio" else "not the file opened") in state["fatal"]
+        assert agg.store.release_count() == 2, "committed: a redelivery is a duplicate, nothing lost"
+        agg.close()

@@ -439,6 +439,7 @@ def _held_bytes(msgs: Any) -> int:
 # unacknowledged messages the broker may send (MQTT v5 Receive Maximum): several groups, so the
 # next ones arrive and are validated while one commits
 RECEIVE_MAXIMUM = 4 * GROUP_MAX
+SYNC_QUEUE = 4  # committed groups waiting for their fsync before the writer waits (deferred syncs)
 PRUNE_BATCH = 2000  # releases pruned per transaction (retention), between two groups
 PRUNE_EVERY_S = 10.0
 
@@ -460,8 +461,12 @@ class _Writer:
 
     def __init__(self, agg: Aggregator, validator: Optional[ValidatorProcess], transport: MQTTProcess,
                  stop: threading.Event,
-                 state: dict[str, Any]) -> None:
+                 state: dict[str, Any], deferred: bool = False) -> None:
         self.agg = agg
+        # deferred (Store.defer_sync): a group's commit returns before its fsync; the syncer thread runs
+        # Store.sync_committed, then acknowledges, while the writer commits the next group
+        self.deferred = deferred
+        self.synced: "queue.Queue[Any]" = queue.Queue(maxsize=SYNC_QUEUE)  # committed groups to sync, then ack
         self.validator = validator
         self.transport = transport
         self.stop = stop
@@ -472,7 +477,7 @@ class _Writer:
         # arrival times of the last two batches from the transport: _gather waits for more only while
         # messages keep coming (a lone release after a quiet spell is committed and acknowledged at once)
         self._put_at = (-1e9, -1e9)
-        self._busy = [False, False]
+        self._busy = [False, False, False]
         self._dead = False
         self.groups = 0
         self.messages = 0
@@ -481,9 +486,11 @@ class _Writer:
         # CPU seconds of this process per stage (thread CPU time, read once per batch): where a release's
         # cost goes, in the summary line at exit (host_tools/bench/host.py reads it)
         self.cpu: dict[str, float] = {"status": 0.0, "validation_ipc": 0.0, "pending": 0.0, "store": 0.0,
-                                      "outcomes_acks": 0.0, "housekeeping": 0.0}
+                                      "outcomes_acks": 0.0, "housekeeping": 0.0, "sync": 0.0}
         self.threads = [threading.Thread(target=self._validate_loop, name="pansketch-validate", daemon=True),
                         threading.Thread(target=self._write_loop, name="pansketch-writer", daemon=True)]
+        if deferred:
+            self.threads.append(threading.Thread(target=self._sync_loop, name="pansketch-sync", daemon=True))
 
     def start(self) -> None:
         for t in self.threads:
@@ -500,7 +507,8 @@ class _Writer:
             self.q.put(chunk)
 
     def idle(self) -> bool:
-        return self.q.empty() and self.valid.empty() and not any(self._busy)
+        # unfinished_tasks: groups put for the syncer and not yet acknowledged (none in a hand-over gap)
+        return self.q.empty() and self.valid.empty() and not self.synced.unfinished_tasks and not any(self._busy)
 
     def drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -510,8 +518,14 @@ class _Writer:
     def close(self, timeout: float = 8.0) -> None:
         self.q.put(None)
         deadline = time.monotonic() + timeout
-        for t in self.threads:
+        for t in self.threads[:2]:
             t.join(max(0.1, deadline - time.monotonic()))
+        if self.deferred:  # after the writer: what it committed is synced and acknowledged first
+            try:
+                self.synced.put(None, timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Full:
+                pass
+            self.threads[2].join(max(0.1, deadline - time.monotonic()))
 
     @staticmethod
     def _take(q: "queue.Queue[Any]", first: Any, limit: int, size: Any) -> tuple[list[Any], bool]:
@@ -666,7 +680,10 @@ class _Writer:
         for attempt in range(4):
             try:
                 t0 = time.thread_time()
-                self.agg.store.commit_group([pend[i] for i in todo])
+                if self.deferred:
+                    self.agg.store.commit_group([pend[i] for i in todo], sync=False)
+                else:
+                    self.agg.store.commit_group([pend[i] for i in todo])
                 t1 = time.thread_time()
                 self.cpu["store"] += t1 - t0
                 outs = self.agg.handle_many([], pending=[pend[i] for i in todo], committed=True)
@@ -686,13 +703,58 @@ class _Writer:
             log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
             time.sleep(delay)
             delay *= 2
-        t0 = time.thread_time()
-        self._ack(msgs, done)
-        self.cpu["outcomes_acks"] += time.thread_time() - t0
+        if self.deferred:
+            if done:  # acknowledged by the syncer once on disk; the writer goes on with the next group
+                self.synced.put((msgs, done))
+        else:
+            t0 = time.thread_time()
+            self._ack(msgs, done)
+            self.cpu["outcomes_acks"] += time.thread_time() - t0
         if todo:
             log.error("cannot store %d message(s) (first on %s): %s; stopping without acknowledging them",
                       len(todo), msgs[todo[0]].topic, why)
             self._fatal("storage failed: %s" % why)
+
+    def _sync_loop(self) -> None:
+        """Deferred syncs: make the committed groups durable (one fsync for all that are waiting), then
+        acknowledge them, oldest first. A failed fsync stops the aggregator without acknowledging them
+        (the broker redelivers them; storing is idempotent)."""
+        while True:
+            first = self.synced.get()
+            if first is None:
+                return
+            self._busy[2] = True
+            items, end = [first], False
+            while True:
+                try:
+                    x = self.synced.get_nowait()
+                except queue.Empty:
+                    break
+                if x is None:
+                    end = True
+                    break
+                items.append(x)
+            try:
+                t0 = time.thread_time()
+                self.agg.store.sync_committed()
+                self.cpu["sync"] += time.thread_time() - t0
+                t0 = time.thread_time()
+                for msgs, done in items:
+                    self._ack(msgs, done)
+                self.cpu["outcomes_acks"] += time.thread_time() - t0
+            except OSError as exc:
+                log.error("cannot make stored messages durable (fsync of the WAL: %s); stopping without "
+                          "acknowledging %d message(s)", exc, sum(len(d) for _m, d in items))
+                self._fatal("fsync failed: %s" % exc)
+            except Exception as exc:  # never let the syncer die silently
+                log.exception("syncer failed")
+                self._fatal("syncer failed: %s" % exc)
+            finally:
+                self._busy[2] = False
+                for _x in items:
+                    self.synced.task_done()
+            if end:
+                return
 
     def _ack(self, batch: list[Msg], done: list[tuple[int, Outcome]]) -> None:
         done.sort(key=lambda x: x[0])
@@ -798,7 +860,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         validator = ValidatorProcess(agg.validation)
     else:
         transport = MQTTProcess(settings, on_messages, on_event)
-    writer = _Writer(agg, validator, transport, stop, state)
+    # SQLite: group commits return before their fsync, which the writer's syncer thread runs before any
+    # acknowledgement (Store.defer_sync); PostgreSQL commits are durable when they return
+    writer = _Writer(agg, validator, transport, stop, state, deferred=agg.store.defer_sync())
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):

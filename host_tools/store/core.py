@@ -85,12 +85,17 @@ one file. Opening is retried the same way: several processes opening a
 fresh file at once race to switch it to WAL, and SQLite refuses the loser
 immediately ("database is locked", no busy wait for a read-to-write lock
 upgrade). ``synchronous=FULL``: a commit is on disk before the aggregator
-acknowledges the MQTT message.
+acknowledges the MQTT message. The aggregator's writer instead asks for
+deferred syncs (:meth:`Store.defer_sync`): its group commits return without
+waiting for the disk, and it calls :meth:`Store.sync_committed` (an fsync
+of the WAL, off the writer's thread) before acknowledging anything they
+stored, so the next group is written while the last one reaches the disk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import sqlite3
@@ -457,6 +462,18 @@ class SQLStore:
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
 
+    _deferred = False  # defer_sync() was called: commit_group(sync=False) leaves the fsync to sync_committed()
+
+    def defer_sync(self) -> bool:
+        """Let ``commit_group(..., sync=False)`` return before its transaction is on disk; the caller then
+        calls :meth:`sync_committed` before it acknowledges what the group stored. True if this backend
+        does that (SQLite); False: every commit is durable when it returns (PostgreSQL), nothing to call."""
+        return False
+
+    def sync_committed(self) -> None:
+        """Make every transaction committed so far durable (after :meth:`defer_sync`; else nothing to do).
+        Safe to call from another thread than the one committing."""
+
     def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
         """Bound the write-ahead log between group commits (SQLite; PostgreSQL: nothing to do)."""
         return None
@@ -486,8 +503,9 @@ class SQLStore:
         cur.execute(self._sql(sql), tuple(args))
         return cur
 
-    def _exec_tx(self, fn: Any, *args: Any) -> Any:
-        """Run fn(cursor, *args) in one write transaction (retried while the database is busy)."""
+    def _exec_tx(self, fn: Any, *args: Any, sync: bool = True) -> Any:
+        """Run fn(cursor, *args) in one write transaction (retried while the database is busy); durable when
+        it returns unless ``sync`` is False and :meth:`defer_sync` was called."""
         with self._lock:
             delay = 0.01
             deadline = time.monotonic() + max(60.0, 2 * self.timeout)
@@ -504,7 +522,6 @@ class SQLStore:
                 try:
                     out = fn(cur, *args)
                     cur.execute("COMMIT")
-                    return out
                 except BaseException as exc:
                     try:
                         cur.execute("ROLLBACK")
@@ -515,6 +532,9 @@ class SQLStore:
                         delay = min(delay * 2, 0.5)
                         continue
                     raise
+                if sync and self._deferred:
+                    self.sync_committed()
+                return out
 
     # -- writes --------------------------------------------------------
     def insert(self, rel: Release, topic: Optional[str] = None, received: Optional[float] = None) -> str:
@@ -540,12 +560,14 @@ class SQLStore:
             assert p.error is not None
             raise p.error
 
-    def commit_group(self, items: Sequence[Pending], log_rejections: bool = True) -> None:
+    def commit_group(self, items: Sequence[Pending], log_rejections: bool = True, sync: bool = True) -> None:
         """Store every item in one transaction, one savepoint each (see module docstring).
 
         Fills each item's ``status``. A failure of the transaction itself
         (commit, roll-up update, connection lost) raises and nothing of the
-        group is stored.
+        group is stored. ``sync`` False (after :meth:`defer_sync`): it may
+        return before the transaction is on disk; :meth:`sync_committed` first,
+        then acknowledge.
         """
         if self.readonly:
             raise PermissionError("store opened read-only")
@@ -554,13 +576,13 @@ class SQLStore:
         seen: dict[str, tuple[Any, ...]] = {}
         if self._optimistic:
             try:
-                self._exec_tx(self._put_group, items, log_rejections, seen, False)
+                self._exec_tx(self._put_group, items, log_rejections, seen, False, sync=sync)
                 self._devcache.update(seen)
                 return
             except _NeedSavepoints:  # rolled back: the group again, a savepoint per message
                 for p in items:
                     p.status, p.error = "", None
-        self._exec_tx(self._group, items, log_rejections, seen)
+        self._exec_tx(self._group, items, log_rejections, seen, sync=sync)
         self._devcache.update(seen)  # committed: device rows never change once written
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]]) -> None:
@@ -1310,6 +1332,40 @@ class Store(SQLStore):
         self._ckpt = (stop, t)
         t.start()
 
+    def defer_sync(self) -> bool:
+        """SQLite: ``synchronous = NORMAL`` on this connection, and the WAL opened for :meth:`sync_committed`.
+
+        In WAL mode, NORMAL writes a commit's frames to the WAL without
+        waiting for the disk (SQLite still syncs the WAL before each
+        checkpoint and the database file after it). ``sync_committed`` then
+        does what FULL did at each commit, an fsync of the WAL, for every
+        transaction committed before it, from any thread: the aggregator's
+        writer commits the next group while the last one's fsync runs.
+        Durability is unchanged for what the aggregator acknowledges; a
+        commit that never got its fsync can roll back at a power loss, and
+        nothing of it was acknowledged (the devices re-send it)."""
+        if self.readonly:
+            return False
+        with self._lock:
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+            self._deferred = True
+        return True
+
+    def sync_committed(self) -> None:
+        fd = getattr(self, "_wal_fd", None)
+        if fd is None:
+            return
+        os.fsync(fd)
+        # SQLite keeps the WAL file while a connection has it open; if it was replaced anyway, what was
+        # committed may not be in the file just synced: an error, never an acknowledgement
+        try:
+            same = os.fstat(fd).st_ino == os.stat(self.path + "-wal").st_ino
+        except OSError:
+            same = False
+        if not same:
+            raise OSError(errno.ESTALE, "the WAL %s-wal is not the file opened for fsync any more" % self.path)
+
     def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
         """Bound the WAL: if it is larger than ``limit`` bytes, checkpoint it completely and truncate it.
 
@@ -1367,7 +1423,12 @@ class Store(SQLStore):
             self._ckpt[1].join(30)
             self._ckpt = None
         with self._lock:
+            if self._deferred:
+                self.sync_committed()  # nothing committed stays without its fsync
             self.db.close()
+            fd, self._wal_fd = getattr(self, "_wal_fd", None), None
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self) -> "Store":
         return self
