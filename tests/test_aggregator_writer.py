@@ -203,12 +203,18 @@ def test_deferred_sync_failure_stops_without_acknowledging(tmp_path, monkeypatch
         state: dict[str, Any] = {}
         acks = Acks()
         w = _Writer(agg, None, acks, stop, state, deferred=True)  # type: ignore[arg-type]
+        queued: list[Any] = []
+        put = w.synced.put
+        w.synced.put = lambda item, *a, **k: (queued.append(item), put(item, *a, **k))[1]  # type: ignore
         w.start()
         w.put(releases(agg, 2))
         assert stop.wait(10), "the aggregator stops"
         w.drain(5)
+        monkeypatch.undo()  # fsync works again: what was committed after the failure stays unacknowledged
+        assert len(queued) == 1 and len(queued[0][1]) == 2
+        w.synced.put(queued[0])  # the same committed group once more: a fsync that works now
+        w.drain(5)
         w.close()
-        monkeypatch.undo()
         assert acks.mids == [] and "fsync failed" in state["fatal"], state
         assert ("Input/output" if kind == "eio" else "not the file opened") in state["fatal"]
         assert agg.store.release_count() == 2, "committed: a redelivery is a duplicate, nothing lost"

@@ -72,6 +72,7 @@ warnings and errors, ``-v`` adds the MQTT client's packet log.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import queue
@@ -466,6 +467,7 @@ class _Writer:
         # deferred (Store.defer_sync): a group's commit returns before its fsync; the syncer thread runs
         # Store.sync_committed, then acknowledges, while the writer commits the next group
         self.deferred = deferred
+        self._sync_broken = False  # an fsync failed: nothing is acknowledged any more
         self.synced: "queue.Queue[Any]" = queue.Queue(maxsize=SYNC_QUEUE)  # committed groups to sync, then ack
         self.validator = validator
         self.transport = transport
@@ -667,7 +669,8 @@ class _Writer:
 
     def _fatal(self, why: str) -> None:
         self._dead = True
-        self.state["fatal"] = why
+        if not self.state.get("fatal"):  # the first reason is the cause; what follows it is a consequence
+            self.state["fatal"] = why
         self.stop.set()
 
     def _store(self, batch: list[tuple[Msg, Pending]]) -> None:
@@ -735,8 +738,16 @@ class _Writer:
                     break
                 items.append(x)
             try:
+                if self._sync_broken:
+                    # after a failed fsync nothing is acknowledged again, even if a later fsync succeeds:
+                    # the failed writes may be lost, and with them every WAL frame after them
+                    raise OSError(errno.EIO, "an earlier fsync of the WAL failed")
                 t0 = time.thread_time()
-                self.agg.store.sync_committed()
+                try:
+                    self.agg.store.sync_committed()
+                except OSError:
+                    self._sync_broken = True
+                    raise
                 self.cpu["sync"] += time.thread_time() - t0
                 t0 = time.thread_time()
                 for msgs, done in items:

@@ -25,7 +25,8 @@ Everything else (keepalive, reconnects, TLS, the packet reader and its
 limits) is paho's. These rely on paho internals (``_sock_recv``,
 ``loop_read``, ``_packet_queue``, ``_manual_ack``, ``_in_packet``,
 ``_handle_publish``); :func:`supported` checks that they are there, and the
-MQTT process uses the plain client when they are not. tests/test_mqttproc.py runs it against a real mosquitto.
+MQTT process uses the plain client when they are not. tests/test_pahofast.py runs it against a real
+mosquitto, over TCP and TLS.
 """
 
 from __future__ import annotations
@@ -89,7 +90,6 @@ class BufferedClient(mqtt.Client):
         finally:
             self._no_refill = False
         return rc
-
 
     def _handle_publish(self) -> Any:
         fast = self.on_fast
