@@ -58,7 +58,7 @@ class BufferedClient(mqtt.Client):
         self._no_refill = False
         # PUBLISH without properties goes to on_fast(topic, payload, mid, qos) instead of on_message and the
         # message_callback_add filters (the MQTT process uses neither); None: paho's path for every PUBLISH
-        self.on_fast: Optional[Callable[[str, bytes, int, int], None]] = None
+        self.on_fast: Optional[Callable[[str, bytes, int, int], Any]] = None
 
     def buffered(self) -> int:
         """Bytes read from the socket that the packet reader has not taken yet."""
@@ -116,7 +116,7 @@ class BufferedClient(mqtt.Client):
             topic = pkt[2:2 + tl].decode("utf-8")
         except UnicodeDecodeError:
             return super()._handle_publish()
-        payload = pkt[pos + 1:]
+        payload = bytes(pkt[pos + 1:])  # paho reads the packet into a bytearray; bytes, as its own decoder gives
         with self._in_callback_mutex:
             fast(topic, payload, mid, qos)
         if qos == 1 and not self._manual_ack:

@@ -1348,7 +1348,7 @@ class Store(SQLStore):
             return False
         with self._lock:
             self.db.execute("PRAGMA synchronous = NORMAL")
-            self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+            self._wal_fd: Optional[int] = os.open(self.path + "-wal", os.O_RDONLY)
             self._deferred = True
         return True
 
