@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+from typing import Any
 
 import cbor2
 import pytest
@@ -320,13 +321,6 @@ def test_scanner_encoding_check_is_exactly_reencoding():
     dv = good.index(b"\x63dev")  # swap two adjacent 3-letter keys' positions by renaming: out of order
     assert not cborscan.scan(good[:dv] + b"\x63zzz" + good[dv + 4:]).canonical
 
-    def plain(o):
-        if isinstance(o, memoryview):
-            return bytes(o)
-        if isinstance(o, dict):
-            return {k: plain(v) for k, v in o.items()}
-        return [plain(v) for v in o] if isinstance(o, list) else o
-
     rng = random.Random(5)
     seen = [0, 0]
     for _ in range(3000):
@@ -339,9 +333,9 @@ def test_scanner_encoding_check_is_exactly_reencoding():
             sc = cborscan.scan(memoryview(b), views=True)
         except cborscan.ScanError:
             continue
-        assert plain(sc.obj) == cborscan.loads(b)
+        assert _plain(sc.obj) == cborscan.loads(b)
         try:
-            same = acbor.dumps(plain(sc.obj)) == b
+            same = acbor.dumps(_plain(sc.obj)) == b
         except (TypeError, ValueError):
             same = False
         assert sc.canonical == same, b
@@ -354,43 +348,17 @@ def test_one_pass_reader_agrees_with_the_general_reader():
     exactly what the general reader returns (value, canonical, counter offsets), on random mutations of a
     release's header and on crafted maps; it declines whatever the general reader refuses (e.g. more than
     MAX_ITEMS items made only of known keys and integer arrays)."""
-    import random
 
     from agent import cbor as acbor
     from host_tools import cborscan
     from host_tools.ingest.decode import _KNOWN
 
-    def plain(o):
-        if isinstance(o, memoryview):
-            return bytes(o)
-        if isinstance(o, dict):
-            return {k: plain(v) for k, v in o.items()}
-        return [plain(v) for v in o] if isinstance(o, list) else o
-
     good = encoded(params(w=16), seq=70000, fill=-3, nz=300)
     fast = cborscan._scan_known(good, memoryview(good), _KNOWN)
-    assert fast is not None and fast.canonical and plain(fast.obj) == cborscan.loads(good)
+    assert fast is not None and fast.canonical and _plain(fast.obj) == cborscan.loads(good)
     rb = memoryview(bytearray(good))  # a writable receive buffer (the validation helper's)
     assert cborscan._scan_known(rb, rb, _KNOWN) == fast
-    ctr = good.index(b"\x63ctr")
-    rng = random.Random(11)
-    took = [0, 0]
-    for _ in range(4000):
-        b = bytearray(good)
-        for _k in range(rng.randint(1, 3)):  # mostly in the header, where the structure is
-            i = rng.randrange(ctr + 8) if rng.random() < 0.8 else rng.randrange(len(b))
-            b[i] = rng.randrange(256)
-        if rng.random() < 0.1:
-            b = b[:rng.randrange(len(b))]
-        b = bytes(b)
-        fast = cborscan._scan_known(b, memoryview(b), _KNOWN) if b else None
-        took[fast is not None] += 1
-        if fast is None:
-            continue
-        ref = cborscan.scan(memoryview(b), views=True)  # must not raise: the fast reader accepted it
-        assert plain(fast.obj) == plain(ref.obj) and fast.canonical and ref.canonical, b
-        assert fast.offsets == ref.offsets
-        assert acbor.dumps(plain(fast.obj)) == b
+    took = _mutations_agree(good, lambda b: cborscan._scan_known(b, memoryview(b), _KNOWN) if b else None, 11, 4000)
     assert took[0] > 500 and took[1] > 100  # both answers exercised
     many = acbor.dumps({k: [1] * 16 for _kb, (_r, k) in _KNOWN.items()})  # > MAX_ITEMS items
     with pytest.raises(cborscan.ScanError, match="data items"):
@@ -450,18 +418,10 @@ def test_template_reader_agrees_with_the_general_reader(shape):
     set a device writes (v1; v2; v2 with kind strhh's and dcs's extra fields), on random mutations of
     the header and on crafted near-misses it must decline: a longer head than needed, a negative
     integer, a trailing byte, counters running past the end, invalid UTF-8, a key out of order."""
-    import random
 
     from agent import cbor as acbor
     from host_tools import cborscan
     from host_tools.ingest.decode import _TEMPLATES
-
-    def plain(o):
-        if isinstance(o, memoryview):
-            return bytes(o)
-        if isinstance(o, dict):
-            return {k: plain(v) for k, v in o.items()}
-        return [plain(v) for v in o] if isinstance(o, list) else o
 
     m = release_map(params(w=16), seq=70000, nz=300, elo=2 ** 40, ehi=2 ** 40 + 1)
     if shape == "v1":
@@ -475,27 +435,9 @@ def test_template_reader_agrees_with_the_general_reader(shape):
     t = _TEMPLATES[len(m)]
     fast = t.read(good, memoryview(good))
     ref = cborscan.scan(good, views=True)
-    assert fast is not None and plain(fast.obj) == plain(ref.obj) == m and fast.offsets == ref.offsets
+    assert fast is not None and _plain(fast.obj) == _plain(ref.obj) == m and fast.offsets == ref.offsets
     assert cborscan.scan(good, views=True, known={}, templates=_TEMPLATES) == fast
-    ctr = good.index(b"\x63ctr")
-    rng = random.Random(12)
-    took = [0, 0]
-    for _ in range(3000):
-        b = bytearray(good)
-        for _k in range(rng.randint(1, 3)):  # mostly in the header, where the structure is
-            i = rng.randrange(ctr + 8) if rng.random() < 0.8 else rng.randrange(len(b))
-            b[i] = rng.randrange(256)
-        if rng.random() < 0.1:
-            b = b[:rng.randrange(len(b))]
-        b = bytes(b)
-        fast = t.read(b, memoryview(b))
-        took[fast is not None] += 1
-        if fast is None:
-            continue
-        ref = cborscan.scan(memoryview(b), views=True)  # must not raise: the template accepted it
-        assert plain(fast.obj) == plain(ref.obj) and ref.canonical, b
-        assert fast.offsets == ref.offsets
-        assert acbor.dumps(plain(fast.obj)) == b
+    took = _mutations_agree(good, lambda b: t.read(b, memoryview(b)), 12, 3000)
     assert took[0] > 500 and took[1] > 100  # both answers exercised
     near = [good + b"\0",  # a trailing byte
             good.replace(b"\x62nz\x19\x01\x2c", b"\x62nz\x1a\x00\x00\x01\x2c"),  # a longer head for nz = 300
@@ -533,3 +475,43 @@ def test_template_with_the_byte_string_last_checks_its_length():
     assert t.read(good + b"\0", None) is None
     with pytest.raises(ValueError):
         cborscan.Template([("a", "b"), ("c", "b")])
+
+
+def _plain(o: Any) -> Any:
+    if isinstance(o, memoryview):
+        return bytes(o)
+    if isinstance(o, dict):
+        return {k: _plain(v) for k, v in o.items()}
+    return [_plain(v) for v in o] if isinstance(o, list) else o
+
+
+def _mutations_agree(good: bytes, read: Any, seed: int, n: int) -> list[int]:
+    """``n`` random mutations of ``good`` (1-3 bytes, mostly in the header, where the structure is; a tenth
+    also truncated): whenever ``read`` accepts one, the general reader accepts it too and returns the same
+    value and counter offsets, both say canonical, and agent.cbor encodes the value back to those bytes.
+    Returns [declined, accepted]."""
+    import random
+
+    from agent import cbor as acbor
+    from host_tools import cborscan
+
+    ctr = good.index(b"\x63ctr")
+    rng = random.Random(seed)
+    took = [0, 0]
+    for _ in range(n):
+        b = bytearray(good)
+        for _k in range(rng.randint(1, 3)):
+            i = rng.randrange(ctr + 8) if rng.random() < 0.8 else rng.randrange(len(b))
+            b[i] = rng.randrange(256)
+        if rng.random() < 0.1:
+            b = b[:rng.randrange(len(b))]
+        b = bytes(b)
+        fast = read(b)
+        took[fast is not None] += 1
+        if fast is None:
+            continue
+        ref = cborscan.scan(memoryview(b), views=True)  # must not raise: the fast reader accepted it
+        assert _plain(fast.obj) == _plain(ref.obj) and fast.canonical and ref.canonical, b
+        assert fast.offsets == ref.offsets
+        assert acbor.dumps(_plain(fast.obj)) == b
+    return took
