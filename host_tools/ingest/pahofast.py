@@ -3,8 +3,9 @@
 paho reads each packet with at least three ``recv`` calls (the command
 byte, each byte of the remaining length, then the body) and goes back to
 ``select()`` between packets; each PUBACK is a packet of its own (a wake-up
-write and a ``send``). At 16 KB releases that was about a third of the MQTT
-process's CPU (bench-results/host.json, ``mqtt_client``). This client:
+write and a ``send``). At 16 KB releases paho was more than half of the MQTT
+process's CPU (bench-results/host.json, ``mqtt_client``: 104 of 190 µs per
+release before this module). This client:
 
 * reads the socket up to :data:`READ_SIZE` bytes at a time into a buffer
   that paho's packet reader takes its small reads from. One ``loop_read``
@@ -15,7 +16,7 @@ process's CPU (bench-results/host.json, ``mqtt_client``). This client:
 * hands a PUBLISH without MQTT v5 properties (every release: devices set
   none, and this client asks the broker for no topic aliases or
   subscription identifiers) straight to :attr:`BufferedClient.on_fast`,
-  without paho's ``Properties`` object (a third of paho's CPU per 16 KB
+  without paho's ``Properties`` object (a quarter of paho's CPU per 16 KB
   message: it builds its table of property names for every packet) or
   ``MQTTMessage``. A PUBLISH with properties, QoS 2, or bytes that do not
   add up goes to paho's own handler, which decodes or refuses it as
