@@ -96,9 +96,9 @@ def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypa
     gate = threading.Event()
     commit = agg.store.commit_group
 
-    def slow_commit(pend: Any) -> Any:  # the store falls behind until the gate opens
+    def slow_commit(pend: Any, **kw: Any) -> Any:  # the store falls behind until the gate opens
         gate.wait(20)
-        return commit(pend)
+        return commit(pend, **kw)
 
     monkeypatch.setattr(agg.store, "commit_group", slow_commit)
     monkeypatch.setattr(aggregator, "GROUP_MAX", 2)  # small groups: the reader hands them over one by one

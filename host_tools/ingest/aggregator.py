@@ -683,10 +683,7 @@ class _Writer:
         for attempt in range(4):
             try:
                 t0 = time.thread_time()
-                if self.deferred:
-                    self.agg.store.commit_group([pend[i] for i in todo], sync=False)
-                else:
-                    self.agg.store.commit_group([pend[i] for i in todo])
+                self.agg.store.commit_group([pend[i] for i in todo], sync=not self.deferred)
                 t1 = time.thread_time()
                 self.cpu["store"] += t1 - t0
                 outs = self.agg.handle_many([], pending=[pend[i] for i in todo], committed=True)
@@ -727,16 +724,7 @@ class _Writer:
             if first is None:
                 return
             self._busy[2] = True
-            items, end = [first], False
-            while True:
-                try:
-                    x = self.synced.get_nowait()
-                except queue.Empty:
-                    break
-                if x is None:
-                    end = True
-                    break
-                items.append(x)
+            items, end = self._take(self.synced, first, SYNC_QUEUE + 1, lambda _g: 1)  # all that wait
             try:
                 if self._sync_broken:
                     # after a failed fsync nothing is acknowledged again, even if a later fsync succeeds:
@@ -762,7 +750,7 @@ class _Writer:
                 self._fatal("syncer failed: %s" % exc)
             finally:
                 self._busy[2] = False
-                for _x in items:
+                for _x in range(len(items) + end):  # the end marker was a task too
                     self.synced.task_done()
             if end:
                 return

@@ -462,7 +462,9 @@ class SQLStore:
     def background_checkpoints(self, interval: float = 0.25) -> None:
         """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
 
-    _deferred = False  # defer_sync() was called: commit_group(sync=False) leaves the fsync to sync_committed()
+    # set by defer_sync() (SQLite: the WAL, opened for sync_committed's fsync): commit_group(sync=False)
+    # then leaves the fsync to sync_committed()
+    _wal_fd: Optional[int] = None
 
     def defer_sync(self) -> bool:
         """Let ``commit_group(..., sync=False)`` return before its transaction is on disk; the caller then
@@ -532,7 +534,7 @@ class SQLStore:
                         delay = min(delay * 2, 0.5)
                         continue
                     raise
-                if sync and self._deferred:
+                if sync and self._wal_fd is not None:
                     self.sync_committed()
                 return out
 
@@ -1348,12 +1350,11 @@ class Store(SQLStore):
             return False
         with self._lock:
             self.db.execute("PRAGMA synchronous = NORMAL")
-            self._wal_fd: Optional[int] = os.open(self.path + "-wal", os.O_RDONLY)
-            self._deferred = True
+            self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
         return True
 
     def sync_committed(self) -> None:
-        fd = getattr(self, "_wal_fd", None)
+        fd = self._wal_fd
         if fd is None:
             return
         os.fsync(fd)
@@ -1423,11 +1424,12 @@ class Store(SQLStore):
             self._ckpt[1].join(30)
             self._ckpt = None
         with self._lock:
-            if self._deferred:
+            fd = self._wal_fd
+            if fd is not None:
                 self.sync_committed()  # nothing committed stays without its fsync
             self.db.close()
-            fd, self._wal_fd = getattr(self, "_wal_fd", None), None
             if fd is not None:
+                self._wal_fd = None
                 os.close(fd)
 
     def __enter__(self) -> "Store":
