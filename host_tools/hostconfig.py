@@ -24,7 +24,7 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   quarantine_max_bytes (67108864);
                   group_wait_ms (20: how long the writer gathers a group
                   commit), wal_limit_mb (64: SQLite WAL size that makes the
-                  writer run a TRUNCATE checkpoint), retain_raw_s (0: keep
+                  writer run a RESTART checkpoint), retain_raw_s (0: keep
                   raw release payloads forever; else prune rolled-up ones
                   that much older than their receipt: docs/HOST.md)
     [fleet]       salt or salt_id (one is required; queries need salt),
@@ -119,7 +119,7 @@ class AggregatorConfig:
     quarantine_max_rows: int = 1000
     quarantine_max_bytes: int = 64 << 20
     group_wait_ms: int = 20  # the writer waits up to this for more messages before a group commit
-    wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (TRUNCATE) by the writer
+    wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (RESTART) by the writer
     retain_raw_s: int = 0  # 0: keep raw payloads; else prune rolled-up releases received this long ago
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from host_tools.ingest.aggregator import Aggregator
-from host_tools.store.core import Store
+from host_tools.store.core import PAGE_SIZE, Store
 from tests.test_host_support import T0, encoded, host_cfg, params, topic
 
 
@@ -90,6 +90,35 @@ def test_wal_and_reopen(tmp_path):
     rels = st.releases(devices=["d01"], with_payload=True)
     assert [r.seq for r in rels] == [0, 1, 2]
     assert int(rels[2].counters()[0, 0]) == 102
+    st.close()
+
+
+def test_new_files_get_16k_pages_and_a_4k_file_keeps_its_own(tmp_path):
+    """A new store is created with PAGE_SIZE pages (a 16.6 KB release: one overflow page, not five); a file
+    made with SQLite's default 4 KiB pages (every store before) keeps them, and takes and returns releases."""
+    new = str(tmp_path / "new.db")
+    st = Store(new)
+    st.close()
+    old = str(tmp_path / "old4k.db")
+    con = sqlite3.connect(old)
+    con.execute("PRAGMA page_size = 4096")
+    con.execute("PRAGMA journal_mode = WAL")
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # the file exists, 4 KiB pages
+    con.close()
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": old}))
+    for t, p in _payloads(2, 3):
+        assert a.handle(t, p).stored
+    a.close()
+    sizes = {}
+    for db in (new, old):
+        con = sqlite3.connect(db)
+        sizes[db] = con.execute("PRAGMA page_size").fetchone()[0]
+        con.close()
+    assert sizes == {new: PAGE_SIZE, old: 4096}
+    assert PAGE_SIZE == 16384
+    st = Store(old)
+    assert st.release_count() == 6
+    assert int(st.releases(devices=["d01"], with_payload=True)[2].counters()[0, 0]) == 102
     st.close()
 
 

@@ -1,4 +1,4 @@
-"""The SQLite WAL stays bounded: the writer's TRUNCATE checkpoint (host_tools.store.core.Store.checkpoint_if_large).
+"""The SQLite WAL stays bounded: the writer's RESTART checkpoint (host_tools.store.core.Store.checkpoint_if_large).
 
 Real releases through the real Aggregator into a SQLite file; a second connection plays a
 query holding a read transaction.
@@ -36,11 +36,20 @@ def test_checkpoint_truncates_a_large_wal_and_waits_for_readers(tmp_path):
     busy, _frames, _done = agg.store.checkpoint_if_large(1 << 20, wait=0.3)
     assert busy == 1 and time.monotonic() - t < 5  # gave up after about `wait`, not the 30 s busy timeout
     assert _wal(db) > 1 << 20 and agg.store.checkpoints == [1, 0]
-    reader.execute("COMMIT")  # the query ends: the next try completes and empties the WAL
-    busy, _frames, _done = agg.store.checkpoint_if_large(1 << 20)
-    assert busy == 0 and _wal(db) == 0 and agg.store.checkpoints == [1, 1]
+    reader.execute("COMMIT")  # the query ends: the next try completes
+    big = _wal(db)
+    busy, frames, done = agg.store.checkpoint_if_large(1 << 20)
+    assert busy == 0 and frames == done > 0 and agg.store.checkpoints == [1, 1]
     assert reader.execute("SELECT COUNT(*) FROM releases").fetchone()[0] == 201  # nothing lost
     reader.close()
-    # the writer keeps going after the truncation
+    assert _wal(db) == big  # kept for reuse: not truncated to nothing (then grown page by page again)
+    # the writer keeps going; its next commit writes the WAL from the start again (the file is reused),
+    # and journal_size_limit cuts the file back to the limit
     assert agg.handle(topic("a"), encoded(p, seq=201, elo=T0 // 3600 + 201)).stored
+    assert _wal(db) <= 1 << 20 < big
+    check = sqlite3.connect(db, isolation_level=None)
+    _busy, frames, _done = check.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert 0 < frames < 20  # one release's pages, not 200 releases' and more
+    assert check.execute("SELECT COUNT(*) FROM releases").fetchone()[0] == 202
+    check.close()
     agg.close()

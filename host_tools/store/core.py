@@ -191,6 +191,11 @@ _INSERT_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "
                 "map_num", "map_den", "map_off")
 _CHUNK = 500  # ids per IN (...) list
 WAL_KEEP_BYTES = 16 << 20  # SQLite journal_size_limit: a reset WAL file is truncated to this
+# Page size of a new database file. A 16.6 KB release (d=4, w=1024) is one 16 KiB overflow page plus
+# about 2 KB in its leaf, where 4 KiB pages split it into five: each page is a WAL frame, written with
+# two system calls and copied again by the checkpoint, and the kernel's part of that was most of the
+# aggregator's CPU (docs/HOST.md, Performance). A file keeps the page size it was created with.
+PAGE_SIZE = 16384
 
 
 def _select_cols(have: Optional[set[str]]) -> str:
@@ -1239,13 +1244,14 @@ class Store(SQLStore):
     """The SQLite release database at ``path`` (created if missing unless ``readonly``)."""
 
     _db_errors = (sqlite3.Error,)
+    _wal_keep = 0  # journal_size_limit in force: WAL_KEEP_BYTES, then checkpoint_if_large's limit
 
     def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
         self._ckpt: Optional[tuple[threading.Event, threading.Thread]] = None
-        self.checkpoints = [0, 0]  # writer's TRUNCATE checkpoints: [gave up (readers), completed]
+        self.checkpoints = [0, 0]  # writer's RESTART checkpoints: [gave up (readers), completed]
         self._devcache = {}
         if readonly:
             if not os.path.exists(path):
@@ -1254,6 +1260,8 @@ class Store(SQLStore):
         self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA busy_timeout = %d" % int(timeout * 1000))
         if not readonly:
+            # a no-op unless the file is new (SQLite fixes the page size with the first page written)
+            self.db.execute("PRAGMA page_size = %d" % PAGE_SIZE)
             # The switch to WAL takes the write lock while holding a read lock; when several
             # processes open a fresh file at once SQLite refuses one of them at once with
             # "database is locked" instead of waiting (no busy handler for a lock upgrade that
@@ -1264,6 +1272,7 @@ class Store(SQLStore):
             self.db.execute("PRAGMA synchronous = FULL")
             # after a checkpoint that resets the WAL, shrink the file to this (else it keeps its peak size)
             self.db.execute("PRAGMA journal_size_limit = %d" % WAL_KEEP_BYTES)
+            self._wal_keep = WAL_KEEP_BYTES
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
@@ -1368,18 +1377,25 @@ class Store(SQLStore):
             raise OSError(errno.ESTALE, "the WAL %s-wal is not the file opened for fsync any more" % self.path)
 
     def checkpoint_if_large(self, limit: int = 64 << 20, wait: float = 1.0) -> Optional[tuple[int, int, int]]:
-        """Bound the WAL: if it is larger than ``limit`` bytes, checkpoint it completely and truncate it.
+        """Bound the WAL: if it is larger than ``limit`` bytes, checkpoint it completely and rewind it.
 
         Called by the aggregator's writer between group commits. The passive
         checkpoints of :meth:`background_checkpoints` copy frames into the
         database file but, under steady ingest, never catch up with the writer,
         and SQLite only rewinds the WAL after a checkpoint that copied every
         frame while no reader still uses one: the file then grows without
-        bound. A ``TRUNCATE`` checkpoint run by the writer itself between two
+        bound. A ``RESTART`` checkpoint run by the writer itself between two
         groups has no writer to race in this process (other aggregators on the
         file wait on its lock) and waits up to ``wait`` seconds for readers to
         leave (queries and dashboards hold short read transactions); when a
         reader stays longer it gives up and the next group tries again.
+        After it the next commit writes the WAL from its start again, and
+        ``journal_size_limit`` (set to ``limit`` here) cuts the file back to
+        ``limit``: the file is reused, not truncated to nothing and grown
+        again, because rewriting pages the kernel still caches costs the
+        writer less CPU than appending new ones (the kernel allocates and
+        zeroes those; docs/HOST.md, Performance). The file stays at most
+        ``limit`` plus one group, as with a truncating checkpoint.
         Returns SQLite's (busy, WAL frames, frames checkpointed), or None when
         nothing was done.
         """
@@ -1392,9 +1408,12 @@ class Store(SQLStore):
         if size <= limit:
             return None
         with self._lock:
+            if self._wal_keep != limit:
+                self.db.execute("PRAGMA journal_size_limit = %d" % limit)
+                self._wal_keep = limit
             self.db.execute("PRAGMA busy_timeout = %d" % int(wait * 1000))
             try:
-                row = self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                row = self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
             except sqlite3.OperationalError as exc:
                 if not _locked(exc):
                     raise
