@@ -88,6 +88,35 @@ def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path):
     agg.close()
 
 
+def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypatch):
+    """Messages keep coming, but a group of GROUP_ENOUGH does not wait group_wait_ms for more: in a
+    burst the writer would only idle with a backlog behind it. A smaller one still waits."""
+    monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
+    cfg = host_cfg(tmp_path)
+    cfg.aggregator.group_wait_ms = 3000  # past the config limit: a margin for a loaded CI core
+    agg = Aggregator(cfg)
+    msgs = releases(agg, 7)
+    acks = Acks()
+    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    w.start()
+    w.put([msgs[0]])
+    w.drain(10)
+    # two arrivals close together (messages keep coming), then four at once: enough
+    w.put([msgs[1]])
+    w.put(msgs[2:6])
+    t0 = time.monotonic()
+    w.drain(10)
+    assert sorted(acks.mids) == [1, 2, 3, 4, 5, 6]
+    assert max(acks.at[k] for k in range(2, 7)) - t0 < 1.5, "a group of GROUP_ENOUGH committed at once"
+    # a group of one while messages keep coming still waits for more
+    t1 = time.monotonic()
+    w.put([msgs[6]])
+    w.drain(10)
+    w.close()
+    assert acks.at[7] - t1 >= 2.5, "a small group waits group_wait_ms (3 s) while messages keep coming"
+    agg.close()
+
+
 def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypatch):
     cfg = host_cfg(tmp_path)
     agg = Aggregator(cfg)

@@ -396,6 +396,10 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
 
 
 GROUP_MAX = 256  # messages per group commit
+# a group of this many is committed without waiting for more (group_wait_ms): its commit's fixed
+# cost (the roll-up row, index pages, the fsync) is then a small part of the group's, and during a
+# burst the writer waiting with a backlog behind it only idles (the next group gathers meanwhile)
+GROUP_ENOUGH = 64
 # Bytes of received messages this process holds at once (queued, being validated, being stored), each
 # counted as its payload plus MSG_OVERHEAD. Several full groups of 16.6 KB releases fit many times over;
 # past it the MQTT process's reader waits, so a flood the store cannot keep up with backs up into the
@@ -626,7 +630,11 @@ class _Writer:
         that much added ack latency. Only while messages keep coming: when
         the last two arrivals were further apart than the wait, no second
         message is likely within it, so the group is committed at once
-        (a quiet fleet's release is acknowledged without the wait).
+        (a quiet fleet's release is acknowledged without the wait). And only
+        while the group is small: one of :data:`GROUP_ENOUGH` messages is
+        committed at once, and what arrives meanwhile makes the next group
+        (in a burst the wait only idled the writer: ``make bench``'s ingest,
+        three interleaved pairs, 7,634 -> 8,114 releases/s median).
         """
         chunks, end = self._take(self.valid, first, GROUP_MAX, len)
         n = sum(len(c) for c in chunks)
@@ -635,7 +643,7 @@ class _Writer:
         if last - before > wait_s and n < 2:
             wait_s = 0.0
         deadline = time.monotonic() + wait_s
-        while not end and n < GROUP_MAX and not self.stop.is_set():
+        while not end and n < GROUP_ENOUGH and not self.stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
