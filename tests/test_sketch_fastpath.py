@@ -95,6 +95,28 @@ def test_builtin_sha256_gives_hashlibs_bytes_and_falls_back_without_it():
     assert out.stdout.strip() == "4"
 
 
+@pytest.mark.parametrize("kind", ["cms", "cs"])
+def test_per_event_closure_counts_alike_with_either_sha256(kind, monkeypatch):
+    """The closure copies its prefix state from whichever SHA-256 is faster on the machine
+    (fastupdate.fastest_sha256: CPython's builtin or OpenSSL's): the same cells either way."""
+    import hashlib
+
+    from agent import fastupdate
+
+    picked = fastupdate.fastest_sha256()
+    assert picked in (hashing.sha256, hashlib.sha256) and fastupdate.fastest_sha256() is picked  # chosen once
+    rnd = random.Random(5)
+    evs = [("e-%d" % rnd.randrange(400), 1) for _ in range(3000)] + [("ü-%d" % k, 1) for k in range(50)]
+    ref = _reference(kind, 64, [0] * (4 * 64), evs)
+    for c in (hashing.sha256, hashlib.sha256):
+        monkeypatch.setattr(fastupdate, "_SHA", [c])
+        fast = Sketch(kind, 4, 64, PREFIX)
+        assert "update" in fast.__dict__
+        for x, v in evs:
+            fast.update(x, v)
+        assert list(fast.counters) == ref, c
+
+
 def _reference(kind: str, w: int, start: list[int], evs: list) -> list[int]:
     """Plain ints mod 2**32 per cell, cells from hashing.columns (hash version 1)."""
     ref = list(start)
