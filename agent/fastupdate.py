@@ -60,8 +60,13 @@ def bind(sk, low4, lowsign4, words4):
     mv = memoryview(a)
     cur[:] = [mv[0:w], mv[w:2 * w], mv[2 * w:3 * w], mv[3 * w:4 * w]]
     if "update" not in sk.__dict__:
-        sk.update = _closure(weakref.ref(sk), type(sk).update, cur, fastest_sha256()(sk._ps).copy, sk._mask,
-                             sk.signed, low4, lowsign4, words4)
+        # the prefix state every path of this sketch copies (the closure, Sketch.digest, feed's batch
+        # path), made with the faster SHA-256 here: public (the salt prefix), the same bytes either way
+        sha = fastest_sha256()
+        if type(sk._hs) is not type(sha(b"")):
+            sk._hs = sha(sk._ps)
+        sk.update = _closure(weakref.ref(sk), type(sk).update, cur, sk._hs.copy, sk._mask, sk.signed,
+                             low4, lowsign4, words4)
 
 
 def _closure(ref, method, cur, copy, m, signed, low4, lowsign4, words4):

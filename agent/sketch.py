@@ -121,8 +121,8 @@ class Sketch:
         # Text items with d <= 8 (one SHA-256 block) take a shortcut with the
         # same bytes as hashing.digest (hash version 1): the hash state of
         # prefix + b"s" is kept (public: the salt is public), CPython copies
-        # it (hashing.sha256: CPython's builtin SHA-256 where it has one, a
-        # cheaper object per item than OpenSSL's), MicroPython (no copy())
+        # it (hashing.sha256: CPython's builtin SHA-256 where it has one;
+        # agent.fastupdate swaps in OpenSSL's where that is faster), MicroPython (no copy())
         # hashes the str directly (no encode).
         self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
         self._hs = hashing.sha256(self._ps) if (_WORDS and self._ps is not None) else None

@@ -95,25 +95,26 @@ def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypa
     cfg = host_cfg(tmp_path)
     cfg.aggregator.group_wait_ms = 3000  # past the config limit: a margin for a loaded CI core
     agg = Aggregator(cfg)
-    msgs = releases(agg, 7)
+    msgs = releases(agg, 6)
     acks = Acks()
     w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
     w.start()
     w.put([msgs[0]])
     w.drain(10)
-    # two arrivals close together (messages keep coming), then four at once: enough
-    w.put([msgs[1]])
-    w.put(msgs[2:6])
+    # two arrivals close together (messages keep coming), four messages in all: exactly GROUP_ENOUGH
     t0 = time.monotonic()
+    w.put([msgs[1]])
+    w.put(msgs[2:5])
     w.drain(10)
-    assert sorted(acks.mids) == [1, 2, 3, 4, 5, 6]
-    assert max(acks.at[k] for k in range(2, 7)) - t0 < 1.5, "a group of GROUP_ENOUGH committed at once"
+    assert sorted(acks.mids) == [1, 2, 3, 4, 5]
+    assert max(acks.at[k] for k in range(2, 6)) - t0 < 1.5, "a group of GROUP_ENOUGH committed at once"
+    assert w.groups == 2
     # a group of one while messages keep coming still waits for more
     t1 = time.monotonic()
-    w.put([msgs[6]])
+    w.put([msgs[5]])
     w.drain(10)
     w.close()
-    assert acks.at[7] - t1 >= 2.5, "a small group waits group_wait_ms (3 s) while messages keep coming"
+    assert acks.at[6] - t1 >= 2.5, "a small group waits group_wait_ms (3 s) while messages keep coming"
     agg.close()
 
 

@@ -105,16 +105,23 @@ def test_new_files_get_16k_pages_and_a_4k_file_keeps_its_own(tmp_path):
     con.execute("PRAGMA journal_mode = WAL")
     con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # the file exists, 4 KiB pages
     con.close()
+    rollback = str(tmp_path / "rollback4k.db")  # not in WAL mode yet (another tool made it): switched, same pages
+    con = sqlite3.connect(rollback)
+    con.execute("PRAGMA page_size = 4096")
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    con.commit()
+    con.close()
+    Store(rollback).close()
     a = Aggregator(host_cfg(tmp_path, aggregator={"db": old}))
     for t, p in _payloads(2, 3):
         assert a.handle(t, p).stored
     a.close()
     sizes = {}
-    for db in (new, old):
+    for db in (new, old, rollback):
         con = sqlite3.connect(db)
-        sizes[db] = con.execute("PRAGMA page_size").fetchone()[0]
+        sizes[db] = (con.execute("PRAGMA page_size").fetchone()[0], con.execute("PRAGMA journal_mode").fetchone()[0])
         con.close()
-    assert sizes == {new: PAGE_SIZE, old: 4096}
+    assert sizes == {new: (PAGE_SIZE, "wal"), old: (4096, "wal"), rollback: (4096, "wal")}
     assert PAGE_SIZE == 16384
     st = Store(old)
     assert st.release_count() == 6

@@ -108,13 +108,19 @@ def test_per_event_closure_counts_alike_with_either_sha256(kind, monkeypatch):
     rnd = random.Random(5)
     evs = [("e-%d" % rnd.randrange(400), 1) for _ in range(3000)] + [("ü-%d" % k, 1) for k in range(50)]
     ref = _reference(kind, 64, [0] * (4 * 64), evs)
+    from agent import batch
+
+    data = "".join(x + "\n" for x, _v in evs).encode()
     for c in (hashing.sha256, hashlib.sha256):
         monkeypatch.setattr(fastupdate, "_SHA", [c])
         fast = Sketch(kind, 4, 64, PREFIX)
-        assert "update" in fast.__dict__
+        assert "update" in fast.__dict__ and type(fast._hs) is type(c(b""))  # every path copies this state
         for x, v in evs:
             fast.update(x, v)
         assert list(fast.counters) == ref, c
+        bulk = Sketch(kind, 4, 64, PREFIX)  # feed's batch path (agent/batch.py) from the same state
+        batch.add_raw(bulk, data, lambda *_a: None)
+        assert list(bulk.counters) == ref, c
 
 
 def _reference(kind: str, w: int, start: list[int], evs: list) -> list[int]:

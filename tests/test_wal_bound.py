@@ -18,7 +18,7 @@ def _wal(db: str) -> int:
     return os.path.getsize(db + "-wal") if os.path.exists(db + "-wal") else 0
 
 
-def test_checkpoint_truncates_a_large_wal_and_waits_for_readers(tmp_path):
+def test_checkpoint_rewinds_a_large_wal_and_waits_for_readers(tmp_path):
     agg = Aggregator(host_cfg(tmp_path))
     db = agg.cfg.aggregator.db
     agg.store.db.execute("PRAGMA wal_autocheckpoint = 0")  # as under background_checkpoints: no inline ones
