@@ -281,6 +281,7 @@ class Board:
         self.lines: list[str] = []
         self.cond = threading.Condition()
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        self._reader: Optional[threading.Thread] = None
         self.stopped = False
         self.since = 0
         hw.mkdir(parents=True, exist_ok=True)
@@ -295,7 +296,8 @@ class Board:
              str(self.hw)]
             + ([script] if script else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
         if wait:
             self.wait_for(r"pansketch: running: ", 15)
         return self
@@ -371,6 +373,15 @@ class Board:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Wait for the reader to take the exited VM's last console lines: the process can be gone while
+        its final lines (a stop's "KeyboardInterrupt:") are still in the pipe, and trouble() read
+        before them took the stop's traceback for a real one (a flaky CI failure)."""
+        reader = self._reader
+        if reader is not None and self.proc is not None and self.proc.poll() is not None:
+            reader.join(10)
 
     def stop(self) -> int:
         """Ctrl-C (the app saves its noisy state), then wait for the exit."""
@@ -383,6 +394,7 @@ class Board:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._drain()
         return self.proc.returncode
 
     @property
