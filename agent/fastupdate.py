@@ -62,9 +62,7 @@ def bind(sk, low4, lowsign4, words4):
     if "update" not in sk.__dict__:
         # the prefix state every path of this sketch copies (the closure, Sketch.digest, feed's batch
         # path), made with the faster SHA-256 here: public (the salt prefix), the same bytes either way
-        sha = fastest_sha256()
-        if type(sk._hs) is not type(sha(b"")):
-            sk._hs = sha(sk._ps)
+        sk._hs = fastest_sha256()(sk._ps)
         sk.update = _closure(weakref.ref(sk), type(sk).update, cur, sk._hs.copy, sk._mask, sk.signed,
                              low4, lowsign4, words4)
 

@@ -1244,7 +1244,6 @@ class Store(SQLStore):
     """The SQLite release database at ``path`` (created if missing unless ``readonly``)."""
 
     _db_errors = (sqlite3.Error,)
-    _wal_keep = 0  # journal_size_limit in force: WAL_KEEP_BYTES, then checkpoint_if_large's limit
 
     def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
         self.path = path
@@ -1272,7 +1271,6 @@ class Store(SQLStore):
             self.db.execute("PRAGMA synchronous = FULL")
             # after a checkpoint that resets the WAL, shrink the file to this (else it keeps its peak size)
             self.db.execute("PRAGMA journal_size_limit = %d" % WAL_KEEP_BYTES)
-            self._wal_keep = WAL_KEEP_BYTES
             self._exec_tx(self._init_schema)
         else:
             self.db.execute("PRAGMA query_only = 1")
@@ -1408,9 +1406,7 @@ class Store(SQLStore):
         if size <= limit:
             return None
         with self._lock:
-            if self._wal_keep != limit:
-                self.db.execute("PRAGMA journal_size_limit = %d" % limit)
-                self._wal_keep = limit
+            self.db.execute("PRAGMA journal_size_limit = %d" % limit)
             self.db.execute("PRAGMA busy_timeout = %d" % int(wait * 1000))
             try:
                 row = self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
