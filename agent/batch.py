@@ -122,3 +122,14 @@ def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> N
         wts.fill(0)
     del st, words
     buf[:] = bytes(len(buf))
+
+
+def add_cells(sk: Sketch, cells: bytearray, _weights: Any = None) -> None:
+    """Add one counted chunk's d*w int32 cells (a count worker's answer, agent/countworker.py)
+    into every open array of ``sk``, mod 2**32 like every update; then zero ``cells``."""
+    add = np.frombuffer(cells, dtype="<i4")
+    for arr in (sk.arrays if sk.arrays is not None else (sk.counters,)):  # tree mode: every open level
+        c = np.frombuffer(arr, dtype=np.int32)
+        c += add  # int32 arithmetic wraps mod 2**32 (wrap32)
+    del add
+    cells[:] = bytes(len(cells))

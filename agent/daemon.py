@@ -105,7 +105,8 @@ def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
 class Agent:
     """One agent process: config, recorder, source queue, publisher, clock."""
 
-    def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None) -> None:
+    def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None,
+                 workers: Optional[list[Any]] = None) -> None:
         from agent.publisher import Publisher
         from agent.recorders import make
         from agent.sources import make_source
@@ -130,23 +131,74 @@ class Agent:
         self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
         self.failed = False
+        self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/countworker.py)
 
     def boundary(self) -> int:
         return self.rec.ehi * self.cfg.params.epoch_s
 
     def tick(self) -> None:
+        self._settle()  # chunks a worker is counting arrived before this tick: they count in this epoch
         if self.rec.tick(self.clock.now()):
             self.pub.wake()
 
+    def _raw_adder(self, sk: Any, data: bytes, _weights: Any) -> None:
+        from agent.batch import add_raw
+
+        add_raw(sk, data, self.source.warn)
+
+    def _hand_over(self, data: bytes) -> bool:
+        """Give a raw chunk to a count worker with room (taking the cells of what it finished
+        first); False when every worker is full (or none is left): the caller counts it."""
+        for wk in list(self.workers):
+            while wk.alive and wk.done():
+                self._take(wk)
+            if not wk.alive or not wk.room():
+                continue
+            if wk.chunks and self.q.qsize() <= len(wk.chunks):
+                continue  # little input left: queued behind the worker's chunks, this one would finish last
+            if wk.give(data):
+                return True
+            self._drop(wk, "it stopped taking input")
+        return False
+
+    def _take(self, wk: Any) -> None:
+        """Add the cells of the oldest chunk ``wk`` counted; if it died or went silent, count
+        every chunk it still had here."""
+        from agent.batch import add_cells
+
+        cells = wk.take()
+        if cells is not None:
+            self.rec.add_many(cells, None, adder=add_cells)
+            return
+        left, wk.chunks = wk.chunks, []
+        self._drop(wk, "it died or did not answer within %g s" % wk.answer_s)
+        while left:  # counted here instead: nothing lost, nothing twice (the worker is killed first)
+            self.rec.add_many(left.pop(0), None, adder=self._raw_adder)
+
+    def _drop(self, wk: Any, why: str) -> None:
+        wk.close(kill=True)
+        self.workers.remove(wk)
+        self.log("count worker %d left (%s); counting with %d process(es)" % (wk.pid, why, len(self.workers) + 1))
+
+    def _settle(self) -> None:
+        """Wait for every chunk in flight and add it (before a tick and when counting ends)."""
+        for wk in list(self.workers):
+            while wk.alive and wk.chunks:
+                self._take(wk)
+
     def pump(self) -> bool:
         """Count events and tick the clock until stopped (False) or end of input (True)."""
-        from agent.batch import add_batch, add_raw
+        try:
+            return self._pump()
+        finally:
+            self._settle()
+            for wk in self.workers:  # not needed any more: their memory goes back now
+                wk.close()
+            self.workers = []
+
+    def _pump(self) -> bool:
+        from agent.batch import add_batch
         from agent.sources import EOF, RawLines, SourceFailed
-
-        warn = self.source.warn
-
-        def raw_adder(sk: Any, data: bytes, _weights: Any) -> None:
-            add_raw(sk, data, warn)
 
         tick_real = self.clock.seconds(1.0)
         next_tick = time.monotonic()
@@ -176,7 +228,8 @@ class Agent:
                         self.tick()
                         next_tick = max(next_tick + tick_real, time.monotonic())
                 if type(batch) is RawLines:
-                    self.rec.add_many(batch.data, None, adder=raw_adder)  # cms/cs only (Agent.__init__)
+                    if not (self.workers and self._hand_over(batch.data)):
+                        self.rec.add_many(batch.data, None, adder=self._raw_adder)  # cms/cs only (Agent.__init__)
                     batch.data = b""
                 else:
                     items, weights = batch
@@ -478,14 +531,46 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     if not feed and cfg.source.type == "stdin" and _stdin_is_devnull():
         return _die(EXIT_CONFIG, "config error: source.type: is 'stdin' but standard input is /dev/null "
                     "(a systemd service?); configure a 'file' or 'mqtt' source, or pipe events into 'feed'")
+    # count workers first: forked before the recorder loads the noisy state or draws noise, they
+    # never hold a copy of either (agent/countworker.py)
+    workers = _start_workers(cfg, args) if feed else []
     try:
-        agent = Agent(cfg, args, "stdin" if feed else None)
-    except StateError as exc:
-        return _die(EXIT_RUNTIME, "state error: %s" % exc)
-    except OSError as exc:
-        return _die(EXIT_RUNTIME, "cannot use state directory %s: %s" % (cfg.state_dir, exc))
-    timeout = args.timeout if args.timeout and args.timeout > 0 else None
-    return agent.main(timeout)
+        try:
+            agent = Agent(cfg, args, "stdin" if feed else None, workers)
+        except StateError as exc:
+            return _die(EXIT_RUNTIME, "state error: %s" % exc)
+        except OSError as exc:
+            return _die(EXIT_RUNTIME, "cannot use state directory %s: %s" % (cfg.state_dir, exc))
+        timeout = args.timeout if args.timeout and args.timeout > 0 else None
+        return agent.main(timeout)
+    finally:
+        for wk in workers:
+            wk.close()
+
+
+def _start_workers(cfg: Any, args: argparse.Namespace) -> list[Any]:
+    """``feed --jobs N``: N - 1 count worker processes (cms/cs, whose chunks go to agent.batch)."""
+    p = cfg.params
+    jobs = args.jobs
+    if jobs is None:
+        from agent.countworker import default_jobs
+
+        jobs = default_jobs()
+    if jobs <= 1 or p.kind not in ("cms", "cs"):
+        return []
+    from agent import hashing
+    from agent.countworker import CountWorker
+
+    log = _logger(cfg.device, args.quiet)
+    workers: list[Any] = []
+    for _ in range(jobs - 1):
+        try:
+            workers.append(CountWorker.start(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, log, workers))
+        except OSError as exc:
+            log("counting with %d process(es), not %d: cannot start a count worker (%s)"
+                % (len(workers) + 1, jobs, exc))
+            break
+    return workers
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -493,6 +578,16 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.exit(EXIT_CONFIG, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 64, not %r" % text)
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -534,6 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "Exit 1 if that takes longer than --timeout; nothing is lost, the releases stay in the "
                        "outbox and are re-sent by the next run or feed.")
     common(p, 60.0)
+    p.add_argument("--jobs", "-j", type=_jobs, default=None, metavar="N",
+                   help="count with N processes (cms/cs sketches): N - 1 helpers count input chunks on other "
+                   "cores, each holding at most one chunk (docs/PRIVACY.md); the releases are the same bytes "
+                   "(default: 2 with two or more CPUs, else 1)")
     p.add_argument("--no-flush", action="store_true",
                    help="at end of input do not release the open window early (it is released at its boundary "
                    "by the next run or feed): `feed --no-flush < /dev/null` only delivers the outbox. Without it "

@@ -1,0 +1,216 @@
+"""``feed --jobs N``: helper processes that count raw input chunks on other cores.
+
+CPython only (os.fork; the workers run agent.batch, numpy): **not** part of the MicroPython
+device core. ``add_raw`` counts one chunk (at most CHUNK_LINES lines, agent.sources) in about
+4 ms, almost all of it in C calls that hold the GIL (bytes.split, Counter, SHA-256), so threads
+cannot share the work; processes can.
+
+A worker is forked **before** the recorder loads the noisy state or draws any noise, so its memory
+holds only the config and imported code: no counters, no noise, no random bytes it could keep
+after the parent has used them (a fork after that would leave a frozen copy of the noisy state
+in the worker, and the parent's later state minus that copy is the exact count of what came
+since). It then loops:
+
+1. read one chunk from its pipe: a 4-byte little-endian length, then the complete lines;
+2. count it into a zeroed scratch sketch of the same kind, shape, salt and clip
+   (``agent.batch.add_raw``: the same code, so the same cells as counting it in the parent);
+3. write the scratch's d*w int32 cells back (always d*w*4 bytes, whatever the chunk held);
+4. zero the scratch and its input buffer.
+
+The parent adds the cells into every open array of its noisy sketch (:func:`add_cells`), mod
+2**32 like every other update, and zeroes its copy. Counters are a sum, so which process counts
+which chunk does not change any cell: ``feed --jobs 2`` commits byte-identical releases to
+``--jobs 1`` (tests/test_countworker.py).
+
+Exposure (docs/PRIVACY.md, "The intruder's view"): a worker counts one chunk at a time, so with
+N processes up to N chunks are being counted at once, each with the same one-chunk window as the
+parent's own. At most DEPTH = 2 chunks are handed to a worker and not yet answered (one counted,
+one waiting in its pipe as raw lines in flight, so the worker never idles between chunks); the
+cells of a counted chunk wait in the result pipe only until the parent takes them. The parent
+keeps the chunks it handed over until their cells arrive: if the worker dies (killed, out of
+memory) or does not answer within ``ANSWER_S``, the parent kills it, counts those chunks itself
+and goes on without it, so nothing is lost and nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from typing import Any, Callable, Optional
+
+DEPTH = 2  # chunks handed to a worker and not yet answered: one it counts, one waiting in its pipe
+ANSWER_S = 30.0  # a chunk takes milliseconds; a worker silent this long is stopped or wedged
+MAX_CHUNK = (1 << 32) - 1  # the length prefix's range (a chunk is at most about 2 MiB)
+
+
+def default_jobs() -> int:
+    """Processes ``feed`` counts with when not told: 2 where fork and a second core exist (a
+    third process gains little on the 2-core boards this targets; --jobs asks for more)."""
+    if not hasattr(os, "fork"):
+        return 1
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _read_exact(fd: int, buf: bytearray) -> bool:
+    """Fill ``buf`` from ``fd``; False at end of file before it is full."""
+    mv = memoryview(buf)
+    got = 0
+    while got < len(buf):
+        n = os.readv(fd, [mv[got:]])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+def _write_all(fd: int, data: Any) -> None:
+    mv = memoryview(data).cast("B")
+    while len(mv):
+        n = os.write(fd, mv)
+        mv = mv[n:]
+
+
+def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, clip: int,
+                 log: Callable[[str], None]) -> None:
+    """The forked process: count chunks until the parent closes the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    from agent.batch import add_raw
+    from agent.sketch import Sketch
+    from agent.sources import Warner
+
+    sk = Sketch(kind, d, w, prefix, clip)  # the scratch: one chunk's exact counts at most
+    warn = Warner(log)
+    head = bytearray(4)
+    while _read_exact(rfd, head):
+        buf = bytearray(int.from_bytes(head, "little"))
+        if not _read_exact(rfd, buf):
+            break
+        data = bytes(buf)  # add_raw counts bytes lines (a bytearray's split gives unhashable pieces)
+        buf[:] = bytes(len(buf))
+        del buf
+        add_raw(sk, data, warn)
+        del data
+        _write_all(wfd, sk.counters)
+        sk.counters[:] = type(sk.counters)("i", bytes(4 * d * w))
+
+
+class CountWorker:
+    """The parent's handle on one worker process: at most one chunk in flight."""
+
+    def __init__(self, pid: int, to_w: int, from_w: int, nbytes: int) -> None:
+        self.pid = pid
+        self.to_w = to_w
+        self.from_w = from_w
+        self.nbytes = nbytes
+        self.chunks: list[bytes] = []  # handed over, cells not yet taken, oldest first (recounted if the worker fails)
+        self.alive = True
+        self.answer_s = ANSWER_S
+
+    @classmethod
+    def start(cls, kind: str, d: int, w: int, prefix: bytes, clip: int, log: Callable[[str], None],
+              others: "list[CountWorker]") -> "CountWorker":
+        """Fork one worker (OSError if the system refuses a process or a pipe). ``others``: the
+        workers started before, whose pipe ends the new process must not hold (a worker sees the
+        end of its input only when every copy of the parent's end is closed)."""
+        r1, w1 = os.pipe()
+        try:
+            r2, w2 = os.pipe()
+        except OSError:
+            os.close(r1)
+            os.close(w1)
+            raise
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (r1, w1, r2, w2):
+                os.close(fd)
+            raise
+        if pid == 0:  # the worker: never returns into the parent's code, never runs its exit handlers
+            code = 0
+            try:
+                for fd in [w1, r2] + [x for o in others if o.alive for x in (o.to_w, o.from_w)]:
+                    os.close(fd)
+                _worker_main(r1, w2, kind, d, w, prefix, clip, log)
+            except BaseException:  # noqa: BLE001 - a broken pipe or a bug: the parent recounts the chunk
+                code = 1
+            os._exit(code)
+        os.close(r1)
+        os.close(w2)
+        try:  # a whole chunk fits in the pipe: handing it over is one copy, not 16 wake-ups of the worker
+            import fcntl
+
+            fcntl.fcntl(w1, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        except (ImportError, OSError):
+            pass  # Linux only, and capped by /proc/sys/fs/pipe-max-size: the default pipe works too
+        return cls(pid, w1, r2, 4 * d * w)
+
+    def room(self) -> bool:
+        """Fewer than DEPTH chunks are in flight: one more can be handed over."""
+        return len(self.chunks) < DEPTH
+
+    def done(self) -> bool:
+        """A chunk is in flight and the cells of the oldest can be read without waiting (or the
+        worker has died)."""
+        if not self.chunks:
+            return False
+        try:
+            return bool(select.select([self.from_w], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True  # take() finds out
+
+    def give(self, chunk: bytes) -> bool:
+        """Hand over one chunk (there must be ``room()``). False if the worker is gone: the
+        caller still has the chunk and counts it itself."""
+        assert len(self.chunks) < DEPTH, "at most DEPTH chunks in flight per worker (the exposure bound)"
+        if len(chunk) > MAX_CHUNK:
+            return False
+        try:
+            _write_all(self.to_w, len(chunk).to_bytes(4, "little"))
+            _write_all(self.to_w, chunk)
+        except OSError:
+            return False
+        self.chunks.append(chunk)
+        return True
+
+    def take(self) -> Optional[bytearray]:
+        """The cells of the oldest chunk in flight (that chunk is released), or None if the
+        worker died or stayed silent for ``answer_s``: its chunks are then still in ``chunks``."""
+        timeout = self.answer_s
+        out = bytearray(self.nbytes)
+        mv = memoryview(out)
+        got = 0
+        try:
+            while got < self.nbytes:
+                if not select.select([self.from_w], [], [], timeout)[0]:
+                    return None
+                n = os.readv(self.from_w, [mv[got:]])
+                if n == 0:
+                    return None
+                got += n
+        except OSError:
+            return None
+        finally:
+            del mv
+        del self.chunks[0]
+        return out
+
+    def close(self, kill: bool = False) -> None:
+        """End the worker: closing its input ends its loop; ``kill`` when it cannot be trusted to."""
+        if not self.alive:
+            return
+        self.alive = False
+        for fd in (self.to_w, self.from_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if kill:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass

@@ -1,0 +1,209 @@
+"""``feed --jobs N``: count worker processes (agent/countworker.py).
+
+The workers are real forked processes and the agent is the real daemon: the same cells as counting
+in one process, byte-identical releases, at most DEPTH chunks handed to a worker, and a worker that
+dies, stops answering or outlives its parent loses nothing and counts nothing twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent import hashing
+from agent.batch import add_cells, add_raw
+from agent.countworker import DEPTH, CountWorker
+from agent.daemon import Agent, _start_workers, build_parser
+from agent.sketch import Sketch
+from agent.sources import Warner
+from tests.test_agent_publisher import FROZEN, outbox
+from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, free_port
+from tests.test_feed_chunks import CHUNKS
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="count workers need os.fork")
+PREFIX = hashing.salt_prefix("fleet-salt-raw")
+
+
+def _reference(kind: str, d: int, w: int, chunks: list[bytes]) -> list[int]:
+    sk = Sketch(kind, d, w, PREFIX, clip=4)
+    for c in chunks:
+        add_raw(sk, c, Warner(lambda m: None))
+    return list(sk.counters)
+
+
+@pytest.mark.parametrize("kind,d,w", [("cms", 4, 2048), ("cs", 4, 512), ("cs", 9, 64), ("cms", 2, 33)])
+def test_worker_cells_equal_counting_here(kind, d, w):
+    """Every kind of line (plain, non-ASCII, invalid UTF-8, TAB weights, CR, empty) gives the
+    parent the cells add_raw would have added, into every tree level."""
+    wk = CountWorker.start(kind, d, w, PREFIX, 4, lambda m: None, [])
+    try:
+        sk = Sketch(kind, d, w, PREFIX, clip=4)
+        sk.arrays = [sk.counters, array.array("i", bytes(4 * d * w))]
+        for c in CHUNKS:
+            assert wk.give(c)
+            cells = wk.take()
+            assert cells is not None and len(cells) == 4 * d * w  # fixed size, whatever the chunk
+            add_cells(sk, cells)
+            assert cells == bytes(4 * d * w), "the parent's copy of a chunk's cells is zeroed"
+        ref = _reference(kind, d, w, CHUNKS)
+        assert list(sk.arrays[0]) == ref and list(sk.arrays[1]) == ref
+        assert any(ref)
+    finally:
+        wk.close()
+
+
+def test_at_most_depth_chunks_in_flight_and_cells_come_back_in_order():
+    wk = CountWorker.start("cms", 4, 64, PREFIX, 4, lambda m: None, [])
+    try:
+        chunks = [b"a\n" * 3, b"b\n" * 5, b"c\n"][:DEPTH]
+        for c in chunks:
+            assert wk.room()
+            assert wk.give(c)
+        assert not wk.room()
+        with pytest.raises(AssertionError, match="exposure bound"):
+            wk.give(b"x\n")
+        for c in chunks:
+            cells = wk.take()
+            assert cells is not None
+            assert list(array.array("i", bytes(cells))) == _reference("cms", 4, 64, [c])
+        assert wk.room() and not wk.done()
+    finally:
+        wk.close()
+
+
+def test_a_second_worker_holds_no_copy_of_the_firsts_pipe():
+    """Closing the parent's end ends a worker even when a later-forked worker exists (the later
+    one closed its inherited copies)."""
+    a = CountWorker.start("cms", 4, 64, PREFIX, 1, lambda m: None, [])
+    b = CountWorker.start("cms", 4, 64, PREFIX, 1, lambda m: None, [a])
+    try:
+        t = time.monotonic()
+        a.close()  # waits for the worker's exit: it hangs if b still held a's input pipe open
+        assert time.monotonic() - t < 5
+    finally:
+        b.close()
+
+
+def _agent(tmp_path, monkeypatch, jobs: int):
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # the stdin source is made, never started
+    cfg_path = agent_toml(str(tmp_path / ("a%d.toml" % jobs)), "pi-j%d" % jobs, free_port(), str(tmp_path / ("s%d" % jobs)),
+                          kind="cs", w=256)
+    args = build_parser().parse_args(["feed", "--config", cfg_path, "--jobs", str(jobs), "-q",
+                                      "--insecure-seed", "jobs", *FROZEN])
+    from agent.daemon import _load
+
+    cfg = _load(cfg_path)
+    workers = _start_workers(cfg, args)
+    assert len(workers) == jobs - 1
+    return Agent(cfg, args, "stdin", workers), cfg
+
+
+def _cells(sk: Sketch) -> list[int]:
+    return list(sk.counters)
+
+
+@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkeypatch, how):
+    agent, cfg = _agent(tmp_path, monkeypatch, 2)
+    try:
+        before = _cells(agent.rec.sketch)
+        wk = agent.workers[0]
+        wk.answer_s = 1.0
+        a, b, c = b"alpha\n" * 7, b"beta\n" * 11, b"gamma\n" * 13
+        assert agent._hand_over(a) and agent._hand_over(b)  # DEPTH = 2: both with the worker
+        os.kill(wk.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        if how == "killed":
+            os.waitpid(wk.pid, os.WNOHANG)  # let the kernel close its pipe ends
+            time.sleep(0.2)
+        if not agent._hand_over(c):  # a dead worker is found here; a silent one is full
+            agent.rec.add_many(c, None, adder=agent._raw_adder)
+        agent._settle()
+        assert agent.workers == [] and not wk.alive
+        with pytest.raises(ChildProcessError):
+            os.waitpid(wk.pid, os.WNOHANG)  # killed and reaped: it can no longer answer late
+        ref = Sketch("cs", 4, 256, hashing.salt_prefix(cfg.params.salt))
+        for x in (a, b, c):
+            add_raw(ref, x, Warner(lambda m: None))
+        got = [(x - y) & 0xFFFFFFFF for x, y in zip(_cells(agent.rec.sketch), before)]
+        assert got == [v & 0xFFFFFFFF for v in ref.counters]
+    finally:
+        for wk in agent.workers:
+            wk.close(kill=True)
+
+
+def _feed(tmp_path, jobs: int, data: bytes, state: str) -> subprocess.CompletedProcess:
+    cfg = agent_toml(str(tmp_path / ("f%d.toml" % jobs)), "pi-f", free_port(), state, kind="cs", w=512)
+    # no broker: the release stays in the outbox (exit 1), where its bytes can be compared
+    return subprocess.run(agent_cmd("feed", cfg, "--jobs", str(jobs), "--timeout", "0.5", "--insecure-seed", "same",
+                                    *FROZEN), input=data, env=agent_env(), capture_output=True, timeout=120)
+
+
+def test_feed_with_two_processes_commits_the_same_release_bytes(tmp_path):
+    # 5 chunks' worth of lines (CHUNK_LINES = 32,768), with weighted and non-ASCII lines among them
+    lines = [b"dev-%d" % (i * 7919 % 5003) for i in range(150_000)] + [b"w\t3", "café".encode(), b"\xff"] * 100
+    data = b"\n".join(lines) + b"\n"
+    outs = {}
+    for jobs in (1, 2):
+        r = _feed(tmp_path, jobs, data, str(tmp_path / ("st%d" % jobs)))
+        assert r.returncode == 1, r.stderr  # undelivered (no broker), committed to the outbox
+        outs[jobs] = outbox(str(tmp_path / ("st%d" % jobs)))
+        assert len(outs[jobs]) == 1
+    assert outs[1] == outs[2]
+    r = _feed(tmp_path, 2, data[:-len(b"dev-0\n") * 10], str(tmp_path / "other"))
+    assert outbox(str(tmp_path / "other")) != outs[2], "the comparison sees the counts"
+
+
+def test_a_worker_ends_with_its_parent(tmp_path):
+    cfg = agent_toml(str(tmp_path / "k.toml"), "pi-k", free_port(), str(tmp_path / "sk"), kind="cms", w=256)
+    p = subprocess.Popen(agent_cmd("feed", cfg, "--jobs", "2", "-q"), stdin=subprocess.PIPE, env=agent_env(),
+                         stderr=subprocess.DEVNULL)
+    try:
+        kids: list[int] = []
+        deadline = time.monotonic() + 20
+        while not kids and time.monotonic() < deadline:
+            try:
+                with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+                    kids = [int(x) for x in f.read().split()]
+            except OSError:
+                pytest.skip("no /proc children list here")
+            time.sleep(0.05)
+        assert kids, "feed --jobs 2 started no worker"
+        p.stdin.write(b"x\n" * 1000)
+        p.stdin.flush()
+        p.kill()
+        p.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and all(os.path.exists("/proc/%d" % k) and _alive(k) for k in kids):
+            time.sleep(0.05)
+        assert not any(_alive(k) for k in kids), "a worker outlived its killed parent"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "65"])
+def test_bad_jobs_is_a_one_line_usage_error(tmp_path, bad):
+    r = subprocess.run([sys.executable, "-m", "agent.daemon", "feed", "--config", "x.toml", "--jobs", bad],
+                       env=agent_env(), capture_output=True, timeout=60)
+    assert r.returncode == 2
+    assert len(r.stderr.decode().strip().splitlines()) == 1 and "--jobs" in r.stderr.decode()
+
+
+def test_parser_default_leaves_the_choice_to_the_machine():
+    a = build_parser().parse_args(["feed", "--config", "x"])
+    assert isinstance(a, argparse.Namespace) and a.jobs is None
