@@ -117,6 +117,8 @@ def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkey
         wk = agent.workers[0]
         wk.answer_s = 1.0
         a, b, c = b"alpha\n" * 7, b"beta\n" * 11, b"gamma\n" * 13
+        for _ in range(4):  # more input waits in the queue: the worker is given a second chunk
+            agent.q.put(None)
         assert agent._hand_over(a) and agent._hand_over(b)  # DEPTH = 2: both with the worker
         os.kill(wk.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         if how == "killed":
