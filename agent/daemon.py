@@ -154,8 +154,9 @@ class Agent:
                 self._take(wk)
             if not wk.alive or not wk.room():
                 continue
-            if wk.chunks and self.q.qsize() <= len(wk.chunks):
-                continue  # little input left: queued behind the worker's chunks, this one would finish last
+            if wk.chunks and self.source.ended and self.q.qsize() <= len(wk.chunks) + 1:
+                continue  # the input's last chunks (the queue's last item may be its end): queued behind
+                # the worker's, this one would finish last while this process waited
             if wk.give(data):
                 return True
             self._drop(wk, "it stopped taking input")

@@ -142,6 +142,7 @@ class Source:
         self.log = log
         self.warn = Warner(log)
         self.stopping = threading.Event()
+        self.ended = False  # a finite source has read the end of its input (what is left is queued or being put)
         self.thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
@@ -280,6 +281,7 @@ class StdinSource(Source):
         at_end = False
         while not at_end and not self.stopping.is_set():
             data, at_end = read_available(self.fd)  # what is available now: no batching delay
+            self.ended = at_end
             chunks = rd.feed(data)
             del data
             while chunks:
