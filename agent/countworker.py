@@ -28,8 +28,11 @@ parent's own. At most DEPTH = 2 chunks are handed to a worker and not yet answer
 one waiting in its pipe as raw lines in flight, so the worker never idles between chunks); the
 cells of a counted chunk wait in the result pipe only until the parent takes them. The parent
 keeps the chunks it handed over until their cells arrive: if the worker dies (killed, out of
-memory) or does not answer within ``ANSWER_S``, the parent kills it, counts those chunks itself
-and goes on without it, so nothing is lost and nothing is counted twice.
+memory) or does not answer or read within ``ANSWER_S``, the parent kills it, counts those chunks
+itself and goes on without it, so nothing is lost and nothing is counted twice. A sketch whose
+cells do not fit in the result pipe (more than /proc/sys/fs/pipe-max-size, 1 MiB by default)
+gets one chunk at a time instead of two: the parent writing the second chunk reads nothing, and
+a worker blocked writing the first one's cells would read nothing either.
 """
 
 from __future__ import annotations
@@ -50,6 +53,23 @@ def default_jobs() -> int:
     if not hasattr(os, "fork"):
         return 1
     return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _pipe_size(fd: int, want: int) -> int:
+    """Ask for a pipe of at least ``want`` bytes (Linux; capped by /proc/sys/fs/pipe-max-size);
+    the capacity it has, or 4096 (POSIX's least) where it cannot be read."""
+    try:
+        import fcntl
+
+        size = fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+        if size < want:
+            try:
+                size = fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), want)
+            except OSError:
+                pass
+        return size
+    except (ImportError, OSError):
+        return 4096
 
 
 def _read_exact(fd: int, buf: bytearray) -> bool:
@@ -96,13 +116,14 @@ def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, c
 
 
 class CountWorker:
-    """The parent's handle on one worker process: at most one chunk in flight."""
+    """The parent's handle on one worker process: at most ``depth`` chunks in flight."""
 
-    def __init__(self, pid: int, to_w: int, from_w: int, nbytes: int) -> None:
+    def __init__(self, pid: int, to_w: int, from_w: int, nbytes: int, depth: int = DEPTH) -> None:
         self.pid = pid
         self.to_w = to_w
         self.from_w = from_w
         self.nbytes = nbytes
+        self.depth = depth
         self.chunks: list[bytes] = []  # handed over, cells not yet taken, oldest first (recounted if the worker fails)
         self.alive = True
         self.answer_s = ANSWER_S
@@ -137,17 +158,18 @@ class CountWorker:
             os._exit(code)
         os.close(r1)
         os.close(w2)
-        try:  # a whole chunk fits in the pipe: handing it over is one copy, not 16 wake-ups of the worker
-            import fcntl
-
-            fcntl.fcntl(w1, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-        except (ImportError, OSError):
-            pass  # Linux only, and capped by /proc/sys/fs/pipe-max-size: the default pipe works too
-        return cls(pid, w1, r2, 4 * d * w)
+        os.set_blocking(w1, False)  # give() waits at most answer_s for a worker to read (a stopped one never does)
+        nbytes = 4 * d * w
+        _pipe_size(w1, 1 << 20)  # a whole chunk fits: handing it over is one copy, not 16 wake-ups of the worker
+        # A second chunk is handed over while the worker may still be writing the first one's cells;
+        # the parent, writing that chunk, reads nothing, so the cells must fit in the result pipe
+        # or both would wait for each other. Where they cannot (a huge sketch), one chunk at a time.
+        depth = DEPTH if _pipe_size(r2, nbytes) >= nbytes else 1
+        return cls(pid, w1, r2, nbytes, depth)
 
     def room(self) -> bool:
-        """Fewer than DEPTH chunks are in flight: one more can be handed over."""
-        return len(self.chunks) < DEPTH
+        """Fewer than ``depth`` chunks are in flight: one more can be handed over."""
+        return len(self.chunks) < self.depth
 
     def done(self) -> bool:
         """A chunk is in flight and the cells of the oldest can be read without waiting (or the
@@ -162,13 +184,20 @@ class CountWorker:
     def give(self, chunk: bytes) -> bool:
         """Hand over one chunk (there must be ``room()``). False if the worker is gone: the
         caller still has the chunk and counts it itself."""
-        assert len(self.chunks) < DEPTH, "at most DEPTH chunks in flight per worker (the exposure bound)"
+        assert len(self.chunks) < self.depth <= DEPTH, "at most DEPTH chunks in flight per worker (the exposure bound)"
         if len(chunk) > MAX_CHUNK:
             return False
         try:
-            _write_all(self.to_w, len(chunk).to_bytes(4, "little"))
-            _write_all(self.to_w, chunk)
-        except OSError:
+            for part in (len(chunk).to_bytes(4, "little"), chunk):
+                mv = memoryview(part)
+                while len(mv):
+                    if not select.select([], [self.to_w], [], self.answer_s)[1]:
+                        return False  # not reading: stopped or wedged (the caller kills it)
+                    try:
+                        mv = mv[os.write(self.to_w, mv):]
+                    except BlockingIOError:
+                        continue
+        except (OSError, ValueError):
             return False
         self.chunks.append(chunk)
         return True

@@ -159,7 +159,7 @@ class Agent:
                 # the worker's, this one would finish last while this process waited
             if wk.give(data):
                 return True
-            self._drop(wk, "it stopped taking input")
+            self._fail(wk, "it stopped taking input")
         return False
 
     def _take(self, wk: Any) -> None:
@@ -171,15 +171,17 @@ class Agent:
         if cells is not None:
             self.rec.add_many(cells, None, adder=add_cells)
             return
-        left, wk.chunks = wk.chunks, []
-        self._drop(wk, "it died or did not answer within %g s" % wk.answer_s)
-        while left:  # counted here instead: nothing lost, nothing twice (the worker is killed first)
-            self.rec.add_many(left.pop(0), None, adder=self._raw_adder)
+        self._fail(wk, "it died or did not answer within %g s" % wk.answer_s)
 
-    def _drop(self, wk: Any, why: str) -> None:
+    def _fail(self, wk: Any, why: str) -> None:
+        """Kill a worker that failed and count every chunk it still had here: nothing lost, and
+        nothing twice (killed first, it can no longer answer)."""
         wk.close(kill=True)
         self.workers.remove(wk)
         self.log("count worker %d left (%s); counting with %d process(es)" % (wk.pid, why, len(self.workers) + 1))
+        left, wk.chunks = wk.chunks, []
+        while left:
+            self.rec.add_many(left.pop(0), None, adder=self._raw_adder)
 
     def _settle(self) -> None:
         """Wait for every chunk in flight and add it (before a tick and when counting ends)."""

@@ -109,7 +109,29 @@ def _cells(sk: Sketch) -> list[int]:
     return list(sk.counters)
 
 
-@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_cells_that_do_not_fit_the_result_pipe_mean_one_chunk_at_a_time():
+    """A second chunk is written while the worker may be writing the first one's cells: a sketch
+    whose cells outgrow the result pipe would deadlock both, so such a worker takes one at a time."""
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            most = int(f.read())
+    except OSError:
+        pytest.skip("no Linux pipe-max-size here")
+    w = 1 << max(1, (most // 16).bit_length())  # d = 4: 4 * 4 * w bytes > most
+    big = CountWorker.start("cms", 4, w, PREFIX, 1, lambda m: None, [])
+    small = CountWorker.start("cms", 4, 2048, PREFIX, 1, lambda m: None, [big])
+    try:
+        assert big.nbytes > most and big.depth == 1
+        assert small.depth == DEPTH
+        assert big.give(b"a\n" * 9) and not big.room()
+        cells = big.take()
+        assert cells is not None and array.array("i", bytes(cells)).count(9) == 4
+    finally:
+        small.close()
+        big.close()
+
+
+@pytest.mark.parametrize("how", ["killed", "silent", "stopped-mid-give"])
 def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkeypatch, how):
     agent, cfg = _agent(tmp_path, monkeypatch, 2)
     try:
@@ -119,8 +141,20 @@ def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkey
         a, b, c = b"alpha\n" * 7, b"beta\n" * 11, b"gamma\n" * 13
         for _ in range(4):  # more input waits in the queue: the worker is given a second chunk
             agent.q.put(None)
-        assert agent._hand_over(a) and agent._hand_over(b)  # DEPTH = 2: both with the worker
-        os.kill(wk.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        if how == "stopped-mid-give":  # more than the input pipe holds: the parent waits on a worker
+            b = b"".join(b"beta-%d\n" % (i % 1000) for i in range(300_000))  # that reads nothing
+            assert len(b) > 2 << 20
+            os.kill(wk.pid, signal.SIGSTOP)
+            assert agent._hand_over(a)  # into the pipe: in flight, never answered
+            t = time.monotonic()
+            assert not agent._hand_over(b), "a worker that reads nothing is given up, not waited for"
+            assert time.monotonic() - t < 10
+            assert agent.workers == [] and not wk.alive
+            agent.rec.add_many(b, None, adder=agent._raw_adder)  # the caller counts what it could not hand over
+        else:
+            assert agent._hand_over(a) and agent._hand_over(b)  # DEPTH = 2: both with the worker
+        if wk.alive:
+            os.kill(wk.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         if how == "killed":
             os.waitpid(wk.pid, os.WNOHANG)  # let the kernel close its pipe ends
             time.sleep(0.2)
