@@ -127,7 +127,7 @@ def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> N
 def add_cells(sk: Sketch, cells: bytearray, _weights: Any = None) -> None:
     """Add one counted chunk's d*w int32 cells (a count worker's answer, agent/countworker.py)
     into every open array of ``sk``, mod 2**32 like every update; then zero ``cells``."""
-    add = np.frombuffer(cells, dtype="<i4")
+    add = np.frombuffer(cells, dtype=np.int32)  # the worker's array('i'): native byte order
     for arr in (sk.arrays if sk.arrays is not None else (sk.counters,)):  # tree mode: every open level
         c = np.frombuffer(arr, dtype=np.int32)
         c += add  # int32 arithmetic wraps mod 2**32 (wrap32)

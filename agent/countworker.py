@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import time
 from typing import Any, Callable, Optional
 
 DEPTH = 2  # chunks handed to a worker and not yet answered: one it counts, one waiting in its pipe
@@ -52,7 +53,11 @@ def default_jobs() -> int:
     third process gains little on the 2-core boards this targets; --jobs asks for more)."""
     if not hasattr(os, "fork"):
         return 1
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
+    try:
+        cpus = len(os.sched_getaffinity(0))  # the CPUs this process may use (taskset, a cgroup's cpuset)
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return 2 if cpus >= 2 else 1
 
 
 def _pipe_size(fd: int, want: int) -> int:
@@ -185,8 +190,6 @@ class CountWorker:
         """Hand over one chunk (there must be ``room()``). False if the worker is gone: the
         caller still has the chunk and counts it itself."""
         assert len(self.chunks) < self.depth <= DEPTH, "at most DEPTH chunks in flight per worker (the exposure bound)"
-        if len(chunk) > MAX_CHUNK:
-            return False
         try:
             for part in (len(chunk).to_bytes(4, "little"), chunk):
                 mv = memoryview(part)
@@ -212,20 +215,24 @@ class CountWorker:
         try:
             while got < self.nbytes:
                 if not select.select([self.from_w], [], [], timeout)[0]:
-                    return None
+                    break
                 n = os.readv(self.from_w, [mv[got:]])
                 if n == 0:
-                    return None
+                    break
                 got += n
-        except OSError:
+        except (OSError, ValueError):
+            pass
+        del mv
+        if got < self.nbytes:
+            out[:] = bytes(len(out))  # part of a chunk's exact cells: wiped like every copy
             return None
-        finally:
-            del mv
         del self.chunks[0]
         return out
 
-    def close(self, kill: bool = False) -> None:
-        """End the worker: closing its input ends its loop; ``kill`` when it cannot be trusted to."""
+    def close(self, kill: bool = False, grace_s: float = 2.0) -> None:
+        """End the worker: closing its input ends its loop; ``kill`` when it cannot be trusted to.
+        One that has not exited ``grace_s`` after its input closed (a stopped process) is killed:
+        it holds nothing that needs a clean exit."""
         if not self.alive:
             return
         self.alive = False
@@ -234,12 +241,13 @@ class CountWorker:
                 os.close(fd)
             except OSError:
                 pass
-        if kill:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        deadline = time.monotonic() + (0.0 if kill else grace_s)
         try:
-            os.waitpid(self.pid, 0)
-        except OSError:
+            while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() >= deadline:
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+                    break
+                time.sleep(0.002)
+        except OSError:  # already reaped
             pass

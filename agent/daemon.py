@@ -132,6 +132,8 @@ class Agent:
         self.stopping = threading.Event()
         self.failed = False
         self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/countworker.py)
+        self.chunks_here = 0  # raw chunks counted in this process / by the workers (the last log line of pump)
+        self.chunks_handed = 0
 
     def boundary(self) -> int:
         return self.rec.ehi * self.cfg.params.epoch_s
@@ -149,15 +151,18 @@ class Agent:
     def _hand_over(self, data: bytes) -> bool:
         """Give a raw chunk to a count worker with room (taking the cells of what it finished
         first); False when every worker is full (or none is left): the caller counts it."""
+        from agent.countworker import MAX_CHUNK
+
         for wk in list(self.workers):
             while wk.alive and wk.done():
                 self._take(wk)
-            if not wk.alive or not wk.room():
+            if not wk.alive or not wk.room() or len(data) > MAX_CHUNK:
                 continue
             if wk.chunks and self.source.ended and self.q.qsize() <= len(wk.chunks) + 1:
                 continue  # the input's last chunks (the queue's last item may be its end): queued behind
                 # the worker's, this one would finish last while this process waited
             if wk.give(data):
+                self.chunks_handed += 1
                 return True
             self._fail(wk, "it stopped taking input")
         return False
@@ -182,6 +187,8 @@ class Agent:
         left, wk.chunks = wk.chunks, []
         while left:
             self.rec.add_many(left.pop(0), None, adder=self._raw_adder)
+            self.chunks_handed -= 1
+            self.chunks_here += 1
 
     def _settle(self) -> None:
         """Wait for every chunk in flight and add it (before a tick and when counting ends)."""
@@ -191,6 +198,7 @@ class Agent:
 
     def pump(self) -> bool:
         """Count events and tick the clock until stopped (False) or end of input (True)."""
+        helpers = len(self.workers)
         try:
             return self._pump()
         finally:
@@ -198,6 +206,9 @@ class Agent:
             for wk in self.workers:  # not needed any more: their memory goes back now
                 wk.close()
             self.workers = []
+            if helpers:
+                self.log("counted %d input chunk(s), %d of them in %d helper process(es)"
+                         % (self.chunks_here + self.chunks_handed, self.chunks_handed, helpers))
 
     def _pump(self) -> bool:
         from agent.batch import add_batch
@@ -233,6 +244,7 @@ class Agent:
                 if type(batch) is RawLines:
                     if not (self.workers and self._hand_over(batch.data)):
                         self.rec.add_many(batch.data, None, adder=self._raw_adder)  # cms/cs only (Agent.__init__)
+                        self.chunks_here += 1
                     batch.data = b""
                 else:
                     items, weights = batch
@@ -561,6 +573,9 @@ def _start_workers(cfg: Any, args: argparse.Namespace) -> list[Any]:
         jobs = default_jobs()
     if jobs <= 1 or p.kind not in ("cms", "cs"):
         return []
+    # the batch path (numpy) is imported once, before the fork: its pages are shared and a worker
+    # counts at once; it holds no state (no noise, no counters) to copy
+    import agent.batch  # noqa: F401
     from agent import hashing
     from agent.countworker import CountWorker
 
@@ -634,8 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, 60.0)
     p.add_argument("--jobs", "-j", type=_jobs, default=None, metavar="N",
                    help="count with N processes (cms/cs sketches): N - 1 helpers count input chunks on other "
-                   "cores, each holding at most one chunk (docs/PRIVACY.md); the releases are the same bytes "
-                   "(default: 2 with two or more CPUs, else 1)")
+                   "cores, each handed at most two chunks at a time, one counted and one waiting "
+                   "(docs/PRIVACY.md); the releases are the same bytes (default: 2 with two or more CPUs, else 1)")
     p.add_argument("--no-flush", action="store_true",
                    help="at end of input do not release the open window early (it is released at its boundary "
                    "by the next run or feed): `feed --no-flush < /dev/null` only delivers the outbox. Without it "

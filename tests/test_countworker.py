@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import array
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from agent.countworker import DEPTH, CountWorker
 from agent.daemon import Agent, _start_workers, build_parser
 from agent.sketch import Sketch
 from agent.sources import Warner
-from tests.test_agent_publisher import FROZEN, outbox
+from tests.test_agent_publisher import FROZEN, estimate, outbox
 from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, free_port
 from tests.test_feed_chunks import CHUNKS
 
@@ -174,16 +175,61 @@ def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkey
             wk.close(kill=True)
 
 
+def test_chunks_with_a_worker_count_in_the_epoch_they_arrived_in(tmp_path, monkeypatch):
+    """A tick first takes the cells of every chunk in flight: a chunk handed over before an epoch
+    ends is in that epoch's release, not the next one's."""
+    agent, cfg = _agent(tmp_path, monkeypatch, 2)
+    try:
+        assert agent._hand_over(b"alpha\n" * 5000)
+        end = (int(FROZEN[1]) // cfg.params.epoch_s + 1) * cfg.params.epoch_s
+        monkeypatch.setattr(agent.clock, "now", lambda: end + 1)
+        agent.tick()
+        assert not agent.workers[0].chunks
+        (rel,) = outbox(str(tmp_path / "s2")).values()
+        assert abs(estimate(rel, "alpha") - 5000) < 100  # noise sd about 3 (tests/test_agent_publisher.py)
+    finally:
+        for wk in agent.workers:
+            wk.close(kill=True)
+
+
+def test_workers_are_forked_before_the_noisy_state_exists(tmp_path, monkeypatch):
+    """The pan-privacy of the fork: no worker may hold a copy of the state or of any noise."""
+    import agent.countworker
+    import agent.daemon
+    import agent.recorders
+
+    order: list[str] = []
+    start, make = agent.countworker.CountWorker.start, agent.recorders.make
+
+    def forked(*a, **k):
+        order.append("fork")
+        return start(*a, **k)
+
+    def state(*a, **k):
+        order.append("state")
+        return make(*a, **k)
+
+    monkeypatch.setattr(agent.countworker.CountWorker, "start", forked)
+    monkeypatch.setattr(agent.recorders, "make", state)
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))
+    cfg = agent_toml(str(tmp_path / "o.toml"), "pi-o", free_port(), str(tmp_path / "so"), kind="cms", w=64)
+    args = build_parser().parse_args(["feed", "--config", cfg, "--jobs", "3", "--timeout", "0.2", "-q", *FROZEN])
+    assert agent.daemon.cmd_run(args, feed=True) == 1  # undelivered: no broker
+    assert order == ["fork", "fork", "state"]
+
+
 def _feed(tmp_path, jobs: int, data: bytes, state: str) -> subprocess.CompletedProcess:
-    cfg = agent_toml(str(tmp_path / ("f%d.toml" % jobs)), "pi-f", free_port(), state, kind="cs", w=512)
+    cfg = agent_toml(str(tmp_path / ("f%d.toml" % jobs)), "pi-f", free_port(), state, kind="cs", w=512,
+                     sketch_extra="clip = 2")
     # no broker: the release stays in the outbox (exit 1), where its bytes can be compared
     return subprocess.run(agent_cmd("feed", cfg, "--jobs", str(jobs), "--timeout", "0.5", "--insecure-seed", "same",
                                     *FROZEN), input=data, env=agent_env(), capture_output=True, timeout=120)
 
 
 def test_feed_with_two_processes_commits_the_same_release_bytes(tmp_path):
-    # 5 chunks' worth of lines (CHUNK_LINES = 32,768), with weighted and non-ASCII lines among them
-    lines = [b"dev-%d" % (i * 7919 % 5003) for i in range(150_000)] + [b"w\t3", "café".encode(), b"\xff"] * 100
+    # 5 chunks' worth of lines (CHUNK_LINES = 32,768), with weighted (clip 2) and non-ASCII lines all through
+    odd = [b"w\t3", b"v\t-5", "café".encode(), b"\xff", b"cr\r"]
+    lines = [b"dev-%d" % (i * 7919 % 5003) if i % 97 else odd[i % 5] for i in range(160_000)]
     data = b"\n".join(lines) + b"\n"
     outs = {}
     for jobs in (1, 2):
@@ -191,6 +237,8 @@ def test_feed_with_two_processes_commits_the_same_release_bytes(tmp_path):
         assert r.returncode == 1, r.stderr  # undelivered (no broker), committed to the outbox
         outs[jobs] = outbox(str(tmp_path / ("st%d" % jobs)))
         assert len(outs[jobs]) == 1
+    m = re.search(rb"counted (\d+) input chunk\(s\), (\d+) of them in 1 helper", r.stderr)
+    assert m and int(m.group(1)) >= 5 and int(m.group(2)) >= 1, r.stderr[-2000:]
     assert outs[1] == outs[2]
     r = _feed(tmp_path, 2, data[:-len(b"dev-0\n") * 10], str(tmp_path / "other"))
     assert outbox(str(tmp_path / "other")) != outs[2], "the comparison sees the counts"
