@@ -291,3 +291,13 @@ def test_bad_jobs_is_a_one_line_usage_error(tmp_path, bad):
 def test_parser_default_leaves_the_choice_to_the_machine():
     a = build_parser().parse_args(["feed", "--config", "x"])
     assert isinstance(a, argparse.Namespace) and a.jobs is None
+
+
+def test_closing_a_stopped_idle_worker_does_not_hang():
+    wk = CountWorker.start("cms", 4, 64, PREFIX, 1, lambda m: None, [])
+    os.kill(wk.pid, signal.SIGSTOP)
+    t = time.monotonic()
+    wk.close(grace_s=0.5)  # its input closed, but a stopped process never reads the end
+    assert time.monotonic() - t < 5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(wk.pid, os.WNOHANG)  # killed and reaped
