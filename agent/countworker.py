@@ -37,6 +37,7 @@ a worker blocked writing the first one's cells would read nothing either.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -100,6 +101,9 @@ def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, c
                  log: Callable[[str], None]) -> None:
     """The forked process: count chunks until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    if not gc.isenabled():  # forked while the entry point held the collector off (agent.daemon.cli)
+        gc.freeze()
+        gc.enable()
     from agent.batch import add_raw
     from agent.sketch import Sketch
     from agent.sources import Warner

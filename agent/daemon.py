@@ -19,6 +19,7 @@ naming the key), 3 other runtime errors (state directory unusable, ...).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import queue
 import signal
@@ -286,6 +287,9 @@ class Agent:
         # the counting code (numpy: 0.1-0.3 s to import) is loaded before "online" goes out, so an
         # agent that says it is online counts what it is given at once
         import agent.batch  # noqa: F401
+        if not gc.isenabled():  # off while the modules loaded (cli); objects made so far stay for good
+            gc.freeze()
+            gc.enable()
         self.pub.start()
         self.source.start()
         ended = self.pump()
@@ -705,5 +709,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     return run_main(body)
 
 
+def cli() -> None:
+    """The command's entry point (``pansketch-agent``, ``python -m agent.daemon``): :func:`main`,
+    then an exit without the interpreter's teardown. Before ``main`` returns every file the agent
+    wrote is fsynced and closed, the broker connection closed and the count workers reaped; tearing
+    down numpy's and paho-mqtt's modules after that does nothing and cost 20-30 ms per run, a tenth
+    of ``feed``'s time for a million lines. Output is flushed first; an exception still ends with
+    its traceback and the normal exit. Tests call :func:`main`, which returns.
+
+    The cyclic garbage collector is held off while the modules load (numpy's and paho-mqtt's
+    imports made it run about 60 times, 6 ms, finding nothing to free); Agent.main turns it back on
+    before counting."""
+    gc.disable()
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: main() has already chosen the exit status
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

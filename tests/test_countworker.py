@@ -301,3 +301,30 @@ def test_closing_a_stopped_idle_worker_does_not_hang():
     assert time.monotonic() - t < 5
     with pytest.raises(ChildProcessError):
         os.waitpid(wk.pid, os.WNOHANG)  # killed and reaped
+
+
+def test_the_entry_point_counts_with_the_collector_on_and_exits_with_mains_status(tmp_path):
+    """agent.daemon.cli holds the cyclic GC off while modules load and skips the interpreter's
+    teardown (os._exit): the pump and the count workers must run with the collector on again,
+    and the exit status and the output must be main()'s."""
+    cfg = agent_toml(str(tmp_path / "g.toml"), "pi-g", free_port(), str(tmp_path / "sg"), kind="cms", w=64)
+    code = (
+        "import gc, sys\n"
+        "import agent.batch as b, agent.daemon as d\n"
+        "pump, add_raw = d.Agent.pump, b.add_raw\n"
+        "def p(self):\n"
+        "    print('pump gc', gc.isenabled(), flush=True)\n"
+        "    return pump(self)\n"
+        "def a(sk, data, warn):\n"
+        "    print('count gc', gc.isenabled(), flush=True)\n"
+        "    add_raw(sk, data, warn)\n"
+        "d.Agent.pump, b.add_raw = p, a\n"
+        "print('before', gc.isenabled())\n"  # buffered: cli() must flush it
+        "sys.argv = ['pansketch-agent', 'feed', '--config', %r, '--jobs', '2', '--timeout', '0.2', '-q']\n"
+        "d.cli()\n" % cfg)
+    r = subprocess.run([sys.executable, "-c", code], input=b"x\n" * 10, env=agent_env(), capture_output=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr  # main()'s status: undelivered (no broker)
+    out = r.stdout.decode()
+    assert "before True" in out and "pump gc True" in out
+    assert "count gc True" in out and "count gc False" not in out  # the worker counted (or the parent did)
