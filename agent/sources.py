@@ -75,18 +75,22 @@ READ_BYTES = 1 << 20
 def split_lines(buf: bytes, most: int = CHUNK_LINES, n: int = -1) -> list[bytes]:
     """Complete lines ``buf`` (``n`` of them, -1: count them) cut at line ends into chunks of at
     most ``most`` lines each (in order)."""
+    return [buf[a:b] for a, b, _ in _line_ranges(buf, 0, len(buf), most, n)]
+
+
+def _line_ranges(buf: bytes, a: int, b: int, most: int, n: int = -1) -> list[tuple[int, int, int]]:
+    """``buf[a:b]`` (complete lines) cut at line ends into (start, end, lines) ranges of at most
+    ``most`` lines, by halving: index arithmetic, no copies."""
     if n < 0:
-        n = buf.count(b"\n")
+        n = buf.count(b"\n", a, b)
     if n <= most:
-        return [buf]
-    half = buf.rfind(b"\n", 0, len(buf) // 2) + 1  # after a line end in the first half ...
-    if half <= 0:
-        half = buf.find(b"\n", len(buf) // 2) + 1  # ... or the first one after it (a long first line)
-    head = buf[:half]
-    tail = buf[half:]
-    del buf
-    nh = head.count(b"\n")
-    return split_lines(head, most, nh) + split_lines(tail, most, n - nh)
+        return [(a, b, n)] if b > a else []
+    mid = a + (b - a) // 2
+    half = buf.rfind(b"\n", a, mid) + 1  # after a line end in the first half ...
+    if half <= a:
+        half = buf.find(b"\n", mid, b) + 1  # ... or the first one after it (a long first line)
+    nh = buf.count(b"\n", a, half)
+    return _line_ranges(buf, a, half, most, nh) + _line_ranges(buf, half, b, most, n - nh)
 
 
 class Warner:
@@ -198,34 +202,48 @@ class FdLineReader:
             self.warn("long", "skipped an input line longer than %d bytes" % MAX_LINE)
 
     def feed(self, data: bytes) -> list[bytes]:
+        # Index arithmetic on ``data``: each chunk is copied out once (the carried-over line is
+        # prepended to the first), instead of copying the whole read to join and to cut it.
+        start = 0
         if self.skipping:
             nl = data.find(b"\n")
             if nl < 0:
                 return []
             self.skipping = False
-            data = data[nl + 1:]
-        buf = self.rest + data if self.rest else data
-        cut = buf.rfind(b"\n") + 1
+            start = nl + 1
+        cut = data.rfind(b"\n", start) + 1  # after the read's last line end (0: none)
+        rest = self.rest
         if not cut:
-            if len(buf) > MAX_LINE:
+            if len(rest) + len(data) - start > MAX_LINE:
                 self._skip()
                 self.skipping = True
             else:
-                self.rest = buf
+                self.rest = rest + data[start:]
             return []
-        if self.rest:
-            first = buf.find(b"\n")  # the carried-over line ends here
-            if first > MAX_LINE:
-                buf = buf[first + 1:]
-                cut -= first + 1
+        head = b""
+        if rest:
+            first = data.find(b"\n", start) + 1  # the carried-over line ends here
+            if len(rest) + first - 1 - start > MAX_LINE:
                 self._skip()
-        self.rest = buf[cut:]
+            else:
+                head = rest + data[start:first]
+            start = first
+        self.rest = data[cut:]
         if len(self.rest) > MAX_LINE:
             self._skip()
             self.skipping = True
-        if cut < len(buf):
-            buf = buf[:cut]
-        return split_lines(buf) if cut else []
+        out = []
+        for a, b, n in _line_ranges(data, start, cut, CHUNK_LINES):
+            if head and n < CHUNK_LINES:
+                out.append(head + data[a:b])
+            else:
+                if head:
+                    out.append(head)  # the first range is full: the carried-over line goes alone
+                out.append(data[a:b])
+            head = b""
+        if head:
+            out.append(head)
+        return out
 
     def tail(self) -> bytes:
         out, self.rest = self.rest, b""
