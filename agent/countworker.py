@@ -33,6 +33,11 @@ itself and goes on without it, so nothing is lost and nothing is counted twice. 
 cells do not fit in the result pipe (more than /proc/sys/fs/pipe-max-size, 1 MiB by default)
 gets one chunk at a time instead of two: the parent writing the second chunk reads nothing, and
 a worker blocked writing the first one's cells would read nothing either.
+
+The start of the input (:class:`Early`): what is already on standard input when ``feed`` starts is
+read right after the fork and handed to the workers while the main process loads its modules and
+boots the noisy state (30-40 ms it would otherwise count nothing in); the counting loop takes
+those chunks first, in input order.
 """
 
 from __future__ import annotations
@@ -41,10 +46,12 @@ import gc
 import os
 import select
 import signal
+import threading
 import time
 from typing import Any, Callable, Optional
 
 DEPTH = 2  # chunks handed to a worker and not yet answered: one it counts, one waiting in its pipe
+EARLY = 8  # chunks read and handed to the workers while the main process starts (the daemon's queue bound)
 ANSWER_S = 30.0  # a chunk takes milliseconds; a worker silent this long is stopped or wedged
 MAX_CHUNK = (1 << 32) - 1  # the length prefix's range (a chunk is at most about 2 MiB)
 
@@ -134,6 +141,7 @@ class CountWorker:
         self.nbytes = nbytes
         self.depth = depth
         self.chunks: list[bytes] = []  # handed over, cells not yet taken, oldest first (recounted if the worker fails)
+        self.early = 0  # chunks it may be handed while the main process starts (their answers wait in its pipe)
         self.alive = True
         self.answer_s = ANSWER_S
 
@@ -173,8 +181,12 @@ class CountWorker:
         # A second chunk is handed over while the worker may still be writing the first one's cells;
         # the parent, writing that chunk, reads nothing, so the cells must fit in the result pipe
         # or both would wait for each other. Where they cannot (a huge sketch), one chunk at a time.
-        depth = DEPTH if _pipe_size(r2, nbytes) >= nbytes else 1
-        return cls(pid, w1, r2, nbytes, depth)
+        fits = _pipe_size(r2, nbytes * (EARLY + DEPTH)) // nbytes
+        wk = cls(pid, w1, r2, nbytes, DEPTH if fits >= DEPTH else 1)
+        # and the answers for the chunks handed over while the main process starts (nobody reads
+        # them before it counts) on top of those
+        wk.early = max(0, min(EARLY, fits - wk.depth))
+        return wk
 
     def room(self) -> bool:
         """Fewer than ``depth`` chunks are in flight: one more can be handed over."""
@@ -190,24 +202,36 @@ class CountWorker:
         except (OSError, ValueError):
             return True  # take() finds out
 
-    def give(self, chunk: bytes) -> bool:
+    def give(self, chunk: bytes, reached: bool = True) -> bool:
         """Hand over one chunk (there must be ``room()``). False if the worker is gone: the
-        caller still has the chunk and counts it itself."""
-        assert len(self.chunks) < self.depth <= DEPTH, "at most DEPTH chunks in flight per worker (the exposure bound)"
+        caller still has the chunk and counts it itself. ``reached=False``: a chunk handed over
+        while the main process starts (:class:`Early`); it joins ``chunks`` when the main
+        process reaches it (:meth:`reach`)."""
+        assert not reached or len(self.chunks) < self.depth <= DEPTH, \
+            "at most DEPTH chunks in flight per worker (the exposure bound)"
         try:
             for part in (len(chunk).to_bytes(4, "little"), chunk):
                 mv = memoryview(part)
                 while len(mv):
                     if not select.select([], [self.to_w], [], self.answer_s)[1]:
-                        return False  # not reading: stopped or wedged (the caller kills it)
+                        raise TimeoutError  # not reading: stopped or wedged
                     try:
                         mv = mv[os.write(self.to_w, mv):]
                     except BlockingIOError:
                         continue
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # (TimeoutError is an OSError)
+            try:  # at once: a chunk half written must never be followed by another (garbage counts)
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
             return False
-        self.chunks.append(chunk)
+        if reached:
+            self.chunks.append(chunk)
         return True
+
+    def reach(self, chunk: bytes) -> None:
+        """The main process reached a chunk handed over early: its answer is the next one owed."""
+        self.chunks.append(chunk)
 
     def take(self) -> Optional[bytearray]:
         """The cells of the oldest chunk in flight (that chunk is released), or None if the
@@ -255,3 +279,94 @@ class CountWorker:
                 time.sleep(0.002)
         except OSError:  # already reaped
             pass
+
+
+def read_now(fd: int, reader: Any, most: int) -> tuple[list[bytes], bool]:
+    """What is on ``fd`` now (no waiting: a terminal or an idle pipe gives nothing), cut into
+    chunks by ``reader`` (agent.sources.FdLineReader, which the stdin source then goes on with):
+    about ``most`` chunks (one read may give a few more), and whether the input ended (its
+    unfinished last line is then the last chunk)."""
+    from agent.sources import read_available
+
+    chunks: list[bytes] = []
+    try:
+        while len(chunks) < most and select.select([fd], [], [], 0)[0]:
+            data, at_end = read_available(fd)
+            chunks += reader.feed(data)
+            del data
+            if at_end:
+                tail = reader.tail()
+                if tail:
+                    chunks.append(tail)
+                return chunks, True
+    except (OSError, ValueError):
+        pass  # the stdin source meets it again and says so
+    return chunks, False
+
+
+class Ticket:
+    """A chunk handed to ``worker`` while the main process started, in its place in the input."""
+
+    __slots__ = ("worker", "data", "ok", "done")
+
+    def __init__(self, worker: CountWorker, data: bytes) -> None:
+        self.worker = worker
+        self.data = data
+        self.ok = False  # the worker took it (its answer is owed)
+        self.done = threading.Event()  # set once the hand-over was tried
+
+
+class Early:
+    """The start of the input, read and handed to the workers before the main process has
+    loaded its modules and the noisy state (30-40 ms of a short ``feed``).
+
+    The main thread reads what is on standard input right after the fork (:func:`read_now`),
+    at most EARLY chunks per worker (raw lines in flight, as in the daemon's queue), and a thread
+    writes them to the workers (writes wait for a worker to read; the thread holds no lock the
+    main thread needs). ``items``, in input order, are Tickets and chunks left for the main
+    process; the daemon's loop takes them before its queue, so they count as if they had been
+    queued: after the first tick, in order. The answers wait in each worker's result pipe, which
+    has room for them (CountWorker.early)."""
+
+    def __init__(self, workers: list[CountWorker], chunks: list[bytes], reader: Any, at_end: bool) -> None:
+        self.reader = reader
+        self.at_end = at_end
+        self.items: list[Any] = []
+        load = {wk: 0 for wk in workers}
+        for c in chunks:
+            free = [wk for wk in workers if load[wk] < wk.early]
+            if not free:
+                self.items.append(c)
+                continue
+            wk = min(free, key=lambda x: load[x])
+            load[wk] += 1
+            self.items.append(Ticket(wk, c))
+        self.thread: Optional[threading.Thread] = None
+        if any(load.values()):
+            self.thread = threading.Thread(target=self._give, name="count-early", daemon=True)
+            self.thread.start()
+
+    def _give(self) -> None:
+        dead: set[CountWorker] = set()
+        for t in self.items:
+            if isinstance(t, Ticket):
+                t.ok = t.worker not in dead and t.worker.give(t.data, reached=False)
+                if not t.ok:
+                    dead.add(t.worker)  # (give killed it): its later tickets are counted by the main process
+                t.done.set()
+
+    def busy(self) -> bool:
+        """Still handing over: nothing else may be written to a worker before it is done."""
+        return self.thread is not None and self.thread.is_alive()
+
+    def abort(self) -> None:
+        """Stop the hand-over before the workers are closed (the start failed)."""
+        if self.busy():
+            for t in self.items:
+                if isinstance(t, Ticket):
+                    try:
+                        os.kill(t.worker.pid, signal.SIGKILL)  # a write waiting on it fails at once
+                    except OSError:
+                        pass
+            assert self.thread is not None
+            self.thread.join()

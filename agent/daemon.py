@@ -107,7 +107,7 @@ class Agent:
     """One agent process: config, recorder, source queue, publisher, clock."""
 
     def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None,
-                 workers: Optional[list[Any]] = None) -> None:
+                 workers: Optional[list[Any]] = None, early: Any = None) -> None:
         from agent.publisher import Publisher
         from agent.recorders import make
         from agent.sources import make_source
@@ -135,6 +135,12 @@ class Agent:
         self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/countworker.py)
         self.chunks_here = 0  # raw chunks counted in this process / by the workers (the last log line of pump)
         self.chunks_handed = 0
+        # feed --jobs: the input's start, read and handed to the workers while this process started
+        # (agent.countworker.Early): its items come before the queue's, and the source goes on after it
+        self.early = early
+        self.pre: list[Any] = list(early.items) if early is not None else []
+        if early is not None:
+            self.source.resume(early.reader, early.at_end)
 
     def boundary(self) -> int:
         return self.rec.ehi * self.cfg.params.epoch_s
@@ -154,6 +160,8 @@ class Agent:
         first); False when every worker is full (or none is left): the caller counts it."""
         from agent.countworker import MAX_CHUNK
 
+        if self.early is not None and self.early.busy():
+            return False  # the start of the input is still being written to the workers: nothing between
         for wk in list(self.workers):
             while wk.alive and wk.done():
                 self._take(wk)
@@ -213,6 +221,7 @@ class Agent:
 
     def _pump(self) -> bool:
         from agent.batch import add_batch
+        from agent.countworker import Ticket
         from agent.sources import EOF, RawLines, SourceFailed
 
         tick_real = self.clock.seconds(1.0)
@@ -220,7 +229,12 @@ class Agent:
         while not self.stopping.is_set():
             wait = next_tick - time.monotonic()
             try:
-                batch = self.q.get(timeout=wait) if wait > 0 else self.q.get_nowait()
+                if self.pre:  # the input's start (Early): before the queue, in order
+                    c = self.pre.pop(0)
+                    batch = c if type(c) is Ticket else RawLines(c)
+                    del c
+                else:
+                    batch = self.q.get(timeout=wait) if wait > 0 else self.q.get_nowait()
             except queue.Empty:
                 batch = ()
             if batch is EOF:
@@ -242,7 +256,18 @@ class Agent:
                     if not self.stopping.wait(max(0.0, next_tick - time.monotonic())):
                         self.tick()
                         next_tick = max(next_tick + tick_real, time.monotonic())
-                if type(batch) is RawLines:
+                if type(batch) is Ticket:
+                    batch.done.wait()  # its hand-over was tried (in order: so were the ones before)
+                    if batch.ok and batch.worker in self.workers:
+                        batch.worker.reach(batch.data)  # its answer is the next one owed
+                        self.chunks_handed += 1
+                        while batch.worker.alive and batch.worker.done():
+                            self._take(batch.worker)
+                    else:  # its worker failed: counted here
+                        self.rec.add_many(batch.data, None, adder=self._raw_adder)
+                        self.chunks_here += 1
+                    batch.data = b""
+                elif type(batch) is RawLines:
                     if not (self.workers and self._hand_over(batch.data)):
                         self.rec.add_many(batch.data, None, adder=self._raw_adder)  # cms/cs only (Agent.__init__)
                         self.chunks_here += 1
@@ -553,9 +578,20 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     # count workers first: forked before the recorder loads the noisy state or draws noise, they
     # never hold a copy of either (agent/countworker.py)
     workers = _start_workers(cfg, args) if feed else []
+    early = None
+    if workers:
+        from agent.countworker import Early, read_now
+        from agent.sources import FdLineReader, Warner
+
+        # what is on standard input already goes to the workers while the modules load and the
+        # state boots (agent.countworker.Early)
+        rd = FdLineReader(Warner(_logger(cfg.device, args.quiet)))
+        chunks, at_end = read_now(_stdin_fd(), rd, sum(wk.early for wk in workers))
+        early = Early(workers, chunks, rd, at_end)
+        del chunks
     try:
         try:
-            agent = Agent(cfg, args, "stdin" if feed else None, workers)
+            agent = Agent(cfg, args, "stdin" if feed else None, workers, early)
         except StateError as exc:
             return _die(EXIT_RUNTIME, "state error: %s" % exc)
         except OSError as exc:
@@ -563,8 +599,17 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
         timeout = args.timeout if args.timeout and args.timeout > 0 else None
         return agent.main(timeout)
     finally:
+        if early is not None:
+            early.abort()
         for wk in workers:
             wk.close()
+
+
+def _stdin_fd() -> int:
+    try:
+        return sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # no real standard input (the source says so)
+        return -1
 
 
 def _start_workers(cfg: Any, args: argparse.Namespace) -> list[Any]:

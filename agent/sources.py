@@ -293,10 +293,17 @@ class StdinSource(Source):
     def __init__(self, q: "queue.Queue[QueueItem]", log: Callable[[str], None], fd: Optional[int] = None) -> None:
         Source.__init__(self, q, log)
         self.fd = sys.stdin.fileno() if fd is None else fd
+        self.reader: Optional[FdLineReader] = None
+        self.at_end = False
+
+    def resume(self, reader: FdLineReader, at_end: bool) -> None:
+        """Go on from a reader that already took the input's start (``feed --jobs``, agent.countworker.Early)."""
+        self.reader = reader
+        self.at_end = self.ended = at_end
 
     def run(self) -> None:
-        rd = FdLineReader(self.warn)
-        at_end = False
+        rd = self.reader if self.reader is not None else FdLineReader(self.warn)
+        at_end = self.at_end
         while not at_end and not self.stopping.is_set():
             data, at_end = read_available(self.fd)  # what is available now: no batching delay
             self.ended = at_end

@@ -20,10 +20,10 @@ import pytest
 
 from agent import hashing
 from agent.batch import add_cells, add_raw
-from agent.countworker import DEPTH, CountWorker
+from agent.countworker import DEPTH, EARLY, CountWorker, Early, read_now
 from agent.daemon import Agent, _start_workers, build_parser
 from agent.sketch import Sketch
-from agent.sources import Warner
+from agent.sources import FdLineReader, Warner
 from tests.test_agent_publisher import FROZEN, estimate, outbox
 from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, free_port
 from tests.test_feed_chunks import CHUNKS
@@ -92,8 +92,10 @@ def test_a_second_worker_holds_no_copy_of_the_firsts_pipe():
         b.close()
 
 
-def _agent(tmp_path, monkeypatch, jobs: int):
-    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # the stdin source is made, never started
+def _agent(tmp_path, monkeypatch, jobs: int, early_chunks=None, before_early=None):
+    """The real daemon's Agent with real workers; ``early_chunks``: the input's start, handed to
+    the workers as cmd_run does (agent.countworker.Early), after ``before_early(workers)``."""
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # the stdin source is made, started by the test
     cfg_path = agent_toml(str(tmp_path / ("a%d.toml" % jobs)), "pi-j%d" % jobs, free_port(), str(tmp_path / ("s%d" % jobs)),
                           kind="cs", w=256)
     args = build_parser().parse_args(["feed", "--config", cfg_path, "--jobs", str(jobs), "-q",
@@ -103,7 +105,12 @@ def _agent(tmp_path, monkeypatch, jobs: int):
     cfg = _load(cfg_path)
     workers = _start_workers(cfg, args)
     assert len(workers) == jobs - 1
-    return Agent(cfg, args, "stdin", workers), cfg
+    early = None
+    if early_chunks is not None:
+        if before_early is not None:
+            before_early(workers)
+        early = Early(workers, early_chunks, FdLineReader(), True)  # True: the input ended there
+    return Agent(cfg, args, "stdin", workers, early), cfg
 
 
 def _cells(sk: Sketch) -> list[int]:
@@ -328,3 +335,87 @@ def test_the_entry_point_counts_with_the_collector_on_and_exits_with_mains_statu
     out = r.stdout.decode()
     assert "before True" in out and "pump gc True" in out
     assert "count gc True" in out and "count gc False" not in out  # the worker counted (or the parent did)
+
+
+
+def _reference_of(cfg, chunks) -> list[int]:
+    ref = Sketch("cs", 4, 256, hashing.salt_prefix(cfg.params.salt))
+    for x in chunks:
+        add_raw(ref, x, Warner(lambda m: None))
+    return [v & 0xFFFFFFFF for v in ref.counters]
+
+
+@pytest.mark.parametrize("how", ["ok", "killed-before", "stopped-before", "killed-after"])
+def test_the_input_start_handed_over_early_counts_once_whatever_the_worker_does(tmp_path, monkeypatch, how):
+    """The input's start is read and handed to the workers while the main process starts; the
+    pump takes it before its queue. A worker that is dead or not reading when the chunks are
+    written, or that dies holding them, loses nothing and counts nothing twice."""
+    chunks = [b"e%d-%d\n" % (i, j % 50) * 1 for i in range(EARLY + 3) for j in range(200)]
+    chunks = [b"".join(chunks[i * 200:(i + 1) * 200]) for i in range(EARLY + 3)]  # more than a worker may take
+    chunks[1] = b"".join(b"big-%d\n" % (i % 999) for i in range(300_000))  # more than its input pipe holds
+
+    def before(workers):
+        for wk in workers:
+            wk.answer_s = 1.0
+            if how == "killed-before":
+                os.kill(wk.pid, signal.SIGKILL)
+            elif how == "stopped-before":
+                os.kill(wk.pid, signal.SIGSTOP)
+
+    agent, cfg = _agent(tmp_path, monkeypatch, 2, chunks, before)
+    wk = agent.workers[0]
+    try:
+        assert [type(x).__name__ for x in agent.pre] == ["Ticket"] * EARLY + ["bytes"] * 3
+        before_cells = _cells(agent.rec.sketch)
+        if how == "killed-after":
+            agent.early.thread.join(10)
+            assert not agent.early.busy() and all(t.ok for t in agent.pre[:EARLY])
+            os.kill(wk.pid, signal.SIGKILL)  # holding every early chunk, answered or not
+        agent.source.start()  # resumed at the input's end: only EOF comes
+        assert agent.pump() is True
+        got = [(x - y) & 0xFFFFFFFF for x, y in zip(_cells(agent.rec.sketch), before_cells)]
+        assert got == _reference_of(cfg, chunks)
+        assert not agent.pre and agent.early.thread is not None and not agent.early.busy()
+        if how != "ok":
+            with pytest.raises(ChildProcessError):
+                os.waitpid(wk.pid, os.WNOHANG)  # killed and reaped: it can no longer answer late
+    finally:
+        for w in agent.workers:
+            w.close(kill=True)
+
+
+def test_read_now_takes_only_what_is_there(tmp_path):
+    r, w = os.pipe()
+    try:
+        os.write(w, b"a\nb\npart")
+        rd = FdLineReader()
+        t = time.monotonic()
+        chunks, ended = read_now(r, rd, 8)
+        assert time.monotonic() - t < 1, "it must not wait for more input"
+        assert chunks == [b"a\nb\n"] and not ended and rd.rest == b"part"
+        os.write(w, b"ial\n")
+        os.close(w)
+        w = -1
+        chunks, ended = read_now(r, rd, 8)
+        assert chunks == [b"partial\n"] and ended
+        assert read_now(-1, FdLineReader(), 8) == ([], False)  # no usable stdin: the source reports it
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def test_a_start_that_fails_while_the_input_is_handed_over_exits_cleanly(tmp_path):
+    """The state directory cannot be made: the feed says so and exits 3 at once, with the
+    early hand-over stopped and its workers gone (not waiting on a write nobody reads)."""
+    (tmp_path / "file").write_text("")
+    cfg = agent_toml(str(tmp_path / "x.toml"), "pi-x", free_port(), str(tmp_path / "file" / "state"), kind="cs", w=256)
+    data = tmp_path / "in.txt"
+    data.write_bytes(b"".join(b"dev-%d\n" % (i % 7000) for i in range(1_500_000)))  # many chunks: the hand-over waits
+    with open(data, "rb") as f:
+        t = time.monotonic()
+        r = subprocess.run(agent_cmd("feed", cfg, "--jobs", "2"), stdin=f, env=agent_env(), capture_output=True,
+                           timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert b"state directory" in r.stderr
+    assert time.monotonic() - t < 20
