@@ -108,6 +108,7 @@ class Publisher:
         self._connected = False
         self._generation = 0  # bumps on each successful connection
         self._wake = threading.Event()
+        self._acked = threading.Event()  # set by every host ack (wait_delivered re-reads the outbox)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.last_acked: Optional[int] = None
@@ -195,6 +196,7 @@ class Publisher:
         with self._cond:
             self._status_dirty = True  # pending and rejected changed too
         self._wake.set()
+        self._acked.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
         with self._cond:
@@ -289,13 +291,15 @@ class Publisher:
         """Block until the outbox is empty (the host stored every release), or timeout / ``stop``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wake.set()
-        while self.outbox.pending():
+        while True:
+            self._acked.clear()  # before the listing: an ack after it wakes the wait below at once
+            if not self.outbox.pending():
+                return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             if stop is not None and stop.is_set():
                 return False
-            time.sleep(0.005)  # a directory listing per poll: cheap, and feed exits soon after the ack
-        return True
+            self._acked.wait(0.05)  # woken by the ack that empties the outbox (feed exits right after)
 
     # -- drain loop ------------------------------------------------------
     def _wait_mid(self, mid: int, timeout: float, ignore_stop: bool = False) -> Any:

@@ -76,9 +76,12 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
                 agent = [sys.executable, "-m", "agent.daemon", "feed", "--config", cfg, "--timeout", "60", "-q"]
                 if r == rounds:  # the extra profiled run (not a round)
                     prof = tdp / "feed.prof"
+                    # agent.daemon.main, not the entry point: cli() ends with os._exit, before cProfile writes
+                    driver = tdp / "profiled_agent.py"
+                    driver.write_text("import sys\nfrom agent.daemon import main\nsys.exit(main())\n")
                     with open(data, "rb") as f:
-                        subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof)] + agent[1:], stdin=f,
-                                       env=_env(), capture_output=True, check=True)
+                        subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), str(driver)] + agent[3:],
+                                       stdin=f, env=_env(), capture_output=True, check=True)
                     res["profile"] = _profile_top(prof)
                     continue
                 rnd: dict[str, Any] = {"loadavg_1min": round(os.getloadavg()[0], 2)}
