@@ -7,9 +7,9 @@ less than an ``array('i')`` store. Same cells and bytes as the method
 (dp-linear-sketches.txt Algorithm 1 with hash version 1, agent/hashing.py);
 tests/test_sketch_fastpath.py holds them equal, wraps included.
 
-The rows live in one list that :func:`bind` refills in place, so an
+The rows are cells of the closure that :func:`bind` re-points, so an
 ``update`` a caller took earlier (feed, the benchmarks) follows the sketch
-to its next array; an empty list sends every event to the method.
+to its next array; no rows (tree mode) send every event to the method.
 """
 
 import hashlib
@@ -50,38 +50,45 @@ def fastest_sha256():
 def bind(sk, low4, lowsign4, words4):
     """Point ``sk``'s closure at the array it holds now (install it if needed),
     or take it away (tree mode, ``arrays`` set): the method counts then."""
-    cur = sk.__dict__["_cur"]
+    cur = sk.__dict__["_cur"]  # [] until the closure exists, then [update, rebind]
     a = sk.__dict__.get("_counters")
     if a is None or sk.__dict__.get("_arrays") is not None:
-        del cur[:]
+        if cur:
+            cur[1](None)  # an update taken earlier sends its events to the method now
         sk.__dict__.pop("update", None)
         return
     w = sk.w
     mv = memoryview(a)
-    cur[:] = [mv[0:w], mv[w:2 * w], mv[2 * w:3 * w], mv[3 * w:4 * w]]
-    if "update" not in sk.__dict__:
+    if not cur:
         # the prefix state every path of this sketch copies (the closure, Sketch.digest, feed's batch
         # path), made with the faster SHA-256 here: public (the salt prefix), the same bytes either way
         sk._hs = fastest_sha256()(sk._ps)
-        sk.update = _closure(weakref.ref(sk), type(sk).update, cur, sk._hs.copy, sk._mask, sk.signed,
-                             low4, lowsign4, words4)
+        cur[:] = _closure(weakref.ref(sk), type(sk).update, sk._hs.copy, sk._mask, sk.signed, low4, lowsign4, words4)
+    cur[1]((mv[0:w], mv[w:2 * w], mv[2 * w:3 * w], mv[3 * w:4 * w]))
+    sk.update = cur[0]
 
 
-def _closure(ref, method, cur, copy, m, signed, low4, lowsign4, words4):
-    """update(item, weight=1) for a text item of weight 1; anything else goes to
-    ``method``. A memoryview refuses a value outside int32 with ValueError
-    before it stores it: ``r`` rows are done and _wrap_rows goes on from there
-    (counters wrap mod 2**32, docs/PRIVACY.md "Counters wrap"). Two bodies, one
-    per kind, on purpose: choosing the sign rule per event would cost every event."""
+def _closure(ref, method, copy, m, signed, low4, lowsign4, words4):
+    """[update, rebind]: update(item, weight=1) for a text item of weight 1 (anything else, and
+    everything while no rows are bound, goes to ``method``); rebind(rows) points it at four
+    memoryview rows, or None. The rows are the closure's own cells, shared by every reference
+    to this update: reading a cell costs less per event than unpacking a list. A memoryview
+    refuses a value outside int32 with ValueError before it stores it: ``r`` rows are done and
+    _wrap_rows goes on from there (counters wrap mod 2**32, docs/PRIVACY.md "Counters wrap").
+    Two bodies, one per kind, on purpose: choosing the sign rule per event would cost every event."""
+    r0 = r1 = r2 = r3 = None
+
+    def rebind(rows):
+        nonlocal r0, r1, r2, r3
+        r0, r1, r2, r3 = rows if rows is not None else (None, None, None, None)
+
     if signed:
         def update(item, weight=1):
-            if weight != 1 or type(item) is not str or not cur:
+            if weight != 1 or type(item) is not str or r0 is None:
                 return method(ref(), item, weight)
             h = copy()
             h.update(item.encode())
-            dg = h.digest()
-            c0, s0, c1, s1, c2, s2, c3, s3 = lowsign4(dg)
-            r0, r1, r2, r3 = cur
+            c0, s0, c1, s1, c2, s2, c3, s3 = lowsign4(h.digest())
             r = 0
             try:
                 r0[c0 & m] += -1 if s0 > 127 else 1
@@ -92,16 +99,14 @@ def _closure(ref, method, cur, copy, m, signed, low4, lowsign4, words4):
                 r = 3
                 r3[c3 & m] += -1 if s3 > 127 else 1
             except ValueError:
-                ref()._wrap_rows(words4(dg), r, 1)
+                ref()._wrap_rows(words4(h.digest()), r, 1)
     else:
         def update(item, weight=1):
-            if weight != 1 or type(item) is not str or not cur:
+            if weight != 1 or type(item) is not str or r0 is None:
                 return method(ref(), item, weight)
             h = copy()
             h.update(item.encode())
-            dg = h.digest()
-            c0, c1, c2, c3 = low4(dg)
-            r0, r1, r2, r3 = cur
+            c0, c1, c2, c3 = low4(h.digest())
             r = 0
             try:
                 r0[c0 & m] += 1
@@ -112,5 +117,5 @@ def _closure(ref, method, cur, copy, m, signed, low4, lowsign4, words4):
                 r = 3
                 r3[c3 & m] += 1
             except ValueError:
-                ref()._wrap_rows(words4(dg), r, 1)
-    return update
+                ref()._wrap_rows(words4(h.digest()), r, 1)
+    return [update, rebind]
