@@ -47,25 +47,34 @@ def fastest_sha256():
     return _SHA[0]
 
 
+_CLOSURES = weakref.WeakKeyDictionary()  # sketch -> [update, rebind], made once per sketch
+
+
 def bind(sk, low4, lowsign4, words4):
     """Point ``sk``'s closure at the array it holds now (install it if needed),
-    or take it away (tree mode, ``arrays`` set): the method counts then."""
-    cur = sk.__dict__["_cur"]  # [] until the closure exists, then [update, rebind]
+    or take it away (tree mode, ``arrays`` set): the method counts then. ``sk._cur``
+    lists the rows the closure counts into ([] without), for whoever reads the sketch
+    (the intruder-view tests, the auditor); the closure itself never reads it."""
+    cur = sk.__dict__["_cur"]
     a = sk.__dict__.get("_counters")
+    pair = _CLOSURES.get(sk)
     if a is None or sk.__dict__.get("_arrays") is not None:
-        if cur:
-            cur[1](None)  # an update taken earlier sends its events to the method now
+        del cur[:]
+        if pair is not None:
+            pair[1](None)  # an update taken earlier sends its events to the method now
         sk.__dict__.pop("update", None)
         return
     w = sk.w
     mv = memoryview(a)
-    if not cur:
+    cur[:] = [mv[0:w], mv[w:2 * w], mv[2 * w:3 * w], mv[3 * w:4 * w]]
+    if pair is None:
         # the prefix state every path of this sketch copies (the closure, Sketch.digest, feed's batch
         # path), made with the faster SHA-256 here: public (the salt prefix), the same bytes either way
         sk._hs = fastest_sha256()(sk._ps)
-        cur[:] = _closure(weakref.ref(sk), type(sk).update, sk._hs.copy, sk._mask, sk.signed, low4, lowsign4, words4)
-    cur[1]((mv[0:w], mv[w:2 * w], mv[2 * w:3 * w], mv[3 * w:4 * w]))
-    sk.update = cur[0]
+        pair = _CLOSURES[sk] = _closure(weakref.ref(sk), type(sk).update, sk._hs.copy, sk._mask, sk.signed,
+                                         low4, lowsign4, words4)
+    pair[1](cur)
+    sk.update = pair[0]
 
 
 def _closure(ref, method, copy, m, signed, low4, lowsign4, words4):
