@@ -257,6 +257,14 @@ class CountWorker:
         del self.chunks[0]
         return out
 
+    def kill(self) -> None:
+        """SIGKILL the process unless it was closed (reaped: its pid may belong to another now)."""
+        if self.alive:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
     def close(self, kill: bool = False, grace_s: float = 2.0) -> None:
         """End the worker: closing its input ends its loop; ``kill`` when it cannot be trusted to.
         One that has not exited ``grace_s`` after its input closed (a stopped process) is killed:
@@ -284,13 +292,16 @@ class CountWorker:
 def read_now(fd: int, reader: Any, most: int) -> tuple[list[bytes], bool]:
     """What is on ``fd`` now (no waiting: a terminal or an idle pipe gives nothing), cut into
     chunks by ``reader`` (agent.sources.FdLineReader, which the stdin source then goes on with):
-    about ``most`` chunks (one read may give a few more), and whether the input ended (its
-    unfinished last line is then the last chunk)."""
+    at most ``most`` reads of up to READ_BYTES, stopping once there are ``most`` chunks (a read of
+    short lines holds several), and whether the input ended (its unfinished last line is then
+    the last chunk)."""
     from agent.sources import read_available
 
     chunks: list[bytes] = []
+    reads = 0
     try:
-        while len(chunks) < most and select.select([fd], [], [], 0)[0]:
+        while len(chunks) < most and reads < most and select.select([fd], [], [], 0)[0]:
+            reads += 1
             data, at_end = read_available(fd)
             chunks += reader.feed(data)
             del data
@@ -320,18 +331,22 @@ class Early:
     """The start of the input, read and handed to the workers before the main process has
     loaded its modules and the noisy state (30-40 ms of a short ``feed``).
 
-    The main thread reads what is on standard input right after the fork (:func:`read_now`),
-    at most EARLY chunks per worker (raw lines in flight, as in the daemon's queue), and a thread
-    writes them to the workers (writes wait for a worker to read; the thread holds no lock the
-    main thread needs). ``items``, in input order, are Tickets and chunks left for the main
-    process; the daemon's loop takes them before its queue, so they count as if they had been
-    queued: after the first tick, in order. The answers wait in each worker's result pipe, which
-    has room for them (CountWorker.early)."""
+    The main thread reads what is on standard input right after the fork (:func:`read_now`, at
+    most EARLY reads of up to 1 MiB per worker), and a thread writes up to EARLY of the chunks to
+    each worker (writes wait for a worker to read; the thread holds no lock the main thread
+    needs). ``items``, in input order, are Tickets and the chunks left for the main process (a
+    read of short lines holds more than one chunk); the daemon's loop takes them (and clears
+    this list) before its queue, so they count as if they had been queued: after the first tick,
+    in order. The answers wait in each worker's result pipe, which has room for them
+    (CountWorker.early). Nothing may close a worker while the thread may still write to it:
+    :meth:`stop` first."""
 
     def __init__(self, workers: list[CountWorker], chunks: list[bytes], reader: Any, at_end: bool) -> None:
         self.reader = reader
         self.at_end = at_end
         self.items: list[Any] = []
+        self.workers = list(workers)
+        self._stop = threading.Event()
         load = {wk: 0 for wk in workers}
         for c in chunks:
             free = [wk for wk in workers if load[wk] < wk.early]
@@ -342,31 +357,32 @@ class Early:
             load[wk] += 1
             self.items.append(Ticket(wk, c))
         self.thread: Optional[threading.Thread] = None
-        if any(load.values()):
-            self.thread = threading.Thread(target=self._give, name="count-early", daemon=True)
+        tickets = tuple(t for t in self.items if isinstance(t, Ticket))
+        if tickets:
+            self.thread = threading.Thread(target=self._give, args=(tickets,), name="count-early", daemon=True)
             self.thread.start()
 
-    def _give(self) -> None:
+    def _give(self, tickets: "tuple[Ticket, ...]") -> None:
         dead: set[CountWorker] = set()
-        for t in self.items:
-            if isinstance(t, Ticket):
-                t.ok = t.worker not in dead and t.worker.give(t.data, reached=False)
-                if not t.ok:
-                    dead.add(t.worker)  # (give killed it): its later tickets are counted by the main process
-                t.done.set()
+        for t in tickets:
+            t.ok = not self._stop.is_set() and t.worker not in dead and t.worker.give(t.data, reached=False)
+            if not t.ok:
+                dead.add(t.worker)  # (give killed it): its later tickets are counted by the main process
+            t.done.set()
 
     def busy(self) -> bool:
         """Still handing over: nothing else may be written to a worker before it is done."""
         return self.thread is not None and self.thread.is_alive()
 
-    def abort(self) -> None:
-        """Stop the hand-over before the workers are closed (the start failed)."""
-        if self.busy():
-            for t in self.items:
-                if isinstance(t, Ticket):
-                    try:
-                        os.kill(t.worker.pid, signal.SIGKILL)  # a write waiting on it fails at once
-                    except OSError:
-                        pass
-            assert self.thread is not None
+    def stop(self, wait_s: float = 1.0) -> None:
+        """End the hand-over before a worker is closed: no more chunks are started; one being
+        written gets ``wait_s`` to finish, then the workers not yet closed (reaped) are killed,
+        which fails the write at once. Their chunks are counted by the main process."""
+        self._stop.set()
+        if self.thread is None:
+            return
+        self.thread.join(wait_s)
+        if self.thread.is_alive():
+            for wk in self.workers:
+                wk.kill()
             self.thread.join()

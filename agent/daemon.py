@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 PROG = "pansketch-agent"
 EXIT_OK, EXIT_UNDELIVERED, EXIT_CONFIG, EXIT_RUNTIME = 0, 1, 2, 3
+_GC_HELD = False  # cli() holds the cyclic GC off while modules load; Agent.main turns it back on
 SEED_ENV = "PANSKETCH_INSECURE_SEED"
 
 
@@ -138,8 +139,9 @@ class Agent:
         # feed --jobs: the input's start, read and handed to the workers while this process started
         # (agent.countworker.Early): its items come before the queue's, and the source goes on after it
         self.early = early
-        self.pre: list[Any] = list(early.items) if early is not None else []
-        if early is not None:
+        self.pre: list[Any] = []
+        if early is not None:  # taken, not copied: a chunk counted here must not stay referenced there
+            self.pre, early.items = early.items, []
             self.source.resume(early.reader, early.at_end)
 
     def boundary(self) -> int:
@@ -190,6 +192,9 @@ class Agent:
     def _fail(self, wk: Any, why: str) -> None:
         """Kill a worker that failed and count every chunk it still had here: nothing lost, and
         nothing twice (killed first, it can no longer answer)."""
+        wk.kill()
+        if self.early is not None:
+            self.early.stop()  # the hand-over may be writing to it: over before its pipes close
         wk.close(kill=True)
         self.workers.remove(wk)
         self.log("count worker %d left (%s); counting with %d process(es)" % (wk.pid, why, len(self.workers) + 1))
@@ -211,6 +216,9 @@ class Agent:
         try:
             return self._pump()
         finally:
+            self.pre = []  # on a stop: the input's start not reached is dropped like the queue
+            if self.early is not None:
+                self.early.stop()  # before any pipe closes
             self._settle()
             for wk in self.workers:  # not needed any more: their memory goes back now
                 wk.close()
@@ -257,7 +265,9 @@ class Agent:
                         self.tick()
                         next_tick = max(next_tick + tick_real, time.monotonic())
                 if type(batch) is Ticket:
-                    batch.done.wait()  # its hand-over was tried (in order: so were the ones before)
+                    while not batch.done.wait(0.1):  # its hand-over was tried (so were the ones before)
+                        if self.stopping.is_set():
+                            return False
                     if batch.ok and batch.worker in self.workers:
                         batch.worker.reach(batch.data)  # its answer is the next one owed
                         self.chunks_handed += 1
@@ -312,7 +322,7 @@ class Agent:
         # the counting code (numpy: 0.1-0.3 s to import) is loaded before "online" goes out, so an
         # agent that says it is online counts what it is given at once
         import agent.batch  # noqa: F401
-        if not gc.isenabled():  # off while the modules loaded (cli); objects made so far stay for good
+        if _GC_HELD and not gc.isenabled():  # off while the modules loaded (cli); objects made so far stay
             gc.freeze()
             gc.enable()
         self.pub.start()
@@ -579,17 +589,17 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     # never hold a copy of either (agent/countworker.py)
     workers = _start_workers(cfg, args) if feed else []
     early = None
-    if workers:
-        from agent.countworker import Early, read_now
-        from agent.sources import FdLineReader, Warner
-
-        # what is on standard input already goes to the workers while the modules load and the
-        # state boots (agent.countworker.Early)
-        rd = FdLineReader(Warner(_logger(cfg.device, args.quiet)))
-        chunks, at_end = read_now(_stdin_fd(), rd, sum(wk.early for wk in workers))
-        early = Early(workers, chunks, rd, at_end)
-        del chunks
     try:
+        if workers:
+            from agent.countworker import Early, read_now
+            from agent.sources import FdLineReader, Warner
+
+            # what is on standard input already goes to the workers while the modules load and the
+            # state boots (agent.countworker.Early)
+            rd = FdLineReader(Warner(_logger(cfg.device, args.quiet)))
+            chunks, at_end = read_now(_stdin_fd(), rd, sum(wk.early for wk in workers))
+            early = Early(workers, chunks, rd, at_end)
+            del chunks
         try:
             agent = Agent(cfg, args, "stdin" if feed else None, workers, early)
         except StateError as exc:
@@ -600,7 +610,7 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
         return agent.main(timeout)
     finally:
         if early is not None:
-            early.abort()
+            early.stop()  # before any pipe closes
         for wk in workers:
             wk.close()
 
@@ -765,6 +775,8 @@ def cli() -> None:
     The cyclic garbage collector is held off while the modules load (numpy's and paho-mqtt's
     imports made it run about 60 times, 6 ms, finding nothing to free); Agent.main turns it back on
     before counting."""
+    global _GC_HELD
+    _GC_HELD = True
     gc.disable()
     code = main()
     for stream in (sys.stdout, sys.stderr):

@@ -47,7 +47,7 @@ def fastest_sha256():
     return _SHA[0]
 
 
-_CLOSURES = weakref.WeakKeyDictionary()  # sketch -> [update, rebind], made once per sketch
+_CLOSURES = weakref.WeakKeyDictionary()  # type: weakref.WeakKeyDictionary  # sketch -> [update, rebind], made once per sketch
 
 
 def bind(sk, low4, lowsign4, words4):

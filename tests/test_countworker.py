@@ -316,17 +316,17 @@ def test_the_entry_point_counts_with_the_collector_on_and_exits_with_mains_statu
     and the exit status and the output must be main()'s."""
     cfg = agent_toml(str(tmp_path / "g.toml"), "pi-g", free_port(), str(tmp_path / "sg"), kind="cms", w=64)
     code = (
-        "import gc, sys\n"
+        "import gc, os, sys\n"
         "import agent.batch as b, agent.daemon as d\n"
         "pump, add_raw = d.Agent.pump, b.add_raw\n"
         "def p(self):\n"
         "    print('pump gc', gc.isenabled(), flush=True)\n"
         "    return pump(self)\n"
         "def a(sk, data, warn):\n"
-        "    print('count gc', gc.isenabled(), flush=True)\n"
+        "    print('count gc', gc.isenabled(), 'in', os.getpid(), flush=True)\n"
         "    add_raw(sk, data, warn)\n"
         "d.Agent.pump, b.add_raw = p, a\n"
-        "print('before', gc.isenabled())\n"  # buffered: cli() must flush it
+        "print('before', gc.isenabled(), 'main', os.getpid())\n"  # buffered: cli() must flush it
         "sys.argv = ['pansketch-agent', 'feed', '--config', %r, '--jobs', '2', '--timeout', '0.2', '-q']\n"
         "d.cli()\n" % cfg)
     r = subprocess.run([sys.executable, "-c", code], input=b"x\n" * 10, env=agent_env(), capture_output=True,
@@ -334,7 +334,10 @@ def test_the_entry_point_counts_with_the_collector_on_and_exits_with_mains_statu
     assert r.returncode == 1, r.stderr  # main()'s status: undelivered (no broker)
     out = r.stdout.decode()
     assert "before True" in out and "pump gc True" in out
-    assert "count gc True" in out and "count gc False" not in out  # the worker counted (or the parent did)
+    main_pid = re.search(r"main (\d+)", out).group(1)
+    counted = re.findall(r"count gc (\w+) in (\d+)", out)
+    assert counted and all(on == "True" for on, _ in counted), out
+    assert any(pid != main_pid for _, pid in counted), "the worker counted (with its collector on)"
 
 
 
@@ -371,11 +374,14 @@ def test_the_input_start_handed_over_early_counts_once_whatever_the_worker_does(
             agent.early.thread.join(10)
             assert not agent.early.busy() and all(t.ok for t in agent.pre[:EARLY])
             os.kill(wk.pid, signal.SIGKILL)  # holding every early chunk, answered or not
+        tickets = [t for t in agent.pre if type(t).__name__ == "Ticket"]
         agent.source.start()  # resumed at the input's end: only EOF comes
         assert agent.pump() is True
         got = [(x - y) & 0xFFFFFFFF for x, y in zip(_cells(agent.rec.sketch), before_cells)]
         assert got == _reference_of(cfg, chunks)
-        assert not agent.pre and agent.early.thread is not None and not agent.early.busy()
+        assert not agent.pre and agent.early.items == [] and not agent.early.busy()  # nothing kept
+        if how == "ok":  # the worker really counted them
+            assert all(t.ok for t in tickets) and agent.chunks_handed >= EARLY
         if how != "ok":
             with pytest.raises(ChildProcessError):
                 os.waitpid(wk.pid, os.WNOHANG)  # killed and reaped: it can no longer answer late
@@ -419,3 +425,29 @@ def test_a_start_that_fails_while_the_input_is_handed_over_exits_cleanly(tmp_pat
     assert r.returncode == 3, r.stderr
     assert b"state directory" in r.stderr
     assert time.monotonic() - t < 20
+
+
+
+def test_a_stop_while_the_input_start_is_handed_over_ends_promptly(tmp_path, monkeypatch):
+    """SIGTERM while the early hand-over waits on a worker that does not read: the pump returns
+    at once, the hand-over is ended before any pipe closes, the workers are gone."""
+    chunks = [b"".join(b"s-%d\n" % (i % 999) for i in range(300_000))] * 3  # each more than the pipe holds
+
+    def stopped(workers):
+        for wk in workers:
+            os.kill(wk.pid, signal.SIGSTOP)
+
+    agent, cfg = _agent(tmp_path, monkeypatch, 2, chunks, stopped)
+    wk = agent.workers[0]
+    try:
+        assert agent.early.busy()
+        agent.stopping.set()
+        t = time.monotonic()
+        assert agent.pump() is False
+        assert time.monotonic() - t < 10
+        assert not agent.early.busy() and agent.pre == [] and agent.workers == []
+        with pytest.raises(ChildProcessError):
+            os.waitpid(wk.pid, os.WNOHANG)
+    finally:
+        for w in agent.workers:
+            w.close(kill=True)
