@@ -11,7 +11,8 @@ after the parent has used them (a fork after that would leave a frozen copy of t
 in the worker, and the parent's later state minus that copy is the exact count of what came
 since). It then loops:
 
-1. read one chunk from its pipe: a 4-byte little-endian length, then the complete lines;
+1. read one chunk from its pipe: a 4-byte little-endian length, then the complete lines (a
+   chunk is at most READ_BYTES + MAX_LINE, about 2 MiB: agent.sources);
 2. count it into a zeroed scratch sketch of the same kind, shape, salt and clip
    (``agent.batch.add_raw``: the same code, so the same cells as counting it in the parent);
 3. write the scratch's d*w int32 cells back (always d*w*4 bytes, whatever the chunk held);
@@ -53,7 +54,6 @@ from typing import Any, Callable, Optional
 DEPTH = 2  # chunks handed to a worker and not yet answered: one it counts, one waiting in its pipe
 EARLY = 8  # chunks read and handed to the workers while the main process starts (the daemon's queue bound)
 ANSWER_S = 30.0  # a chunk takes milliseconds; a worker silent this long is stopped or wedged
-MAX_CHUNK = (1 << 32) - 1  # the length prefix's range (a chunk is at most about 2 MiB)
 
 
 def default_jobs() -> int:

@@ -160,14 +160,12 @@ class Agent:
     def _hand_over(self, data: bytes) -> bool:
         """Give a raw chunk to a count worker with room (taking the cells of what it finished
         first); False when every worker is full (or none is left): the caller counts it."""
-        from agent.countworker import MAX_CHUNK
-
         if self.early is not None and self.early.busy():
             return False  # the start of the input is still being written to the workers: nothing between
         for wk in list(self.workers):
             while wk.alive and wk.done():
                 self._take(wk)
-            if not wk.alive or not wk.room() or len(data) > MAX_CHUNK:
+            if not wk.alive or not wk.room():
                 continue
             if wk.chunks and self.source.ended and self.q.qsize() <= len(wk.chunks) + 1:
                 continue  # the input's last chunks (the queue's last item may be its end): queued behind
