@@ -379,14 +379,15 @@ def test_live_hostile_flood_then_real_agents_are_stored(tmp_path):
                             limits="rejections_max_rows = 500\n")
     for r in rows:
         assert r["alive"] and r["next_valid_stored"] and r["next_valid_s"] < 10, r
-        # most arrive; under heavy load mosquitto may drop part of the flood (its queue for the aggregator,
-        # max_queued_messages, is full): devices re-send what the host did not acknowledge (drop test below)
-        assert r["handled"] >= r["subscribed"] // 2, r
+        # the broker runs with the shipped queue limits (30,000 per client), so it drops nothing: every
+        # message is handled (stored, refused or quarantined), however slowly a loaded machine takes them.
+        # What a full queue does is the drop test's subject (below).
+        assert r["handled"] == r["subscribed"] and r["dropped_by_broker"] == 0, r
     assert summary["rejection_rows"] <= 500 and summary["exit_code"] == 0
     assert summary["stop_s"] < 30, summary
-    # every flood message the aggregator received is counted as refused (the broker may have dropped some)
+    # every flood message is counted as refused, though only 500 rows are kept
     flood_row = [r for r in rows if r["class"] == "flood"][0]
-    assert flood_row["handled"] >= 5_000
+    assert flood_row["handled"] == 10_000
     assert sum(n for _c, n, _t in summary["rejection_totals"]) >= flood_row["handled"]
 
 

@@ -202,16 +202,36 @@ def _publish(port: int, msgs: list[tuple[str, bytes]], client_id: str = "hostile
         c.loop_stop()
 
 
+SHIPPED_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "deploy", "mosquitto", "pansketch.conf")
+
+
+def shipped_queue_limits() -> str:
+    """The ``max_queued_*`` lines of the shipped broker config, so a test broker queues what ours would.
+
+    mosquitto's own default (1,000 messages per client) drops part of a
+    10^4-message flood whenever the aggregator falls that far behind, which
+    depends on the machine's load; the shipped 30,000 holds all of it.
+    """
+    with open(SHIPPED_CONF) as f:
+        lines = [ln.strip() for ln in f if ln.startswith("max_queued_")]
+    if len(lines) != 2:
+        raise RuntimeError("%s: expected max_queued_messages and max_queued_bytes, found %r" % (SHIPPED_CONF, lines))
+    return "\n".join(lines) + "\n"
+
+
 def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_timeout: float = 30,
-         limits: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Each class through mosquitto into a running aggregator, then one real agent's release."""
+         limits: str = "", stall_s: float = 10.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each class through mosquitto (with the shipped queue limits) into a running aggregator, then one real
+    agent's release. A class ends when every message is handled, or when nothing more was handled for
+    ``stall_s`` seconds (``dropped_by_broker`` then says how many never came)."""
     from host_tools import hostconfig
     from host_tools.ingest import aggregator
     from host_tools.store.core import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import host_toml
 
-    b = start_mosquitto(root)
+    b = start_mosquitto(root, conf_extra=shipped_queue_limits())
     db = os.path.join(root, "host.db")
     conf = host_toml(os.path.join(root, "host.toml"), b.port, db, client_id="hostile-host")
     with open(conf) as f:
@@ -242,7 +262,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
             before = handled()
             t0 = time.monotonic()
             _publish(b.port, msgs, "hostile-%d" % i)
-            # until every message is handled, or nothing more comes for 3 s (the broker dropped the rest:
+            # until every message is handled, or nothing more comes for stall_s (the broker dropped the rest:
             # its queue for us was full; a device re-sends what the host did not acknowledge)
             last, last_t = -1, time.monotonic()
             while True:
@@ -251,7 +271,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
                     break
                 if n != last:
                     last, last_t = n, time.monotonic()
-                elif time.monotonic() - last_t > 3.0:
+                elif time.monotonic() - last_t > stall_s:
                     break
                 time.sleep(0.01)
             t_rej = (time.monotonic() if n >= before + expect else last_t) - t0
