@@ -224,6 +224,121 @@ def test_inbox_bound_holds_the_network_thread_and_loses_nothing(tmp_path):
         b.stop()
 
 
+def _publisher(port: int, cid: str, inflight: int) -> pahofast.BufferedClient:
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5,
+                                manual_ack=True)
+    c.max_inflight_messages_set(inflight)
+    ok = threading.Event()
+    c.on_connect = lambda *_a: ok.set()
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    assert ok.wait(10)
+    return c
+
+
+def _count_calls(monkeypatch: Any, cls: Any, name: str) -> list[Any]:
+    calls: list[Any] = []
+    orig = getattr(cls, name)
+
+    def wrapped(self: Any, *a: Any) -> Any:
+        calls.append(a)
+        return orig(self, *a)
+
+    monkeypatch.setattr(cls, name, wrapped)
+    return calls
+
+
+def test_publish_many_is_one_write_in_order_and_every_puback_clears_it(tmp_path, monkeypatch):
+    """20 host acknowledgements with 8 allowed in flight: the 8 go out as one queued write of 8 PUBLISH
+    packets, the other 12 wait in paho's queue and follow the PUBACKs; the subscriber gets all 20, in
+    order, byte for byte; the broker's PUBACKs (success, no properties) are taken by the fast path
+    (paho's decoder is never called) and leave nothing in flight or queued."""
+    b = start_mosquitto(tmp_path)
+    s, got, _r = _sub(b.port, "acks-sub", auto_ack=True)
+    paho_pubacks = _count_calls(monkeypatch, mqtt.Client, "_handle_pubackcomp")
+    c = _publisher(b.port, "host", 8)
+    sent: list[Any] = []
+    c._packet_queue = (lambda orig: lambda *a: (sent.append(a), orig(*a))[1])(c._packet_queue)  # type: ignore
+    try:
+        msgs = [("t/dev-%d/ack" % i, b'{"dev":"dev-%d","ok":[%d]}' % (i, i)) for i in range(20)]
+        pahofast.publish_many(c, msgs)
+        first = sent[0]
+        assert first[0] == pahofast.PUBLISH_QOS1 and first[3] == 1
+        # 8 packets: fixed header 0x32, remaining length, topic, packet id, property length 0, payload
+        assert len(first[1]) == sum(2 + 2 + len(t) + 2 + 1 + len(p) for t, p in msgs[:8])
+        assert _wait(lambda: len(got) == 20, 10), got
+        assert [(t, p) for t, p, _m, _d in got] == msgs
+        assert _wait(lambda: not c._out_messages and c._inflight_messages == 0, 10), c._out_messages
+        assert paho_pubacks == []
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        s.disconnect()
+        s.loop_stop()
+        b.stop()
+
+
+def test_publish_many_entries_are_paho_s_own_for_a_reconnect_and_a_refusing_puback(tmp_path, monkeypatch):
+    """Published but not acknowledged when the connection drops: paho re-sends them after the reconnect
+    from the entries publish_many made, and the broker's PUBACKs clear them. A PUBACK with a reason code
+    (no subscribers: 0x10) goes to paho's decoder and clears its message too. Not connected: paho queues."""
+    b = start_mosquitto(tmp_path)
+    s, got, _r = _sub(b.port, "acks-sub2", auto_ack=True)
+    paho_pubacks = _count_calls(monkeypatch, mqtt.Client, "_handle_pubackcomp")
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="host2", protocol=mqtt.MQTTv5)
+    try:
+        c.connect("127.0.0.1", b.port)  # no loop yet: the PUBLISHes are written, their PUBACKs never read
+        c.loop_read()  # the CONNACK
+        msgs = [("t/r/%d" % i, b"r%d" % i) for i in range(3)]
+        pahofast.publish_many(c, msgs)
+        assert len(c._out_messages) == 3 and c._inflight_messages == 3
+        assert _wait(lambda: len(got) == 3, 10)
+        c._sock_close()  # the connection drops before any PUBACK is read
+        c.reconnect()
+        c.loop_start()
+        # paho re-sent all three (DUP): the subscriber has each twice, and they are acknowledged at last
+        assert _wait(lambda: len(got) == 6, 10), got
+        assert sorted(p for _t, p, _m, _d in got) == sorted([p for _t, p in msgs] * 2)
+        assert _wait(lambda: not c._out_messages and c._inflight_messages == 0, 10), c._out_messages
+        assert paho_pubacks == []
+        pahofast.publish_many(c, [("nobody/listens", b"x")])
+        assert _wait(lambda: not c._out_messages, 10) and len(paho_pubacks) == 1
+        c.disconnect()
+        c.loop_stop()
+        pahofast.publish_many(c, [("t/later", b"later")])  # not connected: paho's queue, nothing written
+        assert [m.state for m in c._out_messages.values()] == [mqtt.mqtt_ms_publish]
+    finally:
+        c.loop_stop()
+        s.disconnect()
+        s.loop_stop()
+        b.stop()
+
+
+def test_publish_many_refuses_a_wildcard_topic_before_queueing_any():
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="w", protocol=mqtt.MQTTv5)
+    with pytest.raises(ValueError):
+        pahofast.publish_many(c, [("ok/topic", b"a"), ("bad/+/topic", b"b")])
+    assert not c._out_messages
+
+
+def test_acks_in_flight_follows_the_broker_s_receive_maximum():
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from host_tools.ingest.mqttproc import ACKS_IN_FLIGHT, acks_in_flight
+
+    def connack(rm: Any) -> Any:
+        p = Properties(PacketTypes.CONNACK)
+        if rm is not None:
+            p.ReceiveMaximum = rm
+        return p
+
+    assert acks_in_flight(connack(20)) == 20  # mosquitto's default max_inflight_messages
+    assert acks_in_flight(connack(None)) == ACKS_IN_FLIGHT == 256
+    assert acks_in_flight(connack(65535)) == ACKS_IN_FLIGHT
+    assert acks_in_flight(None) == ACKS_IN_FLIGHT
+
+
 def test_plain_client_falls_back_to_paho_ack():
     """ack_many on a client that is not a BufferedClient acknowledges through paho, one by one."""
     acked: list[tuple[int, int]] = []

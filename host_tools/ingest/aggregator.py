@@ -816,7 +816,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         if kind == "connected":
             state["connected"] = state["ever"] = True
             state["fail_logged"] = -1e9
-            log.info("connected to %s as %s; subscribing %s", where, cid, sub)
+            # the MQTT process says how many host acknowledgements it keeps in flight (the broker's Receive Maximum)
+            log.info("connected to %s as %s; subscribing %s%s", where, cid, sub,
+                     "" if len(ev) < 2 else " (host acknowledgements in flight: up to %d)" % ev[1])
         elif kind == "refused":
             log.error("broker %s refused the connection: %s", where, ev[1])
         elif kind == "subscribed" and ev[1] is not None:

@@ -15,7 +15,7 @@ child -> parent
     a batch frame (:func:`host_tools.ingest.child.send_batch`: no pickling
     of message bytes) of what arrived since the last batch, meta
     ``[(topic, size, mid, qos, verdict), ...]`` (``verdict`` None for a
-    device status); ``("connected",)``, ``("refused", reason)``,
+    device status); ``("connected", acks_in_flight)``, ``("refused", reason)``,
     ``("subscribed", None | refusal)``, ``("disconnected", reason)``,
     ``("connect_failed",)``: connection events, logged by the parent; ``("dropped", n, limit)``:
     n QoS 0 messages dropped because ``limit`` were waiting (:class:`Inbox`).
@@ -213,11 +213,24 @@ def _client(s: Settings) -> Any:
         c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
     if b.username is not None:
         c.username_pw_set(b.username, b.password)
+    c.max_inflight_messages_set(ACKS_IN_FLIGHT)  # on_connect lowers it to the broker's Receive Maximum
     c.reconnect_delay_set(min_delay=max(1, int(b.reconnect_min_s)), max_delay=max(1, int(b.reconnect_max_s)))
     # a PUBACK and the device's ack go out back to back: without TCP_NODELAY the second waits for the
     # broker's delayed ACK of the first
     c.on_socket_open = tcp_no_delay
     return c
+
+
+ACKS_IN_FLIGHT = 256  # host acknowledgements awaiting the broker's PUBACK (one group's; GROUP_MAX)
+
+
+def acks_in_flight(connack_props: Any) -> int:
+    """How many host acknowledgements (QoS 1 publishes) may await the broker's PUBACK at once: a group's
+    worth, :data:`ACKS_IN_FLIGHT`, or fewer where the broker's CONNACK sets a Receive Maximum (mosquitto
+    sends its ``max_inflight_messages``, 20 by default). paho ignores the broker's value and keeps its own
+    20, which sent a group of 64 acknowledgements 20 at once and then one after each PUBACK."""
+    rm = getattr(connack_props, "ReceiveMaximum", None)
+    return ACKS_IN_FLIGHT if not isinstance(rm, int) or rm <= 0 else min(ACKS_IN_FLIGHT, rm)
 
 
 QOS0_BACKLOG = 4096  # messages waiting in the inbox past which a QoS 0 arrival is dropped
@@ -320,12 +333,14 @@ def serve(conn: Connection, s: Settings) -> int:
         except OSError:  # the parent is gone: the command loop sees EOF and exits
             closing.set()
 
-    def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, _props: Any) -> None:
+    def on_connect(c: Any, _u: Any, _flags: Any, rc: Any, props: Any) -> None:
         new_epoch()
         if rc.is_failure:
             send(("refused", str(rc)))
             return
-        send(("connected",))
+        # paho's setter refuses a change on a connection; this runs before paho re-sends what is in flight
+        c._max_inflight_messages = acks_in_flight(props)
+        send(("connected", c._max_inflight_messages))
         c.subscribe([(t, SubscribeOptions(qos=q)) for t, q in s.subscriptions])
 
     def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
@@ -402,8 +417,7 @@ def serve(conn: Connection, s: Settings) -> int:
                             else:
                                 client.ack(mid & PID_MASK, qos)
                     pahofast.ack_many(client, ones)  # one queued write for the group's PUBACKs
-                for topic, payload in cmd[2]:
-                    client.publish(topic, payload, qos=1)
+                pahofast.publish_many(client, cmd[2])  # one queued write for the group's host acknowledgements
                 cpu["acks"] += time.thread_time() - t0
             elif cmd[0] == "stop":
                 rc = 0
