@@ -409,6 +409,15 @@ class Board:
     def outbox(self) -> dict[int, bytes]:
         return read_outbox(self.state_dir)
 
+    def committing(self) -> bool:
+        """A release is between its "released" marker and the rename that puts it in the outbox
+        (agent/recorder.py: s.tmp, marker, rename): ``next_seq()`` already counts it, ``outbox()`` does
+        not show it yet."""
+        try:
+            return any(n.endswith(".tmp") for n in os.listdir(self.state_dir / "outbox"))
+        except FileNotFoundError:
+            return False
+
     def marker(self) -> Optional[tuple[int, int, int, int]]:
         """(seq, elo, ehi, part) of the last committed release (the ``released`` file), or None."""
         try:
