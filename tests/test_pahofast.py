@@ -314,11 +314,27 @@ def test_publish_many_entries_are_paho_s_own_for_a_reconnect_and_a_refusing_puba
         b.stop()
 
 
-def test_publish_many_refuses_a_wildcard_topic_before_queueing_any():
-    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="w", protocol=mqtt.MQTTv5)
-    with pytest.raises(ValueError):
-        pahofast.publish_many(c, [("ok/topic", b"a"), ("bad/+/topic", b"b")])
-    assert not c._out_messages
+def test_publish_many_refuses_a_bad_message_before_entering_any(tmp_path):
+    """A wildcard topic or a payload that is not bytes, after good ones in the same call, on a connected
+    client: the error comes before anything is entered or written, so no place in flight is held for a
+    packet that never went out, and the next call goes out whole."""
+    b = start_mosquitto(tmp_path)
+    s, got, _r = _sub(b.port, "acks-sub4", auto_ack=True)
+    c = _publisher(b.port, "host4", 20)
+    try:
+        for bad, exc in ((("t/bad/+/x", b"b"), ValueError), (("t/str", "text"), TypeError)):
+            with pytest.raises(exc):
+                pahofast.publish_many(c, [("t/ok/1", b"a"), ("t/ok/2", b"a"), bad])  # type: ignore[list-item]
+            assert not c._out_messages and c._inflight_messages == 0
+        pahofast.publish_many(c, [("t/ok/3", b"c")])
+        assert _wait(lambda: len(got) == 1, 10) and got[0][:2] == ("t/ok/3", b"c")
+        assert _wait(lambda: not c._out_messages and c._inflight_messages == 0, 10)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        s.disconnect()
+        s.loop_stop()
+        b.stop()
 
 
 def test_acks_in_flight_follows_the_broker_s_receive_maximum():

@@ -279,7 +279,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
             ok, t_valid = _agent_release(b.port, root, "pi-after-%d" % i, agent_timeout)
             nrows = int(ro._q("SELECT (SELECT COUNT(*) FROM rejections) + (SELECT COUNT(*) FROM quarantine)")[0][0])
             rows.append({"class": cls, "messages": len(msgs), "subscribed": expect, "handled": n_done,
-                         "dropped_by_broker": expect - n_done, "time_to_reject_s": round(t_rej, 3),
+                         "dropped_by_broker": max(0, expect - n_done), "time_to_reject_s": round(t_rej, 3),
                          "alive": th.is_alive(), "next_valid_stored": ok, "next_valid_s": round(t_valid, 2),
                          "rows_stored": nrows, "bytes_stored": ro.rejection_bytes()})
         t_stop = time.monotonic()

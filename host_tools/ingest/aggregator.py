@@ -625,7 +625,7 @@ class _Writer:
 
         Under steady load messages arrive a few at a time; committing each
         trickle alone costs an fsync and rewrites the touched pages (roll-up
-        row, indexes) into the WAL per message. Waiting a few milliseconds
+        row, indexes) into the WAL per message. Waiting (100 ms by default)
         lets the group grow with the rate (about rate x wait), for at most
         that much added ack latency. Only while messages keep coming: when
         the last two arrivals were further apart than the wait, no second

@@ -226,9 +226,10 @@ ACKS_IN_FLIGHT = 256  # host acknowledgements awaiting the broker's PUBACK (one 
 
 def acks_in_flight(connack_props: Any) -> int:
     """How many host acknowledgements (QoS 1 publishes) may await the broker's PUBACK at once: a group's
-    worth, :data:`ACKS_IN_FLIGHT`, or fewer where the broker's CONNACK sets a Receive Maximum (mosquitto
-    sends its ``max_inflight_messages``, 20 by default). paho ignores the broker's value and keeps its own
-    20, which sent a group of 64 acknowledgements 20 at once and then one after each PUBACK."""
+    worth, :data:`ACKS_IN_FLIGHT`, or fewer where the broker's CONNACK sets a Receive Maximum. paho
+    ignores the broker's value and keeps its own 20. mosquitto sends its ``max_inflight_messages`` (20 in
+    deploy/mosquitto, which also bounds what it sends a device at once), so there a group of 64 still
+    goes out 20 at once, the rest one after each PUBACK; a broker that allows more gets more."""
     rm = getattr(connack_props, "ReceiveMaximum", None)
     return ACKS_IN_FLIGHT if not isinstance(rm, int) or rm <= 0 else min(ACKS_IN_FLIGHT, rm)
 
@@ -338,7 +339,8 @@ def serve(conn: Connection, s: Settings) -> int:
         if rc.is_failure:
             send(("refused", str(rc)))
             return
-        # paho's setter refuses a change on a connection; this runs before paho re-sends what is in flight
+        # paho's setter refuses a change on a connection. (After a reconnect paho re-sends everything it had
+        # in flight at once, whatever the limit: its own behaviour, unchanged here.)
         c._max_inflight_messages = acks_in_flight(props)
         send(("connected", c._max_inflight_messages))
         c.subscribe([(t, SubscribeOptions(qos=q)) for t, q in s.subscriptions])
@@ -429,7 +431,13 @@ def serve(conn: Connection, s: Settings) -> int:
         # its acks cannot go out any more, so the broker redelivers it: a duplicate, never a loss);
         # bounded, for a batcher stuck in a message over the CPU budget
         batch_thread.join(2.0)
-        client.disconnect()  # queued after the PUBACKs and publishes above, so they go out first
+        # host acknowledgements beyond the broker's Receive Maximum wait in paho's table for room: up to 2 s
+        # for the broker to take them (any left are lost with the connection; their devices re-send after
+        # ack_timeout_s and are acknowledged as duplicates)
+        deadline = time.monotonic() + 2.0
+        while client._out_messages and client.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client.disconnect()  # queued after the PUBACKs and publishes in flight, so they go out first
         client.loop_stop()
         cpu["mqtt_client"] = max(0.0, time.process_time() - cpu0 - cpu["forward"] - cpu["acks"] - cpu["validate"])
         child.log_stage_cpu("MQTT", cpu, forwarded[0])

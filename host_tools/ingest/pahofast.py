@@ -19,9 +19,10 @@ release before this module). This client:
   write and a ``send`` per publish, and with 1,000 devices every release has
   a host acknowledgement of its own (38 of the MQTT process's 100 µs per
   release in the 1,000-device soak);
-* takes the broker's PUBACK without properties (all of mosquitto's for
-  QoS 1 success) without paho's decoder, which builds a ``Properties`` and a
-  ``ReasonCode`` object per packet;
+* takes the broker's PUBACK of success without properties (mosquitto's
+  for a delivered QoS 1 publish; its "no matching subscribers", 0x10, and
+  anything with properties go to paho's) without paho's decoder, which
+  builds a ``Properties`` and a ``ReasonCode`` object per packet;
 * hands a PUBLISH without MQTT v5 properties (every release: devices set
   none, and this client asks the broker for no topic aliases or
   subscription identifiers) straight to :attr:`BufferedClient.on_fast`,
@@ -64,7 +65,9 @@ def supported() -> bool:
     """paho has the internals this client builds on (2.x does)."""
     return all(hasattr(mqtt.Client, n) for n in (
         "_sock_recv", "loop_read", "_packet_read", "_packet_queue", "_handle_publish", "_handle_on_message",
-        "_handle_pubackcomp", "_do_on_publish", "_mid_generate", "_pack_remaining_length"))
+        "_handle_pubackcomp", "_do_on_publish", "_mid_generate", "_pack_remaining_length",
+        "_raise_for_invalid_topic", "is_connected")) and all(
+        hasattr(mqtt, n) for n in ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage"))
 
 
 class BufferedClient(mqtt.Client):
@@ -170,33 +173,39 @@ def publish_many(client: Any, msgs: list[tuple[str, bytes]]) -> None:
         for topic, payload in msgs:
             client.publish(topic, payload, qos=1)
         return
-    encoded = [(t.encode("utf-8"), p) for t, p in msgs]
-    for tb, _p in encoded:
-        client._raise_for_invalid_topic(tb)  # before any is queued, as a ValueError from paho's publish
+    # everything that can fail is checked before any entry is made: an entry whose packet is never queued
+    # would hold its place in flight until a reconnect
+    encoded: list[tuple[bytes, bytes, bytes]] = []
+    for topic, payload in msgs:
+        tb = topic.encode("utf-8")
+        client._raise_for_invalid_topic(tb)  # a ValueError, as from paho's publish
+        if not isinstance(payload, (bytes, bytearray)):
+            raise TypeError("payload must be bytes, not %s" % type(payload).__name__)
+        fixed = bytearray((PUBLISH_QOS1,))
+        client._pack_remaining_length(fixed, 2 + len(tb) + 2 + 1 + len(payload))  # ValueError past 256 MB
+        encoded.append((tb, bytes(payload), bytes(fixed)))
     parts: list[bytes] = []
     done = 0
     with client._out_message_mutex:
         out = client._out_messages
         if client._sock is not None:
             limit = client._max_inflight_messages
-            for tb, payload in encoded:
+            for tb, body, head in encoded:
                 if ((limit > 0 and client._inflight_messages >= limit)
                         or (client._max_queued_messages > 0 and len(out) >= client._max_queued_messages)):
                     break
                 mid = client._mid_generate()
-                if mid in out:  # 65,535 awaiting a PUBACK: paho's publish refuses it the same way
+                if mid in out:  # all 65,535 ids awaiting a PUBACK: the rest go to paho's publish, which refuses them
                     break
                 m = mqtt.MQTTMessage(mid, tb)
                 m.timestamp = mqtt.time_func()
-                m.payload = payload
+                m.payload = body
                 m.qos = 1
                 m.state = mqtt.mqtt_ms_wait_for_puback
                 out[mid] = m
                 client._inflight_messages += 1
                 m.info.rc = mqtt.MQTT_ERR_SUCCESS
-                head = bytearray((PUBLISH_QOS1,))
-                client._pack_remaining_length(head, 2 + len(tb) + 2 + 1 + len(payload))
-                parts += (bytes(head), struct.pack("!H", len(tb)), tb, struct.pack("!HB", mid, 0), payload)
+                parts += (head, struct.pack("!H", len(tb)), tb, struct.pack("!HB", mid, 0), body)
                 done += 1
             if parts:
                 client._packet_queue(PUBLISH_QOS1, b"".join(parts), 0, 1)
