@@ -22,7 +22,7 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   reject_log_interval_s (60), max_clock_skew_s (600),
                   max_seq_jump (100000), quarantine_max_rows (1000),
                   quarantine_max_bytes (67108864);
-                  group_wait_ms (100: how long the writer gathers a group
+                  group_wait_ms (200: how long the writer gathers a group
                   commit), wal_limit_mb (64: SQLite WAL size that makes the
                   writer run a RESTART checkpoint), retain_raw_s (0: keep
                   raw release payloads forever; else prune rolled-up ones
@@ -118,7 +118,7 @@ class AggregatorConfig:
     max_seq_jump: int = 100000  # ... and one whose seq is this far above the device's highest stored seq
     quarantine_max_rows: int = 1000
     quarantine_max_bytes: int = 64 << 20
-    group_wait_ms: int = 100  # the writer waits up to this for more messages before a group commit
+    group_wait_ms: int = 200  # the writer waits up to this for more messages before a group commit
     wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (RESTART) by the writer
     retain_raw_s: int = 0  # 0: keep raw payloads; else prune rolled-up releases received this long ago
 
@@ -280,7 +280,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         qos=_int_range(a, "aggregator", "qos", 1, 0, 2),
         session_expiry_s=_int_range(a, "aggregator", "session_expiry_s",
                                     SHARED_SESSION_EXPIRY_S if shared else DEFAULT_SESSION_EXPIRY_S, 0, 0xFFFFFFFF),
-        group_wait_ms=_int_range(a, "aggregator", "group_wait_ms", 100, 0, 1000),
+        group_wait_ms=_int_range(a, "aggregator", "group_wait_ms", 200, 0, 1000),
         wal_limit_mb=_int_range(a, "aggregator", "wal_limit_mb", 64, 1, 1 << 20),
         retain_raw_s=_int_range(a, "aggregator", "retain_raw_s", 0, 0, 100 * 365 * 86400),
     )

@@ -60,7 +60,8 @@ def releases(agg: Aggregator, n: int, dev: str = "held-dev") -> list[Msg]:
     return out
 
 
-def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path):
+def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path, monkeypatch):
+    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 1.0)  # arrivals 0.3 s apart still "keep coming"
     cfg = host_cfg(tmp_path, aggregator={"group_wait_ms": 1000})
     # 3 s, past the config limit: the timing checks keep their meaning with a margin for a
     # loaded CI core, which stalls for 0.3 s and more
@@ -92,6 +93,7 @@ def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypa
     """Messages keep coming, but a group of GROUP_ENOUGH does not wait group_wait_ms for more: in a
     burst the writer would only idle with a backlog behind it. A smaller one still waits."""
     monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
+    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 5.0)  # no lull ends the wait here: only its length does
     cfg = host_cfg(tmp_path)
     cfg.aggregator.group_wait_ms = 3000  # past the config limit: a margin for a loaded CI core
     agg = Aggregator(cfg)
@@ -115,6 +117,33 @@ def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypa
     w.drain(10)
     w.close()
     assert acks.at[6] - t1 >= 2.5, "a small group waits group_wait_ms (3 s) while messages keep coming"
+    agg.close()
+
+
+def test_a_group_stops_waiting_when_the_inflow_stops(tmp_path, monkeypatch):
+    """group_wait_ms 3 s: arrivals 0.1 s apart (closer than the idle gap, 0.4 s) join one group; once
+    nothing arrives for the idle gap, the group is committed then, not at the end of the 3 s (the last
+    group of a burst waited the whole group_wait_ms)."""
+    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.4)
+    cfg = host_cfg(tmp_path)
+    cfg.aggregator.group_wait_ms = 3000
+    agg = Aggregator(cfg)
+    msgs = releases(agg, 5)
+    acks = Acks()
+    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    w.start()
+    w.put([msgs[0]])
+    w.put([msgs[1]])  # two close arrivals: messages keep coming
+    for m in msgs[2:]:
+        time.sleep(0.1)
+        w.put([m])
+    t_last = time.monotonic()
+    w.drain(10)
+    w.close()
+    assert sorted(acks.mids) == [1, 2, 3, 4, 5]
+    assert w.groups <= 2, "arrivals closer than the idle gap joined the group"
+    assert acks.at[5] - t_last >= 0.3, "the group waited for the idle gap after the last arrival"
+    assert acks.at[5] - t_last < 2.0, "and not for the rest of group_wait_ms (3 s)"
     agg.close()
 
 

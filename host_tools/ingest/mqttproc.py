@@ -228,7 +228,7 @@ def acks_in_flight(connack_props: Any) -> int:
     """How many host acknowledgements (QoS 1 publishes) may await the broker's PUBACK at once: a group's
     worth, :data:`ACKS_IN_FLIGHT`, or fewer where the broker's CONNACK sets a Receive Maximum. paho
     ignores the broker's value and keeps its own 20. mosquitto sends its ``max_inflight_messages`` (20 in
-    deploy/mosquitto, which also bounds what it sends a device at once), so there a group of 64 still
+    deploy/mosquitto, which also bounds what it sends a device at once), so there a group of 128 still
     goes out 20 at once, the rest one after each PUBACK; a broker that allows more gets more."""
     rm = getattr(connack_props, "ReceiveMaximum", None)
     return ACKS_IN_FLIGHT if not isinstance(rm, int) or rm <= 0 else min(ACKS_IN_FLIGHT, rm)
