@@ -26,13 +26,17 @@ FIRMWARE = {"esp32_d": 4, "esp32_w": 1024, "esp32_free_bytes_min": 32240, "esp32
                 "esp32_plain": {"w": 1024, "d": 4, "tls": False, "shadow": True, "free_at_high_water": 34900, "ok": True},
                 "esp32_tls": {"w": 1024, "d": 4, "tls": True, "shadow": True, "free_at_high_water": 32240, "ok": True},
                 "esp32_shadow_2048": {"ok": False}}}}
+SOAK = {"devices": 1000, "stored": 630000, "lost": 0, "cpu_us_per_release": {
+    "aggregator": 66, "host_tools.ingest.mqttproc": 77, "mosquitto": 58, "total": 201},
+    "group_commit": {"releases_per_commit": 66.7}, "ack_latency_s": {"p50": 0.0603, "p99": 0.109}}
 README = "# x\n\nbefore\n\n%s\nold table\n%s\n\nafter\n" % (report.BEGIN, report.END)
 
 
 def fixture(tmp_path: Path, skip: tuple[str, ...] = ()) -> Path:
     res = tmp_path / "bench-results"
     res.mkdir()
-    for name, doc in (("feed.json", FEED), ("core.json", CORE), ("host.json", HOST), ("firmware-unix.json", FIRMWARE)):
+    for name, doc in (("feed.json", FEED), ("core.json", CORE), ("host.json", HOST), ("firmware-unix.json", FIRMWARE),
+                      (report.SOAK_FILE, SOAK)):
         if name not in skip:
             (res / name).write_text(json.dumps(doc))
     (tmp_path / "README.md").write_text(README)
@@ -46,8 +50,8 @@ def test_every_row_of_the_issue_table_with_its_peer(tmp_path):
     assert text.startswith("# x\n\nbefore\n\n" + report.BEGIN) and text.endswith(report.END + "\n\nafter\n")
     assert "old table" not in text
     rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| path")]
-    assert len(rows) == 5
-    feed, upd, ingest, cpu, esp = rows
+    assert len(rows) == 6
+    feed, upd, ingest, cpu, soak, esp = rows
     assert "0.90× wall (rounds 0.90, 0.85)" in feed and "0.59× CPU" in feed and "0.27 s wall" in feed
     assert "0.12× (CPU time; rounds 0.12, 0.12)" in upd and "10.00 M events/s" in upd
     # median of the rounds' ratios 0.6 and 0.7; median rate 5,200/s; the peer's 8,000/s
@@ -55,6 +59,9 @@ def test_every_row_of_the_issue_table_with_its_peer(tmp_path):
     assert "2000 releases of 16.6 KB" in ingest
     # pansketch processes only (mosquitto is not ours): 70 + 40 + 30
     assert cpu.split(" | ")[1].startswith("140 µs (aggregator 70 + ") and "bare subscriber 62 µs" in cpu
+    # sustained: pansketch processes only, 66 + 77 (mosquitto's 58 is shown beside, not added)
+    assert soak.split(" | ")[1].startswith("143 µs (aggregator 66 + host_tools.ingest.mqttproc 77); 630,000 stored, 0 lost")
+    assert "66.7 releases per commit; ack p50 60 ms, p99 109 ms" in soak and "mosquitto itself 58 µs" in soak
     assert "w = 1024 at d = 4 with shadow persists and TLS, 32.2 KB free" in esp
     assert "load average during the rounds: 1.5, 2.2, 3.0, 3.5" in text
     assert (res / "table.md").read_text() in text
@@ -63,8 +70,9 @@ def test_every_row_of_the_issue_table_with_its_peer(tmp_path):
 
 
 def test_missing_figures_say_which_command_makes_them(tmp_path):
-    res = fixture(tmp_path, skip=("host.json", "firmware-unix.json"))
+    res = fixture(tmp_path, skip=("host.json", "firmware-unix.json", report.SOAK_FILE))
     body = report.table(res)
+    assert "not measured (`make bench-soak`, about 17 min)" in body
     assert "not measured (`python -m host_tools.bench.host --devices 50 --per-device 40 --rounds 2`)" in body
     assert "not measured (firmware benchmark" in body
     assert "0.90× wall" in body
