@@ -147,6 +147,79 @@ def test_a_group_stops_waiting_when_the_inflow_stops(tmp_path, monkeypatch):
     agg.close()
 
 
+def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
+    """Releases that arrive in clumps 0.2 s apart (a fleet on a shared schedule) with an idle gap of
+    0.1 s: a fixed gap would commit every clump alone; the writer measures the gaps between arrivals
+    and waits IDLE_GAP_CLUMPS x their upper quartile, so the clumps after the first join one group.
+    Gaps longer than group_wait_ms are lulls and do not count."""
+    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.1)
+    monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)  # 0.6 s: a margin for a loaded CI core
+    cfg = host_cfg(tmp_path)
+    cfg.aggregator.group_wait_ms = 3000
+    agg = Aggregator(cfg)
+    msgs = releases(agg, 8)
+    acks = Acks()
+    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    assert w.idle_gap(3.0) == 0.1, "no arrivals yet: the fixed gap"
+    w._gaps = [0.01, 0.01, 0.3, 0.3]
+    assert abs(w.idle_gap(3.0) - 0.9) < 1e-9, "3 x the upper quartile of the gaps"
+    w._gaps = [0.01] * 7 + [2.0]
+    assert w.idle_gap(3.0) == 0.1, "one stall in a burst is not a rhythm"
+    w._gaps = [5.0] * 4
+    assert w.idle_gap(3.0) == 3.0, "never past the group wait"
+    w._gaps = []
+    w.start()
+    for i in range(0, 8, 2):
+        if i:
+            time.sleep(0.2)
+        w.put([msgs[i]])
+        w.put([msgs[i + 1]])
+    t_last = time.monotonic()
+    w.drain(10)
+    w.close()
+    assert sorted(acks.mids) == list(range(1, 9))
+    assert w.groups == 2, "the first clump alone (the idle gap was 0.1 s then), the other three together"
+    assert 0.45 <= w.idle_gap(3.0) <= 3.0
+    assert acks.at[8] - t_last >= 0.4, "the last group waited the longer idle gap after the last arrival"
+    assert acks.at[8] - t_last < 2.5, "and not for the rest of group_wait_ms"
+    agg.close()
+
+    w2 = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    w2.put([])
+    w2._put_at = (0.0, time.monotonic() - 10.0)  # the last arrival 10 s ago: a lull
+    w2.put([])
+    assert w2._gaps == [], "a gap longer than group_wait_ms is not part of the inflow's rhythm"
+
+
+def test_after_a_backlog_group_the_idle_gap_is_the_short_one(tmp_path, monkeypatch):
+    """A burst: the writer's last group was GROUP_ENOUGH messages already waiting. The group after it
+    (a burst's tail) ends its wait on IDLE_GAP_S, not on the clump rhythm measured before: a rhythm
+    of 0.3 s gaps would otherwise hold the tail for 0.9 s (make bench's ingest lost 30 ms a round)."""
+    monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
+    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.1)
+    monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)
+    cfg = host_cfg(tmp_path)
+    cfg.aggregator.group_wait_ms = 3000
+    agg = Aggregator(cfg)
+    msgs = releases(agg, 6)
+    acks = Acks()
+    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    w.put(msgs[:4])  # queued before the threads start: the first group is all backlog
+    w._gaps = [0.3] * 8
+    w.start()
+    w.drain(10)
+    assert w.groups == 1 and w._behind
+    assert w.idle_gap(3.0) >= 0.8, "the rhythm alone would wait 0.9 s"
+    w.put([msgs[4]])
+    w.put([msgs[5]])  # close together: not a lone release
+    t_last = time.monotonic()
+    w.drain(10)
+    w.close()
+    assert sorted(acks.mids) == list(range(1, 7)) and w.groups == 2
+    assert acks.at[6] - t_last < 0.6, "the tail waited IDLE_GAP_S (0.1 s), not the rhythm's 0.9 s"
+    agg.close()
+
+
 def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypatch):
     cfg = host_cfg(tmp_path)
     agg = Aggregator(cfg)
