@@ -314,6 +314,45 @@ def test_publish_many_entries_are_paho_s_own_for_a_reconnect_and_a_refusing_puba
         b.stop()
 
 
+def test_pubacks_of_one_read_refill_the_window_as_one_write(tmp_path):
+    """40 host acknowledgements with 8 allowed in flight (the broker's Receive Maximum is 20 for the
+    shipped mosquitto): 8 go out, 32 wait. The broker's 8 PUBACKs are read in one loop_read, and the 8
+    they make room for go out as one queued write (paho sends one per PUBACK, each with a wake-up
+    write); every one arrives, in order, and nothing stays in flight."""
+    import socket
+
+    b = start_mosquitto(tmp_path)
+    s, got, _r = _sub(b.port, "acks-sub5", auto_ack=True)
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="host5", protocol=mqtt.MQTTv5)
+    c.max_inflight_messages_set(8)
+    sent: list[Any] = []
+    c._packet_queue = (lambda orig: lambda *a: (sent.append(a), orig(*a))[1])(c._packet_queue)  # type: ignore
+    try:
+        c.connect("127.0.0.1", b.port)  # no network thread: this test decides when the socket is read
+        c.loop_read()  # the CONNACK
+        msgs = [("t/dev-%d/ack" % i, b'{"dev":"dev-%d","ok":[%d]}' % (i, i)) for i in range(40)]
+        pahofast.publish_many(c, msgs)
+        assert c._inflight_messages == 8 and len(c._out_messages) == 40
+        # the 8 PUBACKs (4 bytes each, MQTT v5 success without properties) are all in the socket
+        assert _wait(lambda: len(c._sock.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)) >= 32, 10)
+        del sent[:]
+        c.loop_read()
+        pubs = [a for a in sent if a[0] == pahofast.PUBLISH_QOS1]
+        assert len(pubs) == 1, "one write for the 8 the PUBACKs made room for, not one each"
+        assert len(pubs[0][1]) == sum(2 + 2 + len(t) + 2 + 1 + len(p) for t, p in msgs[8:16])
+        assert c._inflight_messages == 8 and len(c._out_messages) == 32
+        c.loop_start()
+        assert _wait(lambda: len(got) == 40, 10), len(got)
+        assert [(t, p) for t, p, _m, _d in got] == msgs
+        assert _wait(lambda: not c._out_messages and c._inflight_messages == 0, 10), c._out_messages
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        s.disconnect()
+        s.loop_stop()
+        b.stop()
+
+
 def test_publish_many_refuses_a_bad_message_before_entering_any(tmp_path):
     """A wildcard topic or a payload that is not bytes, after good ones in the same call, on a connected
     client: the error comes before anything is entered or written, so no place in flight is held for a

@@ -229,7 +229,8 @@ def acks_in_flight(connack_props: Any) -> int:
     worth, :data:`ACKS_IN_FLIGHT`, or fewer where the broker's CONNACK sets a Receive Maximum. paho
     ignores the broker's value and keeps its own 20. mosquitto sends its ``max_inflight_messages`` (20 in
     deploy/mosquitto, which also bounds what it sends a device at once), so there a group of 128 still
-    goes out 20 at once, the rest one after each PUBACK; a broker that allows more gets more."""
+    goes out 20 at once, the rest as PUBACKs make room (pahofast: one write per read of PUBACKs); a
+    broker that allows more gets more."""
     rm = getattr(connack_props, "ReceiveMaximum", None)
     return ACKS_IN_FLIGHT if not isinstance(rm, int) or rm <= 0 else min(ACKS_IN_FLIGHT, rm)
 

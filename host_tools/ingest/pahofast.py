@@ -18,7 +18,10 @@ release before this module). This client:
   PUBACK (re-sent after a reconnect as paho's own); paho queues a wake-up
   write and a ``send`` per publish, and with 1,000 devices every release has
   a host acknowledgement of its own (38 of the MQTT process's 100 µs per
-  release in the 1,000-device soak);
+  release in the 1,000-device soak). What the broker's Receive Maximum
+  holds back (20 for the shipped mosquitto: most of a group) follows the
+  PUBACKs: paho sends one message per PUBACK, this client sends what the
+  PUBACKs of one read made room for as one write (``_send_queued``);
 * takes the broker's PUBACK of success without properties (mosquitto's
   for a delivered QoS 1 publish; its "no matching subscribers", 0x10, and
   anything with properties go to paho's) without paho's decoder, which
@@ -65,7 +68,7 @@ def supported() -> bool:
     """paho has the internals this client builds on (2.x does)."""
     return all(hasattr(mqtt.Client, n) for n in (
         "_sock_recv", "loop_read", "_packet_read", "_packet_queue", "_handle_publish", "_handle_on_message",
-        "_handle_pubackcomp", "_do_on_publish", "_mid_generate", "_pack_remaining_length",
+        "_handle_pubackcomp", "_do_on_publish", "_update_inflight", "_mid_generate", "_pack_remaining_length",
         "_raise_for_invalid_topic", "is_connected")) and all(
         hasattr(mqtt, n) for n in ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage"))
 
@@ -79,6 +82,7 @@ class BufferedClient(mqtt.Client):
         self._rpos = 0
         self._rsock: Any = None  # the socket the buffer was read from: a new connection starts empty
         self._no_refill = False
+        self._refill = False  # PUBACKs freed room in flight: _send_queued after this read
         # PUBLISH without properties goes to on_fast(topic, payload, mid, qos) instead of on_message and the
         # message_callback_add filters (the MQTT process uses neither); None: paho's path for every PUBLISH
         self.on_fast: Optional[Callable[[str, bytes, int, int], Any]] = None
@@ -112,6 +116,9 @@ class BufferedClient(mqtt.Client):
                 rc = super().loop_read(1)
         finally:
             self._no_refill = False
+            if self._refill:
+                self._refill = False
+                self._send_queued()
         return rc
 
     def _handle_publish(self) -> Any:
@@ -156,9 +163,40 @@ class BufferedClient(mqtt.Client):
             return super()._handle_pubackcomp(cmd)
         mid = pkt[0] << 8 | pkt[1]
         with self._out_message_mutex:
-            if mid in self._out_messages:
-                return self._do_on_publish(mid, _PUBACK_OK, _NO_PROPS)
+            m = self._out_messages.pop(mid, None)
+            if m is not None:  # paho's _do_on_publish without a callback, but the refill waits (_send_queued)
+                m.info._set_as_published()
+                if m.qos > 0:
+                    self._inflight_messages -= 1
+                    self._refill = True
         return mqtt.MQTT_ERR_SUCCESS
+
+    def _send_queued(self) -> None:
+        """What paho's ``_update_inflight`` does after each PUBACK, once for all the PUBACKs of a read:
+        messages queued for room in flight go out in order, as one write (paho: a wake-up write and a
+        ``send`` each; the broker's Receive Maximum, 20 for the shipped mosquitto, holds back most of a
+        group's host acknowledgements, which then left one PUBACK at a time)."""
+        with self._out_message_mutex:
+            limit = self._max_inflight_messages
+            if limit <= 0 or self._sock is None:
+                return
+            parts: list[bytes] = []
+            for m in self._out_messages.values():
+                if self._inflight_messages >= limit:
+                    break
+                if m.qos == 0 or m.state != mqtt.mqtt_ms_queued:
+                    continue
+                if m.qos != 1 or m.retain or m.dup or m.properties is not None:
+                    break  # not one of ours: paho sends it and the rest, in order, after what is gathered
+                m.state = mqtt.mqtt_ms_wait_for_puback
+                self._inflight_messages += 1
+                tb = m._topic
+                fixed = bytearray((PUBLISH_QOS1,))
+                self._pack_remaining_length(fixed, 2 + len(tb) + 2 + 1 + len(m.payload))
+                parts += (bytes(fixed), struct.pack("!H", len(tb)), tb, struct.pack("!HB", m.mid, 0), bytes(m.payload))
+            if parts:
+                self._packet_queue(PUBLISH_QOS1, b"".join(parts), 0, 1)
+            self._update_inflight()  # anything left that fits (none when the loop ran to the limit)
 
 
 def publish_many(client: Any, msgs: list[tuple[str, bytes]]) -> None:
