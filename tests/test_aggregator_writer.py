@@ -161,13 +161,16 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
     acks = Acks()
     w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
     assert w.idle_gap(3.0) == 0.1, "no arrivals yet: the fixed gap"
-    w._gaps = [0.01, 0.01, 0.3, 0.3]
+    w._gaps, w._counts = [0.01, 0.01, 0.3, 0.3], [10] * 4
     assert abs(w.idle_gap(3.0) - 0.9) < 1e-9, "3 x the upper quartile of the gaps"
-    w._gaps = [0.01] * 7 + [2.0]
+    w._gaps, w._counts = [0.01] * 7 + [2.0], [10] * 8
     assert w.idle_gap(3.0) == 0.1, "one stall in a burst is not a rhythm"
-    w._gaps = [5.0] * 4
+    w._gaps, w._counts = [5.0] * 4, [100] * 4
     assert w.idle_gap(3.0) == 3.0, "never past the group wait"
-    w._gaps = []
+    w._gaps, w._counts = [0.3] * 4, [1] * 4
+    assert w.idle_gap(3.0) == 0.1, "one message every 0.3 s: a 0.9 s wait would gather 3, under CLUMP_MIN"
+    monkeypatch.setattr(aggregator, "CLUMP_MIN", 2)  # below: clumps of two, a 0.6 s wait gathers about 6
+    w._gaps, w._counts = [], []
     w.start()
     for i in range(0, 8, 2):
         if i:
@@ -205,7 +208,7 @@ def test_after_a_backlog_group_the_idle_gap_is_the_short_one(tmp_path, monkeypat
     acks = Acks()
     w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
     w.put(msgs[:4])  # queued before the threads start: the first group is all backlog
-    w._gaps = [0.3] * 8
+    w._gaps, w._counts = [0.3] * 8, [100] * 8
     w.start()
     w.drain(10)
     assert w.groups == 1 and w._behind

@@ -413,6 +413,11 @@ IDLE_GAP_S = 0.02
 # nearly every group after one clump (19.7 releases per commit instead of 128).
 IDLE_GAP_CLUMPS = 1.5
 GAP_WINDOW = 64
+# ... but only where the inflow is fast enough that the longer wait gathers at least this many messages
+# (arrival rate over the window x the longer gap): one device's releases 50 ms apart (`pansketch-agent
+# feed`) are a rhythm too, and holding its last release 75 ms bought nothing (make bench feed 1.10x ->
+# 0.60x wall)
+CLUMP_MIN = 8
 # Bytes of received messages this process holds at once (queued, being validated, being stored), each
 # counted as its payload plus MSG_OVERHEAD. Several full groups of 16.6 KB releases fit many times over;
 # past it the MQTT process's reader waits, so a flood the store cannot keep up with backs up into the
@@ -497,6 +502,7 @@ class _Writer:
         # messages keep coming (a lone release after a quiet spell is committed and acknowledged at once)
         self._put_at = (-1e9, -1e9)
         self._gaps: list[float] = []  # the last gaps between arrivals (a ring once full: the reader writes, the writer reads)
+        self._counts: list[int] = []  # the messages of each of those arrivals
         self._gap_i = 0
         self._behind = False  # the last group was GROUP_ENOUGH already waiting in the queue
         self._busy = [False, False, False]
@@ -525,8 +531,10 @@ class _Writer:
         gap = now - self._put_at[1]
         if gap * 1000.0 < self.agg.cfg.aggregator.group_wait_ms:
             if len(self._gaps) < GAP_WINDOW:
+                self._counts.append(len(msgs))
                 self._gaps.append(gap)
             else:
+                self._counts[self._gap_i] = len(msgs)
                 self._gaps[self._gap_i] = gap
                 self._gap_i = (self._gap_i + 1) % GAP_WINDOW
         self._put_at = (self._put_at[1], now)
@@ -695,10 +703,17 @@ class _Writer:
 
     def idle_gap(self, wait_s: float) -> float:
         """How long without an arrival ends a group's wait: :data:`IDLE_GAP_S`, or longer when the recent
-        inflow came in clumps further apart (:data:`IDLE_GAP_CLUMPS`); never past ``wait_s``."""
+        inflow came in clumps further apart (:data:`IDLE_GAP_CLUMPS`) and fast enough that the longer
+        wait gathers :data:`CLUMP_MIN` messages; never past ``wait_s``."""
         gaps = sorted(self._gaps)  # a copy first: the reader may append meanwhile
-        upper_quartile = gaps[len(gaps) * 3 // 4] if gaps else 0.0
-        return min(wait_s, max(IDLE_GAP_S, IDLE_GAP_CLUMPS * upper_quartile))
+        if not gaps:
+            return min(wait_s, IDLE_GAP_S)
+        rhythm = min(wait_s, IDLE_GAP_CLUMPS * gaps[len(gaps) * 3 // 4])
+        span = sum(gaps)
+        rate = sum(self._counts[:len(gaps)]) / span if span > 0 else 0.0  # messages/s over the window
+        if rhythm > IDLE_GAP_S and rate * rhythm >= CLUMP_MIN:
+            return rhythm
+        return min(wait_s, IDLE_GAP_S)
 
     def _housekeeping(self) -> None:
         """Between groups (every message before is committed and acknowledged): bound the WAL, and
