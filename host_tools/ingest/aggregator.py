@@ -414,9 +414,9 @@ IDLE_GAP_S = 0.02
 IDLE_GAP_CLUMPS = 1.5
 GAP_WINDOW = 64
 # ... but only where the inflow is fast enough that the longer wait gathers at least this many messages
-# (arrival rate over the window x the longer gap): one device's releases 50 ms apart (`pansketch-agent
-# feed`) are a rhythm too, and holding its last release 75 ms bought nothing (make bench feed 1.10x ->
-# 0.60x wall)
+# (arrival rate over the window x the longer gap): `pansketch-agent feed` sends a status message and,
+# a fraction of a second later, its one release; taken for a rhythm, that gap held each release 1.5x
+# as long (make bench feed 1.10x -> 0.60x wall)
 CLUMP_MIN = 8
 # Bytes of received messages this process holds at once (queued, being validated, being stored), each
 # counted as its payload plus MSG_OVERHEAD. Several full groups of 16.6 KB releases fit many times over;
