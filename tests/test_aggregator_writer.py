@@ -60,6 +60,16 @@ def releases(agg: Aggregator, n: int, dev: str = "held-dev") -> list[Msg]:
     return out
 
 
+def slow_writer(tmp_path: Any, n: int) -> tuple[Aggregator, list[Msg], Acks, _Writer]:
+    """An aggregator with ``n`` releases to put and a writer (not started) whose group_wait_ms is 3 s:
+    past the config limit, so the timing checks keep their meaning with a margin for a loaded CI core."""
+    cfg = host_cfg(tmp_path)
+    cfg.aggregator.group_wait_ms = 3000
+    agg = Aggregator(cfg)
+    acks = Acks()
+    return agg, releases(agg, n), acks, _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+
+
 def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path, monkeypatch):
     monkeypatch.setattr(aggregator, "IDLE_GAP_S", 1.0)  # arrivals 0.3 s apart still "keep coming"
     cfg = host_cfg(tmp_path, aggregator={"group_wait_ms": 1000})
@@ -94,12 +104,7 @@ def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypa
     burst the writer would only idle with a backlog behind it. A smaller one still waits."""
     monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
     monkeypatch.setattr(aggregator, "IDLE_GAP_S", 5.0)  # no lull ends the wait here: only its length does
-    cfg = host_cfg(tmp_path)
-    cfg.aggregator.group_wait_ms = 3000  # past the config limit: a margin for a loaded CI core
-    agg = Aggregator(cfg)
-    msgs = releases(agg, 6)
-    acks = Acks()
-    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    agg, msgs, acks, w = slow_writer(tmp_path, 6)
     w.start()
     w.put([msgs[0]])
     w.drain(10)
@@ -125,12 +130,7 @@ def test_a_group_stops_waiting_when_the_inflow_stops(tmp_path, monkeypatch):
     nothing arrives for the idle gap, the group is committed then, not at the end of the 3 s (the last
     group of a burst waited the whole group_wait_ms)."""
     monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.4)
-    cfg = host_cfg(tmp_path)
-    cfg.aggregator.group_wait_ms = 3000
-    agg = Aggregator(cfg)
-    msgs = releases(agg, 5)
-    acks = Acks()
-    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    agg, msgs, acks, w = slow_writer(tmp_path, 5)
     w.start()
     w.put([msgs[0]])
     w.put([msgs[1]])  # two close arrivals: messages keep coming
@@ -154,12 +154,7 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
     Gaps longer than group_wait_ms are lulls and do not count."""
     monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.1)
     monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)  # 0.6 s: a margin for a loaded CI core
-    cfg = host_cfg(tmp_path)
-    cfg.aggregator.group_wait_ms = 3000
-    agg = Aggregator(cfg)
-    msgs = releases(agg, 8)
-    acks = Acks()
-    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    agg, msgs, acks, w = slow_writer(tmp_path, 8)
     assert w.idle_gap(3.0) == 0.1, "no arrivals yet: the fixed gap"
     w._gaps, w._counts = [0.01, 0.01, 0.3, 0.3], [10] * 4
     assert abs(w.idle_gap(3.0) - 0.9) < 1e-9, "3 x the upper quartile of the gaps"
@@ -197,16 +192,11 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
 def test_after_a_backlog_group_the_idle_gap_is_the_short_one(tmp_path, monkeypatch):
     """A burst: the writer's last group was GROUP_ENOUGH messages already waiting. The group after it
     (a burst's tail) ends its wait on IDLE_GAP_S, not on the clump rhythm measured before: a rhythm
-    of 0.3 s gaps would otherwise hold the tail for 0.9 s (make bench's ingest lost 30 ms a round)."""
+    of 0.3 s gaps would otherwise hold the tail for 0.9 s (make bench's ingest: about 35 ms a round)."""
     monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
     monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.1)
     monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)
-    cfg = host_cfg(tmp_path)
-    cfg.aggregator.group_wait_ms = 3000
-    agg = Aggregator(cfg)
-    msgs = releases(agg, 6)
-    acks = Acks()
-    w = _Writer(agg, None, acks, threading.Event(), {})  # type: ignore[arg-type]
+    agg, msgs, acks, w = slow_writer(tmp_path, 6)
     w.put(msgs[:4])  # queued before the threads start: the first group is all backlog
     w._gaps, w._counts = [0.3] * 8, [100] * 8
     w.start()
