@@ -156,16 +156,16 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
     monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)  # 0.6 s: a margin for a loaded CI core
     agg, msgs, acks, w = slow_writer(tmp_path, 8)
     assert w.idle_gap(3.0) == 0.1, "no arrivals yet: the fixed gap"
-    w._gaps, w._counts = [0.01, 0.01, 0.3, 0.3], [10] * 4
+    w._arrivals = [(g, 10) for g in (0.01, 0.01, 0.3, 0.3)]
     assert abs(w.idle_gap(3.0) - 0.9) < 1e-9, "3 x the upper quartile of the gaps"
-    w._gaps, w._counts = [0.01] * 7 + [2.0], [10] * 8
+    w._arrivals = [(0.01, 10)] * 7 + [(2.0, 10)]
     assert w.idle_gap(3.0) == 0.1, "one stall in a burst is not a rhythm"
-    w._gaps, w._counts = [5.0] * 4, [100] * 4
+    w._arrivals = [(5.0, 100)] * 4
     assert w.idle_gap(3.0) == 3.0, "never past the group wait"
-    w._gaps, w._counts = [0.3] * 4, [1] * 4
+    w._arrivals = [(0.3, 1)] * 4
     assert w.idle_gap(3.0) == 0.1, "one message every 0.3 s: a 0.9 s wait would gather 3, under CLUMP_MIN"
     monkeypatch.setattr(aggregator, "CLUMP_MIN", 2)  # below: clumps of two, a 0.6 s wait gathers about 6
-    w._gaps, w._counts = [], []
+    w._arrivals = []
     w.start()
     for i in range(0, 8, 2):
         if i:
@@ -186,7 +186,7 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
     w2.put([])
     w2._put_at = (0.0, time.monotonic() - 10.0)  # the last arrival 10 s ago: a lull
     w2.put([])
-    assert w2._gaps == [], "a gap longer than group_wait_ms is not part of the inflow's rhythm"
+    assert w2._arrivals == [], "a gap longer than group_wait_ms is not part of the inflow's rhythm"
 
 
 def test_after_a_backlog_group_the_idle_gap_is_the_short_one(tmp_path, monkeypatch):
@@ -198,7 +198,7 @@ def test_after_a_backlog_group_the_idle_gap_is_the_short_one(tmp_path, monkeypat
     monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)
     agg, msgs, acks, w = slow_writer(tmp_path, 6)
     w.put(msgs[:4])  # queued before the threads start: the first group is all backlog
-    w._gaps, w._counts = [0.3] * 8, [100] * 8
+    w._arrivals = [(0.3, 100)] * 8
     w.start()
     w.drain(10)
     assert w.groups == 1 and w._behind

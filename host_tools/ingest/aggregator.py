@@ -501,9 +501,10 @@ class _Writer:
         # arrival times of the last two batches from the transport: _gather waits for more only while
         # messages keep coming (a lone release after a quiet spell is committed and acknowledged at once)
         self._put_at = (-1e9, -1e9)
-        self._gaps: list[float] = []  # the last gaps between arrivals (a ring once full: the reader writes, the writer reads)
-        self._counts: list[int] = []  # the messages of each of those arrivals
-        self._gap_i = 0
+        # the last arrivals: (gap since the one before, messages); a ring once full, written by the reader
+        # thread, read by the writer (one tuple per slot: a reader never sees half an arrival)
+        self._arrivals: list[tuple[float, int]] = []
+        self._arrival_i = 0
         self._behind = False  # the last group was GROUP_ENOUGH already waiting in the queue
         self._busy = [False, False, False]
         self._dead = False
@@ -529,14 +530,12 @@ class _Writer:
         writer) drops them unqueued: nothing of them is acknowledged, the broker redelivers them."""
         now = time.monotonic()
         gap = now - self._put_at[1]
-        if gap * 1000.0 < self.agg.cfg.aggregator.group_wait_ms:
-            if len(self._gaps) < GAP_WINDOW:
-                self._counts.append(len(msgs))
-                self._gaps.append(gap)
+        if gap * 1000.0 < self.agg.cfg.aggregator.group_wait_ms:  # longer: a lull, not the inflow's rhythm
+            if len(self._arrivals) < GAP_WINDOW:
+                self._arrivals.append((gap, len(msgs)))
             else:
-                self._counts[self._gap_i] = len(msgs)
-                self._gaps[self._gap_i] = gap
-                self._gap_i = (self._gap_i + 1) % GAP_WINDOW
+                self._arrivals[self._arrival_i] = (gap, len(msgs))
+                self._arrival_i = (self._arrival_i + 1) % GAP_WINDOW
         self._put_at = (self._put_at[1], now)
         for i in range(0, len(msgs), GROUP_MAX):
             chunk = msgs[i:i + GROUP_MAX]
@@ -705,12 +704,13 @@ class _Writer:
         """How long without an arrival ends a group's wait: :data:`IDLE_GAP_S`, or longer when the recent
         inflow came in clumps further apart (:data:`IDLE_GAP_CLUMPS`) and fast enough that the longer
         wait gathers :data:`CLUMP_MIN` messages; never past ``wait_s``."""
-        gaps = sorted(self._gaps)  # a copy first: the reader may append meanwhile
-        if not gaps:
+        arrivals = list(self._arrivals)  # a copy first: the reader may append meanwhile
+        if not arrivals:
             return min(wait_s, IDLE_GAP_S)
+        gaps = sorted(g for g, _n in arrivals)
         rhythm = min(wait_s, IDLE_GAP_CLUMPS * gaps[len(gaps) * 3 // 4])
         span = sum(gaps)
-        rate = sum(self._counts[:len(gaps)]) / span if span > 0 else 0.0  # messages/s over the window
+        rate = sum(n for _g, n in arrivals) / span if span > 0 else 0.0  # messages/s over the window
         if rhythm > IDLE_GAP_S and rate * rhythm >= CLUMP_MIN:
             return rhythm
         return min(wait_s, IDLE_GAP_S)
