@@ -353,6 +353,39 @@ def test_pubacks_of_one_read_refill_the_window_as_one_write(tmp_path):
         b.stop()
 
 
+def test_held_back_acknowledgements_survive_a_dropped_connection(tmp_path):
+    """The connection drops while 32 of 40 host acknowledgements wait for room in flight and 8 more
+    just went out on a refill: nothing is lost. After the reconnect paho re-sends what was in flight,
+    the PUBACKs make room for the rest (one write per read), every one reaches the subscriber, and
+    nothing stays in flight or queued."""
+    import socket
+
+    b = start_mosquitto(tmp_path)
+    s, got, _r = _sub(b.port, "acks-sub6", auto_ack=True)
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="host6", protocol=mqtt.MQTTv5)
+    c.max_inflight_messages_set(8)
+    try:
+        c.connect("127.0.0.1", b.port)
+        c.loop_read()  # the CONNACK
+        msgs = [("t/dev-%d/ack" % i, b"ack-%d" % i) for i in range(40)]
+        pahofast.publish_many(c, msgs)
+        assert _wait(lambda: len(c._sock.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)) >= 32, 10)
+        c.loop_read()  # the 8 PUBACKs: the next 8 go out as one write
+        assert c._inflight_messages == 8 and len(c._out_messages) == 32
+        c._sock_close()  # dropped before their PUBACKs are read
+        assert len(c._out_messages) == 32, "what waited or was in flight is still paho's to send"
+        c.reconnect()
+        c.loop_start()
+        assert _wait(lambda: not c._out_messages and c._inflight_messages == 0, 10), len(c._out_messages)
+        assert _wait(lambda: {p for _t, p, _m, _d in got} == {p for _t, p in msgs}, 10), len(got)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        s.disconnect()
+        s.loop_stop()
+        b.stop()
+
+
 def test_publish_many_refuses_a_bad_message_before_entering_any(tmp_path):
     """A wildcard topic or a payload that is not bytes, after good ones in the same call, on a connected
     client: the error comes before anything is entered or written, so no place in flight is held for a
