@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agent.params import Params
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store.core import PAGE_SIZE, Store
 from tests.test_host_support import T0, encoded, host_cfg, params, topic
@@ -277,4 +278,118 @@ def test_a_device_row_rolled_back_with_its_message_is_not_cached_as_stored(tmp_p
     st = Store(str(tmp_path / "dc.db"), readonly=True)
     assert st.release_count() == 1 and [d[0] for d in st.devices()] == ["boom"]
     st.close()
+    a.close()
+
+
+# -- the release key's order and the per-device figures (docs/HOST.md, Performance) ------------------
+def _key_columns(db: str) -> list[str]:
+    con = sqlite3.connect(db)
+    try:
+        return [r[0] for r in con.execute("SELECT name FROM pragma_index_info('sqlite_autoindex_releases_1') "
+                                          "ORDER BY seqno")]
+    finally:
+        con.close()
+
+
+def _device_rows(db: str) -> dict[str, tuple[Any, ...]]:
+    con = sqlite3.connect(db)
+    try:
+        return {r[0]: r[1:] for r in con.execute("SELECT device, max_seq, shape FROM devices")}
+    finally:
+        con.close()
+
+
+def test_a_new_file_keys_releases_epoch_first_and_keeps_each_device_s_highest_seq(tmp_path):
+    db = str(tmp_path / "tm.db")
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": db}))
+    assert a.store.time_major
+    e = T0 // 3600
+    out = [a.handle(topic(dv), encoded(params(dv, w=16), seq=s, elo=e + s, fill=s + 1))
+           for s in (0, 2, 1) for dv in ("tm-b", "tm-a")]  # seq 1 after seq 2: the highest stays 2
+    assert all(o.stored for o in out)
+    # one group with two releases of one device: the row gets the higher seq
+    items = [a.validate(topic("tm-a"), encoded(params("tm-a", w=16), seq=s, elo=e + s)) for s in (4, 3)]
+    a.store.commit_group(items)
+    assert [p.status for p in items] == ["stored", "stored"]
+    a.close()
+    assert _key_columns(db) == ["elo", "device", "ehi", "part"]
+    assert _device_rows(db) == {"tm-a": (4, "window 1 3600"), "tm-b": (2, "window 1 3600")}
+
+
+def test_a_reopened_store_checks_seq_jumps_and_shapes_from_the_device_rows(tmp_path):
+    """After a restart (empty caches) the first release of each device is checked against its ``devices``
+    row: no statement reads the device's releases (with an epoch-first key that is a scan of the whole
+    index), and the figures are the stored ones (a highest seq of -1 would quarantine seq 25)."""
+    db = str(tmp_path / "re.db")
+    cfg = host_cfg(tmp_path, aggregator={"db": db, "max_seq_jump": 10})
+    a = Aggregator(cfg)
+    e = T0 // 3600
+    assert a.handle(topic("re"), encoded(params("re", w=16), seq=20, elo=e)).status == "quarantined"  # 20 > -1 + 10
+    for s in range(0, 21, 5):
+        assert a.handle(topic("re"), encoded(params("re", w=16), seq=s, elo=e + s)).stored
+    a.close()
+    b = Aggregator(cfg)
+    seen: list[str] = []
+    b.store.db.set_trace_callback(seen.append)
+    assert b.handle(topic("re"), encoded(params("re", w=16), seq=31, elo=e + 31)).status == "quarantined"
+    assert b.handle(topic("re"), encoded(params("re", w=16), seq=25, elo=e + 25)).stored
+    # the same device as a tree now: refused by the shape kept in its row
+    tp = params("re", w=16)
+    tp = Params({"device": "re", "salt": tp.salt, "kind": "cs", "d": 4, "w": 16, "mode": "tree", "levels": 4,
+                 "epoch_s": 3600})
+    tree = encoded(tp, seq=26, elo=e + 26)
+    out = b.handle(topic("re"), tree)
+    assert out.status == "rejected" and out.code == "device" and "tree shape" in (out.reason or ""), out
+    # (a lookup of one whole key, as for a duplicate, is an index probe in either key order)
+    assert not [s for s in seen if "FROM releases WHERE device" in s and "AND elo =" not in s], seen
+    b.close()
+
+
+def _device_first_db(tmp_path: Any) -> str:
+    """A file as written before the key led with the epoch: device-first key, no per-device figures."""
+    from host_tools.store.core import DEVICE_KEY, schema
+
+    db = str(tmp_path / "df.db")
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA page_size = %d" % PAGE_SIZE)
+    con.executescript(schema(DEVICE_KEY))
+    con.close()
+    return db
+
+
+def test_a_device_first_file_keeps_its_key_and_reads_old_device_rows_from_their_releases(tmp_path):
+    db = _device_first_db(tmp_path)
+    cfg = host_cfg(tmp_path, aggregator={"db": db, "max_seq_jump": 10})
+    a = Aggregator(cfg)
+    assert not a.store.time_major
+    e = T0 // 3600
+    for s in range(0, 21, 5):
+        assert a.handle(topic("old"), encoded(params("old", w=16), seq=s, elo=e + s)).stored
+    a.close()
+    con = sqlite3.connect(db)  # the row as an older pansketch wrote it: the columns added, left NULL
+    con.execute("UPDATE devices SET max_seq = NULL, shape = NULL")
+    con.commit()
+    con.close()
+    b = Aggregator(cfg)
+    assert b.handle(topic("old"), encoded(params("old", w=16), seq=31, elo=e + 31)).status == "quarantined"
+    assert b.handle(topic("old"), encoded(params("old", w=16), seq=25, elo=e + 25)).stored
+    b.close()
+    assert _key_columns(db) == ["device", "elo", "ehi", "part"]
+    assert _device_rows(db) == {"old": (None, None)}  # a NULL figure is never raised from a part of the history
+
+
+def test_counters_follow_the_release_order_with_an_epoch_first_key(tmp_path):
+    """iter_counters reads payloads by row id after sorting the keys: the same order as releases()."""
+    a = Aggregator(host_cfg(tmp_path))
+    e = T0 // 3600
+    for s in range(3):
+        for dv in ("o-c", "o-a", "o-b"):
+            assert a.handle(topic(dv), encoded(params(dv, w=16), seq=s, elo=e + s, fill=ord(dv[-1]) * 10 + s)).stored
+    assert a.store.time_major
+    rels = a.store.releases(with_payload=True)
+    assert [(r.device, r.elo) for r in rels] == [(dv, e + s) for dv in ("o-a", "o-b", "o-c") for s in range(3)]
+    got = [int(c[0, 0]) for c in a.store.iter_counters()]
+    assert got == [int(r.counters()[0, 0]) for r in rels] == [ord(r.device[-1]) * 10 + r.elo - e for r in rels]
+    got = [int(c[0, 0]) for c in a.store.iter_counters(devices=["o-b"], since=(e + 1) * 3600)]
+    assert got == [ord("b") * 10 + 1, ord("b") * 10 + 2]
     a.close()

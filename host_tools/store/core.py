@@ -9,12 +9,18 @@ supplies the connection, the transaction start, its DDL and its error types.
 
 Tables (schema version 1)::
 
-    releases        one row per release, PRIMARY KEY (device, elo, ehi, part);
-                    every map field, the raw payload bytes (empty once
-                    retention pruned them: SQLStore.prune), their SHA-256, the
-                    topic and the time received
+    releases        one row per release, PRIMARY KEY (elo, device, ehi, part)
+                    in a SQLite file created by this version (TIME_KEY),
+                    (device, elo, ehi, part) in older files and on PostgreSQL
+                    (DEVICE_KEY); every map field, the raw payload bytes
+                    (empty once retention pruned them: SQLStore.prune), their
+                    SHA-256, the topic and the time received
     devices         per device the parameters fixed by its first release
-                    (salt id, hash version, kind, d, w, ep_s)
+                    (salt id, hash version, kind, d, w, ep_s); SQLite also
+                    keeps there its highest stored seq (max_seq) and its
+                    releases' shape (shape: "mode L win_s"), read by the
+                    seq-jump and tree-shape checks instead of its releases
+                    (NULL in rows written before: those read the releases)
     rejections      refused messages: time, topic (first 256 characters),
                     device (if known), code, reason, size, SHA-256 and a
                     bounded prefix of the bytes (``reject_keep_bytes``); capped
@@ -113,7 +119,14 @@ SCHEMA_VERSION = 1
 ROLLUP_MODES = ("window", "keep")
 ROLLUP_KINDS = ("cms", "cs")
 
-_SCHEMA = """
+# The release key's column order. PostgreSQL keeps the device first. A new SQLite file puts the epoch first
+# (``Store``): a group commit from many devices then adds its keys to a few neighbouring index pages, where
+# device-first scattered them over one 16 KiB page per device, each written whole to the WAL and again by
+# the checkpoint (docs/HOST.md, Performance). Both orders are one UNIQUE key to ``ON CONFLICT``.
+DEVICE_KEY = "device, elo, ehi, part"
+TIME_KEY = "elo, device, ehi, part"
+
+_SCHEMA_TMPL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS releases (
     device TEXT NOT NULL, elo INTEGER NOT NULL, ehi INTEGER NOT NULL, part INTEGER NOT NULL,
@@ -126,7 +139,7 @@ CREATE TABLE IF NOT EXISTS releases (
     topic TEXT, received REAL NOT NULL,
     v INTEGER NOT NULL DEFAULT 1, lvl INTEGER NOT NULL DEFAULT 0, b INTEGER NOT NULL DEFAULT 0,
     map_num INTEGER, map_den INTEGER, map_off INTEGER,
-    PRIMARY KEY (device, elo, ehi, part)
+    PRIMARY KEY (%(key)s)
 );
 CREATE INDEX IF NOT EXISTS releases_win ON releases (win, win_s);
 CREATE INDEX IF NOT EXISTS releases_t0 ON releases (t0);
@@ -174,6 +187,14 @@ CREATE TABLE IF NOT EXISTS rollup_devices (
 );
 """
 
+
+def schema(key: str) -> str:
+    """The DDL with the release key's column order ``key`` (DEVICE_KEY or TIME_KEY)."""
+    return _SCHEMA_TMPL % {"key": key}
+
+
+_SCHEMA = schema(DEVICE_KEY)  # PostgreSQL's (host_tools.store.pg)
+
 # status fields kept as columns (non-negative integers or null)
 STATUS_INTS = ("ts", "next_seq", "oldest_pending", "pending", "acked_seq", "rejected")
 
@@ -189,6 +210,10 @@ _INSERT_COLS = ("device", "elo", "ehi", "part", "seq", "win", "win_s", "ep_s", "
                 "hv", "salt", "clip", "mech", "budget_num", "budget_den", "nint_num", "nint_den", "nout_num",
                 "nout_den", "nz", "L", "sha256", "payload", "ctr_off", "topic", "received", "v", "lvl", "b",
                 "map_num", "map_den", "map_off")
+_ORDER = "device, elo, ehi, part"  # the order of releases() and iter_counters(): a total one (the key)
+# per-device figures kept in ``devices`` by the SQLite store (Store._note_stored): the release key does not
+# lead with the device there, so a device's releases are not one index range to probe
+_DEVICE_FIGURES = (("max_seq", "INTEGER"), ("shape", "TEXT"))
 _CHUNK = 500  # ids per IN (...) list
 WAL_KEEP_BYTES = 16 << 20  # SQLite journal_size_limit: a reset WAL file is truncated to this
 # Page size of a new database file. A 16.6 KB release (d=4, w=1024) is one 16 KiB overflow page plus
@@ -470,6 +495,7 @@ class SQLStore:
     # set by defer_sync() (SQLite: the WAL, opened for sync_committed's fsync): commit_group(sync=False)
     # then leaves the fsync to sync_committed()
     _wal_fd: Optional[int] = None
+    time_major = False  # the release key leads with the epoch (a new SQLite file: Store)
 
     def defer_sync(self) -> bool:
         """Let ``commit_group(..., sync=False)`` return before its transaction is on disk; the caller then
@@ -658,6 +684,7 @@ class SQLStore:
             if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
                 unrolled = True
         self._apply_rollups(cur, accs)
+        self._note_stored(cur, items)
         if unrolled:
             self._mark_unrolled(cur)
         self._bound(cur, logged, totals)
@@ -712,8 +739,7 @@ class SQLStore:
         cache = self.__dict__.setdefault("_maxseq", {})
         top = cache.get(rel.dev)
         if top is None or rel.seq > top + self.limits.max_seq_jump:
-            r = self._x(cur, "SELECT MAX(seq) FROM releases WHERE device = ?", (rel.dev,)).fetchone()
-            top = -1 if r is None or r[0] is None else int(r[0])
+            top = self._stored_top(cur, rel.dev)
             cache[rel.dev] = top
         if rel.seq > top + self.limits.max_seq_jump:
             return Rejected("seq_jump", "seq %d is more than %d above the highest stored seq of %s (%s)"
@@ -721,6 +747,26 @@ class SQLStore:
         if rel.seq > top:
             cache[rel.dev] = rel.seq
         return None
+
+    def _stored_top(self, cur: Any, dev: str) -> int:
+        """The highest stored seq of ``dev``, -1 if none (a primary-key prefix probe: the key leads with
+        the device here; ``Store`` reads its ``devices`` row)."""
+        r = self._x(cur, "SELECT MAX(seq) FROM releases WHERE device = ?", (dev,)).fetchone()
+        return -1 if r is None or r[0] is None else int(r[0])
+
+    def _stored_shape(self, cur: Any, dev: str) -> Optional[tuple[str, int, int]]:
+        """(mode, L, win_s) of any one stored release of ``dev`` (they all have one shape: _check_shape
+        keeps it so), or None if it has none; a primary-key prefix probe, as :meth:`_stored_top`."""
+        r = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? LIMIT 1", (dev,)).fetchone()
+        return None if r is None else (str(r[0]), int(r[1]), int(r[2]))
+
+    def _add_device(self, cur: Any, rel: Release, mine: tuple[Any, ...], now: float) -> None:
+        """The row of a device's fixed parameters, written with its first stored release."""
+        self._x(cur, "INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO NOTHING", (rel.dev,) + mine + (now,))
+
+    def _note_stored(self, cur: Any, items: Sequence[Pending]) -> None:
+        """Per-device figures kept up to date at the end of a group (none here; ``Store`` keeps some)."""
 
     def _bound(self, cur: Any, logged: list[int], totals: dict[str, list[Any]]) -> None:
         """Counts per code, then the caps and the retention period (:class:`Limits`)."""
@@ -770,8 +816,7 @@ class SQLStore:
             return existing
         dev = self._x(cur, "SELECT salt, hv, kind, d, w, ep_s FROM devices WHERE device = ?", (rel.dev,)).fetchone()
         if dev is None:
-            self._x(cur, "INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO NOTHING", (rel.dev,) + mine + (now,))
+            self._add_device(cur, rel, mine, now)
             dev = self._x(cur, "SELECT salt, hv, kind, d, w, ep_s FROM devices WHERE device = ?",
                           (rel.dev,)).fetchone()
         if tuple(dev) != mine:
@@ -791,9 +836,7 @@ class SQLStore:
         cache = self.__dict__.setdefault("_shapecache", {})
         if cache.get(rel.dev) == shape:
             return
-        # any one stored release of the device: they all have one shape (this check keeps it so); a
-        # primary-key prefix probe, where scanning the device's releases grew with its history
-        other = self._x(cur, "SELECT mode, L, win_s FROM releases WHERE device = ? LIMIT 1", (rel.dev,)).fetchone()
+        other = self._stored_shape(cur, rel.dev)
         if other is not None and ((other[0] == "tree") != tree or (tree and (other[1], other[2]) != (rel.L, rel.win_s))):
             raise Rejected("device", "device %s sent %s releases before (L=%d, win_s=%d); this one is %s (L=%d, "
                            "win_s=%d): a device's releases are all nodes of one tree shape or none is, or a range "
@@ -1053,8 +1096,8 @@ class SQLStore:
                  with_payload: bool = False, win_s: Optional[int] = None) -> list[StoredRelease]:
         """Releases filtered by device(s), window id, and [since, until) containment."""
         where, args = self._release_where(devices, window, since, until, win_s)
-        sql = "SELECT %s%s FROM releases%s ORDER BY device, elo, part" % (
-            self._cols, ", payload" if with_payload else "", where)
+        sql = "SELECT %s%s FROM releases%s ORDER BY %s" % (
+            self._cols, ", payload" if with_payload else "", where, _ORDER)
         return [_row_to_release(r, with_payload) for r in self._q(sql, args)]
 
     def iter_counters(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,
@@ -1062,7 +1105,7 @@ class SQLStore:
                       win_s: Optional[int] = None) -> Iterator[np.ndarray]:
         """The counters of :meth:`releases` (same order), one payload in memory at a time."""
         where, args = self._release_where(devices, window, since, until, win_s)
-        sql = "SELECT %s, payload FROM releases%s ORDER BY device, elo, part" % (self._cols, where)
+        sql = "SELECT %s, payload FROM releases%s ORDER BY %s" % (self._cols, where, _ORDER)
         for row in self._iter(sql, args):  # shape from kind, d, w, b (dcs: (b + 1) * d rows; dbits: 1 x d)
             yield _row_to_release(row, True).counters()
 
@@ -1276,6 +1319,7 @@ class Store(SQLStore):
             self.db.execute("PRAGMA query_only = 1")
             self._check_pansketch_file(path)
         self._cols = _select_cols(self._retry_locked(lambda: self._release_columns(self.db)))
+        self.time_major = self._retry_locked(self._key_leads_with_epoch)
         v = self._retry_locked(lambda: self._meta("schema_version"))
         if v is not None and int(v) != SCHEMA_VERSION:
             raise sqlite3.DatabaseError("%s has schema version %s; this pansketch reads %d" % (path, v, SCHEMA_VERSION))
@@ -1454,10 +1498,21 @@ class Store(SQLStore):
         cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
         return cols or None  # no table yet (read-only open of an empty file): nothing to adapt
 
+    def _key_leads_with_epoch(self) -> bool:
+        """True for a file whose release key is TIME_KEY (created by this version); older files keep
+        DEVICE_KEY, which every statement here also serves (queries by device are then faster)."""
+        r = self.db.execute("SELECT name FROM pragma_index_info('sqlite_autoindex_releases_1') "
+                            "WHERE seqno = 0").fetchone()
+        return r is not None and r[0] == "elo"
+
     def _init_schema(self, cur: sqlite3.Cursor) -> None:
-        for stmt in _SCHEMA.split(";"):
+        for stmt in schema(TIME_KEY).split(";"):  # a no-op for tables that exist: their key stays
             if stmt.strip():
                 cur.execute(stmt)
+        dcols = {r[1] for r in cur.execute("PRAGMA table_info(devices)").fetchall()}
+        for name, decl in _DEVICE_FIGURES:  # old rows keep NULL: read from their releases (_stored_top)
+            if name not in dcols:
+                cur.execute("ALTER TABLE devices ADD COLUMN %s %s" % (name, decl))
         cols = {r[1] for r in cur.execute("PRAGMA table_info(releases)").fetchall()}
         for name, decl, _ in _ADDED:  # a database from before releases carried nz, v, lvl, b, map
             if name not in cols:
@@ -1474,6 +1529,58 @@ class Store(SQLStore):
         if cur.execute("SELECT value FROM meta WHERE key = 'rollups'").fetchone() is None:
             self._rebuild_rollups(cur)  # a database from before roll-ups (or a new one: nothing to sum)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+
+    # -- per-device figures in ``devices`` (the release key does not lead with the device) --------
+    def _stored_top(self, cur: Any, dev: str) -> int:
+        r = self._x(cur, "SELECT max_seq FROM devices WHERE device = ?", (dev,)).fetchone()
+        if r is None and self.time_major:
+            return -1  # a device row is written with the device's first stored release
+        if r is None or r[0] is None:  # a row from before the column: the releases tell (device-first key)
+            return super()._stored_top(cur, dev)
+        return int(r[0])
+
+    def _stored_shape(self, cur: Any, dev: str) -> Optional[tuple[str, int, int]]:
+        r = self._x(cur, "SELECT shape FROM devices WHERE device = ?", (dev,)).fetchone()
+        if r is None and self.time_major:
+            return None
+        if r is None or r[0] is None:
+            return super()._stored_shape(cur, dev)
+        mode, L, win_s = str(r[0]).split(" ")
+        return mode, int(L), int(win_s)
+
+    def _add_device(self, cur: Any, rel: Release, mine: tuple[Any, ...], now: float) -> None:
+        self._x(cur, "INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received, max_seq, shape) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO NOTHING",
+                (rel.dev,) + mine + (now, rel.seq, "%s %d %d" % (rel.mode, rel.L, rel.win_s)))
+
+    def _note_stored(self, cur: Any, items: Sequence[Pending]) -> None:
+        """Raise each device's ``max_seq`` to its highest seq stored in this group (one row per device;
+        a row from before the column keeps NULL)."""
+        tops: dict[str, int] = {}
+        for p in items:
+            if p.status == "stored" and p.rel is not None and p.rel.seq > tops.get(p.rel.dev, -1):
+                tops[p.rel.dev] = p.rel.seq
+        if tops:
+            cur.executemany("UPDATE devices SET max_seq = ? WHERE device = ? AND max_seq < ?",
+                            [(seq, dev, seq) for dev, seq in sorted(tops.items())])
+
+    def iter_counters(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,
+                      since: Optional[float] = None, until: Optional[float] = None,
+                      win_s: Optional[int] = None) -> Iterator[np.ndarray]:
+        """As SQLStore.iter_counters. With the epoch-first key the device order is a sort: the sort takes
+        the keys and row ids alone and the payloads are read by row id a chunk at a time (a sort of the
+        rows themselves would carry every payload of the selection through SQLite's sorter)."""
+        if not self.time_major:
+            yield from super().iter_counters(devices, window, since, until, win_s)
+            return
+        where, args = self._release_where(devices, window, since, until, win_s)
+        ids = [r[0] for r in self._q("SELECT rowid FROM releases%s ORDER BY %s" % (where, _ORDER), args)]
+        for i in range(0, len(ids), 64):
+            chunk = ids[i:i + 64]
+            rows = {r[0]: r[1:] for r in self._q("SELECT rowid, %s, payload FROM releases WHERE rowid IN (%s)"
+                                                 % (self._cols, ",".join("?" * len(chunk))), chunk)}
+            for rid in chunk:
+                yield _row_to_release(rows[rid], True).counters()
 
     def _meta(self, key: str) -> Optional[str]:
         try:
