@@ -30,7 +30,8 @@ latency percentiles (first send to ack, at the device), ``lost``
 stored more than once, or roll-ups summing more releases than are stored:
 must be 0), ``unacked`` at the end, the broker's resident memory (idle,
 and with every device connected: bytes per device connection, for the
-capacity plan), the load average. ``--option`` adds ``[aggregator]``
+capacity plan), the load average, and the CPU per stored release of each
+whole minute (``cpu_by_minute``). ``--option`` adds ``[aggregator]``
 keys to the aggregator's host.toml (e.g. ``group_wait_ms=0`` to measure
 without group waiting). tests/test_soak.py runs a one-minute version (100 devices, 200/s).
 """
@@ -207,6 +208,27 @@ def _stored_estimate(db: str) -> int:
         return -1
 
 
+def cpu_by_window(series: list[dict[str, Any]], step: float, duration: float) -> list[dict[str, Any]]:
+    """CPU per stored release in each whole ``step`` seconds of the releasing part of a run, per process
+    role (µs), from the per-second samples: where the figure of a long run came from. mosquitto's
+    column knows nothing of the database: when it rises with ours, the machine slowed, not the store."""
+    pts = [x for x in series if "cpu_s" in x and x.get("stored") is not None and x["t"] >= 0]
+    marks = []
+    k = 0
+    for x in pts:  # the first sample at or after each window boundary
+        if x["t"] >= k * step:
+            marks.append(x)
+            k = int(x["t"] // step) + 1
+    out = []
+    for a, b in zip(marks, marks[1:]):
+        n = b["stored"] - a["stored"]
+        if b["t"] > duration + 1.5 or n <= 0:  # a window reaching into the drain, or nothing stored
+            continue
+        us = {r: round((c - a["cpu_s"].get(r, 0.0)) / n * 1e6, 1) for r, c in sorted(b["cpu_s"].items())}
+        out.append({"t": a["t"], "stored": b["stored"], "cpu_us_per_release": us})
+    return out
+
+
 def _pct(xs: list[float], q: float) -> Optional[float]:
     if not xs:
         return None
@@ -288,9 +310,12 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             next_sample += 1.0
             sample_cpu()
             size, wal = _db_files(db)
+            cpu_s: dict[str, float] = {}
+            for pid, (role, c) in cpu_last.items():  # per role, since the run's start
+                cpu_s[role] = cpu_s.get(role, 0.0) + c - cpu_base.get(pid, 0.0)
             series.append({"t": round(now - t_start, 1), "db_bytes": size, "wal_bytes": wal,
                            "stored": _stored_estimate(db), "broker_rss_bytes": _rss(broker.pid),
-                           "loadavg_1min": round(os.getloadavg()[0], 2)})
+                           "loadavg_1min": round(os.getloadavg()[0], 2), "cpu_s": cpu_s})
         try:
             results.append(out.get(timeout=0.2))
         except queue.Empty:
@@ -355,6 +380,7 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             "wal_checkpoints": {"completed": int(ck[-1][0]), "gave_up": int(ck[-1][1])} if ck else None,
             "pruned_by_last_aggregator": int(pruned[-1]) if pruned else None,
             "cpu_us_per_release": cpu_us,
+            "cpu_by_minute": cpu_by_window(series, 60.0, duration),
             "broker_rss_mb": {"idle": round(rss_idle / 2**20, 1), "median_while_releasing": round(rss_run / 2**20, 1),
                               "bytes_per_device_connection": round((rss_run - rss_idle) / max(1, devices))
                               if rss_run and rss_idle else None},
@@ -390,7 +416,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(json.dumps({k: v for k, v in res.items() if k != "series"}))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("series", "cpu_by_minute")}))
+    for w in res["cpu_by_minute"]:
+        print("minute from %5.0f s, %7d stored: %s" % (w["t"], w["stored"], ", ".join(
+            "%s %.0f" % (r, v) for r, v in w["cpu_us_per_release"].items())))
     print("written to", args.out)
     return 0 if res["lost"] == 0 and res["stored_twice"] == 0 else 1
 
