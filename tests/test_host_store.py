@@ -345,6 +345,37 @@ def test_a_reopened_store_checks_seq_jumps_and_shapes_from_the_device_rows(tmp_p
     b.close()
 
 
+def test_a_group_that_is_not_stored_leaves_no_highest_seq_behind(tmp_path, monkeypatch):
+    """A group whose transaction fails after ``max_seq`` was raised (here: in the bounding of the logs,
+    the last step before COMMIT), and a release refused after it passed the seq check, leave the device's
+    highest seq where the stored releases put it: in the file, and in the store's cache (a cached seq
+    that was never stored would let the next check start from it)."""
+    db = str(tmp_path / "ns.db")
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": db, "max_seq_jump": 10}))
+    e = T0 // 3600
+    for s in range(3):
+        assert a.handle(topic("ns"), encoded(params("ns", w=16), seq=s, elo=e + s)).stored
+
+    def broken(*_a: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(a.store, "_bound", broken)
+    items = [a.validate(topic("ns"), encoded(params("ns", w=16), seq=9, elo=e + 9))]
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        a.store.commit_group(items)
+    monkeypatch.undo()
+    assert _device_rows(db)["ns"][0] == 2
+    # from 9 (not stored), 14 would be within the jump; from 2 (stored) it is not
+    assert a.handle(topic("ns"), encoded(params("ns", w=16), seq=14, elo=e + 14)).status == "quarantined"
+    assert a.handle(topic("ns"), encoded(params("ns", w=16), seq=12, elo=e + 12)).stored
+    # seq 20 passes the check (20 <= 12 + 10), then is refused: its key is seq 12's, with other counters
+    out = a.handle(topic("ns"), encoded(params("ns", w=16), seq=20, elo=e + 12, fill=7))
+    assert out.status == "rejected" and out.code == "conflict", out
+    assert a.handle(topic("ns"), encoded(params("ns", w=16), seq=23, elo=e + 23)).status == "quarantined"
+    a.close()
+    assert _device_rows(db)["ns"][0] == 12
+
+
 def _device_first_db(tmp_path: Any) -> str:
     """A file as written before the key led with the epoch: device-first key, no per-device figures."""
     from host_tools.store.core import DEVICE_KEY, schema

@@ -607,16 +607,22 @@ class SQLStore:
         for p in items:
             p.status, p.error = "", None
         seen: dict[str, tuple[Any, ...]] = {}
-        if self._optimistic:
-            try:
-                self._exec_tx(self._put_group, items, log_rejections, seen, False, sync=sync)
-                self._devcache.update(seen)
-                return
-            except _NeedSavepoints:  # rolled back: the group again, a savepoint per message
-                for p in items:
-                    p.status, p.error = "", None
-        self._exec_tx(self._group, items, log_rejections, seen, sync=sync)
-        self._devcache.update(seen)  # committed: device rows never change once written
+        try:
+            if self._optimistic:
+                try:
+                    self._exec_tx(self._put_group, items, log_rejections, seen, False, sync=sync)
+                    self._devcache.update(seen)
+                    return
+                except _NeedSavepoints:  # rolled back: the group again, a savepoint per message
+                    for p in items:
+                        p.status, p.error = "", None
+            self._exec_tx(self._group, items, log_rejections, seen, sync=sync)
+            self._devcache.update(seen)  # committed: device rows never change once written
+        except BaseException:
+            self.__dict__.pop("_maxseq", None)  # it may hold seqs of the rolled-back group: read them again
+            raise
+        finally:
+            self._forget_unstored(items)
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool, seen: dict[str, tuple[Any, ...]]) -> None:
         self._put_group(cur, items, log_rejections, seen, True)
@@ -731,6 +737,16 @@ class SQLStore:
                      "ON CONFLICT (sha256) DO UPDATE SET count = quarantine.count + 1, last = excluded.last",
                 (p.received, p.received, _cut(p.topic, TOPIC_KEEP), rel.dev, rel.seq, rel.elo, rel.ehi, rel.part,
                  rel.t0, q.code, _cut(q.reason, REASON_KEEP), len(p.payload), rel.sha256, rel.payload))
+
+    def _forget_unstored(self, items: Sequence[Pending]) -> None:
+        """:meth:`_seq_jump` raised its cached highest seq as each release passed; a release that was then
+        not stored (refused, failed, or its group rolled back) must not stay in the cache, or the check of
+        the device's next releases would start from a seq that is not stored: its figure is read again."""
+        cache = self.__dict__.get("_maxseq")
+        if cache:
+            for p in items:
+                if p.rel is not None and p.status != "stored":
+                    cache.pop(p.rel.dev, None)
 
     def _seq_jump(self, cur: Any, rel: Release) -> Optional[Rejected]:
         """Quarantine (code ``seq_jump``) a release whose seq is more than ``max_seq_jump`` above the
