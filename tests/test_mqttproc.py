@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -334,3 +334,28 @@ def test_inbox_holds_qos1_at_its_bound_until_taken_and_takes_at_most_a_batch():
     closing.set()
     box.wake()
     assert done.wait(5)
+
+
+def test_gatherer_forwards_a_full_batch_at_once_and_a_partial_one_after_its_wait():
+    """The network thread's batches (Gatherer): nothing waits, nothing to do; a partial batch is held until
+    ``wait_s`` after its first message (tick says how long is left), then forwarded whole, in order;
+    ``max_n`` messages are forwarded at the next tick without waiting; flush forwards what is left."""
+    from host_tools.ingest.mqttproc import Gatherer
+
+    now = [100.0]
+    out: list[list[Any]] = []
+    g = Gatherer(out.append, max_n=4, wait_s=0.005, clock=lambda: now[0])
+    assert g.tick() is None and out == []
+    g.add(("t", b"a", 1, 1))
+    now[0] += 0.002
+    g.add(("t", b"b", 2, 1))
+    assert g.tick() == pytest.approx(0.003) and out == []  # the wait runs from the first message
+    now[0] += 0.003
+    assert g.tick() is None and [[m[2] for m in b] for b in out] == [[1, 2]]
+    for i in range(5):
+        g.add(("t", b"x", 10 + i, 0))
+    assert g.tick() is None  # 5 >= max_n: forwarded without waiting (all of them: one read's worth)
+    assert [m[2] for m in out[-1]] == [10, 11, 12, 13, 14]
+    g.add(("t", b"c", 20, 1))
+    g.flush()
+    assert [m[2] for m in out[-1]] == [20] and g.tick() is None and len(out) == 3

@@ -438,3 +438,45 @@ def test_plain_client_falls_back_to_paho_ack():
     pahofast.ack_many(Stub(), [3, 9])
     assert acked == [(3, 1), (9, 1)]
     assert pahofast.supported()
+
+
+def test_on_tick_cuts_the_wait_in_select_so_a_lone_release_is_forwarded_after_the_gather_wait(tmp_path):
+    """The MQTT process's Gatherer on a real connection: of 20 releases published back to back, 16 or more
+    are forwarded without the gather wait (2 s here), every one once and in order; a lone release is
+    forwarded about ``wait_s`` (50 ms) after it arrived: on_tick cuts paho's wait in select() (1 s when
+    nothing else comes) to what is left of the gather wait, and a client that ignored it would forward
+    it about 1 s late."""
+    from host_tools.ingest.mqttproc import Gatherer
+
+    b = start_mosquitto(tmp_path)
+    c, _got, _r = _sub(b.port, "gather", fast=True)
+    batches: list[tuple[float, list[Any]]] = []
+    added: list[float] = []
+    g = Gatherer(lambda batch: batches.append((time.monotonic(), batch)), max_n=16, wait_s=2.0)
+
+    def on_fast(t: str, p: bytes, mid: int, q: int) -> None:
+        added.append(time.monotonic())
+        g.add((t, p, mid, q))
+        if q:
+            pahofast.ack_many(c, [mid])
+
+    c.on_fast = on_fast
+    c.on_tick = g.tick
+    try:
+        msgs = [("t/g/%d" % i, b"r%d" % i) for i in range(20)]
+        _publish(b.port, msgs)
+        assert _wait(lambda: len(added) == 20, 10)
+        assert _wait(lambda: sum(len(x) for _t, x in batches) >= 16, 1.0), batches
+        assert _wait(lambda: sum(len(x) for _t, x in batches) == 20, 5), batches
+        assert [(m[0], m[1]) for _t, x in batches for m in x] == msgs
+        g.wait_s = 0.05
+        time.sleep(1.5)  # the connection quiet: paho's select() would wait its whole second
+        n = len(batches)
+        _publish(b.port, [("t/g/lone", b"lone")])
+        assert _wait(lambda: len(batches) == n + 1, 5)
+        delay = batches[-1][0] - added[-1]
+        assert 0.045 <= delay < 0.5, delay
+    finally:
+        c.disconnect()
+        c.loop_stop()
+        b.stop()

@@ -26,6 +26,10 @@ release before this module). This client:
   for a delivered QoS 1 publish; its "no matching subscribers", 0x10, and
   anything with properties go to paho's) without paho's decoder, which
   builds a ``Properties`` and a ``ReasonCode`` object per packet;
+* calls :attr:`BufferedClient.on_tick` after each read and before each
+  wait in ``select()``, and cuts the wait to what it asks for: the MQTT
+  process gathers releases there and validates and forwards them a batch
+  at a time, in the network thread (host_tools.ingest.mqttproc.Gatherer);
 * hands a PUBLISH without MQTT v5 properties (every release: devices set
   none, and this client asks the broker for no topic aliases or
   subscription identifiers) straight to :attr:`BufferedClient.on_fast`,
@@ -37,7 +41,7 @@ release before this module). This client:
 
 Everything else (keepalive, reconnects, TLS, the packet reader and its
 limits) is paho's. These rely on paho internals (``_sock_recv``,
-``loop_read``, ``_packet_queue``, ``_manual_ack``, ``_in_packet``,
+``loop_read``, ``_loop``, ``_packet_queue``, ``_manual_ack``, ``_in_packet``,
 ``_handle_publish``, ``_handle_pubackcomp``, ``_do_on_publish``,
 ``_out_messages``, ``_inflight_messages``, ``_mid_generate``); :func:`supported` checks that they are there, and the
 MQTT process uses the plain client when they are not. tests/test_pahofast.py runs it against a real
@@ -69,7 +73,7 @@ def supported() -> bool:
     return all(hasattr(mqtt.Client, n) for n in (
         "_sock_recv", "loop_read", "_packet_read", "_packet_queue", "_handle_publish", "_handle_on_message",
         "_handle_pubackcomp", "_do_on_publish", "_update_inflight", "_mid_generate", "_pack_remaining_length",
-        "_raise_for_invalid_topic", "is_connected")) and all(
+        "_raise_for_invalid_topic", "is_connected", "_loop")) and all(
         hasattr(mqtt, n) for n in ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage"))
 
 
@@ -86,6 +90,9 @@ class BufferedClient(mqtt.Client):
         # PUBLISH without properties goes to on_fast(topic, payload, mid, qos) instead of on_message and the
         # message_callback_add filters (the MQTT process uses neither); None: paho's path for every PUBLISH
         self.on_fast: Optional[Callable[[str, bytes, int, int], Any]] = None
+        # called by the network thread after each read and before each wait in select(); returns the seconds
+        # until it wants to be called again (the wait is cut to that), or None (the MQTT process's Gatherer)
+        self.on_tick: Optional[Callable[[], Optional[float]]] = None
 
     def buffered(self) -> int:
         """Bytes read from the socket that the packet reader has not taken yet."""
@@ -119,7 +126,18 @@ class BufferedClient(mqtt.Client):
             if self._refill:
                 self._refill = False
                 self._send_queued()
+            if self.on_tick is not None:
+                self.on_tick()
         return rc
+
+    def _loop(self, timeout: float = 1.0) -> Any:
+        """paho's network loop step (select, read, write, keepalive) with :attr:`on_tick` before it."""
+        tick = self.on_tick
+        if tick is not None:
+            due = tick()
+            if due is not None:
+                timeout = min(timeout, max(0.0, due))
+        return super()._loop(timeout)
 
     def _handle_publish(self) -> Any:
         fast = self.on_fast
