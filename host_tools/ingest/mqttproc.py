@@ -322,7 +322,10 @@ class Gatherer:
     runs, two interleaved pairs against the batcher): the MQTT process 86-87
     -> 75-76 µs per stored release, the aggregator 71-74 -> 71 µs; each
     release waits at most 5 ms more. A message held here is not
-    acknowledged yet (the parent acknowledges after its commit).
+    acknowledged yet (the parent acknowledges after its commit); if the
+    connection drops meanwhile it is forwarded once paho's loop runs again
+    (after the reconnect), and the broker redelivers it too: stored once,
+    the second a duplicate.
 
     The network thread validates what one read brought (at most
     pahofast.READ_SIZE bytes) before it reads again: that back-pressures the
