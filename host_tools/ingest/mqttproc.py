@@ -315,7 +315,7 @@ class Gatherer:
 
     Why in the network thread: handing each read's messages to the batcher
     thread cost a wake-up and a hand-over of the GIL per read, and under
-    sustained load a read holds about three packets. Why wait: forwarding
+    sustained load a socket read brings about three releases. Why wait: forwarding
     each read's releases at once made batches of about three, and the
     aggregator's reader, validation and writer threads each wake once per
     batch. Measured in the 1,000-device soak (700 releases/s, two-minute
