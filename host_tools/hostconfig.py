@@ -24,7 +24,10 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   quarantine_max_bytes (67108864);
                   group_wait_ms (200: how long the writer gathers a group
                   commit), wal_limit_mb (64: SQLite WAL size that makes the
-                  writer run a RESTART checkpoint), retain_raw_s (0: keep
+                  writer run a RESTART checkpoint), drop_cache_behind_mb
+                  (64: SQLite: cached pages of the database file further
+                  back than this from its end are dropped once on disk;
+                  0 never), retain_raw_s (0: keep
                   raw release payloads forever; else prune rolled-up ones
                   that much older than their receipt: docs/HOST.md)
     [fleet]       salt or salt_id (one is required; queries need salt),
@@ -65,7 +68,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
                    "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
                    "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
-                   "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "retain_raw_s"),
+                   "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "drop_cache_behind_mb",
+                   "retain_raw_s"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
@@ -120,6 +124,7 @@ class AggregatorConfig:
     quarantine_max_bytes: int = 64 << 20
     group_wait_ms: int = 200  # the writer waits up to this for more messages before a group commit
     wal_limit_mb: int = 64  # SQLite: a WAL larger than this is checkpointed (RESTART) by the writer
+    drop_cache_behind_mb: int = 64  # SQLite: page cache of the file kept only this far back from its end; 0: all
     retain_raw_s: int = 0  # 0: keep raw payloads; else prune rolled-up releases received this long ago
 
     def __post_init__(self) -> None:
@@ -282,6 +287,7 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
                                     SHARED_SESSION_EXPIRY_S if shared else DEFAULT_SESSION_EXPIRY_S, 0, 0xFFFFFFFF),
         group_wait_ms=_int_range(a, "aggregator", "group_wait_ms", 200, 0, 1000),
         wal_limit_mb=_int_range(a, "aggregator", "wal_limit_mb", 64, 1, 1 << 20),
+        drop_cache_behind_mb=_int_range(a, "aggregator", "drop_cache_behind_mb", 64, 0, 1 << 20),
         retain_raw_s=_int_range(a, "aggregator", "retain_raw_s", 0, 0, 100 * 365 * 86400),
     )
     agg.validate_cpu_s = _seconds(a, "aggregator", "validate_cpu_s", 1.0)

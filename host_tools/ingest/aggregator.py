@@ -837,7 +837,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     """
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
-    agg.store.background_checkpoints()
+    agg.store.background_checkpoints(drop_behind=cfg.aggregator.drop_cache_behind_mb << 20)
     cid = hostconfig.default_client_id(cfg)
     sub = cfg.aggregator.subscription
     state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,

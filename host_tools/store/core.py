@@ -103,6 +103,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import sqlite3
 import threading
@@ -113,7 +114,10 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from host_tools import cborscan
+from host_tools.store import pagecache
 from host_tools.store.records import Rejected, Release, ReleaseParams, SketchShape
+
+_log = logging.getLogger("pansketch.store")
 
 SCHEMA_VERSION = 1
 ROLLUP_MODES = ("window", "keep")
@@ -489,7 +493,7 @@ class SQLStore:
     def _retryable(self, exc: BaseException) -> bool:
         return False
 
-    def background_checkpoints(self, interval: float = 0.25) -> None:
+    def background_checkpoints(self, interval: float = 0.25, drop_behind: int = 0) -> None:
         """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
 
     # set by defer_sync() (SQLite: the WAL, opened for sync_committed's fsync): commit_group(sync=False)
@@ -1309,6 +1313,7 @@ class Store(SQLStore):
         self.readonly = readonly
         self._lock = threading.RLock()
         self._ckpt: Optional[tuple[threading.Event, threading.Thread]] = None
+        self.written_tail: Optional[pagecache.WrittenTail] = None  # set by background_checkpoints
         self.checkpoints = [0, 0]  # writer's RESTART checkpoints: [gave up (readers), completed]
         self._devcache = {}
         if readonly:
@@ -1371,7 +1376,7 @@ class Store(SQLStore):
         raise NotAStoreError("%s is not a pansketch database (its tables: %s); fix [aggregator] db"
                          % (path, ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")))
 
-    def background_checkpoints(self, interval: float = 0.25) -> None:
+    def background_checkpoints(self, interval: float = 0.25, drop_behind: int = 0) -> None:
         """Move WAL checkpoints off the commit path (the aggregator's writer).
 
         By default the connection that commits copies the WAL into the
@@ -1379,20 +1384,39 @@ class Store(SQLStore):
         Here a thread with its own connection runs a PASSIVE checkpoint every
         ``interval`` seconds instead (it never blocks writers; the I/O
         overlaps the next group's validation). Stopped by :meth:`close`.
+        With ``drop_behind`` > 0, after each checkpoint that copied the whole
+        WAL (this thread's or the writer's RESTART), the kernel is told to
+        drop the file's cached pages more than ``drop_behind`` bytes before
+        its end (:mod:`host_tools.store.pagecache`).
         """
         if self.readonly or self._ckpt is not None:
             return
         self.db.execute("PRAGMA wal_autocheckpoint = 0")
         stop = threading.Event()
+        if drop_behind > 0 and pagecache.supported():
+            self.written_tail = pagecache.WrittenTail(self.path, drop_behind)
+
+        def complete(row: Any) -> bool:
+            return row is not None and row[0] == 0 and row[1] == row[2]
 
         def loop() -> None:
             con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            restarts = self.checkpoints[1]
             try:
                 while not stop.wait(interval):
                     try:
-                        con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                        row = con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     except sqlite3.Error:
-                        pass  # busy: next round
+                        continue  # busy: next round
+                    tail, now = self.written_tail, self.checkpoints[1]
+                    if tail is not None and (complete(row) or now != restarts):
+                        restarts = now
+                        try:
+                            tail.forget()
+                        except OSError as exc:  # advice only: the data is safe either way
+                            self.written_tail = None
+                            tail.close()
+                            _log.warning("not dropping cached database pages any more: %s", exc)
                 con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             finally:
                 con.close()
@@ -1498,6 +1522,9 @@ class Store(SQLStore):
             self._ckpt[0].set()
             self._ckpt[1].join(30)
             self._ckpt = None
+        if self.written_tail is not None:
+            self.written_tail.close()
+            self.written_tail = None
         with self._lock:
             fd = self._wal_fd
             if fd is not None:
