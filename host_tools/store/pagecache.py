@@ -19,6 +19,7 @@ the kernel drops them). The freed pages are the ones the next writes reuse.
 Nothing is lost: a query reads dropped pages from disk again. Pages that were
 still dirty are skipped by the kernel; the next call covers the last
 ``behind`` bytes it already advised once more, so they get a second chance.
+On tmpfs, whose page cache is the data, the kernel ignores the advice.
 """
 
 from __future__ import annotations
