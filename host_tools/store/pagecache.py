@@ -41,7 +41,6 @@ class WrittenTail:
             raise ValueError("behind must be positive")
         self.behind = behind
         self.done = 0  # advised up to here
-        self.advised = 0  # bytes advised so far (ranges advised twice count twice)
         self._fd = os.open(path, os.O_RDONLY)
 
     def forget(self) -> int:
@@ -52,7 +51,6 @@ class WrittenTail:
         lo = max(0, self.done - self.behind)
         os.posix_fadvise(self._fd, lo, upto - lo, os.POSIX_FADV_DONTNEED)
         self.done = upto
-        self.advised += upto - lo
         return upto - lo
 
     def close(self) -> None:
