@@ -480,3 +480,96 @@ def test_on_tick_cuts_the_wait_in_select_so_a_lone_release_is_forwarded_after_th
         c.disconnect()
         c.loop_stop()
         b.stop()
+
+
+def _packet(cmd: int, body: bytes) -> bytes:
+    fixed = bytearray((cmd,))
+    mqtt.Client._pack_remaining_length(None, fixed, len(body))  # type: ignore[arg-type]
+    return bytes(fixed) + body
+
+
+def _pub_body(topic: str, mid: int, payload: bytes, props: bytes = b"\0") -> bytes:
+    tb = topic.encode()
+    return len(tb).to_bytes(2, "big") + tb + (mid.to_bytes(2, "big") if mid else b"") + props + payload
+
+
+def _socket_client() -> tuple[pahofast.BufferedClient, Any, list[Any]]:
+    """A BufferedClient on one end of a socket pair (the test writes the broker's bytes at the other),
+    with two QoS 1 messages of its own awaiting the broker's PUBACK (ids 7 and 8)."""
+    import socket
+
+    got: list[Any] = []
+    c = pahofast.BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="split", protocol=mqtt.MQTTv5,
+                                manual_ack=True)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    c._sock = a
+    c.on_fast = lambda t, p, mid, q: got.append(("fast", t, p, mid, q))
+    c.on_message = lambda _c, _u, m: got.append(("paho", m.topic, m.payload, m.mid, m.qos))
+    for mid in (7, 8):
+        m = mqtt.MQTTMessage(mid, b"t/out")
+        m.qos = 1
+        m.state = mqtt.mqtt_ms_wait_for_puback
+        c._out_messages[mid] = m
+        c._inflight_messages += 1
+    return c, b, got
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 4096, 1 << 20])
+def test_packets_split_anywhere_across_reads_arrive_whole_and_in_order(step):
+    """The reader takes a packet whole from the buffer when it is all there and leaves a packet cut
+    anywhere (in its remaining length too) to paho's reader: the broker's bytes written ``step`` at a time
+    give the same messages, in order, through the same handlers as all at once. The stream: QoS 1 and
+    QoS 0 publishes without properties (on_fast), one with a property (paho's on_message), payloads whose
+    remaining length takes one, two and three bytes, a PUBACK in its short form (packet id only) and
+    in its long form (reason 0, property length 0), and a PINGRESP (paho's handler clears the ping)."""
+    big = bytes(range(256)) * 80  # 20,480 bytes: a three-byte remaining length
+    stream = b"".join([
+        _packet(0x32, _pub_body("t/a", 1, b"one")),
+        _packet(0x30, _pub_body("t/b", 0, b"x" * 200)),  # two-byte remaining length
+        _packet(0x40, (7).to_bytes(2, "big")),
+        _packet(0x32, _pub_body("t/p", 2, b"props", props=b"\x05\x02\x00\x00\x00\x05")),  # message expiry 5
+        _packet(0xD0, b""),
+        _packet(0x32, _pub_body("t/c", 3, big)),
+        _packet(0x40, (8).to_bytes(2, "big") + b"\0\0"),
+        _packet(0x32, _pub_body("t/d", 4, b"")),
+    ])
+    c, b, got = _socket_client()
+    c._ping_t = 123.0  # a PINGREQ outstanding
+    c._last_bytes_received = 0.0
+    try:
+        for i in range(0, len(stream), step):
+            b.sendall(stream[i:i + step])
+            assert c.loop_read() == mqtt.MQTT_ERR_SUCCESS
+        assert c.buffered() == 0 and c._in_packet["command"] == 0  # nothing held back
+        assert got == [("fast", "t/a", b"one", 1, 1), ("fast", "t/b", b"x" * 200, 0, 0),
+                       ("paho", "t/p", b"props", 2, 1), ("fast", "t/c", big, 3, 1), ("fast", "t/d", b"", 4, 1)]
+        assert all(type(g[2]) is bytes for g in got)
+        assert not c._out_messages and c._inflight_messages == 0  # both PUBACK forms cleared their message
+        assert c._ping_t == 0  # the PINGRESP reached paho's handler
+        assert c._last_bytes_received > 0  # stamped for the keepalive
+    finally:
+        b.close()
+        if c._sock is not None:
+            c._sock.close()
+
+
+def test_a_fifth_remaining_length_byte_drops_the_connection_as_paho_does():
+    """A remaining length with a fifth continuation byte (more than MQTT allows) is a protocol error:
+    the connection is dropped, whether the bytes arrive at once or one at a time, and nothing before it
+    is lost."""
+    for step in (1, 64):
+        c, b, got = _socket_client()
+        stream = _packet(0x32, _pub_body("t/ok", 1, b"fine")) + b"\x32\xff\xff\xff\xff\x01" + b"\0" * 40
+        rc = mqtt.MQTT_ERR_SUCCESS
+        try:
+            for i in range(0, len(stream), step):
+                b.sendall(stream[i:i + step])
+                rc = c.loop_read()
+                if rc != mqtt.MQTT_ERR_SUCCESS:
+                    break
+            assert rc == mqtt.MQTT_ERR_PROTOCOL, (step, rc)
+            assert c._sock is None  # paho closed it
+            assert got == [("fast", "t/ok", b"fine", 1, 1)]
+        finally:
+            b.close()
