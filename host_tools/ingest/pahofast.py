@@ -128,13 +128,21 @@ class BufferedClient(mqtt.Client):
         return out
 
     def loop_read(self, max_packets: int = 1) -> Any:
-        """paho's ``loop_read``: one socket read (at most :data:`READ_SIZE` bytes), then every packet that
-        read completed; a packet it left incomplete is kept by paho's reader for the next read."""
+        """paho's ``loop_read`` (its bound on packets, each read of the socket at most :data:`READ_SIZE`
+        bytes), then the packets left whole in the buffer without reading the socket again; a packet cut
+        by the end of a read is kept by paho's reader for the next read."""
         if self._sock is None:
             return mqtt.MQTT_ERR_NO_CONN
         self._got = False
         try:
-            rc = self._packet_read()  # may read the socket
+            # as paho's: up to one packet per message in flight, reading the socket whenever the buffer is
+            # empty, until it has nothing more (MQTT_ERR_AGAIN); what arrived meanwhile needs no select()
+            for _ in range(max(1, len(self._out_messages) + len(self._in_messages))):
+                if self._sock is None:
+                    return mqtt.MQTT_ERR_NO_CONN
+                rc = self._packet_read()
+                if rc != mqtt.MQTT_ERR_SUCCESS:
+                    break
             if rc == mqtt.MQTT_ERR_SUCCESS:
                 self._no_refill = True
                 try:
