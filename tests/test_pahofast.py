@@ -262,6 +262,11 @@ def test_publish_many_is_one_write_in_order_and_every_puback_clears_it(tmp_path,
     try:
         msgs = [("t/dev-%d/ack" % i, b'{"dev":"dev-%d","ok":[%d]}' % (i, i)) for i in range(20)]
         pahofast.publish_many(c, msgs)
+        ours = list(c._out_messages.values())[:8]  # publish_many's entries (the 12 others are paho's own)
+        # their infos work as paho's: a thread waiting on each wakes once its PUBACK is read
+        waiters = [threading.Thread(target=m.info.wait_for_publish, args=(10,)) for m in ours]
+        for w in waiters:
+            w.start()
         first = sent[0]
         assert first[0] == pahofast.PUBLISH_QOS1 and first[3] == 1
         # 8 packets: fixed header 0x32, remaining length, topic, packet id, property length 0, payload
@@ -270,6 +275,10 @@ def test_publish_many_is_one_write_in_order_and_every_puback_clears_it(tmp_path,
         assert [(t, p) for t, p, _m, _d in got] == msgs
         assert _wait(lambda: not c._out_messages and c._inflight_messages == 0, 10), c._out_messages
         assert paho_pubacks == []
+        for w in waiters:
+            w.join(10)
+        assert all(m.info.is_published() and m.info.rc == mqtt.MQTT_ERR_SUCCESS for m in ours)
+        assert [m.mid for m in ours] == [m.info.mid for m in ours] and len({m.mid for m in ours}) == 8
     finally:
         c.disconnect()
         c.loop_stop()

@@ -60,6 +60,7 @@ and feeds it packets cut at every byte through a socket pair.
 from __future__ import annotations
 
 import struct
+import threading
 from typing import Any, Callable, Iterable, Optional
 
 import paho.mqtt.client as mqtt
@@ -86,7 +87,8 @@ def supported() -> bool:
         "_handle_pubackcomp", "_do_on_publish", "_update_inflight", "_mid_generate", "_pack_remaining_length",
         "_raise_for_invalid_topic", "is_connected", "_loop", "_packet_handle", "_loop_rc_handle",
         "_easy_log")) and all(
-        hasattr(mqtt, n) for n in ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage"))
+        hasattr(mqtt, n) for n in ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage",
+                                   "MQTTMessageInfo"))
 
 
 class BufferedClient(mqtt.Client):
@@ -326,13 +328,55 @@ class BufferedClient(mqtt.Client):
             self._update_inflight()  # anything left that fits (none when the loop ran to the limit)
 
 
+# one condition for every host acknowledgement's info: paho makes a threading.Condition (and its RLock) per
+# message, a third of publish_many's CPU; nobody waits on these, and a waiter still would be woken
+_ACK_CONDITION = threading.Condition()
+
+
+class _AckInfo(mqtt.MQTTMessageInfo):
+    """paho's ``MQTTMessageInfo`` for a host acknowledgement, sharing :data:`_ACK_CONDITION`."""
+
+    __slots__ = ()
+
+    def __init__(self, mid: int) -> None:
+        self.mid = mid
+        self._published = False
+        self._condition = _ACK_CONDITION
+        self.rc = mqtt.MQTT_ERR_SUCCESS
+        self._iterpos = 0
+
+    def _set_as_published(self) -> None:
+        with self._condition:
+            self._published = True
+            self._condition.notify_all()  # shared: the waiter for this one may not be the first in line
+
+
+class _AckMessage(mqtt.MQTTMessage):
+    """A QoS 1 publish entered by :func:`publish_many`: paho's ``MQTTMessage`` as ``publish`` leaves
+    it (waiting for its PUBACK), built in one step."""
+
+    __slots__ = ()
+
+    def __init__(self, mid: int, topic: bytes, payload: bytes, timestamp: float) -> None:
+        self.timestamp = timestamp
+        self.state = mqtt.mqtt_ms_wait_for_puback
+        self.dup = False
+        self.mid = mid
+        self._topic = topic
+        self.payload = payload
+        self.qos = 1
+        self.retain = False
+        self.info = _AckInfo(mid)
+        self.properties = None
+
+
 def publish_many(client: Any, msgs: list[tuple[str, bytes]]) -> None:
     """``client.publish(topic, payload, qos=1)`` for each, in order: on a connected :class:`BufferedClient`
     (MQTT v5) the packets within paho's in-flight limit go out as one queued write.
 
-    Each is entered in paho's ``_out_messages`` exactly as :meth:`paho.mqtt.client.Client.publish` enters
-    it (state "waiting for PUBACK", counted in flight), so its PUBACK, a reconnect's re-send and the
-    in-flight limit work as for paho's own. What does not fit under the limit, or anything while there is
+    Each is entered in paho's ``_out_messages`` as :meth:`paho.mqtt.client.Client.publish` enters it
+    (an ``MQTTMessage`` waiting for its PUBACK, counted in flight; :class:`_AckMessage`, whose info shares
+    one condition), so its PUBACK, a reconnect's re-send and the in-flight limit work as for paho's own. What does not fit under the limit, or anything while there is
     no connection, takes ``client.publish``, which queues it the same way paho always does."""
     if not isinstance(client, BufferedClient) or client._protocol != mqtt.MQTTv5:
         for topic, payload in msgs:
@@ -355,6 +399,7 @@ def publish_many(client: Any, msgs: list[tuple[str, bytes]]) -> None:
         out = client._out_messages
         if client._sock is not None:
             limit = client._max_inflight_messages
+            now = mqtt.time_func()
             for tb, body, head in encoded:
                 if ((limit > 0 and client._inflight_messages >= limit)
                         or (client._max_queued_messages > 0 and len(out) >= client._max_queued_messages)):
@@ -362,14 +407,8 @@ def publish_many(client: Any, msgs: list[tuple[str, bytes]]) -> None:
                 mid = client._mid_generate()
                 if mid in out:  # all 65,535 ids awaiting a PUBACK: the rest go to paho's publish, which refuses them
                     break
-                m = mqtt.MQTTMessage(mid, tb)
-                m.timestamp = mqtt.time_func()
-                m.payload = body
-                m.qos = 1
-                m.state = mqtt.mqtt_ms_wait_for_puback
-                out[mid] = m
+                out[mid] = _AckMessage(mid, tb, body, now)
                 client._inflight_messages += 1
-                m.info.rc = mqtt.MQTT_ERR_SUCCESS
                 parts += (head, struct.pack("!H", len(tb)), tb, struct.pack("!HB", mid, 0), body)
                 done += 1
             if parts:
