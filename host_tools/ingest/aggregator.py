@@ -392,7 +392,11 @@ def group_acks(done: Sequence[tuple[str, Outcome]]) -> list[tuple[str, bytes]]:
         if doc is None:
             doc = docs[t] = {"dev": out.device}
         doc.setdefault(e[0], []).append(e[1])
-    return [(t, json.dumps(d, separators=(",", ":")).encode()) for t, d in docs.items()]
+    enc = _ACK_JSON.encode
+    return [(t, enc(d).encode()) for t, d in docs.items()]
+
+
+_ACK_JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps with separators builds an encoder per call
 
 
 GROUP_MAX = 256  # messages per group commit
