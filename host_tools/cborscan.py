@@ -33,8 +33,9 @@ section 7).
 
 from __future__ import annotations
 
+import operator
 import re
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 MAX_DEPTH = 4  # a release is map -> list -> int: depth 3
 MAX_ITEMS = 256  # a release has about 60 data items (25 keys, 25 values, a few short lists)
@@ -303,6 +304,9 @@ class Scan(NamedTuple):
     obj: Any
     canonical: bool  # the bytes are agent.cbor's encoding of obj
     offsets: dict[str, int]  # top-level map key -> offset of the content of its byte-string value
+    # read by a Template with ``same`` fields: (the template, the encoded bytes of those fields' values).
+    # Two maps with equal ``same`` have those fields equal in value and type; None from other readers
+    same: Any = None
 
 
 def key_table(keys: Any) -> dict[bytes, tuple[int, str]]:
@@ -448,7 +452,9 @@ class Template:
     tests/test_host_decode.py checks it agrees with the general reader.
     """
 
-    def __init__(self, fields: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, fields: Sequence[tuple[str, str]], same: Sequence[str] = ()) -> None:
+        """``same``: fields (not the byte string) whose encoded values :meth:`read` returns as
+        :attr:`Scan.same`, for a caller that remembers what it concluded from them."""
         keys = {k: bytes([0x60 + len(k.encode())]) + k.encode() for k, _t in fields}
         if len(keys) != len(fields) or any(len(kb) > 24 for kb in keys.values()) or len(fields) > MAX_MAP:
             raise ValueError("Template: distinct keys of at most 23 bytes, at most %d of them" % MAX_MAP)
@@ -462,6 +468,7 @@ class Template:
         groups = [0, 0]
         side = 0
         self.bytes_key: Optional[str] = None
+        where: dict[str, tuple[int, int, int]] = {}  # field -> (side, first group, groups)
         for k in order:
             t = types[k]
             parts[side].append(re.escape(keys[k]))
@@ -472,6 +479,7 @@ class Template:
                 continue
             parts[side].append(_RX_VALUE[t])
             gi = groups[side]
+            where[k] = (side, gi, 1 if t in ("u", "t") else int(t[1]))
             g = "gs" if side == 0 else "hs"
             if t == "t":
                 conv[side].append("%r: str(%s[%d][1:], 'utf-8')" % (k, g, gi))
@@ -493,6 +501,12 @@ class Template:
         exec(compile(src, "<cborscan.Template>", "exec"), env)
         self._conv = env["conv"]
         self.map_head = n
+        if not set(same) <= set(where):
+            raise ValueError("Template: same names fields of the template other than the byte string")
+        # the groups of the ``same`` fields in gs + hs (the byte string's head is gs's last group)
+        pre_groups = groups[0] + (1 if self.bytes_key else 0)
+        idx = [(0 if where[k][0] == 0 else pre_groups) + where[k][1] + j for k in same for j in range(where[k][2])]
+        self._same: Optional[Callable[[tuple[Any, ...]], Any]] = operator.itemgetter(*idx) if idx else None
 
     def read(self, buf: Any, view: Optional[memoryview]) -> Optional[Scan]:
         m = self._pre.match(buf)
@@ -519,7 +533,8 @@ class Template:
         if bk is not None:
             obj[bk] = view[start:start + bn] if view is not None else buf[start:start + bn]
             offsets[bk] = start
-        return Scan(obj, True, offsets)
+        same = self._same
+        return Scan(obj, True, offsets, (self, same(gs + hs)) if same is not None else None)
 
 
 def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_array: int = MAX_ARRAY,

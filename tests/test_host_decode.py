@@ -562,3 +562,62 @@ def test_topic_pattern_agrees_with_reading_level_by_level():
     assert hits > 1000  # the comparison covers matches, not only refusals
     assert topic_device("x" * 1020 + "/d/release", "+/+/release") is None  # over 1,024 characters
     assert topic_device(b"pansketch/d/release", "pansketch/+/release") is None  # type: ignore[arg-type]
+
+
+def _verdict(payload: bytes, topic_: str, cold: bool) -> Any:
+    from host_tools.ingest import decode as dec
+
+    if cold:
+        dec._STATICS.clear()
+    try:
+        return ("ok", dec.decode_state(payload, topic=topic_))
+    except Rejected as rej:
+        return ("rejected", rej.code, rej.reason)
+
+
+def test_parameters_checked_once_per_set_give_the_verdicts_of_checking_each_release_in_full():
+    """decode_state checks a release's parameters once per distinct set (remembered by the template's
+    encoded bytes of them) and what differs per release every time: every bad case, and the good release,
+    gets the same verdict, code and reason with nothing remembered, after a good release of the same
+    parameters was remembered, and a second time; and after a good release is remembered, changing any one
+    parameter of it (or its key set) is checked anew: refused as in full, or (mode keep) decoded as such."""
+    from host_tools.ingest import decode as dec
+
+    p = params()
+    good = encoded(p)
+    cases = [("good", good)] + [(n, pl) for n, pl, _c in bad_cases()]
+    for name, payload in cases:
+        cold = _verdict(payload, topic("dev-a"), cold=True)
+        _verdict(good, topic("dev-a"), cold=True)  # the good release's parameters remembered
+        assert dec._STATICS, "a release as devices write it is read by a template and remembered"
+        assert _verdict(payload, topic("dev-a"), cold=False) == cold, name
+        assert _verdict(payload, topic("dev-a"), cold=False) == cold, name  # its own parameters remembered now
+    m = release_map(p)
+    changed = {"v": 1, "mode": "keep", "kind": "cms", "d": 5, "w": 65, "hv": 2, "salt": "0" * 16, "clip": 2,
+               "mech": "dlap" if m["mech"] != "dlap" else "gauss", "budget": [1, 100], "nint": [1, 1],
+               "nout": [1, 1], "nz": 3, "L": 2, "lvl": 1, "win_s": m["win_s"] * 2, "ep_s": m["ep_s"] * 2}
+    assert set(changed) == set(m) - {"dev", "seq", "elo", "ehi", "win", "part", "ctr"}  # every parameter
+    for k, val in changed.items():
+        bad = dumps(dict(m, **{k: val}))
+        want = _verdict(bad, topic("dev-a"), cold=True)
+        assert want != _verdict(good, topic("dev-a"), cold=True), k  # refused, or another release (mode keep)
+        _verdict(good, topic("dev-a"), cold=True)
+        assert _verdict(bad, topic("dev-a"), cold=False) == want, k
+    # the same parameters under another key set (v1: no lvl) are another template: checked in full
+    v1 = dumps(dict({k: v for k, v in m.items() if k != "lvl"}, v=1))
+    _verdict(good, topic("dev-a"), cold=True)
+    assert _verdict(v1, topic("dev-a"), cold=False) == _verdict(v1, topic("dev-a"), cold=True)
+
+
+def test_remembered_parameters_are_bounded():
+    """Hostile input cannot grow what decode_state remembers: 1,000 releases with distinct salts (each a
+    set of parameters of its own) leave at most _STATICS_MAX entries, and each is still decoded."""
+    from host_tools.ingest import decode as dec
+
+    dec._STATICS.clear()
+    m = release_map(params())
+    for i in range(1000):
+        st = dec.decode_state(dumps(dict(m, salt="%016x" % i)))
+        assert st[5] == "%016x" % i
+        assert len(dec._STATICS) <= dec._STATICS_MAX
+    assert dec._STATICS

@@ -298,7 +298,10 @@ _KNOWN = cborscan.key_table(FIELDS + tuple(k for ks in KIND_FIELDS.values() for 
 # types as devices write them: cborscan's regular-expression reader of the common case
 _TYPES = {"dev": "t", "mode": "t", "kind": "t", "salt": "t", "mech": "t", "budget": "u2", "nint": "u2",
           "nout": "u2", "map": "u3", "ctr": "b"}
-_TEMPLATES = {len(ks): cborscan.Template([(k, _TYPES.get(k, "u")) for k in ks])
+# the fields that differ between the releases of one device (the rest are its parameters: Scan.same)
+_PER_RELEASE = ("dev", "seq", "elo", "ehi", "win", "part", "ctr")
+_TEMPLATES = {len(ks): cborscan.Template([(k, _TYPES.get(k, "u")) for k in ks],
+                                         same=[k for k in ks if k not in _PER_RELEASE])
               for ks in (FIELDS_V1, FIELDS) + tuple(FIELDS + extra for extra in KIND_FIELDS.values())}
 assert len(_TEMPLATES) == 2 + len(KIND_FIELDS), "one template per map size"
 
@@ -307,37 +310,11 @@ _KEYSETS = {(v, k): frozenset(VERSIONS[v] + (KIND_FIELDS.get(k, ()) if v == 2 el
             for k in V2_KINDS}
 
 
-def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
-                 fleet: Any = None, topic_filter: str = DEFAULT_TOPIC, sha256: Optional[str] = None) -> tuple[Any, ...]:
-    """Validate ``payload`` (received on ``topic``): the release's :meth:`Release.state` (every field
-    but the payload, :data:`STATE_FIELDS` order; what the MQTT process sends the aggregator).
-
-    ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
-    its salt_id, kind, d, w and mechanism are enforced when set.
-    Raises :class:`Rejected`. ``payload`` may be a memoryview (the
-    validation helper reads messages out of one received buffer): nothing
-    of it is copied then, and the Release refers to it. ``sha256``: the
-    payload's SHA-256 (hex) when the caller has it already (the MQTT helper
-    hashes each message before validating it, to know it again if it
-    exhausts the CPU budget).
-    """
-    if isinstance(payload, memoryview):
-        if payload.format != "B" or payload.ndim != 1:
-            payload = payload.cast("B")
-    else:
-        payload = bytes(payload)
-    if len(payload) > max_bytes:
-        raise Rejected("size", "payload of %d bytes exceeds max_bytes = %d" % (len(payload), max_bytes))
-    if not payload:
-        raise Rejected("cbor", "empty payload")
-    try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
-        # (byte strings as views: the counters are not copied; the encoding check is found on the way)
-        sc = cborscan.scan(payload, views=True, known=_KNOWN, templates=_TEMPLATES)
-        obj = sc.obj
-    except cborscan.ScanError as exc:
-        raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
-    # (only the release subset's types come out of cborscan: no floats, no tags, nothing else to refuse
-    # as code 'type' here)
+def _statics(obj: Any) -> tuple[Any, ...]:
+    """Every check of :func:`decode_state` that reads only the release's parameters (not ``dev``, ``seq``,
+    ``elo``, ``ehi``, ``win``, ``part``, ``ctr``): its key set, version, mode and kind, sketch shape,
+    hashing, salt, mechanism and the noise calibration. Raises :class:`Rejected`; returns what
+    :func:`decode_state` needs of them (:data:`_STATICS` remembers it)."""
     if type(obj) is not dict:
         raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
     if "v" not in obj:
@@ -360,10 +337,6 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
         if k not in obj:
             raise Rejected("schema", "missing field %r" % k)
 
-    dev = _str(obj, "dev")
-    if not valid_device(dev):
-        raise Rejected("schema", "field 'dev' = %r is not a valid device id (1-64 of A-Z a-z 0-9 . _ -)" % dev[:80])
-    seq = _int(obj, "seq", 0, MAX_U32)
     mode = _str(obj, "mode")
     if mode not in MODES_BY_VERSION[v]:
         raise Rejected("schema", "mode %r is not supported in format v%d (%s)"
@@ -421,58 +394,14 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
         raise Rejected("schema", "ep_s = %d does not divide win_s = %d" % (ep_s, win_s))
     if mode == "window" and ep_s != win_s:
         raise Rejected("schema", "window mode needs ep_s == win_s, got %d and %d" % (ep_s, win_s))
-    elo = _int(obj, "elo", 0, MAX_EPOCH // ep_s)
-    ehi = _int(obj, "ehi", 0, MAX_EPOCH // ep_s)
-    if ehi <= elo:
-        raise Rejected("schema", "epoch range [%d, %d) is empty" % (elo, ehi))
-    if mode == "tree":
-        if ehi - elo != 1 << lvl or elo % (1 << lvl):
-            raise Rejected("schema", "tree node [%d, %d) is not the aligned level-%d node (2^%d epochs starting at "
-                           "a multiple of 2^%d)" % (elo, ehi, lvl, lvl, lvl))
-    elif ehi - elo > MAX_SPAN:
-        raise Rejected("schema", "epoch range [%d, %d) spans more than %d epochs" % (elo, ehi, MAX_SPAN))
-    win = _int(obj, "win", 0, MAX_EPOCH)
-    if win != (elo * ep_s) // win_s:
-        raise Rejected("schema", "window %d does not contain epoch %d (expected window %d)"
-                       % (win, elo, (elo * ep_s) // win_s))
-    part = _int(obj, "part", 0, MAX_U32)
-    ctr = obj["ctr"]
-    if not isinstance(ctr, (bytes, memoryview)):
-        raise Rejected("schema", "field 'ctr' must be a byte string")
     if kind == "dbits":
         # eps above DBITS_EPS_MAX: the device's bits would not be eps-DP both ways (agent.params refuses it)
         if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > 30:
             raise Rejected("schema", "kind dbits needs mech dlap, eps <= %s, clip 1, w a multiple of 8, d <= 30"
                            % DBITS_EPS_MAX)
-        if len(ctr) != 4 * d:
-            raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
-                           % (len(ctr), d, 4 * d))
-    elif len(ctr) != 4 * levels * d * w:
-        raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
-                       % (len(ctr), levels, d, w, 4 * levels * d * w))
     if mode != "tree" and L != calibrate.arrays_touched(mode) * levels:
         raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
                        % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
-
-    # payload == agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
-    off = sc.offsets["ctr"] if sc.canonical else -1
-    if off < 0:
-        raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
-
-    if topic is not None:
-        tdev = topic_device(topic, topic_filter)
-        if tdev is None:
-            raise Rejected("topic", "topic %r is not %s with a valid device id" % (topic[:200], topic_filter[:200]))
-        if tdev != dev:
-            raise Rejected("topic", "topic device %r does not match release dev %r" % (tdev[:80], dev))
-
-    if fleet is not None:
-        if fleet.salt_id and salt != fleet.salt_id:
-            raise Rejected("fleet", "salt id %s is not the fleet's (%s)" % (salt, fleet.salt_id))
-        for name, want, got in (("kind", fleet.kind, kind), ("d", fleet.d, d), ("w", fleet.w, w),
-                                ("mechanism", fleet.mechanism, mech)):
-            if want is not None and want != got:
-                raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
 
     try:
         spec = _noise_for(mech, budget, 1, 1, 1) if kind == "dbits" else _noise_for(mech, budget, d, clip, L)
@@ -493,6 +422,107 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
                        "(d=%d, clip=%d, L=%d): expected %s"
                        % (nint[0], nint[1], mech, budget[0], budget[1], d, clip, L,
                           " or ".join("%d/%d" % (a.num, a.den) for a in allowed)))
+
+    return (v, mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s)
+
+
+# what _statics concluded, by cborscan.Scan.same: the template (key set and types) and the encoded bytes of
+# the parameters. A fleet's releases share a few such sets, so the checks run once per set; any other bytes
+# are checked in full. Bounded (a flood of distinct parameters only empties it).
+_STATICS: dict[Any, tuple[Any, ...]] = {}
+_STATICS_MAX = 256
+
+
+def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1 << 20,
+                 fleet: Any = None, topic_filter: str = DEFAULT_TOPIC, sha256: Optional[str] = None) -> tuple[Any, ...]:
+    """Validate ``payload`` (received on ``topic``): the release's :meth:`Release.state` (every field
+    but the payload, :data:`STATE_FIELDS` order; what the MQTT process sends the aggregator).
+
+    ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
+    its salt_id, kind, d, w and mechanism are enforced when set.
+    Raises :class:`Rejected`. ``payload`` may be a memoryview (the
+    validation helper reads messages out of one received buffer): nothing
+    of it is copied then, and the Release refers to it. ``sha256``: the
+    payload's SHA-256 (hex) when the caller has it already (the MQTT helper
+    hashes each message before validating it, to know it again if it
+    exhausts the CPU budget).
+    """
+    if isinstance(payload, memoryview):
+        if payload.format != "B" or payload.ndim != 1:
+            payload = payload.cast("B")
+    else:
+        payload = bytes(payload)
+    if len(payload) > max_bytes:
+        raise Rejected("size", "payload of %d bytes exceeds max_bytes = %d" % (len(payload), max_bytes))
+    if not payload:
+        raise Rejected("cbor", "empty payload")
+    try:  # byte-level check and build in one bounded pass: no CBOR object decoder sees untrusted bytes
+        # (byte strings as views: the counters are not copied; the encoding check is found on the way)
+        sc = cborscan.scan(payload, views=True, known=_KNOWN, templates=_TEMPLATES)
+        obj = sc.obj
+    except cborscan.ScanError as exc:
+        raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
+    # (only the release subset's types come out of cborscan: no floats, no tags, nothing else to refuse
+    # as code 'type' here)
+    # the parameters' checks (_statics), run once per distinct set of parameters; then the checks of what
+    # differs from release to release, always
+    same = sc.same
+    st = _STATICS.get(same) if same is not None else None
+    if st is None:
+        st = _statics(obj)
+        if same is not None:
+            if len(_STATICS) >= _STATICS_MAX:
+                _STATICS.clear()
+            _STATICS[same] = st
+    v, mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s = st
+    dev = _str(obj, "dev")
+    if not valid_device(dev):
+        raise Rejected("schema", "field 'dev' = %r is not a valid device id (1-64 of A-Z a-z 0-9 . _ -)" % dev[:80])
+    seq = _int(obj, "seq", 0, MAX_U32)
+    elo = _int(obj, "elo", 0, MAX_EPOCH // ep_s)
+    ehi = _int(obj, "ehi", 0, MAX_EPOCH // ep_s)
+    if ehi <= elo:
+        raise Rejected("schema", "epoch range [%d, %d) is empty" % (elo, ehi))
+    if mode == "tree":
+        if ehi - elo != 1 << lvl or elo % (1 << lvl):
+            raise Rejected("schema", "tree node [%d, %d) is not the aligned level-%d node (2^%d epochs starting at "
+                           "a multiple of 2^%d)" % (elo, ehi, lvl, lvl, lvl))
+    elif ehi - elo > MAX_SPAN:
+        raise Rejected("schema", "epoch range [%d, %d) spans more than %d epochs" % (elo, ehi, MAX_SPAN))
+    win = _int(obj, "win", 0, MAX_EPOCH)
+    if win != (elo * ep_s) // win_s:
+        raise Rejected("schema", "window %d does not contain epoch %d (expected window %d)"
+                       % (win, elo, (elo * ep_s) // win_s))
+    part = _int(obj, "part", 0, MAX_U32)
+    ctr = obj["ctr"]
+    if not isinstance(ctr, (bytes, memoryview)):
+        raise Rejected("schema", "field 'ctr' must be a byte string")
+    if kind == "dbits":
+        if len(ctr) != 4 * d:
+            raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
+                           % (len(ctr), d, 4 * d))
+    elif len(ctr) != 4 * levels * d * w:
+        raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
+                       % (len(ctr), levels, d, w, 4 * levels * d * w))
+    # payload == agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
+    off = sc.offsets["ctr"] if sc.canonical else -1
+    if off < 0:
+        raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")
+
+    if topic is not None:
+        tdev = topic_device(topic, topic_filter)
+        if tdev is None:
+            raise Rejected("topic", "topic %r is not %s with a valid device id" % (topic[:200], topic_filter[:200]))
+        if tdev != dev:
+            raise Rejected("topic", "topic device %r does not match release dev %r" % (tdev[:80], dev))
+
+    if fleet is not None:
+        if fleet.salt_id and salt != fleet.salt_id:
+            raise Rejected("fleet", "salt id %s is not the fleet's (%s)" % (salt, fleet.salt_id))
+        for name, want, got in (("kind", fleet.kind, kind), ("d", fleet.d, d), ("w", fleet.w, w),
+                                ("mechanism", fleet.mechanism, mech)):
+            if want is not None and want != got:
+                raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
 
     # Release.state(): STATE_FIELDS order (checked where this module is imported)
     return (mode, kind, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, dev, seq, win_s, ep_s, win, elo, ehi,
