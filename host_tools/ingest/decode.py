@@ -310,11 +310,8 @@ _KEYSETS = {(v, k): frozenset(VERSIONS[v] + (KIND_FIELDS.get(k, ()) if v == 2 el
             for k in V2_KINDS}
 
 
-def _statics(obj: Any) -> tuple[Any, ...]:
-    """Every check of :func:`decode_state` that reads only the release's parameters (not ``dev``, ``seq``,
-    ``elo``, ``ehi``, ``win``, ``part``, ``ctr``): its key set, version, mode and kind, sketch shape,
-    hashing, salt, mechanism and the noise calibration. Raises :class:`Rejected`; returns what
-    :func:`decode_state` needs of them (:data:`_STATICS` remembers it)."""
+def _release_fields(obj: Any) -> int:
+    """The map, its version and its key set (:func:`decode_state`'s first checks); the version."""
     if type(obj) is not dict:
         raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
     if "v" not in obj:
@@ -337,6 +334,12 @@ def _statics(obj: Any) -> tuple[Any, ...]:
         if k not in obj:
             raise Rejected("schema", "missing field %r" % k)
 
+    return v
+
+
+def _parameters(obj: Any, v: int) -> tuple[Any, ...]:
+    """The release's parameters, each checked alone and against the others (mode, kind, shape, hashing,
+    salt, mechanism, budget and noise fractions, tree and epoch lengths)."""
     mode = _str(obj, "mode")
     if mode not in MODES_BY_VERSION[v]:
         raise Rejected("schema", "mode %r is not supported in format v%d (%s)"
@@ -394,15 +397,28 @@ def _statics(obj: Any) -> tuple[Any, ...]:
         raise Rejected("schema", "ep_s = %d does not divide win_s = %d" % (ep_s, win_s))
     if mode == "window" and ep_s != win_s:
         raise Rejected("schema", "window mode needs ep_s == win_s, got %d and %d" % (ep_s, win_s))
+    return (mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s)
+
+
+def _check_dbits(kind: str, mech: str, budget: tuple[int, int], clip: int, w: int, d: int) -> None:
+    """Kind dbits: the parameters its bits need to be eps-DP."""
     if kind == "dbits":
         # eps above DBITS_EPS_MAX: the device's bits would not be eps-DP both ways (agent.params refuses it)
         if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > 30:
             raise Rejected("schema", "kind dbits needs mech dlap, eps <= %s, clip 1, w a multiple of 8, d <= 30"
                            % DBITS_EPS_MAX)
+
+
+def _check_arrays(mode: str, kind: str, L: int, levels: int) -> None:
+    """``L``: the arrays one event touches in this mode and kind (tree mode: checked with the tree)."""
     if mode != "tree" and L != calibrate.arrays_touched(mode) * levels:
         raise Rejected("schema", "L = %d but mode %r with kind %r touches %d array(s) per event"
                        % (L, mode, kind, calibrate.arrays_touched(mode) * levels))
 
+
+def _check_noise(v: int, kind: str, mech: str, budget: tuple[int, int], d: int, clip: int, L: int,
+                 nint: tuple[int, int], nout: tuple[int, int]) -> None:
+    """``nout`` and ``nint`` are the calibrated noise of the budget (docs/PRIVACY.md)."""
     try:
         spec = _noise_for(mech, budget, 1, 1, 1) if kind == "dbits" else _noise_for(mech, budget, d, clip, L)
     except (ValueError, ZeroDivisionError) as exc:
@@ -423,12 +439,11 @@ def _statics(obj: Any) -> tuple[Any, ...]:
                        % (nint[0], nint[1], mech, budget[0], budget[1], d, clip, L,
                           " or ".join("%d/%d" % (a.num, a.den) for a in allowed)))
 
-    return (v, mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s)
 
-
-# what _statics concluded, by cborscan.Scan.same: the template (key set and types) and the encoded bytes of
-# the parameters. A fleet's releases share a few such sets, so the checks run once per set; any other bytes
-# are checked in full. Bounded (a flood of distinct parameters only empties it).
+# the parameters of releases that passed every check of them (_release_fields, _parameters, _check_dbits,
+# _check_arrays, _check_noise), by cborscan.Scan.same: the template (key set and types) and the encoded bytes
+# of the parameters. A fleet's releases share a few such sets, so those checks run once per set; any other
+# bytes are checked in full. Bounded (a flood of distinct parameters only empties it).
 _STATICS: dict[Any, tuple[Any, ...]] = {}
 _STATICS_MAX = 256
 
@@ -464,21 +479,21 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
         raise Rejected(exc.code, "malformed CBOR: %s" % exc.reason if exc.code == "cbor" else exc.reason)
     # (only the release subset's types come out of cborscan: no floats, no tags, nothing else to refuse
     # as code 'type' here)
-    # the parameters' checks (_statics), run once per distinct set of parameters; then the checks of what
-    # differs from release to release, always
+    # the checks of the parameters run once per distinct set of them (_STATICS); the others every time,
+    # all in the order in which they report the first failure
     same = sc.same
     st = _STATICS.get(same) if same is not None else None
     if st is None:
-        st = _statics(obj)
-        if same is not None:
-            if len(_STATICS) >= _STATICS_MAX:
-                _STATICS.clear()
-            _STATICS[same] = st
-    v, mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s = st
+        v = _release_fields(obj)
     dev = _str(obj, "dev")
     if not valid_device(dev):
         raise Rejected("schema", "field 'dev' = %r is not a valid device id (1-64 of A-Z a-z 0-9 . _ -)" % dev[:80])
     seq = _int(obj, "seq", 0, MAX_U32)
+    if st is None:
+        mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s = \
+            _parameters(obj, v)
+    else:
+        v, mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s = st
     elo = _int(obj, "elo", 0, MAX_EPOCH // ep_s)
     ehi = _int(obj, "ehi", 0, MAX_EPOCH // ep_s)
     if ehi <= elo:
@@ -497,6 +512,8 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
     ctr = obj["ctr"]
     if not isinstance(ctr, (bytes, memoryview)):
         raise Rejected("schema", "field 'ctr' must be a byte string")
+    if st is None:
+        _check_dbits(kind, mech, budget, clip, w, d)
     if kind == "dbits":
         if len(ctr) != 4 * d:
             raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
@@ -504,6 +521,8 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
     elif len(ctr) != 4 * levels * d * w:
         raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
                        % (len(ctr), levels, d, w, 4 * levels * d * w))
+    if st is None:
+        _check_arrays(mode, kind, L, levels)
     # payload == agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
     off = sc.offsets["ctr"] if sc.canonical else -1
     if off < 0:
@@ -523,6 +542,14 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
                                 ("mechanism", fleet.mechanism, mech)):
             if want is not None and want != got:
                 raise Rejected("fleet", "%s = %r but the fleet requires %r" % (name, got, want))
+
+    if st is None:
+        _check_noise(v, kind, mech, budget, d, clip, L, nint, nout)
+        if same is not None:
+            if len(_STATICS) >= _STATICS_MAX:
+                _STATICS.clear()
+            _STATICS[same] = (v, mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L,
+                              lvl, win_s, ep_s)
 
     # Release.state(): STATE_FIELDS order (checked where this module is imported)
     return (mode, kind, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, dev, seq, win_s, ep_s, win, elo, ehi,
