@@ -46,8 +46,8 @@ def status_device(topic: str) -> Optional[str]:
     """The device level of ``<prefix>/<device>/status`` (None for any other topic)."""
     if not topic.endswith("/status"):  # a release topic: asked of every message, answered without a split
         return None
-    levels = topic.split("/")
-    if len(levels) < 2 or levels[-1] != "status" or not _DEVICE.fullmatch(levels[-2]):
+    levels = topic.split("/")  # at least two, the last "status"
+    if not _DEVICE.fullmatch(levels[-2]):
         return None
     return levels[-2]
 
