@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import sys
 
+from host_tools import textsafe
+
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     """Log to stderr at DEBUG (verbose), WARNING (quiet) or INFO; idempotent."""
     root = logging.getLogger("pansketch")
     if not root.handlers:
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        # SafeFormatter: messages quote device strings (topics, reasons); escaped, they cannot forge lines
+        h.setFormatter(textsafe.SafeFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         root.addHandler(h)
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)

@@ -28,6 +28,8 @@ import re
 import time
 from typing import Any, Optional
 
+from host_tools import textsafe
+from host_tools.ingest.decode import SUPPORTED_MODES, V2_KINDS
 from host_tools.store.core import STATUS_INTS, SQLStore
 
 log = logging.getLogger("pansketch.aggregator")
@@ -35,6 +37,11 @@ log = logging.getLogger("pansketch.aggregator")
 MAX_STATUS_BYTES = 4096
 _DEVICE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _MAX_INT = 1 << 53  # JSON integers everyone reads exactly
+# the words of a status (docs/FORMAT.md section 3): state as the Pi agent and the firmware send it,
+# kind and mode as a release may have them (host_tools/ingest/decode.py), clock as the firmware sends it
+STATUS_WORDS: dict[str, tuple[str, ...]] = {
+    "state": ("online", "offline"), "kind": V2_KINDS, "mode": SUPPORTED_MODES, "clock": ("synced", "unsynced"),
+}
 
 
 def status_filter(cfg: Any) -> str:
@@ -66,13 +73,17 @@ def parse(topic: str, payload: bytes) -> tuple[str, dict[str, Any]]:
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     if doc.get("dev", dev) != dev:
-        raise ValueError("dev %r differs from the topic's device %r" % (doc.get("dev"), dev))
-    if not isinstance(doc.get("state", "online"), str):
-        raise ValueError("state is not a string")
+        raise ValueError("dev %s differs from the topic's device %r" % (textsafe.term(repr(doc.get("dev"))[:80]), dev))
+    # the strings a status carries are shown by ``status`` and the dashboard: each from the fixed set
+    # the device code sends (a device is untrusted even when authenticated)
+    for k, allowed in STATUS_WORDS.items():
+        v = doc.get(k, allowed[0] if k == "state" else None)
+        if v is not None and v not in allowed:
+            raise ValueError("%s must be one of %s, got %s" % (k, ", ".join(allowed), textsafe.term(repr(v)[:80])))
     for k in STATUS_INTS:
         v = doc.get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < _MAX_INT):
-            raise ValueError("%s must be a non-negative integer or null, got %r" % (k, v))
+            raise ValueError("%s must be a non-negative integer or null, got %s" % (k, textsafe.term(repr(v)[:80])))
     nxt, old = doc.get("next_seq"), doc.get("oldest_pending")
     if nxt is not None and old is not None and old >= nxt:
         raise ValueError("oldest_pending %d is not below next_seq %d" % (old, nxt))

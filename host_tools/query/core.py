@@ -43,6 +43,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from agent import hashing
+from host_tools import textsafe
 from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
 from host_tools.store.core import RollupInfo, SQLStore, StoredRelease
@@ -550,11 +551,12 @@ def _print_table(answers: list[Answer], ranked: bool, elapsed: float) -> None:
                  if a0.extra.get("tree_missing_epochs") else ""))
     if a0.partial_excluded:
         print("# %d release(s) straddling the range bounds were left out" % a0.partial_excluded)
-    width = max(8, min(40, max(len(str(a.item)) for a in answers)))
+    items = [textsafe.term(a.item) for a in answers]  # items may come from devices (strhh) or files
+    width = max(8, min(40, max(len(x) for x in items)))
     head = ("%4s  " % "RANK" if ranked else "") + "%-*s  %12s  %s" % (width, "ITEM", "ESTIMATE", "INTERVAL")
     print(head)
-    for a in answers:
+    for a, item in zip(answers, items):
         line = ("%4d  " % (a.rank or 0) if ranked else "") + "%-*s  %12s  [%s, %s]" % (
-            width, str(a.item)[:width], _fmt(a.estimate), _fmt(a.lo), _fmt(a.hi))
+            width, item[:width], _fmt(a.estimate), _fmt(a.lo), _fmt(a.hi))
         print(line)
     print("# answered in %.1f ms" % (elapsed * 1000))

@@ -6,6 +6,10 @@ A JSON object becomes one row; nested objects become dotted columns
 cell. Rows of one command can differ (a series point without an answer
 has ``error`` instead of ``estimate``): the header is the union of the
 keys in the order they first appear.
+
+Cells may hold strings a device chose (heavy-hitter strings, status fields):
+each goes through :func:`host_tools.textsafe.csv_cell`, so a spreadsheet
+shows ``=HYPERLINK(...)`` as text and no cell holds a raw CR, LF or escape.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import csv
 import json
 from typing import Any, Iterable, TextIO
+
+from host_tools import textsafe
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -36,10 +42,11 @@ def write(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
     for r in flat:
         for k in r:
             header.setdefault(k, None)
-    w = csv.DictWriter(out, fieldnames=list(header), restval="", lineterminator="\n")
-    w.writeheader()
+    names = list(header)
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([textsafe.csv_cell(k) for k in names])  # keys too: nested dict keys can be device strings
     for r in flat:
-        w.writerow(r)
+        w.writerow([textsafe.csv_cell(r.get(k, "")) for k in names])
     return len(flat)
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Optional
 
+from host_tools import textsafe
 from host_tools.query import plot
 from host_tools.query.core import QueryError, _item, _print_table, freq, positive_int, read_candidates, topk
 from host_tools.store.core import SQLStore
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
         print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
     if args.json:
         for a in answers:
-            print(json.dumps(a.to_dict(), ensure_ascii=False))
+            print(textsafe.json_text(a.to_dict()))
     else:
         _print_table(answers, args.qtype == "topk", elapsed)
     return 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional
 
 from host_tools.query import core as query
+from host_tools import textsafe
 from host_tools.query import plot
 from host_tools.query.core import QueryError, iso
 from host_tools.query.series import series
@@ -65,9 +65,10 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
             for p in ln.points:
                 d = {"item": ln.item, "device": ln.device}
                 d.update(p.to_dict())
-                print(json.dumps(d, ensure_ascii=False))
+                print(textsafe.json_text(d))
         return 0
-    width = max(8, min(40, max(len(ln.label) for ln in s.lines)))
+    labels = {id(ln): textsafe.term(ln.label) for ln in s.lines}  # shown escaped: see host_tools.textsafe
+    width = max(8, min(40, max(len(x) for x in labels.values())))
     print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
           "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))
     print("%-*s  %-20s  %12s  %-24s %6s  %12s  %-24s %6s" % (width, "LINE", "FROM (UTC)", "ESTIMATE", "INTERVAL",
@@ -75,10 +76,10 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
     for ln in s.lines:
         for p in ln.points:
             if p.answer is None:
-                line = "%-*s  %-20s  %12s  (%s)" % (width, ln.label[:width], iso(p.t0), "-", p.error)
+                line = "%-*s  %-20s  %12s  (%s)" % (width, labels[id(ln)][:width], iso(p.t0), "-", p.error)
             else:
                 line = "%-*s  %-20s  %12s  %-24s %6d" % (
-                    width, ln.label[:width], iso(p.t0), query._fmt(p.answer.estimate),
+                    width, labels[id(ln)][:width], iso(p.t0), query._fmt(p.answer.estimate),
                     "[%s, %s]" % (query._fmt(p.answer.lo), query._fmt(p.answer.hi)), p.answer.noise_draws)
             r = p.running
             if r is not None:

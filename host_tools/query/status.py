@@ -30,13 +30,13 @@ reasons. ``--json`` prints the same as one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
 from fractions import Fraction
 from typing import Any, Optional
 
+from host_tools import textsafe
 from host_tools.store import ledger as ledger_mod
 from host_tools.query.core import iso
 from host_tools.store.core import SQLStore as Store, StoredRelease
@@ -205,8 +205,10 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
             "guarantee": g.as_dict(), "guarantee_text": g.text(),
             "noise_draws_mean": round(sum(r.nz for r in rs) / len(rs), 3), "noise_draws_max": max(r.nz for r in rs),
         })
-    # devices the host has heard from (a status, a refused release) but stored nothing of yet
-    for dev in sorted((set(statuses) | set(rejected) | set(quarantined)) - known):
+    # devices that released something the host refused or held back, but stored nothing of yet. A status
+    # alone makes no fleet member: anyone allowed to publish could otherwise add rows (and their
+    # claimed counters) to the fleet without ever sending a release.
+    for dev in sorted((set(rejected) | set(quarantined)) - known):
         st = statuses.get(dev)
         doc = st.doc if st is not None else {}
         devices.append({
@@ -266,6 +268,9 @@ def _seqs_text(seqs: list[int], count: int) -> str:
 
 
 def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None:
+    """The report as text. Strings a device chose (state, kind, mode, topics and the reasons that quote
+    them) go through textsafe.term: shown escaped, never acting on the terminal."""
+    t_ = textsafe.term
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p("pansketch status: %s: %d device(s), %d release(s), %d rejected, %d duplicate deliveries ignored"
       % (rep["db"], len(rep["devices"]), rep["releases"], rep["rejections"], rep["duplicates"]))
@@ -277,11 +282,11 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
         for d in rep["devices"]:
             if not d["releases"]:
                 p("%-20s %-10s %-18s %8d %-13s %-32s %7s %7s  %s" % (
-                    d["device"][:20], "%s %sx%s" % (d["kind"], d["d"], d["w"]) if d["kind"] else "-",
-                    (d["mode"] or "-")[:18], 0, "-", "-", "-", "-", d["guarantee_text"]))
+                    t_(d["device"][:20]), t_("%s %sx%s" % (d["kind"], d["d"], d["w"])) if d["kind"] else "-",
+                    t_(d["mode"] or "-")[:18], 0, "-", "-", "-", "-", d["guarantee_text"]))
                 continue
             p("%-20s %-10s %-18s %8d %-13s %-32s %7d %7d  %s; %s; noise draws %.3g (max %d)" % (
-                d["device"][:20], "%s %dx%d" % (d["kind"], d["d"], d["w"]), d["mode"][:18], d["releases"],
+                t_(d["device"][:20]), "%s %dx%d" % (d["kind"], d["d"], d["w"]), d["mode"][:18], d["releases"],
                 "%d-%d" % tuple(d["seq"]),
                 "%s (%s)" % (d["last_received"], _ago(d["last_received_unix"], now)), d["windows"],
                 d["missing_epoch_count"], d["budget"], d["guarantee_text"], d["noise_draws_mean"],
@@ -302,11 +307,11 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                 sttxt = "none yet (range: seqs the host has seen)"
             else:
                 sttxt = "%s, next seq %d, received %s" % (
-                    st["state"], st["next_seq"], _ago(st["received_unix"], now)) if st["next_seq"] is not None \
-                    else "%s (no seq report yet)" % st["state"]
+                    t_(st["state"]), st["next_seq"], _ago(st["received_unix"], now)) if st["next_seq"] is not None \
+                    else "%s (no seq report yet)" % t_(st["state"])
             lo, hi = d["checked"]
             p("%-20s %-13s %7d %6s %8s %9d %6d %8s  %s" % (
-                d["device"][:20], "%d-%d" % (lo, hi - 1) if hi > lo else "-", d["stored_count"],
+                t_(d["device"][:20]), "%d-%d" % (lo, hi - 1) if hi > lo else "-", d["stored_count"],
                 "?" if d["lost_count"] is None else d["lost_count"],
                 "?" if d["pending_count"] is None else d["pending_count"],
                 d["rejected_count"], d["late_count"], "-" if d["backlog"] is None else d["backlog"], sttxt))
@@ -358,7 +363,8 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
         p("")
         p("recent rejections (newest first):")
         for r in rep["recent_rejections"]:
-            p("  %s %s (%d bytes): %s: %s" % (r["received"], r["topic"], r["size"], r["code"], r["reason"]))
+            p("  %s %s (%d bytes): %s: %s" % (r["received"], t_(r["topic"]), r["size"], t_(r["code"]),
+                                            t_(r["reason"])))
 
 
 def add_parser(subparsers: Any) -> None:
@@ -400,7 +406,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps(rep, ensure_ascii=False))
+        print(textsafe.json_text(rep))
     elif args.csv:
         from host_tools.query import csvout
 

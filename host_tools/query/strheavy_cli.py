@@ -9,11 +9,11 @@ Python API (host_tools.query.strheavy does the descent)::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any, Optional, Sequence, Union
 
+from host_tools import textsafe
 from host_tools.query import strheavy
 
 
@@ -58,7 +58,7 @@ def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, f
 def print_rows(rows: list[dict[str, Any]], as_json: bool, elapsed: float, threshold: Optional[float]) -> int:
     if as_json:
         for r in rows:
-            print(json.dumps(r))
+            print(textsafe.json_text(r))
         print("# answered in %.1f ms" % (elapsed * 1000), file=sys.stderr)
         return 0
     if not rows:
@@ -71,7 +71,8 @@ def print_rows(rows: list[dict[str, Any]], as_json: bool, elapsed: float, thresh
              100 * r0["confidence"], r0["method"], r0["examined"]))
     print("%4s  %-40s  %12s  %s" % ("RANK", "ITEM", "ESTIMATE", "INTERVAL"))
     for r in rows:
-        print("%4d  %-40s  %12g  [%g, %g]" % (r["rank"], r["label"], r["estimate"], r["lo"], r["hi"]))
+        # the label is a string some device chose: escaped, so it cannot clear the screen or forge a line
+        print("%4d  %-40s  %12g  [%g, %g]" % (r["rank"], textsafe.term(r["label"]), r["estimate"], r["lo"], r["hi"]))
     if any(r["long"] for r in rows):
         print("# item\u2026#hh: items longer than len bytes, counted as their first len-2 bytes and a hash bucket hh")
     print("# answered in %.1f ms" % (elapsed * 1000))
@@ -127,7 +128,7 @@ def metric_families(store: Any, salt: str, k: int = METRIC_K, span_s: int = METR
         ("estimate", "estimated count of the rank-th heaviest string (kind strhh, last day of releases)"),
         ("lower", "lower end of its simultaneous interval"), ("upper", "upper end of its simultaneous interval"))}
     for r in rows:
-        lab = [str(r["rank"]), r["label"]]
+        lab = [str(r["rank"]), textsafe.term(r["label"])]  # a scrape shown in a terminal stays text
         fams["estimate"].add_metric(lab, r["estimate"])
         fams["lower"].add_metric(lab, r["lo"])
         fams["upper"].add_metric(lab, r["hi"])
