@@ -6,6 +6,8 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   tls_ca, tls_cert, tls_key, username, password, password_file,
                   client_id (see below), keepalive (60),
                   reconnect_min_s (1), reconnect_max_s (60),
+                  mqtt_version ("5"; "3.1.1" for a broker that speaks
+                  only that, such as amqtt: no shared_group then),
                   kind ("mosquitto"; "rabbitmq": the aggregator consumes a
                   quorum queue over AMQP, host_tools.ingest.amqp), and for
                   kind = "rabbitmq": amqp_nodes (["<host>:5672"]; 5671 with
@@ -61,10 +63,13 @@ from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
 from agent.sketch import KINDS
 
+# [broker] mqtt_version as written -> the protocol level on the wire (paho's MQTTv5 = 5, MQTTv311 = 4)
+MQTT_VERSIONS = {"5": 5, "5.0": 5, "3.1.1": 4}
+
 SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("host", "port", "tls", "tls_ca", "tls_cert", "tls_key", "username", "password",
                "password_file", "client_id", "keepalive", "reconnect_min_s", "reconnect_max_s",
-               "kind", "amqp_nodes", "queue", "vhost"),
+               "mqtt_version", "kind", "amqp_nodes", "queue", "vhost"),
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
                    "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
                    "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
@@ -95,6 +100,10 @@ class BrokerConfig:
     keepalive: int = 60
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 60.0
+    # the MQTT protocol level the aggregator speaks: 5 (MQTT v5), or 4 (MQTT 3.1.1) for a broker that knows
+    # nothing newer (the demo's pure-Python amqtt). Same aggregator either way; 3.1.1 lacks only what v5
+    # adds around it (Receive Maximum, session expiry as an interval, shared subscriptions).
+    mqtt_version: int = 5
     kind: str = "mosquitto"  # or "rabbitmq" (host_tools.ingest.amqp)
     amqp_nodes: tuple[tuple[str, int], ...] = ()
     queue: str = "pansketch.releases"
@@ -254,6 +263,10 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("broker.host", "must not be empty")
     tomlconf.check_client("broker", broker.username, broker.password, broker.reconnect_min_s,
                           broker.reconnect_max_s)
+    mv = _get(b, "broker", "mqtt_version", (str, int), "5")
+    if str(mv) not in MQTT_VERSIONS:
+        raise ConfigError("broker.mqtt_version", 'must be "5" or "3.1.1", got %r' % (mv,))
+    broker.mqtt_version = MQTT_VERSIONS[str(mv)]
     broker.kind = _get(b, "broker", "kind", str, "mosquitto")
     if broker.kind not in ("mosquitto", "rabbitmq"):
         raise ConfigError("broker.kind", "must be 'mosquitto' or 'rabbitmq', got %r" % broker.kind)
@@ -277,6 +290,8 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     shared = _get(a, "aggregator", "shared_group", str, "")
     if shared and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", shared):
         raise ConfigError("aggregator.shared_group", "must be 1-64 letters, digits, '_', '.' or '-'")
+    if shared and broker.mqtt_version != 5:
+        raise ConfigError("aggregator.shared_group", "needs MQTT v5 ($share subscriptions): broker.mqtt_version is 3.1.1")
     agg = AggregatorConfig(
         db=db if is_pg else (_path(base_dir, db) or db),
         topic=_topic_filter(_get(a, "aggregator", "topic", str, DEFAULT_TOPIC), "aggregator.topic"),

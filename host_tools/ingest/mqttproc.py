@@ -210,7 +210,12 @@ def _client(s: Settings) -> Any:
 
     # fewer system calls and no per-packet properties object per release, where paho has the internals for it
     cls = pahofast.BufferedClient if pahofast.supported() else mqtt.Client
-    c = cls(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5, manual_ack=True)
+    if s.broker.mqtt_version == 5:
+        c = cls(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5, manual_ack=True)
+    else:
+        # MQTT 3.1.1 names the persistent session at construction (clean_session), v5 at connect (clean_start)
+        c = cls(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv311, manual_ack=True,
+                clean_session=not s.persistent)
     b = s.broker
     if b.tls:
         c.tls_set(ca_certs=b.tls_ca, certfile=b.tls_cert, keyfile=b.tls_key)
@@ -412,7 +417,10 @@ def serve(conn: Connection, s: Settings) -> int:
         # in flight at once, whatever the limit: its own behaviour, unchanged here.)
         c._max_inflight_messages = acks_in_flight(props)
         send(("connected", c._max_inflight_messages))
-        c.subscribe([(t, SubscribeOptions(qos=q)) for t, q in s.subscriptions])
+        if s.broker.mqtt_version == 5:
+            c.subscribe([(t, SubscribeOptions(qos=q)) for t, q in s.subscriptions])
+        else:  # 3.1.1 has no subscription options: a QoS per filter
+            c.subscribe(list(s.subscriptions))
 
     def on_subscribe(_c: Any, _u: Any, _mid: Any, rcs: Any, _props: Any) -> None:
         bad = [r for r in rcs if r.is_failure]
@@ -470,12 +478,15 @@ def serve(conn: Connection, s: Settings) -> int:
     client.on_connect_fail = lambda _c, _u: send(("connect_failed",))
     if s.verbose:
         client.enable_logger(logging.getLogger("pansketch.aggregator.mqtt"))
-    props = Properties(PacketTypes.CONNECT)
-    props.ReceiveMaximum = s.receive_maximum
-    if s.persistent:
-        props.SessionExpiryInterval = s.session_expiry_s
-    client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive, clean_start=not s.persistent,
-                         properties=props)
+    if s.broker.mqtt_version == 5:
+        props = Properties(PacketTypes.CONNECT)
+        props.ReceiveMaximum = s.receive_maximum
+        if s.persistent:
+            props.SessionExpiryInterval = s.session_expiry_s
+        client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive, clean_start=not s.persistent,
+                             properties=props)
+    else:  # 3.1.1: no CONNECT properties (the session was chosen with the client, _client)
+        client.connect_async(s.broker.host, s.broker.port, keepalive=s.broker.keepalive)
     cpu0 = time.process_time()
     batch_thread = threading.Thread(target=batcher, name="pansketch-mqtt-batcher", daemon=True)
     batch_thread.start()
