@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Put pansketch on a MicroPython board (ESP32, Pico W, ESP8266) over USB.
 #
-#   deploy/flash.sh -c my-board.json                 # .py sources, auto-detected port
-#   deploy/flash.sh -p /dev/ttyUSB0 -c cfg.json --mpy   # precompiled .mpy (less RAM)
-#   deploy/flash.sh -c cfg.json --frozen             # image built with firmware/manifest.py
-#   deploy/flash.sh -c cfg.json --put ca.der:/ca.der # extra files (CA, client cert/key)
-#   deploy/flash.sh -c cfg.json --dry-run            # print the steps; writes nothing, touches no board
+#   deploy/flash.sh -b picow -c my-board.json --mpy     # precompiled .mpy (less RAM), auto-detected port
+#   deploy/flash.sh -b esp32 -p /dev/ttyUSB0 -c cfg.json # .py sources
+#   deploy/flash.sh -b esp32 -c cfg.json --frozen       # image built with firmware/manifest.py
+#   deploy/flash.sh -b picow -c cfg.json --mpy --put ca.der:/ca.der  # extra files (CA, client cert/key)
+#   deploy/flash.sh -b picow -c cfg.json --mpy --dry-run  # print the steps; writes nothing, touches no board
 #
 # Steps (docs/FIRMWARE.md explains each):
-#   1. check the config on the host (firmware.config, the same validator the board runs)
-#      and print the memory estimate per board profile (firmware/memory.py); refuse a
-#      config that fits no board, and one that still holds the example's placeholders
-#      (WiFi, broker, passwords, salt of deploy/board/*.example.json), unless --force;
+#   1. check on the host, before anything is written: the config (firmware.config, the same
+#      validator the board runs); that its sketch fits the board (-b) with the code installed
+#      the way this run installs it (.py, --mpy or --frozen: `pansketch fit`, firmware/memory.py),
+#      else name the smallest change that fits; that every --put file exists; and that the
+#      config no longer holds the example's placeholders (WiFi, broker, passwords, salt of
+#      deploy/board/*.example.json). --force flashes a config that does not fit or still
+#      has placeholders (never a missing --put file);
 #   2. stage the device core (agent/ modules that run on MicroPython) and firmware/
 #      into build/board/, compiled with mpy-cross when --mpy;
 #   3. mpremote mip install umqtt.simple (not with --frozen: it is in the image;
@@ -28,6 +31,7 @@ MPREMOTE=${MPREMOTE:-mpremote}
 MPY_CROSS=${MPY_CROSS:-mpy-cross}
 PYTHON=${PYTHON:-python3}
 PORT=auto
+BOARD=
 CONFIG=
 MODE=py
 MIP=1
@@ -37,12 +41,13 @@ PUTS=()
 
 usage() {
     sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
-    echo "options: -p PORT  -c CONFIG  --mpy | --frozen  --no-mip  --put LOCAL:REMOTE  --dry-run  --force"
+    echo "options: -b esp32|picow|esp8266  -p PORT  -c CONFIG  --mpy | --frozen  --no-mip  --put LOCAL:REMOTE  --dry-run  --force"
 }
 
 while [ $# -gt 0 ]; do
     case "$1" in
         -p|--port) PORT=$2; shift 2 ;;
+        -b|--board) BOARD=$2; shift 2 ;;
         -c|--config) CONFIG=$2; shift 2 ;;
         --mpy) MODE=mpy; shift ;;
         --frozen) MODE=frozen; MIP=0; shift ;;
@@ -63,17 +68,44 @@ if [ ! -f "$CONFIG" ]; then
     echo "flash.sh: config file $CONFIG not found" >&2
     exit 2
 fi
+case "$BOARD" in
+    esp32|picow|esp8266) ;;
+    "") echo "flash.sh: name the board with -b esp32|picow|esp8266 (the fit check depends on it)" >&2; exit 2 ;;
+    *) echo "flash.sh: unknown board $BOARD (esp32, picow or esp8266)" >&2; exit 2 ;;
+esac
 CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+# every --put source, relative to where flash.sh was started (checked before anything is written)
+missing=()
+for spec in "${PUTS[@]+"${PUTS[@]}"}"; do
+    case "$spec" in
+        *:*) [ -f "${spec%%:*}" ] || missing+=("${spec%%:*}") ;;
+        *) echo "flash.sh: --put $spec: give LOCAL:REMOTE (e.g. ca.der:/ca.der)" >&2; exit 2 ;;
+    esac
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "flash.sh: --put file(s) not found: ${missing[*]} (from $(pwd)); nothing was written" >&2
+    exit 2
+fi
+PUTS_ABS=()
+for spec in "${PUTS[@]+"${PUTS[@]}"}"; do
+    src=${spec%%:*}
+    case "$src" in /*) ;; *) src=$(pwd)/$src ;; esac
+    PUTS_ABS+=("$src:${spec#*:}")
+done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 
-# 1. validate + memory estimate (exit 2 with the offending key on a bad config; 3: fits no board)
+# 1. validate + heap estimate for this board and this code form (exit 2 with the offending key on a bad
+# config; 3: does not fit, with the smallest change that does). In a checkout the module runs from here;
+# a pip-installed copy of this script (pansketch init) asks the installed `pansketch`.
+if [ -f host_tools/cli.py ]; then FIT=("$PYTHON" -m host_tools.cli fit); else FIT=(pansketch fit); fi
 fit=0
-"$PYTHON" -m firmware.memory --config "$CONFIG" --require-fit || fit=$?
+"${FIT[@]}" "$CONFIG" --board "$BOARD" --code "$MODE" || fit=$?
 if [ "$fit" = 2 ] || { [ "$fit" != 0 ] && [ "$FORCE" = 0 ]; }; then
-    [ "$fit" = 3 ] && echo "flash.sh: $CONFIG fits no board (see above); --force flashes it anyway" >&2
+    [ "$fit" = 3 ] && echo "flash.sh: $CONFIG does not fit the $BOARD as flashed ($MODE): see the change above; nothing was written (--force flashes it anyway)" >&2
     exit 2
 fi
+[ "$fit" = 3 ] && echo "flash.sh: WARNING: flashing a config that does not fit the $BOARD because of --force" >&2
 # the example's placeholders (compared with deploy/board/*.example.json; passwords are not echoed)
 placeholders=$("$PYTHON" - "$CONFIG" <<'PY'
 import glob, json, sys
@@ -148,7 +180,7 @@ if [ "$MODE" != frozen ]; then
     run "${CONN[@]}" cp -r "$STAGE/agent" "$STAGE/firmware" :
 fi
 run "${CONN[@]}" cp "$CONFIG" :pansketch.json + cp firmware/boot.py :boot.py + cp firmware/main.py :main.py
-for spec in "${PUTS[@]+"${PUTS[@]}"}"; do
+for spec in "${PUTS_ABS[@]+"${PUTS_ABS[@]}"}"; do
     run "${CONN[@]}" cp "${spec%%:*}" ":${spec#*:}"
 done
 

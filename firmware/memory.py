@@ -237,6 +237,110 @@ def estimate_lines(d, w, tls=True, max_events=64, code=None, levels=1, shadow=Fa
     return out
 
 
+CODE_WORDS = {"py": ".py sources", "mpy": ".mpy", "frozen": "the firmware frozen into the image"}
+CODE_FLAGS = {"py": "(no flag)", "mpy": "--mpy", "frozen": "--frozen"}
+
+
+def _cells_for(p, w):
+    """Heap cells (CELL-byte units) of the sketch of Params ``p`` with ``w`` columns."""
+    if p.kind == "dbits":  # d levels of w bits + d int32 release counts (kind_table)
+        return (p.d * w // 8 + 8 * p.d + CELL - 1) // CELL
+    return p.dcs_levels * p.d * w
+
+
+def _need(p, w, board, code, tls, max_events, levels, shadow):
+    b = profile(board)
+    return need(_cells_for(p, w), 1, b["tls"], code, tls, max_events, levels, shadow)
+
+
+def _largest_w(p, board, code, tls, max_events, levels, shadow):
+    """The largest w below p.w that fits (a power of two when p.w is one), 0 if none."""
+    free = profile(board)["free"]
+    pow2 = p.w & (p.w - 1) == 0
+    step = 8 if p.kind == "dbits" else 1
+    w = p.w
+    while w > step:
+        w = w // 2 if pow2 else w - step
+        if _need(p, w, board, code, tls, max_events, levels, shadow) <= free:
+            return w
+    return 0
+
+
+def fit(p, board, code, tls=True, max_events=64):
+    """Does the sketch of Params ``p`` fit ``board`` with the code installed as ``code`` (py, mpy, frozen)?
+
+    Returns (fits, lines): the estimate, and when it does not fit the smallest changes that do, each
+    alone, the sketch's own shape kept where possible: another code form, fewer events per step,
+    persist_noise = "refresh" (no shadow array), fewer tree levels, then the largest w that fits."""
+    b = profile(board)
+    free = b["free"]
+    levels, shadow = p.levels, p.shadow
+    req = _need(p, p.w, board, code, tls, max_events, levels, shadow)
+    lines = ["%s with %s: needs %d of %d bytes of heap (TLS %s, %d events per step): %s" % (
+        board, CODE_WORDS[code], req, free, "on" if tls else "off", max_events,
+        "fits" if req <= free else "DOES NOT FIT")]
+    if req <= free:
+        return True, lines
+    changes = []
+    for other in ("mpy", "frozen"):
+        if other != code and _need(p, p.w, board, other, tls, max_events, levels, shadow) <= free:
+            changes.append("flash with %s (%s): this config fits the %s as it is" % (
+                CODE_FLAGS[other], CODE_WORDS[other], board))
+    if max_events > 8 and _need(p, p.w, board, code, tls, 8, levels, shadow) <= free:
+        changes.append("max_events_per_step = 8 fits the %s with %s (less garbage per step)" % (
+            board, CODE_WORDS[code]))
+    if shadow and _need(p, p.w, board, code, tls, max_events, levels, False) <= free:
+        changes.append('persist_noise = "refresh" fits the %s with %s (no shadow array; one more '
+                       'internal noise draw per persist)' % (board, CODE_WORDS[code]))
+    if levels > 1:
+        L = max_levels(free, b["tls"], _cells_for(p, p.w), 1, code, tls, max_events)
+        if L >= 2:
+            changes.append("levels = %d fits the %s with %s" % (L, board, CODE_WORDS[code]))
+    w = _largest_w(p, board, code, tls, max_events, levels, shadow)
+    if w:
+        changes.append("w = %d fits the %s with %s" % (w, board, CODE_WORDS[code]))
+    if changes:
+        lines.append("smallest change that fits: " + changes[0])
+        lines.extend("  or: " + c for c in changes[1:])
+    else:
+        lines.append("no smaller sketch of this kind and d fits the %s with %s: use a board with more heap"
+                     % (board, CODE_WORDS[code]))
+    return False, lines
+
+
+def fit_main(path, board, code, tls=True, out=print):
+    """What ``pansketch fit`` and deploy/flash.sh run: 0 fits, 3 does not, 2 a bad config (the key named)."""
+    import json
+
+    from firmware.config import Config, ConfigError
+
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as exc:
+        out("config error: %s: %s" % (path, exc))
+        return 2
+    try:
+        cfg = Config(raw)
+        profile(board)
+    except (ConfigError, ValueError) as exc:
+        out("config error: %s" % exc)
+        return 2
+    p = cfg.params
+    tls = cfg.tls and tls
+    out("%s: %s d=%d w=%d (%d cells), %s mode, persist noise %s" % (
+        path, p.kind, p.d, p.w, p.cells, p.mode, "shadow" if p.shadow else "refresh"))
+    ok, lines = fit(p, board, code, tls, cfg.max_events)
+    for line in lines:
+        out(line)
+    if not cfg.tls:
+        out("warning: mqtt.tls is off: the broker of deploy/OPERATIONS.md takes devices only over TLS "
+            "(port 8883, mqtt.tls.ca = its fleet CA in DER, ca.der from make-device-credentials.sh)")
+    elif not cfg.tls_verify:
+        out("warning: mqtt.tls.verify is false: anyone on the network can pose as the broker")
+    return 0 if ok else 3
+
+
 def report(path=None):
     """On the board: estimate from the real free heap (run after Ctrl-C in main.py)."""
     import gc

