@@ -33,7 +33,11 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   raw release payloads forever; else prune rolled-up ones
                   that much older than their receipt: docs/HOST.md)
     [fleet]       salt or salt_id (one is required; queries need salt),
-                  kind, d, w, mechanism (optional: enforced when given)
+                  kind, d, w, mechanism (optional: enforced when given);
+                  max_events_per_window (100000): the contribution limit
+                  of one device per window (docs/PRIVACY.md "Bounded
+                  influence"), and max_events_per_window_<kind> (kind cms,
+                  cs, dcs, strhh or dbits) where a kind's differs
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
                   report of zCDP guarantees)
     [status]      late_grace_s (none: max(epoch length, 300 s)): a release
@@ -62,6 +66,7 @@ from agent.tomlconf import seconds as _seconds
 from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
 from agent.sketch import KINDS
+from host_tools.ingest.bounds import DEFAULT_MAX_EVENTS, LIMIT_KINDS, MAX_MAX_EVENTS
 
 # [broker] mqtt_version as written -> the protocol level on the wire (paho's MQTTv5 = 5, MQTTv311 = 4)
 MQTT_VERSIONS = {"5": 5, "5.0": 5, "3.1.1": 4}
@@ -75,7 +80,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                    "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
                    "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "drop_cache_behind_mb",
                    "retain_raw_s"),
-    "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism"),
+    "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism", "max_events_per_window")
+    + tuple("max_events_per_window_" + k for k in LIMIT_KINDS),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
 }
@@ -156,6 +162,14 @@ class FleetConfig:
     d: Optional[int] = None
     w: Optional[int] = None
     mechanism: Optional[str] = None
+    # the contribution limit of one device per window (events; for dbits distinct items): a release no
+    # device with this many events could have produced is quarantined (host_tools.ingest.bounds)
+    max_events_per_window: int = DEFAULT_MAX_EVENTS
+    max_events_by_kind: dict[str, int] = field(default_factory=dict)  # where a kind's limit differs
+
+    def max_events(self, kind: str) -> int:
+        """The limit for releases of ``kind``."""
+        return self.max_events_by_kind.get(kind, self.max_events_per_window)
 
 
 @dataclass
@@ -349,7 +363,13 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
         raise ConfigError("fleet.mechanism", "must be 'dlap' or 'dgauss', got %r" % mech)
     fleet = FleetConfig(salt=salt, salt_id=sid, kind=kind,
                         d=_int_range(fl, "fleet", "d", None, 1, 32),
-                        w=_int_range(fl, "fleet", "w", None, 2, 1 << 24), mechanism=mech)
+                        w=_int_range(fl, "fleet", "w", None, 2, 1 << 24), mechanism=mech,
+                        max_events_per_window=_int_range(fl, "fleet", "max_events_per_window", DEFAULT_MAX_EVENTS,
+                                                         1, MAX_MAX_EVENTS))
+    for k in LIMIT_KINDS:
+        v = _int_range(fl, "fleet", "max_events_per_window_" + k, None, 1, MAX_MAX_EVENTS)
+        if v is not None:
+            fleet.max_events_by_kind[k] = v
 
     # [query]
     q = sec("query")
