@@ -20,6 +20,7 @@ from agent.pipes import run_main
 SUBCOMMANDS: dict[str, str] = {
     "aggregate": "host_tools.ingest.aggregator",
     "status": "host_tools.query.status",
+    "device": "host_tools.query.device_cli",
     "query": "host_tools.query.cli",
     "serve": "host_tools.web.serve",
     "demo": "host_tools.demo",

@@ -24,6 +24,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--since", metavar="T", help="start of a time range (ISO-8601 UTC or unix seconds)")
     g.add_argument("--until", metavar="T", help="end of a time range (exclusive)")
     g.add_argument("--device", action="append", metavar="ID", help="only this device (repeatable)")
+    g.add_argument("--exclude-device", action="append", metavar="ID", default=[],
+                   help="leave this device out (repeatable; as if the store never received its releases; "
+                        "devices excluded with `pansketch device exclude` are always left out)")
     p.add_argument("--confidence", type=float, default=None, help="interval confidence (default from [query], 0.95)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--csv", action="store_true", help="CSV: a header row, then the fields of --json, one row each")
@@ -110,6 +113,8 @@ def _main(args: argparse.Namespace) -> int:
         store = open_store(cfg.aggregator.db, readonly=True)
     except Exception as exc:  # missing file, PostgreSQL unreachable, ...
         return _err(str(exc), 1)
+    # read by host_tools.query.core.select_merged, which every query kind merges through
+    store.query_exclude = tuple(getattr(args, "exclude_device", None) or ())  # type: ignore[attr-defined]
     try:
         return kinds.get(args.qtype).run(args, store, salt, conf, since, until)
     except BrokenPipeError:

@@ -46,7 +46,8 @@ from agent import hashing
 from host_tools import textsafe
 from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
-from host_tools.store.core import RollupInfo, SQLStore, StoredRelease
+from host_tools.store import exclusions
+from host_tools.store.core import RollupInfo, SQLStore, StoredRelease, rollup_key
 
 try:
     from host_tools import fasthash
@@ -97,6 +98,7 @@ class Selection:
     missing_epochs: int = 0  # epochs of tree-mode devices inside their covered span with no node
     tree_used: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # per tree device: its cover
     tree_facts: dict[str, Any] = field(default_factory=dict)  # host_tools.query.treels.apply's report
+    excluded: list[str] = field(default_factory=list)  # devices left out (excluded in the store or by the query)
 
     def describe(self) -> str:
         if self.window is not None:
@@ -204,7 +206,8 @@ def pick_devices(store: SQLStore, kinds: Sequence[str]) -> Optional[list[str]]:
 def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional[float] = None,
                   until: Optional[float] = None, device: Union[None, str, Sequence[str]] = None,
                   salt: Optional[str] = None, use_rollups: bool = True,
-                  kinds: Optional[Sequence[str]] = None, consistent: bool = True) -> tuple[Merged, Selection]:
+                  kinds: Optional[Sequence[str]] = None, consistent: bool = True,
+                  exclude: Optional[Iterable[str]] = None) -> tuple[Merged, Selection]:
     """Merge the selected releases; raises QueryError with the reason.
 
     Fleet-wide selections (no ``device``) are answered from the per-window
@@ -224,11 +227,25 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
     sel = Selection(window=window, since=since, until=until, devices=_devices(device))
     m: Optional[Merged] = None
     with store.read_tx():  # one snapshot, while aggregators keep committing
+        # devices left out: those excluded in the store (`pansketch device exclude`) and those the
+        # query names (``exclude``, --exclude-device); the answer is that of a store without them
+        excl = set(exclusions.excluded(store)) | set(exclude or ()) | set(getattr(store, "query_exclude", ()) or ())
+        sel.excluded = sorted(excl)
+        if excl and sel.devices is not None:
+            sel.devices = [d for d in sel.devices if d not in excl]
+            if not sel.devices:
+                raise QueryError("every selected device is excluded (%s; `pansketch device include ID` takes one "
+                                 "back)" % ", ".join(sorted(excl)[:8]))
         # a store that also holds releases no roll-up sums (kinds dcs/dbits, tree nodes) merges raw
         # releases: the roll-ups alone would answer a mixed selection from its cms/cs part only
         if use_rollups and sel.devices is None and store.has_rollups and not store.has_unrolled():
-            m = _from_rollups(store, sel)
+            m = _from_rollups(store, sel, excl)
         if m is None:
+            if excl and sel.devices is None:
+                sel.devices = [str(r[0]) for r in store.device_activity() if r[0] not in excl]
+                if not sel.devices:
+                    raise QueryError("no releases of any device that is not excluded (%s)"
+                                     % ", ".join(sorted(excl)[:8]))
             m = _from_releases(store, sel, consistent)
     if salt is not None and hashing.salt_id(salt) != m.salt:
         raise QueryError("the configured fleet salt (id %s) is not the salt of these releases (id %s)"
@@ -285,7 +302,7 @@ def _from_releases(store: SQLStore, sel: Selection, consistent: bool = True) -> 
     return m
 
 
-def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
+def _from_rollups(store: SQLStore, sel: Selection, excl: Optional[set[str]] = None) -> Optional[Merged]:
     """The selection from roll-ups (+ raw releases of boundary windows), or None to merge raw releases.
 
     Tree-mode nodes overlap and are never rolled up: a store holding any
@@ -309,9 +326,17 @@ def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
                 boundary.add((i.win_s, i.win))  # some may, some may straddle: raw releases
     raw: list[StoredRelease] = []
     for ws, win in sorted(boundary):
-        raw += store.releases(window=win, win_s=ws, since=sel.since, until=sel.until, with_payload=True)
+        raw += [r for r in store.releases(window=win, win_s=ws, since=sel.since, until=sel.until, with_payload=True)
+                if not excl or r.device not in excl]
     if boundary:
-        sel.partial = store.count_partial(sel.since, sel.until, windows=boundary)
+        keep = [str(r[0]) for r in store.device_activity() if r[0] not in excl] if excl else None
+        sel.partial = store.count_partial(sel.since, sel.until, devices=keep, windows=boundary) if keep != [] else 0
+    less: Optional[_Less] = None
+    if excl:
+        less = _less(store, use, excl)
+        if less is None:
+            return None  # an excluded device's payload was pruned: the raw path says which
+        use = [i for i in use if i.id not in less.gone]
     if not use and not raw:
         return None  # the raw path reports "no releases match" with the straddling count
     groups = {i.group for i in use} | {r.group for r in raw}
@@ -329,11 +354,66 @@ def _from_rollups(store: SQLStore, sel: Selection) -> Optional[Merged]:
         for k, n in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
             terms[k] = terms.get(k, 0) + n
     devices = (store.rollup_devices(ids) if ids else set()) | {r.device for r in raw}
+    n_rel = sum(i.releases for i in use) + len(raw)
+    t0s, t1s = [i.t0 for i in use], [i.t1 for i in use]
+    if less is not None:  # the excluded devices' releases taken out of the roll-ups that sum them
+        acc -= less.sums
+        for k, n in less.noise.items():
+            terms[k] = terms.get(k, 0) - n
+        terms = {k: n for k, n in terms.items() if n}
+        devices -= excl or set()
+        n_rel -= sum(i.releases - less.releases.get(i.id, i.releases) for i in use)
+        t0s = [less.extent.get(i.id, (i.t0, i.t1))[0] for i in use]
+        t1s = [less.extent.get(i.id, (i.t0, i.t1))[1] for i in use]
     return Merged(kind=kind, d=d, w=w, hv=hv, salt=salt, counters=acc,
-                  releases=sum(i.releases for i in use) + len(raw), devices=sorted(devices),
+                  releases=n_rel, devices=sorted(devices),
                   noise=[NoiseTerm(mm, n, dd, c) for (mm, n, dd), c in sorted(terms.items())],
-                  t0=min([i.t0 for i in use] + [r.t0 for r in raw]), t1=max([i.t1 for i in use] + [r.t1 for r in raw]),
+                  t0=min(t0s + [r.t0 for r in raw]), t1=max(t1s + [r.t1 for r in raw]),
                   windows=sorted({(i.win_s, i.win) for i in use} | {(r.win_s, r.win) for r in raw}))
+
+
+@dataclass
+class _Less:
+    """What the excluded devices put into the roll-ups a selection uses: their counter sums and noise
+    draws, and per roll-up id the release count and time extent without them."""
+
+    sums: Any
+    noise: dict[tuple[str, int, int], int]
+    releases: dict[int, int]  # roll-up id -> releases left (PostgreSQL: all taken from the key's first row)
+    extent: dict[int, tuple[int, int]]  # roll-up id -> (t0, t1) of the releases left
+    gone: set[int]  # roll-up ids that sum excluded devices only (left out whole: a store without them has none)
+
+
+def _less(store: SQLStore, use: list[RollupInfo], excl: set[str]) -> Optional[_Less]:
+    """The excluded devices' part of the roll-ups in ``use`` (None if one of their payloads was pruned)."""
+    touched = exclusions.touched_rollups(store, excl)
+    hit = [i for i in use if i.id in touched]
+    d, w = (use[0].d, use[0].w) if use else (1, 1)
+    out = _Less(np.zeros((d, w), dtype=np.int64), {}, {}, {}, set())
+    by_key: dict[tuple[Any, ...], list[RollupInfo]] = {}
+    for i in hit:
+        by_key.setdefault((i.win_s, i.win, i.kind, i.d, i.w, i.hv, i.salt), []).append(i)
+    for key, infos in sorted(by_key.items()):
+        ws, win = key[0], key[1]
+        mine = [r for r in store.releases(window=win, win_s=ws, devices=sorted(excl), with_payload=True)
+                if rollup_key(r) == key]
+        rest = [r for r in store.releases(window=win, win_s=ws) if rollup_key(r) == key and r.device not in excl]
+        if not rest:
+            out.gone.update(i.id for i in infos)
+            continue
+        if any(not r.payload for r in mine):
+            return None
+        for r in mine:
+            out.sums += r.counters()
+            for k, c in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
+                out.noise[k] = out.noise.get(k, 0) + c
+        n = len(mine)
+        for i in infos:  # the roll-up rows of one key add up: take the excluded count from them in turn
+            take = min(i.releases, n)
+            n -= take
+            out.releases[i.id] = i.releases - take
+            out.extent[i.id] = (min(r.t0 for r in rest), max(r.t1 for r in rest))
+    return out
 
 
 # -- answers -----------------------------------------------------------------

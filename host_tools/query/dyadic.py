@@ -508,6 +508,10 @@ def reading_range(x: int, b: int, mapping: tuple[int, int, int]) -> tuple[Option
     return lo, hi
 
 
+def _num(x: float) -> str:
+    return "%.0f" % x if math.isfinite(x) else "not a number"
+
+
 def to_value(reading: Any, b: int, mapping: tuple[int, int, int]) -> int:
     x = map_value(reading if isinstance(reading, (int, str)) else repr(reading), b, mapping)
     if x is None:
@@ -518,6 +522,9 @@ def to_value(reading: Any, b: int, mapping: tuple[int, int, int]) -> int:
 NO_INTERVAL = ("no honest interval at this value: the sketch cannot separate the readings this finely for this "
                "fleet's salt (too many distinct values per level for d x w; pansketch-agent check --events N warns); "
                "the interval shown is the trivial one")
+NO_MASS = ("no honest interval: the merged total of these releases is %s (no set of events has that many); "
+           "a release that no honest device could make is in the merge -- see `pansketch status` for flagged "
+           "devices and `--exclude-device`")
 
 
 @dataclass
@@ -550,7 +557,7 @@ class RankAnswer:
         if self.resolution > 1:
             d["resolution"] = self.resolution
         if not self.honest:
-            d["note"] = NO_INTERVAL
+            d["note"] = NO_INTERVAL if math.isfinite(self.n) and self.n > 0 else NO_MASS % _num(self.n)
         return d
 
 
@@ -583,6 +590,12 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
     if not ok.all():
         r0, _ = v.rank_le_right(xs) if right else v.rank_le(xs)
         r = np.where(ok, r, r0)
+    # a merged total that is negative, zero or not a number cannot be the count of any set of readings:
+    # no interval computed from it is honest (a forged release in the merge; host_tools.ingest.bounds
+    # refuses the large ones, smaller ones can still drive a small fleet's total below zero)
+    mass_ok = math.isfinite(n) and n > 0
+    if not mass_ok:
+        ok = np.zeros(len(xs), dtype=bool)
     out: list[RankAnswer] = []
     for i, x in enumerate(xs):
         lo, hi = reading_range(int(x), v.b, mapping)
@@ -597,6 +610,8 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
         fh = min(1.0, rh / nl) if nl > 0 else 1.0
         if not ok[i]:
             fl, fh = 0.0, 1.0
+            if not mass_ok:
+                rl, rh = 0.0, max(0.0, n + tn) if math.isfinite(n + tn) else math.inf
         out.append(RankAnswer(None if qs is None else float(qs[i]), int(x), lo, hi, float(r[i]), rl, rh, n, nl, nh,
                               float(r[i] / n) if n > 0 else math.nan, fl, fh, bool(ok[i]), res))
     return make_consistent(out, across_rows=qs is None)
