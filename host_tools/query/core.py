@@ -239,7 +239,7 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
         # a store that also holds releases no roll-up sums (kinds dcs/dbits, tree nodes) merges raw
         # releases: the roll-ups alone would answer a mixed selection from its cms/cs part only
         if use_rollups and sel.devices is None and store.has_rollups and not store.has_unrolled():
-            m = _from_rollups(store, sel, excl)
+            m = _from_rollups(store, sel, excl) if excl else _from_rollups(store, sel)
         if m is None:
             if excl and sel.devices is None:
                 sel.devices = [str(r[0]) for r in store.device_activity() if r[0] not in excl]
