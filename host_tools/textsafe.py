@@ -30,6 +30,8 @@ import logging
 import re
 from typing import Any
 
+from host_tools import finitejson
+
 # C0, DEL, C1; bidi embeddings/overrides (U+202A-U+202E) and isolates (U+2066-U+2069), the
 # line/paragraph separators (U+2028/U+2029) and other zero-width format characters that
 # change how the text around them is shown (U+200B-U+200F, U+061C, U+FEFF).
@@ -73,9 +75,10 @@ def csv_cell(value: Any) -> Any:
 def json_text(obj: Any, **kw: Any) -> str:
     """``json.dumps(obj, ensure_ascii=False, **kw)`` with DEL, C1 and format characters as ``\\uNNNN``
     escapes (json already escapes C0). Outside its strings JSON text is ASCII, so the escapes land
-    inside strings, where they are valid JSON and decode back to the same characters."""
+    inside strings, where they are valid JSON and decode back to the same characters. Non-finite
+    numbers are ``null`` with a reason (host_tools.finitejson): the text is always strict JSON."""
     kw.setdefault("ensure_ascii", False)
-    return _UNSAFE_JSON.sub(_escape, json.dumps(obj, **kw))
+    return _UNSAFE_JSON.sub(_escape, json.dumps(finitejson.finite(obj), allow_nan=False, **kw))
 
 
 class SafeFormatter(logging.Formatter):

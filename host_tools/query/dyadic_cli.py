@@ -11,7 +11,6 @@ Python API (host_tools.query.dyadic does the estimation)::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from host_tools import textsafe
 from host_tools.query import dyadic
 from host_tools.query.core import int_at_least, positive_int
 
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
 
         a = distinct.query(store, **sel)
         if args.json:
-            print(json.dumps(a))
+            print(textsafe.json_text(a))
         else:
             print("# %d release(s) from %d device(s); dbits %d levels x %d bits; %.0f%% interval (%s)"
                   % (a["releases"], len(a["devices"]), a["levels"], a["bits"], 100 * a["confidence"], a["method"]))
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
     el = time.perf_counter() - t
     if args.json:
         for r in rows:
-            print(json.dumps(r))
+            print(textsafe.json_text(r))
         return 0
     if not rows:
         print("# no value above the noise floor%s" % (" and the threshold" if getattr(args, "threshold", None) else ""))

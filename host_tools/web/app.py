@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
 from host_tools.query import fleetview
-from host_tools import metrics
+from host_tools import finitejson, metrics
 from host_tools.query import core as query
 from host_tools.query import kinds as query_kinds
 from host_tools.query import series
@@ -343,7 +343,9 @@ class Dashboard(KindPages):
 
     @staticmethod
     def _json(obj: Any, status: str = "200 OK") -> tuple[str, list[tuple[str, str]], bytes]:
-        body = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str).encode("utf-8")
+        # a noisy sketch can honestly give NaN or an infinite bound: null plus a reason, never
+        # non-JSON (allow_nan=False then only guards against a new kind of value)
+        body = json.dumps(finitejson.finite(obj), ensure_ascii=False, allow_nan=False, default=str).encode("utf-8")
         return status, [("Content-Type", "application/json; charset=utf-8")], body
 
     def _error(self, code: int, msg: str, api: bool) -> tuple[str, list[tuple[str, str]], bytes]:
