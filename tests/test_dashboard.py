@@ -272,18 +272,18 @@ def test_static_files_stay_inside_static(server: Any) -> None:
 
 
 def test_token_protects_every_path(conf: str) -> None:
-    s = Server(conf, "--token", "s3cret-token")
+    s = Server(conf, "--token", "s3cret-token-of-24-chars")
     try:
         for path in ("/", "/api/status", "/metrics", "/static/app.css"):
             assert get(s.url + path)[0] == 401
             assert get(s.url + path, {"Authorization": "Bearer wrong"})[0] == 401
-            assert get(s.url + path, {"Authorization": "Bearer s3cret-token"})[0] == 200
-        basic = base64.b64encode(b"operator:s3cret-token").decode()
+            assert get(s.url + path, {"Authorization": "Bearer s3cret-token-of-24-chars"})[0] == 200
+        basic = base64.b64encode(b"operator:s3cret-token-of-24-chars").decode()
         code, _b, h = get(s.url + "/", {"Authorization": "Basic " + basic})
         assert code == 200
         code, _b, h = get(s.url + "/")
         assert code == 401 and h["WWW-Authenticate"].startswith("Basic")
-        assert _request(s.url, "POST", "/", {"Authorization": "Bearer s3cret-token"})[0] == 405
+        assert _request(s.url, "POST", "/", {"Authorization": "Bearer s3cret-token-of-24-chars"})[0] == 405
     finally:
         s.stop()
 

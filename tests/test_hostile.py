@@ -360,7 +360,7 @@ def test_dashboard_without_token_refuses_foreign_host_headers(tmp_path):
     assert _wsgi(wide, "/healthz", host="dash.example:443").startswith("200")
     assert _wsgi(wide, "/healthz", host="evil.example").startswith("421")
     # with a token the token is the protection (reverse proxies rewrite Host)
-    tok = Dashboard(cfg, token="s3cret")
+    tok = Dashboard(cfg, token="s3cret-token-of-24-chars")
     assert _wsgi(tok, "/healthz", host="evil.example").startswith("401")
 
 

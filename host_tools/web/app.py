@@ -17,7 +17,9 @@ Read-only by construction:
 
 With a token (``pansketch serve --token``) every path, /metrics and the
 static files included, needs ``Authorization: Bearer <token>`` or HTTP
-basic auth with the token as password (any user name). Without a token,
+basic auth with the token as password (any user name), of at least 16
+characters; failed attempts are slowed per client address and logged once a
+minute (host_tools/web/authlimit.py). Without a token,
 a request whose ``Host`` header names anything but the addresses the
 server is meant to be reached at (``allowed_hosts``: for a loopback bind
 localhost, 127.0.0.1 and [::1]; otherwise the bind address and the names
@@ -49,6 +51,7 @@ from host_tools.hostconfig import HostConfig
 from host_tools.query.core import QueryError, iso
 from host_tools.store.core import SQLStore as Store
 from host_tools.store.backend import open_store
+from host_tools.web import authlimit
 from host_tools.web.errors import BadRequest
 from host_tools.web.kinds import KindPages
 
@@ -227,7 +230,11 @@ class Dashboard(KindPages):
         self.salt = cfg.fleet.salt
         self.delta = cfg.query.delta
         self.confidence = cfg.query.confidence
+        if token and len(token) < authlimit.MIN_TOKEN_CHARS:
+            raise ValueError("the token must have at least %d characters (e.g. head -c 32 /dev/urandom | base64)"
+                             % authlimit.MIN_TOKEN_CHARS)
         self.token = token or None
+        self.auth_failures = authlimit.FailureLimit()
         self.candidates = candidates
         self.candidates_name = candidates_name
         self.int_items = int_items
@@ -252,15 +259,28 @@ class Dashboard(KindPages):
             return self._send(start_response, method, "405 Method Not Allowed",
                               [("Allow", "GET, HEAD"), ("Content-Type", "text/plain; charset=utf-8")],
                               b"read-only: only GET and HEAD are served\n")
+        if environ.get("CONTENT_LENGTH") not in (None, "", "0"):  # GET and HEAD carry no body here
+            return self._send(start_response, method, "413 Content Too Large",
+                              [("Content-Type", "text/plain; charset=utf-8")],
+                              b"GET and HEAD take no request body\n")
         if self.token is None and not self._host_allowed(environ.get("HTTP_HOST")):
             return self._send(start_response, method, "421 Misdirected Request",
                               [("Content-Type", "text/plain; charset=utf-8")],
                               b"unexpected Host header (this server answers only to its own address; "
                               b"see pansketch serve --allow-host)\n")
-        if self.token is not None and not self._authorized(environ.get("HTTP_AUTHORIZATION", "")):
-            return self._send(start_response, method, "401 Unauthorized",
-                              [("WWW-Authenticate", 'Basic realm="pansketch", charset="UTF-8"'),
-                               ("Content-Type", "text/plain; charset=utf-8")], b"authentication required\n")
+        if self.token is not None:
+            addr = str(environ.get("REMOTE_ADDR") or "-")
+            if self.auth_failures.blocked(addr):  # too many failures from there: not even checked
+                return self._send(start_response, method, "429 Too Many Requests",
+                                  [("Retry-After", str(self.auth_failures.retry_after(addr))),
+                                   ("Content-Type", "text/plain; charset=utf-8")],
+                                  b"too many failed token attempts from this address; try again later\n")
+            if not self._authorized(environ.get("HTTP_AUTHORIZATION", "")):
+                if environ.get("HTTP_AUTHORIZATION"):  # a browser's first request carries none: no attempt
+                    self.auth_failures.failed(addr)
+                return self._send(start_response, method, "401 Unauthorized",
+                                  [("WWW-Authenticate", 'Basic realm="pansketch", charset="UTF-8"'),
+                                   ("Content-Type", "text/plain; charset=utf-8")], b"authentication required\n")
         path = environ.get("PATH_INFO") or "/"
         if path.startswith("/static/"):
             return self._static(start_response, method, path[len("/static/"):])

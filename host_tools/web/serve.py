@@ -28,12 +28,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def make_server(app: Any, bind: str = "127.0.0.1", port: int = 8080, threads: int = 4) -> Any:
-    """A waitress server for ``app`` (``.run()`` blocks, ``.close()`` stops); ``port`` 0 picks a free one."""
-    from waitress.server import create_server
+def make_server(app: Any, bind: str = "127.0.0.1", port: int = 8080, threads: int = 4, **limits: Any) -> Any:
+    """A waitress server for ``app`` (``.run()`` blocks, ``.close()`` stops); ``port`` 0 picks a free one.
 
-    return create_server(app, host=bind, port=port, threads=threads, ident="pansketch",
-                         clear_untrusted_proxy_headers=True, channel_timeout=60)
+    Connection limit, request and idle deadlines, no request bodies: host_tools/web/httpserver.py."""
+    from host_tools.web import httpserver
+
+    return httpserver.make_server(app, bind, port, threads, **limits)
 
 
 def server_url(server: Any) -> str:
@@ -65,13 +66,21 @@ def run_until_stopped(server: Any, sigterm: bool = False) -> None:
 
 
 def read_token(args: argparse.Namespace) -> Optional[str]:
+    """The token from --token-file, --token or PANSKETCH_TOKEN (None: none given); ValueError if too short."""
+    from host_tools.web.authlimit import MIN_TOKEN_CHARS
+
+    tok: Optional[str]
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
             tok = f.read().strip()
         if not tok:
             raise ValueError("%s is empty" % args.token_file)
-        return tok
-    return args.token or os.environ.get("PANSKETCH_TOKEN") or None
+    else:
+        tok = args.token or os.environ.get("PANSKETCH_TOKEN") or None
+    if tok is not None and len(tok) < MIN_TOKEN_CHARS:
+        raise ValueError("the token has %d characters, at least %d are needed (e.g. head -c 32 /dev/urandom | "
+                         "base64)" % (len(tok), MIN_TOKEN_CHARS))
+    return tok
 
 
 def add_parser(subparsers: Any) -> None:
@@ -93,6 +102,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--candidates", metavar="FILE", help="default candidate items of the top-k page (one per line)")
     p.add_argument("--int", dest="as_int", action="store_true", help="items are integers")
     p.add_argument("--threads", type=int, default=4, help="worker threads (default 4)")
+    p.add_argument("--trusted-proxy", metavar="ADDR",
+                   help="address of the reverse proxy in front: its X-Forwarded-For names the client (used to "
+                        "limit failed token attempts per client)")
     p.set_defaults(func=main)
 
 
@@ -106,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         token = read_token(args)
     except (OSError, ValueError) as exc:
-        print("pansketch serve: --token-file: %s" % exc, file=sys.stderr)
+        print("pansketch serve: token: %s" % exc, file=sys.stderr)
         return 2
     if not is_loopback(args.bind) and token is None and not args.insecure_no_auth:
         print("pansketch serve: refusing to bind %s without --token/--token-file/PANSKETCH_TOKEN "
@@ -124,21 +136,22 @@ def main(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print("pansketch serve: --candidates: %s" % exc, file=sys.stderr)
             return 2
+    setup_logging(False)
+    logging.getLogger("waitress").setLevel(logging.WARNING)
     try:
         from host_tools.web.app import Dashboard, allowed_hosts_for
 
         app = Dashboard(cfg, token=token, candidates=cands, candidates_name=args.candidates, int_items=args.as_int,
                         allowed_hosts=allowed_hosts_for(args.bind, args.allow_host))
-        server = make_server(app, args.bind, args.port, max(1, args.threads))
+        server = make_server(app, args.bind, args.port, max(1, args.threads), trusted_proxy=args.trusted_proxy)
     except ImportError as exc:
         print("pansketch serve: %s (pip install 'pansketch[web]')" % exc, file=sys.stderr)
         return 2
     except OSError as exc:
         print("pansketch serve: cannot listen on %s:%d: %s" % (args.bind, args.port, exc), file=sys.stderr)
         return 1
-    setup_logging(False)
-    logging.getLogger("waitress").setLevel(logging.WARNING)
-    print("pansketch serve: %s (read-only: %s%s)" % (server_url(server), cfg.aggregator.db,
-                                                     "; token required" if token else ""), flush=True)
+    print("pansketch serve: %s (read-only: %s%s; at most %d connections)" % (
+        server_url(server), cfg.aggregator.db, "; token required" if token else "", server.adj.connection_limit),
+        flush=True)
     run_until_stopped(server)
     return 0
