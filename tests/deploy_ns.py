@@ -7,7 +7,10 @@ Follows deploy/OPERATIONS.md steps 1-2 AS WRITTEN on Debian's stock
 own ```sh blocks, extracted here at run time; only ``apt-get``/``apt`` and
 ``systemctl`` are shell functions that do what they would do on the host
 (check the package is installed; start, restart or reload mosquitto the way
-Debian's mosquitto.service does). Private copies are bind-mounted over
+Debian's mosquitto.service does, with the file limit of its drop-ins as of
+the last ``daemon-reload``). /etc is an overlay whose writes land in a tmpfs;
+the doc's ``nft -f`` loads its rules into the namespace's own netfilter.
+Private copies are bind-mounted over
 /etc/mosquitto (a copy of the stock files), /var/lib/mosquitto,
 /var/log/mosquitto, /run/mosquitto and /etc/hosts (broker.example.net =
 127.0.0.1), so nothing on the host changes, and the network namespace has
@@ -93,7 +96,17 @@ _mq_start() {
   mkdir -m 740 -p /run/mosquitto; chown mosquitto /run/mosquitto
   log=/var/log/mosquitto/mosquitto.log
   before=$(cat "$log" 2>/dev/null | wc -l)
-  setsid /usr/sbin/mosquitto -c /etc/mosquitto/mosquitto.conf >>"$WORK/mosquitto.stderr" 2>&1 < /dev/null &
+  # the unit's file limit as of the last daemon-reload (systemd's default: soft 1024, hard 524288)
+  nofile=$(cat "$WORK/nofile.shim" 2>/dev/null || echo 1024:524288)
+  # systemd may raise the hard limit; root without CAP_SYS_RESOURCE (a sandbox) may not: both capped at ours
+  if ! prlimit --nofile="$nofile" true 2>/dev/null; then
+    hard=$(ulimit -Hn); s=${nofile%%:*}; h=${nofile##*:}
+    [ "$s" -gt "$hard" ] && s=$hard; [ "$h" -gt "$hard" ] && h=$hard
+    echo "systemctl shim: LimitNOFILE $nofile capped at this host's hard limit: $s:$h" >&2
+    nofile="$s:$h"
+  fi
+  setsid prlimit --nofile="$nofile" /usr/sbin/mosquitto -c /etc/mosquitto/mosquitto.conf \
+      >>"$WORK/mosquitto.stderr" 2>&1 < /dev/null &
   echo $! > "$PIDFILE_SHIM"
   # Type=notify: systemctl returns once the broker is up, fails if it exits
   for _ in $(seq 100); do
@@ -109,6 +122,11 @@ _mq_start() {
 }
 systemctl() {
   case "$1 ${2:-}" in
+    "daemon-reload ")  # what systemd reads of mosquitto.service's drop-ins: LimitNOFILE (soft = hard)
+      n=$(cat /etc/systemd/system/mosquitto.service.d/*.conf 2>/dev/null | sed -n 's/^LimitNOFILE=//p' | tail -n 1)
+      if [ -n "$n" ]; then echo "$n:$n" > "$WORK/nofile.shim"; else rm -f "$WORK/nofile.shim"; fi ;;
+    "enable nftables"|"enable nftables.service")
+      [ -e /lib/systemd/system/nftables.service ] || { echo "Unit nftables.service does not exist." >&2; return 1; } ;;
     "restart mosquitto"|"restart mosquitto.service") _mq_stop; _mq_start ;;
     "start mosquitto"|"start mosquitto.service") _mq_running || _mq_start ;;
     "stop mosquitto"|"stop mosquitto.service") _mq_stop ;;
@@ -158,6 +176,15 @@ def bind(src: Path, target: str) -> None:
 def setup(work: Path) -> None:
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    # /etc as an overlay whose writes land in a tmpfs: the doc's steps create /etc/nftables.d, append to
+    # /etc/nftables.conf and install a systemd drop-in, none of which may reach the host
+    ovl = work / "etc-overlay"
+    ovl.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(ovl)], check=True)
+    (ovl / "upper").mkdir()
+    (ovl / "work").mkdir()
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", "lowerdir=/etc,upperdir=%s,workdir=%s"
+                    % (ovl / "upper", ovl / "work"), "/etc"], check=True)
     etc = work / "etc-mosquitto"
     etc.mkdir()
     stock = stock_etc(etc)
@@ -275,6 +302,56 @@ def wait_until(pred: Callable[[], Any], timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return bool(pred())
+
+
+STRANGER = "10.77.0.66"  # an address of the namespace's lo that no account uses
+BROKER_ADDR = "10.77.0.1"
+STRANGERS = 1100  # more than Debian's default file limit for the unit (1024) and far more than the per-source limit
+PER_SOURCE = 20  # deploy/nftables/pansketch.nft
+
+
+class Strangers:
+    def __init__(self) -> None:
+        self.held: list[socket.socket] = []
+        self.refused = 0
+
+    def close(self) -> None:
+        for c in self.held:
+            c.close()
+
+
+def _still_open(c: socket.socket) -> bool:
+    try:
+        c.setblocking(False)
+        return c.recv(1) != b""  # nothing to read yet: still open
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def open_strangers(n: int) -> Strangers:
+    """``n`` idle TCP connections to 8883 from STRANGER (no TLS handshake, no credentials)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 1024), hard))
+    for a in (STRANGER, BROKER_ADDR):
+        subprocess.run(["ip", "addr", "add", a + "/32", "dev", "lo"], check=False, capture_output=True)
+    out = Strangers()
+    for _ in range(n):
+        c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        c.settimeout(3)
+        c.bind((STRANGER, 0))
+        try:
+            c.connect((BROKER_ADDR, 8883))
+            out.held.append(c)
+        except OSError:
+            out.refused += 1
+            c.close()
+    time.sleep(1)  # the broker accepts what the kernel queued
+    return out
 
 
 def main() -> int:
@@ -403,7 +480,36 @@ def run(work: Path) -> int:
     hall.close()
     agg.close()
 
+    # strangers cannot exhaust the broker: its file limit, max_connections, and the firewall's per-source limit
+    limits = Path("/proc/%d/limits" % pid).read_text()
+    nofile = re.search(r"^Max open files\s+(\d+)\s+(\d+)", limits, re.M)
+    import resource
+
+    # 65536 from the drop-in; where this host's hard limit is lower (no CAP_SYS_RESOURCE) the shim caps it there
+    want = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    check("broker-nofile", nofile is not None and int(nofile.group(1)) >= want > 1024,
+          "mosquitto's open-file limit %s, at least %d (the unit's drop-in says 65536; Debian's unit alone "
+          "gives 1024)" % (nofile.groups() if nofile else limits, want))
+    conf = (Path("/etc/mosquitto/conf.d/pansketch.conf")).read_text()
+    check("max-connections", re.findall(r"^max_connections (\d+)$", conf, re.M) == ["5000", "100"],
+          "max_connections per listener: %s" % re.findall(r"^max_connections .*$", conf, re.M))
+    strangers = open_strangers(STRANGERS)
+    # an honest device connects (TLS, its account) while they are open, and delivers below
+    try:
+        honest = Client("pi-hall", pw["pi-hall"], "pi-hall", tls_ca=ca)
+        honest_ok = honest.connected
+        honest.close()
+    except Exception as exc:  # the broker out of file descriptors: SSLEOFError, a refused connect
+        print("honest device could not connect: %r" % exc, flush=True)
+        honest_ok = False
+    check("strangers-limited", len(strangers.held) <= PER_SOURCE and strangers.refused >= STRANGERS - PER_SOURCE
+          and honest_ok,
+          "a stranger at %s opened %d idle TCP connections to 8883: %d held, %d reset by the firewall's "
+          "per-source limit; an honest device connected meanwhile: %s" % (
+              STRANGER, STRANGERS, len(strangers.held), strangers.refused, honest_ok))
+
     # end to end: the real aggregator and agent with the script's config skeletons, over TLS
+    # (the stranger's connections still open)
     db = work / "fleet.db"
     hcfg = creds / "agg-1" / "host.toml"
     hcfg.write_text(hcfg.read_text().replace("/var/lib/pansketch/pansketch.db", str(db)))
@@ -434,6 +540,10 @@ def run(work: Path) -> int:
         except subprocess.TimeoutExpired:
             aggp.kill()
         alog.close()
+    held_after = sum(1 for c in strangers.held if _still_open(c))
+    strangers.close()
+    check("strangers-held-throughout", held_after <= PER_SOURCE, "%d of the stranger's connections were still "
+          "open after the agent's delivery (idle, never a TLS handshake)" % held_after)
     print("RESULT %s" % ("FAIL " + ",".join(FAILED) if FAILED else "ok"), flush=True)
     return 1 if FAILED else 0
 

@@ -10,8 +10,13 @@ runs, listens only where the doc says, that the password file is readable
 by the ``mosquitto`` user, that a device cannot take over the aggregator's
 (or another device's) session nor forge another device's ack, that an
 aggregator account cannot publish a release, that the credentials script
-refuses colliding names, and that a TLS agent and aggregator (the configs
-the script writes) store a release end to end.
+refuses colliding names, that the broker got the drop-in's file limit and
+max_connections per listener, and that a stranger opening 1,100 idle TCP
+connections to 8883 keeps at most the firewall's 20 (deploy/nftables) while
+an honest device connects and a TLS agent and aggregator (the configs the
+script writes) store a release end to end. /etc is an overlay on a tmpfs
+inside the namespace, so the doc's writes there (nftables.conf, the systemd
+drop-in) never reach the host.
 
 Skipped, with the reason, when not root, without ``unshare``, or without a
 Debian mosquitto package; ``PANSKETCH_REQUIRE_DEPLOY=1`` (set by .ci/run,
@@ -34,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 def _why_not() -> str:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "needs root (unshare --mount --net, bind mounts over /etc/mosquitto)"
-    for tool in ("unshare", "mount", "ip", "setpriv", "openssl", "mosquitto_passwd", "dpkg-query"):
+    for tool in ("unshare", "mount", "ip", "setpriv", "openssl", "mosquitto_passwd", "dpkg-query", "nft", "prlimit"):
         if shutil.which(tool) is None:
             return "%s is not installed" % tool
     if not os.path.exists("/usr/sbin/mosquitto") or not os.path.exists("/etc/mosquitto/mosquitto.conf"):
@@ -60,4 +65,5 @@ def test_operations_steps_1_2_as_written_on_stock_debian(tmp_path):
     names = {ln.split(":")[0][6:] for ln in checks if ": ok" in ln}
     assert names >= {"stock-conf", "doc-steps-1-2", "doc-steps-again", "broker-running", "drop-in", "listeners", "passwd-readable",
                      "acl-users", "name-collisions-refused", "tls", "aggregator-cannot-publish-release",
-                     "no-session-takeover", "no-forged-ack", "tls-agent-to-aggregator"}, checks
+                     "no-session-takeover", "no-forged-ack", "tls-agent-to-aggregator", "broker-nofile",
+                     "max-connections", "strangers-limited", "strangers-held-throughout"}, checks
