@@ -12,7 +12,7 @@ from agent import acks, storage
 from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests import mpvm
 from tests.test_e2e_support import (agent_toml, needs_mosquitto, run_agent, start_host, start_mosquitto,
                                     wait_for)

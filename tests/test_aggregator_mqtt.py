@@ -20,7 +20,7 @@ import paho.mqtt.client as mqtt
 
 from host_tools.ingest import aggregator
 from host_tools.query import core as query
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.broker import needs_mosquitto, start_mosquitto
 from tests.test_host_support import (SALT, T0, encoded, fleet_releases, host_cfg, params, record, topic,
                                      zipf_stream)

@@ -17,7 +17,7 @@ from host_tools.ingest import aggregator
 from host_tools.ingest.aggregator import MSG_OVERHEAD, Aggregator, _Held, _Writer
 from host_tools.ingest.mqttproc import Msg
 from host_tools.ingest.validproc import verdict
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_host_support import T0, encoded, host_cfg, params, topic
 
 

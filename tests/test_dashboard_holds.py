@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from host_tools.localnet import stop_process
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.dash_support import REPO, env, pansketch
 
 pytest.importorskip("waitress")

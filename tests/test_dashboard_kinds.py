@@ -326,7 +326,7 @@ def test_bad_inputs_and_wrong_kinds_are_refused(kinds: dict[str, Any]) -> None:
 
 def test_kind_pages_before_the_first_release(tmp_path: Any) -> None:
     pytest.importorskip("waitress")
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
     from host_tools.web.app import Dashboard
     from tests.test_dashboard import _wsgi
     from tests.test_host_support import host_cfg

@@ -18,7 +18,7 @@ from host_tools.query import distinct
 from host_tools.bench.kinds import dnpry_simulate
 from host_tools.ingest.decode import Rejected, decode
 from host_tools.query.merge import noise_variance
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests import mpvm
 from tests.test_host_support import binom_lower, binom_upper
 

@@ -20,7 +20,7 @@ from host_tools.lab.algorithms.vnoise import BulkNoise
 from host_tools.ingest.decode import Rejected, decode
 from host_tools.query.dyadic import DyadicView, exact_counters
 from host_tools.query.merge import MergeError, merge
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_host_support import binom_upper
 
 SALT = "fleet-salt-1"

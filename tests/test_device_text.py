@@ -26,7 +26,7 @@ from host_tools import textsafe
 from host_tools.ingest import devstatus
 from host_tools.ingest.decode import decode
 from host_tools.query import status, strheavy
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_host_status_gaps import status_msg
 from tests.test_host_support import SALT, T0, encoded, params, topic
 

@@ -56,7 +56,7 @@ import pytest
 
 from host_tools.localnet import stop_process
 from host_tools.ingest import devstatus
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_e2e_support import (REPO, SALT, agent_cmd, agent_env, agent_toml, needs_mosquitto, pansketch_cmd,
                                     start_mosquitto, wait_for)
 

@@ -22,7 +22,7 @@ import time
 import cbor2
 
 from host_tools.query import core as query
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_e2e_support import (SALT, AggregatorThread, Capture, agent_toml, host_toml, needs_mosquitto,
                                     spawn_agent, start_mosquitto, stop_process, wait_for)
 

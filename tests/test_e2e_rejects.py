@@ -21,7 +21,7 @@ import paho.mqtt.client as mqtt
 from agent import release
 from agent.params import Params
 from agent.sketch import new_counters
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_e2e_support import (REPO, SALT, AggregatorThread, free_port, needs_mosquitto, run_agent,
                                     start_mosquitto, wait_for)
 

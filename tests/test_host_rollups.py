@@ -19,7 +19,8 @@ import pytest
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator, Outcome, group_acks
 from host_tools.ingest.decode import decode
-from host_tools.store.core import Pending, Store
+from host_tools.store.rows import Pending
+from host_tools.store.sqlite import Store
 from host_tools.store.backend import open_store
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 

@@ -18,7 +18,8 @@ from host_tools import hostconfig
 from host_tools.ingest import devstatus
 from host_tools.query import status
 from host_tools.ingest.aggregator import Aggregator
-from host_tools.store.core import DeviceStatus, Store
+from host_tools.store.rows import DeviceStatus
+from host_tools.store.sqlite import Store
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

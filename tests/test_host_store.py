@@ -11,7 +11,7 @@ import pytest
 
 from agent.params import Params
 from host_tools.ingest.aggregator import Aggregator
-from host_tools.store.core import PAGE_SIZE, Store
+from host_tools.store.sqlite import PAGE_SIZE, Store
 from tests.test_host_support import T0, encoded, host_cfg, params, topic
 
 
@@ -378,7 +378,7 @@ def test_a_group_that_is_not_stored_leaves_no_highest_seq_behind(tmp_path, monke
 
 def _device_first_db(tmp_path: Any) -> str:
     """A file as written before the key led with the epoch: device-first key, no per-device figures."""
-    from host_tools.store.core import DEVICE_KEY, schema
+    from host_tools.store.schema import DEVICE_KEY, schema
 
     db = str(tmp_path / "df.db")
     con = sqlite3.connect(db)

@@ -22,7 +22,7 @@ import pytest
 from host_tools import finitejson
 from host_tools.ingest.decode import decode
 from host_tools.query.dyadic import exact_counters
-from host_tools.store.core import Store
+from host_tools.store.sqlite import Store
 from tests.test_dashboard import _wsgi
 from tests.test_dcs_host import SALT, params, payload, topic
 

@@ -23,7 +23,8 @@ from host_tools import hostconfig
 from host_tools.ingest.aggregator import Aggregator, group_acks
 from host_tools.query import core as query
 from host_tools.query import status
-from host_tools.store.core import PrunedError, Store
+from host_tools.store.errors import PrunedError
+from host_tools.store.sqlite import Store
 from tests.broker import needs_mosquitto, start_mosquitto
 from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
 

@@ -25,7 +25,8 @@ from host_tools.store import pgserver
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.ingest.decode import Rejected, decode
-from host_tools.store.core import Pending, StoreError
+from host_tools.store.errors import StoreError
+from host_tools.store.rows import Pending
 from host_tools.store.backend import open_store
 from tests.test_host_support import SALT, T0, encoded, fleet_releases, params, record, topic, zipf_stream
 
@@ -390,7 +391,7 @@ def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
     database from before those columns gains them (defaults for its rows) when an aggregator opens it."""
     import psycopg
 
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
     from tests import test_dcs_host as dcs
 
     st = open_store(dsn)

@@ -218,7 +218,7 @@ def test_query_heavy_20_devices_24_windows_under_a_second(tmp_path):
     import array
 
     from host_tools.query import strheavy_cli
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
 
     st = Store(str(tmp_path / "db.sqlite"))
     rng = np.random.default_rng(5)

@@ -137,7 +137,7 @@ def test_host_refuses_a_tree_release_calibrated_without_L(tmp_path):
 
 
 def test_ledger_counts_a_tree_once_per_event_not_per_node(tmp_path):
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
 
     p = params(levels=3, budget="1/2")
     rec = make(p, str(tmp_path / "dev"), T0, rng=Rng(DeterministicSource("led")), log=quiet)

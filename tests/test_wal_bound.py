@@ -1,4 +1,4 @@
-"""The SQLite WAL stays bounded: the writer's RESTART checkpoint (host_tools.store.core.Store.checkpoint_if_large).
+"""The SQLite WAL stays bounded: the writer's RESTART checkpoint (host_tools.store.sqlite.Store.checkpoint_if_large).
 
 Real releases through the real Aggregator into a SQLite file; a second connection plays a
 query holding a read transaction.

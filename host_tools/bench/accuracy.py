@@ -442,7 +442,7 @@ def dbits_device_path(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000
     from agent.rng import DeterministicSource, Rng
     from host_tools.ingest.decode import decode
     from host_tools.query import distinct
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
 
     t0 = 200_000 * 3600
     rows = []

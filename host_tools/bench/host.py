@@ -420,7 +420,7 @@ def _timeit(fn: Any, reps: int = 5) -> float:
 def build_query_db(path: str, devices: int, windows: int, d: int = 4, w: int = 1024) -> int:
     """``devices`` x ``windows`` hourly window releases stored through the store's group commit."""
     from host_tools.ingest.decode import decode
-    from host_tools.store.core import Pending
+    from host_tools.store.rows import Pending
     from host_tools.store.backend import open_store
 
     rng = np.random.default_rng(7)
@@ -617,7 +617,7 @@ def _warm(dsn: str, msgs: list[tuple[str, bytes]]) -> int:
     the timed run), as in a running fleet; a fresh database makes the first release of each device
     wait for whichever aggregator inserted its ``devices`` row first."""
     from host_tools.ingest.decode import decode
-    from host_tools.store.core import Pending
+    from host_tools.store.rows import Pending
     from host_tools.store.backend import open_store
 
     seen: dict[str, Any] = {}
@@ -717,7 +717,7 @@ def bench_pg_rows(srv: Any, msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
     import psycopg
 
     from host_tools.ingest.decode import decode
-    from host_tools.store.core import Pending
+    from host_tools.store.rows import Pending
     from host_tools.store.pg import PgStore
 
     dsn = srv.create_database("rows")

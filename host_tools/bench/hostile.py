@@ -227,7 +227,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     ``stall_s`` seconds (``dropped_by_broker`` then says how many never came)."""
     from host_tools import hostconfig
     from host_tools.ingest import aggregator
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import host_toml
 
@@ -310,7 +310,7 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
 
     from host_tools import hostconfig
     from host_tools.ingest import aggregator
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, host_toml
 

@@ -2,7 +2,7 @@
 
 :class:`Aggregator` is the transport-free core: ``handle(topic, payload)``
 validates one message (host_tools.ingest.decode), stores it idempotently
-(host_tools.store.core) or logs the rejection with its reason, and returns an
+(host_tools.store.write) or logs the rejection with its reason, and returns an
 :class:`Outcome`. :func:`run` connects it to a broker with paho-mqtt 2.x
 (``CallbackAPIVersion.VERSION2``, MQTT v5):
 
@@ -24,7 +24,7 @@ validates one message (host_tools.ingest.decode), stores it idempotently
   twice) and forwards it with its verdict; it sends what it is told; the
   validator thread turns verdicts into store items; the writer thread
   stores them as one group commit (one transaction; one bad message rolls
-  back alone; host_tools.store.core), which amortises the fsync over the
+  back alone; host_tools.store.write), which amortises the fsync over the
   group. With ``[broker] kind = "rabbitmq"`` the AMQP client runs in a
   thread of this process and validation in a helper process of its own
   (host_tools.ingest.validproc), as before. If a helper process dies
@@ -92,7 +92,8 @@ from host_tools import metrics
 from host_tools.ingest.decode import Rejected, Release, topic_device
 from host_tools.hostconfig import HostConfig
 from host_tools.ingest.mqttproc import Msg, MQTTProcess, Settings
-from host_tools.store.core import Limits, Pending, SQLStore
+from host_tools.store.rows import Limits, Pending
+from host_tools.store.sql import SQLStore
 from host_tools.store.backend import open_store
 from host_tools.ingest.validproc import Settings as ValidationSettings
 from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess, Verdict, verdict

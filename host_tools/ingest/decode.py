@@ -47,7 +47,7 @@ the flash track a restart carried in) and one draw of the output noise ``nout``.
 would claim less than the internal + output noise every release carries.
 
 Per-device consistency with earlier releases and key conflicts need the
-store and are checked in :mod:`host_tools.store.core` (codes ``device`` and
+store and are checked in :mod:`host_tools.store.write` (codes ``device`` and
 ``conflict``).
 """
 

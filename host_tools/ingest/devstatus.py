@@ -30,7 +30,8 @@ from typing import Any, Optional
 
 from host_tools import textsafe
 from host_tools.ingest.decode import SUPPORTED_MODES, V2_KINDS
-from host_tools.store.core import STATUS_INTS, SQLStore
+from host_tools.store.schema import STATUS_INTS
+from host_tools.store.sql import SQLStore
 
 log = logging.getLogger("pansketch.aggregator")
 

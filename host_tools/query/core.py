@@ -2,7 +2,7 @@
 
 Python API (no CLI needed)::
 
-    from host_tools.store.core import Store
+    from host_tools.store.sqlite import Store
     from host_tools.query import core as query
     st = Store("pansketch.db", readonly=True)
     for a in query.freq(st, ["apple", "pear"], salt="fleet-salt", window=480000):
@@ -47,7 +47,9 @@ from host_tools import textsafe
 from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
 from host_tools.store import exclusions
-from host_tools.store.core import RollupInfo, SQLStore, StoredRelease, rollup_key
+from host_tools.store.rows import RollupInfo, StoredRelease
+from host_tools.store.sql import SQLStore
+from host_tools.store.write import rollup_key
 
 try:
     from host_tools import fasthash

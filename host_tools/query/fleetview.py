@@ -22,7 +22,7 @@ from typing import Any, Optional
 from host_tools.store import ledger as ledger_mod
 from host_tools.query import status as status_mod
 from host_tools.query.core import iso
-from host_tools.store.core import SQLStore as Store
+from host_tools.store.sql import SQLStore as Store
 
 DELIVERY = ("lost", "pending", "late", "rejected")
 

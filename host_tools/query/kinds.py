@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from host_tools.query import dyadic_cli, point_cli, series_cli, strheavy_cli
-from host_tools.store.core import SQLStore
+from host_tools.store.sql import SQLStore
 
 POINT = ("cms", "cs")  # the point-query sketches (Count-Min, CountSketch)
 # run(args, store, salt, confidence, since, until) -> exit code; it prints the answer

@@ -40,7 +40,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from host_tools.store.core import StoredRelease
+from host_tools.store.rows import StoredRelease
 
 
 class MergeError(Exception):
@@ -114,7 +114,7 @@ def merge(rels: Sequence[StoredRelease], counters: Optional[Iterable[np.ndarray]
 
     The counters come from ``rels`` (loaded with payload), or, streaming,
     from ``counters`` (one array per release of ``rels``, same order, e.g.
-    :meth:`host_tools.store.core.SQLStore.iter_counters`): memory stays
+    :meth:`host_tools.store.read.Reader.iter_counters`): memory stays
     O(d*w) plus the releases' metadata.
     """
     if not rels:

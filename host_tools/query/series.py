@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Union
 
 from host_tools.query import core as query
 from host_tools.query.core import Answer, QueryError, iso
-from host_tools.store.core import SQLStore as Store
+from host_tools.store.sql import SQLStore as Store
 
 MAX_BUCKETS = 2000
 

@@ -11,7 +11,7 @@ from host_tools import textsafe
 from host_tools.query import plot
 from host_tools.query.core import QueryError, iso
 from host_tools.query.series import series
-from host_tools.store.core import SQLStore
+from host_tools.store.sql import SQLStore
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:

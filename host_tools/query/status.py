@@ -39,7 +39,8 @@ from typing import Any, Optional
 from host_tools import textsafe
 from host_tools.store import ledger as ledger_mod
 from host_tools.query.core import iso
-from host_tools.store.core import SQLStore as Store, StoredRelease
+from host_tools.store.rows import StoredRelease
+from host_tools.store.sql import SQLStore as Store
 from host_tools.store.backend import open_store
 
 

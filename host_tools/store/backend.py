@@ -1,11 +1,12 @@
-"""Which store serves ``[aggregator] db``: SQLite (host_tools.store.core) or PostgreSQL (host_tools.store.pg).
+"""Which store serves ``[aggregator] db``: SQLite (host_tools.store.sqlite) or PostgreSQL (host_tools.store.pg).
 
 The one place that picks a backend; every reader and writer opens its store here.
 """
 
 from __future__ import annotations
 
-from host_tools.store.core import SQLStore, Store
+from host_tools.store.sql import SQLStore
+from host_tools.store.sqlite import Store
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 

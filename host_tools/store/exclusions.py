@@ -38,7 +38,10 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from host_tools.store.core import SQLStore, Store, _row_to_release, rollup_key
+from host_tools.store.rows import _row_to_release
+from host_tools.store.sql import SQLStore
+from host_tools.store.sqlite import Store
+from host_tools.store.write import rollup_key
 
 TABLE = "device_exclusions"
 DDL = ("CREATE TABLE IF NOT EXISTS device_exclusions (device TEXT PRIMARY KEY, since DOUBLE PRECISION NOT NULL, "

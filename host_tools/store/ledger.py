@@ -42,7 +42,7 @@ from typing import Any, Iterable, Optional
 
 from agent import calibrate
 from agent.noise import NoiseSpec
-from host_tools.store.core import StoredRelease
+from host_tools.store.rows import StoredRelease
 
 def zcdp_to_dp_bun_steinke(rho: float, delta: float) -> float:
     """ε = ρ + 2 sqrt(ρ ln(1/δ)) (Bun & Steinke 2016, Proposition 1.3)."""

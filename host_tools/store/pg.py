@@ -1,6 +1,6 @@
 """PostgreSQL backend of the release store (``[aggregator] db = "postgresql://..."``, psycopg 3).
 
-The same tables and SQL as the SQLite store (host_tools/store/core.py), with
+The same tables and SQL as the SQLite store (host_tools/store/schema.py, host_tools/store/sql.py), with
 PostgreSQL types (BIGINT, BYTEA, DOUBLE PRECISION, BIGSERIAL). Any number
 of aggregators, on any number of hosts, may write to one database; the
 database, not a process, enforces:
@@ -55,8 +55,11 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import json
 
 from host_tools.store.records import Rejected
-from host_tools.store.core import (_ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, Pending, SQLStore, StoreError, _Acc,
-                              insert_values)
+from host_tools.store.errors import StoreError
+from host_tools.store.rows import Pending
+from host_tools.store.schema import _ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, insert_values
+from host_tools.store.sql import SQLStore
+from host_tools.store.write import _Acc
 
 _SERIALS = itertools.count()
 _SHARD_LOCK = 7243311  # advisory lock class of the writers' roll-up shards
@@ -69,7 +72,7 @@ def _pg_types(s: str) -> str:
 
 
 def pg_schema() -> list[str]:
-    """The SQLite DDL of host_tools.store.core in PostgreSQL types, one statement each; then the release
+    """The SQLite DDL of host_tools.store.schema in PostgreSQL types, one statement each; then the release
     columns added since (``_ADDED``: nz, and format v2's v, lvl, b, map) for databases created before."""
     s = _pg_types(_SCHEMA)
     return ([x.strip() for x in s.split(";") if x.strip()]

@@ -5,7 +5,7 @@ Read-only by construction:
 
 * only GET and HEAD are served; every other method gets 405 with
   ``Allow: GET, HEAD`` before anything else runs;
-* the store is opened per request with :class:`host_tools.store.core.Store`
+* the store is opened per request with :class:`host_tools.store.sqlite.Store`
   ``readonly=True`` (SQLite ``query_only``); every value from a request
   reaches SQL only as a bound parameter (the store's queries use ``?``
   placeholders; this module writes no SQL), and items are hashed, never
@@ -49,7 +49,7 @@ from host_tools.query import kinds as query_kinds
 from host_tools.query import series
 from host_tools.hostconfig import HostConfig
 from host_tools.query.core import QueryError, iso
-from host_tools.store.core import SQLStore as Store
+from host_tools.store.sql import SQLStore as Store
 from host_tools.store.backend import open_store
 from host_tools.web import authlimit
 from host_tools.web.errors import BadRequest
