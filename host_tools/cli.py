@@ -18,7 +18,7 @@ from agent.pipes import run_main
 
 # subcommand name -> module path (module must define add_parser(subparsers))
 SUBCOMMANDS: dict[str, str] = {
-    "aggregate": "host_tools.ingest.aggregator",
+    "aggregate": "host_tools.ingest.service",
     "status": "host_tools.query.status",
     "device": "host_tools.query.device_cli",
     "query": "host_tools.query.cli",

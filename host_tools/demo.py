@@ -3,7 +3,7 @@
 1. a broker: mosquitto on a free loopback port when it is installed,
    otherwise the pure-Python ``amqtt`` broker from PyPI (MQTT 3.1.1 only:
    the devices and the aggregator then speak 3.1.1);
-2. the real aggregator (host_tools.ingest.aggregator.run, what ``pansketch
+2. the real aggregator (host_tools.ingest.service.run, what ``pansketch
    aggregate`` runs: validation, store, host acknowledgements) into a
    temporary SQLite file;
 3. several simulated agents: each is the real device core
@@ -288,7 +288,7 @@ def _host_config(workdir: str, broker: DemoBroker, args: argparse.Namespace) -> 
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from host_tools.ingest import aggregator
+    from host_tools.ingest import service
     from host_tools.query import core as query
     from host_tools.store.backend import open_store as Store
 
@@ -321,7 +321,7 @@ def run_demo(args: argparse.Namespace) -> int:
         # the MQTT version the broker knows ([broker] mqtt_version in the host.toml written above)
         ready = threading.Event()
         rc_box: list[int] = []
-        agg_thread = threading.Thread(target=lambda: rc_box.append(aggregator.run(cfg, stop=stop, ready=ready)),
+        agg_thread = threading.Thread(target=lambda: rc_box.append(service.run(cfg, stop=stop, ready=ready)),
                                       name="aggregator", daemon=True)
         agg_thread.start()
         if not ready.wait(15):

@@ -18,7 +18,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from host_tools.ingest import aggregator
+from host_tools.ingest import service
 from host_tools.query import core as query
 from host_tools.store.sqlite import Store
 from tests.broker import needs_mosquitto, start_mosquitto
@@ -45,14 +45,14 @@ def publish_all(port: int, msgs: list[tuple[str, bytes]], client_id: str = "pub"
 
 
 class AggThread:
-    """aggregator.run in a thread, stopped on exit."""
+    """service.run in a thread, stopped on exit."""
 
     def __init__(self, cfg: Any, until_idle: float | None = None) -> None:
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.rc: list[int] = []
         self.counts: dict[str, int] = {}
-        self.t = threading.Thread(target=lambda: self.rc.append(aggregator.run(cfg, until_idle, self.stop, self.ready,
+        self.t = threading.Thread(target=lambda: self.rc.append(service.run(cfg, until_idle, self.stop, self.ready,
                                                                                 self.counts)),
                                   daemon=True)
         self.t.start()
@@ -342,14 +342,14 @@ def test_host_acks_beyond_the_broker_s_receive_maximum_all_arrive(tmp_path, capl
 
 
 def test_stored_lines_written_at_once_are_the_lines_logging_writes():
-    """aggregator.info_lines: to the plain stderr handler of ``pansketch aggregate`` the per-release INFO
+    """loglines.info_lines: to the plain stderr handler of ``pansketch aggregate`` the per-release INFO
     lines go in one write, byte for byte what logging writes (timestamp apart); with a filter on the
     handler (or any other setup) each line is a record through logging, so the filter still applies."""
     import io
     import logging
     import re
 
-    from host_tools.ingest.aggregator import LINE_FORMAT, info_lines
+    from host_tools.ingest.loglines import LINE_FORMAT, info_lines
 
     lg = logging.getLogger("pansketch-test-lines.aggregator")
     parent = logging.getLogger("pansketch-test-lines")

@@ -13,8 +13,9 @@ import threading
 import time
 from typing import Any
 
-from host_tools.ingest import aggregator
-from host_tools.ingest.aggregator import MSG_OVERHEAD, Aggregator, _Held, _Writer
+from host_tools.ingest import pipeline
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.ingest.pipeline import MSG_OVERHEAD, _Held, _Writer
 from host_tools.ingest.mqttproc import Msg
 from host_tools.ingest.validproc import verdict
 from host_tools.store.sqlite import Store
@@ -71,7 +72,7 @@ def slow_writer(tmp_path: Any, n: int) -> tuple[Aggregator, list[Msg], Acks, _Wr
 
 
 def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path, monkeypatch):
-    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 1.0)  # arrivals 0.3 s apart still "keep coming"
+    monkeypatch.setattr(pipeline, "IDLE_GAP_S", 1.0)  # arrivals 0.3 s apart still "keep coming"
     cfg = host_cfg(tmp_path, aggregator={"group_wait_ms": 1000})
     # 3 s, past the config limit: the timing checks keep their meaning with a margin for a
     # loaded CI core, which stalls for 0.3 s and more
@@ -102,8 +103,8 @@ def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path, 
 def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypatch):
     """Messages keep coming, but a group of GROUP_ENOUGH does not wait group_wait_ms for more: in a
     burst the writer would only idle with a backlog behind it. A smaller one still waits."""
-    monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
-    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 5.0)  # no lull ends the wait here: only its length does
+    monkeypatch.setattr(pipeline, "GROUP_ENOUGH", 4)
+    monkeypatch.setattr(pipeline, "IDLE_GAP_S", 5.0)  # no lull ends the wait here: only its length does
     agg, msgs, acks, w = slow_writer(tmp_path, 6)
     w.start()
     w.put([msgs[0]])
@@ -129,7 +130,7 @@ def test_a_group_stops_waiting_when_the_inflow_stops(tmp_path, monkeypatch):
     """group_wait_ms 3 s: arrivals 0.1 s apart (closer than the idle gap, 0.4 s) join one group; once
     nothing arrives for the idle gap, the group is committed then, not at the end of the 3 s (the last
     group of a burst waited the whole group_wait_ms)."""
-    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.4)
+    monkeypatch.setattr(pipeline, "IDLE_GAP_S", 0.4)
     agg, msgs, acks, w = slow_writer(tmp_path, 5)
     w.start()
     w.put([msgs[0]])
@@ -152,8 +153,8 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
     0.1 s: a fixed gap would commit every clump alone; the writer measures the gaps between arrivals
     and waits IDLE_GAP_CLUMPS x their upper quartile, so the clumps after the first join one group.
     Gaps longer than group_wait_ms are lulls and do not count."""
-    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.1)
-    monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)  # 0.6 s: a margin for a loaded CI core
+    monkeypatch.setattr(pipeline, "IDLE_GAP_S", 0.1)
+    monkeypatch.setattr(pipeline, "IDLE_GAP_CLUMPS", 3.0)  # 0.6 s: a margin for a loaded CI core
     agg, msgs, acks, w = slow_writer(tmp_path, 8)
     assert w.idle_gap(3.0) == 0.1, "no arrivals yet: the fixed gap"
     w._arrivals = [(g, 10) for g in (0.01, 0.01, 0.3, 0.3)]
@@ -164,7 +165,7 @@ def test_clumped_arrivals_lengthen_the_idle_gap(tmp_path, monkeypatch):
     assert w.idle_gap(3.0) == 3.0, "never past the group wait"
     w._arrivals = [(0.3, 1)] * 4
     assert w.idle_gap(3.0) == 0.1, "one message every 0.3 s: a 0.9 s wait would gather 3, under CLUMP_MIN"
-    monkeypatch.setattr(aggregator, "CLUMP_MIN", 2)  # below: clumps of two, a 0.6 s wait gathers about 6
+    monkeypatch.setattr(pipeline, "CLUMP_MIN", 2)  # below: clumps of two, a 0.6 s wait gathers about 6
     w._arrivals = []
     w.start()
     for i in range(0, 8, 2):
@@ -193,9 +194,9 @@ def test_after_a_backlog_group_the_idle_gap_is_the_short_one(tmp_path, monkeypat
     """A burst: the writer's last group was GROUP_ENOUGH messages already waiting. The group after it
     (a burst's tail) ends its wait on IDLE_GAP_S, not on the clump rhythm measured before: a rhythm
     of 0.3 s gaps would otherwise hold the tail for 0.9 s (make bench's ingest: about 35 ms a round)."""
-    monkeypatch.setattr(aggregator, "GROUP_ENOUGH", 4)
-    monkeypatch.setattr(aggregator, "IDLE_GAP_S", 0.1)
-    monkeypatch.setattr(aggregator, "IDLE_GAP_CLUMPS", 3.0)
+    monkeypatch.setattr(pipeline, "GROUP_ENOUGH", 4)
+    monkeypatch.setattr(pipeline, "IDLE_GAP_S", 0.1)
+    monkeypatch.setattr(pipeline, "IDLE_GAP_CLUMPS", 3.0)
     agg, msgs, acks, w = slow_writer(tmp_path, 6)
     w.put(msgs[:4])  # queued before the threads start: the first group is all backlog
     w._arrivals = [(0.3, 100)] * 8
@@ -226,7 +227,7 @@ def test_writer_blocks_the_reader_when_the_store_falls_behind(tmp_path, monkeypa
         return commit(pend, **kw)
 
     monkeypatch.setattr(agg.store, "commit_group", slow_commit)
-    monkeypatch.setattr(aggregator, "GROUP_MAX", 2)  # small groups: the reader hands them over one by one
+    monkeypatch.setattr(pipeline, "GROUP_MAX", 2)  # small groups: the reader hands them over one by one
     stop = threading.Event()
     acks = Acks()
     w = _Writer(agg, None, acks, stop, {})  # type: ignore[arg-type]

@@ -187,18 +187,18 @@ LIVE: list["AggregatorThread"] = []  # started and not stopped yet (tests/confte
 
 
 class AggregatorThread:
-    """The real aggregator (host_tools.ingest.aggregator.run) in a thread, subscribed when constructed."""
+    """The real aggregator (host_tools.ingest.service.run) in a thread, subscribed when constructed."""
 
     def __init__(self, config_path: str) -> None:
         from host_tools import hostconfig
-        from host_tools.ingest import aggregator
+        from host_tools.ingest import service
 
         self.cfg = hostconfig.load(config_path)
         self.stop_ev = threading.Event()
         self.ready = threading.Event()
         self.rc: list[int] = []
         self.thread = threading.Thread(
-            target=lambda: self.rc.append(aggregator.run(self.cfg, stop=self.stop_ev, ready=self.ready)),
+            target=lambda: self.rc.append(service.run(self.cfg, stop=self.stop_ev, ready=self.ready)),
             name="aggregator", daemon=True)
         self.thread.start()
         LIVE.append(self)

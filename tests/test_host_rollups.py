@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from host_tools.query import core as query
-from host_tools.ingest.aggregator import Aggregator, Outcome, group_acks
+from host_tools.ingest.acks import group_acks
+from host_tools.ingest.aggregator import Aggregator, Outcome
 from host_tools.ingest.decode import decode
 from host_tools.store.rows import Pending
 from host_tools.store.sqlite import Store

@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the ingest path: every module of host_tools/ingest (aggregator, mqttproc, validproc, child, decode,
 # devstatus), the bounded reader they share with the store (cborscan) and the store that logs refusals
 INGEST_MODULES = {"ingest/aggregator", "ingest/mqttproc", "ingest/validproc", "ingest/child", "ingest/decode",
-                  "cborscan", "ingest/devstatus", "store/schema", "store/write", "store/sqlite", "store/pg"}
+                  "cborscan", "ingest/devstatus", "ingest/pipeline", "ingest/service", "store/schema", "store/write", "store/sqlite", "store/pg"}
 
 
 def fleet_cfg(tmp_path: Any, **agg: Any) -> Any:
@@ -428,7 +428,7 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
     import threading
 
     from host_tools import hostconfig
-    from host_tools.ingest import aggregator, validproc
+    from host_tools.ingest import aggregator, service, validproc
     from tests.broker import start_mosquitto
     from tests.test_aggregator_mqtt import publish_all
     from tests.test_e2e_support import host_toml
@@ -442,7 +442,7 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
         monkeypatch.setattr(aggregator, "ValidationSettings",
                             functools.partial(validproc.Settings, spin_topic=spin))
         stop, ready = threading.Event(), threading.Event()
-        th = threading.Thread(target=aggregator.run, args=(cfg,), kwargs={"stop": stop, "ready": ready}, daemon=True)
+        th = threading.Thread(target=service.run, args=(cfg,), kwargs={"stop": stop, "ready": ready}, daemon=True)
         th.start()
         assert ready.wait(20)
         ro = Store(cfg.aggregator.db, readonly=True)
@@ -458,7 +458,7 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
         stop.set()
         th.join(30)
         stop2, ready2 = threading.Event(), threading.Event()
-        th2 = threading.Thread(target=aggregator.run, args=(cfg2,), kwargs={"stop": stop2, "ready": ready2},
+        th2 = threading.Thread(target=service.run, args=(cfg2,), kwargs={"stop": stop2, "ready": ready2},
                                daemon=True)
         th2.start()
         assert ready2.wait(20)

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from host_tools import hostconfig
-from host_tools.ingest.aggregator import Aggregator, group_acks
+from host_tools.ingest.acks import group_acks
+from host_tools.ingest.aggregator import Aggregator
 from host_tools.query import core as query
 from host_tools.query import status
 from host_tools.store.errors import PrunedError
@@ -182,7 +183,7 @@ def test_prune_cut_never_reaches_a_fresh_release(tmp_path):
 
 @needs_mosquitto
 def test_the_running_aggregator_prunes_between_groups(tmp_path):
-    """aggregator.run with retain_raw_s: after a group commit (acknowledged), releases received longer
+    """service.run with retain_raw_s: after a group commit (acknowledged), releases received longer
     ago than retain_raw_s lose their bytes, the ones just stored keep them; a re-send of a pruned
     release over MQTT is acknowledged to the device as stored."""
     from tests.test_aggregator_mqtt import AggThread, publish_all, wait_for

@@ -3,7 +3,7 @@
 ``python -m host_tools.bench.hostile`` (needs mosquitto) prints and writes
 bench-results/hostile.md and hostile.json: for each input class (docs/HOST.md
 "Hostile input"), the class is published through a real mosquitto into a
-running aggregator (``host_tools.ingest.aggregator.run``, its MQTT and validation
+running aggregator (``host_tools.ingest.service.run``, its MQTT and validation
 helper processes); then one real agent (``python -m agent.daemon feed``,
 a new device each time) publishes a valid release and waits for the host's
 acknowledgement. Columns:
@@ -226,7 +226,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     agent's release. A class ends when every message is handled, or when nothing more was handled for
     ``stall_s`` seconds (``dropped_by_broker`` then says how many never came)."""
     from host_tools import hostconfig
-    from host_tools.ingest import aggregator
+    from host_tools.ingest import service
     from host_tools.store.sqlite import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import host_toml
@@ -242,7 +242,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     stop, ready = threading.Event(), threading.Event()
     counts: dict[str, int] = {}
     rc: list[int] = []
-    th = threading.Thread(target=lambda: rc.append(aggregator.run(cfg, stop=stop, ready=ready, counts=counts)),
+    th = threading.Thread(target=lambda: rc.append(service.run(cfg, stop=stop, ready=ready, counts=counts)),
                          daemon=True)
     th.start()
     assert ready.wait(20), "aggregator did not subscribe"
@@ -309,7 +309,7 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     import subprocess
 
     from host_tools import hostconfig
-    from host_tools.ingest import aggregator
+    from host_tools.ingest import service
     from host_tools.store.sqlite import Store
     from tests.broker import start_mosquitto
     from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, host_toml
@@ -320,7 +320,7 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
 
     def start() -> tuple[threading.Thread, threading.Event]:
         stop, ready = threading.Event(), threading.Event()
-        th = threading.Thread(target=aggregator.run, args=(cfg,), kwargs={"stop": stop, "ready": ready}, daemon=True)
+        th = threading.Thread(target=service.run, args=(cfg,), kwargs={"stop": stop, "ready": ready}, daemon=True)
         th.start()
         assert ready.wait(20), "aggregator did not subscribe"
         return th, stop

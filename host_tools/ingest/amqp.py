@@ -12,7 +12,7 @@ consumer's connection dies unacknowledged (so a killed aggregator's share goes
 to the others at once, unlike a mosquitto shared group).
 
 :class:`AMQPTransport` has the interface of host_tools.ingest.mqttproc.MQTTProcess
-so the aggregator's validate -> store -> ack pipeline (host_tools.ingest.aggregator)
+so the aggregator's validate -> store -> ack pipeline (host_tools.ingest.pipeline)
 runs unchanged:
 
 * ``on_messages(list[Msg])`` for what arrived (``Msg.topic`` back in MQTT form),

@@ -8,7 +8,7 @@ backlog), ``acked_seq``, ``rejected`` and ``ts``; its last will is
 the store to tell *lost* releases (the device no longer holds them and the
 host never stored them) from *pending* ones (still on the device).
 
-For the aggregator (host_tools/ingest/aggregator.py): the MQTT process
+For the aggregator (host_tools/ingest/pipeline.py): the MQTT process
 subscribes :func:`status_filter` next to the releases (not shared: retained
 messages are not sent to shared subscriptions, and every aggregator keeps
 its own copy of each device's latest status); the validator thread passes

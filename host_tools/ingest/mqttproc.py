@@ -11,7 +11,7 @@ aggregator receives verdicts with them. Releases (publishes without
 properties) are validated and forwarded by the network thread that read
 them, a batch at a time (:class:`Gatherer`); anything paho decodes itself
 goes through the :class:`Inbox` to a batcher thread; the aggregator (group commit,
-every acknowledgement, host_tools.ingest.aggregator) is the parent. They
+every acknowledgement, host_tools.ingest.pipeline) is the parent. They
 talk over one socket pair (host_tools/ingest/child.py):
 
 child -> parent
@@ -178,7 +178,7 @@ class _Judge:
                     return self.rejected(bad[1], reason, None)
                 # the refusal names the dev and seq the bytes give, as every refusal does where they are
                 # readable (the rejection row; pansketch status counts that seq as refused; a timeout is
-                # not acknowledged to the device, aggregator._ack_entry): read by the bounded reader,
+                # not acknowledged to the device, acks._ack_entry): read by the bounded reader,
                 # watched and under the budget like validation
                 return self._watched(topic, payload, key, lambda: self.rejected(bad[1], reason, payload))
         return self._watched(topic, payload, key, lambda: self.verdict(vs, topic, payload, sha))
