@@ -16,7 +16,7 @@ from typing import Any
 from host_tools.ingest import pipeline
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.ingest.pipeline import MSG_OVERHEAD, _Held, _Writer
-from host_tools.ingest.mqttproc import Msg
+from host_tools.ingest.mqttshared import Msg
 from host_tools.ingest.validproc import verdict
 from host_tools.store.sqlite import Store
 from tests.test_host_support import T0, encoded, host_cfg, params, topic

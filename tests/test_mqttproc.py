@@ -141,7 +141,8 @@ def test_acks_of_a_dead_childs_messages_are_dropped():
     import socket
     from multiprocessing.connection import Connection
 
-    from host_tools.ingest.mqttproc import GEN_SHIFT, MQTTProcess
+    from host_tools.ingest.mqttparent import MQTTProcess
+    from host_tools.ingest.mqttshared import GEN_SHIFT
 
     a, b = socket.socketpair()
     mp = MQTTProcess(None, lambda _m: None, lambda _e: None)  # type: ignore[arg-type]
@@ -161,20 +162,20 @@ def test_poison_refusal_names_dev_and_seq(tmp_path, code):
     import dataclasses
     import hashlib
 
-    from host_tools.ingest import mqttproc, validproc
+    from host_tools.ingest import mqttproc, mqttshared, validproc
 
     p = params("pi-poison")
     payload = encoded(p, seq=41)
     t = topic("pi-poison")
-    key = mqttproc.message_key(t, hashlib.sha256(payload).digest())
+    key = mqttshared.message_key(t, hashlib.sha256(payload).digest())
     watch = tmp_path / "watch"
-    watch.write_bytes(bytes(mqttproc.WATCH_SIZE))
-    s = mqttproc.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=5),
-                          watch=str(watch), poison=((key, mqttproc.POISON_DEATHS, code),))
+    watch.write_bytes(bytes(mqttshared.WATCH_SIZE))
+    s = mqttshared.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=5),
+                            watch=str(watch), poison=((key, mqttshared.POISON_DEATHS, code),))
     v = mqttproc._Judge(s)(t, payload)
     assert v[:2] == ("rejected", code) and v[3:] == ("pi-poison", 41), v
     # killed once more while reading dev/seq for the refusal: refused without reading anything
-    s = dataclasses.replace(s, poison=((key, mqttproc.POISON_DEATHS + 1, code),))
+    s = dataclasses.replace(s, poison=((key, mqttshared.POISON_DEATHS + 1, code),))
     v = mqttproc._Judge(s)(t, payload)
     assert v[:2] == ("rejected", code) and v[3:] == (None, None), v
 
@@ -189,7 +190,8 @@ def test_acks_from_before_a_reconnect_are_not_sent_on_the_new_connection(tmp_pat
     import paho.mqtt.client as mqtt
 
     from host_tools.hostconfig import BrokerConfig
-    from host_tools.ingest.mqttproc import MQTTProcess, Msg, Settings
+    from host_tools.ingest.mqttparent import MQTTProcess
+    from host_tools.ingest.mqttshared import Msg, Settings
 
     b = start_mosquitto(tmp_path)
     got: list[Msg] = []
@@ -248,19 +250,19 @@ def test_backstop_never_kills_the_successor_of_a_process_that_died_validating(tm
     import mmap
     import time
 
-    from host_tools.ingest import mqttproc, validproc
+    from host_tools.ingest import mqttparent, mqttshared, validproc
 
-    s = mqttproc.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=0.01))
-    mp = mqttproc.MQTTProcess(s, lambda _m: None, lambda _e: None)
+    s = mqttshared.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=0.01))
+    mp = mqttparent.MQTTProcess(s, lambda _m: None, lambda _e: None)
     path = tmp_path / "watch"
-    path.write_bytes(bytes(mqttproc.WATCH_SIZE))
+    path.write_bytes(bytes(mqttshared.WATCH_SIZE))
     with open(path, "r+b") as f:
-        mp._mm = mmap.mmap(f.fileno(), mqttproc.WATCH_SIZE)
+        mp._mm = mmap.mmap(f.fileno(), mqttshared.WATCH_SIZE)
     old = subprocess.Popen(["sleep", "60"])
     new = subprocess.Popen(["sleep", "60"])
     try:
         mp.proc = old
-        mqttproc._WATCH.pack_into(mp._mm, 0, 1, 1, b"k" * 32, 0, 10)  # validating its message 1
+        mqttshared._WATCH.pack_into(mp._mm, 0, 1, 1, b"k" * 32, 0, 10)  # validating its message 1
         import threading
 
         threading.Thread(target=mp._backstop, daemon=True).start()

@@ -15,7 +15,8 @@ from agent.config import BrokerConfig
 from agent.publisher import Publisher
 from agent.storage import Outbox
 from host_tools import hostconfig
-from host_tools.ingest.mqttproc import _client, Settings
+from host_tools.ingest.mqttproc import _client
+from host_tools.ingest.mqttshared import Settings
 from tests.broker import needs_mosquitto, start_mosquitto
 
 

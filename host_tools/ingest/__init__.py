@@ -3,7 +3,8 @@
 The service (service: ``run`` and the CLI), the transport-free core
 (aggregator: validate, store, say what happened), the validate -> store ->
 acknowledge threads (pipeline), the host's acknowledgements to devices (acks)
-and the log lines (loglines). MQTT transport (mqttproc), validation
+and the log lines (loglines). MQTT transport (the process: mqttproc; the
+aggregator's handle on it: mqttparent; what both share: mqttshared), validation
 (validproc, decode), the child-process plumbing (child) and device status
 messages (devstatus). Releases go to the
 store. May import: agent, host_tools.store, host_tools.hostconfig,

@@ -11,7 +11,7 @@ is delivered to one consumer at a time and comes back to the queue when that
 consumer's connection dies unacknowledged (so a killed aggregator's share goes
 to the others at once, unlike a mosquitto shared group).
 
-:class:`AMQPTransport` has the interface of host_tools.ingest.mqttproc.MQTTProcess
+:class:`AMQPTransport` has the interface of host_tools.ingest.mqttparent.MQTTProcess
 so the aggregator's validate -> store -> ack pipeline (host_tools.ingest.pipeline)
 runs unchanged:
 
@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from host_tools.ingest.mqttproc import Msg
+from host_tools.ingest.mqttshared import Msg
 
 log = logging.getLogger("pansketch.aggregator")
 

@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional
 from host_tools.ingest import devstatus
 from host_tools.ingest.acks import group_acks
 from host_tools.ingest.aggregator import Aggregator, MessageError, Outcome
-from host_tools.ingest.mqttproc import Msg, MQTTProcess
+from host_tools.ingest.mqttparent import MQTTProcess
+from host_tools.ingest.mqttshared import Msg
 from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
 from host_tools.store.rows import Pending
 

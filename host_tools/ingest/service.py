@@ -85,7 +85,8 @@ from host_tools.ingest import devstatus
 from host_tools import metrics
 from host_tools.hostconfig import HostConfig
 from host_tools.ingest.aggregator import Aggregator
-from host_tools.ingest.mqttproc import Msg, MQTTProcess, Settings
+from host_tools.ingest.mqttparent import MQTTProcess
+from host_tools.ingest.mqttshared import Msg, Settings
 from host_tools.ingest.pipeline import HELD_BYTES_MAX, RECEIVE_MAXIMUM, _Writer
 from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
 
