@@ -35,6 +35,10 @@ The counters are random int32 values, not noise drawn by agent.noise: they
 are benchmark payloads of the right size and format, not private data.
 Figures are written as JSON to ``--out``. Needs mosquitto for the ingest
 part (skipped with a note otherwise).
+
+Longer than the ~800 lines a module here keeps to: the SQLite, PostgreSQL
+and query runs share the publishers, the peer run and the per-process CPU
+accounting, and one file reads as the one measurement protocol of ``make bench``.
 """
 
 from __future__ import annotations
