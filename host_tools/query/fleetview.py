@@ -69,12 +69,13 @@ def _seqs(dev: dict[str, Any], k: str, limit: int = 20) -> list[int]:
 
 
 def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 12,
-          late_grace_s: Optional[float] = None) -> dict[str, Any]:
+          late_grace_s: Optional[float] = None,
+          max_seq_jump: Optional[int] = status_mod.DEFAULT_MAX_SEQ_JUMP) -> dict[str, Any]:
     """The fleet page as a dict: status report + flags + ledger grid + rejections by reason.
 
     ``late_grace_s``: as ``[status] late_grace_s`` (None: max(epoch length, 300 s))."""
     now = time.time() if now is None else now
-    rep = status_mod.report(store, delta, now, windows, late_grace_s=late_grace_s)
+    rep = status_mod.report(store, delta, now, windows, late_grace_s=late_grace_s, max_seq_jump=max_seq_jump)
     led = ledger_mod.build(store.releases(), delta)
     per_dev: dict[str, dict[tuple[int, int], ledger_mod.WindowEntry]] = defaultdict(dict)
     for we in led.windows:

@@ -45,6 +45,7 @@ from host_tools.store.backend import open_store
 
 
 LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
+DEFAULT_MAX_SEQ_JUMP = 100000  # as [aggregator] max_seq_jump: a release further above the highest seq is quarantined
 DEFAULT_LATE_GRACE_MIN_S = 300
 
 
@@ -69,20 +70,43 @@ def _absent(lo: int, hi: int, have: list[int], limit: int = LIST_LIMIT) -> tuple
     return out, total
 
 
+def implausible(st: Any, top: int, max_jump: Optional[int]) -> Optional[str]:
+    """Why the counters of status ``st`` cannot be taken as the device's word (None: they can).
+
+    A status is only the device's claim; the host bounds it by what it has seen, as it bounds
+    releases (``max_seq_jump``): a ``next_seq`` more than that above the highest seq stored or
+    refused would make up to 2^53 seqs lost or pending, and a backlog larger than the seqs the
+    status says the device still holds is no backlog of this device."""
+    if st is None or st.next_seq is None:
+        return None
+    if max_jump is not None and st.next_seq > top + max_jump:
+        return "next_seq %d is more than max_seq_jump %d above the highest seq seen (%s)" % (
+            st.next_seq, max_jump, top - 1 if top else "none")
+    held = st.next_seq - (st.next_seq if st.oldest_pending is None else st.oldest_pending)
+    if st.pending is not None and st.pending > held:
+        return "pending %d exceeds the %d seq(s) from oldest_pending to next_seq" % (st.pending, held)
+    return None
+
+
 def classify(stored: list[int], rejected: dict[int, str], st: Any = None,
-             limit: int = LIST_LIMIT) -> dict[str, Any]:
+             limit: int = LIST_LIMIT, max_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP) -> dict[str, Any]:
     """Every seq of one device as stored / rejected / pending / lost (or unknown without a status).
 
     ``stored``: the seqs stored; ``rejected``: seq -> code of releases the host refused (not
     stored); ``st``: the device's latest status (store.DeviceStatus) or None. Works on counts
-    and sorted lists, never on the whole range (a status may claim a huge next_seq).
+    and sorted lists, never on the whole range (a status may claim a huge next_seq). A status
+    whose counters are :func:`implausible` is set aside (``status_ignored`` says why): the seqs
+    are then classified as without a status.
     """
     s_set = set(stored)
     rej = sorted(q for q in rejected if q not in s_set)
     have = sorted(s_set | set(rej))
     top = have[-1] + 1 if have else 0
     out: dict[str, Any] = {"stored_count": len(s_set), "rejected_seqs": rej[:limit], "rejected_count": len(rej),
-                           "rejected_codes": {str(q): rejected[q] for q in rej[:limit]}}
+                           "rejected_codes": {str(q): rejected[q] for q in rej[:limit]},
+                           "status_ignored": implausible(st, top, max_jump)}
+    if out["status_ignored"] is not None:
+        st = None
     if st is not None and st.next_seq is not None:
         end = max(st.next_seq, top)
         # below `cut` the device holds nothing any more; from it on (its oldest pending release,
@@ -145,13 +169,15 @@ def _quarantine(out: dict[str, Any], quarantined: dict[int, str], stored: set[in
 
 
 def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: Any,
-              grace: Optional[float], quarantined: Optional[dict[int, str]] = None) -> dict[str, Any]:
-    out = classify([r.seq for r in rs], rejected, st)
+              grace: Optional[float], quarantined: Optional[dict[int, str]] = None,
+              max_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP) -> dict[str, Any]:
+    out = classify([r.seq for r in rs], rejected, st, max_jump=max_jump)
     _quarantine(out, quarantined or {}, {r.seq for r in rs})
     late = sorted((r for r in rs if r.received - r.t1 > late_grace(r.ep_s, grace)), key=lambda r: r.seq)
     out.update(late_seqs=[r.seq for r in late[:LIST_LIMIT]], late_count=len(late),
                late_max_s=round(max((r.received - r.t1 for r in late), default=0.0), 1),
-               backlog=st.pending if st is not None else None, status=_status_dict(st, 0))
+               backlog=st.pending if st is not None and out["status_ignored"] is None else None,
+               status=_status_dict(st, 0))
     # everything not stored in the checked range (pending, rejected, lost or unknown)
     out["missing_seqs"] = sorted(out["lost_seqs"] + out["pending_seqs"] + out["unknown_seqs"]
                                  + out["rejected_seqs"])[:LIST_LIMIT]
@@ -161,8 +187,9 @@ def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: A
 
 
 def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
-           late_grace_s: Optional[float] = None) -> dict[str, Any]:
-    """The status as a dict (what ``--json`` prints)."""
+           late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP) -> dict[str, Any]:
+    """The status as a dict (what ``--json`` prints). ``max_seq_jump``: as ``[aggregator] max_seq_jump``,
+    the bound on a device status's ``next_seq`` above the highest seq seen (:func:`implausible`)."""
     now = time.time() if now is None else now
     rels = store.releases()
     led = ledger_mod.build(rels, delta)
@@ -195,7 +222,8 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
         devices.append({
             "device": dev, "kind": kind, "d": d, "w": w, "salt_id": salt, "mode": ", ".join(modes),
             "budget": ", ".join(budgets), "releases": len(rs), "seq": [min(seen), max(seen)],
-            **_delivery(dev, rs, rejected.get(dev, {}), statuses.get(dev), late_grace_s, quarantined.get(dev)),
+            **_delivery(dev, rs, rejected.get(dev, {}), statuses.get(dev), late_grace_s, quarantined.get(dev),
+                        max_seq_jump),
             "seq_reused": sorted(s for s, n in seen.items() if n > 1)[:20],
             "last_received": iso(last.received), "last_received_unix": last.received,
             "last_epoch_end": iso(max(r.t1 for r in rs)), "last_epoch_end_unix": max(r.t1 for r in rs),
@@ -215,7 +243,7 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
         devices.append({
             "device": dev, "kind": doc.get("kind"), "d": doc.get("d"), "w": doc.get("w"), "salt_id": None,
             "mode": str(doc.get("mode", "")), "budget": "", "releases": 0, "seq": None,
-            **_delivery(dev, [], rejected.get(dev, {}), st, late_grace_s, quarantined.get(dev)),
+            **_delivery(dev, [], rejected.get(dev, {}), st, late_grace_s, quarantined.get(dev), max_seq_jump),
             "seq_reused": [], "last_received": None, "last_received_unix": None, "last_epoch_end": None,
             "last_epoch_end_unix": None, "windows": 0, "first_window": None, "last_window": None,
             "missing_epochs": [], "missing_epoch_count": 0, "guarantee": None, "guarantee_text": "nothing stored",
@@ -226,7 +254,9 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
     totals = {k: sum(d[k + "_count"] or 0 for d in devices)
               for k in ("lost", "pending", "rejected", "late", "unknown", "quarantined")}
     totals["backlog"] = sum(d["backlog"] or 0 for d in devices)
-    totals["devices_without_status"] = sum(1 for d in devices if d["status"] is None or d["status"]["next_seq"] is None)
+    totals["devices_without_status"] = sum(1 for d in devices if d["status"] is None or d["status"]["next_seq"] is None
+                                           or d["status_ignored"] is not None)
+    totals["statuses_ignored"] = sum(1 for d in devices if d["status_ignored"] is not None)
     out = {
         "db": store.path, "now": iso(now), "releases": len(rels),
         "rejections": max(store.rejection_count(), sum(n for _c, n, _t in store.rejection_counts())),
@@ -299,12 +329,16 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
             "%d quarantined (held back, not merged), " % t["quarantined"] if t["quarantined"] else "", t["late"],
             ", %d unknown (no device status yet)" % t["unknown"] if t["unknown"] else "", t["backlog"],
             "; %d device(s) without a status yet: lost and pending not known for them" % t["devices_without_status"]
-            if t["devices_without_status"] else ""))
+            if t["devices_without_status"] else "")
+          + ("; %d device status(es) IGNORED: counters beyond what the host has seen" % t["statuses_ignored"]
+             if t["statuses_ignored"] else ""))
         p("%-20s %-13s %7s %6s %8s %9s %6s %8s  %s" % ("DEVICE", "SEQ CHECKED", "STORED", "LOST", "PENDING",
                                                         "REJECTED", "LATE", "BACKLOG", "DEVICE STATUS"))
         for d in rep["devices"]:
             st = d["status"]
-            if st is None:
+            if d["status_ignored"] is not None:
+                sttxt = "IGNORED (range: seqs the host has seen): %s" % t_(d["status_ignored"])
+            elif st is None:
                 sttxt = "none yet (range: seqs the host has seen)"
             else:
                 sttxt = "%s, next seq %d, received %s" % (
@@ -403,7 +437,8 @@ def main(args: argparse.Namespace) -> int:
     now = time.time()
     try:
         grace = args.late_grace if args.late_grace is not None else cfg.status.late_grace_s
-        rep = report(store, cfg.query.delta, now, max(0, args.windows), late_grace_s=grace)
+        rep = report(store, cfg.query.delta, now, max(0, args.windows), late_grace_s=grace,
+                     max_seq_jump=cfg.aggregator.max_seq_jump)
     finally:
         store.close()
     if args.json:

@@ -408,7 +408,8 @@ class Dashboard(KindPages):
         windows = p.int("windows", 12, 1, 500)
         with self._store() as st:
             return fleetview.fleet(st, self.delta, time.time(), windows or 12,
-                                   late_grace_s=self.cfg.status.late_grace_s)
+                                   late_grace_s=self.cfg.status.late_grace_s,
+                                   max_seq_jump=self.cfg.aggregator.max_seq_jump)
 
     def page_fleet(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         try:
