@@ -91,6 +91,13 @@ RECEIVE_MAXIMUM = 4 * GROUP_MAX
 SYNC_QUEUE = 4  # committed groups waiting for their fsync before the writer waits (deferred syncs)
 PRUNE_BATCH = 2000  # releases pruned per transaction (retention), between two groups
 PRUNE_EVERY_S = 10.0
+# a store outage (the database unreachable, the disk full, the file locked): the group is retried for as
+# long as it lasts, acknowledging nothing, with backoff up to STORE_RETRY_MAX_S between attempts, and
+# said once per STORE_OUTAGE_LOG_S; the unit's restart is the last resort, not the mechanism
+STORE_RETRY_MIN_S = 0.5
+STORE_RETRY_MAX_S = 10.0
+STORE_OUTAGE_LOG_S = 60.0
+MESSAGE_RETRIES = 3  # a message the store refuses on its own (the rest of its group committed)
 
 
 class _Writer:
@@ -103,9 +110,13 @@ class _Writer:
     acknowledges each message to the broker (PUBACK) and publishes the host
     acknowledgements to the devices (one per device per group), both in one
     request to the MQTT process (``transport``). Validation of the next
-    messages overlaps the commit. A failed transaction is retried 3 times
-    with backoff; then the aggregator stops without acknowledging anything
-    of that group (the broker redelivers it; storing is idempotent).
+    messages overlaps the commit. A failed transaction (the store is away:
+    PostgreSQL down, the disk full) is retried with backoff for as long as
+    the outage lasts, acknowledging nothing of that group meanwhile; what is
+    received waits in the bounded queues, then in the broker. A message the
+    store refuses on its own while the rest of its group commits is retried
+    3 times; then the aggregator stops without acknowledging it (the broker
+    redelivers it; storing is idempotent).
     """
 
     def __init__(self, agg: Aggregator, validator: Optional[ValidatorProcess], transport: MQTTProcess,
@@ -366,9 +377,14 @@ class _Writer:
         pend = [p for _m, p in batch]
         todo = list(range(len(batch)))
         done: list[tuple[int, Outcome]] = []
-        delay = 0.5
+        delay = STORE_RETRY_MIN_S
         why = ""
-        for attempt in range(4):
+        message_tries = 0
+        outage_since: Optional[float] = None  # monotonic time of the first failed attempt of this group
+        logged_at = 0.0
+        attempts = 0
+        while True:
+            attempts += 1
             try:
                 t0 = time.thread_time()
                 self.agg.store.commit_group([pend[i] for i in todo], sync=not self.deferred)
@@ -384,13 +400,29 @@ class _Writer:
                 done += [(todo[j], o) for j, o in enumerate(exc.outcomes) if j not in bad]
                 why = str(exc)
                 todo = [todo[j] for j in sorted(bad)]
+                message_tries += 1
+                if message_tries > MESSAGE_RETRIES:
+                    break
+                log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
+                time.sleep(STORE_RETRY_MIN_S * 2 ** (message_tries - 1))
+                continue
             except Exception as exc:  # the transaction failed: nothing of the group is stored
                 why = "%s: %s" % (type(exc).__name__, exc)
-            if attempt == 3:
+            now = time.monotonic()
+            if outage_since is None:
+                outage_since = now
+            if now - logged_at >= STORE_OUTAGE_LOG_S:  # the first failure, then once per interval
+                logged_at = now
+                log.warning("the store is not answering (%s): %d message(s) wait, none acknowledged; retrying "
+                            "every %g s at most, for as long as it takes (%.0f s so far, %d attempt(s))",
+                            why, len(todo), STORE_RETRY_MAX_S, now - outage_since, attempts)
+            if self.stop.wait(delay):  # stopping: leave the group unacknowledged (the broker redelivers it)
+                why = "stopped during a store outage (%s)" % why
                 break
-            log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
-            time.sleep(delay)
-            delay *= 2
+            delay = min(delay * 2, STORE_RETRY_MAX_S)
+        if outage_since is not None and not todo:
+            log.warning("the store answers again after %.0f s (%d attempt(s)); %d message(s) stored",
+                        time.monotonic() - outage_since, attempts, len(done))
         if self.deferred:
             if done:  # acknowledged by the syncer once on disk; the writer goes on with the next group
                 self.synced.put((msgs, done))

@@ -41,8 +41,9 @@ the server a function call, three probes and a savepoint per release.
 Each group commit is one transaction (``synchronous_commit`` as the server
 is configured: on by default, so a commit is durable before the
 aggregator acknowledges). A broken connection is re-opened on the next
-transaction; the writer retries a failed group with backoff and stops
-without acknowledging if the server stays away (what is committed stays).
+transaction; the writer retries a failed group with backoff for as long as
+the server stays away, acknowledging nothing meanwhile (what is committed
+stays; host_tools/ingest/pipeline.py).
 Readers (``query``, ``status``) use a read-only session.
 """
 
