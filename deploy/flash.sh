@@ -92,13 +92,25 @@ for spec in "${PUTS[@]+"${PUTS[@]}"}"; do
     case "$src" in /*) ;; *) src=$(pwd)/$src ;; esac
     PUTS_ABS+=("$src:${spec#*:}")
 done
+# The device code: this checkout's, or for a copy of this script that `pansketch init` wrote, the
+# installed package's (python -I: a folder named agent/ or firmware/ where this runs must not stand in
+# for it). Staging goes to build/board in the checkout, or in the directory flash.sh was started from.
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+if [ -f "$REPO/firmware/manifest.py" ]; then
+    STAGE=build/board
+else
+    STAGE=$(pwd)/build/board
+    REPO=$("$PYTHON" -I -c 'import os, firmware.memory as m; print(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))' 2>/dev/null) || {
+        echo "flash.sh: no checkout around $0 and $PYTHON cannot import the installed pansketch (activate its venv, or PYTHON=...)" >&2
+        exit 2
+    }
+fi
 cd "$REPO"
 
 # 1. validate + heap estimate for this board and this code form (exit 2 with the offending key on a bad
 # config; 3: does not fit, with the smallest change that does). In a checkout the module runs from here;
 # a pip-installed copy of this script (pansketch init) asks the installed `pansketch`.
-if [ -f host_tools/cli.py ]; then FIT=("$PYTHON" -m host_tools.cli fit); else FIT=(pansketch fit); fi
+if [ -f host_tools/cli.py ] && [ -f pyproject.toml ]; then FIT=("$PYTHON" -m host_tools.cli fit); else FIT=("$PYTHON" -I -m host_tools.cli fit); fi
 fit=0
 "${FIT[@]}" "$CONFIG" --board "$BOARD" --code "$MODE" || fit=$?
 if [ "$fit" = 2 ] || { [ "$fit" != 0 ] && [ "$FORCE" = 0 ]; }; then
@@ -145,7 +157,6 @@ for node in ast.parse(src).body:
             print(("agent/" if node.targets[0].id == "CORE" else "firmware/") + f)
 PY
 )
-STAGE=build/board
 if [ "$DRY" = 1 ]; then
     [ "$MODE" != frozen ] && echo "+ stage $(echo $CORE | wc -w) files into $STAGE ($MODE)"
 else

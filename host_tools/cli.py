@@ -27,7 +27,18 @@ SUBCOMMANDS: dict[str, str] = {
     "repro": "host_tools.lab.repro.cli",
     "audit": "host_tools.audit.cli",
     "fit": "host_tools.fitcheck",
+    "init": "host_tools.initdir",
 }
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, also for an editable install)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pansketch")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -44,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect the privacy ledger, query frequencies with error bars, run the demo "
         "and the paper reproductions, audit a device config's privacy empirically.",
     )
+    parser.add_argument("--version", action="version", version="pansketch %s" % package_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in SUBCOMMANDS.items():
         try:

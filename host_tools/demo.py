@@ -292,6 +292,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from host_tools.query import core as query
     from host_tools.store.backend import open_store as Store
 
+    if args.serve:  # before the fleet runs: its dashboard would need the web extra only at the end
+        from host_tools.web.extra import missing_web
+
+        why = missing_web()
+        if why:
+            print("pansketch demo: --serve %s" % why, file=sys.stderr)
+            return 2
     t_start = time.monotonic()
     out = sys.stdout
 

@@ -4,7 +4,8 @@ as systemd would start them (tests/unitrun.py: user, environment, directories), 
 
 /etc, /opt, /usr/local and /var/lib are overlays whose writes stay in this namespace, so the doc's
 ``python3 -m venv /opt/pansketch``, ``useradd``, ``ln -sf ... /usr/local/bin`` and /etc/pansketch
-change nothing outside it. Only apt, systemctl and journalctl are replaced by their effect (the
+change nothing outside it. The namespace has no network: pip installs from the packages
+tests/test_deploy_units.py fetched beforehand. Only apt, systemctl and journalctl are replaced by their effect (the
 mosquitto shims of tests/deploy_ns.py; a pansketch unit is started by tests/unitrun.py). Checks:
 each unit answers -- the aggregator subscribed, the dashboard's /healthz says ok, the agent's
 ExecStartPre check passed and its ExecStart is running and connected -- and every unit's
@@ -73,6 +74,8 @@ def bash(work: Path, co: Path, script: str, name: str, timeout: float = 600) -> 
     for k in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
         env.pop(k, None)
     env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # root's, no venv
+    if os.environ.get("PANSKETCH_WHEELHOUSE"):  # no network here: the packages the test fetched beforehand
+        env.update(PIP_FIND_LINKS=os.environ["PANSKETCH_WHEELHOUSE"], PIP_NO_INDEX="1")
     return subprocess.run(["bash", str(work / name)], cwd=co, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -23,8 +23,15 @@ def test_operations_steps_3_4_install_and_start_every_unit(tmp_path):
         if os.environ.get("PANSKETCH_REQUIRE_DEPLOY") == "1":
             pytest.fail("deploy test required (PANSKETCH_REQUIRE_DEPLOY=1) but: " + why)
         pytest.skip(why)
+    # the namespace has no network: what the doc's `pip install` fetches is fetched here first, from the
+    # same package index, and given to it as a local one (PIP_FIND_LINKS, PIP_NO_INDEX)
+    wheels = tmp_path / "wheelhouse"
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), "setuptools>=61", "wheel",
+                        "%s[web]" % REPO], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run(["unshare", "--mount", "--net", sys.executable, str(REPO / "tests" / "deploy_units_ns.py"),
-                        str(tmp_path)], capture_output=True, text=True, timeout=1200, cwd=REPO)
+                        str(tmp_path)], capture_output=True, text=True, timeout=1200, cwd=REPO,
+                       env=dict(os.environ, PANSKETCH_WHEELHOUSE=str(wheels)))
     out = r.stdout + r.stderr
     checks = [ln for ln in out.splitlines() if ln.startswith("CHECK ")]
     print("\n".join(checks))

@@ -1,6 +1,6 @@
-"""The README's performance table, regenerated from bench-results/.
+"""The performance table of docs/DEVELOPING.md, regenerated from bench-results/.
 
-    python -m host_tools.bench.report [--results bench-results] [--readme README.md] [--check]
+    python -m host_tools.bench.report [--results bench-results] [--readme docs/DEVELOPING.md] [--check]
 
 Reads the figures ``make bench`` writes (feed.json from bench.feed, core.json from bench.core,
 host.json from bench.host, firmware*.json from the firmware benchmark) and rewrites the part
@@ -218,7 +218,7 @@ def splice(readme: str, body: str) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="bench-results")
-    ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--readme", default="docs/DEVELOPING.md", help="the file with the table's markers")
     ap.add_argument("--check", action="store_true", help="exit 1 if the README's table differs from the results")
     a = ap.parse_args(argv)
     results = Path(a.results)

@@ -132,12 +132,18 @@ class Guarantee:
         return d
 
     def text(self) -> str:
+        """One guarantee per mechanism: dlap releases' eps and dgauss releases' rho (with the eps it gives
+        at delta) are figures for different devices or windows, so with both each is named by its mechanism
+        rather than joined into one string that reads as one guarantee."""
         parts = []
         if self.eps is not None:
             parts.append("eps=%s" % _frac(self.eps))
         if self.rho is not None:
-            parts.append("rho=%s (eps=%.3f at delta=%g)" % (_frac(self.rho), self.eps_delta, self.delta))
-        return ", ".join(parts) or "-"
+            eps_rho = math.ceil(zcdp_to_dp(float(self.rho), self.delta) * 1e6) / 1e6
+            parts.append("rho=%s (eps=%.3f at delta=%g)" % (_frac(self.rho), eps_rho, self.delta))
+        if len(parts) == 2:
+            return "dlap releases: %s; dgauss releases: %s" % tuple(parts)
+        return parts[0] if parts else "-"
 
 
 def _frac(f: Fraction) -> str:

@@ -111,7 +111,12 @@ def add_parser(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from host_tools import hostconfig
     from host_tools.logsetup import setup_logging
+    from host_tools.web.extra import missing_web
 
+    why = missing_web()
+    if why:
+        print("pansketch serve: %s" % why, file=sys.stderr)
+        return 2
     cfg = hostconfig.load_for_command(args.config)
     if cfg is None:
         return 2

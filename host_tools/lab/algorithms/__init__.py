@@ -1,4 +1,4 @@
-"""Library versions of every algorithm in ``shared/papers`` (issue 4).
+"""Library versions of every algorithm of the papers docs/REPRODUCTION.md cites (Zhao et al., Yildirim et al., Holland, Mir et al.).
 
 Built on the device core: hashing version 1 (``agent.hashing`` /
 ``host_tools.fasthash``), the int32 counter layout of ``agent.sketch`` and the
