@@ -122,8 +122,10 @@ def run(work: Path) -> int:
     check("aggregator-subscribed", agg and alive(work, "pansketch-aggregator"),
           "journal: %s" % journal(work, "pansketch-aggregator")[-1500:])
     health = ""
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:8080/healthz", timeout=10) as resp:
+    try:  # with the token the doc's step wrote, as a reverse proxy or a browser would send it
+        token = Path("/etc/pansketch/dashboard.token").read_text().strip()
+        req = urllib.request.Request("http://127.0.0.1:8080/healthz", headers={"Authorization": "Bearer " + token})
+        with urllib.request.urlopen(req, timeout=10) as resp:
             health = "%d %s" % (resp.status, resp.read().decode())
     except Exception as exc:  # reported in the check
         health = repr(exc)

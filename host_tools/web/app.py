@@ -214,6 +214,15 @@ def allowed_hosts_for(bind: str, extra: Any = ()) -> list[str]:
     return names + [h.lower() for h in extra]
 
 
+
+def window_length(seconds: int) -> str:
+    """A window's length for a column heading: "1 h", "4 h", "15 min", "1 d" (windows of different lengths
+    can start at the same time, and their columns would otherwise carry the same heading)."""
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= n and seconds % n == 0:
+            return "%d %s" % (seconds // n, unit)
+    return "%d s" % seconds
+
 class Dashboard(KindPages):
     """WSGI app over the store of ``cfg``; see the module docstring."""
 
@@ -240,7 +249,7 @@ class Dashboard(KindPages):
         self.int_items = int_items
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                                       undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-        self.env.filters.update(num=_num, iso=iso, pct=_pct)
+        self.env.filters.update(num=_num, iso=iso, pct=_pct, window_length=window_length)
         self.registry: Any = None
         self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
             "/": self.page_fleet, "/api/status": self.api_status, "/metrics": self.metrics, "/healthz": self.healthz,

@@ -259,7 +259,9 @@ class KindPages:
         return t
 
     def _heavy_kind(self, p: Any) -> str:
-        """dcs or strhh: the ``kind`` asked for if the store holds it, else strhh when it holds no dcs."""
+        """dcs or strhh: the ``kind`` asked for if the store holds it; else the kind of the devices asked for;
+        else the one more devices have, strhh on a tie -- the rule of ``pansketch query heavy``
+        (host_tools.query.core.pick_devices with kinds ("strhh", "dcs")), so both answer the same."""
         try:
             with self._store() as st:
                 kinds = self._kinds(st)
@@ -268,7 +270,12 @@ class KindPages:
         want = p.get("kind")
         if want in ("dcs", "strhh") and kinds.get(want):
             return str(want)
-        return "strhh" if kinds.get("strhh") and not kinds.get("dcs") else "dcs"
+        asked = set(p.all("device"))
+        for k in ("strhh", "dcs"):
+            if asked and asked <= set(kinds.get(k, [])):
+                return k
+        held = {k: len(kinds.get(k, [])) for k in ("strhh", "dcs")}
+        return "strhh" if held["strhh"] and held["strhh"] >= held["dcs"] else "dcs"
 
     def _heavy_rows(self, st: Any, sel: dict[str, Any], p: Any, kind: str = "dcs"
                     ) -> tuple[list[dict[str, Any]], int, Optional[float]]:
@@ -293,7 +300,8 @@ class KindPages:
         if rows:
             chart = self._bars([SimpleNamespace(item=r["reading_label"], estimate=r["estimate"], lo=r["lo"], hi=r["hi"])
                                 for r in rows])
-        return {"rows": rows, "chart": chart, "form": {"k": k, "threshold": "" if thr is None else p.get("threshold")}}
+        return {"rows": rows, "chart": chart, "kind": kind,
+                "form": {"k": k, "threshold": "" if thr is None else p.get("threshold")}}
 
     def page_heavy(self, p: Any) -> Resp:
         kind = self._heavy_kind(p)

@@ -32,7 +32,7 @@
     }
     var drawn = 0;
     var opts = {
-      width: Math.max(400, host.clientWidth || 900),
+      width: Math.max(260, host.clientWidth || 900),
       height: 380,
       series: series,
       bands: [{ series: [3, 2], fill: "rgba(31,119,180,0.18)" }],
@@ -90,7 +90,7 @@
     };
     var plot = new uPlot(opts, data, host);
     window.addEventListener("resize", function () {
-      plot.setSize({ width: Math.max(400, host.clientWidth || 900), height: 380 });
+      plot.setSize({ width: Math.max(260, host.clientWidth || 900), height: 380 });
     });
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
