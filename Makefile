@@ -103,12 +103,12 @@ $(STAMP)-bench: pyproject.toml $(STAMP)-core
 	$(VPY) -m pip install -q -e ".[web,bench]"
 	@touch $@
 
-# Every row of the README's performance table with its peer, into bench-results/ (about
+# Every row of the performance table (docs/DEVELOPING.md) with its peer, into bench-results/ (about
 # 10 min on 2 cores): device core (Sketch.update vs DataSketches per event), samplers (vs
 # their textbook transcription), feed (whole processes vs a DataSketches stdin reader, and
 # its profile), ingest through mosquitto (1 aggregator, SQLite, vs a bare paho subscriber;
 # CPU per release), the boards (MicroPython's Unix port with the firmware frozen in, heap set
-# to each board's: bench-results/firmware-unix.json), then the README's performance table
+# to each board's: bench-results/firmware-unix.json), then the performance table of docs/DEVELOPING.md
 # from those files. Needs mosquitto and a C compiler (the Unix port is built on first use).
 bench: $(STAMP)-bench setup-mpunix
 	$(VPY) -m host_tools.bench.core
@@ -119,7 +119,7 @@ bench: $(STAMP)-bench setup-mpunix
 	$(VPY) -m host_tools.bench.report
 
 # CPU per stored release under sustained load (issue 25): 1,000 simulated devices, 700 releases/s
-# for 15 minutes through mosquitto into one aggregator (SQLite), no faults; about 17 min. The README's
+# for 15 minutes through mosquitto into one aggregator (SQLite), no faults; about 17 min. docs/DEVELOPING.md's
 # table takes its row from bench-results/soak-sustained.json.
 bench-soak: $(STAMP)-bench
 	$(VPY) -m host_tools.bench.soak --devices 1000 --rate 700 --duration 900 --kills "" --out bench-results/soak-sustained.json
