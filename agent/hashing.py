@@ -30,7 +30,7 @@ cryptographic hash as the paper suggests (Dickens et al. 2022).
 import hashlib
 
 try:  # CPython's own SHA-256 (3.12+: _sha2): same bytes, a cheaper object per item than OpenSSL's on a
-    # CPU without SHA instructions (agent.fastupdate picks the faster of the two for the hot paths)
+    # CPU without SHA instructions (agent.pi.fastupdate picks the faster of the two for the hot paths)
     from _sha2 import sha256
 except ImportError:
     try:

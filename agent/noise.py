@@ -180,7 +180,7 @@ def add_noise(arr, spec, rng, start=0, stop=None):
     """
     if stop is None:
         stop = len(arr)
-    bulk = getattr(rng, "bulk_noise", None)  # the Pi daemon's numpy sampler (agent/bulknoise.py)
+    bulk = getattr(rng, "bulk_noise", None)  # the Pi daemon's numpy sampler (agent/pi/bulknoise.py)
     if bulk is not None and bulk(arr, spec, start, stop):
         return
     for i in range(start, stop):

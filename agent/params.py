@@ -1,6 +1,6 @@
 """The parameters a device counts and releases with, validated in one place.
 
-Shared by the Pi daemon (agent/daemon.py reads them from TOML) and the
+Shared by the Pi daemon (agent/pi/daemon.py reads them from TOML) and the
 board firmware (firmware/ reads them from a JSON file). Every error names
 the offending key so config loaders can report it verbatim.
 """

@@ -258,7 +258,7 @@ class Recorder(Core):
     def add_many(self, items, weights=None, adder=None):
         """Add a batch; ``adder(sketch, items, weights)`` may replace
         ``Sketch.update_many`` with an equal but faster path (the Pi
-        daemon's numpy one, agent/batch.py)."""
+        daemon's numpy one, agent/pi/batch.py)."""
         if self._pending is not None or self._redraw:
             self._ensure_open()
         if adder is None or self.p.kind in ("dcs", "strhh"):  # the numpy path knows cms/cs rows only

@@ -122,7 +122,7 @@ class Sketch:
         # same bytes as hashing.digest (hash version 1): the hash state of
         # prefix + b"s" is kept (public: the salt is public), CPython copies
         # it (hashing.sha256: CPython's builtin SHA-256 where it has one;
-        # agent.fastupdate swaps in OpenSSL's where that is faster), MicroPython (no copy())
+        # agent.pi.fastupdate swaps in OpenSSL's where that is faster), MicroPython (no copy())
         # hashes the str directly (no encode).
         self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
         self._hs = hashing.sha256(self._ps) if (_WORDS and self._ps is not None) else None
@@ -134,7 +134,7 @@ class Sketch:
             self._bind()
 
     if _WORDS:
-        # CPython: ``update`` is a closure (agent/fastupdate.py) over memoryview rows
+        # CPython: ``update`` is a closure (agent/pi/fastupdate.py) over memoryview rows
         # of ``counters``; these properties refill its rows whenever the sketch
         # is pointed at another array (the recorder swaps arrays at each
         # release; tree mode sets ``arrays``). MicroPython (boards) keeps plain
@@ -143,7 +143,7 @@ class Sketch:
         arrays = _rebinding("_arrays")
 
         def _bind(self):
-            from agent import fastupdate
+            from agent.pi import fastupdate
 
             fastupdate.bind(self, _LOW4, _LOWSIGN4, _WORDS4)
 

@@ -121,7 +121,7 @@ fi
 # the example's placeholders (compared with deploy/board/*.example.json; passwords are not echoed)
 placeholders=$("$PYTHON" - "$CONFIG" <<'PY'
 import glob, json, sys
-from agent.tomlconf import PLACEHOLDER_SALTS
+from agent.pi.tomlconf import PLACEHOLDER_SALTS
 KEYS = (("salt",), ("wifi", "ssid"), ("wifi", "password"), ("mqtt", "host"), ("mqtt", "password"))
 def get(d, path):
     for k in path:
@@ -148,13 +148,18 @@ if [ -n "$placeholders" ]; then
 fi
 
 # 2. stage
+# the files firmware/manifest.py freezes, by running it as MicroPython's freezer does (in its folder)
 CORE=$("$PYTHON" - <<'PY'
-import ast
-src = open("firmware/manifest.py").read()
-for node in ast.parse(src).body:
-    if isinstance(node, ast.Assign) and node.targets[0].id in ("CORE", "FIRMWARE"):
-        for f in ast.literal_eval(node.value):
-            print(("agent/" if node.targets[0].id == "CORE" else "firmware/") + f)
+import os
+class Options:
+    unix_port = None
+def package(p, files=None, base_path=".", opt=None):
+    for f in files:
+        print(p + "/" + f)
+os.chdir("firmware")
+env = {"options": Options(), "include": lambda *a, **k: None, "require": lambda *a, **k: None,
+       "module": lambda *a, **k: None, "package": package}
+exec(compile(open("manifest.py").read(), "firmware/manifest.py", "exec"), env)
 PY
 )
 if [ "$DRY" = 1 ]; then

@@ -1,7 +1,7 @@
 """Publishing releases with micropython-lib's ``umqtt.simple``: QoS 1, in
 order, with timeouts everywhere, TLS where the port has it.
 
-Topics are the Pi agent's (agent/publisher.py): releases go to
+Topics are the Pi agent's (agent/pi/publisher.py): releases go to
 ``<prefix>/<device>/release`` (QoS 1, not retained), a retained JSON status
 to ``<prefix>/<device>/status``, and the last will on the status topic is
 ``{"state":"offline"}`` (retained).

@@ -14,7 +14,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-from agent.pipes import run_main
+from agent.pi.pipes import run_main
 
 # subcommand name -> module path (module must define add_parser(subparsers))
 SUBCOMMANDS: dict[str, str] = {

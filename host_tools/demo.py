@@ -8,7 +8,7 @@
    temporary SQLite file;
 3. several simulated agents: each is the real device core
    (agent.recorder.Recorder with system-CSPRNG noise) plus the real
-   publisher (agent.publisher.Publisher), driven by its own simulated clock
+   publisher (agent.pi.publisher.Publisher), driven by its own simulated clock
    so that one-hour windows close in milliseconds, and fed with a Zipf
    stream of "visited hosts";
 4. a table of queries (host_tools.query.core.freq): item, true count, estimate,
@@ -182,9 +182,9 @@ class ZipfStream:
 def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoBroker, truth: Counter,
                    truth_lock: threading.Lock, report: Callable[[str], None]) -> int:
     """One device: Recorder + Publisher on a simulated clock. Returns the number of releases."""
-    from agent.config import BrokerConfig
+    from agent.pi.config import BrokerConfig
     from agent.params import Params
-    from agent.publisher import Publisher
+    from agent.pi.publisher import Publisher
     from agent.recorder import Recorder
 
     dev = "demo-pi-%d" % (i + 1)
@@ -245,9 +245,9 @@ STRHH_EVENTS = 20000  # strings per window of the strhh device (one level per by
 def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], list[str]], workdir: str,
                     broker: DemoBroker) -> int:
     """One device of any kind on a simulated clock, ``sample(k)`` = window k's events; returns its releases."""
-    from agent.config import BrokerConfig
+    from agent.pi.config import BrokerConfig
     from agent.params import Params
-    from agent.publisher import Publisher
+    from agent.pi.publisher import Publisher
     from agent.recorders import make
 
     p = Params(dict(cfg, salt=SALT))

@@ -522,7 +522,7 @@ def run(work: Path) -> int:
     try:
         up = wait_until(lambda: "subscribing" in (work / "aggregate.log").read_text(errors="replace"), 30)
         time.sleep(0.5)
-        r = subprocess.run([sys.executable, "-m", "agent.daemon", "feed", "--config", str(acfg), "--timeout", "60"],
+        r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "feed", "--config", str(acfg), "--timeout", "60"],
                            input=b"apple\n" * 20 + b"pear\n" * 3, capture_output=True, cwd=REPO, env=penv, timeout=120)
         rows: list[Any] = []
         if db.exists():

@@ -15,8 +15,8 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.config import BrokerConfig
-from agent.publisher import Publisher
+from agent.pi.config import BrokerConfig
+from agent.pi.publisher import Publisher
 
 OK = ReasonCode(PacketTypes.PUBACK, identifier=0)
 

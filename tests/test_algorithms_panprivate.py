@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from agent import hashing
-from agent.distinct import DistinctSketch
+from host_tools.lab.algorithms.distinct import DistinctSketch
 from agent.rng import DeterministicSource, Rng
 from host_tools.lab.algorithms import panprivate as pp
 

@@ -78,7 +78,7 @@ def test_model_reproduces_real_views_bit_for_bit() -> None:
 
 def test_default_shape_snapshots_have_no_attribute_that_differs_between_worlds() -> None:
     """d = 4 and w a power of two: CPython's Sketch holds its per-event closure and memoryviews of the
-    accumulator (agent/fastupdate.py); the auditor reads the accumulator once, not the views' addresses."""
+    accumulator (agent/pi/fastupdate.py); the auditor reads the accumulator once, not the views' addresses."""
     p = params(d=4, w=8)
     sc = scenarios.for_mode("window", ["flush-part0"])[0]
     m = model.learn(p, sc)

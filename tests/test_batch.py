@@ -1,4 +1,4 @@
-"""The Pi daemon's numpy batch path equals the per-event device path (agent/batch.py)."""
+"""The Pi daemon's numpy batch path equals the per-event device path (agent/pi/batch.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agent import hashing
-from agent.batch import add_batch
+from agent.pi.batch import add_batch
 from agent.sketch import Sketch
 
 PREFIX = hashing.salt_prefix("fleet-salt-1")

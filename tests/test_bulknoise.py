@@ -1,4 +1,4 @@
-"""agent/bulknoise.py: whole-array draws have the exact discrete Gaussian / Laplace distributions.
+"""agent/pi/bulknoise.py: whole-array draws have the exact discrete Gaussian / Laplace distributions.
 
 BulkRng (the Pi daemon's numpy sampler) runs CKS 2020 Algorithms 1-3 for every cell at once, so
 its samples are not the scalar path's byte for byte: the check here is the distribution, with a
@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from agent.bulknoise import BulkRng
+from agent.pi.bulknoise import BulkRng
 from agent.noise import NoiseSpec, add_noise, draw_into, wrap32
 from agent.rng import DeterministicSource, Rng
 from agent.sketch import new_counters
@@ -110,7 +110,7 @@ def test_geometric_runs_go_on_across_the_pieces_of_the_stream(monkeypatch):
     (the first version) shortened exactly the runs that cross a piece's end, a bias towards small
     noise that no chi-square test at these sizes sees: here a fixed stream whose 6th run (200
     successes) spans three pieces must come out as 200."""
-    import agent.bulknoise as bn
+    import agent.pi.bulknoise as bn
 
     stream = [False] * 5 + [True] * 200 + [False] * 50
     pos = [0]
@@ -144,7 +144,7 @@ class _FailingSource:
 def test_bulk_buffers_are_wiped_and_the_array_untouched_on_every_path(monkeypatch, good):
     """PRIVACY.md: the uniform words and samples of a bulk draw are zeroed before bulk_noise
     returns, also when the byte source fails mid-draw; and a failed draw adds nothing."""
-    import agent.bulknoise as bn
+    import agent.pi.bulknoise as bn
     from agent.rng import NoEntropyError
 
     seen: list[list[np.ndarray]] = []

@@ -1,11 +1,11 @@
-"""pansketch-agent check --events: expected interval widths and the d/w advice (agent.plan.interval_advice)."""
+"""pansketch-agent check --events: expected interval widths and the d/w advice (agent.pi.plan.interval_advice)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from agent import plan
+from agent.pi import plan
 from agent.params import Params
 
 
@@ -44,7 +44,7 @@ def test_check_cli_prints_the_advice(tmp_path):
     conf = tmp_path / "agent.toml"
     conf.write_text('[device]\nid = "pi-1"\nsalt = "advice-salt-1"\n[sketch]\nkind = "dcs"\nd = 3\nw = 16\nb = 32\n'
                     '[storage]\ndir = "state"\n')
-    r = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "-c", str(conf), "--offline", "--events",
+    r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "check", "-c", str(conf), "--offline", "--events",
                         "100000"], capture_output=True, text=True, timeout=60)
     assert "uninformative" in r.stdout, (r.stdout, r.stderr)
 

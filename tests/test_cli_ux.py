@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from agent.params import Params
-from agent.tomlconf import PLACEHOLDER_SALTS
+from agent.pi.tomlconf import PLACEHOLDER_SALTS
 from host_tools.ingest.aggregator import Aggregator
 from tests.broker import free_port, mosquitto, needs_mosquitto, start_mosquitto  # noqa: F401  (fixture)
 from tests.test_aggregator_mqtt import publish_all
@@ -43,7 +43,7 @@ def pansketch(*args: str) -> list[str]:
 
 
 def agent(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent.daemon", *args]
+    return [sys.executable, "-m", "agent.pi.daemon", *args]
 
 
 def run_closed_stdout(cmd: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:

@@ -230,7 +230,7 @@ def test_dbits_randomized_response_is_eps_dp_both_ways():
 
 def test_dbits_budget_refused_by_the_agent_cli(tmp_path, capsys):
     """A dbits config above the limit: one line naming the limit, exit 2, nothing created."""
-    from agent.daemon import main
+    from agent.pi.daemon import main
 
     conf = tmp_path / "agent.toml"
     conf.write_text('[device]\nid = "pi-1"\nsalt = "fleet-salt-1"\n[sketch]\nkind = "dbits"\nd = 12\nw = 512\n'

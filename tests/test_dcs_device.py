@@ -138,8 +138,8 @@ def test_sources_emit_numbers_the_map_reads():
     source (Tasmota / Zigbee2MQTT style) and one number per stdin line."""
     import queue
 
-    from agent.config import SourceConfig
-    from agent.sources import MqttSource, Warner, parse_lines
+    from agent.pi.config import SourceConfig
+    from agent.pi.sources import MqttSource, Warner, parse_lines
 
     src = MqttSource(queue.Queue(), lambda m: None, SourceConfig(type="mqtt", topic="zigbee2mqtt/+",
                                                                  field="payload.temperature"), "c")

@@ -1,4 +1,4 @@
-"""agent/distinct.py (pan-private distinct count, integer form) on the MicroPython VM.
+"""host_tools/lab/algorithms/distinct.py (pan-private distinct count, integer form) on the MicroPython VM.
 
 Same byte source => identical internal noise, identical state after the same
 events, identical release (output noise) on CPython and MicroPython; big
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agent import hashing
-from agent.distinct import DistinctSketch
+from host_tools.lab.algorithms.distinct import DistinctSketch
 from agent.rng import DeterministicSource, Rng
 from tests import mpvm
 
@@ -33,7 +33,7 @@ def test_distinct_sketch_identical_on_micropython():
     steps = [
         """
 from agent import hashing
-from agent.distinct import DistinctSketch
+from host_tools.lab.algorithms.distinct import DistinctSketch
 from agent.rng import Rng, DeterministicSource
 rng = Rng(DeterministicSource(b"distinct-seed"))
 s = DistinctSketch(12, hashing.salt_prefix("fleet"), rng, (1, 2), q=8, vbits=14, frac_bits=4)

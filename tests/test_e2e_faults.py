@@ -1,7 +1,7 @@
 """Faults end to end: nothing released is lost, nothing is stored twice (issue 12, docs/FORMAT.md section 7).
 
 Real parts only: mosquitto with a persistence directory (tests/broker.py),
-the real device CLI (``python -m agent.daemon feed``) and the real host CLI
+the real device CLI (``python -m agent.pi.daemon feed``) and the real host CLI
 (``python -m host_tools.cli aggregate`` and ``status --json``), each a
 separate process so that ``kill -9`` is a real crash. Devices run on a fast
 simulated clock (a 60 s window every real second) and re-send releases the

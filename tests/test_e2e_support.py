@@ -30,7 +30,7 @@ def agent_env() -> dict[str, str]:
 
 
 def agent_cmd(command: str, config: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "agent.daemon", command, "--config", config, *extra]
+    return [sys.executable, "-m", "agent.pi.daemon", command, "--config", config, *extra]
 
 
 def run_agent(command: str, config: str, *extra: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:

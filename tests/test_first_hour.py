@@ -186,7 +186,7 @@ def test_every_subcommand_on_bad_input_is_one_line_and_its_exit_code(tmp_path: A
 
 
 def test_agent_subcommands_on_bad_input(tmp_path: Any) -> None:
-    agent = [sys.executable, "-m", "agent.daemon"]
+    agent = [sys.executable, "-m", "agent.pi.daemon"]
     for args, code, needle in ((["bogus"], 2, "invalid choice"), (["check"], 2, "--config"),
                                (["feed", "--config", str(tmp_path / "none.toml")], 2, "config error"),
                                (["check", "--config", str(tmp_path / "none.toml")], 2, "config error"),
@@ -407,7 +407,7 @@ def test_check_has_no_tree_line_for_dcs_and_dbits_and_describes_dbits(tmp_path: 
                               "dcs b=12 (13 levels) d=4 w=256")):
         cfg = tmp_path / ("%s.toml" % kind)
         cfg.write_text('[device]\nid = "x1"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[sketch]\n' + body)
-        r = subprocess.run([sys.executable, "-m", "agent.daemon", "check", "--config", str(cfg), "--offline"],
+        r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "check", "--config", str(cfg), "--offline"],
                            capture_output=True, text=True, cwd=REPO, env=agent_env(), timeout=60)
         assert r.returncode == 0, r.stderr
         assert want in r.stdout and "range noise" not in r.stdout and "tree mode" not in r.stdout, r.stdout

@@ -62,7 +62,7 @@ REC_ATTRS = {
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
 SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "_d4", "_mask", "arrays"}
-# CPython's per-event closure (agent/fastupdate.py): ``update`` holds only references, ``_cur`` four
+# CPython's per-event closure (agent/pi/fastupdate.py): ``update`` holds only references, ``_cur`` four
 # memoryviews of the accumulator (the same bytes, checked in _check_views; [] in tree mode)
 SKETCH_CPYTHON_ATTRS = {"update", "_cur"}
 # kind dcs (agent/dcs.DyadicSketch): all public parameters or derived from them (the level hash prefixes)

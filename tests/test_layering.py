@@ -5,6 +5,12 @@ and ``TYPE_CHECKING`` blocks. Asserted:
 
 * no import cycles in agent/, firmware/ or host_tools/;
 * the device code never imports the host code;
+* the board/Pi line: the modules directly in agent/ are the portable core,
+  exactly the set firmware/manifest.py freezes, and import only modules
+  MicroPython has (PORTABLE; no numpy, threading, paho, typing, dataclasses,
+  nothing of agent/pi/ -- the CPython-only daemon -- save CPYTHON_PATH);
+* host code imports the core freely (it is the contract: hashing, release
+  format, noise) but agent/pi/ only where HOST_USES_PI lists it;
 * the host packages depend one way: web -> query -> store, ingest -> store,
   and nothing imports web, bench or the lab except the entry points
   (host_tools.cli, host_tools.demo) -- see ALLOWED below;
@@ -21,6 +27,7 @@ host packages.
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from pathlib import Path
 from typing import Iterable
@@ -54,6 +61,25 @@ ALLOWED: dict[str, set[str]] = {
     "host_tools.demo": {"*"},
 }
 MAX_TOP_MODULES = 8
+
+# What a core module (agent/*.py, frozen onto boards) may import besides other core modules:
+# modules that exist in MicroPython's standard set with the behaviour the core relies on.
+PORTABLE = {"array", "struct", "sys", "hashlib", "os", "math", "gc", "time", "json", "micropython"}
+# Imports on CPython's path only, each behind a guard a board never passes (module -> imports).
+CPYTHON_PATH: dict[str, set[str]] = {
+    "agent.hashing": {"_sha2", "_sha256"},  # the builtin SHA-256 when OpenSSL's is slower, inside try
+    "agent.sketch": {"agent.pi.fastupdate"},  # the per-event closure, under the ``_WORDS`` guard
+}
+# The host roles that use the Pi daemon's modules, and which (a config parser, the publisher's
+# topics and ack format, the batch path the benchmarks time).
+HOST_USES_PI: dict[str, set[str]] = {
+    "host_tools.audit": {"agent.pi.config"},  # reads an agent's TOML to replay its recorder
+    "host_tools.bench": {"agent.pi.batch", "agent.pi.plan"},  # times the daemon's batch path; its noise model
+    "host_tools.cli": {"agent.pi.pipes"},  # the same SIGPIPE/EPIPE handling as pansketch-agent
+    "host_tools.demo": {"agent.pi.config", "agent.pi.publisher"},  # runs simulated Pi agents
+    "host_tools.hostconfig": {"agent.pi.tomlconf"},  # one TOML reader for agent and host configs
+    "host_tools.ingest": {"agent.pi.publisher", "agent.pi.tomlconf"},  # topic/ack contract; the TOML reader
+}
 
 
 def modules(root: Path = ROOT, trees: Iterable[str] = TREES) -> dict[str, Path]:
@@ -192,7 +218,83 @@ def violations(g: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def frozen_agent_files(root: Path = ROOT) -> set[str]:
+    """The agent/ files firmware/manifest.py freezes, by running it as MicroPython's freezer
+    does: under CPython, in the manifest's folder, with the freezer's functions."""
+    manifest = root / "firmware" / "manifest.py"
+    out: set[str] = set()
+
+    class Options:
+        unix_port = None
+
+    def package(p: str, files: Iterable[str] | None = None, base_path: str = ".", opt: object = None) -> None:
+        if p == "agent":
+            out.update(files or ["*"])
+
+    env = {"options": Options(), "include": lambda *a, **k: None, "require": lambda *a, **k: None,
+           "module": lambda *a, **k: None, "package": package}
+    cwd = Path.cwd()
+    os.chdir(manifest.parent)
+    try:
+        exec(compile(manifest.read_text(), str(manifest), "exec"), env)
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def core_violations(root: Path = ROOT) -> list[str]:
+    """Core modules' imports of anything MicroPython lacks, one line each (every import counts,
+    also inside functions)."""
+    mods = modules(root, ("agent",))
+    core = {m for m, p in mods.items() if p.parent == root / "agent"}
+    out = []
+    for m in sorted(core):
+        for node in ast.walk(ast.parse(mods[m].read_text(), str(mods[m]))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+                if node.module in ("agent", "agent.pi"):  # `from agent.pi import x` imports agent.pi.x
+                    names = [node.module + "." + a.name for a in node.names]
+            else:
+                continue
+            for n in names:
+                ok = (n in PORTABLE or n.split(".")[0] in PORTABLE or _resolve(n, mods) in core
+                      or n in CPYTHON_PATH.get(m, ()))
+                if not ok:
+                    out.append("%s imports %s: the core runs on MicroPython" % (m, n))
+    return out
+
+
+def host_pi_violations(g: dict[str, set[str]]) -> list[str]:
+    """Host imports of agent/pi/ modules not listed in HOST_USES_PI."""
+    out = []
+    for m, deps in sorted(g.items()):
+        r = role(m)
+        for d in sorted(deps):
+            if r and d.startswith("agent.pi") and d not in HOST_USES_PI.get(r, set()):
+                out.append("%s -> %s: host code uses the Pi daemon only where HOST_USES_PI says" % (m, d))
+    return out
+
+
 # -- the tests -----------------------------------------------------------------
+def test_frozen_set_is_the_core_folder():
+    """One rule for what goes on a board: every module directly in agent/, nothing of agent/pi/."""
+    folder = {p.name for p in (ROOT / "agent").glob("*.py")}
+    assert frozen_agent_files() == folder
+    assert (ROOT / "agent" / "pi" / "__init__.py").is_file()
+
+
+def test_core_imports_only_portable_modules():
+    bad = core_violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_host_uses_the_pi_daemon_only_where_listed():
+    bad = host_pi_violations(graph())
+    assert not bad, "\n".join(bad)
+
+
 def test_no_import_cycles():
     found = cycles(graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)

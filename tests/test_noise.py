@@ -125,7 +125,7 @@ def test_same_seed_same_noise_different_seed_different_noise():
     assert s1 == s2 and s1 != s3 and a[0] == s1[0]
 
 
-NOISE_PATH = ["agent/noise.py", "agent/rng.py", "agent/bulknoise.py"]  # bulknoise: the Pi daemon's numpy path
+NOISE_PATH = ["agent/noise.py", "agent/rng.py", "agent/pi/bulknoise.py"]  # bulknoise: the Pi daemon's numpy path
 
 
 @pytest.mark.parametrize("path", NOISE_PATH)
@@ -144,5 +144,5 @@ def test_no_floating_point_on_the_noise_path(path):
             pytest.fail("%s in %s line %d" % (node.attr, path, node.lineno))  # np.float64, astype(np.float32)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
-            allowed = {"numpy"} if path == "agent/bulknoise.py" else set()  # integer dtypes only (checked above)
+            allowed = {"numpy"} if path == "agent/pi/bulknoise.py" else set()  # integer dtypes only (checked above)
             assert not ({"math", "random", "numpy"} - allowed) & set(names), "forbidden import in %s" % path

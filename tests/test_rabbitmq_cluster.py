@@ -1,7 +1,7 @@
 """A three-node RabbitMQ cluster as the broker (issue 22 item 1; deploy/rabbitmq, host_tools/ingest/amqp.py).
 
 Real parts only: three rabbitmq-server nodes on loopback ports (tests/rabbit.py;
-one cluster for the module), the real device CLI (``python -m agent.daemon
+one cluster for the module), the real device CLI (``python -m agent.pi.daemon
 feed``, MQTT 3.1.1, a user per device) and two real ``pansketch aggregate``
 processes (``[broker] kind = "rabbitmq"``) consuming one quorum queue over
 AMQP into one SQLite store. Devices reach the cluster through a TCP front
@@ -378,7 +378,7 @@ def test_broker_kind_config_errors(broker, key):
 
 
 def test_broker_kind_defaults_and_agent_mqtt_version(tmp_path):
-    from agent import config as agent_config
+    from agent.pi import config as agent_config
     from host_tools import hostconfig
 
     c = hostconfig.loads('[broker]\nhost = "mq.example.net"\ntls = true\nkind = "rabbitmq"\n[fleet]\nsalt = "%s"\n'

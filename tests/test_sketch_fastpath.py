@@ -101,14 +101,14 @@ def test_per_event_closure_counts_alike_with_either_sha256(kind, monkeypatch):
     (fastupdate.fastest_sha256: CPython's builtin or OpenSSL's): the same cells either way."""
     import hashlib
 
-    from agent import fastupdate
+    from agent.pi import fastupdate
 
     picked = fastupdate.fastest_sha256()
     assert picked in (hashing.sha256, hashlib.sha256) and fastupdate.fastest_sha256() is picked  # chosen once
     rnd = random.Random(5)
     evs = [("e-%d" % rnd.randrange(400), 1) for _ in range(3000)] + [("ü-%d" % k, 1) for k in range(50)]
     ref = _reference(kind, 64, [0] * (4 * 64), evs)
-    from agent import batch
+    from agent.pi import batch
 
     data = "".join(x + "\n" for x, _v in evs).encode()
     for c in (hashing.sha256, hashlib.sha256):
@@ -118,7 +118,7 @@ def test_per_event_closure_counts_alike_with_either_sha256(kind, monkeypatch):
         for x, v in evs:
             fast.update(x, v)
         assert list(fast.counters) == ref, c
-        bulk = Sketch(kind, 4, 64, PREFIX)  # feed's batch path (agent/batch.py) from the same state
+        bulk = Sketch(kind, 4, 64, PREFIX)  # feed's batch path (agent/pi/batch.py) from the same state
         batch.add_raw(bulk, data, lambda *_a: None)
         assert list(bulk.counters) == ref, c
 

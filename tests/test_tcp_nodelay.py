@@ -11,8 +11,8 @@ from __future__ import annotations
 import socket
 import time
 
-from agent.config import BrokerConfig
-from agent.publisher import Publisher
+from agent.pi.config import BrokerConfig
+from agent.pi.publisher import Publisher
 from agent.storage import Outbox
 from host_tools import hostconfig
 from host_tools.ingest.mqttproc import _client

@@ -287,8 +287,8 @@ def test_failed_release_keeps_the_node_and_retries_without_growing(tmp_path, mon
 
 
 def test_daemon_batch_path_updates_every_level(tmp_path):
-    """agent/batch.py (the Pi daemon's numpy path) adds a chunk to all L open accumulators."""
-    from agent.batch import add_batch
+    """agent/pi/batch.py (the Pi daemon's numpy path) adds a chunk to all L open accumulators."""
+    from agent.pi.batch import add_batch
 
     p = params(kind="cs")
     items = ["it-%d" % (i % 300) for i in range(2000)] + [5, b"x"]

@@ -7,7 +7,7 @@ Config::
 
 A line is UTF-8 text ending in LF (a CR before it is dropped), optionally
 followed by a TAB and an integer weight (the last TAB separates it), exactly
-as ``agent/sources.py`` reads lines on the Pi, so boards and Pis counting
+as ``agent/pi/sources.py`` reads lines on the Pi, so boards and Pis counting
 the same text produce mergeable sketches. Empty lines are ignored. A line
 longer than ``max_line`` bytes, a line that is not valid UTF-8 and a line
 with a bad weight are skipped (the console says so, without echoing the

@@ -80,7 +80,7 @@ def _err(msg: str) -> int:
 
 
 def _params(args: argparse.Namespace) -> Params:
-    from agent import config as agent_config
+    from agent.pi import config as agent_config
 
     cfg = agent_config.load(args.config)
     p = cfg.params

@@ -493,7 +493,7 @@ def _snapshot(label: str, rec: Recorder, n_flash: int, instance: int, src: Recor
             if k in _SKIP or id(v) in seen:
                 continue
             if isinstance(v, list) and v and all(isinstance(x, memoryview) for x in v):
-                continue  # views of an array already in the view, no bytes of their own (CPython's closure: agent/fastupdate.py)
+                continue  # views of an array already in the view, no bytes of their own (CPython's closure: agent/pi/fastupdate.py)
             seen.add(id(v))
             key = name + "." + _PROPERTY_STORE.get(k, k)
             if isinstance(v, array.array):

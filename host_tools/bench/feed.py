@@ -73,12 +73,12 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
             for r in range(rounds + (1 if profile else 0)):
                 cfg = agent_toml(str(tdp / ("a%d.toml" % r)), "bench-%d" % r, broker.port, str(tdp / ("s%d" % r)),
                                  w=2048, d=4, kind=kind)
-                agent = [sys.executable, "-m", "agent.daemon", "feed", "--config", cfg, "--timeout", "60", "-q"]
+                agent = [sys.executable, "-m", "agent.pi.daemon", "feed", "--config", cfg, "--timeout", "60", "-q"]
                 if r == rounds:  # the extra profiled run (not a round)
                     prof = tdp / "feed.prof"
-                    # agent.daemon.main, not the entry point: cli() ends with os._exit, before cProfile writes
+                    # agent.pi.daemon.main, not the entry point: cli() ends with os._exit, before cProfile writes
                     driver = tdp / "profiled_agent.py"
-                    driver.write_text("import gc, sys\nimport agent.daemon as d\n"  # as cli() does, without os._exit
+                    driver.write_text("import gc, sys\nimport agent.pi.daemon as d\n"  # as cli() does, without os._exit
                                       "d._GC_HELD = True\ngc.disable()\nsys.exit(d.main())\n")
                     with open(data, "rb") as f:
                         subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), str(driver)] + agent[3:],

@@ -4,7 +4,7 @@
 bench-results/hostile.md and hostile.json: for each input class (docs/HOST.md
 "Hostile input"), the class is published through a real mosquitto into a
 running aggregator (``host_tools.ingest.service.run``, its MQTT and validation
-helper processes); then one real agent (``python -m agent.daemon feed``,
+helper processes); then one real agent (``python -m agent.pi.daemon feed``,
 a new device each time) publishes a valid release and waits for the host's
 acknowledgement. Columns:
 

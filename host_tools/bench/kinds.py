@@ -10,7 +10,7 @@
 * dcs heavy hitters: precision and recall of ``heavy -k K`` against the
   true top K of a Zipf stream over 32-bit values (IPv4-like);
 * distinct counts: relative error of pan-private-sketches Alg. 1
-  (agent/distinct.py, replayed exactly with its discrete Laplace noise) and
+  (host_tools/lab/algorithms/distinct.py, replayed exactly with its discrete Laplace noise) and
   of kind dbits (DNPRY density bits, host_tools/query/distinct.py) on the same
   item sets (each item seen 1-3 times), eps = 1;
 

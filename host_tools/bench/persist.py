@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent.batch import add_batch
+from agent.pi.batch import add_batch
 from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng

@@ -19,7 +19,7 @@ functions, so the sketch collisions are identical: the difference between
 the two columns is the noise.
 
 The crossover (the shortest range from which tree mode has the smaller
-noise) is also computed from the noise model (agent.plan), which is what
+noise) is also computed from the noise model (agent.pi.plan), which is what
 ``pansketch-agent check`` prints.
 """
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                  row["tree_consistent"]["rmse"], row["tree_consistent"]["mean_width"],
                  row["tree_consistent"]["coverage"], row["tree"]["rmse"] / max(1e-9, row["tree_consistent"]["rmse"])),
               flush=True)
-    from agent import plan
+    from agent.pi import plan
 
     cross = plan.crossover(pw, pt)
     out = {"config": {"epochs": a.epochs, "epoch_s": a.epoch_s, "levels": a.levels, "d": a.d, "w": a.w,

@@ -142,7 +142,7 @@ class _Judge:
 def _client(s: Settings) -> Any:
     import paho.mqtt.client as mqtt
 
-    from agent.publisher import tcp_no_delay
+    from agent.pi.publisher import tcp_no_delay
 
     from host_tools.ingest import pahofast
 

@@ -77,7 +77,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from agent.tomlconf import placeholder_salt_warning
+from agent.pi.tomlconf import placeholder_salt_warning
 from host_tools import hostconfig
 from host_tools.logsetup import setup_logging
 from host_tools.ingest import child

@@ -118,7 +118,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         return kinds.get(args.qtype).run(args, store, salt, conf, since, until)
     except BrokenPipeError:
-        raise  # a closed stdout ends the command quietly (agent.pipes.run_main)
+        raise  # a closed stdout ends the command quietly (agent.pi.pipes.run_main)
     except (QueryError, ValueError, OSError) as exc:
         return _err(str(exc), 1)
     finally:

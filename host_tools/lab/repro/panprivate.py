@@ -4,7 +4,7 @@ cropped sums / heavy-hitter counts (§4.1 Lemma 5, §4.2 Theorem 12).
 The paper has no experiments; we measure the estimators' error against the
 theorems' bounds on Zipf and uniform streams.
 
-* Distinct count: :class:`agent.distinct.DistinctSketch` (integer Pareto(p)
+* Distinct count: :class:`host_tools.lab.algorithms.distinct.DistinctSketch` (integer Pareto(p)
   projections, |X| <= M, exact discrete Laplace with scale r*M/eps; event
   unit, clip 1). The replay computes the exact noise-free sketch
   (:func:`sketch_exact`, equal to the device's per-event sums) and adds the

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from agent import tomlconf
-from agent.tomlconf import ConfigError
-from agent.tomlconf import get as _get
-from agent.tomlconf import path as _path
-from agent.tomlconf import seconds as _seconds
+from agent.pi import tomlconf
+from agent.pi.tomlconf import ConfigError
+from agent.pi.tomlconf import get as _get
+from agent.pi.tomlconf import path as _path
+from agent.pi.tomlconf import seconds as _seconds
 
 from agent.params import ParamError, Params
 

@@ -95,8 +95,8 @@ def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
             "For tests and reproductions only." % SEED_ENV)
         return Rng(DeterministicSource(seed))
     try:
-        try:  # whole-array noise draws with numpy (agent/bulknoise.py): same distributions, faster
-            from agent.bulknoise import BulkRng
+        try:  # whole-array noise draws with numpy (agent/pi/bulknoise.py): same distributions, faster
+            from agent.pi.bulknoise import BulkRng
         except ImportError:
             return Rng(SystemSource())
         return BulkRng(SystemSource())
@@ -109,9 +109,9 @@ class Agent:
 
     def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None,
                  workers: Optional[list[Any]] = None, early: Any = None) -> None:
-        from agent.publisher import Publisher
+        from agent.pi.publisher import Publisher
         from agent.recorders import make
-        from agent.sources import make_source
+        from agent.pi.sources import make_source
 
         self.cfg = cfg
         self.args = args
@@ -123,21 +123,21 @@ class Agent:
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=8)  # few raw events in flight (pan-privacy)
         scfg = cfg.source
         if source_type is not None and source_type != scfg.type:
-            from agent.config import SourceConfig
+            from agent.pi.config import SourceConfig
 
             scfg = SourceConfig(type=source_type)
         self.source = make_source(scfg, self.q, self.log, cfg.device + "-source")
-        # cms/cs count raw line chunks in bulk (agent.batch.add_raw); other kinds get parsed batches
+        # cms/cs count raw line chunks in bulk (agent.pi.batch.add_raw); other kinds get parsed batches
         self.source.raw = cfg.params.kind in ("cms", "cs")
         self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
         self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
         self.failed = False
-        self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/countworker.py)
+        self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/pi/countworker.py)
         self.chunks_here = 0  # raw chunks counted in this process / by the workers (the last log line of pump)
         self.chunks_handed = 0
         # feed --jobs: the input's start, read and handed to the workers while this process started
-        # (agent.countworker.Early): its items come before the queue's, and the source goes on after it
+        # (agent.pi.countworker.Early): its items come before the queue's, and the source goes on after it
         self.early = early
         self.pre: list[Any] = []
         if early is not None:  # taken, not copied: a chunk counted here must not stay referenced there
@@ -153,7 +153,7 @@ class Agent:
             self.pub.wake()
 
     def _raw_adder(self, sk: Any, data: bytes, _weights: Any) -> None:
-        from agent.batch import add_raw
+        from agent.pi.batch import add_raw
 
         add_raw(sk, data, self.source.warn)
 
@@ -179,7 +179,7 @@ class Agent:
     def _take(self, wk: Any) -> None:
         """Add the cells of the oldest chunk ``wk`` counted; if it died or went silent, count
         every chunk it still had here."""
-        from agent.batch import add_cells
+        from agent.pi.batch import add_cells
 
         cells = wk.take()
         if cells is not None:
@@ -226,9 +226,9 @@ class Agent:
                          % (self.chunks_here + self.chunks_handed, self.chunks_handed, helpers))
 
     def _pump(self) -> bool:
-        from agent.batch import add_batch
-        from agent.countworker import Ticket
-        from agent.sources import EOF, RawLines, SourceFailed
+        from agent.pi.batch import add_batch
+        from agent.pi.countworker import Ticket
+        from agent.pi.sources import EOF, RawLines, SourceFailed
 
         tick_real = self.clock.seconds(1.0)
         next_tick = time.monotonic()
@@ -319,7 +319,7 @@ class Agent:
                     " (TLS)" if self.cfg.broker.tls else ""))
         # the counting code (numpy: 0.1-0.3 s to import) is loaded before "online" goes out, so an
         # agent that says it is online counts what it is given at once
-        import agent.batch  # noqa: F401
+        import agent.pi.batch  # noqa: F401
         if _GC_HELD and not gc.isenabled():  # off while the modules loaded (cli); objects made so far stay
             gc.freeze()
             gc.enable()
@@ -396,7 +396,7 @@ def _seq_list(seqs: list[int], most: int = 8) -> str:
 
 
 def _load(path: str) -> Any:
-    from agent.config import ConfigError, load
+    from agent.pi.config import ConfigError, load
 
     try:
         return load(path)
@@ -452,7 +452,7 @@ def probe_broker(broker: Any, client_id: str, timeout: float) -> tuple[bool, str
 def cmd_check(args: argparse.Namespace) -> int:
     from agent import calibrate, release
     from agent.sketch import new_counters
-    from agent.tomlconf import placeholder_salt_warning
+    from agent.pi.tomlconf import placeholder_salt_warning
 
     cfg = _load(args.config)
     p = cfg.params
@@ -517,7 +517,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("release     %d bytes to %s%s" % (size, cfg.topic("release"),
                                             ", %.3f releases per epoch on average" % (2 - 2.0 ** (1 - p.levels))
                                             if p.mode == "tree" else ""))
-    from agent import plan
+    from agent.pi import plan
 
     lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
     if p.kind not in ("dcs", "dbits", "strhh"):  # tree mode is for cms/cs only: nothing to compare for the others
@@ -575,7 +575,7 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     from agent.storage import StateError
 
     cfg = _load(args.config)
-    from agent.tomlconf import placeholder_salt_warning
+    from agent.pi.tomlconf import placeholder_salt_warning
 
     warning = placeholder_salt_warning("device.salt", cfg.params.salt, "on every device and in host.toml")
     if warning and not args.quiet:
@@ -584,16 +584,16 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
         return _die(EXIT_CONFIG, "config error: source.type: is 'stdin' but standard input is /dev/null "
                     "(a systemd service?); configure a 'file' or 'mqtt' source, or pipe events into 'feed'")
     # count workers first: forked before the recorder loads the noisy state or draws noise, they
-    # never hold a copy of either (agent/countworker.py)
+    # never hold a copy of either (agent/pi/countworker.py)
     workers = _start_workers(cfg, args) if feed else []
     early = None
     try:
         if workers:
-            from agent.countworker import Early, read_now
-            from agent.sources import FdLineReader, Warner
+            from agent.pi.countworker import Early, read_now
+            from agent.pi.sources import FdLineReader, Warner
 
             # what is on standard input already goes to the workers while the modules load and the
-            # state boots (agent.countworker.Early)
+            # state boots (agent.pi.countworker.Early)
             rd = FdLineReader(Warner(_logger(cfg.device, args.quiet)))
             chunks, at_end = read_now(_stdin_fd(), rd, sum(wk.early for wk in workers))
             early = Early(workers, chunks, rd, at_end)
@@ -621,20 +621,20 @@ def _stdin_fd() -> int:
 
 
 def _start_workers(cfg: Any, args: argparse.Namespace) -> list[Any]:
-    """``feed --jobs N``: N - 1 count worker processes (cms/cs, whose chunks go to agent.batch)."""
+    """``feed --jobs N``: N - 1 count worker processes (cms/cs, whose chunks go to agent.pi.batch)."""
     p = cfg.params
     jobs = args.jobs
     if jobs is None:
-        from agent.countworker import default_jobs
+        from agent.pi.countworker import default_jobs
 
         jobs = default_jobs()
     if jobs <= 1 or p.kind not in ("cms", "cs"):
         return []
     # the batch path (numpy) is imported once, before the fork: its pages are shared and a worker
     # counts at once; it holds no state (no noise, no counters) to copy
-    import agent.batch  # noqa: F401
+    import agent.pi.batch  # noqa: F401
     from agent import hashing
-    from agent.countworker import CountWorker
+    from agent.pi.countworker import CountWorker
 
     log = _logger(cfg.device, args.quiet)
     workers: list[Any] = []
@@ -746,11 +746,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
-    # numpy's OpenBLAS starts one thread per core when numpy is imported (agent/bulknoise.py), which
+    # numpy's OpenBLAS starts one thread per core when numpy is imported (agent/pi/bulknoise.py), which
     # costs about 60 ms of CPU on 2 cores (half of numpy's import); the daemon's numpy work is
     # elementwise integer arithmetic, never BLAS. An operator's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from agent.pipes import run_main
+    from agent.pi.pipes import run_main
 
     def body() -> int:
         try:
@@ -763,7 +763,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def cli() -> None:
-    """The command's entry point (``pansketch-agent``, ``python -m agent.daemon``): :func:`main`,
+    """The command's entry point (``pansketch-agent``, ``python -m agent.pi.daemon``): :func:`main`,
     then an exit without the interpreter's teardown. Before ``main`` returns every file the agent
     wrote is fsynced and closed, the broker connection closed and the count workers reaped; tearing
     down numpy's and paho-mqtt's modules after that does nothing and cost 20-30 ms per run, a tenth

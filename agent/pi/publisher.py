@@ -51,7 +51,7 @@ from paho.mqtt.packettypes import PacketTypes
 
 import agent
 from agent import acks
-from agent.config import AgentConfig, BrokerConfig
+from agent.pi.config import AgentConfig, BrokerConfig
 from agent.storage import Outbox
 
 OFFLINE = b'{"state":"offline"}'

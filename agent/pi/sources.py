@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from agent.config import SourceConfig, field_path
+from agent.pi.config import SourceConfig, field_path
 
 EOF = None  # end-of-input marker put on the queue
 
@@ -48,7 +48,7 @@ Batch = tuple[list[Any], Optional[list[int]]]
 
 class RawLines:
     """Complete input lines as read (``raw`` sources): the daemon's batch path
-    (agent.batch.add_raw) splits, counts and hashes them in bulk, and parses
+    (agent.pi.batch.add_raw) splits, counts and hashes them in bulk, and parses
     them with :func:`parse_lines` only when they hold a TAB, a CR or non-ASCII
     bytes. At most CHUNK_LINES lines: the exposure window of one chunk."""
 
@@ -64,7 +64,7 @@ QueueItem = Union[Batch, RawLines, None, SourceFailed]
 # exact per-line totals exist at once (docs/PRIVACY.md "The intruder's view"; tests/test_feed_chunks.py
 # states the bound). A chunk is cut after at most CHUNK_LINES newlines; the unfinished last line of an
 # input (no newline before EOF) is a chunk of its own. Raw lines in flight are more: the daemon's queue
-# (maxsize 8, agent/daemon.py) plus the chunk being counted and the one the reader is putting.
+# (maxsize 8, agent/pi/daemon.py) plus the chunk being counted and the one the reader is putting.
 CHUNK_LINES = 1 << 15
 # Bytes per read (so at most this plus one unfinished line per chunk). A read returns what is
 # available: a file gives READ_BYTES at once, a pipe what its buffer holds (64 KiB on Linux), to which
@@ -297,7 +297,7 @@ class StdinSource(Source):
         self.at_end = False
 
     def resume(self, reader: FdLineReader, at_end: bool) -> None:
-        """Go on from a reader that already took the input's start (``feed --jobs``, agent.countworker.Early)."""
+        """Go on from a reader that already took the input's start (``feed --jobs``, agent.pi.countworker.Early)."""
         self.reader = reader
         self.at_end = self.ended = at_end
 
@@ -429,7 +429,7 @@ class FileSource(Source):
 
 
 def extract(obj: dict[str, Any], path: list[str]) -> Any:
-    """Follow a field path (from :func:`agent.config.field_path`); KeyError if absent."""
+    """Follow a field path (from :func:`agent.pi.config.field_path`); KeyError if absent."""
     cur: Any = obj
     for i, p in enumerate(path):
         if i == 1 and path[0] == "topic":

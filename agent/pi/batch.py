@@ -34,11 +34,11 @@ def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
     line is plain text (valid UTF-8, no TAB weight, no CR) the lines are split and counted as
     bytes, which are then exactly the UTF-8 the hash reads (hash version 1, ``b"s" + utf8``): no
     str is made per line, and each distinct line is hashed once from the sketch's prefix state.
-    Anything else takes :func:`agent.sources.parse_lines`.
+    Anything else takes :func:`agent.pi.sources.parse_lines`.
     """
     hs = sk._hs
     if hs is None or b"\t" in data or b"\r" in data or not _utf8(data):
-        from agent.sources import parse_lines
+        from agent.pi.sources import parse_lines
 
         items, weights = parse_lines(data, warn)  # type: ignore[arg-type]
         add_batch(sk, items, weights)
@@ -51,7 +51,7 @@ def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
         return
     d, w = sk.d, sk.w
     buf = bytearray()
-    cp = hs.copy  # CPython's per-event closure made it with the faster SHA-256 (agent.fastupdate)
+    cp = hs.copy  # CPython's per-event closure made it with the faster SHA-256 (agent.pi.fastupdate)
     for x in agg:
         h = cp()
         h.update(x)
@@ -125,7 +125,7 @@ def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> N
 
 
 def add_cells(sk: Sketch, cells: bytearray, _weights: Any = None) -> None:
-    """Add one counted chunk's d*w int32 cells (a count worker's answer, agent/countworker.py)
+    """Add one counted chunk's d*w int32 cells (a count worker's answer, agent/pi/countworker.py)
     into every open array of ``sk``, mod 2**32 like every update; then zero ``cells``."""
     add = np.frombuffer(cells, dtype=np.int32)  # the worker's array('i'): native byte order
     for arr in (sk.arrays if sk.arrays is not None else (sk.counters,)):  # tree mode: every open level

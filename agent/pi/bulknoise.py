@@ -9,7 +9,7 @@ from the byte source; no floating point, no modulo bias). Each cell's output the
 algorithm's exact distribution, and the cells are independent, as with one scalar draw per cell.
 What differs from agent.noise is only *which* source bytes feed which step, so the samples are
 not the scalar path's for a deterministic source: :class:`BulkRng` is used only with the system
-CSPRNG (agent.daemon), and deterministic runs (tests, ``--insecure-seed``) keep the scalar path,
+CSPRNG (agent.pi.daemon), and deterministic runs (tests, ``--insecure-seed``) keep the scalar path,
 which the cross-VM equality tests pin. tests/test_bulknoise.py checks the distributions against
 the exact pmf (and that a mis-calibrated one fails).
 
