@@ -14,6 +14,8 @@ from host_tools.lab.algorithms.distinct import DistinctSketch
 from agent.rng import DeterministicSource, Rng
 from tests import mpvm
 
+LAB = mpvm.REPO / "host_tools" / "lab" / "algorithms"
+
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
 
 ITEMS = ["mac-%03d" % (i * 37 % 150) for i in range(600)] + [b"\x01\x02", 7, -3]
@@ -32,8 +34,10 @@ def _cpython():
 def test_distinct_sketch_identical_on_micropython():
     steps = [
         """
+import sys
+sys.path.insert(0, "/lab")
 from agent import hashing
-from host_tools.lab.algorithms.distinct import DistinctSketch
+from distinct import DistinctSketch  # the lab module, alone: the rest of its package is numpy
 from agent.rng import Rng, DeterministicSource
 rng = Rng(DeterministicSource(b"distinct-seed"))
 s = DistinctSketch(12, hashing.salt_prefix("fleet"), rng, (1, 2), q=8, vbits=14, frac_bits=4)
@@ -50,7 +54,7 @@ print("@state", ",".join(str(v) for v in s.sk))
 print("@release", ",".join(str(v) for v in s.release()))
 """,
     ]
-    r = mpvm.run(steps, heap=256 * 1024).check()
+    r = mpvm.run(steps, heap=256 * 1024, mounts={"/lab": LAB}).check()
     got = r.values()
     init, state, rel = _cpython()
     assert got["init"] == ",".join(str(v) for v in init)

@@ -13,7 +13,7 @@ Modules, one per paper:
 * :mod:`.intermittent` -- intermittent-queries-dp-count-sketch.txt Algs 1-4.
 * :mod:`.continual`    -- lazy-sketch-continual-observation.txt Algs 1-5.
 * :mod:`.panprivate`   -- pan-private-sketches.txt §4 (cropped sum, HH count);
-  the distinct-count sketch of its Alg. 1 is device code in ``host_tools/lab/algorithms/distinct.py``.
+  the distinct-count sketch of its Alg. 1 is :mod:`.distinct` (MicroPython subset, run on the VM by a test).
 
 May import: agent, host_tools.fasthash.
 """

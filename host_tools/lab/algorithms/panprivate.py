@@ -17,7 +17,7 @@ Paper: pan-private-sketches.txt (Mir, Muthukrishnan, Nikolov, Wright).
 * :func:`simulate_cropped_sum` -- the exact distribution of the final state
   of :class:`CroppedSum` for a vector of counts, drawn at once (numpy PCG64:
   simulation only).
-* Distinct count (Algorithm 1): the device sketch is ``host_tools/lab/algorithms/distinct.py``;
+* Distinct count (Algorithm 1): the sketch is :mod:`.distinct`;
   here are the host-side estimator :func:`distinct_estimate`, the scale
   :func:`distinct_scale` (median |X0|^p of the same integer projection,
   computed by simulation, the paper's sf(p)), the vectorised replay
@@ -159,7 +159,7 @@ def theorem12_bounds(hh_k: int, hh_big: int, h: int, c: float, alpha: float, eps
     return (1 - beta) * hh_k - add, hh_big + add
 
 
-# -- distinct count (Algorithm 1, device code in host_tools/lab/algorithms/distinct.py) ------------------
+# -- distinct count (Algorithm 1, the sketch in distinct.py) ------------------
 
 def projections(st: np.ndarray, r: int, q: int, vbits: int, frac_bits: int) -> list[list[int]]:
     """X_ij of host_tools.lab.algorithms.distinct.DistinctSketch for hash streams ``st`` (Python ints)."""
