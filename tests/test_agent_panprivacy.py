@@ -94,7 +94,7 @@ class StubPub:
 
 
 def _agent(tmp_path: Any, name: str, start: float) -> Any:
-    from agent.pi.daemon import Agent
+    from agent.pi.loop import Agent
 
     cfg = load(agent_toml(str(tmp_path / (name + ".toml")), "pi-1", 1, str(tmp_path / name), window_s=3600,
                           budget="100000", source='type = "file"\npath = "%s"' % (tmp_path / "none.log")))

@@ -21,7 +21,9 @@ import pytest
 from agent import hashing
 from agent.pi.batch import add_cells, add_raw
 from agent.pi.countworker import DEPTH, EARLY, CountWorker, Early, read_now
-from agent.pi.daemon import Agent, _start_workers, build_parser
+from agent.pi.daemon import build_parser
+from agent.pi.loop import Agent
+from agent.pi.run import _start_workers
 from agent.sketch import Sketch
 from agent.pi.sources import FdLineReader, Warner
 from tests.test_agent_publisher import FROZEN, estimate, outbox
@@ -100,7 +102,7 @@ def _agent(tmp_path, monkeypatch, jobs: int, early_chunks=None, before_early=Non
                           kind="cs", w=256)
     args = build_parser().parse_args(["feed", "--config", cfg_path, "--jobs", str(jobs), "-q",
                                       "--insecure-seed", "jobs", *FROZEN])
-    from agent.pi.daemon import _load
+    from agent.pi.common import load_config as _load
 
     cfg = _load(cfg_path)
     workers = _start_workers(cfg, args)
@@ -202,7 +204,7 @@ def test_chunks_with_a_worker_count_in_the_epoch_they_arrived_in(tmp_path, monke
 def test_workers_are_forked_before_the_noisy_state_exists(tmp_path, monkeypatch):
     """The pan-privacy of the fork: no worker may hold a copy of the state or of any noise."""
     import agent.pi.countworker
-    import agent.pi.daemon
+    import agent.pi.run
     import agent.recorders
 
     order: list[str] = []
@@ -221,7 +223,7 @@ def test_workers_are_forked_before_the_noisy_state_exists(tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "stdin", open(os.devnull))
     cfg = agent_toml(str(tmp_path / "o.toml"), "pi-o", free_port(), str(tmp_path / "so"), kind="cms", w=64)
     args = build_parser().parse_args(["feed", "--config", cfg, "--jobs", "3", "--timeout", "0.2", "-q", *FROZEN])
-    assert agent.pi.daemon.cmd_run(args, feed=True) == 1  # undelivered: no broker
+    assert agent.pi.run.cmd_run(args, feed=True) == 1  # undelivered: no broker
     assert order == ["fork", "fork", "state"]
 
 
@@ -317,15 +319,15 @@ def test_the_entry_point_counts_with_the_collector_on_and_exits_with_mains_statu
     cfg = agent_toml(str(tmp_path / "g.toml"), "pi-g", free_port(), str(tmp_path / "sg"), kind="cms", w=64)
     code = (
         "import gc, os, sys\n"
-        "import agent.pi.batch as b, agent.pi.daemon as d\n"
-        "pump, add_raw = d.Agent.pump, b.add_raw\n"
+        "import agent.pi.batch as b, agent.pi.daemon as d, agent.pi.loop as lp\n"
+        "pump, add_raw = lp.Agent.pump, b.add_raw\n"
         "def p(self):\n"
         "    print('pump gc', gc.isenabled(), flush=True)\n"
         "    return pump(self)\n"
         "def a(sk, data, warn):\n"
         "    print('count gc', gc.isenabled(), 'in', os.getpid(), flush=True)\n"
         "    add_raw(sk, data, warn)\n"
-        "d.Agent.pump, b.add_raw = p, a\n"
+        "lp.Agent.pump, b.add_raw = p, a\n"
         "print('before', gc.isenabled(), 'main', os.getpid())\n"  # buffered: cli() must flush it
         "sys.argv = ['pansketch-agent', 'feed', '--config', %r, '--jobs', '2', '--timeout', '0.2', '-q']\n"
         "d.cli()\n" % cfg)

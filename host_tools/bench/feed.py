@@ -78,8 +78,8 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
                     prof = tdp / "feed.prof"
                     # agent.pi.daemon.main, not the entry point: cli() ends with os._exit, before cProfile writes
                     driver = tdp / "profiled_agent.py"
-                    driver.write_text("import gc, sys\nimport agent.pi.daemon as d\n"  # as cli() does, without os._exit
-                                      "d._GC_HELD = True\ngc.disable()\nsys.exit(d.main())\n")
+                    driver.write_text("import gc, sys\nimport agent.pi.common as c, agent.pi.daemon as d\n"  # as cli() does, without os._exit
+                                      "c.gc_held = True\ngc.disable()\nsys.exit(d.main())\n")
                     with open(data, "rb") as f:
                         subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), str(driver)] + agent[3:],
                                        stdin=f, env=_env(), capture_output=True, check=True)
