@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import mpvm
+from tests.freeze import run_manifest
 from tests import test_firmware_support as S
 
 REPO = S.REPO
@@ -28,24 +29,7 @@ MANIFEST = REPO / "firmware" / "manifest.py"
 
 
 def _manifest() -> dict:
-    calls: dict = {"include": [], "require": [], "package": [], "module": []}
-    class Options:  # MicroPython's IncludeOptions: include() keywords, None when not given
-        unix_port = None
-
-    env = {
-        "options": Options(),
-        "include": lambda p, **kw: calls["include"].append(p),
-        "require": lambda n, **kw: calls["require"].append(n),
-        "package": lambda p, files=None, base_path=".", opt=None: calls["package"].append((p, files, base_path)),
-        "module": lambda p, base_path=".", opt=None: calls["module"].append((p, base_path)),
-    }
-    cwd = os.getcwd()
-    os.chdir(MANIFEST.parent)  # as MicroPython's freezer runs a manifest: paths relative to its folder
-    try:
-        exec(compile(MANIFEST.read_text(), str(MANIFEST), "exec"), env)
-    finally:
-        os.chdir(cwd)
-    return calls
+    return run_manifest()
 
 
 def _board_files() -> list[Path]:

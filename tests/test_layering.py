@@ -27,10 +27,11 @@ host packages.
 from __future__ import annotations
 
 import ast
-import os
 import sys
 from pathlib import Path
 from typing import Iterable
+
+from tests.freeze import run_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = ("agent", "firmware", "host_tools")
@@ -219,27 +220,8 @@ def violations(g: dict[str, set[str]]) -> list[str]:
 
 
 def frozen_agent_files(root: Path = ROOT) -> set[str]:
-    """The agent/ files firmware/manifest.py freezes, by running it as MicroPython's freezer
-    does: under CPython, in the manifest's folder, with the freezer's functions."""
-    manifest = root / "firmware" / "manifest.py"
-    out: set[str] = set()
-
-    class Options:
-        unix_port = None
-
-    def package(p: str, files: Iterable[str] | None = None, base_path: str = ".", opt: object = None) -> None:
-        if p == "agent":
-            out.update(files or ["*"])
-
-    env = {"options": Options(), "include": lambda *a, **k: None, "require": lambda *a, **k: None,
-           "module": lambda *a, **k: None, "package": package}
-    cwd = Path.cwd()
-    os.chdir(manifest.parent)
-    try:
-        exec(compile(manifest.read_text(), str(manifest), "exec"), env)
-    finally:
-        os.chdir(cwd)
-    return out
+    """The agent/ files firmware/manifest.py freezes (run as MicroPython's freezer runs it)."""
+    return {f for pkg, files, _base in run_manifest(root)["package"] if pkg == "agent" for f in files}
 
 
 def core_violations(root: Path = ROOT) -> list[str]:

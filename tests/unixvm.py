@@ -35,7 +35,6 @@ which turns that skip into a failure.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -55,6 +54,7 @@ import pytest
 
 from host_tools.localnet import stop_process, wait_until
 from tests.broker import Mosquitto, start_mosquitto
+from tests.freeze import manifest_files
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "tests" / "mpunix"
@@ -150,16 +150,6 @@ def mpunix_frozen() -> Path:
 
 
 # -- the board's flash ---------------------------------------------------------
-def manifest_files() -> list[str]:
-    """Repo-relative paths of the modules firmware/manifest.py puts on a board (as deploy/flash.sh reads it)."""
-    out = []
-    for node in ast.parse((REPO / "firmware" / "manifest.py").read_text()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in ("CORE", "FIRMWARE"):
-            pkg = "agent/" if node.targets[0].id == "CORE" else "firmware/"
-            out += [pkg + f for f in ast.literal_eval(node.value)]
-    return out
-
-
 def mpy_cross(src: Path, dst: Path) -> None:
     """Compile like deploy/flash.sh --mpy (relative source name: tracebacks say ``firmware/app.py``).
 
