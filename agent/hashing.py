@@ -19,7 +19,14 @@ Row r (0-based) reads the four bytes ``stream[4r:4r+4]`` = b0 b1 b2 b3 and
 
 The 30-bit value stays a small int on 32-bit MicroPython ports (no heap
 allocation) and is independent of the sign bit; the modulo bias is at most
-w / 2**30. The salt is public in the threat model (DESIGN.md): it fixes the
+w / 2**30.
+
+``row_value`` / ``row_sign`` below are the reference form of that rule. The
+per-event paths on a board inline it (a call per row would cost more than
+the rule: agent.sketch, agent.levels.add_hashed, agent.dbits.slot), and
+numpy reads it for many streams at once in agent.pi.hashvec (the Pi's batch
+path and the host); tests/test_hashvec.py and the sketch tests hold every
+form equal to this one. The salt is public in the threat model (DESIGN.md): it fixes the
 hash functions fleet-wide so that releases merge, it is not a secret.
 
 Papers: the ideal hash functions h_r, g_r of Charikar et al. / Cormode &

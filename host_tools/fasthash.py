@@ -3,7 +3,8 @@
 The device hashes one event at a time; a host replaying millions of events
 or ranking 100,000 candidates hashes each *distinct* item once (SHA-256 in a
 Python loop: the only per-item cost left) and does the rest with numpy:
-column/sign extraction, and a scatter-add of the counters with
+column/sign extraction (agent.pi.hashvec, the same rule the Pi daemon's batch
+path reads), and a scatter-add of the counters with
 ``np.bincount``. ``tests/test_fasthash.py`` proves every function here equal
 to the device path (agent.hashing, agent.sketch.Sketch).
 """
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from agent import hashing
+from agent.pi import hashvec
 
 
 def streams(items: Sequence[Any], salt: str | bytes, d: int) -> np.ndarray:
@@ -58,10 +60,9 @@ def streams_prefix(items: Sequence[Any], prefix: bytes, d: int) -> np.ndarray:
 
 def cols_signs(st: np.ndarray, d: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     """Columns (int64, shape (n, d)) and signs (int8, +1/-1) from hash streams."""
-    b = st[:, : 4 * d].reshape(-1, d, 4).astype(np.int64)
-    v = b[:, :, 0] | (b[:, :, 1] << 8) | (b[:, :, 2] << 16) | ((b[:, :, 3] & 0x3F) << 24)
-    cols = v % w
-    signs = np.where(b[:, :, 3] & 0x80, -1, 1).astype(np.int8)
+    words = hashvec.row_words(st, d)
+    cols = hashvec.columns(words, w).astype(np.int64)
+    signs = np.where(hashvec.negative(words), -1, 1).astype(np.int8)
     return cols, signs
 
 

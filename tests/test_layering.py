@@ -80,6 +80,8 @@ HOST_USES_PI: dict[str, set[str]] = {
     "host_tools.demo": {"agent.pi.config", "agent.pi.publisher"},  # runs simulated Pi agents
     "host_tools.hostconfig": {"agent.pi.tomlconf"},  # one TOML reader for agent and host configs
     "host_tools.ingest": {"agent.pi.publisher", "agent.pi.tomlconf"},  # topic/ack contract; the TOML reader
+    "host_tools.fasthash": {"agent.pi.hashvec"},  # hash version 1's row rule in numpy, one copy
+    "host_tools.lab": {"agent.pi.hashvec"},
 }
 
 

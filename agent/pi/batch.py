@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from agent.pi import hashvec
 from agent.sketch import Sketch, totals
 
 SMALL = 64  # fewer distinct items than this: the plain path is as fast
@@ -97,16 +98,12 @@ def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]]
 
 def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> None:
     """Add ``vals[i]`` at every row's cell of hash stream i (``buf``: n streams), then wipe."""
-    st = np.frombuffer(buf, dtype="<u4").reshape(n, len(buf) // (4 * n))  # row r's word: column r
-    words = st[:, :d]
-    idx: Any  # (n, d) uint32
-    if w & (w - 1):
-        idx = (words & 0x3FFFFFFF) % np.uint32(w)  # (n, d) columns, uint32
-    else:  # w a power of two (<= MAX_CELLS < 2**30) divides 2**30: the column is the low bits
-        idx = words & np.uint32(w - 1)
+    st = np.frombuffer(buf, dtype=np.uint8).reshape(n, len(buf) // n)
+    words = hashvec.row_words(st, d)  # (n, d) uint32, a view of buf
+    idx: Any = hashvec.columns(words, w)  # (n, d) columns, uint32
     idx += np.arange(0, d * w, w, dtype=np.uint32)  # + r*w: cell index (d*w <= MAX_CELLS < 2**32)
     if sk.signed:
-        wts = np.where(words >> 31, -vals[:, None], vals[:, None])
+        wts = np.where(hashvec.negative(words), -vals[:, None], vals[:, None])
     else:
         wts = np.broadcast_to(vals[:, None], (n, d))
     # exact: bincount's float64 sums are exact below 2**53 (clip * events in a chunk)

@@ -92,12 +92,9 @@ class DistinctSketch:
 
     def projection(self, stream, j):
         """X_ij for row j of a hash stream (integer, |X| <= bound)."""
-        o = 4 * j
-        v = (stream[o] | (stream[o + 1] << 8) | (stream[o + 2] << 16) | ((stream[o + 3] & 0x3F) << 24)) >> self.drop
+        v = hashing.row_value(stream, j) >> self.drop
         x = ((1 << self.shift) // (v + 1)) ** self.q
-        if stream[o + 3] & 0x80:
-            return -x
-        return x
+        return x * hashing.row_sign(stream, j)
 
     def update(self, item, weight=1):
         weight = clip(weight, self.clip)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from agent import hashing
+from agent.pi import hashvec
 from agent.rng import Rng
 from host_tools import fasthash
 
@@ -163,9 +164,9 @@ def theorem12_bounds(hh_k: int, hh_big: int, h: int, c: float, alpha: float, eps
 
 def projections(st: np.ndarray, r: int, q: int, vbits: int, frac_bits: int) -> list[list[int]]:
     """X_ij of host_tools.lab.algorithms.distinct.DistinctSketch for hash streams ``st`` (Python ints)."""
-    b = st[:, : 4 * r].reshape(-1, r, 4).astype(np.int64)
-    v = (b[:, :, 0] | (b[:, :, 1] << 8) | (b[:, :, 2] << 16) | ((b[:, :, 3] & 0x3F) << 24)) >> (30 - vbits)
-    neg = (b[:, :, 3] & 0x80) != 0
+    words = hashvec.row_words(st, r)
+    v = (hashvec.row_values(words) >> (30 - vbits)).astype(np.int64)
+    neg = hashvec.negative(words) != 0
     shift = vbits + frac_bits
     base = (1 << shift) // (v + 1)
     out = []

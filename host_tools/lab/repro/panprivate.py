@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from agent import noise as agent_noise
+from agent.pi import hashvec
 from agent.rng import DeterministicSource, Rng
 from host_tools import fasthash
 from host_tools.lab.algorithms.panprivate import (distinct_estimate, distinct_scale, hh_count_simulated, lemma4_xi,
@@ -51,9 +52,9 @@ def sketch_exact(keys: np.ndarray, vals: np.ndarray, r: int, salt: str, vbits: i
     """Noise-free sk_j = sum_i a_i X_ij, grouping items by their hash value v per row
     (at most 2^b distinct projections per row), with big-integer arithmetic."""
     st = fasthash.streams([int(x) for x in keys], salt, r)
-    b = st[:, : 4 * r].reshape(-1, r, 4).astype(np.int64)
-    v = (b[:, :, 0] | (b[:, :, 1] << 8) | (b[:, :, 2] << 16) | ((b[:, :, 3] & 0x3F) << 24)) >> (30 - vbits)
-    sgn = np.where((b[:, :, 3] & 0x80) != 0, -1, 1)
+    words = hashvec.row_words(st, r)
+    v = (hashvec.row_values(words) >> (30 - vbits)).astype(np.int64)
+    sgn = np.where(hashvec.negative(words), -1, 1)
     shift = vbits + FRAC
     table = _TABLES.get(vbits)
     if table is None and vbits <= 16:
