@@ -22,6 +22,7 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   rejections_max_rows (10000), rejections_max_bytes
                   (16777216), rejections_retention_s (2592000),
                   reject_log_interval_s (60), max_clock_skew_s (600),
+                  max_past_s (157788000: five years; 0 = no bound),
                   max_seq_jump (100000), quarantine_max_rows (1000),
                   quarantine_max_bytes (67108864);
                   group_wait_ms (200: how long the writer gathers a group
@@ -77,7 +78,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                "mqtt_version", "kind", "amqp_nodes", "queue", "vhost"),
     "aggregator": ("db", "topic", "shared_group", "max_bytes", "qos", "session_expiry_s", "validate_cpu_s",
                    "reject_keep_bytes", "rejections_max_rows", "rejections_max_bytes", "rejections_retention_s",
-                   "reject_log_interval_s", "max_clock_skew_s", "max_seq_jump", "quarantine_max_rows",
+                   "reject_log_interval_s", "max_clock_skew_s", "max_past_s", "max_seq_jump", "quarantine_max_rows",
                    "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "drop_cache_behind_mb",
                    "retain_raw_s"),
     "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism", "max_events_per_window")
@@ -91,6 +92,10 @@ DEFAULT_SESSION_EXPIRY_S = 86400  # a lone aggregator: releases wait in its sess
 MIN_RETAIN_RAW_S = 60  # retention: the shortest raw-payload lifetime accepted
 SHARED_SESSION_EXPIRY_S = 0  # a shared-group member: its session ends with its connection (docs/HOST.md)
 
+
+# releases for windows that ended longer ago than this are quarantined: no honest device holds a
+# release for five years, and a board or Pi whose clock reads 1970 or 2000 must not add old windows
+MAX_PAST_S = 5 * 365.25 * 86400
 
 @dataclass
 class BrokerConfig:
@@ -134,6 +139,8 @@ class AggregatorConfig:
     rejections_retention_s: float = 30 * 86400.0
     reject_log_interval_s: float = 60.0  # at most 10 rejection warnings per interval, then one summary
     max_clock_skew_s: float = 600.0  # a release whose epochs start later than now + this is quarantined
+    # ... and one whose epochs ended longer ago than this (a clock at 1970 or 2000; 0: no bound)
+    max_past_s: float = MAX_PAST_S
     max_seq_jump: int = 100000  # ... and one whose seq is this far above the device's highest stored seq
     quarantine_max_rows: int = 1000
     quarantine_max_bytes: int = 64 << 20
@@ -328,6 +335,9 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     agg.rejections_retention_s = _seconds(a, "aggregator", "rejections_retention_s", 30 * 86400.0)
     agg.reject_log_interval_s = _seconds(a, "aggregator", "reject_log_interval_s", 60.0)
     agg.max_clock_skew_s = _seconds(a, "aggregator", "max_clock_skew_s", 600.0)
+    agg.max_past_s = float(_get(a, "aggregator", "max_past_s", (int, float), MAX_PAST_S))
+    if not agg.max_past_s >= 0:
+        raise ConfigError("aggregator.max_past_s", "must be 0 (no bound) or a number of seconds")
     agg.max_seq_jump = _int_range(a, "aggregator", "max_seq_jump", 100000, 1, 1 << 32)
     agg.quarantine_max_rows = _int_range(a, "aggregator", "quarantine_max_rows", 1000, 1, 1 << 31)
     agg.quarantine_max_bytes = _int_range(a, "aggregator", "quarantine_max_bytes", 64 << 20, 1 << 16, 1 << 40)

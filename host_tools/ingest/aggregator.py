@@ -91,6 +91,11 @@ class Aggregator:
                 p.quarantine = Rejected("future", "epochs [%s, %s) start more than %g s (aggregator.max_clock_skew_s) "
                                                   "after the host's clock (%s)"
                                         % (_utc(rel.t0), _utc(min(rel.t1, 1 << 40)), skew, _utc(int(now))))
+            past = self.cfg.aggregator.max_past_s
+            if past > 0 and rel.t1 < now - past:  # a clock at 1970 or 2000, or a forgery of old windows
+                p.quarantine = Rejected("past", "epochs [%s, %s) ended more than %.0f days (aggregator.max_past_s) "
+                                                "before the host's clock (%s)"
+                                        % (_utc(rel.t0), _utc(rel.t1), past / 86400, _utc(int(now))))
             return p
         dev, seq = (v[3], v[4]) if len(v) >= 5 else (None, None)
         return Pending(payload, topic, now, rej=Rejected(v[1], v[2]),
