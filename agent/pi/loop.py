@@ -64,6 +64,37 @@ def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
         raise SystemExit(die(EXIT_RUNTIME, "refusing to start: %s" % exc))
 
 
+# A clock before 2024 has not been set (a Pi without a real-time clock boots at 1970, or at the last
+# time fake-hwclock saved): the same floor as the board firmware's (firmware/clock.py MIN_VALID_UNIX).
+MIN_VALID_UNIX = 1704067200  # 2024-01-01T00:00:00Z
+CLOCK_WAIT_LOG_S = 60.0
+
+
+def wait_for_plausible_clock(clock: Clock, log: Callable[[str], None], now: Callable[[], float] = time.time,
+                             sleep: Callable[[float], None] = time.sleep) -> int:
+    """Wait until the real clock reads 2024 or later (NTP, systemd-timesyncd); returns that time.
+
+    Counting starts after this: the recorder dates its first window by the clock, so a window
+    opened at 1970 would become a release for 1970 (which the host quarantines as ``past``). The
+    board firmware counts meanwhile and re-dates its accumulator at the first NTP answer; the Pi
+    agent simply starts once the time is known, which on a networked Pi is seconds after boot. Says
+    so at once and then once a minute. A clock given with --clock-start/--clock-speed is the
+    caller's own time and is taken as it is."""
+    t = now()
+    if not clock.real or t >= MIN_VALID_UNIX:
+        return int(t)
+    waited = 0.0
+    while t < MIN_VALID_UNIX:
+        if waited % CLOCK_WAIT_LOG_S == 0:
+            log("the clock reads %s, before 2024: not set yet (NTP); waiting for it before counting or "
+                "releasing anything" % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(0, t))))
+        sleep(1.0)
+        waited += 1.0
+        t = now()
+    log("the clock is set (%s): starting" % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)))
+    return int(t)
+
+
 class Agent:
     """One agent process: config, recorder, source queue, publisher, clock."""
 
@@ -77,6 +108,7 @@ class Agent:
         self.args = args
         self.log = logger(cfg.device, args.quiet)
         self.clock = Clock(args.clock_start, args.clock_speed)
+        wait_for_plausible_clock(self.clock, self.log)  # before the recorder dates its first window
         rng = _make_rng(args, self.log)
         self.rec = make(cfg.params, cfg.state_dir, self.clock.now(), rng=rng, log=self.log,
                         outbox_max=cfg.outbox_max)
