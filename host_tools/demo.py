@@ -33,17 +33,10 @@ import time
 from collections import Counter
 from typing import Any, Callable, Optional
 
-from host_tools.localnet import free_port, stop_process, wait_port
+from host_tools.localnet import Mosquitto, free_port, mosquitto_path
 
 SALT = "pansketch-demo-fleet-salt"
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a window boundary for every window length dividing a day
-
-
-def find_mosquitto() -> Optional[str]:
-    for p in (shutil.which("mosquitto"), "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto"):
-        if p and os.path.exists(p):
-            return p
-    return None
 
 
 class DemoBroker:
@@ -63,17 +56,7 @@ class DemoBroker:
 class MosquittoBroker(DemoBroker):
     def __init__(self, workdir: str, exe: str) -> None:
         DemoBroker.__init__(self, workdir)
-        conf = os.path.join(workdir, "mosquitto.conf")
-        lines = ["listener %d 127.0.0.1" % self.port, "allow_anonymous true", "max_queued_messages 10000"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            lines.append("user root")
-        with open(conf, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        self.log = open(os.path.join(workdir, "mosquitto.log"), "wb")
-        self.proc = subprocess.Popen([exe, "-c", conf], stdout=self.log, stderr=subprocess.STDOUT)
-        if not wait_port(self.port, 10, lambda: self.proc.poll() is None):
-            self.stop()
-            raise RuntimeError("mosquitto did not start (see %s)" % os.path.join(workdir, "mosquitto.log"))
+        self.mosquitto = Mosquitto(workdir, self.port, "max_queued_messages 10000")
         try:
             v = subprocess.run([exe, "-h"], capture_output=True, timeout=5).stdout.decode().splitlines()[0]
         except Exception:
@@ -81,8 +64,7 @@ class MosquittoBroker(DemoBroker):
         self.name = v.strip()
 
     def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
+        self.mosquitto.stop()
 
 
 class AmqttBroker(DemoBroker):
@@ -147,7 +129,7 @@ class AmqttBroker(DemoBroker):
 
 
 def start_broker(workdir: str, which: str) -> DemoBroker:
-    exe = find_mosquitto()
+    exe = mosquitto_path()
     if which in ("auto", "mosquitto") and exe:
         return MosquittoBroker(workdir, exe)
     if which == "mosquitto":

@@ -1,12 +1,15 @@
 """Local daemons on 127.0.0.1 (the demo's broker, the throwaway PostgreSQL, the benchmarks' and the
 tests' brokers): pick a free port, wait until the daemon answers on it (or, generally, until a
-condition holds), stop it.
+condition holds), stop it; and the one mosquitto launcher (:class:`Mosquitto`) the demo, the
+benchmarks and the tests start their brokers with.
 
 Shared by every host package (imports nothing of the project).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import time
@@ -64,3 +67,120 @@ def wait_port(port: int, timeout: float = 10.0, alive: Optional[Callable[[], boo
         except OSError:
             time.sleep(poll)
     return False
+
+
+MOSQUITTO_PATHS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto")
+
+
+def mosquitto_path() -> Optional[str]:
+    """The mosquitto executable: on PATH, or where Debian, a source build or Homebrew put it; None if none."""
+    for p in (shutil.which("mosquitto"),) + MOSQUITTO_PATHS:
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+class Mosquitto:
+    """One mosquitto process on 127.0.0.1:``port`` (a free one unless given), started at construction.
+
+    Its config is a listener, anonymous clients (unless ``conf_extra`` sets
+    ``allow_anonymous`` or a ``password_file``), ``user root`` when run as
+    root (mosquitto would otherwise drop to the user ``mosquitto``, who
+    cannot write ``tmpdir``), then ``conf_extra`` (the caller's limits and
+    log types). ``persistent``: sessions and queued QoS 1 messages saved to
+    ``tmpdir`` every ``autosave_interval`` seconds (0: only on a clean stop)
+    and reloaded by :meth:`restart`, like a production broker. ``tls``: a
+    second listener on ``tls_port`` (``cafile``, ``certfile``, ``keyfile``;
+    ``require_certificate``: clients must present one from ``cafile``),
+    TLS 1.2 and up. Config and log (appended to across restarts) are
+    ``mosquitto-<port>.conf`` and ``.log`` in ``tmpdir``.
+    :meth:`restart` keeps the port (clients reconnect to the same address);
+    :meth:`kill` is ``kill -9`` (nothing saved since the last autosave
+    survives). Raises FileNotFoundError when mosquitto is not installed,
+    RuntimeError (with the log's tail) when it does not start.
+    """
+
+    def __init__(self, tmpdir: Any, port: Optional[int] = None, conf_extra: str = "",
+                 persistent: bool = False, autosave_interval: int = 1, tls: Optional[dict[str, Any]] = None) -> None:
+        self.tmpdir = str(tmpdir)
+        self.port = port or free_port()
+        self.tls = tls
+        self.tls_port = free_port() if tls else None
+        self.conf_extra = conf_extra
+        self.persistent = persistent
+        self.autosave_interval = autosave_interval
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.conf_path = os.path.join(self.tmpdir, "mosquitto-%d.conf" % self.port)
+        self.log_path = os.path.join(self.tmpdir, "mosquitto-%d.log" % self.port)
+        self.start()
+
+    def _conf(self) -> str:
+        lines = ["listener %d %s" % (self.port, HOST)]
+        if "allow_anonymous" not in self.conf_extra and "password_file" not in self.conf_extra:
+            lines.append("allow_anonymous true")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            lines.append("user root")
+        if self.persistent:
+            pdir = os.path.join(self.tmpdir, "mosquitto-%d-db" % self.port)
+            os.makedirs(pdir, exist_ok=True)
+            lines += ["persistence true", "persistence_location %s/" % pdir,
+                      "autosave_interval %d" % self.autosave_interval]
+        tls = []
+        if self.tls and self.tls_port is not None:  # after conf_extra: these options belong to this listener
+            tls = ["listener %d %s" % (self.tls_port, HOST), "cafile %s" % self.tls["cafile"],
+                   "certfile %s" % self.tls["certfile"], "keyfile %s" % self.tls["keyfile"], "tls_version tlsv1.2"]
+            if self.tls.get("require_certificate"):
+                tls.append("require_certificate true")
+        return "\n".join(lines) + "\n" + self.conf_extra + "\n" + "\n".join(tls) + "\n"
+
+    def start(self) -> None:
+        exe = mosquitto_path()
+        if exe is None:
+            raise FileNotFoundError("mosquitto is not installed (apt-get install mosquitto)")
+        with open(self.conf_path, "w") as f:
+            f.write(self._conf())
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([exe, "-c", self.conf_path], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        proc = self.proc
+        if all(wait_port(p, 10, lambda: proc.poll() is None) for p in (self.port, self.tls_port) if p):
+            return
+        self.stop()
+        raise RuntimeError("mosquitto did not start on port %d:\n%s" % (self.port, self.log_text()[-2000:]))
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL (a crash): no save on the way out."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def __enter__(self) -> "Mosquitto":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -6,13 +6,11 @@
 
     b = start_mosquitto(tmp_path, tls=make_test_pki(tmp_path / "pki"))   # + .tls_port (TLS 1.2+)
 
-``restart()`` keeps the port (clients reconnect to the same address). With
-``persistent=True`` the broker saves sessions and queued QoS 1 messages to
-``tmpdir`` every ``autosave_interval`` seconds (1; 0 = only on a clean
-stop) and reloads them on restart, like a production broker. ``kill()``
-is ``kill -9``: nothing saved since the last autosave survives.
-Tests using it are skipped, with the reason, only when mosquitto is not
-installed (``.ci/run`` installs it).
+The broker is host_tools.localnet.Mosquitto, the launcher the demo and
+the benchmarks use too (its docstring: ``restart()`` keeps the port,
+``persistent=True`` saves sessions and queued messages, ``kill()`` is
+``kill -9``). Tests using it are skipped, with the reason, only when
+mosquitto is not installed (``.ci/run`` installs it).
 """
 
 from __future__ import annotations
@@ -24,104 +22,21 @@ from typing import Any, Optional
 
 import pytest
 
-from host_tools.localnet import free_port, stop_process, wait_port  # noqa: F401  (free_port: re-exported)
-
-
-def mosquitto_path() -> Optional[str]:
-    for p in (shutil.which("mosquitto"), "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"):
-        if p and os.path.exists(p):
-            return p
-    return None
-
+from host_tools import localnet
+from host_tools.localnet import free_port, mosquitto_path  # noqa: F401  (re-exported for the tests)
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_path() is None,
                                      reason="mosquitto is not installed (.ci/run installs it)")
 
 
-class Mosquitto:
-    """One mosquitto process; see the module docstring."""
-
-    def __init__(self, tmpdir: Any, port: Optional[int] = None, conf_extra: str = "",
-                 persistent: bool = False, autosave_interval: int = 1, tls: Optional[dict[str, Any]] = None) -> None:
-        self.tmpdir = str(tmpdir)
-        self.port = port or free_port()
-        # tls: a second listener on 127.0.0.1:tls_port (cafile/certfile/keyfile, e.g. from make_test_pki;
-        # require_certificate: clients must present a certificate from cafile)
-        self.tls = tls
-        self.tls_port = free_port() if tls else None
-        self.conf_extra = conf_extra
-        self.persistent = persistent
-        self.autosave_interval = autosave_interval
-        self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.conf_path = os.path.join(self.tmpdir, "mosquitto-%d.conf" % self.port)
-        self.log_path = os.path.join(self.tmpdir, "mosquitto-%d.log" % self.port)
-        self.start()
-
-    def _conf(self) -> str:
-        lines = ["listener %d 127.0.0.1" % self.port]
-        if "allow_anonymous" not in self.conf_extra and "password_file" not in self.conf_extra:
-            lines.append("allow_anonymous true")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            lines.append("user root")  # otherwise mosquitto drops to 'mosquitto' and cannot write tmpdir
-        if self.persistent:
-            pdir = os.path.join(self.tmpdir, "mosquitto-%d-db" % self.port)
-            os.makedirs(pdir, exist_ok=True)
-            lines += ["persistence true", "persistence_location %s/" % pdir,
-                      "autosave_interval %d" % self.autosave_interval]
-        tls = []
-        if self.tls and self.tls_port is not None:  # tls_port is set with tls
-            tls = ["listener %d 127.0.0.1" % self.tls_port, "cafile %s" % self.tls["cafile"],
-                   "certfile %s" % self.tls["certfile"], "keyfile %s" % self.tls["keyfile"], "tls_version tlsv1.2"]
-            if self.tls.get("require_certificate"):
-                tls.append("require_certificate true")
-        return "\n".join(lines) + "\n" + self.conf_extra + "\n" + "\n".join(tls) + "\n"
+class Mosquitto(localnet.Mosquitto):
+    """host_tools.localnet.Mosquitto (the one launcher: demo, benchmarks, tests); a test whose broker
+    cannot start because mosquitto is not installed is skipped, with the reason, also on restart."""
 
     def start(self) -> None:
-        exe = mosquitto_path()
-        if exe is None:
+        if mosquitto_path() is None:
             pytest.skip("mosquitto is not installed (.ci/run installs it)")
-        with open(self.conf_path, "w") as f:
-            f.write(self._conf())
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([exe, "-c", self.conf_path], stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        proc = self.proc
-        if all(wait_port(p, 10, lambda: proc.poll() is None) for p in (self.port, self.tls_port) if p):
-            return
-        self.stop()
-        raise RuntimeError("mosquitto did not start on port %d:\n%s" % (self.port, self.log_text()[-2000:]))
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL (a crash): no save on the way out."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_text(self) -> str:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def __enter__(self) -> "Mosquitto":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        super().start()
 
 
 def start_mosquitto(tmpdir: Any, port: Optional[int] = None, conf_extra: str = "", persistent: bool = False,

@@ -55,7 +55,7 @@ def _child_cpu() -> float:
 
 def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> dict[str, Any]:
     from host_tools.bench.core import zipf_items
-    from tests.broker import start_mosquitto  # the test suite's broker launcher (mosquitto on loopback)
+    from host_tools.localnet import Mosquitto
     from tests.test_e2e_support import AggregatorThread, agent_toml, host_toml
 
     res: dict[str, Any] = {"events": events, "kind": kind, "d": 4, "w": 2048, "rounds": [],
@@ -67,7 +67,7 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
         tdp = Path(td)
         data = tdp / "events.txt"
         data.write_text("\n".join(zipf_items(events)) + "\n")
-        broker = start_mosquitto(tdp)
+        broker = Mosquitto(tdp)
         try:
             host = AggregatorThread(host_toml(str(tdp / "h.toml"), broker.port, str(tdp / "h.db")))
             for r in range(rounds + (1 if profile else 0)):

@@ -61,7 +61,7 @@ import numpy as np
 
 from agent import release
 from agent.params import Params
-from host_tools.localnet import free_port, wait_port
+from host_tools.localnet import Mosquitto, mosquitto_path
 
 SALT = "bench-fleet-salt"
 EPOCH0 = 1_700_000_000 // 3600
@@ -86,24 +86,6 @@ def release_sizes() -> dict[str, int]:
         ctr = array.array("i", [0] * (d * w))
         out["%s d=%d w=%d" % (kind, d, w)] = len(release.encode(p, 123456, EPOCH0, EPOCH0 + 1, 0, ctr))
     return out
-
-
-def _start_mosquitto(tmp: str) -> Optional[tuple[subprocess.Popen[bytes], int]]:
-    exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
-    if exe is None:
-        return None
-    port = free_port()
-    conf = os.path.join(tmp, "mosquitto.conf")
-    with open(conf, "w") as f:
-        f.write("listener %d 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\n" % port)
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            f.write("user root\n")
-    log = open(os.path.join(tmp, "mosquitto.log"), "ab")
-    proc = subprocess.Popen([exe, "-c", conf], stdout=log, stderr=subprocess.STDOUT)
-    if wait_port(port, 10, lambda: proc.poll() is None):
-        return proc, port
-    proc.terminate()
-    return None
 
 
 def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, done: Any, tag: str) -> None:
@@ -260,10 +242,10 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
     ``pg_pid``: the PostgreSQL postmaster's pid; its processes' CPU is reported as ``postgres sessions``
     (the aggregators' connections) and ``postgres background`` (postmaster, WAL writer, checkpointer...;
     autovacuum workers started during the run are not counted)."""
-    started = _start_mosquitto(tmp)
-    if started is None:
+    if mosquitto_path() is None:
         return {"skipped": "mosquitto not installed"}
-    broker, port = started
+    broker = Mosquitto(tmp, conf_extra="max_queued_messages 0")
+    port = broker.port
     procs_agg: list[subprocess.Popen[bytes]] = []
     ctx = mp.get_context("fork")
     peer_out: Any = ctx.Queue()
@@ -327,8 +309,7 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
             a.terminate()
         for a in procs_agg:
             a.wait(30)
-        broker.terminate()
-        broker.wait(10)
+        broker.stop()
         if db is not None and db in _PG_COUNTERS:  # closed before the next run lists the server's processes
             _PG_COUNTERS.pop(db).close()
         if db is not None and db in _SQLITE_COUNTERS:

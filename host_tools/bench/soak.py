@@ -59,32 +59,15 @@ from typing import Any, Optional
 import numpy as np
 
 from host_tools.bench.host import SALT, _cpu_s, _env, _helpers
-from host_tools.localnet import free_port, wait_port
+from host_tools.localnet import Mosquitto, free_port
 
 EPOCH0 = 1_700_000_000 // 3600
 
 
-def _mosquitto_conf(tmp: str, port: int) -> str:
-    conf = os.path.join(tmp, "mosquitto.conf")
-    with open(conf, "w") as f:
-        f.write("listener %d 127.0.0.1\nallow_anonymous true\n"
-                "persistence true\npersistence_location %s/\nautosave_interval 1\nautosave_on_changes false\n"
-                "max_queued_messages 30000\nmax_queued_bytes 134217728\nmax_inflight_messages 20\n"
-                "max_packet_size 1100000\n"
-                "log_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n"
-                % (port, tmp))
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            f.write("user root\n")
-    return conf
-
-
-def _start_broker(tmp: str, port: int) -> subprocess.Popen[bytes]:
-    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    log = open(os.path.join(tmp, "mosquitto.log"), "ab")
-    proc = subprocess.Popen([exe, "-c", _mosquitto_conf(tmp, port)], stdout=log, stderr=subprocess.STDOUT)
-    if wait_port(port, 10, lambda: proc.poll() is None):
-        return proc
-    raise RuntimeError("mosquitto did not start on port %d" % port)
+# the queue and packet limits of deploy/mosquitto/pansketch.conf, and the log lines the run waits for
+BROKER_CONF = ("autosave_on_changes false\nmax_queued_messages 30000\nmax_queued_bytes 134217728\n"
+               "max_inflight_messages 20\nmax_packet_size 1100000\n"
+               "log_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n")
 
 
 def _start_aggregator(tmp: str, conf: str, n: int) -> subprocess.Popen[bytes]:
@@ -246,11 +229,11 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
     with open(conf, "w") as f:
         f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "soak-agg"\nreconnect_max_s = 2\n'
                 '[aggregator]\ndb = "%s"\n%s[fleet]\nsalt = "%s"\n' % (port, db, extra, SALT))
-    broker = _start_broker(tmp, port)
+    broker = Mosquitto(tmp, port, BROKER_CONF, persistent=True, autosave_interval=1)
     aggs = [_start_aggregator(tmp, conf, 0)]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the aggregator (quiet) has subscribed: the broker logs it
-        with open(os.path.join(tmp, "mosquitto.log"), "rb") as logf:
+        with open(broker.log_path, "rb") as logf:
             if b"soak-agg 1 pansketch/+/release" in logf.read():
                 break
         time.sleep(0.05)
@@ -292,12 +275,11 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
             _t, what = plan.pop(0)
             if what == "broker":
                 sample_cpu()
-                broker.send_signal(signal.SIGKILL)
-                broker.wait()
+                broker.kill()
                 events.append({"t": round(now - t_start, 1), "event": "broker kill -9"})
                 log("broker killed at %.1f s" % (now - t_start))
                 time.sleep(2)
-                broker = _start_broker(tmp, port)
+                broker.start()
             elif what == "aggregator":
                 sample_cpu()
                 aggs[-1].send_signal(signal.SIGKILL)
@@ -326,8 +308,7 @@ def run(devices: int, rate: float, duration: float, workers: int, kills: list[st
     sample_cpu()
     aggs[-1].send_signal(signal.SIGTERM)  # a clean exit logs its group commits
     aggs[-1].wait(60)
-    broker.terminate()
-    broker.wait(10)
+    broker.stop()
     for pid, (role, c) in cpu_last.items():
         cpu_done[role] = cpu_done.get(role, 0.0) + c - cpu_base.get(pid, 0.0)
     # ground truth from the database
