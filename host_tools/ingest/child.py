@@ -19,6 +19,7 @@ helper behind, spinning or not.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -28,7 +29,7 @@ import struct
 import subprocess
 import sys
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, NoReturn, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -173,6 +174,26 @@ def attach(argv: Optional[list[str]] = None) -> tuple[Connection, Any]:
     args = sys.argv[1:] if argv is None else argv
     conn = Connection(int(args[0]))
     return conn, conn.recv()
+
+
+def helper_main(serve: Callable[[Connection, Any], int], settings_type: type, argv: Optional[list[str]] = None,
+                log_level: Callable[[Any], Optional[int]] = lambda _s: None) -> int:
+    """The entry point of every helper process: attach to the parent (:func:`attach`; exit 1 if it is
+    gone), check the settings it sent are a ``settings_type``, log to stderr at ``log_level(settings)``
+    (None: the logger's default), then ``serve(conn, settings)`` (its return value is the exit code)."""
+    try:
+        conn, settings = attach(argv)
+    except (EOFError, OSError):
+        return 1
+    assert isinstance(settings, settings_type)
+    log_to_stderr(log_level(settings))
+    return serve(conn, settings)
+
+
+def run_as_main(module: str) -> NoReturn:
+    """A helper module's ``if __name__ == "__main__"``: run ``module.main`` from the module proper, not
+    from this ``__main__`` copy of it, whose classes are not the ones the parent pickled."""
+    sys.exit(importlib.import_module(module).main())
 
 
 def exit_status(rc: Optional[int]) -> str:

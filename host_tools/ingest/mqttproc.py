@@ -47,7 +47,6 @@ import hashlib
 import logging
 import mmap
 import signal
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -477,16 +476,8 @@ def serve(conn: Connection, s: Settings) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Child entry point: ``python -m host_tools.ingest.mqttproc FD`` (FD: our end of the socket pair)."""
-    try:
-        conn, settings = child.attach(argv)
-    except (EOFError, OSError):
-        return 1
-    assert isinstance(settings, Settings)
-    child.log_to_stderr(logging.DEBUG if settings.verbose else logging.WARNING)
-    return serve(conn, settings)
+    return child.helper_main(serve, Settings, argv, lambda s: logging.DEBUG if s.verbose else logging.WARNING)
 
 
 if __name__ == "__main__":
-    from host_tools.ingest.mqttproc import main as _main  # the module proper, not this __main__ copy of it
-
-    sys.exit(_main())
+    child.run_as_main("host_tools.ingest.mqttproc")

@@ -35,10 +35,10 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any, Optional, Sequence, Union, cast
 
 from host_tools import cborscan
@@ -225,13 +225,12 @@ class ValidatorProcess:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Helper entry point: answer batches until the parent closes its end."""
-    try:
-        conn, settings = child.attach(argv)
-    except (EOFError, OSError):
-        return 1
-    assert isinstance(settings, Settings)
-    child.log_to_stderr()
+    """Helper entry point: ``python -m host_tools.ingest.validproc FD`` (FD: our end of the socket pair)."""
+    return child.helper_main(serve, Settings, argv)
+
+
+def serve(conn: Connection, settings: Settings) -> int:
+    """The helper: answer batches until the parent closes its end (0)."""
     budget = float(settings.cpu_s)
     buf = bytearray()  # reused: the messages of one batch are validated in place, then dropped
     cpu = {"receive": 0.0, "validate": 0.0, "reply": 0.0}  # stage timers (thread CPU time, per batch)
@@ -263,6 +262,4 @@ def main(argv: Optional[list[str]] = None) -> int:
         cpu["reply"] += time.thread_time() - t2
 
 if __name__ == "__main__":
-    from host_tools.ingest.validproc import main as _main  # the module proper, whose Settings the parent pickled
-
-    sys.exit(_main())
+    child.run_as_main("host_tools.ingest.validproc")
