@@ -139,14 +139,21 @@ class _Judge:
 
 
 def _client(s: Settings) -> Any:
+    import paho.mqtt
     import paho.mqtt.client as mqtt
 
     from agent.pi.publisher import tcp_no_delay
 
     from host_tools.ingest import pahofast
 
-    # fewer system calls and no per-packet properties object per release, where paho has the internals for it
-    cls = pahofast.BufferedClient if pahofast.supported() else mqtt.Client
+    # fewer system calls and no per-packet properties object per release, where paho's internals are the
+    # ones pahofast was written for; else paho's own client, correct but slower, and the log says why
+    why = pahofast.check()
+    if why is not None:
+        log.warning("paho-mqtt %s does not behave as host_tools.ingest.pahofast reads it (%s): the MQTT process "
+                    "uses paho's plain client (correct, slower; pyproject names the paho versions it was "
+                    "tested with)", getattr(paho.mqtt, "__version__", "?"), why)
+    cls = pahofast.BufferedClient if why is None else mqtt.Client
     if s.broker.mqtt_version == 5:
         c = cls(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=mqtt.MQTTv5, manual_ack=True)
     else:

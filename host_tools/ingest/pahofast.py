@@ -51,14 +51,18 @@ reader's limits) is paho's. These rely on paho internals (``_sock_recv``,
 ``_loop``, ``_packet_queue``, ``_manual_ack``, ``_in_packet``,
 ``_last_bytes_received``, ``_handle_publish``, ``_handle_pubackcomp``,
 ``_do_on_publish``, ``_out_messages``, ``_inflight_messages``,
-``_mid_generate``); :func:`supported` checks that they are there, and the
-MQTT process uses the plain client when they are not.
+``_mid_generate``). Their names being there does not mean they still mean
+what this module reads them as, so :func:`check` runs this module's paths
+once against the installed paho, on a socket pair, and the MQTT process
+uses paho's plain client, with a warning saying why, when anything differs
+(pyproject pins the paho versions this was tested with).
 tests/test_pahofast.py runs it against a real mosquitto, over TCP and TLS,
 and feeds it packets cut at every byte through a socket pair.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 import threading
 from typing import Any, Callable, Iterable, Optional
@@ -81,14 +85,8 @@ _NO_PROPS = Properties(PacketTypes.PUBACK)
 
 
 def supported() -> bool:
-    """paho has the internals this client builds on (2.x does)."""
-    return all(hasattr(mqtt.Client, n) for n in (
-        "_sock_recv", "loop_read", "_packet_read", "_packet_queue", "_handle_publish", "_handle_on_message",
-        "_handle_pubackcomp", "_do_on_publish", "_update_inflight", "_mid_generate", "_pack_remaining_length",
-        "_raise_for_invalid_topic", "is_connected", "_loop", "_packet_handle", "_loop_rc_handle",
-        "_easy_log")) and all(
-        hasattr(mqtt, n) for n in ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage",
-                                   "MQTTMessageInfo"))
+    """This paho's internals behave as this client reads them (:func:`check`)."""
+    return check() is None
 
 
 class BufferedClient(mqtt.Client):
@@ -427,3 +425,109 @@ def ack_many(client: Any, mids: Iterable[int]) -> None:
     blob = b"".join([_PUBACK.pack(PUBACK, 2, mid) for mid in mids])
     if blob:
         client._packet_queue(PUBACK, blob, 0, 0)
+
+
+CLIENT_NAMES = ("_sock_recv", "loop_read", "_packet_read", "_packet_queue", "_handle_publish", "_handle_on_message",
+                "_handle_pubackcomp", "_do_on_publish", "_update_inflight", "_mid_generate", "_pack_remaining_length",
+                "_raise_for_invalid_topic", "is_connected", "_loop", "_packet_handle", "_loop_rc_handle", "_easy_log")
+MODULE_NAMES = ("time_func", "mqtt_ms_wait_for_puback", "mqtt_ms_queued", "MQTTMessage", "MQTTMessageInfo")
+
+
+def _packet(cmd: int, body: bytes) -> bytes:
+    """An MQTT packet, encoded here from the specification (not by paho: the check compares with paho)."""
+    head = bytearray((cmd,))
+    n = len(body)
+    while True:
+        n, digit = n >> 7, n & 127
+        head.append(digit | (128 if n else 0))
+        if not n:
+            return bytes(head) + body
+
+
+def _publish(topic: str, mid: int, payload: bytes, props: bytes = b"\0") -> bytes:
+    tb = topic.encode()
+    return len(tb).to_bytes(2, "big") + tb + (mid.to_bytes(2, "big") if mid else b"") + props + payload
+
+
+@functools.lru_cache(maxsize=1)
+def check() -> Optional[str]:
+    """None when the installed paho behaves as this module reads it; else what differs (one line).
+
+    The private names being there is not enough: a paho whose ``_in_packet``, ``_out_messages``,
+    in-flight count or write queue changed meaning would have this client misread packets or lose
+    acknowledgements. So this runs the module's own paths once, on a socket pair (no broker, a few
+    milliseconds per process): the broker's side writes publishes with and without properties (one
+    cut across two reads, inside its remaining length) and PUBACKs in both forms, which must reach
+    the right handler whole and in order and clear the messages they acknowledge; then
+    :func:`publish_many` and :func:`ack_many` must put exactly the MQTT bytes on the wire, and the
+    broker's PUBACK must clear the publish.
+    """
+    missing = [n for n in CLIENT_NAMES if not hasattr(mqtt.Client, n)] + [n for n in MODULE_NAMES if not hasattr(mqtt, n)]
+    if missing:
+        return "paho has no %s" % ", ".join(missing)
+    import socket
+
+    got: list[tuple[Any, ...]] = []
+    try:
+        mine, broker = socket.socketpair()
+    except OSError as exc:
+        return "no socket pair to check it on: %s" % exc
+    try:
+        mine.setblocking(False)
+        broker.settimeout(1.0)
+        c = BufferedClient(mqtt.CallbackAPIVersion.VERSION2, client_id="pahofast-check", protocol=mqtt.MQTTv5,
+                           manual_ack=True)
+        c._sock = mine
+        c.on_fast = lambda t, p, mid, q: got.append(("fast", t, p, mid, q))
+        c.on_message = lambda _c, _u, m: got.append(("paho", m.topic, m.payload, m.mid, m.qos))
+        for mid in (7, 8):  # two publishes of ours awaiting the broker's PUBACK, entered as paho's publish does
+            m = mqtt.MQTTMessage(mid, b"t/out")
+            m.qos = 1
+            m.state = mqtt.mqtt_ms_wait_for_puback
+            c._out_messages[mid] = m
+            c._inflight_messages += 1
+        cut = _packet(0x32, _publish("t/c", 3, b"x" * 200))  # a two-byte remaining length, cut after its first
+        reads = (_packet(0x32, _publish("t/a", 1, b"one")) + _packet(0x40, (7).to_bytes(2, "big"))
+                 + _packet(0x32, _publish("t/p", 2, b"props", b"\x05\x02\x00\x00\x00\x05"))  # message expiry 5
+                 + _packet(0x40, (8).to_bytes(2, "big") + b"\0\0") + cut[:2], cut[2:])
+        for data in reads:
+            broker.sendall(data)
+            rc = c.loop_read()
+            if rc != mqtt.MQTT_ERR_SUCCESS:
+                return "reading the broker's packets returned %s" % rc
+        want = [("fast", "t/a", b"one", 1, 1), ("paho", "t/p", b"props", 2, 1), ("fast", "t/c", b"x" * 200, 3, 1)]
+        if got != want:
+            return "the broker's packets were read as %r" % ([g[:2] + (len(g[2]),) + g[3:] for g in got],)
+        if c._out_messages or c._inflight_messages != 0:
+            return "the broker's PUBACKs left %d message(s), %d in flight" % (len(c._out_messages),
+                                                                               c._inflight_messages)
+        if c.buffered() or c._in_packet["command"] != 0:
+            return "bytes of the broker's packets were left unread"
+        c._max_inflight_messages = 20
+        publish_many(c, [("t/ack", b"ok")])
+        if len(c._out_messages) != 1 or c._inflight_messages != 1:
+            return "publish_many entered %d message(s), %d in flight" % (len(c._out_messages), c._inflight_messages)
+        mid = next(iter(c._out_messages))
+        ack_many(c, [5])
+        expect = _packet(0x32, _publish("t/ack", mid, b"ok")) + _packet(0x40, (5).to_bytes(2, "big"))
+        wrote = b""
+        while len(wrote) < len(expect):
+            try:
+                data = broker.recv(4096)
+            except socket.timeout:
+                break
+            if not data:
+                break
+            wrote += data
+        if wrote != expect:
+            return "a publish and a PUBACK went out as %r, not %r" % (wrote[:48], expect)
+        broker.sendall(_packet(0x40, mid.to_bytes(2, "big")))
+        rc = c.loop_read()
+        if rc != mqtt.MQTT_ERR_SUCCESS or c._out_messages or c._inflight_messages != 0:
+            return "the broker's PUBACK did not clear the publish (%s)" % rc
+    except Exception as exc:  # whatever a changed paho raises here: it is not the paho this was written for
+        return "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        broker.close()
+        mine.close()
+    return None
