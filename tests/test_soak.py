@@ -6,15 +6,11 @@ or stored twice, every release must be acknowledged, and the WAL stays under 256
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
-
 from host_tools.bench import soak
+from tests.broker import needs_mosquitto
 
 
-@pytest.mark.skipif(shutil.which("mosquitto") is None and not shutil.os.path.exists("/usr/sbin/mosquitto"),
-                    reason="mosquitto not installed")
+@needs_mosquitto
 def test_soak_short_with_broker_and_aggregator_kills(tmp_path):
     res = soak.run(devices=100, rate=200.0, duration=60.0, workers=2, kills=["broker", "aggregator"],
                    tmp=str(tmp_path), ack_timeout=3.0, drain=90.0, log=lambda *_a: None)
