@@ -228,10 +228,10 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     from host_tools import hostconfig
     from host_tools.ingest import service
     from host_tools.store.sqlite import Store
-    from tests.broker import start_mosquitto
+    from host_tools.localnet import Mosquitto
     from tests.test_e2e_support import host_toml
 
-    b = start_mosquitto(root, conf_extra=shipped_queue_limits())
+    b = Mosquitto(root, conf_extra=shipped_queue_limits())
     db = os.path.join(root, "host.db")
     conf = host_toml(os.path.join(root, "host.toml"), b.port, db, client_id="hostile-host")
     with open(conf) as f:
@@ -311,10 +311,10 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     from host_tools import hostconfig
     from host_tools.ingest import service
     from host_tools.store.sqlite import Store
-    from tests.broker import start_mosquitto
+    from host_tools.localnet import Mosquitto
     from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, host_toml
 
-    b = start_mosquitto(root, conf_extra="max_queued_messages %d\n" % queue)
+    b = Mosquitto(root, conf_extra="max_queued_messages %d\n" % queue)
     db = os.path.join(root, "drop.db")
     cfg = hostconfig.load(host_toml(os.path.join(root, "drop.toml"), b.port, db, client_id="drop-host"))
 
