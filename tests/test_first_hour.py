@@ -327,7 +327,8 @@ def test_every_dashboard_page_on_an_empty_store_says_so(tmp_path: Any, store: st
 
 
 def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: Any) -> None:
-    """`make demo` installs no matplotlib: --plot says so before querying, and the README agrees."""
+    """`make demo` installs no matplotlib: --plot says so before querying, and docs/USAGE.md (the commands'
+    reference the README points to) agrees."""
     from host_tools.query.plot import MISSING
     from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
 
@@ -339,7 +340,7 @@ def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: 
                         str(tmp_path / "a.png")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
     assert _one_line(r, 2, "plot") == "pansketch query: " + MISSING
     assert not (tmp_path / "a.png").exists() and not r.stdout
-    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(REPO, "docs", "USAGE.md"), encoding="utf-8").read()
     assert "`--plot` needs matplotlib, which `make demo` does not install: `pip install 'pansketch[repro]'`" in readme
     assert "pip install 'pansketch[repro]'" in MISSING and "make demo" in MISSING
 
