@@ -1,0 +1,228 @@
+"""Detection within the bound: flag a device whose contribution to a window is out of line with the fleet's.
+
+host_tools.ingest.bounds caps what one release may hold (``max_events`` events
+plus noise). Inside that cap a stolen device can still plant an item the rest
+of the fleet never saw, or cancel the fleet's top item. This module looks, for
+every window and merge group with at least :data:`MIN_DEVICES` devices, at each
+device's counters next to the sum of the others' (docs/HOST.md "Flagged
+devices"):
+
+* the device's expected share: ``a`` = the median, over the cells the other
+  devices clearly fill (``|Y_-i| > 4 sd`` of their noise), of ``Y_i / Y_-i``; a
+  busy device has a large ``a``, a quiet one a small one, so activity alone
+  never flags (the model is "the device sees the fleet's item mix at its own
+  rate");
+* per cell the residual ``e = Y_i - a Y_-i`` against what noise and sampling
+  allow: the noise of the device and ``a`` times that of the others, each a
+  Chernoff bound from the exact noise distribution at ``NOISE_ALPHA`` per cell,
+  plus ``Z`` standard deviations of the sampling spread
+  ``sqrt(phi a (1 + a) |Y_-i|)`` (a Poisson count and its estimate from the
+  others), ``phi`` >= 1 the overdispersion measured robustly (median) over the
+  device's own cells, so that a fleet whose devices differ a little more
+  than Poisson is not flagged wholesale;
+* a device is flagged in the window if some cell is beyond that, and the
+  flag says where (level, row, column), how much (the residual, in events,
+  and the device's share of the cell) and how far (in allowances).
+
+A planted item (a cell the others leave at noise level, holding the device's
+mass) and a cancelled one (a negative residual of the item's fleet size) are
+both thousands of allowances out; honest devices, also a busy one with 20x
+the others' events, stay within (false flags measured in
+tests/test_influence.py on the demo fleet's parameters and on a heterogeneous
+fleet: 0 of the honest device-windows there, the bound <= 1 %).
+Devices that genuinely see items nobody else sees (a sensor in a place of its
+own) are flagged too: a flag is a prompt to look (``pansketch status``, the
+dashboard), not a verdict; ``pansketch device exclude`` is the operator's.
+
+Kind dbits releases one count per level (no item structure to compare): its
+releases are held to the bound only. Tree-mode devices are compared by the
+nodes that cover the window (host_tools.query.core.cover).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from host_tools.query.estimators import chernoff_tail_bound
+from host_tools.query.merge import NoiseTerm
+
+MIN_DEVICES = 3  # fewer: no "rest of the fleet" to compare with
+NOISE_ALPHA = 1e-7  # per cell: the noise allowance's one-sided tail (x 2 sides x cells: ~1e-3 per device-window)
+Z = 6.0  # sampling allowance in standard deviations (Gaussian tail 2e-9 per cell)
+SIGNAL_SD = 4.0  # cells the others fill: |Y_-i| above this many noise sd
+MIN_SIGNAL_CELLS = 8  # fewer such cells: the share is taken as 0 (the device is compared with noise alone)
+PHI_MAX = 50.0
+RECENT_WINDOWS = 48  # status, dashboard and metrics look at the latest this many windows per window length
+
+
+@dataclass
+class Flag:
+    device: str
+    win_s: int
+    win: int
+    kind: str
+    score: float  # the largest residual in allowances (> 1: flagged)
+    cell: tuple[int, int, int]  # (level, row, column)
+    residual: float  # events the cell holds beyond what the device's share predicts (signed)
+    share: float  # the device's part of the fleet's cell (Y_i / Y; may exceed 1 when the others are negative)
+    cells: int  # how many cells of the device are beyond their allowance
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "win_s": self.win_s, "window": self.win, "kind": self.kind,
+                "score": round(self.score, 1), "cell": list(self.cell), "residual": round(self.residual, 1),
+                "share": round(self.share, 3), "cells": self.cells, "reason": self.reason}
+
+
+def _terms(rels: Sequence[Any]) -> list[NoiseTerm]:
+    out: dict[tuple[str, int, int], int] = {}
+    for r in rels:
+        for k, c in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
+            out[k] = out.get(k, 0) + c
+    return [NoiseTerm(m, n, d, c) for (m, n, d), c in sorted(out.items()) if c]
+
+
+def _var(terms: Sequence[NoiseTerm]) -> float:
+    return float(sum(t.variance() for t in terms))
+
+
+_TAIL: dict[tuple[Any, ...], float] = {}
+
+
+def _tail(terms: Sequence[NoiseTerm], delta: float) -> float:
+    key = (tuple((t.mech, t.num, t.den, t.count) for t in terms), delta)
+    v = _TAIL.get(key)
+    if v is None:
+        if len(_TAIL) > 4096:
+            _TAIL.clear()
+        v = _TAIL[key] = chernoff_tail_bound(list(terms), delta)
+    return v
+
+
+def compare(devices: dict[str, tuple[np.ndarray, list[NoiseTerm]]], d: int, kind: str = "cs", win_s: int = 0,
+            win: int = 0) -> list[Flag]:
+    """The flags of one window and merge group: ``devices`` maps a device to its summed counters
+    (levels * d rows, w columns, int64) and its noise terms per cell.
+
+    Greedy, so that one forged device does not get honest ones flagged (its planted cell would
+    otherwise be in every other device's "rest of the fleet"): the device furthest out of line is set
+    aside and the others compared again without it, while someone is out of line; each device set
+    aside is then judged against the devices that were not.
+    """
+    if len(devices) < MIN_DEVICES:
+        return []
+    aside: list[str] = []
+    while len(devices) - len(aside) >= MIN_DEVICES:
+        clean = {k: v for k, v in devices.items() if k not in aside}
+        worst = max(_judge(clean, d, kind, win_s, win), key=lambda f: f.score, default=None)
+        if worst is None:
+            break
+        aside.append(worst.device)
+    out = []
+    clean = {k: v for k, v in devices.items() if k not in aside}
+    for dev in aside:
+        out += [f for f in _judge(dict(clean, **{dev: devices[dev]}), d, kind, win_s, win, only=dev)]
+    return sorted(out, key=lambda f: f.device)
+
+
+def _judge(devices: dict[str, tuple[np.ndarray, list[NoiseTerm]]], d: int, kind: str, win_s: int, win: int,
+           only: Optional[str] = None) -> list[Flag]:
+    """Each device (or ``only``) against the sum of the others in ``devices``: its flag if out of line."""
+    names = sorted(devices)
+    total = np.zeros_like(devices[names[0]][0], dtype=np.int64)
+    for n in names:
+        total += devices[n][0]
+    all_terms: dict[tuple[str, int, int], int] = {}
+    for n in names:
+        for t in devices[n][1]:
+            all_terms[(t.mech, t.num, t.den)] = all_terms.get((t.mech, t.num, t.den), 0) + t.count
+    out = []
+    for n in names if only is None else [only]:
+        y, terms = devices[n]
+        y = y.astype(np.float64)
+        rest = total - devices[n][0]
+        others = [NoiseTerm(m, a, b, c - sum(t.count for t in terms if (t.mech, t.num, t.den) == (m, a, b)))
+                  for (m, a, b), c in sorted(all_terms.items())]
+        others = [t for t in others if t.count > 0]
+        v_i, v_o = _var(terms), _var(others)
+        r = rest.astype(np.float64)
+        sig = np.abs(r) > SIGNAL_SD * math.sqrt(v_o) + 3.0
+        a = float(np.median(y[sig] / r[sig])) if int(sig.sum()) >= MIN_SIGNAL_CELLS else 0.0
+        a = max(a, 0.0)  # a negative share is no honest device's: it is compared as if it had none
+        e = y - a * r
+        samp = a * (1.0 + a) * np.abs(r)
+        model = samp + v_i + a * a * v_o
+        phi = 1.0
+        if int(sig.sum()) >= MIN_SIGNAL_CELLS:
+            phi = float(np.median((e[sig] ** 2) / model[sig]) / 0.4549)  # median of chi^2_1
+            phi = min(max(phi, 1.0), PHI_MAX)
+        cells = y.size
+        delta = NOISE_ALPHA / cells
+        noise = _tail(terms, delta) + (a * _tail(others, delta) if others and a > 0 else 0.0)
+        allow = noise + Z * np.sqrt(phi * samp) + 1.0
+        ratio = np.abs(e) / allow
+        j = int(np.argmax(ratio))
+        score = float(ratio.flat[j])
+        if score <= 1.0:
+            continue
+        row, col = divmod(j, y.shape[1])
+        level, rr = divmod(row, d)
+        tot = float(total.flat[j])
+        share = float(y.flat[j]) / tot if tot else math.inf
+        resid = float(e.flat[j])
+        what = ("holds %.0f more than its share of the fleet predicts" % resid if resid > 0
+                else "holds %.0f less than its share of the fleet predicts (cancels the others' count)" % -resid)
+        where = ("level %d row %d column %d" % (level, rr, col)) if kind in ("dcs", "strhh") else (
+            "row %d column %d" % (rr, col))
+        out.append(Flag(n, win_s, win, kind, score, (level, rr, col), resid, share, int((ratio > 1.0).sum()),
+                        "%s %s (%.0fx the allowance; its share of the fleet elsewhere %.3f; the fleet's cell %.0f)"
+                        % (where, what, score, a, tot)))
+    return out
+
+
+def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = ()) -> list[Flag]:
+    """Flags of one window (every merge group in it), excluded devices left out of the comparison."""
+    from host_tools.query.core import cover
+
+    ex = set(exclude)
+    rels = [r for r in store.releases(window=win, win_s=win_s, with_payload=True)
+            if r.device not in ex and r.kind != "dbits" and r.payload]
+    groups: dict[tuple[Any, ...], dict[str, list[Any]]] = {}
+    for r in rels:
+        groups.setdefault(r.group, {}).setdefault(r.device, []).append(r)
+    out: list[Flag] = []
+    for g, by_dev in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+        devs: dict[str, tuple[np.ndarray, list[NoiseTerm]]] = {}
+        for dev, rs in by_dev.items():
+            if rs[0].mode == "tree":  # overlapping nodes: the fewest that cover the window
+                nodes = {(r.elo, r.ehi): r for r in rs}
+                used, _ = cover(nodes, min(r.elo for r in rs), max(r.ehi for r in rs))
+                rs = [nodes[k] for k in used]
+            acc = np.zeros(rs[0].shape, dtype=np.int64)
+            for r in rs:
+                acc += r.counters()
+            devs[dev] = (acc, _terms(rs))
+        out += compare(devs, rs[0].d, g[0], win_s, win)
+    return out
+
+
+def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[Iterable[str]] = None) -> list[Flag]:
+    """Flags of the latest ``windows`` windows of each window length (excluded devices are not compared)."""
+    from host_tools.store import exclusions
+
+    ex = set(exclusions.excluded(store)) if exclude is None else set(exclude)
+    wins = store._q("SELECT DISTINCT win_s, win FROM releases ORDER BY win_s, win DESC")
+    per: dict[int, list[int]] = {}
+    for ws, w in wins:
+        lst = per.setdefault(int(ws), [])
+        if len(lst) < windows:
+            lst.append(int(w))
+    out: list[Flag] = []
+    for ws in sorted(per):
+        for w in sorted(per[ws]):
+            out += window_flags(store, ws, w, ex)
+    return out
