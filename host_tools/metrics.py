@@ -147,10 +147,53 @@ class StoreCollector:
         yield seen
         yield end
         yield cnt
+        yield from self._influence(st)
         if self.with_status:
             yield from self._status(st)
         if self.salt:
             yield from self._queries(st, act)
+
+    def _influence(self, st: Any) -> Iterable[Any]:
+        """Bounded influence (docs/HOST.md "Flagged devices"): releases quarantined by code (code
+        ``bound``: over the contribution limit), excluded devices, and devices flagged in the latest
+        windows -- recomputed like the query metrics, at most once per QUERY_TTL_S per store state."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from host_tools.query import influence
+        from host_tools.store import exclusions
+
+        q = GaugeMetricFamily("pansketch_store_quarantined_releases", "distinct releases held back (not merged), "
+                              "by code (bound: over [fleet] max_events_per_window)", labels=["code"])
+        codes: dict[str, int] = {}
+        for row in st.quarantined():
+            codes[str(row[6])] = codes.get(str(row[6]), 0) + 1
+        for code in sorted(codes):
+            q.add_metric([code], codes[code])
+        yield q
+        excl = exclusions.excluded(st)
+        ex = GaugeMetricFamily("pansketch_device_excluded", "1: the device is left out of every answer "
+                               "(pansketch device exclude)", labels=["device"])
+        for dev in sorted(excl):
+            ex.add_metric([dev], 1)
+        yield ex
+        snap = st.snapshot()
+        now = time.monotonic()
+        cached = self.__dict__.get("_flag_cache")
+        if cached is None or cached[0] != (snap, tuple(sorted(excl))) or now - cached[1] > QUERY_TTL_S:
+            per: dict[str, int] = {}
+            for f in influence.recent_flags(st, exclude=excl):
+                per[f.device] = per.get(f.device, 0) + 1
+            cached = ((snap, tuple(sorted(excl))), now, per)
+            self.__dict__["_flag_cache"] = cached
+        fl = GaugeMetricFamily("pansketch_device_flagged_windows", "recent windows in which the device's "
+                               "contribution was out of line with the rest of the fleet", labels=["device"])
+        for dev, n in sorted(cached[2].items()):
+            fl.add_metric([dev], n)
+        yield fl
+        tot = GaugeMetricFamily("pansketch_flagged_device_windows", "flagged device-windows among the latest "
+                                "windows (all devices)")
+        tot.add_metric([], sum(cached[2].values()))
+        yield tot
 
     def _queries(self, st: Any, act: list[Any]) -> Iterable[Any]:
         """The query kinds' metrics (host_tools.query.kinds), recomputed when the store changed

@@ -42,6 +42,8 @@ from host_tools.query.core import iso
 from host_tools.store.rows import StoredRelease
 from host_tools.store.sql import SQLStore as Store
 from host_tools.store.backend import open_store
+from host_tools.store import exclusions
+from host_tools.query import influence
 
 
 LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
@@ -250,6 +252,16 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
             "noise_draws_mean": None, "noise_draws_max": None,
         })
     devices.sort(key=lambda x: x["device"])
+    # bounded influence: devices left out of every answer, and devices out of line with the fleet in a
+    # recent window (host_tools.query.influence; a prompt to look, `pansketch device exclude` to act)
+    excl = exclusions.excluded(store)
+    flags = influence.recent_flags(store, windows=max(1, windows), exclude=excl)
+    per_dev: dict[str, int] = defaultdict(int)
+    for fl in flags:
+        per_dev[fl.device] += 1
+    for dv in devices:
+        dv["excluded"] = dv["device"] in excl
+        dv["flagged_windows"] = per_dev.get(dv["device"], 0)
     fleet_windows = led.fleet_windows()
     totals = {k: sum(d[k + "_count"] or 0 for d in devices)
               for k in ("lost", "pending", "rejected", "late", "unknown", "quarantined")}
@@ -265,6 +277,8 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
                          "code": r[6], "reason": r[7], "count": r[8], "received": iso(r[9]), "last": iso(r[10])}
                         for r in quar_rows[:LIST_LIMIT]],
         "duplicates": store.duplicate_count(), "delivery": totals, "devices": devices,
+        "excluded": [{"device": dv, "since": iso(t), "reason": why} for dv, (t, why) in sorted(excl.items())],
+        "flags": [fl.to_dict() for fl in flags[:LIST_LIMIT]], "flag_count": len(flags),
         "fleet": {
             "guarantee": led.fleet().as_dict(), "guarantee_text": led.fleet().text(),
             "windows": [{"win_s": ws, "window": wn, "start": iso(wn * ws), "devices": n, "guarantee": g.as_dict()}
@@ -383,6 +397,16 @@ def print_report(rep: dict[str, Any], now: float, out: Any = sys.stdout) -> None
                 if d["seq_reused"]:
                     p("  %s: sequence numbers used twice (device state reset?): %s" % (
                         d["device"], ", ".join(map(str, d["seq_reused"]))))
+    if rep.get("excluded") or rep.get("flags"):
+        p("")
+        p("influence (docs/HOST.md \"Flagged devices\"):")
+        for e in rep.get("excluded", []):
+            p("  %s: EXCLUDED from every answer since %s (%s); `pansketch device include %s` undoes it"
+              % (t_(e["device"]), e["since"], t_(e["reason"]), t_(e["device"])))
+        for fl in rep.get("flags", []):
+            p("  %s: FLAGGED in window %d (%ds): %s" % (t_(fl["device"]), fl["window"], fl["win_s"], fl["reason"]))
+        if rep.get("flag_count", 0) > len(rep.get("flags", [])):
+            p("  (%d more flagged device-windows)" % (rep["flag_count"] - len(rep["flags"])))
     f = rep["fleet"]
     p("")
     p("privacy ledger (unit: one event; windows hold disjoint events, so these do not add up):")
