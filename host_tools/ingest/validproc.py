@@ -43,11 +43,16 @@ from typing import Any, Optional, Sequence, Union, cast
 
 from host_tools import cborscan
 from host_tools.ingest import child
+from host_tools.ingest import bounds
 from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode_state
+from host_tools.store.records import Release
 
 log = logging.getLogger("pansketch.aggregator")
 
-Verdict = tuple  # ("ok", Release.state()) | ("rejected", code, reason, dev, seq)
+# ("ok", Release.state()) | ("ok", Release.state(), "bound", reason): valid, but over the fleet's contribution
+# limit (host_tools.ingest.bounds: quarantined and refused in the acknowledgement) | ("rejected", code, reason,
+# dev, seq)
+Verdict = tuple
 
 DEFAULT_CPU_S = 1.0
 MAX_RESTARTS = 5  # helper deaths in a row without one verdict (not a CPU timeout): the aggregator stops
@@ -80,6 +85,11 @@ def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]
         try:
             state = decode_state(cast(bytes, payload), topic=topic, max_bytes=s.max_bytes, fleet=s.fleet,
                                  topic_filter=s.topic_filter, sha256=sha256)
+            # bounded influence: a valid release no device with max_events_per_window events could have
+            # made (a few numpy passes over the counters, read in place)
+            rel = Release.from_state(state, cast(bytes, payload))
+            over = bounds.check(rel, s.fleet.max_events(rel.kind) if s.fleet is not None
+                                else bounds.DEFAULT_MAX_EVENTS)
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
@@ -87,6 +97,8 @@ def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]
             raise Rejected("internal", "validation failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
     except Rejected as rej:
         return rejected(rej.code, rej.reason, bytes(payload) if rej.code != "size" else None)
+    if over is not None:
+        return ("ok", state, over.code, over.reason)
     return ("ok", state)
 
 
