@@ -116,13 +116,35 @@ def _main(args: argparse.Namespace) -> int:
     # read by host_tools.query.core.select_merged, which every query kind merges through
     store.query_exclude = tuple(getattr(args, "exclude_device", None) or ())  # type: ignore[attr-defined]
     try:
-        return kinds.get(args.qtype).run(args, store, salt, conf, since, until)
+        code = kinds.get(args.qtype).run(args, store, salt, conf, since, until)
+        if code == 0:
+            _flag_note(store, set(store.query_exclude))  # type: ignore[attr-defined]
+        return code
     except BrokenPipeError:
         raise  # a closed stdout ends the command quietly (agent.pi.pipes.run_main)
     except (QueryError, ValueError, OSError) as exc:
         return _err(str(exc), 1)
     finally:
         store.close()
+
+
+def _flag_note(store: Any, exclude: set[str]) -> None:
+    """Next to the answer (on stderr: the answer's own output stays as it is): devices flagged in the latest
+    windows (host_tools.query.influence), which the answer merges unless they are excluded."""
+    from host_tools.query import influence
+    from host_tools.store import exclusions
+
+    ex = set(exclusions.excluded(store)) | exclude
+    flags = influence.recent_flags(store, windows=CLI_FLAG_WINDOWS, exclude=ex)
+    if flags:
+        devs = sorted({f.device for f in flags})
+        print("pansketch query: note: %d flagged device-window(s) in the latest %d window(s), device(s) %s: out of "
+              "line with the rest of the fleet (pansketch status shows where); --exclude-device ID leaves one out"
+              % (len(flags), CLI_FLAG_WINDOWS, ", ".join(devs[:8]) + (" ..." if len(devs) > 8 else "")),
+              file=sys.stderr)
+
+
+CLI_FLAG_WINDOWS = 6  # the note reads these windows' payloads: a few, so that a query stays fast
 
 
 def _names() -> str:

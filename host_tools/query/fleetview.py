@@ -102,6 +102,13 @@ def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, window
                 flags.append("%d %s" % (n, k))
         if d.get("seq_reused"):
             flags.append("sequence numbers used twice (state reset?)")
+        if d.get("excluded"):
+            flags.append("EXCLUDED from every answer (pansketch device include %s undoes it)" % name)
+        mine_flags = [f for f in rep.get("flags", []) if f["device"] == name]
+        if d.get("flagged_windows"):
+            flags.append("out of line with the fleet in %d recent window(s)%s" % (
+                d["flagged_windows"], ": window %d: %s" % (mine_flags[0]["window"], mine_flags[0]["reason"])
+                if mine_flags else ""))
         # quiet: other devices with the same window length released after this device's last window
         mine = sorted(ents)
         behind = 0

@@ -226,3 +226,23 @@ def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[It
         for w in sorted(per[ws]):
             out += window_flags(store, ws, w, ex)
     return out
+
+
+_CACHED: dict[str, tuple[Any, list[Flag]]] = {}
+
+
+def cached_flags(store: Any) -> list[Flag]:
+    """:func:`recent_flags` of the store (excluded devices left out), remembered per store state
+    (``store.snapshot()`` and the exclusions): the dashboard shows them on every answer page."""
+    from host_tools.store import exclusions
+
+    excl = exclusions.excluded(store)
+    key = (store.snapshot(), tuple(sorted(excl)))
+    hit = _CACHED.get(store.path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    flags = recent_flags(store, exclude=excl)
+    if len(_CACHED) > 16:
+        _CACHED.clear()
+    _CACHED[store.path] = (key, flags)
+    return flags

@@ -365,10 +365,25 @@ class Dashboard(KindPages):
         ctx.setdefault("refresh", None)
         ctx.setdefault("db", self.db)
         ctx.setdefault("ago", lambda t: _ago(t, ctx["now"]))
+        ctx.setdefault("influence_flags", [])
         return self.env.get_template(name).render(**ctx).encode("utf-8")
 
     def _html(self, name: str, **ctx: Any) -> tuple[str, list[tuple[str, str]], bytes]:
+        if "influence_flags" not in ctx:  # the fleet page lists them per device instead
+            ctx["influence_flags"] = self._influence_flags() if name not in ("fleet.html", "error.html") else []
         return "200 OK", [("Content-Type", "text/html; charset=utf-8")], self._render(name, **ctx)
+
+    def _influence_flags(self) -> list[dict[str, Any]]:
+        """Flagged device-windows of the recent windows (excluded devices left out), shown next to every
+        answer page: those answers merge the flagged releases unless the device is excluded. Computed
+        once per store state (host_tools.query.influence.cached_flags)."""
+        from host_tools.query import influence
+
+        try:
+            with self._store() as st:
+                return [f.to_dict() for f in influence.cached_flags(st)]
+        except Exception:  # the page itself reports a store that cannot be read
+            return []
 
     @staticmethod
     def _json(obj: Any, status: str = "200 OK") -> tuple[str, list[tuple[str, str]], bytes]:
