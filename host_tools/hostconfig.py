@@ -67,7 +67,11 @@ from agent.pi.tomlconf import seconds as _seconds
 from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
 from agent.sketch import KINDS
-from host_tools.ingest.bounds import DEFAULT_MAX_EVENTS, LIMIT_KINDS, MAX_MAX_EVENTS
+
+# [fleet] max_events_per_window: the contribution limit of one device per window (host_tools.ingest.bounds)
+DEFAULT_MAX_EVENTS = 100_000  # the small devices the examples describe; raise it in one line for busier ones
+MAX_MAX_EVENTS = 1 << 40
+LIMIT_KINDS = ("cms", "cs", "dcs", "strhh", "dbits")
 
 # [broker] mqtt_version as written -> the protocol level on the wire (paho's MQTTv5 = 5, MQTTv311 = 4)
 MQTT_VERSIONS = {"5": 5, "5.0": 5, "3.1.1": 4}

@@ -376,3 +376,54 @@ def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] =
     r = CollectorRegistry(auto_describe=False)
     r.register(StoreCollector(db, delta, late_grace_s=late_grace_s, salt=salt))
     return r
+
+
+class FlagScanner:
+    """The aggregator's log of flagged devices (docs/HOST.md "Flagged devices"): every ``interval`` s, the
+    latest ``windows`` windows of the store are compared (host_tools.query.influence, excluded devices
+    left out) and each flagged (device, window) is logged once, as a warning; ``devices`` holds the
+    devices flagged in the last scan (retention keeps their payloads: host_tools.ingest.pipeline).
+    In this module because ingest may not import query; runs in a thread of its own, on a read-only
+    connection of its own."""
+
+    def __init__(self, db: str, logger: Any, interval: float = 300.0, windows: int = 2) -> None:
+        self.db = db
+        self.log = logger
+        self.interval = interval
+        self.windows = windows
+        self.devices: frozenset[str] = frozenset()
+        self._logged: set[tuple[str, int, int]] = set()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def scan(self) -> list[Any]:
+        from host_tools.query import influence
+        from host_tools.store.backend import open_store
+
+        with open_store(self.db, readonly=True) as st:
+            flags = influence.recent_flags(st, windows=self.windows)
+        for f in flags:
+            k = (f.device, f.win_s, f.win)
+            if k not in self._logged:
+                if len(self._logged) > 100_000:  # bounded: a restart of the set only repeats old lines once
+                    self._logged.clear()
+                self._logged.add(k)
+                self.log.warning("device %s FLAGGED in window %d (%d s): %s; `pansketch status` shows it, "
+                                 "`pansketch device exclude %s` leaves it out of the answers",
+                                 f.device, f.win, f.win_s, f.reason, f.device)
+        self.devices = frozenset(f.device for f in flags)
+        return flags
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.scan()
+                except Exception as exc:  # a busy or half-written store: the next scan tries again
+                    self.log.debug("flag scan failed: %s", exc)
+
+        self._thread = threading.Thread(target=loop, name="flag-scan", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -15,7 +15,9 @@ def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
     Stored and duplicate releases are acknowledged as stored; a rejected one
     whose seq is known as refused for good, except ``internal`` (a validator
     bug: the device should keep it and send it again after the fix),
-    ``timeout`` and ``topic``; a quarantined one is not acknowledged.
+    ``timeout`` and ``topic``; a quarantined one is not acknowledged, except one over the fleet's
+    contribution limit (code ``bound``: no later delivery makes it acceptable, so the device is told and
+    sets it aside instead of re-sending it forever).
     """
     if out.device is None or out.seq is None:
         return None
@@ -23,6 +25,8 @@ def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:
         return ("ok", out.seq)
     # not for quarantined releases (the device keeps re-sending: a window from the future is stored once
     # its time has come), nor for refusals that are the host's own limits (internal, timeout)
+    if out.status == "quarantined" and out.code == "bound":
+        return ("bad", [out.seq, out.code])
     if out.status == "rejected" and out.code is not None and out.code not in ("internal", "topic", "timeout"):
         return ("bad", [out.seq, out.code])
     return None

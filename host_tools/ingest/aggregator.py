@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from host_tools import metrics
 from host_tools.hostconfig import HostConfig
@@ -59,6 +59,7 @@ class Aggregator:
         self.store = store if store is not None else open_store(cfg.aggregator.db)
         self.log = logger or log
         self.counts = {"stored": 0, "duplicate": 0, "rejected": 0, "quarantined": 0}
+        self.flag_scanner: Any = None  # host_tools.metrics.FlagScanner when run as the service
         a = cfg.aggregator
         self.validation = ValidationSettings(cfg.fleet, a.max_bytes, a.topic, a.validate_cpu_s)
         self.store.limits = Limits(keep_bytes=a.reject_keep_bytes, max_rows=a.rejections_max_rows,
@@ -87,7 +88,9 @@ class Aggregator:
             rel = Release.from_state(v[1], payload)
             p = Pending(payload, topic, now, rel=rel, device=rel.dev)
             skew = self.cfg.aggregator.max_clock_skew_s
-            if rel.t0 > now + skew:  # no honest device releases epochs that have not started
+            if len(v) >= 4:  # valid, but over [fleet] max_events_per_window (host_tools.ingest.bounds)
+                p.quarantine = Rejected(v[2], v[3])
+            elif rel.t0 > now + skew:  # no honest device releases epochs that have not started
                 p.quarantine = Rejected("future", "epochs [%s, %s) start more than %g s (aggregator.max_clock_skew_s) "
                                                   "after the host's clock (%s)"
                                         % (_utc(rel.t0), _utc(min(rel.t1, 1 << 40)), skew, _utc(int(now))))

@@ -43,12 +43,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from host_tools.hostconfig import DEFAULT_MAX_EVENTS, LIMIT_KINDS, MAX_MAX_EVENTS  # noqa: F401 (re-exported)
 from host_tools.store.records import Rejected
 
 FALSE_REFUSAL = 1e-9  # per release: the probability that an honest device at the limit is refused
-DEFAULT_MAX_EVENTS = 100_000  # per device and window: the small devices the examples describe
-MAX_MAX_EVENTS = 1 << 40
-LIMIT_KINDS = ("cms", "cs", "dcs", "strhh", "dbits")
 
 
 @dataclass(frozen=True)

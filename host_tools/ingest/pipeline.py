@@ -149,6 +149,7 @@ class _Writer:
         self.messages = 0
         self.pruned = 0
         self._next_prune = 0.0
+        self._kept_warned: frozenset[str] = frozenset()  # flagged devices whose kept payloads were logged
         # CPU seconds of this process per stage (thread CPU time, read once per batch): where a release's
         # cost goes, in the summary line at exit (host_tools/bench/host.py reads it)
         self.cpu: dict[str, float] = {"status": 0.0, "validation_ipc": 0.0, "pending": 0.0, "store": 0.0,
@@ -361,7 +362,15 @@ class _Writer:
         now = time.monotonic()
         if a.retain_raw_s > 0 and now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_S  # also when it fails: not again after every group
-            n = self.agg.store.prune(time.time() - a.retain_raw_s, PRUNE_BATCH)
+            # the payloads of flagged devices are kept (a purge must be able to subtract them); excluded
+            # devices' are kept by the store itself
+            sc = self.agg.flag_scanner
+            keep = sc.devices if sc is not None else frozenset()
+            for dev in sorted(keep - self._kept_warned):
+                log.warning("retention keeps the payloads of flagged device %s (a purge can still subtract "
+                            "them); `pansketch device exclude` or `purge` decides", dev)
+            self._kept_warned |= keep
+            n = self.agg.store.prune(time.time() - a.retain_raw_s, PRUNE_BATCH, keep=keep)
             self.pruned += n
             if n >= PRUNE_BATCH:
                 self._next_prune = now

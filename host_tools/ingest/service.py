@@ -93,6 +93,9 @@ from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
 log = logging.getLogger("pansketch.aggregator")
 
 
+FLAG_SCAN_S = 300.0  # how often the latest windows are compared for flagged devices
+
+
 def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
         ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
@@ -107,6 +110,9 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     stop = stop or threading.Event()
     agg = Aggregator(cfg)
     agg.store.background_checkpoints(drop_behind=cfg.aggregator.drop_cache_behind_mb << 20)
+    # flagged devices: logged once per device and window; retention keeps their payloads
+    agg.flag_scanner = metrics.FlagScanner(cfg.aggregator.db, log, FLAG_SCAN_S)
+    agg.flag_scanner.start()
     cid = hostconfig.default_client_id(cfg)
     sub = cfg.aggregator.subscription
     state: dict[str, Any] = {"last": time.monotonic(), "connected": False, "ever": False, "fatal": None, "closing": False,
@@ -265,6 +271,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         cpu["receive"] = getattr(transport, "cpu_s", 0.0)
         cpu["process_total"] = time.process_time() - cpu0  # all threads: the stages and the rest
         child.log_stage_cpu("aggregator", cpu, writer.messages)
+        agg.flag_scanner.stop()
         agg.close()
 
 

@@ -38,31 +38,15 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from host_tools.store.excltable import DDL, TABLE, excluded  # noqa: F401 (the names of this module's API)
 from host_tools.store.rows import _row_to_release
-from host_tools.store.sql import SQLStore
-from host_tools.store.sqlite import Store
 from host_tools.store.write import rollup_key
 
-TABLE = "device_exclusions"
-DDL = ("CREATE TABLE IF NOT EXISTS device_exclusions (device TEXT PRIMARY KEY, since DOUBLE PRECISION NOT NULL, "
-       "reason TEXT NOT NULL)")
+SQLStore = Any  # host_tools.store.sql.SQLStore (not imported: retention, in the store classes, reads the table)
 
 
 class PurgeError(Exception):
     """A purge that cannot be done exactly (nothing was changed)."""
-
-
-def _has_table(store: SQLStore, name: str) -> bool:
-    if isinstance(store, Store):
-        return bool(store._q("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
-    return store._q("SELECT to_regclass(?)", (name,))[0][0] is not None
-
-
-def excluded(store: SQLStore) -> dict[str, tuple[float, str]]:
-    """device -> (since, reason) of every excluded device (empty if none ever was)."""
-    if not _has_table(store, TABLE):
-        return {}
-    return {str(d): (float(s), str(r)) for d, s, r in store._q("SELECT device, since, reason FROM device_exclusions")}
 
 
 def set_excluded(store: SQLStore, device: str, exclude: bool, reason: str = "", now: Optional[float] = None) -> bool:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
+from host_tools.store import excltable
 from host_tools.store.base import SQLBase
 
 
 class Pruner(SQLBase):
     """:meth:`prune` and its count."""
 
-    def prune(self, before: float, limit: int = 2000) -> int:
+    def prune(self, before: float, limit: int = 2000, keep: Iterable[str] = ()) -> int:
         """Retention: drop the payload of rolled-up releases received before ``before``; returns how many.
 
         Only releases a roll-up sums (:func:`rollup_key`: modes window/keep,
@@ -36,15 +37,21 @@ class Pruner(SQLBase):
         if not self.has_rollups:
             return 0  # nothing is summed yet (a read-only opener's old file): keep every byte
 
+        spare = sorted(set(keep) | set(excltable.excluded(self)))
+
         def tx(cur: Any) -> int:
             if not self.__dict__.get("_prune_index"):  # only stores with retention pay for this index
                 self._x(cur, "CREATE INDEX IF NOT EXISTS releases_received ON releases (received)")
             row = self._x(cur, "SELECT value FROM meta WHERE key = 'pruned_to'").fetchone()
             lo = float(row[0]) if row else -1.0
+            # excluded devices (host_tools.store.exclusions) and those the caller keeps (flagged ones) keep
+            # their payloads: a purge must be able to subtract them from the roll-ups. The watermark passes
+            # them, so payloads kept here stay kept (until the device is purged)
+            skip = " AND device NOT IN (%s)" % ",".join("?" * len(spare)) if spare else ""
             rows = self._x(cur, "SELECT device, elo, ehi, part, received FROM releases WHERE received >= ? "
                                 "AND received < ? AND mode IN ('window', 'keep') AND kind IN ('cms', 'cs') "
-                                "AND lvl = 0 AND length(payload) > 0 ORDER BY received LIMIT ?",
-                           (lo, before, limit)).fetchall()
+                                "AND lvl = 0 AND length(payload) > 0" + skip + " ORDER BY received LIMIT ?",
+                           [lo, before] + spare + [limit]).fetchall()
             if rows:
                 cur.executemany(self._sql("UPDATE releases SET payload = ? WHERE device = ? AND elo = ? AND ehi = ? "
                                           "AND part = ?"), [(b"",) + tuple(r[:4]) for r in rows])
