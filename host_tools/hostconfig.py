@@ -38,7 +38,8 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   max_events_per_window (100000): the contribution limit
                   of one device per window (docs/PRIVACY.md "Bounded
                   influence"), and max_events_per_window_<kind> (kind cms,
-                  cs, dcs, strhh or dbits) where a kind's differs
+                  cs, dcs, strhh or dbits) where a kind's differs;
+                  max_clip (1): the largest event weight devices use
     [query]       confidence (0.95), delta ("1e-6": for the (eps, delta)
                   report of zCDP guarantees)
     [status]      late_grace_s (none: max(epoch length, 300 s)): a release
@@ -85,7 +86,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                    "reject_log_interval_s", "max_clock_skew_s", "max_past_s", "max_seq_jump", "quarantine_max_rows",
                    "quarantine_max_bytes", "group_wait_ms", "wal_limit_mb", "drop_cache_behind_mb",
                    "retain_raw_s"),
-    "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism", "max_events_per_window")
+    "fleet": ("salt", "salt_id", "kind", "d", "w", "mechanism", "max_events_per_window", "max_clip")
     + tuple("max_events_per_window_" + k for k in LIMIT_KINDS),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
@@ -177,6 +178,9 @@ class FleetConfig:
     # device with this many events could have produced is quarantined (host_tools.ingest.bounds)
     max_events_per_window: int = DEFAULT_MAX_EVENTS
     max_events_by_kind: dict[str, int] = field(default_factory=dict)  # where a kind's limit differs
+    # the largest event weight the fleet's devices use: a release claiming a larger clip (a thief's way
+    # to multiply the limit clip * max_events) is held to this one
+    max_clip: int = 1
 
     def max_events(self, kind: str) -> int:
         """The limit for releases of ``kind``."""
@@ -379,7 +383,8 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
                         d=_int_range(fl, "fleet", "d", None, 1, 32),
                         w=_int_range(fl, "fleet", "w", None, 2, 1 << 24), mechanism=mech,
                         max_events_per_window=_int_range(fl, "fleet", "max_events_per_window", DEFAULT_MAX_EVENTS,
-                                                         1, MAX_MAX_EVENTS))
+                                                         1, MAX_MAX_EVENTS),
+                        max_clip=_int_range(fl, "fleet", "max_clip", 1, 1, 1 << 20))
     for k in LIMIT_KINDS:
         v = _int_range(fl, "fleet", "max_events_per_window_" + k, None, 1, MAX_MAX_EVENTS)
         if v is not None:

@@ -231,11 +231,14 @@ def _dbits_thresholds(rel: Any, max_events: int, alpha: float) -> Thresholds:
 
 # -- the check ---------------------------------------------------------------------------------------
 def check(rel: Any, max_events: int, counters: Optional[np.ndarray] = None,
-          alpha: float = FALSE_REFUSAL) -> Optional[Rejected]:
+          alpha: float = FALSE_REFUSAL, max_clip: Optional[int] = None) -> Optional[Rejected]:
     """None if ``rel`` (a validated Release or a StoredRelease) is consistent with at most ``max_events``
     events per window plus its noise; else a :class:`Rejected` with code ``bound`` and the reason
     (the row and what it holds). ``counters``: ``rel.counters()`` if already read."""
     th = thresholds(rel, max_events, alpha)
+    if max_clip is not None and rel.clip > max_clip and rel.kind != "dbits":
+        # a clip above the fleet's: its noise is calibrated to it, but its events may weigh max_clip at most
+        th = Thresholds(limit=max_clip * max_events, cell=th.cell, row=th.row)
     y = rel.counters() if counters is None else counters
     if rel.kind == "dbits":
         return _check_dbits(rel, th, y.reshape(-1))
@@ -249,14 +252,16 @@ def check(rel: Any, max_events: int, counters: Optional[np.ndarray] = None,
         r = int(np.argmax(top))
         return Rejected("bound", "%s has a cell of %d, more than %d events of weight <= %d plus noise can give "
                                  "(%d + %.0f; [fleet] max_events_per_window = %d)"
-                        % (_row_name(rel, r), int(top[r]), max_events, rel.clip, th.limit, th.cell, max_events))
+                        % (_row_name(rel, r), int(top[r]), max_events, th.limit // max_events, th.limit, th.cell,
+                           max_events))
     a = np.abs(y)
     mass = a.sum(axis=1) if peak * y.shape[1] < (1 << 31) else a.sum(axis=1, dtype=np.int64)
     if mass.max() > th.limit + th.row:  # (argmax only on a refusal: every numpy call costs ~1 us)
         r = int(np.argmax(mass))
         return Rejected("bound", "%s holds counter mass %d, more than %d events of weight <= %d plus noise can give "
                                  "(%d + %.0f; [fleet] max_events_per_window = %d)"
-                        % (_row_name(rel, r), int(mass[r]), max_events, rel.clip, th.limit, th.row, max_events))
+                        % (_row_name(rel, r), int(mass[r]), max_events, th.limit // max_events, th.limit, th.row,
+                           max_events))
     return None
 
 

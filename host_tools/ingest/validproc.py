@@ -88,8 +88,8 @@ def verdict(s: Settings, topic: Optional[str], payload: Union[bytes, memoryview]
             # bounded influence: a valid release no device with max_events_per_window events could have
             # made (a few numpy passes over the counters, read in place)
             rel = Release.from_state(state, cast(bytes, payload))
-            over = bounds.check(rel, s.fleet.max_events(rel.kind) if s.fleet is not None
-                                else bounds.DEFAULT_MAX_EVENTS)
+            over = (bounds.check(rel, s.fleet.max_events(rel.kind), max_clip=s.fleet.max_clip) if s.fleet is not None
+                    else bounds.check(rel, bounds.DEFAULT_MAX_EVENTS))
         except Rejected:
             raise
         except Exception as exc:  # a validator bug must not turn one message into a crash loop
