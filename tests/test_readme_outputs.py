@@ -47,6 +47,7 @@ def shape(text: str) -> list[str]:
     """The lines with every number as N and runs of blanks as one (column widths follow the numbers)."""
     out = []
     for line in text.splitlines():
+        line = re.sub(r"\b\d+(?:s|m|h|d) ago\b", "N ago", line)  # "7s ago" on one machine, "1m ago" on a slow one
         line = NUM.sub("N", line)
         out.append(re.sub(r"\s+", " ", line).strip())
     return out
