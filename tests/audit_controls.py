@@ -256,13 +256,43 @@ def _dbits_old_limit() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _retried_opens_unnoised() -> Iterator[None]:
+    """The accumulator opened right after a release whose range grew (a failed commit or a full
+    outbox, then the retry) starts from zeros: no Z_int, so an intrusion in that window reads the
+    events since exactly. Every other accumulator is noised as usual."""
+    real_open = Recorder._open
+    skip = [0]
+    real_draw = accum.draw_into
+
+    def draw_into(arr, spec, rng):  # type: ignore[no-untyped-def]
+        if skip[0]:
+            noise.zero(arr)
+            return
+        real_draw(arr, spec, rng)
+
+    def _open(self, epoch, part):  # type: ignore[no-untyped-def]
+        # at entry elo/ehi still name the range just released (unset at boot)
+        grown = getattr(self, "ehi", None) is not None and self.ehi - self.elo > 1
+        skip[0] += int(grown)
+        try:
+            return real_open(self, epoch, part)
+        finally:
+            skip[0] -= int(grown)
+
+    with _patch(accum, "draw_into", draw_into), _patch(Recorder, "_open", _open):
+        yield
+
+
 FAULT_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "failed-persist-no-fresh-draw": lambda: _patch(Recorder, "persist", _persist_before_issue18),
     "failed-commit-same-accumulator": lambda: _patch(Recorder, "_release", _release_before_issue18),
+    "retried-accumulator-unnoised": _retried_opens_unnoised,
 }
 FAULT_CONTROL_SCENARIOS = {
     "failed-persist-no-fresh-draw": ["persist-fail-mid-counters", "persist-fail-before-trailer"],
     "failed-commit-same-accumulator": ["commit-fail-at-marker", "commit-fail-at-close"],
+    "retried-accumulator-unnoised": ["retry-grown-next", "retry-grown-next-at-close"],
 }
 
 DESCRIPTIONS = {
@@ -277,6 +307,7 @@ DESCRIPTIONS = {
     "shadow-refresh-scale": "shadow: Z_int and the G's at `p.noise` (L arrays), not `p.inoise` (2L)",
     "failed-persist-no-fresh-draw": "issue 18: a failed state write wipes its draw, RAM counts on (partial copy kept)",
     "failed-commit-same-accumulator": "issue 18: a failed commit deletes the .tmp and counts on with no fresh draw",
+    "retried-accumulator-unnoised": "the accumulator after a retried release with a grown range opens at zero",
 }
 SCENARIOS = ["before-persist", "after-last-persist"]
 CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",

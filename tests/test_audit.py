@@ -406,6 +406,27 @@ def test_failed_writes_stay_below_the_claim(mode: str, extra: dict) -> None:
     assert not bad, bad
 
 
+@pytest.mark.parametrize("mode,extra,names", [
+    ("window", {}, ["retry-grown-next-at-close", "retry-grown-next-limit"]),
+    ("window", {"persist_s": 60, "persist_noise": "shadow"}, ["retry-grown-next-at-marker"]),
+    ("tree", {"levels": 2, "window_s": None, "w": 8}, ["tree-retry-next-at-close"]),
+])
+def test_retried_release_and_the_next_accumulator_stay_below_the_claim(mode: str, extra: dict,
+                                                                       names: list[str]) -> None:
+    """A release that failed (full flash, a commit failing at close or at the marker, a full outbox)
+    and went out later with a grown range, and an event counted in the accumulator after it, read by
+    an intrusion in that window: the device stays at or below the claim (every scenario of
+    scenarios.RETRIED in window and keep mode: the audit benchmark, docs/PRIVACY.md)."""
+    p = params(mode=mode, **extra)
+    audits, _ = engine.audit(p, views=["intrusion"], trials=20000, scenario_names=names, verify_trials=1)
+    for a in audits:
+        r = a.results["intrusion"]
+        assert not r.flagged and r.path == "model", (a.scenario.name, r)
+        rel = device.run(p, a.scenario, 1, lambda i: DeterministicSource("g%d" % i)).release_meta
+        if mode != "tree":  # tree mode retries the node as it was (a level-1 node spans 2 epochs anyway)
+            assert [m["ehi"] - m["elo"] for m in rel][-2:] == [2, 1], rel  # the grown range, then the next
+
+
 @pytest.mark.parametrize("control", sorted(audit_controls.FAULT_CONTROLS))
 def test_fault_negative_control_is_flagged(control: str) -> None:
     """The failure paths as they were before issue 18 (test-only hooks): flagged."""
@@ -413,8 +434,8 @@ def test_fault_negative_control_is_flagged(control: str) -> None:
         _, (r,) = engine.audit(params(), views=["intrusion"], trials=40000,
                                scenario_names=audit_controls.FAULT_CONTROL_SCENARIOS[control], verify_trials=1)
     assert r.flagged and r.path == "model", (control, r)
-    if control == "failed-persist-no-fresh-draw":
-        assert r.eps_lower > 5, r  # RAM - the partial copy = the exact events since
+    if control in ("failed-persist-no-fresh-draw", "retried-accumulator-unnoised"):
+        assert r.eps_lower > 5, r  # RAM - the partial copy (or RAM alone) = the exact events since
     else:
         assert " & " in r.statistic, r  # two increments with independent noise, both holding the event
 
