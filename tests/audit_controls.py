@@ -98,6 +98,22 @@ def _scale_halved() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _dbits_scale_halved() -> Iterator[None]:
+    """Kind dbits with its randomness at twice the budget: the bits' bias eps/4 -> eps/2 (a bit's
+    ratios 1 +- eps instead of 1 +- eps/2) and the release's count noise at t/2 (calibration)."""
+    from agent import dbits
+
+    real_init = dbits.DensityBits.__init__
+
+    def init(self, levels, m, prefix, eps, bits):  # type: ignore[no-untyped-def]
+        real_init(self, levels, m, prefix, eps, bits)
+        self.p_num, self.p_den = eps[1] + eps[0], 2 * eps[1]  # Bern(1/2 + eps/2)
+
+    with _scale_halved(), _patch(dbits.DensityBits, "__init__", init):
+        yield
+
+
 def _add_fresh_unwiped(self):  # type: ignore[no-untyped-def]
     """Recorder._add_fresh before issue 13: the staged draw stays in relbuf."""
     a = self.counters
@@ -145,6 +161,21 @@ def _add_counting(real):  # type: ignore[no-untyped-def]
 
 
 CONTROLS["event-count-kept"] = lambda: _patch(Recorder, "add", _add_counting(Recorder.add))
+
+# The calibration error of 2x, per kind: the same hook (dbits: its bits too), each kind's audit must flag it.
+# Small configurations (w = 8; strhh 3 rows x 4 levels = 12 touched cells, dcs 2 x 5 = 10): the CI size.
+# dbits at eps = 3/4 (its real code path costs a run per trial; at 1/2 the doubled bias needs ~4x the trials).
+KIND_CFGS: dict[str, dict[str, object]] = {
+    "cms": dict(CFG_BASE := {"device": "audit", "salt": "audit-salt-1", "w": 8, "mode": "window", "window_s": 600,
+                             "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}, kind="cms", d=2),
+    "cs": dict(CFG_BASE, kind="cs", d=4),
+    "dcs": dict(CFG_BASE, kind="dcs", d=2, b=4, map=[1, 1, 0]),
+    "strhh": dict(CFG_BASE, kind="strhh", d=3, len=4),
+    "tree": dict({k: v for k, v in CFG_BASE.items() if k != "window_s"}, kind="cms", d=2, mode="tree", levels=2),
+    "dbits": dict(CFG_BASE, kind="dbits", d=4, budget="3/4"),
+}
+KIND_HALVED: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    k: (_dbits_scale_halved if k == "dbits" else _scale_halved) for k in KIND_CFGS}
 
 
 def _persist_shadow_no_g(self, now):  # type: ignore[no-untyped-def]
@@ -316,10 +347,59 @@ SHADOW_CFG = dict(CFG, persist_s=60, persist_noise="shadow")
 SHADOW_SCENARIOS = ["before-persist", "between-persists", "after-last-persist"]
 
 
-def main() -> None:
-    """Print the controls table of docs/PRIVACY.md ("Negative controls")."""
+def power(trials: int = 100000, real_trials: int = 5000, kinds: list[str] | None = None,
+          cfgs: dict[str, dict[str, object]] | None = None) -> None:
+    """Print the power table of docs/PRIVACY.md ("Power"): per kind, the intrusion view's bound on the
+    sound core and with the noise scale halved, and the time each audit took."""
+    import time
+
     from agent.params import Params
     from host_tools.audit import engine
+
+    cfgs = cfgs or POWER_CFGS
+    print("| kind | touched cells | claimed ε | sound: ε lower bound | scale halved: ε lower bound | trials | "
+          "time per audit | statistic (halved) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for kind in kinds or list(cfgs):
+        cfg = cfgs[kind]
+        names = ["no-persist"] if cfg["kind"] == "dbits" else ["before-persist", "after-last-persist"]
+        out = []
+        for ctl in (contextlib.nullcontext, KIND_HALVED[kind.split("-")[0]]):
+            t = time.time()
+            with ctl():
+                p = Params(cfg)
+                _, (r,) = engine.audit(p, views=["intrusion"], trials=trials, real_trials=real_trials,
+                                       verify_trials=1, scenario_names=names)
+            out.append((r, time.time() - t))
+        (r0, t0), (r1, t1) = out
+        from host_tools.audit import device
+
+        cells = len(device.target_cells(Params(cfg), device.target_item(Params(cfg)))) if cfg["kind"] != "dbits" else 1
+        print("| %s | %d | %.3f | %.3f | **%.3f**%s | %d | %.0f s, %.0f s | `%s` |"
+              % (kind, cells, r0.eps_claimed, r0.eps_lower, r1.eps_lower, "" if r1.flagged else " (not flagged)",
+                 r1.trials, t0, t1, r1.statistic), flush=True)
+
+
+# the power benchmark: the CI configurations, the strhh and dcs defaults (len 12 x 5 rows, b = 16 x 2 rows)
+# and dbits at eps = 1/2
+POWER_CFGS: dict[str, dict[str, object]] = dict(
+    KIND_CFGS, **{"strhh-default": dict(CFG_BASE, kind="strhh", d=5, len=12),
+                  "dcs-b16": dict(CFG_BASE, kind="dcs", d=2, b=16, map=[1, 1, 0]),
+                  "dbits-1/2": dict(CFG_BASE, kind="dbits", d=4)})
+
+
+def main() -> None:
+    """Print the controls table of docs/PRIVACY.md ("Negative controls"); with --power, the power
+    table ("Power": every kind, sound and with the noise scale halved)."""
+    import sys
+
+    from agent.params import Params
+    from host_tools.audit import engine
+
+    if "--power" in sys.argv[1:]:
+        kinds = [a for a in sys.argv[1:] if not a.startswith("-")]
+        power(kinds=kinds or None)
+        return
 
     print("| control | defect | claimed ε | measured ε lower bound | trials | path | statistic |")
     print("|---|---|---|---|---|---|---|")

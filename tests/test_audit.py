@@ -11,6 +11,7 @@ and the learning runs from seeded byte sources; the verification runs use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -282,6 +283,27 @@ def test_scale_halved_is_flagged_for_dgauss_too() -> None:
         _, (r,) = engine.audit(p, views=["intrusion"], trials=100000, scenario_names=["before-persist"],
                                verify_trials=1, delta=1e-5)
     assert r.flagged and r.eps_claimed == pytest.approx(4.728, abs=1e-3), r
+
+
+@pytest.mark.parametrize("kind", sorted(audit_controls.KIND_CFGS))
+def test_halved_noise_scale_is_flagged_for_every_kind(kind: str) -> None:
+    """A 2x calibration error (noise scale halved: true eps twice the claim) is flagged in every kind
+    and the sound core is not, at CI size: 2e4 trials on the model path, where the pooled per-cell
+    tail test's slack is about 3.9 sqrt(cells / 1e4) (0.04 for 1 cell, 0.14 for 12: a bound near
+    0.86 against the claim 0.5 when halved; near 0.36-0.46 when sound); dbits, every trial a real
+    run, at eps = 3/4 with 1000 runs per world (the zero-bit ratio 0.5/0.125 = e^1.39 when halved,
+    0.5/0.3125 = e^0.47 when sound, each more than 5 standard errors from the claim 0.75)."""
+    dbits = kind == "dbits"
+    names = ["no-persist"] if dbits else ["after-last-persist"]
+    got = {}
+    for halved in (False, True):
+        with (audit_controls.KIND_HALVED[kind] if halved else contextlib.nullcontext)():
+            p = Params(audit_controls.KIND_CFGS[kind])
+            _, (r,) = engine.audit(p, views=["intrusion"], trials=2000 if dbits else 20000, scenario_names=names,
+                                   verify_trials=1, real_trials=1000)
+        got[halved] = r
+        assert r.path == ("real" if dbits else "model"), r
+    assert not got[False].flagged and got[True].flagged, got
 
 
 def test_controls_are_gone_after_the_hook() -> None:

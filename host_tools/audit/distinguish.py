@@ -342,3 +342,142 @@ def best_threshold(l0: np.ndarray, l1: np.ndarray, delta: float) -> Test:
         if e > best.eps:
             best = Test(float(allv[j]), e, int(fp[j]), int(fn[j]), n0, n1)
     return best
+
+
+# -- the pooled per-cell tail test ------------------------------------------------------
+#
+# A statistic's cells are independent and identically distributed given the world: each cell r
+# holds sign(m_r) s_r = world * h + sum_k a_k Z_k[cell_r], the same noise pattern a in every cell
+# (every noise array is n independent draws of one distribution, model.py). For the product set
+# S = {every cell >= tau}, P_w(S) = P_w(cell >= tau)^k, so an (eps, delta)-DP view satisfies
+#
+#     P_1(cell >= tau)^k <= e^eps P_0(cell >= tau)^k + delta,
+#
+# and one-sided Clopper–Pearson bounds on the two per-cell rates, each measured on the k cells of
+# every trial pooled (T k independent Bernoulli observations per world), give
+#
+#     eps_lb = log(b_lo^k - delta) - k log a_hi.
+#
+# For the discrete Laplace the set {all cells >= 1} is where the worst-case ratio e^(k h / t) is
+# reached, so this test is exactly tight, and pooling makes its precision grow with the number of
+# cells: an audit of k touched cells needs no event of probability ~2^-k, which the LLR test over
+# whole trials does. A joint statistic multiplies the product sets of its atoms (independent noise:
+# disjoint draws); its 2 x atoms rate bounds share the 95 % (Bonferroni). tau is chosen from the
+# exact pmf before any trial is drawn.
+
+
+@dataclass
+class CellAtom:
+    atom: int  # index into Candidate.atoms()
+    cells: np.ndarray  # indices r of the cells used (|m_r| = h)
+    sign: np.ndarray  # sign(m_r) of those cells
+    h: int  # the event's shift per cell
+    tau: int  # world 1 iff every cell's sign(m_r) s_r >= tau
+
+
+@dataclass
+class CellPlan:
+    atoms: list[CellAtom]
+    label: str
+    predicted: float  # the bound expected at the planned number of trials (normal approximation)
+
+
+def _tails(P: Pmf) -> tuple[np.ndarray, np.ndarray]:
+    """(x, P[X >= x]) over the pmf's support."""
+    x = np.arange(P.lo, P.lo + len(P.p))
+    tail = np.cumsum(P.p[::-1])[::-1]
+    return x, np.clip(tail, 0.0, 1.0)
+
+
+def _approx_bound(p: np.ndarray, n: float, z: float, upper: bool) -> np.ndarray:
+    """A normal (Wilson) approximation of the one-sided bound on a rate p from n trials (planning only)."""
+    c = z * z / n
+    mid = (p + c / 2) / (1 + c)
+    half = z * np.sqrt(np.maximum(p * (1 - p) / n + c / (4 * n), 0.0)) / (1 + c)
+    return np.clip(mid + half if upper else mid - half, 1e-300, 1.0)
+
+
+def _product_eps(logb: float, loga: float, delta: float) -> float:
+    if delta:
+        num = math.exp(logb) - delta if logb > -700 else -1.0
+        return math.log(num) - loga if num > 0 else 0.0
+    return logb - loga
+
+
+def plan_product(cand: Candidate, L: "LLR", per_world: int, delta: float, alpha: float = stats.ALPHA) -> CellPlan | None:
+    """The per-cell thresholds of the pooled tail test of ``cand`` (None: no usable cells)."""
+    atoms = cand.atoms()
+    z = _z_one_sided(alpha / (2 * len(atoms)))
+    plans: list[tuple[CellAtom, np.ndarray, np.ndarray, np.ndarray, int]] = []
+    for ai, a in enumerate(atoms):
+        mag = np.abs(a.m).astype(np.int64)
+        if not mag.any():
+            return None
+        vals, cnt = np.unique(mag[mag > 0], return_counts=True)
+        h = int(vals[np.argmax(cnt)])
+        cells = np.nonzero(mag == h)[0]
+        k = len(cells)
+        P = L.pmf(a.a)
+        x, t0 = _tails(P)
+        # P[X + h >= tau] = P[X >= tau - h]
+        t1 = np.concatenate([np.ones(h), t0])[: len(t0)] if h < len(t0) else np.ones_like(t0)
+        n = float(per_world * k)
+        ok = (t1 * n >= 5) & (t0 < 1)
+        if not ok.any():
+            return None
+        lb = np.log(_approx_bound(t1, n, z, False))
+        la = np.log(_approx_bound(t0, n, z, True))
+        plans.append((CellAtom(ai, cells, np.sign(a.m[cells]).astype(np.int64), h, 0), x[ok], k * lb[ok],
+                      k * la[ok], k))
+    # coordinate ascent over the atoms' thresholds (separable when delta = 0)
+    pick = [int(np.argmax(lb - la)) for _, _, lb, la, _ in plans]
+    for _ in range(2 if delta and len(plans) > 1 else 0):
+        for i, (_, _, lb, la, _) in enumerate(plans):
+            rest_b = sum(plans[j][2][pick[j]] for j in range(len(plans)) if j != i)
+            rest_a = sum(plans[j][3][pick[j]] for j in range(len(plans)) if j != i)
+            scores = [_product_eps(rest_b + b, rest_a + a_, delta) for b, a_ in zip(lb, la)]
+            pick[i] = int(np.argmax(scores))
+    if delta and len(plans) == 1:
+        _, _, lb, la, _ = plans[0]
+        pick[0] = int(np.argmax([_product_eps(b, a_, delta) for b, a_ in zip(lb, la)]))
+    out = []
+    for (ca, xs, _, _, _), j in zip(plans, pick):
+        ca.tau = int(xs[j])
+        out.append(ca)
+    pred = _product_eps(sum(p[2][j] for p, j in zip(plans, pick)), sum(p[3][j] for p, j in zip(plans, pick)), delta)
+    taus = ",".join(str(c.tau) for c in out)
+    return CellPlan(out, "cells>=%s: %s" % (taus, cand.label), max(pred, 0.0))
+
+
+def _z_one_sided(a: float) -> float:
+    """The standard normal quantile 1 - a (planning only; bisection on erfc)."""
+    lo, hi = 0.0, 40.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if 0.5 * math.erfc(mid / math.sqrt(2)) > a:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def cell_counts(ca: CellAtom, s: np.ndarray) -> tuple[int, int]:
+    """(cells >= tau, cells) of one atom's (T, d) statistics of one world, pooled over trials."""
+    x = s[:, ca.cells] * ca.sign[None, :]
+    return int((x >= ca.tau).sum()), int(x.size)
+
+
+def product_bound(plan: CellPlan, counts: list[tuple[int, int, int, int]], delta: float,
+                  alpha: float = stats.ALPHA) -> float:
+    """eps lower bound of the pooled tail test from (world-0 hits, world-0 cells, world-1 hits,
+    world-1 cells) per atom; the 2 x atoms one-sided bounds hold together with 1 - alpha."""
+    a = alpha / len(plan.atoms)  # two-sided alpha/atoms = one-sided alpha/(2 atoms) per bound
+    logb = loga = 0.0
+    for ca, (h0, n0, h1, n1) in zip(plan.atoms, counts):
+        k = len(ca.cells)
+        b_lo = stats.cp_lower(h1, n1, a)
+        if b_lo <= 0:
+            return 0.0
+        logb += k * math.log(b_lo)
+        loga += k * math.log(stats.cp_upper(h0, n0, a))
+    return max(_product_eps(logb, loga, delta), 0.0)

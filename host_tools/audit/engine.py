@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -69,30 +69,41 @@ def _scheme(p: Params) -> str:
 
 @dataclass
 class Sets:
-    """LLRs of every candidate on one set of trials: cand index -> (world-0, world-1)."""
+    """LLRs of every candidate on one set of trials: cand index -> (world-0, world-1); and, per
+    candidate with a pooled tail test, its counts per atom (world-0 hits, cells, world-1 hits, cells)."""
 
     llr: list[tuple[np.ndarray, np.ndarray]]
+    cells: list[list[tuple[int, int, int, int]] | None] = field(default_factory=list)
 
 
 def _model_sets(m: mdl.Model, cands: list[distinguish.Candidate], L: distinguish.LLR, T: int,
-                gen: np.random.Generator) -> Sets:
+                gen: np.random.Generator, plans: list[distinguish.CellPlan | None] | None = None) -> Sets:
     """Trials sampled from the verified model: s = world*m + a·Z on the touched cells
-    (a joint test sums the LLRs of its statistics, computed on the same draws)."""
+    (a joint test sums the LLRs of its statistics, computed on the same draws; the pooled
+    tail tests of ``plans`` count on the same draws too)."""
     d = len(m.cells)
     out = []
+    cells: list[list[tuple[int, int, int, int]] | None] = []
     z = [mdl.sample_arrays(L.bases or [L.base] * m.K, T, d, gen) for _ in (0, 1)]
-    for c in cands:
+    for ci, c in enumerate(cands):
         pair = []
+        plan = plans[ci] if plans else None
+        hits: dict[tuple[int, int], tuple[int, int]] = {}
         for w in (0, 1):
             tot = None
-            for part in c.atoms():
+            for ai, part in enumerate(c.atoms()):
                 s = np.einsum("k,tkd->td", part.a, z[w]) + w * part.m[None, :]
                 x = L.llr(part, s)
                 tot = x if tot is None else tot + x
+                if plan is not None:
+                    for ca in plan.atoms:
+                        if ca.atom == ai:
+                            hits[(ai, w)] = distinguish.cell_counts(ca, s)
             assert tot is not None  # every candidate has at least one atom
             pair.append(tot)
         out.append((pair[0], pair[1]))
-    return Sets(out)
+        cells.append(None if plan is None else [hits[(ca.atom, 0)] + hits[(ca.atom, 1)] for ca in plan.atoms])
+    return Sets(out, cells)
 
 
 class _Dry:
@@ -230,27 +241,46 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
         cands = distinguish.candidates(m, view, joint=True, group=_group_size(p))
         if not cands:
             raise RuntimeError("scenario %s: the event leaves no trace in the %s view" % (sc.name, view))
+        plans: list[distinguish.CellPlan | None] | None = None
         if use_real:
             cal = _real_sets(m, cands, L, Tc, source)
             ev = _real_sets(m, cands, L, T, source)
         else:
-            cal = _model_sets(m, cands, L, Tc, gen)
-            ev = _model_sets(m, cands, L, T, gen)
+            # the pooled tail tests' thresholds come from the exact pmf, before any trial is drawn
+            plans = [distinguish.plan_product(c, L, T, claim.delta) for c in cands]
+            cal = _model_sets(m, cands, L, Tc, gen, plans)
+            ev = _model_sets(m, cands, L, T, gen, plans)
         best_i, best = 0, distinguish.Test(math.inf, -1.0, 0, 0, 0, 0)
         for i, (l0, l1) in enumerate(cal.llr):
             t = distinguish.best_threshold(l0, l1, claim.delta)
             if t.eps > best.eps:
                 best_i, best = i, t
+        cell_i, cell_cal = -1, best.eps
+        for i, cnt in enumerate(cal.cells):
+            plan = plans[i] if plans else None
+            if plan is not None and cnt is not None:
+                e = distinguish.product_bound(plan, cnt, claim.delta)
+                if e > cell_cal:
+                    cell_i, cell_cal = i, e
         l0, l1 = ev.llr[best_i]
-        fp, fn = distinguish.counts(l0, l1, best.tau)
-        eps = stats.eps_lower_bound(fp, len(l0), fn, len(l1), claim.delta)
+        if cell_i >= 0 and plans is not None:  # the pooled tail test won on the calibration set
+            plan = plans[cell_i]
+            cnt = ev.cells[cell_i]
+            assert plan is not None and cnt is not None
+            eps = distinguish.product_bound(plan, cnt, claim.delta)
+            fp, fn = sum(c[0] for c in cnt), sum(c[3] - c[2] for c in cnt)
+            stat, tau, cal_best = plan.label, float(plan.atoms[0].tau), cell_cal
+        else:
+            fp, fn = distinguish.counts(l0, l1, best.tau)
+            eps = stats.eps_lower_bound(fp, len(l0), fn, len(l1), claim.delta)
+            stat, tau, cal_best = cands[best_i].label, best.tau, best.eps
         results[view] = Result(
             mode=p.mode, view=view, scenario=sc.name, mech=claim.mech, budget=claim.budget,
             eps_claimed=claim.eps, delta=claim.delta, eps_lower=eps, trials=len(l0) + len(l1),
             calibration_trials=2 * Tc, fp=fp, fn=fn, path="real" if use_real else "model",
-            statistic=cands[best_i].label, threshold=best.tau, verified_real_trials=m.verified,
-            kind=p.kind, d=p.d, w=p.w, cal_eps=best.eps, notes=list(m.notes), persist_noise=_scheme(p))
-        cal_eps[view] = best.eps
+            statistic=stat, threshold=tau, verified_real_trials=m.verified,
+            kind=p.kind, d=p.d, w=p.w, cal_eps=cal_best, notes=list(m.notes), persist_noise=_scheme(p))
+        cal_eps[view] = cal_best
         vleaks = {k: v for k, v in leaks.items() if device.in_view(k, view)}
         if vleaks:  # the event changes something that is not a noisy array: test that too
             meta = _metadata_audit(p, sc, [view], trials, real_trials, claim, vleaks, source)
