@@ -320,18 +320,20 @@ def _metadata_audit(p: Params, sc: Scenario, views: Iterable[str], trials: int, 
 def audit(p: Params, views: Iterable[str] = VIEWS, trials: int = 100_000, seed: int = 1,
           scenario_names: list[str] | None = None, real: bool = False, real_trials: int = 1000,
           verify_trials: int = 10, delta: float = DEFAULT_DELTA,
-          progress: Callable[[str], None] | None = None) -> tuple[list[ScenarioAudit], list[Result]]:
-    """Audit every scenario of ``p.mode``; returns the per-scenario audits and one summary per view."""
+          progress: Callable[[str], None] | None = None,
+          source: Callable[[], Any] = SystemSource) -> tuple[list[ScenarioAudit], list[Result]]:
+    """Audit every scenario of ``p.mode``; returns the per-scenario audits and one summary per view.
+    ``source`` makes the byte source of each real run (the system CSPRNG; a test may seed it)."""
     views = list(views)
     if p.kind == "dbits":  # bits, not a linear function of noise draws: the real code path (bits.py)
         from host_tools.audit import bits
 
         scs = [s for s in scenarios.for_mode(p.mode, scenario_names)
                if scenario_names or not s.name.startswith("persist-fail")]  # dbits writes no state file
-        return bits.audit(p, scs, views, trials, real_trials, delta, claim_of(p, delta), progress)
+        return bits.audit(p, scs, views, trials, real_trials, delta, claim_of(p, delta), progress, source)
     out = []
     for sc in scenarios.for_mode(p.mode, scenario_names):
-        a = audit_scenario(p, sc, views, trials, seed, real, real_trials, verify_trials, delta)
+        a = audit_scenario(p, sc, views, trials, seed, real, real_trials, verify_trials, delta, source)
         if progress:
             for v in views:
                 r = a.results[v]
