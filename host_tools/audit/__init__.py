@@ -16,7 +16,8 @@ Modules (docs/PRIVACY.md, "Empirical audit"):
 * :mod:`.model` -- learns from real runs how the view is built from the noise
   draws (exactly: view = exact part + C · draws), verifies it bit for bit on
   fresh real runs, and samples it fast;
-* :mod:`.distinguish` -- likelihood-ratio tests on the touched cells;
+* :mod:`.distinguish` -- likelihood-ratio tests on the touched cells, and the pooled
+  per-cell tail test (every cell past a threshold, rates measured on all cells of all trials);
 * :mod:`.stats` -- Clopper–Pearson and the ε lower bound of Jagielski et al. 2020;
 * :mod:`.report` and :mod:`.cli` -- the table, JSON lines and the subcommand.
 """

@@ -27,7 +27,9 @@ the internal and the output noise have different scales), thresholded. When the 
 some future draws (issue 13's Rng tail), those draws are subtracted from
 s_r and removed from a before the LLR (:func:`llr_known`).
 
-Candidate statistics, the threshold and the scenario are chosen on a
+Each candidate also gets the pooled per-cell tail test (end of this module),
+whose precision does not depend on events of probability ~2^-cells.
+Candidate statistics, the test, the threshold and the scenario are chosen on a
 calibration set; FPR and FNR are then estimated on fresh trials
 (Jagielski et al. 2020; stats.py).
 """
