@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.batch import add_batch
+from agent.pi.batch import add_batch
 from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng

@@ -25,7 +25,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from agent import release
-from agent.batch import add_batch
+from agent.pi.batch import add_batch
 from agent.params import Params
 from agent.recorders import make
 from agent.rng import DeterministicSource, Rng
