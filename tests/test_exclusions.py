@@ -209,3 +209,32 @@ _N = iter(range(10 ** 6))
 @pytest.mark.parametrize("name", ["cs", "cms", "dcs", "dbits"])
 def test_exclude_include_and_purge_match_a_store_without_the_device_postgresql(name, releases, tmp_path, pg):
     _check_kind(tmp_path, name, releases[name], lambda tag: pg.create_database("x%s%s%d" % (name, tag, next(_N))))
+
+
+def test_retention_keeps_the_payloads_of_excluded_and_kept_devices(releases, tmp_path):
+    """prune skips an excluded device and the devices the caller keeps (the flagged ones): a purge can
+    still subtract them afterwards, and matches a store without the device."""
+    db, clean = str(tmp_path / "k.db"), str(tmp_path / "c.db")
+    _fill(db, releases["cs"], HONEST + [MAL])
+    _fill(clean, releases["cs"], HONEST)
+    st = open_store(db)
+    try:
+        assert exclusions.set_excluded(st, MAL, True, "stolen")
+        assert st.prune(T0 + 10 * 86400, keep=["h0"]) > 0
+        kept = {r.device for r in st.releases(with_payload=True) if r.payload}
+        assert kept == {MAL, "h0"}
+        assert exclusions.purge(st, MAL).releases == len(releases["cs"][MAL])
+        assert exclusions.set_excluded(st, MAL, False)
+    finally:
+        st.close()
+    st, sc = open_store(db, readonly=True), open_store(clean, readonly=True)
+    try:
+        from host_tools.query import core as query
+
+        a, _ = query.select_merged(st, salt=SALT)
+        b, _ = query.select_merged(sc, salt=SALT)
+        assert (a.counters == b.counters).all() and a.noise == b.noise and a.devices == b.devices
+        assert (a.releases, a.t0, a.t1, a.windows) == (b.releases, b.t0, b.t1, b.windows)
+    finally:
+        st.close()
+        sc.close()
