@@ -26,8 +26,8 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "host_tools.demo",
     "repro": "host_tools.lab.repro.cli",
     "audit": "host_tools.audit.cli",
-    "fit": "host_tools.fitcheck",
-    "init": "host_tools.initdir",
+    "fit": "host_tools.provision.fitcheck",
+    "init": "host_tools.provision.initdir",
 }
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from agent import release
 from agent.params import Params
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.ingest import devstatus
 from host_tools.ingest.decode import decode
 from host_tools.query import status, strheavy

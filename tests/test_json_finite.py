@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from host_tools import finitejson
+from host_tools.output import finitejson
 from host_tools.ingest.decode import decode
 from host_tools.query.dyadic import exact_counters
 from host_tools.store.sqlite import Store

@@ -40,7 +40,7 @@ TREES = ("agent", "firmware", "host_tools")
 # may import agent, itself and the roles listed here (nothing else of the
 # project). cli and demo are the entry points and may import anything.
 SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup", "host_tools.cborscan",
-          "host_tools.localnet"}
+          "host_tools.localnet", "host_tools.output"}
 ALLOWED: dict[str, set[str]] = {
     "host_tools.store": SHARED,
     "host_tools.ingest": SHARED | {"host_tools.store", "host_tools.metrics"},
@@ -53,9 +53,12 @@ ALLOWED: dict[str, set[str]] = {
     "host_tools.lab": SHARED,
     # the benchmarks drive every layer (and compare against the lab's algorithms)
     "host_tools.bench": SHARED | {"host_tools.ingest", "host_tools.store", "host_tools.query", "host_tools.lab"},
+    # what a user installs: the board fit check reads the firmware's memory model
+    "host_tools.provision": set(),
+    "host_tools.output": set(),
     "host_tools.hostconfig": set(),
     "host_tools.fasthash": set(),
-    "host_tools.logsetup": set(),
+    "host_tools.logsetup": {"host_tools.output"},  # log lines of device text go through textsafe
     "host_tools.cborscan": set(),
     "host_tools.localnet": set(),
     "host_tools.cli": {"*"},

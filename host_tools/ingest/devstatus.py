@@ -28,7 +28,7 @@ import re
 import time
 from typing import Any, Optional
 
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.ingest.decode import SUPPORTED_MODES, V2_KINDS
 from host_tools.store.schema import STATUS_INTS
 from host_tools.store.sql import SQLStore

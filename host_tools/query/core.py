@@ -43,7 +43,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from agent import hashing
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.query import estimators, ranking
 from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
 from host_tools.store import exclusions

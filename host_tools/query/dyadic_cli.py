@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.query import dyadic
 from host_tools.query.core import int_at_least, positive_int
 

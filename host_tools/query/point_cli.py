@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Optional
 
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.query import plot
 from host_tools.query.core import QueryError, _item, _print_table, freq, positive_int, read_candidates, topk
 from host_tools.store.sql import SQLStore

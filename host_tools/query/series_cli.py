@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from host_tools.query import core as query
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.query import plot
 from host_tools.query.core import QueryError, iso
 from host_tools.query.series import series
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
                 d.update(p.to_dict())
                 print(textsafe.json_text(d))
         return 0
-    labels = {id(ln): textsafe.term(ln.label) for ln in s.lines}  # shown escaped: see host_tools.textsafe
+    labels = {id(ln): textsafe.term(ln.label) for ln in s.lines}  # shown escaped: see host_tools.output.textsafe
     width = max(8, min(40, max(len(x) for x in labels.values())))
     print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
           "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))

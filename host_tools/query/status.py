@@ -36,7 +36,7 @@ from collections import defaultdict
 from fractions import Fraction
 from typing import Any, Optional
 
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.store import ledger as ledger_mod
 from host_tools.query.core import iso
 from host_tools.store.rows import StoredRelease

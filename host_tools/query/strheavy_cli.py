@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence, Union
 
-from host_tools import textsafe
+from host_tools.output import textsafe
 from host_tools.query import strheavy
 
 

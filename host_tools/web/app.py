@@ -43,7 +43,8 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
 from host_tools.query import fleetview
-from host_tools import finitejson, metrics
+from host_tools import metrics
+from host_tools.output import finitejson
 from host_tools.query import core as query
 from host_tools.query import kinds as query_kinds
 from host_tools.query import series
