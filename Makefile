@@ -118,7 +118,7 @@ bench: $(STAMP)-bench setup-mpunix
 	$(VPY) -m tests.bench_firmware_unix --frozen
 	$(VPY) -m host_tools.bench.report
 
-# CPU per stored release under sustained load (issue 25): 1,000 simulated devices, 700 releases/s
+# CPU per stored release under sustained load (the ingest CPU goal, docs/HOST.md): 1,000 simulated devices, 700 releases/s
 # for 15 minutes through mosquitto into one aggregator (SQLite), no faults; about 17 min. docs/DEVELOPING.md's
 # table takes its row from bench-results/soak-sustained.json.
 bench-soak: $(STAMP)-bench

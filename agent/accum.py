@@ -1,4 +1,4 @@
-"""The accumulator and commit core shared by every recorder (DESIGN.md "Release modes").
+"""The accumulator and commit core shared by every recorder (docs/ARCHITECTURE.md "Release modes").
 
 agent.recorder.Recorder (window and keep: one accumulator) and
 agent.tree.TreeRecorder (tree: one accumulator per level) both subclass

@@ -2,12 +2,12 @@
 
 Unit of privacy: one event (add/remove). With weights clipped to
 [-c, c], one event moves each of the d rows of each of the L arrays it
-touches by at most c (DESIGN.md, "Threat model"), so
+touches by at most c (docs/ARCHITECTURE.md "Threat model and unit of privacy"), so
 
     L1 sensitivity  Delta1   = L * d * c
     L2 sensitivity  Delta2^2 = L * d * c^2
 
-and (DESIGN.md "Noise"; Canonne, Kamath & Steinke 2020):
+and (docs/ARCHITECTURE.md "Noise"; Canonne, Kamath & Steinke 2020):
 
     discrete Laplace, eps-DP:    scale  t       = Delta1 / eps
     discrete Gaussian, rho-zCDP: sigma^2        = Delta2^2 / (2 rho)

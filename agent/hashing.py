@@ -26,7 +26,7 @@ per-event paths on a board inline it (a call per row would cost more than
 the rule: agent.sketch, agent.levels.add_hashed, agent.dbits.slot), and
 numpy reads it for many streams at once in agent.pi.hashvec (the Pi's batch
 path and the host); tests/test_hashvec.py and the sketch tests hold every
-form equal to this one. The salt is public in the threat model (DESIGN.md): it fixes the
+form equal to this one. The salt is public in the threat model (docs/ARCHITECTURE.md): it fixes the
 hash functions fleet-wide so that releases merge, it is not a secret.
 
 Papers: the ideal hash functions h_r, g_r of Charikar et al. / Cormode &

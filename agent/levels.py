@@ -38,7 +38,7 @@ _WORDS = sys.implementation.name != "micropython"
 
 def clip(weight, c):
     """An event's weight clipped to [-c, c]: the bound on one event's effect on a
-    cell that the noise is calibrated to (DESIGN.md, "Threat model"); also the
+    cell that the noise is calibrated to (docs/ARCHITECTURE.md "Threat model and unit of privacy"); also the
     clip of host_tools.lab.algorithms.distinct (here, not in agent.noise: a cs/cms board never loads it)."""
     if weight > c:
         return c

@@ -1,6 +1,6 @@
 """Pan-private recording: noisy state, clock-aligned releases, crash safety.
 
-Implements the ``window`` and ``keep`` release modes of DESIGN.md:
+Implements the ``window`` and ``keep`` release modes of docs/ARCHITECTURE.md:
 
 * time is cut into epochs of ``epoch_s`` seconds, numbered absolutely
   (epoch k = [k*epoch_s, (k+1)*epoch_s) in UTC seconds); a window is

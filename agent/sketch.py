@@ -7,7 +7,7 @@ C[r, h_r(x)]; g = +1 for Count-Min) and query is Algorithm 2 (median for
 CountSketch, minimum for Count-Min). Privacy comes from the noise the
 recorder puts into the array (agent.recorder), not from this class.
 
-Event weights are integers clipped to [-clip, clip] (DESIGN.md: one event
+Event weights are integers clipped to [-clip, clip] (docs/ARCHITECTURE.md: one event
 moves each touched cell by at most ``clip``). Counters are residues mod
 2**32 held as int32 (two's complement): a cell whose exact value leaves
 [-2**31, 2**31) wraps, explicitly and identically on both VMs. Wrapping is

@@ -1,6 +1,6 @@
 """Tree mode: pan-private continual observation over a dyadic tree of epochs.
 
-DESIGN.md "Release modes", item 3; the binary mechanism of
+docs/ARCHITECTURE.md "Release modes", item 3; the binary mechanism of
 lazy-sketch-continual-observation (GaussBM) made pan-private as in Dwork
 et al. 2010: every array an intruder can read starts with internal noise,
 every release adds fresh output noise.

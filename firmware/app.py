@@ -204,7 +204,7 @@ class App:
         self.outbox_hint = True  # the outbox may have releases (saves a listdir per step)
         self.warned = {}  # kind -> uptime (ms) until which that warning is muted
         # No event or drop counters, no step counter, no time of the last event
-        # anywhere: memory is readable by an intruder (DESIGN.md), so the app
+        # anywhere: memory is readable by an intruder (docs/ARCHITECTURE.md), so the app
         # keeps nothing but the noisy sketch. Mutes of event-triggered warnings
         # are forgotten once they expire (see _expire_mutes).
         try:
@@ -256,7 +256,7 @@ class App:
     def step(self):
         """One main-loop iteration; returns how long to sleep (ms).
 
-        Release timing depends on the clock only (DESIGN.md): the clock is
+        Release timing depends on the clock only (docs/ARCHITECTURE.md): the clock is
         handled *before* the source is polled, so this step's events cannot
         delay a commit, and the idle sleep ends at the commit's due time
         (``due_up``, aligned to the synced clock's second boundaries) rather

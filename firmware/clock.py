@@ -1,6 +1,6 @@
 """Time on the board: a monotonic uptime, and UTC once NTP has answered.
 
-Windows and epochs follow the UTC clock (DESIGN.md), so releases need a
+Windows and epochs follow the UTC clock (docs/ARCHITECTURE.md "Release modes"), so releases need a
 synced clock. Until NTP answers the board keeps counting but commits no
 release (``Clock.synced`` is False and the app says so on the console and
 in its status). Times below :data:`MIN_VALID_UNIX` (2024-01-01) are

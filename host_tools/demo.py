@@ -204,7 +204,7 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     return rec.seq
 
 
-# One device of every other kind next to the cs fleet (issue 24: every page and query has data after the
+# One device of every other kind next to the cs fleet (every page and query has data after the
 # demo). Each is the real device core (agent.recorders.make picks the tree / dcs / dbits recorder) and
 # the real publisher, like the cs agents; the events are drawn here, so their truth is known here only.
 EXTRA_DEVICES: dict[str, dict[str, Any]] = {

@@ -11,12 +11,12 @@ defect. ``tests/test_audit.py`` requires the audit to flag every one of them
 * ``fresh-draw-skipped``     -- ``Recorder.persist`` adds no fresh draw Y;
 * ``scale-halved``           -- the calibration returns half the scale
   (dlap t/2; dgauss sigma/2);
-* ``scratch-not-wiped``      -- issue 13 bug 1: ``_add_fresh`` leaves the draw in ``relbuf``;
-* ``rng-tail-kept``          -- issue 13 bug 2: ``Rng.wipe`` keeps the buffer and its tail;
+* ``scratch-not-wiped``      -- intruder view, bug 1: ``_add_fresh`` leaves the draw in ``relbuf``;
+* ``rng-tail-kept``          -- intruder view, bug 2: ``Rng.wipe`` keeps the buffer and its tail;
 * ``event-count-kept``       -- the Recorder keeps an exact count of events in RAM (not an
   array: caught by the metadata test, which compares every non-array attribute).
 
-Issue 18 (:data:`FAULT_CONTROLS`, the failure paths as they were before the fix, audited
+Failed writes (:data:`FAULT_CONTROLS`, the failure paths as they were before the fix, audited
 with the fault scenarios and the keep-every-byte flash):
 
 * ``failed-persist-no-fresh-draw``   -- a failed state write wipes the fresh draw and counts on;
@@ -115,7 +115,7 @@ def _dbits_scale_halved() -> Iterator[None]:
 
 
 def _add_fresh_unwiped(self):  # type: ignore[no-untyped-def]
-    """Recorder._add_fresh before issue 13: the staged draw stays in relbuf."""
+    """Recorder._add_fresh before the intruder-view fix: the staged draw stays in relbuf."""
     a = self.counters
     b = self.relbuf
     for i in range(len(a)):
@@ -154,7 +154,7 @@ TREE_CONTROLS = _tree_controls()
 
 def _add_counting(real):  # type: ignore[no-untyped-def]
     def add(self, item, weight=1):  # type: ignore[no-untyped-def]
-        self.events = getattr(self, "events", 0) + 1  # an exact event count in RAM (DESIGN.md forbids it)
+        self.events = getattr(self, "events", 0) + 1  # an exact event count in RAM (docs/ARCHITECTURE.md forbids it)
         return real(self, item, weight)
 
     return add
@@ -209,10 +209,10 @@ SHADOW_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]
 }
 
 
-# -- issue 18: the failure paths as they were (the negative controls of the fault scenarios) ----------------
+# -- failed writes: the failure paths as they were (the negative controls of the fault scenarios) ----------------
 
 def _persist_before_issue18(self, now=None):  # type: ignore[no-untyped-def]
-    """Recorder.persist before issue 18 (refresh): a failed write wipes the fresh draw and the
+    """Recorder.persist before the failed-write fix (refresh): a failed write wipes the fresh draw and the
     device counts on with the accumulator that may already be on flash (RAM - partial copy =
     exact events since)."""
     from agent import storage
@@ -238,7 +238,7 @@ def _persist_before_issue18(self, now=None):  # type: ignore[no-untyped-def]
 
 
 def _release_before_issue18(self, next_epoch, next_part, now=None):  # type: ignore[no-untyped-def]
-    """Recorder._release before issue 18: a failed commit deletes the .tmp (state + Z_out, on flash
+    """Recorder._release before the failed-write fix: a failed commit deletes the .tmp (state + Z_out, on flash
     all the same) and keeps counting into the same accumulator with no fresh draw."""
     from agent import release, storage
 
@@ -279,7 +279,7 @@ def _release_before_issue18(self, next_epoch, next_part, now=None):  # type: ign
 
 @contextlib.contextmanager
 def _dbits_old_limit() -> Iterator[None]:
-    """dbits before issue 18: any eps <= 2 accepted (the 0-bit's reverse ratio 2/(2 - eps) unbounded)."""
+    """dbits before the exact ε limit: any eps <= 2 accepted (the 0-bit's reverse ratio 2/(2 - eps) unbounded)."""
     from agent import dbits, params
 
     old = lambda num, den: 0 < num <= 2 * den  # noqa: E731
@@ -331,13 +331,13 @@ DESCRIPTIONS = {
     "internal-noise-skipped": "accumulator opens at zero, no Z_int",
     "fresh-draw-skipped": "no fresh draw Y after a persist",
     "scale-halved": "calibration returns t/2 (dgauss: σ/2)",
-    "scratch-not-wiped": "issue 13 bug 1: Y stays in `relbuf`",
-    "rng-tail-kept": "issue 13 bug 2: `Rng` keeps its buffer and tail",
+    "scratch-not-wiped": "intruder view, bug 1: Y stays in `relbuf`",
+    "rng-tail-kept": "intruder view, bug 2: `Rng` keeps its buffer and tail",
     "event-count-kept": "an exact event count attribute in RAM",
     "shadow-g-skipped": "shadow: a persist never adds the fresh G to M (R − M − S = exact events)",
     "shadow-refresh-scale": "shadow: Z_int and the G's at `p.noise` (L arrays), not `p.inoise` (2L)",
-    "failed-persist-no-fresh-draw": "issue 18: a failed state write wipes its draw, RAM counts on (partial copy kept)",
-    "failed-commit-same-accumulator": "issue 18: a failed commit deletes the .tmp and counts on with no fresh draw",
+    "failed-persist-no-fresh-draw": "failed write: a failed state write wipes its draw, RAM counts on (partial copy kept)",
+    "failed-commit-same-accumulator": "failed commit: a failed commit deletes the .tmp and counts on with no fresh draw",
     "retried-accumulator-unnoised": "the accumulator after a retried release with a grown range opens at zero",
 }
 SCENARIOS = ["before-persist", "after-last-persist"]

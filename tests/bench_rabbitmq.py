@@ -1,4 +1,4 @@
-"""Ingest benchmark on a three-node RabbitMQ cluster (issue 22 item 1; a benchmark, not a CI test).
+"""Ingest benchmark on a three-node RabbitMQ cluster (a benchmark, not a CI test).
 
     PYTHONPATH=. python tests/bench_rabbitmq.py [--devices 30] [--per-device 40] [--rounds 2] [--aggregators 1,2]
                                                 [--out bench-results/rabbitmq.json]

@@ -1,4 +1,4 @@
-"""Issue 23's end-to-end acceptance for kind strhh, with real agents, run N times.
+"""The end-to-end acceptance for kind strhh, with real agents, run N times.
 
     python -m tests.bench_strhh_e2e [--runs 20] [--out bench-results/strhh-e2e.json]
     python -m tests.bench_strhh_e2e --summarize LOG   # the summary of the JSON lines a run printed
@@ -16,7 +16,7 @@ events) must report every 2 % string; a 0.19 % string reported counts against
 the run. Sketch len = 12, d = 3, w = 1024 on both (the board holds 2 x 144 KiB
 of counters: a Pi-class config; the Unix port runs it with a 1 MiB heap).
 
-Acceptance (issue 23): every 2 % string found in >= 19 of 20 runs, a 0.19 %
+Acceptance: every 2 % string found in >= 19 of 20 runs, a 0.19 %
 string reported in at most 1 of 20. tests/test_e2e_strhh.py runs one run in
 CI (``one_run``); this module runs the 20 and writes the counts.
 """

@@ -1,4 +1,4 @@
-"""Exact event recovery per failure case (issue 18 closing note).
+"""Exact event recovery per failure case.
 
     PYTHONPATH=. python -m tests.failpaths_report            # this checkout
     PYTHONPATH=/old/checkout python -m tests.failpaths_report  # another one (negative control)

@@ -214,7 +214,7 @@ def _mqtt_source_cfg(tmp_path, broker_port: int, source_port: int):
 
 
 def test_mqtt_source_with_its_broker_down_says_so_at_once(tmp_path):
-    """issue 24 item 1: `run` with a local source broker that is down logged nothing at all."""
+    """`run` with a local source broker that is down logged nothing at all."""
     import signal
     import subprocess
     import sys
@@ -268,7 +268,7 @@ def test_check_tries_the_mqtt_source_broker(tmp_path):
 
 
 def test_feed_no_flush_delivers_only_the_outbox(tmp_path):
-    """issue 24: `feed < /dev/null` (to flush the outbox) made a noise-only release. That release stays:
+    """`feed < /dev/null` (to flush the outbox) made a noise-only release. That release stays:
     whether one exists must not depend on the data (none counted). --no-flush is the data-independent way."""
     import subprocess
     import sys

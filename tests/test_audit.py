@@ -1,4 +1,4 @@
-"""``pansketch audit`` (issue 11): statistics, the model of the view, a small
+"""``pansketch audit``: statistics, the model of the view, a small
 audit of a sound device, and the negative controls that must be flagged.
 
 The negative controls are the test of the auditor: each breaks the noise of
@@ -45,7 +45,7 @@ def test_clopper_pearson_matches_scipy(k: int, n: int) -> None:
 
 
 def test_eps_lower_bound_cap_and_direction() -> None:
-    # a perfect distinguisher on 5e4 + 5e4 trials: the cap that 1e5 trials allow (issue 13: 9.51)
+    # a perfect distinguisher on 5e4 + 5e4 trials: the cap that 1e5 trials allow (the intruder-view controls: 9.51)
     assert stats.eps_lower_bound(0, 50000, 0, 50000) == pytest.approx(9.514, abs=1e-3)
     # symmetric in the two error kinds; vacuous for a coin flip
     assert stats.eps_lower_bound(10, 1000, 900, 1000) == stats.eps_lower_bound(900, 1000, 10, 1000)
@@ -381,7 +381,7 @@ def test_table_markers() -> None:
         report.replace_table("no markers", "x")
 
 
-# -- issue 18: the flash keeps every byte, writes fail at every stage --------------------------------------
+# -- failed writes: the flash keeps every byte, writes fail at every stage --------------------------------------
 
 def test_flash_log_keeps_partial_and_removed_files() -> None:
     """A state write that fails half way through the counters: the half that reached flash
@@ -423,7 +423,7 @@ FAULT_NAMES = [s.name for s in scenarios.FAULTS]
 def test_failed_writes_stay_below_the_claim(mode: str, extra: dict) -> None:
     """Every fault scenario (ENOSPC/EIO/MemoryError before, during and after the counters, before
     the trailer, at close, at the marker), keep-every-byte flash, intrusion view: the device stays
-    at or below the claim (issue 18's fix). Before the fix this is the negative control: exact
+    at or below the claim (the failed-write fix). Before the fix this is the negative control: exact
     recovery (cap) after a failed persist, and about 2 eps after a failed commit (the controls below
     check that power with 4e4 trials)."""
     p = params(mode=mode, **extra)
@@ -456,7 +456,7 @@ def test_retried_release_and_the_next_accumulator_stay_below_the_claim(mode: str
 
 @pytest.mark.parametrize("control", sorted(audit_controls.FAULT_CONTROLS))
 def test_fault_negative_control_is_flagged(control: str) -> None:
-    """The failure paths as they were before issue 18 (test-only hooks): flagged."""
+    """The failure paths as they were before the failed-write fix (test-only hooks): flagged."""
     with audit_controls.FAULT_CONTROLS[control]():
         _, (r,) = engine.audit(params(), views=["intrusion"], trials=40000,
                                scenario_names=audit_controls.FAULT_CONTROL_SCENARIOS[control], verify_trials=1)

@@ -1,4 +1,4 @@
-"""What the command-line tools show a user (issue 12, item 6), with the real CLIs as subprocesses.
+"""What the command-line tools show a user, with the real CLIs as subprocesses.
 
 * a closed stdout (`pansketch status | head -1`) ends status, query and
   `pansketch-agent check` quietly with exit 141, no BrokenPipeError

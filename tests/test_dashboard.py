@@ -369,7 +369,7 @@ def test_pages_before_the_first_release(tmp_path: Any) -> None:
     Store(cfg.aggregator.db).close()  # what the aggregator creates at start
     status, _h, body = _wsgi(app, "/")
     assert status.startswith("200") and "no device has released anything yet" in body
-    status, _h, body = _wsgi(app, "/item", "item=a")  # issue 24: a page that says so, not "404: not found"
+    status, _h, body = _wsgi(app, "/item", "item=a")  # a page that says so, not "404: not found"
     assert status.startswith("200") and "No data yet" in body and "no releases of kind &#39;cs&#39; or &#39;cms&#39;" in body.replace("'", "&#39;")
     assert _wsgi(app, "/topk", "candidates=a")[0].startswith("404")
     assert _wsgi(app, "/item")[0].startswith("200")

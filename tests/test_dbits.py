@@ -164,7 +164,7 @@ def test_intruder_view_dbits(tmp_path):
     assert abs(ones_present / n - 0.75) < 4 * math.sqrt(0.1875 / n)
 
 
-# -- the calibration of the bits, both directions (issue 18) ------------------------------------------------
+# -- the calibration of the bits, both directions -----------------------------------------------------------
 
 def _exp_above(eps: Fraction, x: Fraction) -> bool:
     """Whether e^eps >= x, decided with exact rational bounds on e^eps (Taylor sum below, + tail above)."""

@@ -1,4 +1,4 @@
-"""Faults end to end: nothing released is lost, nothing is stored twice (issue 12, docs/FORMAT.md section 7).
+"""Faults end to end: nothing released is lost, nothing is stored twice (docs/FORMAT.md section 7).
 
 Real parts only: mosquitto with a persistence directory (tests/broker.py),
 the real device CLI (``python -m agent.pi.daemon feed``) and the real host CLI

@@ -1,7 +1,7 @@
 """End to end for kind strhh: real agents -> real mosquitto -> aggregator -> store ->
 ``pansketch query heavy`` finds planted heavy strings with no candidate list.
 
-Issue 23's acceptance: every planted string holding >= 2 % of 10^5 events at eps = 1 is
+Acceptance of kind strhh: every planted string holding >= 2 % of 10^5 events at eps = 1 is
 found in >= 19 of 20 runs, and none holding < 0.2 % is reported above the threshold (here
 1 % of the events, ``--threshold 1000``) in more than 1 of 20. CI runs ONE run of it twice:
 

@@ -1,4 +1,4 @@
-"""Pan-privacy on every failure path (issue 18): a write that was attempted counts as written.
+"""Pan-privacy on every failure path: a write that was attempted counts as written.
 
 The device core (agent/) runs a fixed schedule of adds, persists, releases
 and a flush under the keep-every-byte flash model of
@@ -206,7 +206,7 @@ def test_a_flash_that_stays_full_never_lets_events_through(tmp_path: Path, kind:
 
 
 def test_the_check_has_power_on_the_old_failed_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Negative control: the persist of the code before issue 18 (a failed write wipes
+    """Negative control: the persist of the code before the failed-write fix (a failed write wipes
     its draw, RAM goes on equal to the partial copy on flash) is caught exactly."""
     from agent import storage
     from agent.recorder import Recorder
@@ -390,7 +390,7 @@ def test_failure_paths_on_the_micropython_unix_port(mpunix: Path, tmp_path: Path
         assert py["published"] == a["published"]
 
 
-# -- tree boot never reuses a release key (issue 18 item 5) ---------------------------------
+# -- tree boot never reuses a release key --------------------------------------------------
 def _keys(root: Path) -> list[tuple[int, int, int, int]]:
     import cbor2
 
@@ -540,7 +540,7 @@ GAUSS = [("cms", "window", "refresh"), ("cms", "window", "shadow"), ("cs", "keep
 def test_failed_commit_never_shows_an_event_twice(tmp_path: Path, kind: str, mode: str, scheme: str) -> None:
     """A commit that fails at any stage of the .tmp or the marker: the whole view's loss
     for one event, at every intrusion moment and event time, stays at one output draw's
-    (<= 1). Without the fresh draw after the failure it is 2 (the 2ε of issue 18)."""
+    (<= 1). Without the fresh draw after the failure it is 2 (the 2ε of the failed-commit bug)."""
     cfg = cfg_for(kind, mode, scheme)
     cfg["mechanism"] = "dgauss"
     base = gauss_loss(cfg, tmp_path / "none", -1, [2, 4])

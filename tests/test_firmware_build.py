@@ -200,7 +200,7 @@ def _edited(tmp_path: Path, **sketch: object) -> Path:
 
 
 def test_flash_refuses_the_unedited_example_and_a_config_that_fits_no_board(tmp_path):
-    """issue 24: flash.sh flashed the placeholders and a w = 4096 sketch no board can hold."""
+    """flash.sh flashed the placeholders and a w = 4096 sketch no board can hold."""
     ex = REPO / "deploy" / "board" / "pansketch.example.json"
     p = _flash(tmp_path, "-b", "esp32", "-c", str(ex), "--frozen")
     assert p.returncode == 2 and not (tmp_path / "calls.log").exists(), p.stderr

@@ -1,6 +1,6 @@
 """Pan-privacy of the board's RAM and release timing, in the MicroPython VM.
 
-DESIGN.md: an intruder who reads the board's memory must learn nothing
+docs/ARCHITECTURE.md: an intruder who reads the board's memory must learn nothing
 beyond the noisy sketch (and the few events still waiting in a source
 buffer), and when a release goes out must depend on the clock only.
 """

@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 24): the demo shows every kind, mixed-kind stores just work,
+"""A new user's first hour: the demo shows every kind, mixed-kind stores just work,
 an empty or foreign database is one line, and bad input to any subcommand is one line and an exit code.
 
 The demo store is the real ``pansketch demo --dir D`` (real mosquitto, the real device core of every
@@ -347,7 +347,7 @@ def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: 
 
 # -- one delta convention for every eps figure -------------------------------------------------------------
 def test_status_dashboard_and_audit_give_one_eps_at_one_delta(tmp_path: Any) -> None:
-    """issue 24: audit said 'claim 4.728 (δ = 1e-05)', status 'eps = 5.76 at delta = 1e-06' for one config."""
+    """Audit said 'claim 4.728 (δ = 1e-05)', status 'eps = 5.76 at delta = 1e-06' for one config."""
     from agent.params import Params
     from host_tools import hostconfig
     from host_tools.audit import engine, stats

@@ -1,4 +1,4 @@
-"""Hostile input and hostile devices (issue 19): bounded work, bounded storage, quarantine, identifiers, dashboard.
+"""Hostile input and hostile devices: bounded work, bounded storage, quarantine, identifiers, dashboard.
 
 The input classes come from host_tools/bench/hostile.py (the long version of
 the live run is ``python -m host_tools.bench.hostile``, docs/HOST.md

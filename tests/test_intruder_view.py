@@ -1,4 +1,4 @@
-"""The intruder's view is every byte the device holds (issue 13, docs/PRIVACY.md).
+"""The intruder's view is every byte the device holds (docs/PRIVACY.md).
 
 Two attacks an audit found on the device core, kept as regression tests,
 and a whole-view check that runs the same scenario on CPython and in the

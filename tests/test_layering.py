@@ -1,4 +1,4 @@
-"""The code's layering, read from the source with ``ast`` (issue 20).
+"""The code's layering, read from the source with ``ast``.
 
 Every ``import`` / ``from ... import`` counts, also those inside functions
 and ``TYPE_CHECKING`` blocks. Asserted:

@@ -1,4 +1,4 @@
-"""A three-node RabbitMQ cluster as the broker (issue 22 item 1; deploy/rabbitmq, host_tools/ingest/amqp.py).
+"""A three-node RabbitMQ cluster as the broker (deploy/rabbitmq, host_tools/ingest/amqp.py).
 
 Real parts only: three rabbitmq-server nodes on loopback ports (tests/rabbit.py;
 one cluster for the module), the real device CLI (``python -m agent.pi.daemon

@@ -3,7 +3,7 @@
 Noise is drawn from a DeterministicSource, so the tests replay the exact
 draws: Z_int of an accumulator is the first d*w draws after it opens, Z_out
 of its release the next d*w draws. That lets us check the internal/output
-split of DESIGN.md exactly, not statistically.
+split of docs/ARCHITECTURE.md "Release modes" exactly, not statistically.
 """
 
 import math

@@ -1,7 +1,7 @@
 """The fast samplers draw exactly what the textbook code draws.
 
 agent/rng.py and agent/noise.py inline calls, read one byte per try when
-k <= 8 and use int.bit_length on CPython (issue 10: >= 1.5x faster). This
+k <= 8 and use int.bit_length on CPython (>= 1.5x faster). This
 file keeps the plain transcription of Canonne, Kamath & Steinke 2020
 Algorithms 1-3 over a byte-at-a-time Rng -- the same byte consumption
 rules -- and checks that both give identical draws from the same byte

@@ -81,7 +81,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                  p.cells))
         print("capacity    a cell wraps (mod 2^32) after %d events of full weight %d in one window"
               % ((2**31 - 1) // p.clip, p.clip))
-    if p.kind == "strhh":  # issue 23: the memory it takes and the noise a node estimate carries
+    if p.kind == "strhh":  # the memory it takes and the noise a node estimate carries
         import math
 
         def _var(spec):

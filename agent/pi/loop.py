@@ -340,7 +340,7 @@ class Agent:
             self.pub.stop()
             return code
         if ended:
-            # end of a batch input: release early (DESIGN.md allows it for batch replays). Also with
+            # end of a batch input: release early (docs/ARCHITECTURE.md "Release modes" allows it for batch replays). Also with
             # no events at all (feed < /dev/null): whether a release exists must not depend on the
             # data; --no-flush is the way to only deliver the outbox.
             if not self._flush_when_room(finite_timeout):

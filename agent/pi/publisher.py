@@ -3,7 +3,7 @@
 CPython only (paho-mqtt 2.x, threads): **not** part of the MicroPython
 device core; boards use umqtt in firmware/.
 
-Protocol (DESIGN.md "Safety rules", issue 3 "Publishing"):
+Protocol (docs/ARCHITECTURE.md "Safety rules"):
 
 * paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``), MQTT v5, client id =
   device id, optional TLS (CA / client certificate) and username/password;

@@ -8,7 +8,7 @@ bounded queue: ``(items, weights)`` where ``weights`` is None when every
 event has weight 1, and :data:`EOF` when a finite input ended. Only the
 daemon's main thread touches the Recorder. A batch holds raw events for
 the few milliseconds until it is counted into the noisy sketch; nothing
-else keeps them, and sources keep no counters (DESIGN.md: an intruder
+else keeps them, and sources keep no counters (docs/ARCHITECTURE.md: an intruder
 reading memory must not learn exact counts). The reading loops drop their
 references to the bytes just read (``del data, chunks``) before blocking
 for more input, so the last lines are not kept alive while the input is

@@ -30,7 +30,7 @@ The ``sink`` (the running app) offers::
     sink.add_prepared(handle, n)    # n events of weight 1 of that item;
                                     # allocates nothing
 
-Rules every source follows (DESIGN.md pan-privacy, gc discipline):
+Rules every source follows (docs/ARCHITECTURE.md pan-privacy, gc discipline):
 
 * IRQ handlers never allocate: events wait in buffers preallocated in
   ``__init__`` (hard IRQs cannot allocate at all, soft ones must not make

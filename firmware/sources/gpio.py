@@ -24,7 +24,7 @@ Debouncing keeps no timestamp of an edge beyond its debounce window: the
 handler stores only the deadline ``until`` (end of the window of the last
 accepted edge) and ``poll`` resets it to -1 once that deadline has passed,
 so after ``debounce_ms`` plus one main-loop step the pin object reads the
-same whether or not an edge ever happened (DESIGN.md pan-privacy: no
+same whether or not an edge ever happened (docs/ARCHITECTURE.md pan-privacy: no
 event-dependent state outside the noisy sketch, except events still
 waiting in the buffer, here the pending count ``n``).
 """

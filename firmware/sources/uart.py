@@ -18,7 +18,7 @@ Bytes are read with ``readinto`` into a preallocated chunk buffer and
 assembled in a preallocated line buffer; the only allocation per event is
 the item itself (and its hash, in the core).
 
-Pan-privacy (DESIGN.md): as soon as a line has been handed to the sketch
+Pan-privacy (docs/ARCHITECTURE.md): as soon as a line has been handed to the sketch
 (or skipped), the used part of the line buffer is zeroed, and the chunk
 buffer is zeroed after each read has been split into lines, both in place
 (no allocation). Only the bytes of a line still being received stay in

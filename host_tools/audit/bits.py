@@ -20,7 +20,7 @@ bucket of the target, p = 1/2 + ε/4 and the dlap(1/ε) output noise):
 * ``bit + counts @ m``: log P₁(b₀)/P₀(b₀) plus, for every copy y_j, the LLR of
   y_j − (ones − b₀) under "present" (a fresh Bern(p) bit b₁ + Z) against
   "absent" (b₀ + Z): the evidence of the bit and of every copy of its count,
-  summed (two copies with independent Z_out add up: issue 18's failed commit).
+  summed (two copies with independent Z_out add up: a failed commit).
 
 The statistic and threshold are chosen on a calibration set, the bound is
 measured on a fresh evaluation set (Clopper–Pearson, stats.py). Any

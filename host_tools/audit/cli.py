@@ -20,7 +20,7 @@ from agent.params import ParamError, Params
 from host_tools.audit import engine, report, scenarios
 from host_tools.audit.model import ModelError
 
-# The grid of the docs/PRIVACY.md table (issue 11): window and keep mode,
+# The grid of the docs/PRIVACY.md table: window and keep mode,
 # dlap eps = 1/2 and 1, dgauss rho = 1/2, a small Count-Min sketch.
 TABLE_BASE = {"device": "audit", "salt": "audit-fleet-salt", "kind": "cms", "d": 2, "w": 8, "clip": 1,
               "window_s": 600, "persist_s": 86400}
@@ -90,7 +90,7 @@ def _params(args: argparse.Namespace) -> Params:
     if p.mode == "tree":  # window_s is derived from the levels
         del raw["window_s"]
         raw["levels"] = p.levels
-    if p.kind == "dcs":  # the config's domain: b levels + 1 and the reading map (issue 18: not the defaults)
+    if p.kind == "dcs":  # the config's domain: b levels + 1 and the reading map (not the defaults)
         raw["b"] = p.b
         raw["map"] = list(p.map)
     if p.kind == "strhh":  # the config's item length = prefix levels

@@ -12,7 +12,7 @@ scenario's operations, on a real directory (``state.bin``, ``released``,
 * every file image written so far (:class:`FlashLog`: a copy-on-write flash
   that keeps every byte ever written -- each ``state.bin.new``, each outbox
   ``.tmp``, also when the write failed part way or the file was removed;
-  a write that was attempted counts as written, issue 18);
+  a write that was attempted counts as written);
 
 and at the end every release, read back from the outbox with ``cbor2`` (the
 bytes a broker would receive). The CSPRNG bytes each ``Rng`` reads are
@@ -437,7 +437,7 @@ def target_item(p: Params) -> str:
 
     cms/cs: an item whose row-0 cell is cell 0 (the first draw of every noise
     array); any item is a valid target, this one also exposes the Rng-buffer
-    attack of issue 13 (a kept tail predicts the next draw, which is cell 0's).
+    attack on a kept RNG tail (a kept tail predicts the next draw, which is cell 0's).
     dcs: the reading that maps to domain value 1 under the configured ``map``
     (it touches one node per level, b + 1 levels). dbits: any item.
     """

@@ -24,7 +24,7 @@ For each u the test is the Neyman–Pearson one: the log-likelihood ratio
 with P_a the exact pmf of sum_k a_k Z_k (convolution of the dlap or dgauss
 pmfs, each Z_k with its own distribution: under ``persist_noise = "shadow"``
 the internal and the output noise have different scales), thresholded. When the intruder reads CSPRNG bytes in RAM that fix
-some future draws (issue 13's Rng tail), those draws are subtracted from
+some future draws (a kept Rng tail), those draws are subtracted from
 s_r and removed from a before the LLR (:func:`llr_known`).
 
 Each candidate also gets the pooled per-cell tail test (end of this module),

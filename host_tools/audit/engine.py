@@ -237,7 +237,7 @@ def audit_scenario(p: Params, sc: Scenario, views: Iterable[str], trials: int, s
     for view in views:
         # joint tests (sums of LLRs of statistics with independent noise): shadow puts an event before
         # the intrusion in two coordinates at half the budget each; tree mode puts it in L nodes and
-        # their releases; a failed write can leave an event in two increments (issue 18)
+        # their releases; a failed write can leave an event in two increments (docs/PRIVACY.md "Failed writes and failed commits: a write that was attempted counts as written")
         cands = distinguish.candidates(m, view, joint=True, group=_group_size(p))
         if not cands:
             raise RuntimeError("scenario %s: the event leaves no trace in the %s view" % (sc.name, view))

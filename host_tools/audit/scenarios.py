@@ -109,7 +109,7 @@ COMMON: tuple[Scenario, ...] = (
                   ("persist", "16/10"), ("tick", "2"))),
 )
 
-# Failed writes (issue 18): a write that was attempted counts as written. The flash log
+# Failed writes: a write that was attempted counts as written. The flash log
 # (device.FlashLog) keeps every byte that reached flash, also of a removed .new/.tmp, and a
 # "fault" op makes the next write of that file (in the next op) fail at one stage.
 def _persist_fault(stage: str, exc: str = "enospc") -> Scenario:
@@ -127,7 +127,7 @@ def _commit_fault(target: str, stage: str, exc: str = "enospc") -> Scenario:
     if exc != "enospc":
         name += "-" + exc
     return Scenario(name, "a release commit fails (%s, %s %s); the event comes after it, before the next "
-                    "persist (issue 18: RAM - .tmp and the next flash increment)" % (exc, target, stage.replace("-", " ")),
+                    "persist (RAM - .tmp and the next flash increment)" % (exc, target, stage.replace("-", " ")),
                     _ops(("bg", "1/10"), ("persist", "5/10"),
                          ("fault", "9/10", "%s:%s:%s" % (target, stage, exc)), ("tick", "1"), ("bg", "12/10"),
                          ("target", "13/10"), ("persist", "14/10"), ("bg", "16/10"), ("tick", "2")))

@@ -77,7 +77,7 @@ def bench_cpython(n: int) -> dict[str, Any]:
 
         res[kind + "_per_event_eps"] = n / best_of(per_event, 1)
         res[kind + "_batch_eps"] = n / best_of(batch)
-    try:  # the peer of issue 10: Apache DataSketches' Count-Min, per event from Python
+    try:  # the peer: Apache DataSketches' Count-Min, per event from Python
         from datasketches import count_min_sketch
 
         rounds = []

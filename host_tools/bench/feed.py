@@ -4,7 +4,7 @@
 
 Both processes read the same file of N Zipf(1.1) items (16-byte strings)
 on standard input and count it into a d=4, w=2048 sketch (ours: CountSketch,
-``--kind cs``, as in issue 25's table; ``--kind cms`` for Count-Min): the peer is
+``--kind cs``, as in the goals table; ``--kind cms`` for Count-Min): the peer is
 Apache DataSketches' ``count_min_sketch(4, 2048)`` updated line by line
 from Python (no privacy, no output); ours is the real agent with internal
 and output noise, a release committed to the outbox and delivered through

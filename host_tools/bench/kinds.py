@@ -1,4 +1,4 @@
-"""Accuracy of the kinds beyond frequencies, by simulation (issue 14 figures).
+"""Accuracy of the kinds beyond frequencies, by simulation.
 
 * dcs quantiles: rank error of the answered quantile x_q (the distance from
   q to [F(x_q - 1), F(x_q)], 0 for an exact quantile) and the

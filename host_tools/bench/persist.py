@@ -2,7 +2,7 @@
 
     python -m host_tools.bench.persist [--trials 3] [--out bench-results]
 
-The stream of issue 8 item 5: Zipf(a = 1) over U = 2^16 items, N = 10^5
+The persist-noise stream: Zipf(a = 1) over U = 2^16 items, N = 10^5
 events, CountSketch d = 5, w = 2048, one hourly window (mode window),
 dgauss at rho = 1 and 1/10. The events are spread evenly over the hour and
 fed to the real device Recorder (agent/recorder.py, the Pi daemon's numpy

@@ -131,7 +131,7 @@ def plot_answers(answers: Sequence[Answer], path: str, title: str = "") -> str:
     ax.set_xlabel("estimated count (grey: interval includes 0)")
     import textwrap
 
-    # wrapped: one line of ~140 characters ran past the right edge of the 9-inch figure (issue 24)
+    # wrapped: one line of ~140 characters ran past the right edge of the 9-inch figure
     ax.set_title((title + "\n" if title else "") + textwrap.fill(sub, 95), fontsize=9)
     fig.tight_layout()
     fig.savefig(path)

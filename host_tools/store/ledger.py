@@ -1,10 +1,10 @@
 """Privacy ledger: the guarantee spent per device and window, and fleet-wide.
 
-Unit of privacy: one event (DESIGN.md). In ``window`` and ``keep`` mode
+Unit of privacy: one event (docs/ARCHITECTURE.md "Threat model and unit of privacy"). In ``window`` and ``keep`` mode
 every event of a device lands in exactly one accumulator, and each
 accumulator is released exactly once, with internal and output noise at
 the calibrated scale; the release's guarantee covers the event against
-every release plus one intrusion (agent/calibrate.py, DESIGN.md "Release
+every release plus one intrusion (agent/calibrate.py, docs/ARCHITECTURE.md "Release
 modes"). Releases of a device hold disjoint events (epochs, parts of an
 epoch, windows), so by parallel composition:
 

@@ -23,7 +23,7 @@ This module is that algorithm in the MicroPython subset, with integers only:
   satisfies |X_ij| <= M = 2^((b+F) q), a public constant that holds for every
   possible item -- the paper's ||X_j||_inf over the universe, known exactly
   and in advance. One event with weight clipped to [-c, c] moves each sk_j by
-  at most c*M (L1 sensitivity r*c*M over the r entries, DESIGN.md's event
+  at most c*M (L1 sensitivity r*c*M over the r entries, docs/ARCHITECTURE.md's event
   unit); replacing all occurrences of an ID with total |a_i| <= Z (the
   paper's user-level unit) moves each sk_j by at most 2*Z*M. The discrete
   Laplace with scale r*Delta/eps on each entry is therefore eps-DP for the
@@ -32,7 +32,7 @@ This module is that algorithm in the MicroPython subset, with integers only:
 * Noise. Exact discrete Laplace from agent.noise (integer arithmetic on a
   cryptographic byte source) in place of continuous Laplace: same scale,
   same eps. Internal noise at initialisation (the state an intruder reads is
-  always noisy) and fresh output noise on every :meth:`release` (DESIGN.md:
+  always noisy) and fresh output noise on every :meth:`release` (docs/ARCHITECTURE.md "Release modes":
   without it, release minus state would reveal the events in between).
 
 Integers exceed 31 bits (M has (b+F)*q bits), so MicroPython uses its

@@ -24,7 +24,7 @@ sensitivity Delta, scale Delta/eps gives eps-DP exactly as the continuous
 one does (the geometric mechanism), so every privacy statement carries over
 unchanged. Scales are exact rationals (eps and eta as Fractions).
 
-Privacy gaps (DESIGN.md). Algorithms 1-3 keep the exact sketch in memory:
+Privacy gaps (docs/ARCHITECTURE.md "Release modes"). Algorithms 1-3 keep the exact sketch in memory:
 an intrusion reveals it, so none of them is pan-private. Algorithm 4 keeps
 noise only in cells that were used by a query; unused cells are exact, and an
 intruder who compares the state with earlier answers learns the exact

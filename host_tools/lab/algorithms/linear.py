@@ -18,7 +18,7 @@ each of the d*w integer counters is Delta2^2/(2 sigma^2)-zCDP -- the same
 formula as Lemma 2.8 for the continuous Gaussian, so with sigma^2 computed as
 below the privacy loss is the paper's rho (or smaller, since sigma^2 is
 rounded *up* to a rational). The paper uses replace-one neighbours
-(Delta2^2 = 2d: two cells per row move by 1); DESIGN.md uses add/remove
+(Delta2^2 = 2d: two cells per row move by 1); the product uses add/remove
 (Delta2^2 = d). :func:`sigma2_for` gives both; the reproductions use the
 paper's replace-one calibration, which is the stricter of the two.
 
@@ -34,7 +34,7 @@ draws gives, with the exact discrete Gaussian tail.
 Not pan-private: Algorithm 3 puts noise in once at initialisation. An intruder
 who reads the counters after a release sees (noise + A + B), the release
 showed (noise + A): the difference is the exact sketch of the events B in
-between. DESIGN.md's window/keep modes add the missing output noise.
+between. The product's window/keep modes add the missing output noise.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def sigma2_for(d: int, rho: float | Fraction | str, clip: int = 1, arrays: int =
     """Exact sigma^2 = Delta2^2/(2 rho) for one event touching ``arrays`` d-row arrays.
 
     ``neighbours='replace'`` (the paper's): Delta2^2 = 2*arrays*d*clip^2;
-    ``'addremove'`` (DESIGN.md): arrays*d*clip^2. A float rho is rounded
+    ``'addremove'`` (the product's unit): arrays*d*clip^2. A float rho is rounded
     down to a rational (so sigma^2 only grows).
     """
     if isinstance(rho, str):
@@ -264,7 +264,7 @@ class DyadicCountSketch:
 
     Queries: :meth:`rank_lt` (Algorithm 5: items < x), :meth:`rank_le`,
     :meth:`range_count`, :meth:`quantile` (descends the bits of x), and
-    :meth:`heavy_hitters` (descends the dyadic levels from the root, DESIGN.md
+    :meth:`heavy_hitters` (descends the dyadic levels from the root, docs/ARCHITECTURE.md
     "Beyond frequencies"). All are post-processing of the noisy counters.
     """
 

@@ -26,7 +26,7 @@ Paper: pan-private-sketches.txt (Mir, Muthukrishnan, Nikolov, Wright).
 The pan-private state is what an intruder reads; a cropped-sum *release*
 (the count o) is a deterministic function of the state, so releasing it more
 than once, or after an intrusion, spends the budget again (the paper's
-model has one output at the end; DESIGN.md's modes release once per window).
+model has one output at the end; the product's modes release once per window).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def distinct_scale(q: int = 16, vbits: int = 16, frac_bits: int = 8, n_items: in
 
     ``n_items`` defaults to min(200, 2^vbits / 16): the calibration must stay in the range where
     the estimator scales (D well below 2^b); 200 items at b = 8 are already saturated and made sf
-    too small, inflating every estimate (287 for D = 195 without noise, issue 14)."""
+    too small, inflating every estimate (287 for D = 195 without noise)."""
     if n_items is None:
         n_items = max(4, min(200, (1 << vbits) // 16))
     gen = np.random.default_rng(seed)

@@ -40,7 +40,7 @@ BETA = 0.01
 GAMMAS = (2**-9, 2**-10, 2**-11, 2**-12, 2**-13)
 
 # Printed output of the authors' public Evaluation.ipynb, x = ln(1/beta)/gamma*4/1024 KB. NOT the Zipf
-# panel: these are the cell that runs FrequencyEstimation('CAIDA', ...) (issue 14). Kept for reference only.
+# panel: these are the cell that runs FrequencyEstimation('CAIDA', ...). Kept for reference only.
 PUBLISHED_ARE_CAIDA = {
     "CMS": [420.72, 420.72, 411.51, 405.34, 399.95],
     "CS": [49.75, 49.75, 44.28, 43.22, 39.42],
@@ -51,7 +51,7 @@ PUBLISHED_ARE_CAIDA = {
     "PCS rho=1": [49.76, 49.78, 44.29, 43.25, 39.40],
     "PCS rho=10": [49.75, 49.74, 44.29, 43.24, 39.43],
 }
-# The notebook's Zipf run (Fig. 1(a)), first -> last space point (issue 14): what our Zipf streams compare to
+# The notebook's Zipf run (Fig. 1(a)), first -> last space point: what our Zipf streams compare to
 PUBLISHED_ARE_ZIPF = {
     "CMS": (374.4, 359.3),
     "CS": (50.3, 40.8),
