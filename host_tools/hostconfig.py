@@ -69,7 +69,7 @@ from agent import hashing
 from agent.calibrate import MECHANISMS, parse_ratio
 from agent.sketch import KINDS
 
-# [fleet] max_events_per_window: the contribution limit of one device per window (host_tools.ingest.bounds)
+# [fleet] max_events_per_window: the contribution limit of one device per window (host_tools.store.bounds)
 DEFAULT_MAX_EVENTS = 100_000  # the small devices the examples describe; raise it in one line for busier ones
 MAX_MAX_EVENTS = 1 << 40
 LIMIT_KINDS = ("cms", "cs", "dcs", "strhh", "dbits")
@@ -175,7 +175,7 @@ class FleetConfig:
     w: Optional[int] = None
     mechanism: Optional[str] = None
     # the contribution limit of one device per window (events; for dbits distinct items): a release no
-    # device with this many events could have produced is quarantined (host_tools.ingest.bounds)
+    # device with this many events could have produced is quarantined (host_tools.store.bounds)
     max_events_per_window: int = DEFAULT_MAX_EVENTS
     max_events_by_kind: dict[str, int] = field(default_factory=dict)  # where a kind's limit differs
     # the largest event weight the fleet's devices use: a release claiming a larger clip (a thief's way

@@ -1,4 +1,4 @@
-"""Bounded influence (host_tools.ingest.bounds): honest devices at the limit pass, crafted releases do not.
+"""Bounded influence (host_tools.store.bounds): honest devices at the limit pass, crafted releases do not.
 
 Releases come from the real device core (agent.recorders.make, deterministic byte source per seed) and
 the host's own validation (host_tools.ingest.decode). docs/PRIVACY.md "Bounded influence" has the proof
@@ -19,7 +19,7 @@ from agent import release
 from agent.params import Params
 from agent.recorders import make
 from agent.rng import DeterministicSource, Rng
-from host_tools.ingest import bounds
+from host_tools.store import bounds
 from host_tools.ingest.decode import decode
 from tests.test_host_support import SALT, T0
 
@@ -188,3 +188,28 @@ def test_the_check_costs_microseconds():
     us = (time.process_time() - t) / n * 1e6
     print("bounds.check: %.1f us per release (d=4, w=2048)" % us)
     assert us < 150 if os.environ.get("CI") else us < 400
+
+
+def test_keep_mode_window_totals_are_held_to_the_limit(tmp_path):
+    """Keep mode: each epoch release may hold up to N alone, their sum over the window may not
+    (bounds.check_window; host_tools.query.influence flags such a device): 2 epochs of 0.75 N each pass
+    one by one, their window does not; 2 epochs of N / 2 pass both ways."""
+    cfg = dict(KINDS["cs-dlap"], mode="keep", epoch_s=1800)
+    KINDS["cs-keep"] = cfg
+    try:
+        def two(n: int, sub: str) -> list[Any]:
+            p = _params("cs-keep")
+            rec = make(p, str(tmp_path / sub), T0, rng=Rng(DeterministicSource("keep-%s" % sub)), log=lambda _m: None)
+            rec.add_many(["item-0"] * n)
+            rec.tick(T0 + 1800)
+            rec.add_many(["item-0"] * n)
+            rec.tick(T0 + 3600)
+            return [decode(rec.outbox.read(s)) for s in rec.outbox.pending()]
+
+        big = two(3 * N // 4, "big")
+        assert len(big) == 2 and all(bounds.check(r, N) is None for r in big)
+        rej = bounds.check_window(big, N)
+        assert rej is not None and rej.code == "bound"
+        assert bounds.check_window(two(N // 2, "half"), N) is None
+    finally:
+        del KINDS["cs-keep"]

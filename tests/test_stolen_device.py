@@ -30,7 +30,7 @@ from agent.params import Params
 from agent.recorders import make
 from agent.rng import DeterministicSource, Rng
 from host_tools import cli
-from host_tools.ingest import bounds
+from host_tools.store import bounds
 from host_tools.ingest.decode import decode
 from host_tools.store.backend import open_store
 from tests.broker import mosquitto_path, start_mosquitto

@@ -88,7 +88,7 @@ class Aggregator:
             rel = Release.from_state(v[1], payload)
             p = Pending(payload, topic, now, rel=rel, device=rel.dev)
             skew = self.cfg.aggregator.max_clock_skew_s
-            if len(v) >= 4:  # valid, but over [fleet] max_events_per_window (host_tools.ingest.bounds)
+            if len(v) >= 4:  # valid, but over [fleet] max_events_per_window (host_tools.store.bounds)
                 p.quarantine = Rejected(v[2], v[3])
             elif rel.t0 > now + skew:  # no honest device releases epochs that have not started
                 p.quarantine = Rejected("future", "epochs [%s, %s) start more than %g s (aggregator.max_clock_skew_s) "

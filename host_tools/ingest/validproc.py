@@ -43,14 +43,14 @@ from typing import Any, Optional, Sequence, Union, cast
 
 from host_tools import cborscan
 from host_tools.ingest import child
-from host_tools.ingest import bounds
+from host_tools.store import bounds
 from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode_state
 from host_tools.store.records import Release
 
 log = logging.getLogger("pansketch.aggregator")
 
 # ("ok", Release.state()) | ("ok", Release.state(), "bound", reason): valid, but over the fleet's contribution
-# limit (host_tools.ingest.bounds: quarantined and refused in the acknowledgement) | ("rejected", code, reason,
+# limit (host_tools.store.bounds: quarantined and refused in the acknowledgement) | ("rejected", code, reason,
 # dev, seq)
 Verdict = tuple
 

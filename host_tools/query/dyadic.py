@@ -591,7 +591,7 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
         r0, _ = v.rank_le_right(xs) if right else v.rank_le(xs)
         r = np.where(ok, r, r0)
     # a merged total that is negative, zero or not a number cannot be the count of any set of readings:
-    # no interval computed from it is honest (a forged release in the merge; host_tools.ingest.bounds
+    # no interval computed from it is honest (a forged release in the merge; host_tools.store.bounds
     # refuses the large ones, smaller ones can still drive a small fleet's total below zero)
     mass_ok = math.isfinite(n) and n > 0
     if not mass_ok:

@@ -1,6 +1,6 @@
 """Detection within the bound: flag a device whose contribution to a window is out of line with the fleet's.
 
-host_tools.ingest.bounds caps what one release may hold (``max_events`` events
+host_tools.store.bounds caps what one release may hold (``max_events`` events
 plus noise). Inside that cap a stolen device can still plant an item the rest
 of the fleet never saw, or cancel the fleet's top item. This module looks, for
 every window and merge group with at least :data:`MIN_DEVICES` devices, at each
@@ -184,8 +184,16 @@ def _judge(devices: dict[str, tuple[np.ndarray, list[NoiseTerm]]], d: int, kind:
     return out
 
 
-def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = ()) -> list[Flag]:
-    """Flags of one window (every merge group in it), excluded devices left out of the comparison."""
+def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = (),
+                 max_events: Any = None) -> list[Flag]:
+    """Flags of one window (every merge group in it), excluded devices left out of the comparison.
+    ``max_events(kind)``: the fleet's contribution limit (default: [fleet]'s default), for the
+    window total of keep-mode devices."""
+    from host_tools.hostconfig import DEFAULT_MAX_EVENTS
+    from host_tools.store import bounds
+
+    if max_events is None:
+        max_events = lambda _k: DEFAULT_MAX_EVENTS  # noqa: E731
     from host_tools.query.core import cover
 
     ex = set(exclude)
@@ -198,6 +206,12 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = ()) 
     for g, by_dev in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         devs: dict[str, tuple[np.ndarray, list[NoiseTerm]]] = {}
         for dev, rs in by_dev.items():
+            # keep mode: each epoch release passed the bound alone; their sum must too (the limit is per window)
+            if rs[0].mode == "keep" and len(rs) > 1:
+                over = bounds.check_window(rs, max_events(rs[0].kind))
+                if over is not None:
+                    out.append(Flag(dev, win_s, win, g[0], math.inf, (0, 0, 0), 0.0, math.nan, 0,
+                                    "over the contribution limit in this window: " + over.reason))
             if rs[0].mode == "tree":  # overlapping nodes: the fewest that cover the window
                 nodes = {(r.elo, r.ehi): r for r in rs}
                 used, _ = cover(nodes, min(r.elo for r in rs), max(r.ehi for r in rs))
@@ -210,7 +224,8 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = ()) 
     return out
 
 
-def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[Iterable[str]] = None) -> list[Flag]:
+def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[Iterable[str]] = None,
+                 max_events: Any = None) -> list[Flag]:
     """Flags of the latest ``windows`` windows of each window length (excluded devices are not compared)."""
     from host_tools.store import exclusions
 
@@ -224,7 +239,7 @@ def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[It
     out: list[Flag] = []
     for ws in sorted(per):
         for w in sorted(per[ws]):
-            out += window_flags(store, ws, w, ex)
+            out += window_flags(store, ws, w, ex, max_events)
     return out
 
 

@@ -189,7 +189,8 @@ def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: A
 
 
 def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
-           late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP) -> dict[str, Any]:
+           late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP,
+           max_events: Any = None) -> dict[str, Any]:
     """The status as a dict (what ``--json`` prints). ``max_seq_jump``: as ``[aggregator] max_seq_jump``,
     the bound on a device status's ``next_seq`` above the highest seq seen (:func:`implausible`)."""
     now = time.time() if now is None else now
@@ -255,7 +256,7 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
     # bounded influence: devices left out of every answer, and devices out of line with the fleet in a
     # recent window (host_tools.query.influence; a prompt to look, `pansketch device exclude` to act)
     excl = exclusions.excluded(store)
-    flags = influence.recent_flags(store, windows=max(1, windows), exclude=excl)
+    flags = influence.recent_flags(store, windows=max(1, windows), exclude=excl, max_events=max_events)
     per_dev: dict[str, int] = defaultdict(int)
     for fl in flags:
         per_dev[fl.device] += 1
@@ -462,7 +463,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         grace = args.late_grace if args.late_grace is not None else cfg.status.late_grace_s
         rep = report(store, cfg.query.delta, now, max(0, args.windows), late_grace_s=grace,
-                     max_seq_jump=cfg.aggregator.max_seq_jump)
+                     max_seq_jump=cfg.aggregator.max_seq_jump, max_events=cfg.fleet.max_events)
     finally:
         store.close()
     if args.json:

@@ -298,3 +298,37 @@ def influence(rel: Any, max_events: int, alpha: float = FALSE_REFUSAL) -> dict[s
     if rel.kind == "dbits":
         return {"level_hi": th.level_hi, "level_lo": th.level_lo, "total_hi": th.total_hi}
     return {"cell": th.limit + th.cell, "row_mass": th.limit + th.row, "noise_cell": th.cell, "noise_row": th.row}
+
+
+def check_window(rels: list[Any], max_events: int, max_clip: Optional[int] = None,
+                 alpha: float = FALSE_REFUSAL) -> Optional[Rejected]:
+    """The bound on the sum of one device's releases of one window (keep mode: one release per epoch,
+    each of which passed :func:`check` alone): the events of the whole window are at most
+    ``max_events``, and the noise of the sum is every draw of every release. None if consistent, else a
+    :class:`Rejected` (code ``bound``) for host_tools.query.influence to flag: the releases are stored
+    already, each one valid on its own. Counting kinds only (dbits: one release per epoch, by design)."""
+    if len(rels) < 2 or rels[0].kind == "dbits":
+        return None
+    r0 = rels[0]
+    counts: dict[tuple[str, float], int] = {}
+    y = np.zeros(r0.shape, dtype=np.int64)
+    for r in rels:
+        y += r.counters()
+        for mech, p, c in cell_draws(r):
+            counts[(mech, p)] = counts.get((mech, p), 0) + c
+    draws = [(m, p, c) for (m, p), c in sorted(counts.items())]
+    rows, w = y.shape
+    clip = min(r0.clip, max_clip) if max_clip is not None else r0.clip
+    limit = clip * max_events
+    cell = cell_allowance(draws, alpha / 2.0 / (rows * w))
+    row = row_allowance(draws, w, alpha / 2.0 / rows)
+    peak = int(np.abs(y).max())
+    mass = int(np.abs(y).sum(axis=1).max())
+    if peak > limit + cell:
+        return Rejected("bound", "its %d releases of this window add up to a cell of %d, more than %d events of weight "
+                                 "<= %d plus noise can give (%d + %.0f)" % (len(rels), peak, max_events, clip, limit, cell))
+    if mass > limit + row:
+        return Rejected("bound", "its %d releases of this window add up to a row mass of %d, more than %d events of "
+                                 "weight <= %d plus noise can give (%d + %.0f)"
+                        % (len(rels), mass, max_events, clip, limit, row))
+    return None
