@@ -132,7 +132,7 @@ class DistinctRecorder(Recorder):
         self._redraw = False
 
     def _renoise(self):
-        """A failed commit counts as written (docs/PRIVACY.md "Failed commits"):
+        """A failed commit counts as written (docs/PRIVACY.md "Failed writes and failed commits"):
         the .tmp (this epoch's counts + Z_out) may be on flash, so the bits
         start afresh from Bern(1/2) before the next item, as after a restart
         (the items before are lost for the distinct count). Counting waits

@@ -223,7 +223,7 @@ class Recorder(Core):
         """After a failed commit (its .tmp counts as written: state + Z_out may
         be on flash): one fresh internal draw Y into the accumulator before it
         counts again, so the next release and the stale .tmp differ by events
-        plus Y (docs/PRIVACY.md "Failed commits"). Under shadow Y also goes
+        plus Y (docs/PRIVACY.md "Failed writes and failed commits"). Under shadow Y also goes
         into M, so R - M, the flash track, is unchanged. nz grows by one."""
         self._fresh()
         if self.sh:

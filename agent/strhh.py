@@ -25,7 +25,7 @@ prefix ``prefix + b"/strhh" + byte(l)``, column and sign as agent.hashing.
 
 One event touches the d rows of all L levels: the recorder calibrates the
 noise with arrays = L (Delta1 = L*d*c, Delta2^2 = L*d*c^2; agent.params,
-docs/PRIVACY.md "Kind strhh"). Every event does the same work (L hashes)
+docs/PRIVACY.md "Heavy-hitter strings"). Every event does the same work (L hashes)
 whatever the item, so the time per event does not depend on the data.
 Counters wrap mod 2^32 exactly as in agent.sketch.
 """

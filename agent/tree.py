@@ -548,7 +548,7 @@ class TreeRecorder(Core):
         if err is not None:
             # The node is closed (it counts nothing more), so a stale .tmp = R + Z_out and
             # the later release R + Z_out' are both functions of R plus independent
-            # output noise: no fresh draw is needed (docs/PRIVACY.md "Failed commits").
+            # output noise: no fresh draw is needed (docs/PRIVACY.md "Failed writes and failed commits").
             if not isinstance(err, Exception):
                 raise err
             storage.remove(self.outbox.path(s, ".tmp"))

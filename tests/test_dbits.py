@@ -28,7 +28,7 @@ T0 = 200_000 * 3600
 REC_ATTRS = {"p", "root", "rng", "log", "outbox", "state_path", "marker_path", "relbuf", "sketch", "counters", "_fp",
              "_pending", "nz", "resumed", "last_persist", "seq", "elo", "ehi", "part",
              "_fps", "nzm", "sh",  # the Recorder's persist-scheme bookkeeping: public, constant for dbits
-             "_redraw", "_unrenamed"}  # failed-commit flags: commit-driven (docs/PRIVACY.md "Failed commits")
+             "_redraw", "_unrenamed"}  # failed-commit flags: commit-driven (docs/PRIVACY.md "Failed writes and failed commits")
 SK_ATTRS = {"kind", "d", "w", "prefix", "p_num", "p_den", "counters"}
 CFG = {"device": "pi-1", "salt": "fleet-salt-1", "kind": "dbits", "d": 12, "w": 512, "mechanism": "dlap",
        "budget": "1", "mode": "keep", "window_s": 3600, "epoch_s": 600}

@@ -15,7 +15,7 @@ stores into SQLite from the plain loopback listener, as on a broker host.
   the board keeps counting; one without the required client certificate:
   refused, nothing stored;
 * the live heap's high-water with the TLS session up, against the same board
-  over plain MQTT (docs/FIRMWARE.md, "TLS on the board"). The 32-bit build
+  over plain MQTT (docs/FIRMWARE.md "TLS on the Unix port"). The 32-bit build
   allocates Mbed TLS from the Python heap, as a Pico W does, so the
   difference is what an open TLS session holds in a board's heap.
 """

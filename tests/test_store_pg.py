@@ -271,7 +271,7 @@ def test_an_aggregator_starting_beside_a_running_one_takes_no_table_locks(dsn):
 
 
 def test_rollups_rebuilt_when_their_meta_row_is_deleted(dsn):
-    """OPERATIONS.md "Backups": deleting meta 'rollups' and opening the store for writing rebuilds the
+    """deploy/OPERATIONS.md "Backups": deleting meta 'rollups' and opening the store for writing rebuilds the
     roll-ups from the releases (also with the set-up recorded, when opening runs no other DDL)."""
     import psycopg
 

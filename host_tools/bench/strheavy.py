@@ -30,7 +30,7 @@ Configurations:
 Reports precision/recall at k (strhh may report fewer than k: recall uses k,
 precision the reported count) and the smallest true count c such that every
 string with count >= c is reported by strhh with k = 100; the descent's CPU time.
-The table it writes (``--md``) is the one in docs/HOST.md "Heavy-hitter strings".
+The table it writes (``--md``) is the one in docs/HOST.md "`heavy` (kind `strhh`): heavy-hitter strings".
 """
 
 from __future__ import annotations
