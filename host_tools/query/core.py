@@ -311,7 +311,8 @@ def _from_rollups(store: SQLStore, sel: Selection, excl: Optional[set[str]] = No
     takes the raw path, which covers each tree device with its fewest nodes."""
     if store.has_tree():
         return None
-    infos = store.rollups(window=sel.window)
+    # only roll-ups overlapping the range: the rest are neither used nor boundary windows below
+    infos = store.rollups(window=sel.window, since=sel.since, until=sel.until)
     if sel.window is not None:
         _window_lengths(sel.window, {i.win_s for i in infos})
     use: list[RollupInfo] = []

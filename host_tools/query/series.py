@@ -124,7 +124,7 @@ class Series:
 def default_step(store: Store, devices: Optional[list[str]] = None) -> int:
     """The bucket length: the least common multiple of the selected releases' window lengths
     (for tree-mode releases their epoch length: a tree's "window" is its whole horizon)."""
-    lens = {r.ep_s if r.mode == "tree" else r.win_s for r in store.releases(devices=devices)}
+    lens = store.release_lengths(devices)
     if not lens:
         raise QueryError("no releases%s" % (" for device %s" % ",".join(devices) if devices else ""))
     step = 1
@@ -152,11 +152,11 @@ def buckets(store: Store, step: int, since: Optional[float] = None, until: Optio
     """
     if step <= 0:
         raise QueryError("step must be positive")
-    rels = store.releases(devices=devices, since=since, until=until)
-    if not rels:
+    ext = store.release_extents(devices, since, until)
+    if not ext:
         return [], 0
-    k0 = min(r.t0 for r in rels) // step
-    k1 = (max(r.t1 for r in rels) + step - 1) // step
+    k0 = min(a for a, _b in ext.values()) // step
+    k1 = (max(b for _a, b in ext.values()) + step - 1) // step
     if since is not None:
         k0 = max(k0, int(math.ceil(since / step)))
     if until is not None:
@@ -208,19 +208,17 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     bks, cut = buckets(store, step, since, until, devs, limit)
     if not bks:
         raise QueryError("no releases in the selection")
-    span: dict[str, tuple[int, int]] = {}
-    for r in store.releases(devices=devs, since=bks[0][0], until=bks[-1][1]):
-        a, b = span.get(r.device, (r.t0, r.t1))
-        span[r.device] = (min(a, r.t0), max(b, r.t1))
+    span = store.release_extents(devs, bks[0][0], bks[-1][1])  # device -> (first t0, last t1)
     if per_device:
         groups: list[Optional[list[str]]] = [[d] for d in sorted(span)]
     else:
         groups = [devs]
+    every = sorted(span)  # once, not per bucket
     lines: list[Line] = []
     for g in groups:
         mine = [Line(x, g[0] if per_device and g else None) for x in items]
         for t0, t1 in bks:
-            expected = [d for d in (g if g else sorted(span)) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
+            expected = [d for d in (g if g else every) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
             run = bucket_answers(store, items, salt, bks[0][0], t1, g, confidence) if running else None
             for i, (ln, p) in enumerate(zip(mine, bucket_answers(store, items, salt, t0, t1, g, confidence))):
                 got = set(p.answer.devices) if p.answer is not None else set()

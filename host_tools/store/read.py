@@ -58,6 +58,21 @@ class Reader(SQLBase):
             self._cols, ", payload" if with_payload else "", where, _ORDER)
         return [_row_to_release(r, with_payload) for r in self._q(sql, args)]
 
+    def release_lengths(self, devices: Optional[Iterable[str]] = None) -> set[int]:
+        """The distinct bucket lengths of the selected releases: the window length, for tree-mode
+        releases the epoch length (aggregated in SQL: a month of a large fleet is millions of rows)."""
+        where, args = self._release_where(devices, None, None, None)
+        sql = "SELECT DISTINCT CASE WHEN mode = 'tree' THEN ep_s ELSE win_s END FROM releases%s" % where
+        return {int(r[0]) for r in self._q(sql, args)}
+
+    def release_extents(self, devices: Optional[Iterable[str]] = None, since: Optional[float] = None,
+                        until: Optional[float] = None) -> dict[str, tuple[int, int]]:
+        """device -> (earliest t0, latest t1) of its releases inside [since, until) (as :meth:`releases`
+        selects them), one aggregate row per device instead of every release."""
+        where, args = self._release_where(devices, None, since, until)
+        sql = "SELECT device, MIN(t0), MAX(t1) FROM releases%s GROUP BY device" % where
+        return {str(d): (int(a), int(b)) for d, a, b in self._q(sql, args)}
+
     def iter_counters(self, devices: Optional[Iterable[str]] = None, window: Optional[int] = None,
                       since: Optional[float] = None, until: Optional[float] = None,
                       win_s: Optional[int] = None) -> Iterator[np.ndarray]:
@@ -207,13 +222,25 @@ class Reader(SQLBase):
         return (self.release_count(), self.rejection_count(), self.duplicate_count(), h.hexdigest())
 
     # -- roll-up reads ---------------------------------------------------
-    def rollups(self, window: Optional[int] = None) -> list[RollupInfo]:
-        """Roll-up metadata, all or those of one window id."""
+    def rollups(self, window: Optional[int] = None, since: Optional[float] = None,
+                until: Optional[float] = None) -> list[RollupInfo]:
+        """Roll-up metadata, all or those of one window id; with ``since``/``until`` only those whose
+        releases overlap [since, until) (the others play no part in a range query: a series asks once
+        per bucket, and reading every roll-up each time made it quadratic in the windows)."""
         sql = "SELECT id, win_s, win, kind, d, w, hv, salt, releases, t0, t1 FROM rollups"
+        conds: list[str] = []
         args: list[Any] = []
         if window is not None:
-            sql += " WHERE win = ?"
+            conds.append("win = ?")
             args.append(window)
+        if until is not None:
+            conds.append("t0 < ?")
+            args.append(until)
+        if since is not None:
+            conds.append("t1 > ?")
+            args.append(since)
+        if conds:
+            sql += " WHERE " + " AND ".join(conds)
         sql += " ORDER BY win_s, win, id"
         return [RollupInfo(int(r[0]), int(r[1]), int(r[2]), r[3], int(r[4]), int(r[5]), int(r[6]), r[7], int(r[8]),
                            int(r[9]), int(r[10])) for r in self._q(sql, args)]

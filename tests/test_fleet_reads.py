@@ -1,0 +1,132 @@
+"""Fleet-scale read paths answer exactly as the straightforward ones they replace.
+
+`series`, `status` and the fleet page now read aggregates (per-device extents and window lengths in
+SQL, the roll-ups that overlap a bucket, the ledger indexed by device) instead of every release per
+bucket or per device. Each is compared here with the plain computation from the full list of
+releases, on a real store (window and keep mode, nz > 2, a tree-mode device in a second store),
+with and without roll-ups, and with a device excluded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest
+
+from host_tools.ingest.aggregator import Aggregator
+from host_tools.query import core as query
+from host_tools.query import fleetview, series as series_mod, status as status_mod
+from host_tools.store import exclusions, ledger as ledger_mod
+from host_tools.store.sqlite import Store
+from tests.test_host_rollups import _fill
+from tests.test_host_support import SALT, T0, host_cfg, params, record, topic, zipf_stream
+
+ITEMS = ["item-%d" % i for i in range(6)]
+
+
+def _build(tmp: Any, tree: bool) -> str:
+    cfg = host_cfg(tmp)
+    agg = Aggregator(cfg)
+    _fill(agg, tmp)
+    if tree:  # tree nodes overlap and are never rolled up: every fleet query takes the raw path
+        p = params("tree1", d=5, w=128, mode="tree", levels=3, epoch_s=900)  # horizon 3600 s
+        wins = [zipf_stream(300, 300, 1.2, 90 + k) for k in range(3)]
+        for raw in record(p, str(tmp / "tree1"), wins):
+            agg.handle(topic("tree1"), raw)
+    agg.close()
+    return str(cfg.aggregator.db)
+
+
+@pytest.fixture(scope="module", params=["window-keep", "with-tree"])
+def db(request: Any, tmp_path_factory: Any) -> str:
+    return _build(tmp_path_factory.mktemp(request.param), request.param == "with-tree")
+
+
+def _stores(db: str) -> list[Store]:
+    """The store as is, read without its roll-ups, and with device r1 excluded."""
+    a = Store(db, readonly=True)
+    b = Store(db, readonly=True)
+    b.has_rollups = False
+    c = Store(db)
+    exclusions.set_excluded(c, "r1", True, "test")
+    c.close()
+    out = [a, b, Store(db, readonly=True)]
+    c = Store(db)
+    exclusions.set_excluded(c, "r1", False)
+    c.close()
+    return out
+
+
+def _reference_series(st: Store, step: Optional[int], running: bool) -> dict[str, Any]:
+    """The series as it was computed before: extents and lengths from every release, one freq per bucket."""
+    devs = query.pick_devices(st, query.POINT_KINDS)
+    rels = st.releases(devices=devs)
+    natural = 1
+    for x in {r.ep_s if r.mode == "tree" else r.win_s for r in rels}:
+        natural = natural * x // __import__("math").gcd(natural, x)
+    step = natural if step is None else step
+    k0 = min(r.t0 for r in rels) // step
+    k1 = (max(r.t1 for r in rels) + step - 1) // step
+    bks = [(k * step, (k + 1) * step) for k in range(k0, k1)]
+    span: dict[str, tuple[int, int]] = {}
+    for r in st.releases(devices=devs, since=bks[0][0], until=bks[-1][1]):
+        a, b = span.get(r.device, (r.t0, r.t1))
+        span[r.device] = (min(a, r.t0), max(b, r.t1))
+    lines = [series_mod.Line(x, None) for x in ITEMS]
+    for t0, t1 in bks:
+        expected = [d for d in sorted(span) if span[d][0] <= t0 and span[d][1] >= t1]
+        run = series_mod.bucket_answers(st, ITEMS, SALT, bks[0][0], t1, devs, 0.95) if running else None
+        for i, (ln, p) in enumerate(zip(lines, series_mod.bucket_answers(st, ITEMS, SALT, t0, t1, devs, 0.95))):
+            got = set(p.answer.devices) if p.answer is not None else set()
+            p.missing_devices = [d for d in expected if d not in got]
+            if run is not None:
+                p.running = run[i].answer
+            ln.points.append(p)
+    return series_mod.Series(ITEMS, step, 0.95, devs, False, lines, 0).to_dict()
+
+
+@pytest.mark.parametrize("step,running", [(None, False), (3600, True), (7200, False)])
+def test_series_equals_one_freq_per_bucket_over_all_releases(db: str, step: Optional[int], running: bool) -> None:
+    for st in _stores(db):
+        got = series_mod.series(st, ITEMS, salt=SALT, step=step, running=running).to_dict()
+        assert got == _reference_series(st, step, running)
+        st.close()
+
+
+def test_store_aggregates_equal_the_release_list(db: str) -> None:
+    st = Store(db, readonly=True)
+    rels = st.releases()
+    assert st.release_lengths() == {r.ep_s if r.mode == "tree" else r.win_s for r in rels}
+    for since, until in [(None, None), (T0 + 1800, None), (None, T0 + 7200), (T0 + 600, T0 + 3 * 3600)]:
+        want: dict[str, tuple[int, int]] = {}
+        for r in st.releases(since=since, until=until):
+            a, b = want.get(r.device, (r.t0, r.t1))
+            want[r.device] = (min(a, r.t0), max(b, r.t1))
+        assert st.release_extents(since=since, until=until) == want
+        lo = -float("inf") if since is None else since
+        hi = float("inf") if until is None else until
+        assert st.rollups(since=since, until=until) == [i for i in st.rollups() if i.t0 < hi and i.t1 > lo]
+    assert st.has_tree() == any(r.mode == "tree" for r in rels)
+    st.close()
+
+
+def test_ledger_per_device_lookup_equals_a_full_scan(db: str) -> None:
+    st = Store(db, readonly=True)
+    led = ledger_mod.build(st.releases())
+    for dev in sorted({e.device for e in led.windows}) + ["no-such-device"]:
+        g = ledger_mod.Guarantee(delta=led.delta)
+        for e in led.windows:
+            if e.device == dev:
+                g.update(e.guarantee)
+        assert led.device(dev) == g
+    st.close()
+
+
+def test_status_and_fleet_page_use_one_ledger_of_every_release(db: str) -> None:
+    for st in _stores(db):
+        rep, led = status_mod.report_with_ledger(st, now=T0 + 10 ** 6)
+        assert rep == status_mod.report(st, now=T0 + 10 ** 6)
+        assert led.windows == ledger_mod.build(st.releases()).windows
+        page = fleetview.fleet(st, now=T0 + 10 ** 6)
+        assert [d["device"] for d in page["devices"]] == [d["device"] for d in rep["devices"]]
+        st.close()
