@@ -281,7 +281,7 @@ def test_a_device_row_rolled_back_with_its_message_is_not_cached_as_stored(tmp_p
     a.close()
 
 
-# -- the release key's order and the per-device figures (docs/HOST.md, Performance) ------------------
+# -- the release key's order and the per-device figures (docs/PERFORMANCE-HISTORY.md) ------------------
 def _key_columns(db: str) -> list[str]:
     con = sqlite3.connect(db)
     try:

@@ -2,7 +2,7 @@
 
 The aggregator keeps validation and the MQTT client out of the process
 that stores, so that their CPU work does not compete with the writer for
-the GIL (docs/HOST.md, "Performance"). Each helper is a plain
+the GIL (docs/PERFORMANCE-HISTORY.md). Each helper is a plain
 ``python -m host_tools.<module>`` process (no fork of a threaded parent);
 it talks to the aggregator over a socket pair with pickled objects framed
 by :class:`multiprocessing.connection.Connection`. The first object the

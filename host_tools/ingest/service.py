@@ -7,7 +7,7 @@ to a broker with paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``, MQTT v5):
   QoS 1, as the shared subscription ``$share/<group>/<topic>`` when
   ``shared_group`` is set, so several aggregators split the load;
 * two processes, so that no CPU work competes with the writer for this
-  process's GIL (docs/HOST.md, "Performance")::
+  process's GIL (docs/PERFORMANCE-HISTORY.md)::
 
       mosquitto ──▶ MQTT process ──batches: verdicts + payloads──▶ aggregator
                    (host_tools.ingest.mqttproc: paho client,     │ validator thread: verdicts -> store items

@@ -10,7 +10,7 @@ memory to the host): each page of new cache costs a host fault. Measured on
 the 2-core test VM, writing 4 KiB pages cost 3.6 µs each into memory the
 guest had touched before and 13.7 µs into memory it had not; the
 aggregator's checkpoint thread stepped from 4–6 to 11–19 µs per release
-once its cache outgrew the touched memory (docs/HOST.md, Performance).
+once its cache outgrew the touched memory (docs/PERFORMANCE-HISTORY.md).
 
 :class:`WrittenTail` advises ``POSIX_FADV_DONTNEED`` for everything more
 than ``behind`` bytes before the file's end, after a checkpoint that copied

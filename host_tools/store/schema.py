@@ -70,7 +70,7 @@ SCHEMA_VERSION = 1
 # The release key's column order. PostgreSQL keeps the device first. A new SQLite file puts the epoch first
 # (``Store``): a group commit from many devices then adds its keys to a few neighbouring index pages, where
 # device-first scattered them over one 16 KiB page per device, each written whole to the WAL and again by
-# the checkpoint (docs/HOST.md, Performance). Both orders are one UNIQUE key to ``ON CONFLICT``.
+# the checkpoint (docs/PERFORMANCE-HISTORY.md). Both orders are one UNIQUE key to ``ON CONFLICT``.
 DEVICE_KEY = "device, elo, ehi, part"
 TIME_KEY = "elo, device, ehi, part"
 

@@ -39,7 +39,7 @@ WAL_KEEP_BYTES = 16 << 20  # SQLite journal_size_limit: a reset WAL file is trun
 # Page size of a new database file. A 16.6 KB release (d=4, w=1024) is one 16 KiB overflow page plus
 # about 2 KB in its leaf, where 4 KiB pages split it into five: each page is a WAL frame, written with
 # two system calls and copied again by the checkpoint, and the kernel's part of that was most of the
-# aggregator's CPU (docs/HOST.md, Performance). A file keeps the page size it was created with.
+# aggregator's CPU (docs/PERFORMANCE-HISTORY.md). A file keeps the page size it was created with.
 PAGE_SIZE = 16384
 
 
@@ -223,7 +223,7 @@ class Store(SQLStore):
         ``limit``: the file is reused, not truncated to nothing and grown
         again, because rewriting pages the kernel still caches costs the
         writer less CPU than appending new ones (the kernel allocates and
-        zeroes those; docs/HOST.md, Performance). The file stays at most
+        zeroes those; docs/PERFORMANCE-HISTORY.md). The file stays at most
         ``limit`` plus one group, as with a truncating checkpoint.
         Returns SQLite's (busy, WAL frames, frames checkpointed), or None when
         nothing was done.
