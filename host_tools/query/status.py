@@ -193,12 +193,12 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
            max_events: Any = None) -> dict[str, Any]:
     """The status as a dict (what ``--json`` prints). ``max_seq_jump``: as ``[aggregator] max_seq_jump``,
     the bound on a device status's ``next_seq`` above the highest seq seen (:func:`implausible`)."""
-    return report_with_ledger(store, delta, now, windows, late_grace_s, max_seq_jump)[0]
+    return report_with_ledger(store, delta, now, windows, late_grace_s, max_seq_jump, max_events)[0]
 
 
 def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
-                       late_grace_s: Optional[float] = None,
-                       max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP) -> tuple[dict[str, Any], ledger_mod.Ledger]:
+                       late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP,
+                       max_events: Any = None) -> tuple[dict[str, Any], ledger_mod.Ledger]:
     """:func:`report` and the privacy ledger it was built from (the fleet page draws its grid from the
     same ledger instead of reading every release again)."""
     now = time.time() if now is None else now
