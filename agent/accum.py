@@ -22,7 +22,7 @@ What the core does the same way for both:
   means for its accumulator (docs/PRIVACY.md "Failed writes and failed commits").
 
 Every draw goes through this module's ``draw_into`` and ``add_noise`` (the
-audit's negative controls, tests/audit_controls.py, patch them here).
+audit's negative controls, tests/support/audit_controls.py, patch them here).
 """
 
 from agent import release, storage

@@ -5,7 +5,7 @@
     (tests/test_firmware_unix_bench.py runs the quick part in the test suite)
 
 Writes ``bench-results/firmware-unix.json``. The firmware boots from a flash
-staged like ``deploy/flash.sh --mpy`` (tests/unixvm.py) and runs its real main
+staged like ``deploy/flash.sh --mpy`` (tests/support/unixvm.py) and runs its real main
 loop against a real mosquitto; ``tests/mpunix/bench.py`` measures inside the VM.
 Heaps here are exact ``-X heapsize`` values on the VM tests/mpunix/build.sh
 built: 32-bit like the ESP32/RP2040 where the compiler can build it (the JSON's
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from tests import unixvm as U
+from tests.support import unixvm as U
 
 OUT = U.REPO / "bench-results" / "firmware-unix.json"
 
@@ -161,7 +161,7 @@ def frozen_main(widths: tuple[int, ...] = (512, 1024, 2048)) -> dict[str, Any]:
     w = 1024, shadow) over plain MQTT and over TLS, and the largest power-of-two w at d = 4 (shadow and
     refresh persists, TLS) whose /main.py runs in the board's heap minus 20 KiB (so >= 20 KiB stay free at
     every moment). Merged into bench-results/firmware-unix.json under "frozen"."""
-    from tests.broker import make_test_pki
+    from tests.support.broker import make_test_pki
 
     binary = U.build_frozen()
     res: dict[str, Any] = {"bits": U.word_bits(binary), "runs": {}, "max_w_20k_free": {}}
@@ -271,7 +271,7 @@ def memrun(binary: Path, tmp: Path, cfg: dict[str, Any], ca_der: Path, heap_kib:
             b.start(wait=False, script="tlsout" if tls_outside else None)
             # acknowledged: counted, then (in this order) nothing on its way to the outbox and nothing in
             # it (a release between its marker and its rename is in neither: a board killed then never
-            # publishes it; tests/unixvm.py Board.committing)
+            # publishes it; tests/support/unixvm.py Board.committing)
             ok = U.wait_until(lambda: b.next_seq() >= releases and not b.committing() and not b.outbox()
                               or not b.running, 40)
             res.update(ok=bool(ok and b.running and b.next_seq() >= releases and not b.trouble()),

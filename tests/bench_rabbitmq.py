@@ -3,7 +3,7 @@
     PYTHONPATH=. python tests/bench_rabbitmq.py [--devices 30] [--per-device 40] [--rounds 2] [--aggregators 1,2]
                                                 [--out bench-results/rabbitmq.json]
 
-A cluster from tests/rabbit.py (three nodes on loopback, one user per
+A cluster from tests/support/rabbit.py (three nodes on loopback, one user per
 device); ``devices`` MQTT 3.1.1 clients (paho, QoS 1, their own accounts,
 spread over the three nodes' MQTT listeners and over publisher processes)
 subscribed to their acks like agents, publish pre-encoded valid releases (host_tools.bench.host.make_releases) to
@@ -40,7 +40,7 @@ sys.path.insert(0, REPO)
 
 from host_tools.bench.host import (SALT, _count, _cpu_s, _env, _helpers, make_releases,  # noqa: E402
                                    publish_interleaved, start_publishers)
-from tests.rabbit import AGG_PASSWORD, AGG_USER, Cluster, device_password  # noqa: E402
+from tests.support.rabbit import AGG_PASSWORD, AGG_USER, Cluster, device_password  # noqa: E402
 
 QUEUE = "pansketch.releases"
 

@@ -36,10 +36,10 @@ from typing import Any
 
 from agent.strhh import encode_item
 from host_tools.query.strheavy import label
-from tests import unixvm as U
-from tests.test_e2e_dcs import FROZEN
-from tests.test_e2e_support import SALT as AGENT_SALT
-from tests.test_e2e_support import agent_toml, run_agent
+from tests.support import unixvm as U
+from tests.support.e2e_dcs import FROZEN
+from tests.support.e2e import SALT as AGENT_SALT
+from tests.support.e2e import agent_toml, run_agent
 
 HEAVY = ["GET /index.html", "sensor-a", "def", "\u00e9t\u00e9", "x", "temperature_high", "ok", "self"]
 LIGHT = ["light-%03d" % i for i in range(30)]

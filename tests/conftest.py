@@ -64,7 +64,7 @@ def _stop_leftover_aggregators():
     running: its helper processes and threads would leak into later tests (a fork
     with live threads can deadlock; helper-process counts would be off)."""
     yield
-    from tests import test_e2e_support
+    from tests.support import e2e
 
-    for agg in list(test_e2e_support.LIVE):
+    for agg in list(e2e.LIVE):
         agg.stop()

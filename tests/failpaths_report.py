@@ -14,9 +14,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from tests import test_failpaths as t
-
-
+from tests.support import failpaths as t
 def main() -> None:
     only = sys.argv[1:]
     tot: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])

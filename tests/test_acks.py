@@ -13,8 +13,8 @@ from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
 from host_tools.store.sqlite import Store
-from tests import mpvm
-from tests.test_e2e_support import (agent_toml, needs_mosquitto, run_agent, start_host, start_mosquitto,
+from tests.support import mpvm
+from tests.support.e2e import (agent_toml, needs_mosquitto, run_agent, start_host, start_mosquitto,
                                     wait_for)
 
 T0 = 1_700_000_000 - 1_700_000_000 % 3600  # in the past: the host quarantines windows from the future
@@ -166,7 +166,7 @@ def test_a_release_the_host_refuses_is_kept_aside_and_feed_says_so(tmp_path):
         hconf = tmp_path / "h.toml"
         hconf.write_text('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "other"\n[aggregator]\ndb = "%s"\n'
                          '[fleet]\nsalt = "another-fleet-salt-1"\n' % (broker.port, tmp_path / "h.db"))
-        from tests.test_e2e_support import AggregatorThread
+        from tests.support.e2e import AggregatorThread
 
         host = AggregatorThread(str(hconf))
         r = run_agent("feed", cfg, "--timeout", "20", *FROZEN, input=b"a\n")
@@ -191,7 +191,7 @@ def test_feed_with_a_full_outbox_waits_for_room_then_commits(tmp_path):
         open(cfg, "w").write(text)
         r = run_agent("feed", cfg, "--timeout", "2", *FROZEN, input=b"a\n")
         assert r.returncode == 1 and storage.Outbox(state).pending() == [0]
-        from tests.test_e2e_support import spawn_agent
+        from tests.support.e2e import spawn_agent
 
         log = str(tmp_path / "feed.log")
         p = spawn_agent("feed", cfg, "--timeout", "30", *FROZEN, log=log)

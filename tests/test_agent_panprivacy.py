@@ -15,7 +15,7 @@ import cbor2
 
 from agent.pi.config import SourceConfig, load
 from agent.pi.sources import FileSource, StdinSource
-from tests.test_e2e_support import agent_toml
+from tests.support.e2e import agent_toml
 
 SECRET = "badge-00042-alice"
 

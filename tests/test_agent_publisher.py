@@ -12,32 +12,12 @@ from typing import IO
 import cbor2
 import paho.mqtt.client as mqtt
 
-from agent import hashing
-from agent.sketch import Sketch
-from tests.test_e2e_support import (Capture, SALT, agent_toml, free_port, needs_mosquitto, run_agent, spawn_agent,
+from tests.support.e2e import (Capture, agent_toml, free_port, needs_mosquitto, run_agent, spawn_agent,
                                     start_host, start_mosquitto, status_docs, stop_process)
+from tests.support.agent_publisher import FROZEN, T0, estimate, outbox
 
-T0 = 1_700_000_000 - 1_700_000_000 % 3600  # in the past: the host quarantines windows from the future  # a window boundary
-FROZEN = ("--clock-start", str(T0 + 10), "--clock-speed", "0")
 
 pytestmark = needs_mosquitto
-
-
-def outbox(state: str) -> dict[int, bytes]:
-    d = os.path.join(state, "outbox")
-    out = {}
-    for n in sorted(os.listdir(d)):
-        if n.endswith(".cbor"):
-            with open(os.path.join(d, n), "rb") as f:
-                out[int(n[:10])] = f.read()
-    return out
-
-
-def estimate(payload: bytes, item: str) -> float:
-    m = cbor2.loads(payload)
-    ctr = array.array("i")
-    ctr.frombytes(m["ctr"])
-    return Sketch(m["kind"], m["d"], m["w"], hashing.salt_prefix(SALT), 1, ctr).estimate(item)
 
 
 def test_broker_down_then_up_delivers_everything_in_order_byte_for_byte(tmp_path):

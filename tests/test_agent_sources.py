@@ -193,7 +193,7 @@ def test_a_failing_source_stops_the_daemon_with_exit_3(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_e2e_support import REPO, agent_env, free_port
+    from tests.support.e2e import REPO, agent_env, free_port
 
     cfg = tmp_path / "a.toml"
     cfg.write_text('[device]\nid = "x1"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
@@ -219,7 +219,7 @@ def test_mqtt_source_with_its_broker_down_says_so_at_once(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_e2e_support import REPO, agent_env, free_port
+    from tests.support.e2e import REPO, agent_env, free_port
 
     cfg = _mqtt_source_cfg(tmp_path, free_port(), free_port())
     errf = tmp_path / "agent.err"
@@ -244,8 +244,8 @@ def test_check_tries_the_mqtt_source_broker(tmp_path):
     import subprocess
     import sys
 
-    from tests.broker import Mosquitto, mosquitto_path
-    from tests.test_e2e_support import REPO, agent_env, free_port
+    from tests.support.broker import Mosquitto, mosquitto_path
+    from tests.support.e2e import REPO, agent_env, free_port
 
     if mosquitto_path() is None:
         pytest.skip("mosquitto not installed")
@@ -273,7 +273,7 @@ def test_feed_no_flush_delivers_only_the_outbox(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_e2e_support import REPO, agent_env, free_port
+    from tests.support.e2e import REPO, agent_env, free_port
 
     cfg = tmp_path / "f.toml"
     cfg.write_text('[device]\nid = "x3"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'

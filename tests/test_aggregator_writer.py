@@ -19,7 +19,7 @@ from host_tools.ingest.pipeline import MSG_OVERHEAD, _Held, _Writer
 from host_tools.ingest.mqttshared import Msg
 from host_tools.ingest.validproc import verdict
 from host_tools.store.sqlite import Store
-from tests.test_host_support import T0, encoded, host_cfg, params, topic
+from tests.support.host import T0, encoded, host_cfg, params, topic
 
 
 def test_held_waits_while_spent_and_lets_one_oversized_message_through():

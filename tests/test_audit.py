@@ -2,7 +2,7 @@
 audit of a sound device, and the negative controls that must be flagged.
 
 The negative controls are the test of the auditor: each breaks the noise of
-the real device core through a test-only hook (tests/audit_controls.py) and
+the real device core through a test-only hook (tests/support/audit_controls.py) and
 the audit must report an ε lower bound above the claim. Fixed seeds
 throughout: the sampled trials come from ``numpy.random.default_rng(seed)``
 and the learning runs from seeded byte sources; the verification runs use
@@ -23,7 +23,7 @@ from agent.params import Params
 from agent.rng import DeterministicSource
 from host_tools import cli as host_cli
 from host_tools.audit import device, engine, model, report, scenarios, stats
-from tests import audit_controls
+from tests.support import audit_controls
 
 CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",
        "window_s": 600, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}

@@ -21,7 +21,7 @@ from agent.recorders import make
 from agent.rng import DeterministicSource, Rng
 from host_tools.store import bounds
 from host_tools.ingest.decode import decode
-from tests.test_host_support import SALT, T0
+from tests.support.host import SALT, T0
 
 N = 400  # the test fleet's max_events_per_window (small: the recorder is pure Python)
 

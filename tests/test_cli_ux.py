@@ -22,9 +22,9 @@ from pathlib import Path
 from agent.params import Params
 from agent.pi.tomlconf import PLACEHOLDER_SALTS
 from host_tools.ingest.aggregator import Aggregator
-from tests.broker import free_port, mosquitto, needs_mosquitto, start_mosquitto  # noqa: F401  (fixture)
-from tests.test_aggregator_mqtt import publish_all
-from tests.test_host_support import SALT, encoded, host_cfg, params, topic
+from tests.support.broker import free_port, mosquitto, needs_mosquitto, start_mosquitto  # noqa: F401  (fixture)
+from tests.support.aggregator_mqtt import publish_all
+from tests.support.host import SALT, encoded, host_cfg, params, topic
 
 REPO = Path(__file__).resolve().parent.parent
 EXIT_PIPE = 141
@@ -103,7 +103,7 @@ def test_head_dash_one_prints_one_line_and_no_traceback(tmp_path):
 
 @needs_mosquitto
 def test_feed_with_closed_stderr_still_delivers(tmp_path, mosquitto):
-    from tests.test_e2e_support import AggregatorThread
+    from tests.support.e2e import AggregatorThread
 
     conf = agent_toml(tmp_path / "agent.toml", mosquitto.port)
     hconf = tmp_path / "h.toml"

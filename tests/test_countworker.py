@@ -26,9 +26,9 @@ from agent.pi.loop import Agent
 from agent.pi.run import _start_workers
 from agent.sketch import Sketch
 from agent.pi.sources import FdLineReader, Warner
-from tests.test_agent_publisher import FROZEN, estimate, outbox
-from tests.test_e2e_support import agent_cmd, agent_env, agent_toml, free_port
-from tests.test_feed_chunks import CHUNKS
+from tests.support.agent_publisher import FROZEN, estimate, outbox
+from tests.support.e2e import agent_cmd, agent_env, agent_toml, free_port
+from tests.support.feed_chunks import CHUNKS
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="count workers need os.fork")
 PREFIX = hashing.salt_prefix("fleet-salt-raw")

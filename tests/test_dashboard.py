@@ -1,7 +1,7 @@
 """``pansketch serve`` on a demo store, checked in headless Chromium and over plain HTTP.
 
 The store comes from the real ``pansketch demo`` (real mosquitto) plus a
-device ``pi-gap`` whose release seq 2 never arrived (tests/dash_support.py).
+device ``pi-gap`` whose release seq 2 never arrived (tests/support/dash.py).
 The browser tests assert what a person sees: the fleet page lists every
 device and flags pi-gap (row, alert, ledger cell "missing"), and the item
 page draws its lines with interval bands (the chart reports what it drew,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import base64
-import http.client
 import json
 import os
 import re
@@ -22,12 +21,13 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
-from tests.broker import needs_mosquitto
-from tests.dash_support import GAP_DEVICE, REPO, Server, chromium, demo_store, env, needs_chromium, pansketch
+from tests.support.broker import needs_mosquitto
+from tests.support.dash import GAP_DEVICE, REPO, Server, chromium, demo_store, env, needs_chromium, pansketch
+from tests.support.dashboard import _band_pixels, _request, _wsgi, get, get_json
 
 pytestmark = needs_mosquitto
 DEMO_DEVICES = ["demo-pi-1", "demo-pi-2", "demo-pi-3"]
@@ -45,21 +45,6 @@ def server(conf: str) -> Any:
         yield s
     finally:
         s.stop()
-
-
-def get(url: str, headers: Optional[dict[str, str]] = None) -> tuple[int, str, Any]:
-    req = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=20) as r:
-            return r.status, r.read().decode("utf-8"), r.headers
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8"), e.headers
-
-
-def get_json(url: str) -> Any:
-    code, body, _h = get(url)
-    assert code == 200, body
-    return json.loads(body)
 
 
 def q(**kw: Any) -> str:
@@ -90,14 +75,6 @@ def test_fleet_page_lists_devices_and_flags_the_missing_release(server: Any, tmp
     assert row(dom, "ledger", GAP_DEVICE).count('class="bad missing"') == 1
     assert re.search(r"<code>cbor</code></td><td class=\"n\">1<", dom) and "<code>topic</code>" in dom
     chromium(server.url + "/", screenshot=str(tmp_path / "dashboard-fleet.png"), size="1400,1150")
-
-
-def _band_pixels(png: str, rgb: tuple[int, int, int], tol: int = 8) -> int:
-    import numpy as np
-    from PIL import Image
-
-    px = np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)
-    return int((np.abs(px - np.array(rgb, dtype=np.int16)) <= tol).all(axis=2).sum())
 
 
 @needs_chromium
@@ -180,18 +157,6 @@ def test_cli_plots_series_and_topk(conf: str, tmp_path: Any) -> None:
     r = subprocess.run(pansketch("query", "--config", conf, "series", "x", "--plot", str(tmp_path / "a.gif")),
                        capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
     assert r.returncode == 2 and ".png" in r.stderr
-
-
-# -- read-only, parameterised, escaped -----------------------------------------------------
-def _request(url: str, method: str, path: str, headers: Optional[dict[str, str]] = None) -> tuple[int, Any, bytes]:
-    u = urllib.parse.urlsplit(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
-    try:
-        c.request(method, path, body=b"x=1" if method in ("POST", "PUT", "PATCH") else None, headers=headers or {})
-        r = c.getresponse()
-        return r.status, r.headers, r.read()
-    finally:
-        c.close()
 
 
 def test_only_get_and_head_are_served(server: Any) -> None:
@@ -316,7 +281,7 @@ def test_demo_serve_prints_the_url_and_keeps_serving(tmp_path: Any) -> None:
     import signal
     import threading
 
-    from tests.dash_support import DEMO_ARGS
+    from tests.support.dash import DEMO_ARGS
 
     p = subprocess.Popen(pansketch("demo", *DEMO_ARGS, "--serve", "--port", "0"), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO)
@@ -343,21 +308,11 @@ def test_demo_serve_prints_the_url_and_keeps_serving(tmp_path: Any) -> None:
         p.stdout.close()  # type: ignore[union-attr]
 
 
-def _wsgi(app: Any, path: str, qs: str = "", method: str = "GET") -> tuple[str, dict[str, str], str]:
-    out: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
-        out["status"], out["headers"] = status, dict(headers)
-
-    body = b"".join(app({"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": qs}, start_response))
-    return out["status"], out["headers"], body.decode("utf-8")
-
-
 def test_pages_before_the_first_release(tmp_path: Any) -> None:
     pytest.importorskip("waitress")
     from host_tools.store.sqlite import Store
     from host_tools.web.app import Dashboard
-    from tests.test_host_support import host_cfg
+    from tests.support.host import host_cfg
 
     cfg = host_cfg(tmp_path)
     app = Dashboard(cfg)

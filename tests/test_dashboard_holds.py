@@ -25,7 +25,7 @@ import pytest
 
 from host_tools.localnet import stop_process
 from host_tools.store.sqlite import Store
-from tests.dash_support import REPO, env, pansketch
+from tests.support.dash import REPO, env, pansketch
 
 pytest.importorskip("waitress")
 TOKEN = "holds-test-token-0123456789"

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.dash_support import REPO, Server, chromium, env, needs_chromium, pansketch
+from tests.support.dash import REPO, Server, chromium, env, needs_chromium, pansketch
 
 pytestmark = needs_chromium
 

@@ -19,8 +19,8 @@ from host_tools.bench.kinds import dnpry_simulate
 from host_tools.ingest.decode import Rejected, decode
 from host_tools.query.merge import noise_variance
 from host_tools.store.sqlite import Store
-from tests import mpvm
-from tests.test_host_support import binom_lower, binom_upper
+from tests.support import mpvm
+from tests.support.host import binom_lower, binom_upper
 
 T0 = 200_000 * 3600
 # reviewed attributes (docs/PRIVACY.md, "Distinct counts"): the bits (counters), the zeroed release scratch

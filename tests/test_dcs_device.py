@@ -10,8 +10,8 @@ from agent.dcs import DyadicSketch, exact_from, map_value, parse_reading
 from agent.params import ParamError, Params
 from agent.sketch import new_counters
 from host_tools.query.dyadic import exact_counters
-from tests import mpvm
-from tests import recorder_replay as R
+from tests.support import mpvm
+from tests.support import recorder_replay as R
 
 T0 = R.T0
 READINGS = ["21.5", "-3.25", "1e3", "2.5E-1", "+7", "0x1F", "10.0.0.1", "aa:bb:cc:dd:ee:ff", "AA-BB-CC-00-11-22",

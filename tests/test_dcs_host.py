@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import array
 import math
 from fractions import Fraction
 
@@ -21,28 +20,8 @@ from host_tools.ingest.decode import Rejected, decode
 from host_tools.query.dyadic import DyadicView, exact_counters
 from host_tools.query.merge import MergeError, merge
 from host_tools.store.sqlite import Store
-from tests.test_host_support import binom_upper
-
-SALT = "fleet-salt-1"
-T0 = 200_000 * 3600
-
-
-def params(dev="pi-1", **kw):
-    cfg = {"device": dev, "salt": SALT, "kind": "dcs", "b": 8, "map": [1, 1, 0], "d": 3, "w": 16}
-    cfg.update(kw)
-    return Params(cfg)
-
-
-def payload(p, values, seq=0, epoch=T0 // 3600, part=0, noise=None):
-    ex = exact_counters(values, p.b, p.d, p.w, SALT)
-    if noise is not None:
-        ex = ex + noise
-    ctr = array.array("i", ex.astype(np.int32).ravel().tobytes())
-    return release.encode(p, seq, epoch, epoch + 1, part, ctr)
-
-
-def topic(dev):
-    return "pansketch/%s/release" % dev
+from tests.support.host import binom_upper
+from tests.support.dcs_host import SALT, T0, params, payload, topic
 
 
 def test_decode_accepts_v2_dcs():

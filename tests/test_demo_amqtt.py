@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from host_tools import hostconfig
-from tests.test_e2e_support import REPO, agent_env, pansketch_cmd
+from tests.support.e2e import REPO, agent_env, pansketch_cmd
 
 pytest.importorskip("amqtt", reason="the demo extra (pip install 'pansketch[demo]') is not installed")
 

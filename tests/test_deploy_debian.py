@@ -1,6 +1,6 @@
 """deploy/OPERATIONS.md steps 1-2, run as written on Debian's stock mosquitto, then attacked.
 
-tests/deploy_ns.py runs inside ``unshare --mount --net`` (a private mount
+tests/support/deploy_ns.py runs inside ``unshare --mount --net`` (a private mount
 and network namespace, as root): it bind-mounts a copy of the stock
 /etc/mosquitto over /etc/mosquitto, extracts the doc's ```sh blocks of
 steps 1 and 2 at run time and runs them with bash (only ``apt-get`` and
@@ -26,28 +26,11 @@ which runs as root) turns those skips into failures.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _why_not() -> str:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root (unshare --mount --net, bind mounts over /etc/mosquitto)"
-    for tool in ("unshare", "mount", "ip", "setpriv", "openssl", "mosquitto_passwd", "dpkg-query", "nft", "prlimit"):
-        if shutil.which(tool) is None:
-            return "%s is not installed" % tool
-    if not os.path.exists("/usr/sbin/mosquitto") or not os.path.exists("/etc/mosquitto/mosquitto.conf"):
-        return "Debian's mosquitto package is not installed (apt-get install mosquitto)"
-    r = subprocess.run(["unshare", "--mount", "--net", "true"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return "unshare --mount --net is not permitted here: %s" % r.stderr.strip()
-    return ""
+from tests.support.deploy_debian import REPO, _why_not
 
 
 def test_operations_steps_1_2_as_written_on_stock_debian(tmp_path):
@@ -56,7 +39,7 @@ def test_operations_steps_1_2_as_written_on_stock_debian(tmp_path):
         if os.environ.get("PANSKETCH_REQUIRE_DEPLOY") == "1":
             pytest.fail("deploy test required (PANSKETCH_REQUIRE_DEPLOY=1) but: " + why)
         pytest.skip(why)
-    r = subprocess.run(["unshare", "--mount", "--net", sys.executable, str(REPO / "tests" / "deploy_ns.py"),
+    r = subprocess.run(["unshare", "--mount", "--net", sys.executable, str(REPO / "tests" / "support" / "deploy_ns.py"),
                         str(tmp_path)], capture_output=True, text=True, timeout=400, cwd=REPO)
     out = r.stdout + r.stderr
     checks = [ln for ln in out.splitlines() if ln.startswith("CHECK ")]

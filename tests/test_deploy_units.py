@@ -2,7 +2,7 @@
 systemd would (user, environment, directories), and each answers: the aggregator subscribes, the
 dashboard's /healthz says ok, the agent's check passes and it connects. Every Documentation= exists.
 
-Runs tests/deploy_units_ns.py in ``unshare --mount --net`` as root (overlays keep every change in the
+Runs tests/support/deploy_units_ns.py in ``unshare --mount --net`` as root (overlays keep every change in the
 namespace); skipped like tests/test_deploy_debian.py, a failure under PANSKETCH_REQUIRE_DEPLOY=1.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.test_deploy_debian import REPO, _why_not
+from tests.support.deploy_debian import REPO, _why_not
 
 
 def test_operations_steps_3_4_install_and_start_every_unit(tmp_path):
@@ -29,7 +29,7 @@ def test_operations_steps_3_4_install_and_start_every_unit(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), "setuptools>=61", "wheel",
                         "%s[web]" % REPO], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run(["unshare", "--mount", "--net", sys.executable, str(REPO / "tests" / "deploy_units_ns.py"),
+    r = subprocess.run(["unshare", "--mount", "--net", sys.executable, str(REPO / "tests" / "support" / "deploy_units_ns.py"),
                         str(tmp_path)], capture_output=True, text=True, timeout=1200, cwd=REPO,
                        env=dict(os.environ, PANSKETCH_WHEELHOUSE=str(wheels)))
     out = r.stdout + r.stderr

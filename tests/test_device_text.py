@@ -27,8 +27,8 @@ from host_tools.ingest import devstatus
 from host_tools.ingest.decode import decode
 from host_tools.query import status, strheavy
 from host_tools.store.sqlite import Store
-from tests.test_host_status_gaps import status_msg
-from tests.test_host_support import SALT, T0, encoded, params, topic
+from tests.support.host_status_gaps import status_msg
+from tests.support.host import SALT, T0, encoded, params, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L, D, W = 24, 3, 256

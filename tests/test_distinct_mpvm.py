@@ -12,7 +12,7 @@ import pytest
 from agent import hashing
 from host_tools.lab.algorithms.distinct import DistinctSketch
 from agent.rng import DeterministicSource, Rng
-from tests import mpvm
+from tests.support import mpvm
 
 LAB = mpvm.REPO / "host_tools" / "lab" / "algorithms"
 

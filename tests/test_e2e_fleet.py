@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 from host_tools.store.sqlite import Store
-from tests.test_e2e_support import (REPO, agent_env, agent_toml, host_toml, needs_mosquitto, pansketch_cmd,
+from tests.support.e2e import (REPO, agent_env, agent_toml, host_toml, needs_mosquitto, pansketch_cmd,
                                     run_agent, start_mosquitto, wait_for)
 
 pytestmark = needs_mosquitto

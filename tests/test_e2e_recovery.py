@@ -23,7 +23,7 @@ import cbor2
 
 from host_tools.query import core as query
 from host_tools.store.sqlite import Store
-from tests.test_e2e_support import (SALT, AggregatorThread, Capture, agent_toml, host_toml, needs_mosquitto,
+from tests.support.e2e import (SALT, AggregatorThread, Capture, agent_toml, host_toml, needs_mosquitto,
                                     spawn_agent, start_mosquitto, stop_process, wait_for)
 
 pytestmark = needs_mosquitto

@@ -22,7 +22,7 @@ from agent import release
 from agent.params import Params
 from agent.sketch import new_counters
 from host_tools.store.sqlite import Store
-from tests.test_e2e_support import (REPO, SALT, AggregatorThread, free_port, needs_mosquitto, run_agent,
+from tests.support.e2e import (REPO, SALT, AggregatorThread, free_port, needs_mosquitto, run_agent,
                                     start_mosquitto, wait_for)
 
 pytestmark = needs_mosquitto

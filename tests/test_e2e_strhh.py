@@ -24,9 +24,9 @@ import subprocess
 
 from agent.strhh import encode_item
 from host_tools.query.strheavy import label
-from tests.test_e2e_dcs import _fleet, _query, _stop
-from tests.test_e2e_support import REPO, agent_env, needs_mosquitto, pansketch_cmd
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support.e2e_dcs import _fleet, _query, _stop
+from tests.support.e2e import REPO, agent_env, needs_mosquitto, pansketch_cmd
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
 
 pytestmark = needs_mosquitto
 

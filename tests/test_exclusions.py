@@ -24,7 +24,7 @@ from host_tools import cli, hostconfig
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store import exclusions, pgserver
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, T0, topic, zipf_stream
+from tests.support.host import SALT, T0, topic, zipf_stream
 
 HONEST = ["h%d" % i for i in range(4)]
 MAL = "mal-1"

@@ -2,7 +2,7 @@
 
 The device core (agent/) runs a fixed schedule of adds, persists, releases
 and a flush under the keep-every-byte flash model of
-tests/failpaths_scenario.py, once per failure stage (every stage of every
+tests/support/failpaths_scenario.py, once per failure stage (every stage of every
 state, release and marker write, and the renames), with ENOSPC/EIO and with
 MemoryError. Each run is made twice on the same seed and the same failure:
 with events (A) and without (B). Noise is injected (wide uniform draws from
@@ -36,110 +36,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests import failpaths_scenario as fs
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
-
-P = 2147483647
-BASE = {"device": "dev-f", "salt": "fleet-salt-1", "mechanism": "dlap", "budget": "1/2", "persist_s": 200,
-        "epoch_s": 600}
-MODES = {"window": {"mode": "window", "window_s": 600}, "keep": {"mode": "keep", "window_s": 1800},
-         "tree": {"mode": "tree", "levels": 3}}
-KINDS = {"cms": {"kind": "cms", "d": 4, "w": 32}, "cs": {"kind": "cs", "d": 4, "w": 32},
-         "dcs": {"kind": "dcs", "b": 4, "map": [2, 1, 10], "d": 2, "w": 16}}
+from tests.support import failpaths_scenario as fs
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support.failpaths import CASES, EXCS, _collect, _signed, _stages, cfg_for, leak_moments, run_py
 
 
-def cfg_for(kind: str, mode: str, scheme: str) -> dict[str, Any]:
-    c = dict(BASE)
-    c.update(KINDS[kind])
-    c.update(MODES[mode])
-    c["persist_noise"] = scheme
-    return c
-
-
-# every kind x mode x scheme the config accepts (tree: cms and cs only; dbits: below)
-CASES = [(k, m, s) for k in ("cms", "cs", "dcs") for m in ("window", "keep", "tree") for s in ("refresh", "shadow")
-         if not (m == "tree" and k == "dcs")]
-
-
-def _null_leak(noise: np.ndarray, ev: np.ndarray) -> bool:
-    """True if some c has c . noise = 0 (mod P) for every cell and c . ev != 0."""
-    v, c = noise.shape
-    m = np.concatenate([noise % P, np.eye(v, dtype=np.int64)], axis=1)
-    r = 0
-    for col in range(c):
-        nz = np.nonzero(m[r:, col])[0]
-        if len(nz) == 0:
-            continue
-        piv = r + int(nz[0])
-        if piv != r:
-            m[[r, piv]] = m[[piv, r]]
-        m[r] = (m[r] * pow(int(m[r, col]), P - 2, P)) % P
-        f = m[:, col].copy()
-        f[r] = 0
-        rows = np.nonzero(f)[0]
-        if len(rows):
-            m[rows] = (m[rows] - (f[rows, None] * m[r]) % P) % P
-        r += 1
-        if r == v:
-            return False
-    null = m[r:, c:]
-    if null.size == 0:
-        return False
-    # ev is small (event counts): the products stay far below 2**63
-    return bool((((null @ ev) % P) != 0).any())
-
-
-def _signed(vals: list[int]) -> list[int]:
-    return [((x + 2**31) % 2**32) - 2**31 for x in vals]
-
-
-def _collect(res: dict[str, Any], k: int) -> list[list[int]]:
-    """The arrays an intrusion right after operation k reads."""
-    out = [a for a in res["views"][k - 1][1]]
-    for path, op, arrs in res["sessions"]:
-        if op <= k:
-            out.extend(arrs)
-    for path, op, arrs in res["sessions"]:  # releases published later (the adversary sees every release)
-        if op > k and path.endswith(".tmp.new"):
-            seq = int(path.rsplit("/", 1)[1][:10])
-            if seq in res["published"] and len(arrs) == 1 and len(arrs[0]) == len(out[0]):
-                out.extend(arrs)
-    return out
-
-
-def leak_moments(a: dict[str, Any], b: dict[str, Any]) -> list[int]:
-    """Operations after which an intrusion recovers exact events by a linear combination."""
-    assert len(a["sessions"]) == len(b["sessions"]) and a["stages"] == b["stages"]
-    bad = []
-    for k in range(1, len(a["views"]) + 1):
-        va = _collect(a, k)
-        vb = _collect(b, k)
-        assert [len(x) for x in va] == [len(x) for x in vb]
-        n = max(len(x) for x in va)
-        lens = sorted(set(len(x) for x in va) | {n})
-        lo = 0
-        leak = False
-        for hi in lens:
-            if hi <= lo:
-                continue
-            idx = [i for i, x in enumerate(va) if len(x) >= hi]
-            nb = np.array([_signed(vb[i][lo:hi]) for i in idx], dtype=np.int64)
-            ne = np.array([_signed(va[i][lo:hi]) for i in idx], dtype=np.int64) - nb
-            ne = (ne + 2**31) % 2**32 - 2**31
-            assert nb.shape[1] >= nb.shape[0] + 4, "too few cells for an exact null space: %s" % (nb.shape,)
-            if _null_leak(nb, ne):
-                leak = True
-            lo = hi
-        if leak:
-            bad.append(k)
-    return bad
-
-
-def run_py(cfg: dict[str, Any], root: Path, events: bool, fail_at: int, exc: str) -> dict[str, Any]:
-    return json.loads(fs.dump(cfg, str(root), "seed-1", events, fail_at, exc))
-
-
-EXCS = ("enospc", "memory", "eio")
 # CI runs a sample of the stages (test_no_failure_stage_lets_an_intruder_recover_events) with the exception
 # cycling over ENOSPC, MemoryError and EIO; PANSKETCH_FAILPATHS_FULL=1 runs every stage with each
 # (tests/failpaths_report.py prints the per-case table).
@@ -235,11 +136,6 @@ def test_the_check_has_power_on_the_old_failed_persist(tmp_path: Path, monkeypat
     b = run_py(cfg, tmp_path / "b", False, mid, "enospc")
     assert a["failed"][1] == "mid" and base["stages"] > 0
     assert leak_moments(a, b)
-
-
-def _stages(cfg: dict[str, Any], root: Path) -> list[tuple[int, str, str]]:
-    views, fl, _ = fs.run(cfg, str(root), "seed-1", True)
-    return fl.stages
 
 
 # -- kind dbits: no additive noise; after a failed commit the bits start afresh ---------------

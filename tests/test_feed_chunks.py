@@ -18,16 +18,9 @@ from agent import hashing
 from agent.pi.batch import add_batch, add_raw
 from agent.sketch import Sketch
 from agent.pi.sources import CHUNK_LINES, EOF, READ_BYTES, RawLines, StdinSource, Warner, parse_lines, split_lines
+from tests.support.feed_chunks import CHUNKS
 
 PREFIX = hashing.salt_prefix("fleet-salt-raw")
-CHUNKS = [
-    b"a\nb\na\n\n\nccc\n" * 50 + b"".join(b"dev-%05d\n" % (i % 777) for i in range(5000)),
-    "café\nü-1\ncafé\n".encode() * 30,  # valid UTF-8: the bytes are the hash's canonical bytes
-    b"caf\xe9\nok\n\xff\xfe\nok\n" * 20,  # invalid UTF-8: U+FFFD replacement, via parse_lines
-    b"w1\t3\nw2\t-2\nw1\nbad\tx\nw3\t 9 \n" * 40,  # TAB weights (clipped), a bad weight skipped
-    b"crlf\r\nlf\ncrlf\r\n" * 40,  # CR stripped
-    b"\n\n\n",  # nothing
-]
 
 
 @pytest.mark.parametrize("kind,d,w", [("cms", 4, 2048), ("cs", 4, 512), ("cs", 9, 64), ("cms", 2, 33)])

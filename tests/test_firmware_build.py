@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import mpvm
-from tests.freeze import run_manifest
-from tests import test_firmware_support as S
+from tests.support import mpvm
+from tests.support.freeze import run_manifest
+from tests.support import firmware as S
 
 REPO = S.REPO
 MANIFEST = REPO / "firmware" / "manifest.py"

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests import mpvm
-from tests import test_firmware_support as S
+from tests.support import mpvm
+from tests.support import firmware as S
 
 sys.path.insert(0, str(S.REPO))
 from firmware.config import Config, ConfigError, loads  # noqa: E402

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import mpvm
-from tests import test_firmware_support as S
+from tests.support import mpvm
+from tests.support import firmware as S
 
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
 

@@ -11,9 +11,9 @@ import ast
 
 import pytest
 
-from tests import mpvm
-from tests import test_firmware_support as S
-from tests.test_firmware_run import ZERO
+from tests.support import mpvm
+from tests.support import firmware as S
+from tests.support.firmware_run import ZERO
 
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
 

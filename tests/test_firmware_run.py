@@ -27,33 +27,16 @@ from array import array
 import pytest
 
 from agent import hashing
-from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
 from agent.sketch import Sketch
-from tests import mpvm
-from tests import test_firmware_support as S
+from tests.support import mpvm
+from tests.support import firmware as S
+from tests.support.firmware_run import ZERO, expected_ctr, params
 
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
 
-ZERO = {"budget": "100000"}  # noise is exactly 0 with overwhelming probability (and with the fixed seed)
 E0 = S.T_START // 600  # first epoch (window_s = 600)
-
-
-def params(cfg: dict) -> Params:
-    d = dict(cfg["sketch"])
-    d.update(device=cfg["device"], salt=cfg["salt"])
-    return Params(d)
-
-
-def expected_ctr(cfg: dict, events: list) -> bytes:
-    """Exact counters (no noise) for events [(item, weight)] or [item]."""
-    p = params(cfg)
-    sk = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
-    for e in events:
-        item, w = e if isinstance(e, tuple) else (e, 1)
-        sk.update(item, w)
-    return sk.counters.tobytes()
 
 
 def lines(prefix: str, n: int, distinct: int = 7) -> list[str]:

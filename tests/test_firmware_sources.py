@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests import mpvm
-from tests import test_firmware_support as S
-from tests.test_firmware_run import ZERO, expected_ctr
+from tests.support import mpvm
+from tests.support import firmware as S
+from tests.support.firmware_run import ZERO, expected_ctr
 
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
 

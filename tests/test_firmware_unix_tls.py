@@ -6,7 +6,7 @@ Python heap like a Pico W. The firmware (firmware/mqtt.py) builds
 ``ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)`` with ``CERT_REQUIRED`` and
 ``load_verify_locations(cadata=<the DER file mqtt.tls.ca>)`` and, when
 configured, a client certificate. mosquitto gets a TLS listener with a
-throwaway CA made by openssl (tests.broker.make_test_pki); the real aggregator
+throwaway CA made by openssl (tests.support.broker.make_test_pki); the real aggregator
 stores into SQLite from the plain loopback listener, as on a broker host.
 
 * a board with a client certificate, against a broker that requires one:
@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from tests import unixvm as U
-from tests.broker import make_test_pki, needs_mosquitto
-from tests.test_firmware_unix import ZERO, events, exact, summed
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support import unixvm as U
+from tests.support.broker import make_test_pki, needs_mosquitto
+from tests.support.firmware_unix import ZERO, events, exact, summed
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
 
 pytestmark = needs_mosquitto
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.broker import needs_mosquitto
-from tests.dash_support import REPO, env
+from tests.support.broker import needs_mosquitto
+from tests.support.dash import REPO, env
 
 DEMO = ["--agents", "2", "--windows", "3", "--events", "2000", "--w", "256", "--items", "500"]
 KIND_DEVICES = {"cs": "demo-pi-1..2", "cms": "demo-cms-1", "tree": "demo-tree-1", "dcs": "demo-temp-1", "dbits": "demo-door-1",
@@ -90,7 +90,7 @@ def test_each_query_picks_the_devices_of_its_kind(demo: dict[str, str]) -> None:
 
 def test_a_store_without_the_kind_says_what_it_holds(tmp_path: Any) -> None:
     """quantile on a cs-only store: which kinds it holds and what they answer (not a merge error)."""
-    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+    from tests.support.dashboard_kinds import _cs_device, _store, _write_conf
 
     conf = _write_conf(str(tmp_path))
     _store(conf, {"cs-1": _cs_device()})
@@ -136,7 +136,7 @@ def _one_line(r: subprocess.CompletedProcess[str], code: int, what: Any) -> str:
 
 def test_every_subcommand_on_bad_input_is_one_line_and_its_exit_code(tmp_path: Any) -> None:
     """Usage and config errors exit 2 (docs/HOST.md), runtime errors 1; one line on stderr, no traceback."""
-    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+    from tests.support.dashboard_kinds import _cs_device, _store, _write_conf
 
     conf = _write_conf(str(tmp_path))
     _store(conf, {"cs-1": _cs_device()})
@@ -270,7 +270,7 @@ def _drawn(dom: str, chart_id: str) -> int:
 
 @needs_mosquitto
 def test_every_dashboard_page_shows_data_after_the_demo(demo: dict[str, str]) -> None:
-    from tests.dash_support import Server, chromium
+    from tests.support.dash import Server, chromium
 
     s = Server(demo["conf"], "--candidates", os.path.join(demo["dir"], "candidates.txt"))
     try:
@@ -301,7 +301,7 @@ def test_every_dashboard_page_shows_data_after_the_demo(demo: dict[str, str]) ->
 
 @pytest.mark.parametrize("store", ["aggregated-but-empty", "empty-file"])
 def test_every_dashboard_page_on_an_empty_store_says_so(tmp_path: Any, store: str) -> None:
-    from tests.dash_support import Server, chromium
+    from tests.support.dash import Server, chromium
 
     conf = tmp_path / "host.toml"
     conf.write_text('[aggregator]\ndb = "e.db"\n[fleet]\nsalt = "first-hour-salt"\n')
@@ -330,7 +330,7 @@ def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: 
     """`make demo` installs no matplotlib: --plot says so before querying, and docs/USAGE.md (the commands'
     reference the README points to) agrees."""
     from host_tools.query.plot import MISSING
-    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+    from tests.support.dashboard_kinds import _cs_device, _store, _write_conf
 
     conf = _write_conf(str(tmp_path))
     _store(conf, {"cs-1": _cs_device()})
@@ -351,7 +351,7 @@ def test_status_dashboard_and_audit_give_one_eps_at_one_delta(tmp_path: Any) -> 
     from agent.params import Params
     from host_tools import hostconfig
     from host_tools.audit import engine, stats
-    from tests.test_dashboard_kinds import _cs_device, _store, _write_conf
+    from tests.support.dashboard_kinds import _cs_device, _store, _write_conf
 
     conf = _write_conf(str(tmp_path))
     _store(conf, {"cs-1": _cs_device()})  # dgauss rho = 1/2 (the Params default)
@@ -400,7 +400,7 @@ def test_demo_without_a_terminal_does_not_claim_a_running_dashboard() -> None:
 
 
 def test_check_has_no_tree_line_for_dcs_and_dbits_and_describes_dbits(tmp_path: Any) -> None:
-    from tests.test_e2e_support import agent_env
+    from tests.support.e2e import agent_env
 
     for kind, body, want in (("dbits", 'kind = "dbits"\nd = 16\nw = 256\n[privacy]\nmechanism = "dlap"\n'
                                          'budget = "1"\n', "dbits: 16 levels of 256 bits"),
@@ -421,7 +421,7 @@ def test_dashboard_details_caption_chart_x_and_fleet_columns(demo: dict[str, str
     import urllib.request
 
     from host_tools.demo import T0
-    from tests.dash_support import Server
+    from tests.support.dash import Server
 
     s = Server(demo["conf"])
     try:

@@ -24,7 +24,7 @@ from host_tools.query import estimators
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.query.merge import Merged, NoiseTerm, noise_variance
-from tests.test_host_support import SALT, host_cfg, params as _params, record, topic, zipf_stream
+from tests.support.host import SALT, host_cfg, params as _params, record, topic, zipf_stream
 
 
 def params(device: str = "dev-a", **kw):
@@ -211,7 +211,7 @@ def test_cms_upper_end_is_min_plus_theorem31_offset(tmp_path):
 # -- nz: every noise draw a release carries is counted -------------------------
 def _merged_constant_releases(tmp_path, nz: int, n: int = 3) -> Merged:
     from host_tools.query import merge
-    from tests.test_host_support import T0, encoded
+    from tests.support.host import T0, encoded
 
     a = Aggregator(host_cfg(tmp_path / ("nz%d" % nz)))
     p = params("m", kind="cms", d=4, w=64, mechanism="dlap", budget="1")  # dlap scale 4
@@ -246,7 +246,7 @@ def test_merged_noise_counts_nz_minus_1_internal_draws(tmp_path):
 def test_merged_noise_with_mixed_nz_and_specs(tmp_path):
     """Different budgets: nint and nout of each release are separate terms, nz - 1 and 1 draws."""
     from host_tools.query import merge
-    from tests.test_host_support import T0, encoded
+    from tests.support.host import T0, encoded
 
     a = Aggregator(host_cfg(tmp_path))
     pa = params("a", kind="cs", d=4, w=32, mechanism="dgauss", budget="1/2")

@@ -13,7 +13,7 @@ from host_tools.audit.stats import zcdp_to_dp as zcdp_to_approx_dp  # the one co
 from host_tools.store import ledger
 from host_tools.query import status
 from host_tools.ingest.aggregator import Aggregator
-from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
+from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 W0 = T0 // 3600

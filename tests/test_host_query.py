@@ -14,7 +14,7 @@ import pytest
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store.sqlite import Store
-from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
+from tests.support.host import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,7 +23,7 @@ from host_tools.ingest.decode import decode
 from host_tools.store.rows import Pending
 from host_tools.store.sqlite import Store
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
+from tests.support.host import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 
 
 def _fill(agg: Aggregator, tmp: Any) -> None:
@@ -247,8 +247,7 @@ def _v2(p: Any, seq: int, elo: int, fill: int) -> bytes:
 
 
 def test_v2_window_releases_use_rollups_and_dcs_uses_raw(tmp_path, monkeypatch):
-    from tests import test_dcs_host as dcs
-
+    from tests.support import dcs_host as dcs
     calls: list[int] = []
     real = query._from_rollups
 

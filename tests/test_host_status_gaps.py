@@ -20,22 +20,12 @@ from host_tools.query import status
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store.rows import DeviceStatus
 from host_tools.store.sqlite import Store
-from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-E0 = T0 // 3600
+from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
+from tests.support.host_status_gaps import E0, REPO, status_msg
 
 
 def st(next_seq, oldest_pending=None, pending=0):
     return DeviceStatus("x", 0.0, 1, next_seq, oldest_pending, pending, None, 0, {}, "online", 0.0)
-
-
-def status_msg(device, **kw):
-    doc = {"state": "online", "dev": device, "version": "test", "ts": kw.pop("ts", T0), "acked_seq": None,
-           "pending": 0, "next_seq": 0, "oldest_pending": None, "rejected": 0, "kind": "cs", "d": 4, "w": 64,
-           "mode": "window", "mech": "dgauss", "budget": "1/2", "win_s": 3600, "ep_s": 3600}
-    doc.update(kw)
-    return "pansketch/%s/status" % device, json.dumps(doc).encode()
 
 
 # -- classification ------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from agent.params import Params
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store.sqlite import PAGE_SIZE, Store
-from tests.test_host_support import T0, encoded, host_cfg, params, topic
+from tests.support.host import T0, encoded, host_cfg, params, topic
 
 
 def _writer(db: str, payloads: list[tuple[str, bytes]], out: "mp.Queue[tuple[str, Any]]") -> None:

@@ -31,7 +31,7 @@ from host_tools.ingest.decode import decode, topic_device, valid_device
 from host_tools.store.rows import Limits
 from host_tools.store.sqlite import Store
 from host_tools.ingest.validproc import Settings, ValidatorProcess, verdict
-from tests.broker import needs_mosquitto
+from tests.support.broker import needs_mosquitto
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the ingest path: every module of host_tools/ingest (aggregator, mqttproc, validproc, child, decode,
@@ -307,7 +307,7 @@ def _wsgi(app: Any, path: str, qs: str = "", host: str | None = None) -> str:
 
 def _store_states() -> list[tuple[str, list[tuple[str, bytes]]]]:
     """A store state per rejection reason (and quarantine, conflict, device, refusals before any release)."""
-    from tests.test_host_decode import bad_cases
+    from tests.support.host_decode import bad_cases
 
     states = [("decode-" + name, [(bh.topic("dev-a"), payload)]) for name, payload, _code in bad_cases()]
     first: dict[str, tuple[str, bytes]] = {}
@@ -429,9 +429,9 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
 
     from host_tools import hostconfig
     from host_tools.ingest import aggregator, service, validproc
-    from tests.broker import start_mosquitto
-    from tests.test_aggregator_mqtt import publish_all
-    from tests.test_e2e_support import host_toml
+    from tests.support.broker import start_mosquitto
+    from tests.support.aggregator_mqtt import publish_all
+    from tests.support.e2e import host_toml
 
     spin = "pansketch/spin-dev/release"
     b = start_mosquitto(tmp_path)

@@ -30,7 +30,7 @@ from host_tools import hostconfig
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.query import influence
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, T0, topic
+from tests.support.host import SALT, T0, topic
 
 ITEMS = np.array(["host-%05d.example" % k for k in range(1, 10001)])
 

@@ -42,8 +42,8 @@ from agent.recorder import Recorder
 from agent.rng import DeterministicSource, NoEntropyError, Rng
 from agent.dcs import DyadicSketch
 from agent.sketch import Sketch, new_counters
-from tests import intruder_scenario as scen
-from tests import mpvm
+from tests.support import intruder_scenario as scen
+from tests.support import mpvm
 
 T0 = scen.T0
 Q = math.exp(-1 / 8)

@@ -23,8 +23,8 @@ from host_tools.output import finitejson
 from host_tools.ingest.decode import decode
 from host_tools.query.dyadic import exact_counters
 from host_tools.store.sqlite import Store
-from tests.test_dashboard import _wsgi
-from tests.test_dcs_host import SALT, params, payload, topic
+from tests.support.dashboard import _wsgi
+from tests.support.dcs_host import SALT, params, payload, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from tests.freeze import run_manifest
+from tests.support.freeze import run_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = ("agent", "firmware", "host_tools")

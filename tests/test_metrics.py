@@ -10,31 +10,15 @@ import os
 import re
 import subprocess
 import time
-import urllib.request
 from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.broker import free_port, needs_mosquitto, start_mosquitto
-from tests.dash_support import REPO, Server, env, pansketch
-from tests.test_host_support import SALT, params, record, topic
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode("utf-8")
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def val(m: dict[Any, float], name: str, **labels: str) -> float:
-    return m.get((name, tuple(sorted(labels.items()))), float("nan"))
+from tests.support.broker import free_port, needs_mosquitto, start_mosquitto
+from tests.support.dash import REPO, Server, env, pansketch
+from tests.support.host import SALT, params, record, topic
+from tests.support.metrics import scrape, val
 
 
 def wait_metric(url: str, name: str, want: float, timeout: float = 20, **labels: str) -> dict[Any, float]:
@@ -133,7 +117,7 @@ def exported_names(tmp_path: Any) -> set[str]:
     """Every metric name the exporters can emit (families without samples included)."""
     from host_tools import metrics
     from host_tools.ingest.aggregator import Aggregator
-    from tests.test_host_support import host_cfg
+    from tests.support.host import host_cfg
 
     cfg = host_cfg(tmp_path)
     agg = Aggregator(cfg)

@@ -19,7 +19,7 @@ from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
 from agent import hashing
 from agent.noise import NoiseSpec
-from tests import mpvm
+from tests.support import mpvm
 
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
 

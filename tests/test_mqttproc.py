@@ -21,9 +21,9 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.broker import needs_mosquitto, start_mosquitto
-from tests.test_aggregator_mqtt import REPO, AggThread, _toml, counts, publish_all, wait_for
-from tests.test_host_support import T0, encoded, host_cfg, params, topic
+from tests.support.broker import needs_mosquitto, start_mosquitto
+from tests.support.aggregator_mqtt import REPO, AggThread, _toml, counts, publish_all, wait_for
+from tests.support.host import T0, encoded, host_cfg, params, topic
 
 pytestmark = needs_mosquitto
 

@@ -12,7 +12,7 @@ import time
 
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.query import status
-from tests.test_host_support import encoded, host_cfg, params, topic
+from tests.support.host import encoded, host_cfg, params, topic
 
 NOW = (int(time.time()) // 3600) * 3600
 YEAR_H = 365 * 24

@@ -17,7 +17,7 @@ import pytest
 from host_tools import hostconfig
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store import pagecache
-from tests.test_host_support import T0, encoded, host_cfg, params, topic
+from tests.support.host import T0, encoded, host_cfg, params, topic
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not pagecache.supported(),
                                 reason="posix_fadvise and mincore: Linux")

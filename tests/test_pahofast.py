@@ -15,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from host_tools.ingest import pahofast
-from tests.broker import make_test_pki, needs_mosquitto, start_mosquitto
+from tests.support.broker import make_test_pki, needs_mosquitto, start_mosquitto
 
 pytestmark = needs_mosquitto
 

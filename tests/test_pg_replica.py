@@ -38,7 +38,7 @@ from host_tools import hostconfig
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.store import pgserver
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, T0, params, topic
+from tests.support.host import SALT, T0, params, topic
 
 try:
     import psycopg

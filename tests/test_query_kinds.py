@@ -47,7 +47,7 @@ def test_handler_names() -> None:
 def test_dashboard_routes_come_from_the_registry(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("jinja2")
     from host_tools.web.app import Dashboard
-    from tests.test_host_support import host_cfg
+    from tests.support.host import host_cfg
 
     dash = Dashboard(host_cfg(tmp_path))
     for k in kinds.KINDS:
@@ -64,7 +64,7 @@ def test_dashboard_routes_come_from_the_registry(tmp_path: Any, monkeypatch: pyt
 def test_a_registered_path_without_a_handler_is_an_error(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("jinja2")
     from host_tools.web.app import Dashboard
-    from tests.test_host_support import host_cfg
+    from tests.support.host import host_cfg
 
     bad = dataclasses.replace(kinds.BY_NAME["freq"], name="nope", page="/nope", api=None)
     monkeypatch.setattr(kinds, "KINDS", kinds.KINDS + (bad,))
@@ -75,7 +75,7 @@ def test_a_registered_path_without_a_handler_is_an_error(tmp_path: Any, monkeypa
 def test_dashboard_menu_lists_each_page_once(tmp_path: Any) -> None:
     pytest.importorskip("jinja2")
     from host_tools.web.app import Dashboard
-    from tests.test_host_support import host_cfg
+    from tests.support.host import host_cfg
 
     out: list[str] = []
     body = b"".join(Dashboard(host_cfg(tmp_path))({"REQUEST_METHOD": "GET", "PATH_INFO": "/no-such-page"},

@@ -1,6 +1,6 @@
 """A three-node RabbitMQ cluster as the broker (deploy/rabbitmq, host_tools/ingest/amqp.py).
 
-Real parts only: three rabbitmq-server nodes on loopback ports (tests/rabbit.py;
+Real parts only: three rabbitmq-server nodes on loopback ports (tests/support/rabbit.py;
 one cluster for the module), the real device CLI (``python -m agent.pi.daemon
 feed``, MQTT 3.1.1, a user per device) and two real ``pansketch aggregate``
 processes (``[broker] kind = "rabbitmq"``) consuming one quorum queue over
@@ -32,10 +32,10 @@ from typing import Any
 
 import pytest
 
-from tests.rabbit import AGG_PASSWORD, AGG_USER, Balancer, device_password, needs_rabbitmq, start_cluster
-from tests.test_e2e_faults import STORED_LINE, Device, Host, Scene
-from tests.test_e2e_support import REPO, SALT, agent_env, wait_for
-from tests.broker import make_test_pki
+from tests.support.rabbit import AGG_PASSWORD, AGG_USER, Balancer, device_password, needs_rabbitmq, start_cluster
+from tests.support.e2e_faults import STORED_LINE, Device, Host, Scene
+from tests.support.e2e import REPO, SALT, agent_env, wait_for
+from tests.support.broker import make_test_pki
 
 pytestmark = needs_rabbitmq
 
@@ -287,7 +287,7 @@ def test_host_acks_mandatory_retried_and_merged(cluster, tmp_path):
 
 def test_setup_script_grants_what_the_test_cluster_grants(tmp_path):
     """deploy/rabbitmq/setup.sh and tests/rabbit.definitions state the same permissions (no cluster needed)."""
-    from tests.rabbit import definitions
+    from tests.support.rabbit import definitions
 
     ctl = tmp_path / "ctl"  # a rabbitmqctl that prints its arguments, tab-separated
     ctl.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\t" "$a"; done; printf "\\n"\n')
@@ -386,7 +386,7 @@ def test_broker_kind_defaults_and_agent_mqtt_version(tmp_path):
     assert (c.broker.kind, c.broker.amqp_nodes, c.broker.queue) == ("rabbitmq", (("mq.example.net", 5671),),
                                                                      "pansketch.releases")
     assert hostconfig.loads('[fleet]\nsalt = "%s"\n' % SALT).broker.kind == "mosquitto"
-    from tests.test_e2e_support import agent_toml
+    from tests.support.e2e import agent_toml
 
     p = agent_toml(str(tmp_path / "a.toml"), "dev0", 1883, str(tmp_path / "st"), broker_extra='mqtt_version = "3.1.1"')
     assert agent_config.load(p).broker.mqtt_version == "3.1.1"

@@ -1,6 +1,6 @@
-"""The README's Quick start outputs against a real run of the same commands (tests/quickstart_run.py).
+"""The README's Quick start outputs against a real run of the same commands (tests/support/quickstart_run.py).
 
-The README shows the outputs of one real run, written by ``python -m tests.quickstart_run
+The README shows the outputs of one real run, written by ``python -m tests.support.quickstart_run
 --write-readme``; noise makes every run's numbers differ, so this compares what must not drift:
 each output's shape (its lines with every number as ``N``), and what the prose says the numbers
 mean -- the noise sd per cell and the draws behind it, the check's noise line it quotes, the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import quickstart_run as qs
+from tests.support import quickstart_run as qs
 
 README = qs.REPO / "README.md"
 NUM = re.compile(r"-?\d+(?:[.,:]\d+)*")
@@ -71,7 +71,7 @@ def same_shape(a: list[str], b: list[str]) -> bool:
 @pytest.mark.parametrize("name", [n for n, _ in qs.COMMANDS])
 def test_each_output_has_the_shape_the_readme_shows(real, shown, name):
     assert same_shape(shape(shown[name]), shape(real[name])), (
-        "the README's %r output is not what the command prints now: rerun python -m tests.quickstart_run "
+        "the README's %r output is not what the command prints now: rerun python -m tests.support.quickstart_run "
         "--write-readme and check the prose\n--- README\n%s--- real\n%s" % (name, shown[name], real[name]))
 
 

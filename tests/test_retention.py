@@ -26,8 +26,8 @@ from host_tools.query import core as query
 from host_tools.query import status
 from host_tools.store.errors import PrunedError
 from host_tools.store.sqlite import Store
-from tests.broker import needs_mosquitto, start_mosquitto
-from tests.test_host_support import SALT, T0, encoded, host_cfg, params, topic
+from tests.support.broker import needs_mosquitto, start_mosquitto
+from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
 
 E0 = T0 // 3600
 OLD = float(T0 + 86400)  # received times (after the epochs): "old" releases (pruned by a cut at CUT), "new" ones
@@ -77,8 +77,7 @@ def test_prune_drops_only_rolled_up_payloads_received_before_the_cut(tmp_path):
 def test_unrolled_releases_are_never_pruned(tmp_path):
     """dcs releases (no roll-up sums them) keep their bytes whatever their age."""
     from host_tools.ingest.decode import decode
-    from tests import test_dcs_host as dcs
-
+    from tests.support import dcs_host as dcs
     with Store(str(tmp_path / "dcs.db")) as st:
         p = dcs.params("d-0")
         for k in range(3):
@@ -186,7 +185,7 @@ def test_the_running_aggregator_prunes_between_groups(tmp_path):
     """service.run with retain_raw_s: after a group commit (acknowledged), releases received longer
     ago than retain_raw_s lose their bytes, the ones just stored keep them; a re-send of a pruned
     release over MQTT is acknowledged to the device as stored."""
-    from tests.test_aggregator_mqtt import AggThread, publish_all, wait_for
+    from tests.support.aggregator_mqtt import AggThread, publish_all, wait_for
 
     agg, sent = _fill(tmp_path)  # received at OLD / NEW (long ago): all due for pruning
     agg.close()

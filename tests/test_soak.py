@@ -7,7 +7,7 @@ or stored twice, every release must be acknowledged, and the WAL stays under 256
 from __future__ import annotations
 
 from host_tools.bench import soak
-from tests.broker import needs_mosquitto
+from tests.support.broker import needs_mosquitto
 
 
 @needs_mosquitto

@@ -17,8 +17,8 @@ import sys
 from host_tools.ingest import devstatus
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.query import status
-from tests.test_host_status_gaps import E0, REPO, status_msg
-from tests.test_host_support import SALT, encoded, host_cfg, params, topic
+from tests.support.host_status_gaps import E0, REPO, status_msg
+from tests.support.host import SALT, encoded, host_cfg, params, topic
 
 
 def _store(tmp_path, **st):

@@ -33,9 +33,9 @@ from host_tools import cli
 from host_tools.store import bounds
 from host_tools.ingest.decode import decode
 from host_tools.store.backend import open_store
-from tests.broker import mosquitto_path, start_mosquitto
-from tests.test_e2e_support import SALT, AggregatorThread, host_toml
-from tests.test_host_support import T0
+from tests.support.broker import mosquitto_path, start_mosquitto
+from tests.support.e2e import SALT, AggregatorThread, host_toml
+from tests.support.host import T0
 
 pytestmark = pytest.mark.skipif(mosquitto_path() is None, reason="mosquitto is not installed")
 

@@ -19,7 +19,7 @@ import pytest
 from host_tools import hostconfig
 from host_tools.store import pgserver
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, fleet_releases
+from tests.support.host import SALT, fleet_releases
 
 pytestmark = pytest.mark.skipif(pgserver.binaries() is None, reason=pgserver.MISSING)
 OUTAGE_S = 12
@@ -28,8 +28,8 @@ OUTAGE_S = 12
 def test_aggregator_rides_out_a_postgresql_outage(tmp_path: Any, caplog: Any) -> None:
     import paho.mqtt.client as mqtt
 
-    from tests.broker import mosquitto_path, start_mosquitto
-    from tests.test_aggregator_mqtt import AggThread, publish_all, wait_for
+    from tests.support.broker import mosquitto_path, start_mosquitto
+    from tests.support.aggregator_mqtt import AggThread, publish_all, wait_for
 
     if mosquitto_path() is None:
         pytest.skip("mosquitto is not installed (.ci/run installs it)")

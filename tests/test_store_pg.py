@@ -28,7 +28,7 @@ from host_tools.ingest.decode import Rejected, decode
 from host_tools.store.errors import StoreError
 from host_tools.store.rows import Pending
 from host_tools.store.backend import open_store
-from tests.test_host_support import SALT, T0, encoded, fleet_releases, params, record, topic, zipf_stream
+from tests.support.host import SALT, T0, encoded, fleet_releases, params, record, topic, zipf_stream
 
 try:
     import psycopg  # noqa: F401
@@ -330,8 +330,8 @@ def test_aggregators_share_the_subscription_and_one_database(dsn, tmp_path):
 
     import paho.mqtt.client as mqtt
 
-    from tests.broker import mosquitto_path, start_mosquitto
-    from tests.test_aggregator_mqtt import AggThread, publish_all, wait_for
+    from tests.support.broker import mosquitto_path, start_mosquitto
+    from tests.support.aggregator_mqtt import AggThread, publish_all, wait_for
 
     if mosquitto_path() is None:
         pytest.skip("mosquitto is not installed (.ci/run installs it)")
@@ -392,8 +392,7 @@ def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
     import psycopg
 
     from host_tools.store.sqlite import Store
-    from tests import test_dcs_host as dcs
-
+    from tests.support import dcs_host as dcs
     st = open_store(dsn)
     assert st.insert(decode(encoded(params("pg-v1", w=16), fill=1))) == "stored"
     st.close()
@@ -451,8 +450,8 @@ def test_concurrent_writers_add_to_roll_up_rows_of_their_own(dsn):
 def test_a_device_keeps_one_tree_shape_on_postgresql(dsn, tmp_path):
     """pansketch_put's shape check (one stored row of the device decides) refuses a switch either way,
     also after many releases of the device."""
-    from tests.test_tree_query import E0 as TE0
-    from tests.test_tree_query import record_epochs, tparams
+    from tests.support.tree_query import E0 as TE0
+    from tests.support.tree_query import record_epochs, tparams
 
     agg = Aggregator(_cfg(dsn))
     for raw in record_epochs(tparams("sw"), str(tmp_path / "a"), [["x"]] * 2, seed="a"):
@@ -475,8 +474,8 @@ def _group_outcomes(dsn: str, tmp_path: Any, per_release: bool, monkeypatch: Any
     import psycopg
 
     from host_tools.store import pg
-    from tests.test_tree_query import E0 as TE0
-    from tests.test_tree_query import record_epochs, tparams
+    from tests.support.tree_query import E0 as TE0
+    from tests.support.tree_query import record_epochs, tparams
 
     if per_release:
         monkeypatch.setattr(pg, "_set_rows", lambda todo: ([], list(todo)))

@@ -15,8 +15,8 @@ from agent.strhh import LONG, PrefixSketch, encode_item, exact_levels
 from host_tools.ingest.decode import Rejected, decode
 from host_tools.query import strheavy
 from host_tools.query.merge import NoiseTerm
-from tests import mpvm
-from tests import recorder_replay as R
+from tests.support import mpvm
+from tests.support import recorder_replay as R
 
 T0 = R.T0
 SALT = "fleet-salt-1"
@@ -251,7 +251,7 @@ def test_agent_check_prints_the_board_fit(tmp_path):
     cfg.write_text('[broker]\nhost = "127.0.0.1"\nport = 1883\n[device]\nid = "pico-1"\nsalt = "fleet-salt-xyz"\n'
                    '[sketch]\nkind = "strhh"\nd = 3\nw = 64\nlen = 8\n[privacy]\nmechanism = "dlap"\nbudget = "1"\n'
                    '[source]\ntype = "stdin"\n[storage]\npersist_noise = "refresh"\ndir = "%s"\n' % (tmp_path / "s"))
-    from tests.test_e2e_support import run_agent
+    from tests.support.e2e import run_agent
 
     r = run_agent("check", str(cfg), "--offline")
     out = r.stdout.decode()

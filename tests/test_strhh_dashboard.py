@@ -6,9 +6,9 @@ its HTML (the dcs page has the headless-Chromium test, tests/test_dashboard_kind
 
 from __future__ import annotations
 
-from tests.dash_support import Server
-from tests.test_dashboard import get, get_json
-from tests.test_dashboard_kinds import _store, _write_conf, cli, rows
+from tests.support.dash import Server
+from tests.support.dashboard import get, get_json
+from tests.support.dashboard_kinds import _store, _write_conf, cli, rows
 
 PLANT = ["alpha", "\u00e9t\u00e9", "a-rather-long-identifier"]
 
@@ -37,7 +37,7 @@ def test_metrics_export_the_heavy_strings(tmp_path) -> None:
     """/metrics of ``pansketch serve`` carries the top strings of the last day of strhh releases:
     the same ranks, labels, estimates and intervals as ``query heavy -k 10`` over that day; a
     second scrape of an unchanged store answers from the cache (same values)."""
-    from tests.test_metrics import scrape, val
+    from tests.support.metrics import scrape, val
 
     conf = _write_conf(str(tmp_path))
     cfg = {"kind": "strhh", "len": 8, "d": 3, "w": 256, "mechanism": "dlap", "budget": "1"}

@@ -17,7 +17,7 @@ from agent.storage import Outbox
 from host_tools import hostconfig
 from host_tools.ingest.mqttproc import _client
 from host_tools.ingest.mqttshared import Settings
-from tests.broker import needs_mosquitto, start_mosquitto
+from tests.support.broker import needs_mosquitto, start_mosquitto
 
 
 def _nodelay(sock: socket.socket) -> int:

@@ -15,34 +15,14 @@ import sys
 import numpy as np
 import pytest
 
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import DeterministicSource, Rng
 from host_tools.store import ledger
 from host_tools.query import core as query
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.query.core import cover
-from tests.test_host_support import SALT, host_cfg, topic, zipf_stream
+from tests.support.host import SALT, host_cfg, topic, zipf_stream
+from tests.support.tree_query import E0, EP, record_epochs, tparams
 
-EP = 3600
-E0 = 1_700_000_000 // (EP * 256) * 256  # a multiple of 2**8 epochs
 T0 = E0 * EP
-
-
-def tparams(device="tree-a", salt=SALT, **kw):
-    cfg = {"device": device, "salt": salt, "kind": "cs", "d": 4, "w": 128, "mode": "tree", "levels": 5,
-           "epoch_s": EP, "mechanism": "dgauss", "budget": "1/2", "persist_s": 86400}
-    cfg.update(kw)
-    return Params(cfg)
-
-
-def record_epochs(p, root, epochs, seed, start=E0):
-    """One list of events per epoch, from epoch ``start``; returns the releases in order."""
-    rec = make(p, root, start * p.epoch_s, rng=Rng(DeterministicSource(seed)), log=lambda _m: None)
-    for k, events in enumerate(epochs):
-        rec.add_many(events)
-        rec.tick((start + k + 1) * p.epoch_s)
-    return [rec.outbox.read(s) for s in rec.outbox.pending()]
 
 
 # -- cover ---------------------------------------------------------------------------
@@ -102,7 +82,7 @@ def fill(tmp_path, n_epochs=40, devices=("tree-a", "tree-b"), window_dev=True, *
             assert out.stored, out.reason
             assert agg.handle(topic(dev), raw).status == "duplicate"  # idempotent
     if window_dev:
-        from tests.test_host_support import params as wparams, record
+        from tests.support.host import params as wparams, record
 
         p = wparams("win-a", mode="window", window_s=EP, w=128)
         streams["win-a"] = [zipf_stream(150, 200, 1.2, 777 + k) for k in range(n_epochs)]

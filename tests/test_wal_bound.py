@@ -11,7 +11,7 @@ import sqlite3
 import time
 
 from host_tools.ingest.aggregator import Aggregator
-from tests.test_host_support import T0, encoded, host_cfg, params, topic
+from tests.support.host import T0, encoded, host_cfg, params, topic
 
 
 def _wal(db: str) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import quickstart_run
+from tests.support import quickstart_run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ Count-Min and CountSketch (d=4, w=2048, ~16-byte string items from a Zipf
 stream), printed as ratios against a plain-Python dict counter and
 ``collections.Counter`` measured in the same process on the same stream;
 also the numpy host path (host_tools.fasthash). Release size and encode time
-for d=4, w=1024. MicroPython (WebAssembly port under node, see tests/mpvm.py):
+for d=4, w=1024. MicroPython (WebAssembly port under node, see tests/support/mpvm.py):
 time per event, bytes allocated per event, the live heap high-water mark
 for a d=4, w=1024 keep-mode recorder, and the time to draw the noise.
 Figures, not assertions: nothing here fails on a slow machine.
@@ -145,7 +145,7 @@ def step(k, n):
 
 def bench_micropython(events: int = 10_000, chunk: int = 500) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import mpvm
+    from tests.support import mpvm
 
     if not mpvm.available():
         return {"skipped": "MicroPython VM not installed (make setup)"}
@@ -233,7 +233,7 @@ def bench_tree_update_mp(levels: tuple[int, ...] = (1, 8, 12, 16, 24), d: int = 
     """µs per event in the VM: SHA-256 + counter updates for L arrays (min over interleaved repeats of
     2000 events, robust to a loaded machine; the port's clock ticks in ms). 'window' is the single-array path of window/keep mode."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import mpvm
+    from tests.support import mpvm
 
     if not mpvm.available():
         return {}
@@ -251,7 +251,7 @@ def bench_tree_micropython(levels: tuple[int, ...] = (1, 8, 12, 16), d: int = 4,
     """Per-event time, recorder heap and tick/persist cost in tree mode, per L (L=1: window mode),
     under one persist scheme (shadow: one more array per level)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import mpvm
+    from tests.support import mpvm
 
     if not mpvm.available():
         return {"skipped": "MicroPython VM not installed (make setup)"}

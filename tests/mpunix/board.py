@@ -1,4 +1,4 @@
-# Runs inside the MicroPython Unix port (tests/unixvm.py starts it): turns the
+# Runs inside the MicroPython Unix port (tests/support/unixvm.py starts it): turns the
 # process into a "board" and then runs the board's own /boot.py and /main.py.
 #
 #   micropython -X heapsize=128K board.py FLASH_DIR FAKES_DIR HW_DIR [SCRIPT]

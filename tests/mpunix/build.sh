@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build (once) the MicroPython Unix port that tests/unixvm.py runs the board
+# Build (once) the MicroPython Unix port that tests/support/unixvm.py runs the board
 # firmware on: a real VM with real sockets, os.urandom, a fixed heap
 # (-X heapsize=) and the real garbage collector. Sources and micropython-lib
 # (umqtt.simple) come from the tarball bundled in ../shared/micropython

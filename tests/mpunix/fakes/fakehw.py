@@ -1,4 +1,4 @@
-"""The hardware behind the fake board modules on the Unix-port board (tests/unixvm.py).
+"""The hardware behind the fake board modules on the Unix-port board (tests/support/unixvm.py).
 
 ``machine``, ``network``, ``ntptime`` and ``bluetooth`` here are links to
 tests/mpfakes, the fakes the WebAssembly VM's tests use too; this module is

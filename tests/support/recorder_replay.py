@@ -1,4 +1,4 @@
-"""One recorder run, the same on CPython and in the MicroPython VM (tests/mpvm.py), for the tests that
+"""One recorder run, the same on CPython and in the MicroPython VM (tests/support/mpvm.py), for the tests that
 assert both write the same bytes (tests/test_dcs_device.py, tests/test_strhh.py).
 
 The run: twelve 5-minute steps from :data:`T0`; odd steps feed their events with ``add_many``, even
@@ -16,7 +16,7 @@ from agent.params import Params
 from agent.recorder import Recorder
 from agent.rng import DeterministicSource, Rng
 from host_tools.ingest.decode import decode
-from tests import mpvm
+from tests.support import mpvm
 
 T0 = 200_000 * 3600
 STEPS = 12

@@ -1,6 +1,6 @@
 """A real three-node RabbitMQ cluster (Debian's rabbitmq-server) on loopback ports, for tests and benchmarks.
 
-    from tests.rabbit import needs_rabbitmq, start_cluster
+    from tests.support.rabbit import needs_rabbitmq, start_cluster
     c = start_cluster(tmp_path, devices=["dev0", "dev1"])   # .nodes[i].amqp_port/.mqtt_port, .kill(i), .stop()
 
 Each node has its own node name, AMQP/MQTT/distribution ports, data dir and
@@ -41,7 +41,7 @@ from typing import Any, Optional, Sequence
 
 import pytest
 
-from tests.broker import free_port
+from tests.support.broker import free_port
 
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"

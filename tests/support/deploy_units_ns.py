@@ -1,12 +1,12 @@
 """deploy/OPERATIONS.md steps 3 and 4 as written, on top of steps 1-2, in a private mount and network
 namespace (run as root by tests/test_deploy_units.py): the aggregator host's install, its units started
-as systemd would start them (tests/unitrun.py: user, environment, directories), then a device's.
+as systemd would start them (tests/support/unitrun.py: user, environment, directories), then a device's.
 
 /etc, /opt, /usr/local and /var/lib are overlays whose writes stay in this namespace, so the doc's
 ``python3 -m venv /opt/pansketch``, ``useradd``, ``ln -sf ... /usr/local/bin`` and /etc/pansketch
 change nothing outside it. The namespace has no network: pip installs from the packages
 tests/test_deploy_units.py fetched beforehand. Only apt, systemctl and journalctl are replaced by their effect (the
-mosquitto shims of tests/deploy_ns.py; a pansketch unit is started by tests/unitrun.py). Checks:
+mosquitto shims of tests/support/deploy_ns.py; a pansketch unit is started by tests/support/unitrun.py). Checks:
 each unit answers -- the aggregator subscribed, the dashboard's /healthz says ok, the agent's
 ExecStartPre check passed and its ExecStart is running and connected -- and every unit's
 Documentation= names a file that the install put there.
@@ -30,7 +30,7 @@ from deploy_ns import check
 REPO = ns.REPO
 UNITS = ("pansketch-aggregator", "pansketch-dashboard", "pansketch-agent")
 
-# systemctl for the pansketch units (tests/unitrun.py), the mosquitto shim for the rest; journalctl shows
+# systemctl for the pansketch units (tests/support/unitrun.py), the mosquitto shim for the rest; journalctl shows
 # what a unit wrote (no -f: the test goes on)
 UNIT_SHIMS = r'''
 eval "$(declare -f systemctl | sed '1s/^systemctl/_mq_systemctl/')"
@@ -70,7 +70,7 @@ def steps(doc: str, n: int) -> str:
 
 def bash(work: Path, co: Path, script: str, name: str, timeout: float = 600) -> subprocess.CompletedProcess:
     (work / name).write_text(ns.SHIMS + UNIT_SHIMS + script + "\n")
-    env = dict(os.environ, WORK=str(work), UNITRUN=str(REPO / "tests" / "unitrun.py"), UNIT_PY=sys.executable)
+    env = dict(os.environ, WORK=str(work), UNITRUN=str(REPO / "tests" / "support" / "unitrun.py"), UNIT_PY=sys.executable)
     for k in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
         env.pop(k, None)
     env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # root's, no venv

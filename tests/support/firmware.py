@@ -1,6 +1,6 @@
 """Helpers for the firmware tests (no tests here): configs, VM runs, decoding.
 
-The firmware runs in the MicroPython VM (tests/mpvm.py) with the fake
+The firmware runs in the MicroPython VM (tests/support/mpvm.py) with the fake
 hardware of tests/mpfakes mounted at /src/fakes; the fake broker prints
 every message it receives as ``@pub <topic> <retain> <hex>``.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import cbor2
 
-from tests import mpvm
+from tests.support import mpvm
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "mpfakes"
 MOUNTS = {"/src/fakes": FAKES}
 PRELUDE = "import sys\nsys.path.insert(0, '/src/fakes')\nimport fakehw, fwdrive\n"

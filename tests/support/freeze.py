@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_manifest(root: Path = REPO, unix_port: Any = None) -> dict[str, list[Any]]:

@@ -28,7 +28,7 @@ import pytest
 
 from host_tools.localnet import stop_process
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GAP_DEVICE = "pi-gap"
 # the cs fleet only: these tests count its devices and releases; the demo's other kinds (cms, tree,
 # dcs, dbits) are walked by tests/test_first_hour.py
@@ -72,7 +72,7 @@ def add_gap_device(conf: str) -> None:
     from host_tools import hostconfig
     from host_tools.ingest.aggregator import Aggregator
     from host_tools.demo import SALT, T0, ZipfStream
-    from tests.test_host_support import record
+    from tests.support.host import record
 
     from host_tools.store.backend import open_store
 

@@ -1,6 +1,6 @@
 """Start a systemd unit's service the way systemd would, where there is no systemd (a test's namespace).
 
-``python3 tests/unitrun.py start NAME`` reads /etc/systemd/system/NAME.service and does what
+``python3 tests/support/unitrun.py start NAME`` reads /etc/systemd/system/NAME.service and does what
 ``systemctl start`` makes systemd do for its [Service] section, as far as the pansketch units use it:
 StateDirectory (created, owned by User, StateDirectoryMode) and ConfigurationDirectory, the
 environment systemd gives a system service (its PATH, HOME and USER of User=, LANG, the

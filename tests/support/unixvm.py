@@ -3,7 +3,7 @@
 The VM is MicroPython's Unix port, built once by ``tests/mpunix/build.sh``
 from the sources bundled in ``../shared/micropython`` into ``.micropython/``
 (gitignored; ``.ci/run`` builds it before the tests). Unlike the WebAssembly
-VM of ``tests/mpvm.py`` it has real sockets, ``os.urandom`` from the kernel,
+VM of ``tests/support/mpvm.py`` it has real sockets, ``os.urandom`` from the kernel,
 a fixed heap (``-X heapsize=``) and its real garbage collector, which runs
 whenever an allocation needs it.
 
@@ -20,7 +20,7 @@ the UART reads the bytes a test appends to ``<hw>/uart1``, the "WiFi" is
 loopback, NTP is the host's clock. ``kill()`` is a power cut (SIGKILL); starting a new Board on the same
 flash directory is the power coming back.
 
-:class:`Host` is a real mosquitto (``tests/broker.py``) and the real
+:class:`Host` is a real mosquitto (``tests/support/broker.py``) and the real
 aggregator (``python -m host_tools.cli aggregate``) storing into SQLite, so
 tests assert what the host stored. :class:`Proxy` is a TCP relay between the
 board and the broker that can freeze the connection in the middle of a
@@ -53,10 +53,10 @@ from typing import Any, Callable, Optional
 import pytest
 
 from host_tools.localnet import stop_process, wait_until
-from tests.broker import Mosquitto, start_mosquitto
-from tests.freeze import manifest_files
+from tests.support.broker import Mosquitto, start_mosquitto
+from tests.support.freeze import manifest_files
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HERE = REPO / "tests" / "mpunix"
 BUILD = HERE / "build.sh"
 BUILD_FROZEN = HERE / "build-frozen.sh"  # the same VM with the firmware frozen into its image
@@ -598,7 +598,7 @@ class Host:
     """A real mosquitto and the real ``pansketch aggregate`` process storing into ``host.db``."""
 
     def __init__(self, tmp: Path, persistent: bool = True, tls: Optional[dict[str, Any]] = None) -> None:
-        """``tls``: the broker also has a TLS listener (``tls_port``; see tests.broker.make_test_pki); the
+        """``tls``: the broker also has a TLS listener (``tls_port``; see tests.support.broker.make_test_pki); the
         aggregator stays on the plain loopback listener, as on a broker host (deploy/OPERATIONS.md)."""
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)

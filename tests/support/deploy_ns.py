@@ -1,6 +1,6 @@
 """Runs inside ``unshare --mount --net`` as root (tests/test_deploy_debian.py starts it).
 
-    python tests/deploy_ns.py WORKDIR
+    python tests/support/deploy_ns.py WORKDIR
 
 Follows deploy/OPERATIONS.md steps 1-2 AS WRITTEN on Debian's stock
 /etc/mosquitto, then checks the running broker. The commands are the doc's
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "deploy" / "OPERATIONS.md"
 BROKER_NAME = "broker.example.net"  # the name OPERATIONS.md uses
 FAILED: list[str] = []

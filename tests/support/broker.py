@@ -1,6 +1,6 @@
 """A real mosquitto on a free loopback port, for every test that needs a broker.
 
-    from tests.broker import needs_mosquitto, start_mosquitto
+    from tests.support.broker import needs_mosquitto, start_mosquitto
     b = start_mosquitto(tmp_path)               # .port, .stop(), .restart(), .log_text()
     b = start_mosquitto(tmp_path, persistent=True, conf_extra="max_queued_messages 10000")
 

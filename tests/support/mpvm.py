@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "mpnode" / "run.mjs"
 PRELUDE = "import sys\nsys.path.insert(0, '/src')\n"
 

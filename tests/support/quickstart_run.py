@@ -1,7 +1,7 @@
 """The README's Quick start, run for real: one broker, ``pansketch aggregate`` on examples/host.toml,
 ``pansketch-agent check`` and ``feed`` on examples/agent.toml, then ``status`` and ``query freq``.
 
-Used three ways: ``python -m tests.quickstart_run --write-readme`` puts the outputs of a real run into
+Used three ways: ``python -m tests.support.quickstart_run --write-readme`` puts the outputs of a real run into
 README.md (between its ``<!-- quickstart:NAME -->`` markers); tests/test_readme_outputs.py runs it and
 compares what it prints with what the README shows and explains; tests/test_wheel_install.py runs it
 with an installed package's commands in a directory ``pansketch init`` filled.
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EVENTS = "aa:bb:cc:01\naa:bb:cc:02\naa:bb:cc:01\n"  # the README's printf
 ITEMS = ("aa:bb:cc:01", "aa:bb:cc:02", "aa:bb:cc:03")
 
@@ -136,7 +136,7 @@ def readme_shown(path: Path) -> dict[str, str]:
 
 def main() -> int:
     if sys.argv[1:] != ["--write-readme"]:
-        print("usage: python -m tests.quickstart_run --write-readme", file=sys.stderr)
+        print("usage: python -m tests.support.quickstart_run --write-readme", file=sys.stderr)
         return 2
     d = Path(tempfile.mkdtemp(prefix="quickstart-"))
     try:
