@@ -239,7 +239,7 @@ MP_CASES = [("cms", "window", "refresh"), ("cs", "keep", "shadow"), ("cms", "tre
 
 def _mp_dump(binary: Path, cfg: dict[str, Any], cwd: Path, events: bool, fail_at: int, exc: str) -> dict[str, Any]:
     cwd.mkdir(parents=True, exist_ok=True)
-    code = ("import sys\nsys.path.insert(0, %r)\nfrom tests import failpaths_scenario as fs\n"
+    code = ("import sys\nsys.path.insert(0, %r)\nfrom tests.support import failpaths_scenario as fs\n"
             "print('@' + fs.dump(%r, 'dev', 'seed-1', %r, %d, %r))\n"
             % (str(fs_root()), cfg, events, fail_at, exc))
     p = subprocess.run([str(binary), "-X", "heapsize=4M", "-c", code], cwd=cwd, capture_output=True, text=True,
