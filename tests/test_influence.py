@@ -2,7 +2,7 @@
 cancelled items flagged.
 
 Fleets are the real device core (agent.recorder.Recorder with the Pi daemon's numpy path,
-agent.batch.add_batch; deterministic byte source) stored through the aggregator's validate-and-store
+agent.pi.batch.add_batch; deterministic byte source) stored through the aggregator's validate-and-store
 path. The false-flag rate is measured on
 
 * the demo fleet (``pansketch demo``'s parameters: 4 devices, cs d = 4, w = 2048, dgauss rho = 1/2,
