@@ -18,7 +18,7 @@ from host_tools.query import core as query
 from host_tools.query import fleetview, series as series_mod, status as status_mod
 from host_tools.store import exclusions, ledger as ledger_mod
 from host_tools.store.sqlite import Store
-from tests.test_host_rollups import _fill
+from tests.support.host_rollups import _fill
 from tests.support.host import SALT, T0, host_cfg, params, record, topic, zipf_stream
 
 ITEMS = ["item-%d" % i for i in range(6)]

@@ -23,23 +23,8 @@ from host_tools.ingest.decode import decode
 from host_tools.store.rows import Pending
 from host_tools.store.sqlite import Store
 from host_tools.store.backend import open_store
-from tests.support.host import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
-
-
-def _fill(agg: Aggregator, tmp: Any) -> None:
-    for dv in range(4):
-        dev = "r%d" % dv
-        p = params(dev, d=5, w=128)
-        wins = [zipf_stream(600, 300, 1.2, 10 * dv + k) for k in range(4)]
-        for raw in record(p, str(tmp / dev), wins, persists=dv % 2):
-            assert agg.handle(topic(dev), raw).stored
-    # keep mode, 10-minute epochs: one release per epoch (hand-made counters, real encoder), the last one
-    # covering 4 epochs across a window boundary (as after a full outbox)
-    pk = params("keep1", d=5, w=128, mode="keep", window_s=3600, epoch_s=600)
-    e0 = T0 // 600
-    for k in range(20):
-        assert agg.handle(topic("keep1"), encoded(pk, seq=k, elo=e0 + k, fill=k - 7, nz=2 + k % 3)).stored
-    assert agg.handle(topic("keep1"), encoded(pk, seq=20, elo=e0 + 20, ehi=e0 + 24, fill=3)).stored
+from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
+from tests.support.host_rollups import _fill
 
 
 @pytest.fixture(scope="module")
