@@ -27,7 +27,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.pansketch-installed
 MPVM_STAMP := tests/mpnode/node_modules/.pansketch-installed
 
-.PHONY: setup setup-python setup-demo setup-mpvm setup-mpunix demo test bench bench-soak bench-accuracy clean distclean
+.PHONY: setup setup-python setup-demo setup-mpvm setup-mpunix demo test test-fast bench bench-soak bench-accuracy clean distclean
 
 setup: setup-python setup-mpvm
 
@@ -99,6 +99,12 @@ setup-mpunix:
 test: setup-mpunix setup-mpvm setup-python
 	$(VPY) -m pytest -q
 
+# The developer's loop: every test that needs no service (broker, database, browser, MicroPython
+# VM; tests/conftest.py marks them) and is not marked slow. `make test` still runs everything.
+FAST_MARKS := not mosquitto and not postgresql and not rabbitmq and not chromium and not micropython and not slow
+test-fast: setup-python
+	$(VPY) -m pytest -q -p no:cacheprovider -m "$(FAST_MARKS)"
+
 $(STAMP)-bench: pyproject.toml $(STAMP)-core
 	$(VPY) -m pip install -q -e ".[web,bench]"
 	@touch $@
@@ -115,7 +121,7 @@ bench: $(STAMP)-bench setup-mpunix
 	$(VPY) -m host_tools.bench.samplers
 	$(VPY) -m host_tools.bench.feed --profile
 	$(VPY) -m host_tools.bench.host --devices 50 --per-device 40 --rounds 2 --skip pg,query --out bench-results/host.json
-	$(VPY) -m tests.bench_firmware_unix --frozen
+	$(VPY) -m benchmarks.firmware_unix --frozen
 	$(VPY) -m host_tools.bench.report
 
 # CPU per stored release under sustained load (the ingest CPU goal, docs/HOST.md): 1,000 simulated devices, 700 releases/s

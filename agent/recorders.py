@@ -10,7 +10,7 @@ agent/recorder.py: ~5 KB of heap from .mpy, firmware/memory.py TREE_CODE_*).
 
 # Every recorder is built on agent.accum.Core: imported here, with the firmware's other modules at
 # start-up, so its objects sit among theirs and not between them and the sketch's arrays (a frozen
-# Pico W needs two contiguous 32 KiB blocks for d*w = 8192 under refresh, tests/bench_firmware_unix.py).
+# Pico W needs two contiguous 32 KiB blocks for d*w = 8192 under refresh, benchmarks/firmware_unix.py).
 import agent.accum  # noqa: F401
 
 

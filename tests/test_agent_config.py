@@ -134,6 +134,7 @@ def test_config_error_exit_code_of_the_real_command(tmp_path):
     assert not os.path.exists(tmp_path / "st"), "a config error must not create state"
 
 
+@pytest.mark.slow
 def test_check_prints_noise_and_size(tmp_path, capsys):
     path = write(tmp_path, BASE)
     assert main(["check", "--offline", "--config", path]) == 0
@@ -175,6 +176,7 @@ def test_systemd_unit_waits_for_ntp_sync():
         assert name in wants and name in after, name
 
 
+@pytest.mark.slow
 def test_check_tree_mode_recommends_by_query_pattern(tmp_path, capsys):
     tree = (BASE.replace('mode = "keep"', 'mode = "tree"\nlevels = 12').replace("window_s = 3600\n", "")
             .replace("epoch_s = 900", "epoch_s = 60").replace("persist_s = 30", "persist_s = 86400"))

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from host_tools.ingest import pipeline
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.ingest.pipeline import MSG_OVERHEAD, _Held, _Writer
@@ -100,6 +101,7 @@ def test_a_lone_release_is_committed_at_once_and_a_stream_is_gathered(tmp_path, 
     agg.close()
 
 
+@pytest.mark.slow
 def test_a_group_of_group_enough_is_committed_without_waiting(tmp_path, monkeypatch):
     """Messages keep coming, but a group of GROUP_ENOUGH does not wait group_wait_ms for more: in a
     burst the writer would only idle with a backlog behind it. A smaller one still waits."""

@@ -2,6 +2,7 @@
 
 from fractions import Fraction
 
+import pytest
 import numpy as np
 
 from agent.rng import DeterministicSource, Rng
@@ -31,6 +32,7 @@ def test_dynamic_sketch_is_count_sketch():
     assert s.query([1, 2, 3]) == [50.0, 7.0, 0.0]
 
 
+@pytest.mark.slow
 def test_use_and_keep_accumulates_noise_and_simulation_matches():
     gen = np.random.default_rng(1)
     stream = [int(x) for x in gen.integers(0, 40, 600)]

@@ -99,6 +99,7 @@ def test_distinct_noise_scale_and_release():
         DistinctSketch(4, prefix, rng, (1, 1), vbits=31)
 
 
+@pytest.mark.slow
 def test_distinct_estimator_without_noise():
     keys = np.arange(3000)
     sf = pp.distinct_scale(16, 16, 8)

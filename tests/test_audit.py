@@ -104,6 +104,7 @@ def test_outbox_failure_makes_a_longer_range_and_flush_a_part() -> None:
     assert [m["ehi"] - m["elo"] for m in r.release_meta] == [1, 2]
 
 
+@pytest.mark.slow
 def test_model_and_real_code_path_give_the_same_llr_distribution() -> None:
     """The equivalence the fast path rests on, checked in distribution: the LLR
     of every candidate statistic on real trials (os.urandom, the Recorder) and
@@ -134,6 +135,7 @@ def _key(spec: object) -> tuple:
     ("window", ["restart-between-persists", "outbox-failure", "flush-part0"]),
     ("tree", ["restart-after-event", "tree-outbox-failure"]),
 ])
+@pytest.mark.slow
 def test_model_decodes_shadow_runs_bit_for_bit(mode: str, names: list[str]) -> None:
     """persist_noise = shadow: the run draws arrays of two distributions (internal noise at
     2x the arrays, output noise at 1x). Each array is decoded with its own sampler and the
@@ -184,6 +186,7 @@ def test_sampler_matches_pmf() -> None:
 
 # -- a sound device -------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,extra", [("window", {}), ("keep", {"epoch_s": 60}), ("window", {"kind": "cs"})])
 def test_sound_device_stays_below_the_claim(mode: str, extra: dict) -> None:
     p = params(mode=mode, **extra)
@@ -197,6 +200,7 @@ def test_sound_device_stays_below_the_claim(mode: str, extra: dict) -> None:
     assert 0.35 < intr.eps_lower <= 0.5
 
 
+@pytest.mark.slow
 def test_sound_tree_device_stays_below_the_claim() -> None:
     """Tree mode (2 levels): the event is in a leaf and a level-1 node, each
     released with its own output noise; the calibration carries the L factor."""
@@ -208,6 +212,7 @@ def test_sound_tree_device_stays_below_the_claim() -> None:
             assert r.path == "model" and not r.flagged, r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("control", sorted(audit_controls.TREE_CONTROLS))
 def test_tree_negative_control_is_flagged(control: str) -> None:
     with audit_controls.TREE_CONTROLS[control]():
@@ -219,6 +224,7 @@ def test_tree_negative_control_is_flagged(control: str) -> None:
     assert r.flagged, (control, r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["window", "tree"])
 def test_sound_shadow_device_stays_below_the_claim(mode: str) -> None:
     """persist_noise = shadow: each array sampled from its own pmf, joint tests of the two
@@ -236,6 +242,7 @@ def test_sound_shadow_device_stays_below_the_claim(mode: str) -> None:
         assert 0.35 < intr.eps_lower <= 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("control", sorted(audit_controls.SHADOW_CONTROLS))
 def test_shadow_negative_control_is_flagged(control: str) -> None:
     with audit_controls.SHADOW_CONTROLS[control]():
@@ -250,6 +257,7 @@ def test_shadow_negative_control_is_flagged(control: str) -> None:
         assert " & " in r.statistic, r  # only the joint test of both coordinates sees the 2 eps
 
 
+@pytest.mark.slow
 def test_real_code_path_agrees_on_a_sound_device() -> None:
     p = params()
     sc = scenarios.for_mode("window", ["after-last-persist"])[0]
@@ -260,6 +268,7 @@ def test_real_code_path_agrees_on_a_sound_device() -> None:
 
 # -- negative controls ------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("control", sorted(audit_controls.CONTROLS))
 def test_negative_control_is_flagged(control: str) -> None:
     with audit_controls.CONTROLS[control]():
@@ -275,6 +284,7 @@ def test_negative_control_is_flagged(control: str) -> None:
         assert r.eps_lower > 5, r  # an exact recovery
 
 
+@pytest.mark.slow
 def test_scale_halved_is_flagged_for_dgauss_too() -> None:
     """dgauss claims (4.73, 1e-5) for rho = 1/2; sigma/2 means rho = 2. Resolving
     it needs more trials than dlap (the bound lives at FPR ~ 1e-4): 1e5 give 5.4."""
@@ -322,6 +332,7 @@ def test_controls_are_gone_after_the_hook() -> None:
 
 # -- command line ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_json_lines(tmp_path, capsys) -> None:
     conf = tmp_path / "agent.toml"
     conf.write_text('[device]\nid = "d1"\nsalt = "fleet-salt-x"\n[sketch]\nkind = "cms"\nd = 2\nw = 4096\n'
@@ -420,6 +431,7 @@ FAULT_NAMES = [s.name for s in scenarios.FAULTS]
     ("window", {"persist_s": 60, "persist_noise": "shadow"}),
     ("tree", {"levels": 2, "window_s": None, "w": 8}),
 ])
+@pytest.mark.slow
 def test_failed_writes_stay_below_the_claim(mode: str, extra: dict) -> None:
     """Every fault scenario (ENOSPC/EIO/MemoryError before, during and after the counters, before
     the trailer, at close, at the marker), keep-every-byte flash, intrusion view: the device stays
@@ -454,6 +466,7 @@ def test_retried_release_and_the_next_accumulator_stay_below_the_claim(mode: str
             assert [m["ehi"] - m["elo"] for m in rel][-2:] == [2, 1], rel  # the grown range, then the next
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("control", sorted(audit_controls.FAULT_CONTROLS))
 def test_fault_negative_control_is_flagged(control: str) -> None:
     """The failure paths as they were before the failed-write fix (test-only hooks): flagged."""
@@ -467,6 +480,7 @@ def test_fault_negative_control_is_flagged(control: str) -> None:
         assert " & " in r.statistic, r  # two increments with independent noise, both holding the event
 
 
+@pytest.mark.slow
 def test_cli_audits_dcs_with_its_b_and_map(tmp_path, capsys) -> None:
     """A b = 2 dcs config is audited as b = 2 (3 levels) with its map, and ends with a verdict."""
     conf = tmp_path / "agent.toml"
@@ -488,6 +502,7 @@ def test_cli_audits_dcs_with_its_b_and_map(tmp_path, capsys) -> None:
     assert len(device.target_cells(p, device.target_item(p))) == 3 * 2  # one node per level, d rows each
 
 
+@pytest.mark.slow
 def test_cli_audits_dbits(tmp_path, capsys) -> None:
     """kind dbits: the real code path, a verdict (no LinAlgError), ok at eps = 3/2."""
     conf = tmp_path / "agent.toml"
@@ -499,6 +514,7 @@ def test_cli_audits_dbits(tmp_path, capsys) -> None:
     assert rc == 0 and len(summ) == 2 and all(d["path"] == "real" and not d["flagged"] for d in summ), summ
 
 
+@pytest.mark.slow
 def test_dbits_old_limit_is_flagged() -> None:
     """eps = 19/10 under the old 'eps <= 2' rule: a 0-bit has likelihood ratio 2/(2 - eps) = 20 > e^1.9."""
     with audit_controls._dbits_old_limit():
@@ -508,6 +524,7 @@ def test_dbits_old_limit_is_flagged() -> None:
     assert r.flagged and r.statistic.startswith("bit"), r
 
 
+@pytest.mark.slow
 def test_tree_sums_the_evidence_of_every_level() -> None:
     """Tree mode: an event is in every level's node and its release; the release view's test sums
     the LLRs of independent statistics over the levels (3 levels: a group of 3)."""
@@ -527,6 +544,7 @@ def test_tree_sums_the_evidence_of_every_level() -> None:
     assert all(x in r.statistic for x in ("release[0]", "release[2]", "release[6]")) and not r.flagged, r
 
 
+@pytest.mark.slow
 def test_cli_audits_strhh_with_its_len(tmp_path, capsys) -> None:
     """A len = 3 strhh config is audited with 3 prefix levels (d = 3 rows each), and ends with a verdict."""
     conf = tmp_path / "agent.toml"

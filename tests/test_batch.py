@@ -19,6 +19,7 @@ def stream(n: int, seed: int) -> list:
     return [pool[min(int(rnd.paretovariate(1.1)) - 1, len(pool) - 1)] for _ in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,d,w", [("cms", 4, 2048), ("cs", 4, 256), ("cs", 9, 64), ("cms", 1, 7)])
 def test_batch_equals_one_update_per_event(kind, d, w):
     items = stream(20000, d * w)

@@ -20,7 +20,7 @@ ROUND = {"peer": {"releases_per_second": 8000.0, "cpu_us_per_release": {"bare su
                                                       "host_tools.ingest.validproc": 30, "mosquitto": 50}}}
 HOST = {"ingest_mqtt_rounds": [ROUND, json.loads(json.dumps(ROUND).replace("4800.0", "5600.0"))],
         "ingest_mqtt_summary": {"loadavg_1min_per_round": [3.0, 3.5]}}
-# the shape tests/bench_firmware_unix.py writes: the minimum free is the TLS run's
+# the shape benchmarks/firmware_unix.py writes: the minimum free is the TLS run's
 FIRMWARE = {"esp32_d": 4, "esp32_w": 1024, "esp32_free_bytes_min": 32240, "esp32_heap_bytes": 110016,
             "frozen": {"bits": 32, "runs": {
                 "esp32_plain": {"w": 1024, "d": 4, "tls": False, "shadow": True, "free_at_high_water": 34900, "ok": True},

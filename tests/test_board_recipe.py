@@ -74,6 +74,7 @@ def assert_nothing_written(tmp: Path, marker: Path) -> None:
     assert marker.exists(), "the staging directory was wiped"
 
 
+@pytest.mark.slow
 def test_readme_recipe_accepts_its_example_and_refuses_what_does_not_fit(tmp_path, stage_marker):
     lines = recipe()
     cp = step(lines, "cp")
@@ -110,6 +111,7 @@ def test_readme_recipe_accepts_its_example_and_refuses_what_does_not_fit(tmp_pat
         assert_nothing_written(tmp_path, stage_marker)
 
 
+@pytest.mark.slow
 def test_the_esp32_example_is_refused_with_mpy_and_told_what_fits(tmp_path, stage_marker):
     """The ESP32 example (w = 1024, shadow) needs the frozen image: with .mpy flash.sh says so before
     anything is written; with --frozen it goes on."""

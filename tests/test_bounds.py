@@ -65,6 +65,7 @@ def _events(name: str, n: int, spread: bool) -> list[Any]:
     return ["item-%d" % i if spread else "item-0" for i in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KINDS))
 @pytest.mark.parametrize("spread", [False, True])
 def test_an_honest_device_at_exactly_the_limit_passes(name, spread, tmp_path):
@@ -139,6 +140,7 @@ def _cells(c: np.ndarray, p: Params, v: int) -> np.ndarray:
     return c
 
 
+@pytest.mark.slow
 def test_thresholds_are_sound_at_a_testable_probability(tmp_path):
     """The formula checked where it can be seen: at alpha = 0.2 (not 1e-9) the thresholds must refuse
     at most 20% of honest releases at the limit, with room for sampling (120 releases: <= 35 refused,

@@ -57,6 +57,7 @@ def draws(spec: NoiseSpec, seed: str, cells: int = 8192, reps: int = 5) -> np.nd
     return np.concatenate(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num,den", [(4, 1), (8, 1), (25, 3)])
 def test_bulk_discrete_gaussian_has_the_exact_pmf(num, den):
     var = num / den

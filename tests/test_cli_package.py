@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 from host_tools import cli, demo
 from host_tools.web import extra, serve
 
 
+@pytest.mark.slow
 def test_version_is_the_installed_distributions() -> None:
     from importlib.metadata import version
 

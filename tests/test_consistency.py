@@ -78,6 +78,7 @@ def test_tree_consistent_rejects_an_incomplete_tree():
         tree_consistent([np.zeros(4), np.zeros(3)], [np.ones(4), np.ones(3)])
 
 
+@pytest.mark.slow
 def test_consistent_ranges_have_lower_error_than_the_raw_cover():
     """Noise-only trees (L = 11, unit variance): the canonical cover's range error vs the consistent one.
     Least squares is the best linear unbiased estimate, so its error is never larger in expectation;
@@ -97,6 +98,7 @@ def test_consistent_ranges_have_lower_error_than_the_raw_cover():
         assert ratio >= 1.3, (k, ratio)
 
 
+@pytest.mark.slow
 def test_cdf_rows_are_monotone_inside_and_quantile_rows_stand_alone():
     """A noisy dcs sketch over few readings (most of the domain empty: raw rows overshoot 1 and go
     below 0 there): the CDF rows come out monotone, in [0, 1] and inside their intervals; a quantile

@@ -158,6 +158,7 @@ def _within(misses: int, total: int, conf: float) -> bool:
     return abs(rate - conf) <= max(0.02, 3 * math.sqrt(conf * (1 - conf) / total))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("b,w,trials,seed", [(12, 64, 32, 100), (14, 128, 25, 200)])
 def test_rank_interval_coverage_is_calibrated(b, w, trials, seed):
     """Rank intervals are calibrated, not conservative: the coverage of the quantile rows and of
@@ -174,6 +175,7 @@ def test_rank_interval_coverage_is_calibrated(b, w, trials, seed):
         assert _within(m, tot, c), (c, rows)
 
 
+@pytest.mark.slow
 def test_total_interval_covers():
     misses = total = 0
     for t in range(12):
@@ -185,6 +187,7 @@ def test_total_interval_covers():
     assert misses <= binom_upper(total, 0.025, 0.999), (misses, total)  # n's interval is at alpha/2
 
 
+@pytest.mark.slow
 def test_heavy_finds_planted_values_with_covering_intervals():
     b, d, w = 24, 4, 256
     g = np.random.default_rng(3)

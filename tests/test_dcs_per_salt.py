@@ -8,6 +8,7 @@ estimates over the level's support separate the two and cover at the nominal rat
 
 from __future__ import annotations
 
+import pytest
 import numpy as np
 
 from agent.dcs import level_prefix
@@ -51,6 +52,7 @@ def _unlucky_salt() -> tuple[str, int]:
     raise AssertionError("no unlucky salt found")
 
 
+@pytest.mark.slow
 def test_an_unlucky_salt_is_covered_over_the_noise_where_the_hash_averaged_interval_never_is():
     salt, v = _unlucky_salt()
     vals = _data()
@@ -73,6 +75,7 @@ def test_an_unlucky_salt_is_covered_over_the_noise_where_the_hash_averaged_inter
     assert new_miss <= bound and node_miss <= bound, (new_miss, node_miss, bound)
 
 
+@pytest.mark.slow
 def test_per_salt_node_errors_are_calibrated():
     """Over several salts and noise draws, the least-squares node estimates' 95% intervals miss at
     the nominal rate, within the 0.1%..99.9% points of Binomial(N, 0.05) (nodes of one draw share

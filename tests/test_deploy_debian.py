@@ -33,6 +33,7 @@ import pytest
 from tests.support.deploy_debian import REPO, _why_not
 
 
+@pytest.mark.slow
 def test_operations_steps_1_2_as_written_on_stock_debian(tmp_path):
     why = _why_not()
     if why:

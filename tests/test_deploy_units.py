@@ -17,6 +17,7 @@ import pytest
 from tests.support.deploy_debian import REPO, _why_not
 
 
+@pytest.mark.slow
 def test_operations_steps_3_4_install_and_start_every_unit(tmp_path):
     why = _why_not()
     if why:

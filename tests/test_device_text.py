@@ -76,6 +76,7 @@ def strhh_db(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_heavy_strings_are_printed_escaped(strhh_db):
     r = _cli(_conf(strhh_db), "query", "heavy", "-k", "10")
     assert r.returncode == 0, r.stderr
@@ -87,6 +88,7 @@ def test_heavy_strings_are_printed_escaped(strhh_db):
     assert "\\x1b[2J\\x1b[1;31mPWNED" in r.stdout and "ok\\rFAKE-LINE" in r.stdout and "a\\nb" in r.stdout
 
 
+@pytest.mark.slow
 def test_heavy_json_and_csv_keep_the_strings_and_no_controls(strhh_db):
     conf = _conf(strhh_db)
     r = _cli(conf, "query", "heavy", "-k", "10", "--json")
@@ -152,6 +154,7 @@ def test_a_status_alone_makes_no_fleet_member(tmp_path):
     s.close()
 
 
+@pytest.mark.slow
 def test_status_cli_shows_stored_device_strings_escaped(tmp_path):
     """A store that kept a hostile status (written before the checks, or by a direct write): the text,
     --json and --csv outputs of ``pansketch status`` still show every field escaped."""

@@ -12,7 +12,7 @@ found in >= 19 of 20 runs, and none holding < 0.2 % is reported above the thresh
 Eight strings hold 2 % of the events each (two of them longer than len = 12 bytes: reported
 as their first 10 bytes and a hash bucket), 30 strings 0.19 % each, the rest are rare. Every
 2 % string must be reported, no 0.19 % string (nor any other) above the threshold. The 20
-runs: ``python -m tests.bench_strhh_e2e --runs 20`` (bench-results/strhh-e2e.json: docs/HOST.md
+runs: ``python -m benchmarks.strhh_e2e --runs 20`` (bench-results/strhh-e2e.json: docs/HOST.md
 "Heavy-hitter strings" has the counts); the 20-seed host simulation with the same calibration
 is tests/test_strhh.py::test_descent_finds_planted_heavy_strings_20_seeds.
 """
@@ -68,7 +68,7 @@ def test_heavy_strings_without_candidates(tmp_path):
 
 
 def test_cpython_and_micropython_agents_one_acceptance_run(mpunix, tmp_path):  # noqa: F811
-    from tests.bench_strhh_e2e import HEAVY as H, one_run
+    from benchmarks.strhh_e2e import HEAVY as H, one_run
 
     r = one_run(tmp_path, 0, mpunix)
     assert r["found"] == sorted(label(encode_item(h, 12)) for h in H), r

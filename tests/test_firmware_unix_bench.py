@@ -1,20 +1,20 @@
 """Heap and cost per event of the firmware on MicroPython's Unix port (real GC, fixed heap).
 
-Runs the quick part of tests/bench_firmware_unix.py (the default sketch, d=4
+Runs the quick part of benchmarks/firmware_unix.py (the default sketch, d=4
 w=1024, in a 144 KiB heap; 1.5x that on a 64-bit VM), writes
 bench-results/firmware-unix.json and checks what does not depend on the speed of
 the (shared) machine: the firmware's live heap does not grow over a main loop that
 commits and publishes a release, each event leaves the same small garbage, and
 the garbage collector runs as often as free heap / garbage per event says (so its
 cost per event depends on the free heap only, and each collection is cheap).
-``python -m tests.bench_firmware_unix`` also finds the smallest heap per sketch.
+``python -m benchmarks.firmware_unix`` also finds the smallest heap per sketch.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests import bench_firmware_unix as B
+from benchmarks import firmware_unix as B
 from tests.support import unixvm as U
 from tests.support.broker import needs_mosquitto
 from tests.support.unixvm import mpunix  # noqa: F401  (fixture)

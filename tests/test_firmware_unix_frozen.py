@@ -8,7 +8,7 @@ config, boot.py and main.py (``deploy/flash.sh --frozen``).
 
 The ESP32 board example (deploy/board/pansketch.example.json: CountSketch
 d = 4, w = 1024, shadow persists, TLS with the fleet CA, 64 events per step;
-tests.bench_firmware_unix.example_config says what the bench changes) runs
+benchmarks.firmware_unix.example_config says what the bench changes) runs
 its real main loop against a real mosquitto over TLS and the real
 aggregator, in the ESP32's 110 KB heap (firmware/memory.py) with Mbed TLS
 allocating outside it, as on an ESP32 (ESP-IDF heap; tlsalloc.outside()):
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 
-from tests import bench_firmware_unix as B
+from benchmarks import firmware_unix as B
 from tests.support import unixvm as U
 from tests.support.broker import make_test_pki, needs_mosquitto
 from tests.support.unixvm import mpunix_frozen  # noqa: F401  (fixture)

@@ -256,6 +256,7 @@ def test_fast_encoding_check_agrees_with_the_reference():
         assert canonical_offset(mv, good) == canonical_offset_ref(mv, good)
 
 
+@pytest.mark.slow
 def test_scanner_encoding_check_is_exactly_reencoding():
     """cborscan.scan's one-pass check (shortest heads, keys in encoded order) says canonical exactly when
     agent.cbor re-encodes the decoded value to the same bytes; the counters' offset and the plain reader

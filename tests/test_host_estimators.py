@@ -157,6 +157,7 @@ def slack(conf: float, n: int) -> float:
     return 3 * math.sqrt(conf * (1 - conf) / n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_interval_coverage_on_zipf(tmp_path, name):
     conf = 0.95
@@ -179,6 +180,7 @@ def test_interval_coverage_on_zipf(tmp_path, name):
     assert np.mean(widths) <= 5 * np.mean(errs) + 10, (name, widths, errs)
 
 
+@pytest.mark.slow
 def test_lower_confidence_gives_narrower_intervals_still_covering(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -262,6 +264,7 @@ def test_merged_noise_with_mixed_nz_and_specs(tmp_path):
     assert m.noise_var == pytest.approx(5 * sa.num / sa.den + 7 * sb.num / sb.den)
 
 
+@pytest.mark.slow
 def test_cms_offset_covers_pure_noise_with_many_draws(tmp_path):
     """Empty streams, releases with nz = 6 (4 persists): every counter is pure noise, f = 0.
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from fractions import Fraction
 
+import pytest
 from host_tools.audit.stats import zcdp_to_dp as zcdp_to_approx_dp  # the one conversion (ledger)
 from host_tools.store import ledger
 from host_tools.query import status
@@ -90,6 +91,7 @@ def test_status_report_gaps_and_reuse(tmp_path):
     a.close()
 
 
+@pytest.mark.slow
 def test_status_cli(tmp_path):
     a = fill(tmp_path)
     a.close()

@@ -131,6 +131,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO, timeout=60)
 
 
+@pytest.mark.slow
 def test_cli_freq_and_topk_json(fleet):
     r = _cli("query", "--config", fleet["conf"], "freq", "item-0", "item-1", "nothing", "--json",
              "--window", str(T0 // 3600 + 2), "--confidence", "0.9")

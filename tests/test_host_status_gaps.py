@@ -14,6 +14,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
 from host_tools import hostconfig
 from host_tools.ingest import devstatus
 from host_tools.query import status
@@ -155,6 +156,7 @@ def test_report_lists_lost_pending_rejected_late_and_backlog(tmp_path):
     a.close()
 
 
+@pytest.mark.slow
 def test_status_cli_json_and_grace(tmp_path):
     _fleet(tmp_path).close()
     conf = tmp_path / "host.toml"

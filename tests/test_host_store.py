@@ -73,6 +73,7 @@ def test_concurrent_aggregators_store_each_release_once(tmp_path):
     _concurrent_writers(tmp_path, 3)
 
 
+@pytest.mark.slow
 def test_many_concurrent_aggregators_store_each_release_once(tmp_path):
     _concurrent_writers(tmp_path, 8)
 
@@ -214,6 +215,7 @@ def _opener(db: str, barrier: Any, out: "mp.Queue[str]") -> None:
         out.put(traceback.format_exc())
 
 
+@pytest.mark.slow
 def test_simultaneous_first_opens_of_a_fresh_file_all_succeed(tmp_path):
     """The cause of the old flake: processes opening a new file at the same instant race to switch it to
     WAL, and SQLite refused the loser at once ("database is locked", no busy wait for a lock upgrade).

@@ -51,6 +51,7 @@ def chi_square_pvalue(samples, pmf):
     return stats.chi2.sf(stat, k - 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num,den", [(1, 2), (1, 1), (3, 1), (25, 2)])
 def test_discrete_laplace_fits_exact_pmf(num, den):
     t = num / den
@@ -66,6 +67,7 @@ def test_discrete_laplace_fits_exact_pmf(num, den):
     assert abs(m2 - var) < 4.5 * math.sqrt((m4 - var * var) / N)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num,den", [(1, 4), (1, 1), (4, 1), (50, 1), (1000, 7)])
 def test_discrete_gaussian_fits_exact_pmf(num, den):
     var_param = num / den

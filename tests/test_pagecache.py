@@ -129,6 +129,7 @@ def _settled(a: Aggregator, db: str, want: Any, timeout: float = 10.0) -> int:
     return r
 
 
+@pytest.mark.slow
 def test_the_aggregators_checkpoints_leave_only_the_files_tail_cached_and_lose_nothing(tmp_path, advice_taken):
     db, n, a = _fill(tmp_path, 1)
     size = os.path.getsize(db)
@@ -152,6 +153,7 @@ def test_the_aggregators_checkpoints_leave_only_the_files_tail_cached_and_lose_n
     b.close()
 
 
+@pytest.mark.slow
 def test_with_the_drop_off_the_file_stays_cached(tmp_path, advice_taken):
     """The control: the same ingest with ``drop_cache_behind_mb = 0`` leaves the file in the page cache,
     so the test above sees the advice, not the kernel's own eviction."""
@@ -170,6 +172,7 @@ def test_drop_cache_behind_mb_is_read_from_the_config_and_checked(tmp_path):
     assert exc.value.key == "aggregator.drop_cache_behind_mb"
 
 
+@pytest.mark.slow
 def test_a_failing_advice_is_logged_once_and_turned_off_and_ingest_goes_on(tmp_path, monkeypatch, caplog):
     calls = []
 

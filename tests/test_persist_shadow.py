@@ -290,6 +290,7 @@ def tree_run(root, p, seed, restart_at=None):
     return out, per_epoch
 
 
+@pytest.mark.slow
 def test_tree_nodes_carry_one_internal_draw_however_many_persists(tmp_path):
     """24 persists inside the root: under refresh it would carry 1 + 24 + 1 draws; under
     shadow every node carries Z_int at the 2L-array scale + Z_out at L arrays: per-cell
@@ -309,6 +310,7 @@ def test_tree_nodes_carry_one_internal_draw_however_many_persists(tmp_path):
     assert 2.6 < var < 3.4, var
 
 
+@pytest.mark.slow
 def test_tree_restart_mid_node_rebuilds_each_level(tmp_path):
     p = tree_params()
     got, per_epoch = tree_run(tmp_path, p, "tree-b", restart_at=90)

@@ -153,7 +153,7 @@ def _esp32(results: Path) -> Optional[dict[str, Any]]:
             continue
         if "esp32_w" in d:
             fz: dict[str, Any] = d["frozen"] if isinstance(d.get("frozen"), dict) else {}
-            # the run whose high-water gave the minimum (tests/bench_firmware_unix.py: runs esp32_plain, esp32_tls)
+            # the run whose high-water gave the minimum (benchmarks/firmware_unix.py: runs esp32_plain, esp32_tls)
             runs = [r for r in (fz.get("runs") or {}).values() if isinstance(r, dict) and r.get("ok")
                     and r.get("w") == d["esp32_w"] and r.get("free_at_high_water") == d.get("esp32_free_bytes_min")]
             e = runs[0] if runs else (fz.get("esp32") or {})

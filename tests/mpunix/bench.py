@@ -1,5 +1,5 @@
 # Runs inside the MicroPython Unix port instead of /main.py (tests/mpunix/board.py
-# with SCRIPT=bench; tests/bench_firmware_unix.py compiles it and benchrun.py to
+# with SCRIPT=bench; benchmarks/firmware_unix.py compiles it and benchrun.py to
 # .mpy in the board's /hw). It boots the board firmware from /pansketch.json
 # exactly as main.py would (this module is tiny, so it costs the boot next to
 # nothing), then benchrun measures it with the port's real garbage collector in

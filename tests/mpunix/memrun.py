@@ -1,6 +1,6 @@
 # Runs inside the MicroPython Unix port instead of /main.py (tests/mpunix/board.py
 # with SCRIPT=memrun; tests/test_firmware_unix_frozen.py and
-# tests/bench_firmware_unix.py --frozen compile it to .mpy in the board's /hw).
+# benchmarks/firmware_unix.py --frozen compile it to .mpy in the board's /hw).
 # Where a board's heap goes, stage by stage, in the frozen VM
 # (tests/mpunix/build-frozen.sh), with the firmware's real main loop running
 # against a real broker. Options in /hw/memrun.json:

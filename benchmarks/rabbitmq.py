@@ -1,6 +1,6 @@
 """Ingest benchmark on a three-node RabbitMQ cluster (a benchmark, not a CI test).
 
-    PYTHONPATH=. python tests/bench_rabbitmq.py [--devices 30] [--per-device 40] [--rounds 2] [--aggregators 1,2]
+    PYTHONPATH=. python benchmarks/rabbitmq.py [--devices 30] [--per-device 40] [--rounds 2] [--aggregators 1,2]
                                                 [--out bench-results/rabbitmq.json]
 
 A cluster from tests/support/rabbit.py (three nodes on loopback, one user per

@@ -1,7 +1,7 @@
 """The end-to-end acceptance for kind strhh, with real agents, run N times.
 
-    python -m tests.bench_strhh_e2e [--runs 20] [--out bench-results/strhh-e2e.json]
-    python -m tests.bench_strhh_e2e --summarize LOG   # the summary of the JSON lines a run printed
+    python -m benchmarks.strhh_e2e [--runs 20] [--out bench-results/strhh-e2e.json]
+    python -m benchmarks.strhh_e2e --summarize LOG   # the summary of the JSON lines a run printed
 
 One run: a real mosquitto and ``pansketch aggregate`` (tests/unixvm.Host); 10^5
 events at eps = 1 (dlap) per window, split in two halves: one to a CPython

@@ -1,7 +1,7 @@
 """Heap and time of the board firmware on MicroPython's Unix port (real GC, fixed heap).
 
-    python -m tests.bench_firmware_unix          # full: also the smallest heap each config runs in
-    python -m tests.bench_firmware_unix --frozen # the frozen image at each board's heap (memory model)
+    python -m benchmarks.firmware_unix          # full: also the smallest heap each config runs in
+    python -m benchmarks.firmware_unix --frozen # the frozen image at each board's heap (memory model)
     (tests/test_firmware_unix_bench.py runs the quick part in the test suite)
 
 Writes ``bench-results/firmware-unix.json``. The firmware boots from a flash
