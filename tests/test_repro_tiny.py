@@ -10,6 +10,7 @@ from host_tools import cli
 from host_tools.lab.repro import dp_linear, intermittent, lazy, panprivate
 
 
+@pytest.mark.slow
 def test_dp_linear_tiny(tmp_path: Path):
     r = dp_linear.run("tiny", tmp_path, seed=1)
     for f in ("dp_linear.md", "dp_linear.json", "fig1_are_paper.png", "fig1_f1_notebook.png", "fig2_rank_error.png"):

@@ -19,6 +19,7 @@ from host_tools.bench.samplers import RefRng, ref_sample
 
 @pytest.mark.parametrize("mech,num,den", [("dlap", 8, 1), ("dlap", 1, 3), ("dlap", 2000, 7), ("dlap", 70000, 1),
                                           ("dgauss", 4, 1), ("dgauss", 1, 8), ("dgauss", 10**6, 3)])
+@pytest.mark.slow
 def test_fast_samplers_equal_the_reference(mech, num, den):
     spec = noise.NoiseSpec(mech, num, den)
     fast = Rng(DeterministicSource("ref-%s-%d-%d" % (mech, num, den)))

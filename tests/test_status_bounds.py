@@ -69,6 +69,7 @@ def test_a_plausible_status_is_still_the_devices_word(tmp_path):
     a.close()
 
 
+@pytest.mark.slow
 def test_status_cli_uses_the_configured_bound(tmp_path):
     _store(tmp_path, next_seq=10 ** 9, oldest_pending=6, pending=5).close()
     conf = tmp_path / "host.toml"

@@ -159,6 +159,7 @@ class PowerCut(BaseException):
     pass
 
 
+@pytest.mark.slow
 def test_power_cuts_mid_node_never_release_twice_or_redraw(tmp_path, monkeypatch):
     """Power cuts at random file writes (state, release .tmp, marker, rename):
     after every restart, each node key is released at most once, and the
@@ -302,6 +303,7 @@ def test_daemon_batch_path_updates_every_level(tmp_path):
     assert not a.relbuf.tobytes().strip(b"\0")
 
 
+@pytest.mark.slow
 def test_marker_stays_small_and_flush_parts_survive_a_restart_without_state(tmp_path):
     """The marker is rewritten at every release: it keeps at most 2L + 1 lines
     however long the device runs without persisting; and after a flush and a

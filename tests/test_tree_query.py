@@ -97,6 +97,7 @@ def fill(tmp_path, n_epochs=40, devices=("tree-a", "tree-b"), window_dev=True, *
     return agg, truth
 
 
+@pytest.mark.slow
 def test_range_query_uses_fewest_nodes_and_reports_draws(tmp_path):
     agg, truth = fill(tmp_path, window_dev=False)
     st = agg.store
@@ -121,6 +122,7 @@ def test_range_query_uses_fewest_nodes_and_reports_draws(tmp_path):
     agg.close()
 
 
+@pytest.mark.slow
 def test_mixed_fleet_sums_window_devices_and_covers_tree_devices(tmp_path):
     agg, truth = fill(tmp_path, n_epochs=16)
     ans = query.freq(agg.store, ["item-0"], salt=SALT, since=T0 + 4 * EP, until=T0 + 12 * EP)
@@ -144,6 +146,7 @@ def test_store_refuses_a_device_switching_tree_shape(tmp_path):
     agg.close()
 
 
+@pytest.mark.slow
 def test_ledger_per_tree(tmp_path):
     agg, _ = fill(tmp_path, n_epochs=32, window_dev=False)
     led = ledger.build(agg.store.releases())
@@ -155,6 +158,7 @@ def test_ledger_per_tree(tmp_path):
 
 # -- series -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_series_step_and_running(tmp_path):
     from host_tools.query import series
 
@@ -176,6 +180,7 @@ def test_series_step_and_running(tmp_path):
     agg.close()
 
 
+@pytest.mark.slow
 def test_series_cli_json(tmp_path):
     agg, _ = fill(tmp_path, n_epochs=8, window_dev=False)
     agg.close()
@@ -203,6 +208,7 @@ RANGES = [(0, 1), (3, 10), (0, 16), (5, 13), (1, 16)]
 SEEDS = range(8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,mech,budget", [("cs", "dgauss", "1/2"), ("cms", "dlap", "1")])
 def test_range_interval_coverage(tmp_path, kind, mech, budget):
     """Coverage of range-query intervals over fresh salts and noise is calibrated:
@@ -274,6 +280,7 @@ def test_tree_node_validation(name, kw, code):
 
 # -- least-squares consistent nodes (host_tools.query.treels) -----------------------------------
 
+@pytest.mark.slow
 def test_consistent_ranges_use_complete_subtrees_and_lower_the_error(tmp_path):
     """Two tree devices, 48 epochs from an aligned start (L = 5: complete subtrees of 16 epochs, plus the
     open tail). Ranges inside complete subtrees are answered from consistent nodes (reported), the raw

@@ -18,6 +18,7 @@ def _wal(db: str) -> int:
     return os.path.getsize(db + "-wal") if os.path.exists(db + "-wal") else 0
 
 
+@pytest.mark.slow
 def test_checkpoint_rewinds_a_large_wal_and_waits_for_readers(tmp_path):
     agg = Aggregator(host_cfg(tmp_path))
     db = agg.cfg.aggregator.db

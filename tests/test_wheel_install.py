@@ -68,6 +68,7 @@ def user_session(bindir: Path, home: Path) -> None:
     assert "+ stage" in r.stdout and not (home / "build").exists()
 
 
+@pytest.mark.slow
 def test_wheel_quickstart_and_fit_check_outside_the_checkout(venv_bin, tmp_path):
     home = tmp_path / "user"
     home.mkdir()
@@ -78,6 +79,7 @@ def test_wheel_quickstart_and_fit_check_outside_the_checkout(venv_bin, tmp_path)
                    "host_tools: a user's own agent/ package in the working directory replaces the real one in "
                    "the processes started with python -m (the aggregator's MQTT helper); passes once everything "
                    "is under one pansketch import name")
+@pytest.mark.slow
 def test_wheel_quickstart_from_a_directory_with_agent_and_firmware_folders(venv_bin, tmp_path):
     home = tmp_path / "user"
     for pkg in ("agent", "firmware"):
