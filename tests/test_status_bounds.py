@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from host_tools.ingest import devstatus
 from host_tools.ingest.aggregator import Aggregator
 from host_tools.query import status

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import time
 
+import pytest
 from host_tools.ingest.aggregator import Aggregator
 from tests.support.host import T0, encoded, host_cfg, params, topic
 
