@@ -26,7 +26,7 @@ class ParamError(ValueError):
         self.key = key
 
 
-DBITS_EPS_MAX = "1.5936"  # the root of eps + ln(1 - eps/2) = 0 is 1.59362...: refused just above
+DBITS_EPS_MAX = "1.5936242600"  # the root of 2/(2 - eps) = e^eps is 1.59362426004004...: refused just above
 
 
 def dbits_eps_ok(num, den):

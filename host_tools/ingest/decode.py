@@ -82,6 +82,16 @@ FIELDS_V2 = FIELDS
 KIND_FIELDS = {"dcs": ("b", "map"), "strhh": ("b",)}
 V2_KINDS = ("cms", "cs", "dcs", "dbits", "strhh")
 STRHH_L = (3, 64)  # agent.strhh.MIN_L, MAX_L: kind strhh's b = item bytes = levels
+STRHH_MIN_D = 3  # agent.params: the host's descent needs a median of >= 2 rows above its threshold
+DBITS_NZ = 2  # a dbits release carries its bits' initial draw and one output draw, never more (agent/dbits.py)
+DBITS_MAX_D = 30  # dbits levels K
+MAX_D = 32
+MAX_W = 1 << 24
+MAX_CLIP = 1 << 20
+MAX_L = 4096
+MAX_LVL = 63
+MAX_SECONDS = 366 * 86400  # longest epoch, and longest window outside tree mode
+MAX_DCS_B = 62
 TREE_KINDS = ("cms", "cs")  # agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
 MAX_MAP = 1 << 62
 
@@ -350,7 +360,7 @@ def _parameters(obj: Any, v: int) -> tuple[Any, ...]:
     b = 0
     dmap: Optional[tuple[int, int, int]] = None
     if kind == "dcs":
-        b = _int(obj, "b", 1, 62)
+        b = _int(obj, "b", 1, MAX_DCS_B)
         mv = obj["map"]
         if (not isinstance(mv, list) or len(mv) != 3 or any(isinstance(x, bool) or not isinstance(x, int) for x in mv)
                 or not (0 < mv[0] < MAX_MAP and 0 < mv[1] < MAX_MAP and -MAX_MAP < mv[2] < MAX_MAP)):
@@ -360,15 +370,15 @@ def _parameters(obj: Any, v: int) -> tuple[Any, ...]:
     elif kind == "strhh":
         b = _int(obj, "b", STRHH_L[0], STRHH_L[1])
     levels = b + 1 if kind == "dcs" else (b if kind == "strhh" else 1)  # sketch levels (not tree levels)
-    d = _int(obj, "d", 1, 32)
-    w = _int(obj, "w", 2, 1 << 24)
+    d = _int(obj, "d", STRHH_MIN_D if kind == "strhh" else 1, MAX_D)
+    w = _int(obj, "w", 2, MAX_W)
     hv = _int(obj, "hv", 0, MAX_U32)
     if hv != hashing.HASH_VERSION:
         raise Rejected("schema", "unsupported hash version %d (this host hashes with v%d)" % (hv, hashing.HASH_VERSION))
     salt = _str(obj, "salt")
     if SALT_ID.fullmatch(salt) is None:
         raise Rejected("schema", "field 'salt' must be a 16-hex-digit salt id")
-    clip = _int(obj, "clip", 1, 1 << 20)
+    clip = _int(obj, "clip", 1, MAX_CLIP)
     mech = _str(obj, "mech", calibrate.MECHANISMS)
     budget = _ratio(obj, "budget")
     nint = _ratio(obj, "nint")
@@ -379,10 +389,10 @@ def _parameters(obj: Any, v: int) -> tuple[Any, ...]:
     if not 2 <= nz <= MAX_NZ:
         raise Rejected("schema", "field 'nz' = %d out of range [2, %d]: every cell carries at least one "
                        "internal and one output noise draw" % (nz, MAX_NZ))
-    L = _int(obj, "L", 1, 4096)
-    lvl = _int(obj, "lvl", 0, 63) if v >= 2 else 0
-    win_s = _int(obj, "win_s", 1, MAX_EPOCH if mode == "tree" else 366 * 86400)
-    ep_s = _int(obj, "ep_s", 1, 366 * 86400)
+    L = _int(obj, "L", 1, MAX_L)
+    lvl = _int(obj, "lvl", 0, MAX_LVL) if v >= 2 else 0
+    win_s = _int(obj, "win_s", 1, MAX_EPOCH if mode == "tree" else MAX_SECONDS)
+    ep_s = _int(obj, "ep_s", 1, MAX_SECONDS)
     if mode == "tree":
         if L > MAX_LEVELS:
             raise Rejected("schema", "tree with L = %d levels (at most %d)" % (L, MAX_LEVELS))
@@ -400,13 +410,16 @@ def _parameters(obj: Any, v: int) -> tuple[Any, ...]:
     return (mode, kind, b, dmap, levels, d, w, hv, salt, clip, mech, budget, nint, nout, nz, L, lvl, win_s, ep_s)
 
 
-def _check_dbits(kind: str, mech: str, budget: tuple[int, int], clip: int, w: int, d: int) -> None:
-    """Kind dbits: the parameters its bits need to be eps-DP."""
+def _check_dbits(kind: str, mech: str, budget: tuple[int, int], clip: int, w: int, d: int, nz: int) -> None:
+    """Kind dbits: the parameters its bits need to be eps-DP, and its one internal + one output draw."""
     if kind == "dbits":
-        # eps above DBITS_EPS_MAX: the device's bits would not be eps-DP both ways (agent.params refuses it)
-        if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > 30:
-            raise Rejected("schema", "kind dbits needs mech dlap, eps <= %s, clip 1, w a multiple of 8, d <= 30"
-                           % DBITS_EPS_MAX)
+        # eps above the root of 2/(2 - eps) = e^eps: the device's bits would not be eps-DP both ways
+        # (agent.params refuses it; decided exactly by dbits_eps_ok)
+        if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > DBITS_MAX_D:
+            raise Rejected("schema", "kind dbits needs mech dlap, 2/(2 - eps) <= e^eps (eps <= %s...), clip 1, "
+                           "w a multiple of 8, d <= %d" % (DBITS_EPS_MAX, DBITS_MAX_D))
+        if nz != DBITS_NZ:
+            raise Rejected("schema", "kind dbits has nz = %d noise draws per count, got %d" % (DBITS_NZ, nz))
 
 
 def _check_arrays(mode: str, kind: str, L: int, levels: int) -> None:
@@ -513,7 +526,7 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
     if not isinstance(ctr, (bytes, memoryview)):
         raise Rejected("schema", "field 'ctr' must be a byte string")
     if st is None:
-        _check_dbits(kind, mech, budget, clip, w, d)
+        _check_dbits(kind, mech, budget, clip, w, d, nz)
     if kind == "dbits":
         if len(ctr) != 4 * d:
             raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
