@@ -102,6 +102,23 @@ def digest(prefix, item, d):
     return out
 
 
+def digest_view(prefix, tag, view, d):
+    """``digest(prefix, item, d)`` of the item whose canonical bytes are ``tag + view``
+    (tag b"s": ``view`` holds the UTF-8 of a str item; b"b": a bytes item), hashed from the
+    caller's buffer without a copy of the item."""
+    h = sha256(prefix)
+    h.update(tag)
+    h.update(view)
+    out = h.digest()
+    for k in range(1, n_blocks(d)):
+        h = sha256(prefix)
+        h.update(tag)
+        h.update(view)
+        h.update(bytes([k]))
+        out += h.digest()
+    return out
+
+
 def row_value(stream, r):
     """30-bit column value of row r (before ``mod w``)."""
     o = 4 * r

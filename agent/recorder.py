@@ -255,6 +255,12 @@ class Recorder(Core):
             self._ensure_open()
         self.sketch.update(item, weight)
 
+    def add_view(self, text, view, weight=1):
+        """One event whose item is the bytes in ``view`` (Sketch.update_view: kinds cs and cms)."""
+        if self._pending is not None or self._redraw:
+            self._ensure_open()
+        self.sketch.update_view(text, view, weight)
+
     def add_many(self, items, weights=None, adder=None):
         """Add a batch; ``adder(sketch, items, weights)`` may replace
         ``Sketch.update_many`` with an equal but faster path (the Pi

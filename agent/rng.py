@@ -17,6 +17,8 @@ MicroPython's ``random`` module is *not* cryptographic and is never used.
 
 import hashlib
 
+from agent import wipe
+
 
 class NoEntropyError(Exception):
     """Raised when no cryptographic byte source is available."""
@@ -39,6 +41,8 @@ class SystemSource:
         except Exception as exc:  # AttributeError, OSError, NotImplementedError
             raise NoEntropyError("no cryptographic byte source (os.urandom): %r" % (exc,))
 
+    fresh = True  # read() returns a new object each time: Rng wipes it once copied (agent/wipe.py)
+
     def read(self, n):
         return self._urandom(n)
 
@@ -59,6 +63,8 @@ class DeterministicSource:
         self._block = 0
         self._buf = b""
         self._pos = 0
+
+    fresh = True  # read() returns a new object (bytes(out))
 
     def read(self, n):
         out = bytearray()
@@ -108,10 +114,12 @@ class Rng:
     reveal the draws just made (e.g. the fresh noise added at a persist).
 
     The consumption order is fully deterministic, so a deterministic source
-    gives the same samples on every VM. What cannot be wiped: the ``bytes``
-    object each ``source.read`` returns is copied into the buffer and then
-    freed; freed heap is not zeroed on CPython or MicroPython, so it may
-    hold the bytes of the most recent reads until the allocator reuses it.
+    gives the same samples on every VM. The ``bytes`` object each
+    ``source.read`` returns is copied into the buffer; on MicroPython it is
+    then zeroed in place (agent/wipe.py) when the source says its reads are
+    new objects (``fresh``: os.urandom, DeterministicSource, and wrappers that
+    pass it on), so the freed heap does not keep the bytes a draw came from.
+    (On CPython freed memory is the Pi daemon's concern, docs/PRIVACY.md.)
     """
 
     CHUNK = 32  # bytes per read: one read covers most dlap/dgauss samples
@@ -121,12 +129,16 @@ class Rng:
         self._buf = bytearray(self.CHUNK)
         self._zero = bytes(self.CHUNK)
         self._pos = self.CHUNK  # == CHUNK: nothing buffered
+        # a source's reads are new objects we may wipe (never a constant: frozen code keeps those in flash)
+        self._fresh = getattr(self.source, "fresh", False) is True
 
     def _fill(self):
         data = self.source.read(self.CHUNK)
         if len(data) != self.CHUNK:
             raise NoEntropyError("byte source returned %d bytes" % len(data))
         self._buf[:] = data
+        if self._fresh:
+            wipe.buf(data)
 
     def _byte(self):
         if self._pos >= self.CHUNK:

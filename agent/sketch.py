@@ -21,7 +21,7 @@ import hashlib
 import struct
 import sys
 
-from agent import hashing
+from agent import hashing, wipe
 from agent.noise import wrap32
 
 # CPython reads the d row words with one struct call (2x faster); MicroPython
@@ -125,6 +125,9 @@ class Sketch:
         # agent.pi.fastupdate swaps in OpenSSL's where that is faster), MicroPython (no copy())
         # hashes the str directly (no encode).
         self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
+        self._pb = prefix + b"b" if d <= hashing.ROWS_PER_BLOCK else None  # update_view of bytes items
+        # heap bytes of one SHA-256 object, for wiping its context after each event (MicroPython)
+        self._shsz = 0 if _WORDS else wipe.size_of(hashlib.sha256)
         self._hs = hashing.sha256(self._ps) if (_WORDS and self._ps is not None) else None
         self._d4 = d == 4  # CPython's update unrolls the default depth
         # d = 4 and w a power of two <= 2**16: w - 1 (the unrolled update masks 16-bit row values), else 0
@@ -252,6 +255,36 @@ class Sketch:
                     i += w
             return
         self.add_stream(self.digest(item), weight)
+
+    def update_view(self, text, view, weight=1):
+        """Add one event whose item is the bytes in ``view`` (a memoryview of the caller's
+        preallocated buffer): a text item (``text``: the UTF-8 bytes of a str the caller has
+        checked) or a bytes item. The same columns as ``update(str(view))`` / ``update(bytes(view))``.
+
+        On MicroPython no object holding the item is made: the view is hashed where it lies,
+        and the SHA-256 object (its context holds the last input block) and the digest are
+        zeroed in place once counted (agent/wipe.py), so once the caller wipes its buffer the
+        event has left RAM but for the counters. With d > 8 the stream's blocks are joined
+        (garbage the firmware's heap scrub clears). CPython builds the item and calls update.
+        """
+        if _WORDS:
+            raw = bytes(view)
+            self.update(raw.decode("utf-8") if text else raw, weight)
+            return
+        if weight != 1:
+            weight = self.clip_weight(weight)
+            if not weight:
+                return
+        pre = self._ps if text else self._pb
+        if pre is not None:
+            h = hashlib.sha256(pre)
+            h.update(view)
+            dg = h.digest()
+            wipe.obj(h, self._shsz)
+        else:
+            dg = hashing.digest_view(self.prefix, b"s" if text else b"b", view, self.d)
+        self.add_stream(dg, weight)
+        wipe.buf(dg)
 
     def _wrap_rows(self, words, r, weight):
         """The unrolled update from row ``r`` on, wrapping mod 2**32 (a cell left int32: rare)."""

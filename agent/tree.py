@@ -394,6 +394,9 @@ class TreeRecorder(Core):
     def add(self, item, weight=1):
         self.sketch.update(item, weight)
 
+    def add_view(self, text, view, weight=1):
+        self.sketch.update_view(text, view, weight)
+
     def add_many(self, items, weights=None, adder=None):
         """Add a batch; ``adder(sketch, items, weights)`` may replace
         ``Sketch.update_many`` (the Pi daemon's numpy path, which also

@@ -53,7 +53,7 @@ write, so the next try waits persist_s like any persist
 import gc
 import sys
 
-from agent import hashing, storage
+from agent import hashing, storage, wipe
 from agent.recorders import make as make_recorder
 from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
 from firmware import clock, config
@@ -109,6 +109,7 @@ class _FeedingSource:
     def __init__(self, src, feed):
         self.src = src
         self.feed = feed
+        self.fresh = getattr(src, "fresh", False)  # the Rng wipes what read returns (agent/wipe.py)
 
     def read(self, n):
         self.feed()
@@ -203,6 +204,9 @@ class App:
         self.due_up = 0  # uptime (ms) of the next Recorder.tick: idle steps do no clock arithmetic
         self.outbox_hint = True  # the outbox may have releases (saves a listdir per step)
         self.warned = {}  # kind -> uptime (ms) until which that warning is muted
+        # kinds cs and cms hash a source's buffer where it lies (Sketch.update_view); the others
+        # get item objects (freed, then scrubbed with the rest of the heap at the step's end)
+        self._byview = self.rec.add_view if hasattr(self.rec.sketch, "update_view") else None
         # No event or drop counters, no step counter, no time of the last event
         # anywhere: memory is readable by an intruder (docs/ARCHITECTURE.md), so the app
         # keeps nothing but the noisy sketch. Mutes of event-triggered warnings
@@ -212,6 +216,7 @@ class App:
         except Exception as exc:
             raise StartError("source %r cannot start: %r (check the \"source\" settings)" % (cfg.source_type, exc))
         self.wdt.arm()
+        wipe.heap()  # the internal noise's random bytes and the samplers' frames
         log("running: device %s, %s %dx%d %s mode, epoch %d s; state in %s" % (
             self.p.device, self.p.kind, self.p.d, self.p.w, self.p.mode, self.p.epoch_s, cfg.state_dir))
 
@@ -227,6 +232,28 @@ class App:
                 self._drop("low memory")
         except (TypeError, ValueError) as exc:  # an item of the wrong type
             self._drop("%s" % exc)
+
+    def add_view(self, text, view, weight=1):
+        """One event whose item is the bytes in ``view``, a memoryview of the source's
+        preallocated buffer (``text``: UTF-8 the source has checked, counted as a str item;
+        else a bytes item). The source wipes its buffer afterwards."""
+        try:
+            self._add_view(text, view, weight)
+        except MemoryError:
+            gc.collect()
+            try:
+                self._add_view(text, view, weight)
+            except MemoryError:
+                self._drop("low memory")
+        except (TypeError, ValueError) as exc:
+            self._drop("%s" % exc)
+
+    def _add_view(self, text, view, weight):
+        if self._byview is not None:
+            self._byview(text, view, weight)
+            return
+        raw = bytes(view)
+        self.rec.add(str(raw, "utf-8") if text else raw, weight)
 
     def prepare(self, item):
         return hashing.digest(self.rec.sketch.prefix, item, self.p.d)
@@ -267,13 +294,17 @@ class App:
         self.wdt.feed()
         more = False
         try:
-            self._time()
+            drew = self._time()
             got = self.source.poll(self, self.cfg.max_events)
             if got >= self.cfg.max_events:
                 more = True
             if self.source.dropped:
                 self.source.dropped = False
                 self.warn("srcdrop", "source buffer overflowed: some events were not counted")
+            if got or drew:
+                # what this step counted or drew and then let go of (items, digests, hash
+                # contexts, frames of the samplers, random bytes) leaves the freed heap
+                wipe.heap()
             if self._network():
                 more = True
         except MemoryError:
@@ -296,26 +327,30 @@ class App:
                   "counting goes on" % gc.mem_free(), 10000)
 
     def _time(self):
+        """The clock's part of a step; True if it may have drawn noise (a persist, a
+        release, a re-dating), i.e. the step's end scrubs the heap."""
         up = self.clock.uptime_ms()
         if self.warned:
             self._expire_mutes(up)
         rec = self.rec
+        drew = False
         if not self.clock.synced:
             if self.wifi.up and up >= self.ntp_next:
-                self._sync(up)
+                drew = self._sync(up)
             if not self.clock.synced:
                 if up - self.last_persist >= self.p.persist_s * 1000:
                     # an attempt counts as a persist (its draw is spent: docs/PRIVACY.md
                     # "Failed writes"), so a full flash is retried after persist_s, not every step
                     rec.persist()
                     self.last_persist = up
+                    drew = True
                 self.warn("unsynced", "clock not synced yet (NTP %s): counting, but no release until it is"
                           % self.cfg.ntp_host)
-                return
+                return drew
         elif self.wifi.up and up - self.clock.synced_at >= self.cfg.ntp_resync_s * 1000 and up >= self.ntp_next:
             self._sync(up)
         if up < self.due_up:
-            return
+            return drew
         now = self.clock.now()
         ep = self.p.epoch_s
         if now // ep >= rec.ehi:
@@ -339,6 +374,7 @@ class App:
         # aligned to the second boundaries of the synced clock (now = base + up // 1000),
         # not to the phase of this step, which depends on earlier steps' work
         self.due_up = (up // 1000 + max(1, min(to_end, to_persist))) * 1000
+        return True
 
     def _sync(self, up):
         first = not self.clock.synced
@@ -356,6 +392,7 @@ class App:
             log("clock synced: %d" % now)
             self._dated(now)
             self.link.status_dirty = True
+        return first
 
     def _dated(self, now):
         """Re-date the open accumulator once UTC is known (see module doc)."""
@@ -465,6 +502,7 @@ def main(path=config.DEFAULT_PATH, max_steps=None, rng=None):
         except KeyboardInterrupt:
             if app.running:  # Ctrl-C from mpremote: keep what was counted
                 app.rec.persist()
+                wipe.heap()
                 log("stopped; noisy state saved")
             raise
         except Exception as exc:

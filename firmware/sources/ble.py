@@ -20,7 +20,11 @@ The scan-result IRQ copies the six address bytes into a preallocated slot
 table (``slots`` entries, compared byte by byte for the de-duplication), so
 it allocates nothing; the table is handed to the sketch and wiped when the
 burst ends. Addresses beyond ``slots`` in one burst are dropped (the
-console says so). No address survives a burst in memory.
+console says so). Each address is spelled into one preallocated text buffer
+and handed to the sketch as a view of it (``sink.add_view``: no ``str`` per
+address), which is zeroed after the burst. No address survives a burst in
+our memory (the BLE stack's own buffers: docs/PRIVACY.md, "Memory residue
+on boards").
 """
 
 from firmware import clock
@@ -67,6 +71,7 @@ class Source:
         self.next_ms = 0
         self.random = cfg["random"]
         self.text = bytearray(17)  # "AA:BB:CC:DD:EE:FF"
+        self.tview = memoryview(self.text)  # handed to sink.add_view: no str per address
         for i in range(2, 17, 3):
             self.text[i] = 58
         self.ble = None
@@ -126,7 +131,7 @@ class Source:
                     txt[3 * k] = _HEX[b >> 4]
                     txt[3 * k + 1] = _HEX[b & 15]
                     t[o + k] = 0
-                sink.add(str(txt, "ascii"), 1)
+                sink.add_view(True, self.tview, 1)
                 got += 1
             self.n = 0
             for i in range(17):

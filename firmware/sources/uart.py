@@ -15,17 +15,21 @@ line). ``items: "bytes"`` counts the raw line bytes
 instead of text.
 
 Bytes are read with ``readinto`` into a preallocated chunk buffer and
-assembled in a preallocated line buffer; the only allocation per event is
-the item itself (and its hash, in the core).
+assembled in a preallocated line buffer. The line is handed to the sink as
+a view of that buffer (``sink.add_view``): for kinds cs and cms the core
+hashes it where it lies, so no object holding the line is made (other
+kinds get a ``str``/``bytes`` item, freed and then scrubbed with the heap
+at the end of the step, firmware/app.py). Text lines are checked to be
+UTF-8 by the rule MicroPython's ``decode`` applies (:func:`_utf8`), only
+when a byte >= 0x80 arrived.
 
 Pan-privacy (docs/ARCHITECTURE.md): as soon as a line has been handed to the sketch
 (or skipped), the used part of the line buffer is zeroed, and the chunk
 buffer is zeroed after each read has been split into lines, both in place
 (no allocation). Only the bytes of a line still being received stay in
-RAM. The item object itself (a ``str``/``bytes``) is immutable: it becomes
-garbage after ``sink.add`` and its heap block is reused, not wiped, so it
-may linger until the next allocations overwrite it (a MicroPython limit;
-the GPIO source avoids item objects altogether).
+RAM here; the port's UART driver keeps its own receive ring buffer
+(``rxbuf`` bytes), which no MicroPython call clears (docs/PRIVACY.md,
+"Memory residue on boards").
 """
 
 from firmware.sources import ConfigError
@@ -64,6 +68,7 @@ class Source:
         self.mv = memoryview(self.line)
         self.len = 0
         self.skip = False  # inside an over-long line: drop until LF
+        self.high = False  # the line has a byte >= 0x80 (checked to be UTF-8 before counting)
         self.as_text = cfg["items"] == "str"
 
     def start(self, sink):
@@ -108,15 +113,19 @@ class Source:
                         got += 1
                     _wipe(line, self.len)  # the raw line is counted: do not keep it
                     self.len = 0
+                    self.high = False
                 elif self.skip:
                     pass
                 elif self.len < cap:
                     line[self.len] = c
                     self.len += 1
+                    if c > 127:
+                        self.high = True
                 else:
                     self.skip = True
                     _wipe(line, self.len)
                     self.len = 0
+                    self.high = False
             _wipe(buf, n)
         return got
 
@@ -139,16 +148,10 @@ class Source:
                 self.dropped = True
                 return False
             L = tab
-        raw = bytes(self.mv[0:L])
-        if self.as_text:
-            try:
-                item = raw.decode("utf-8")
-            except UnicodeError:
-                self.dropped = True
-                return False
-        else:
-            item = raw
-        sink.add(item, weight)
+        if self.as_text and self.high and not _utf8(line, L):
+            self.dropped = True
+            return False
+        sink.add_view(self.as_text, self.mv[0:L], weight)
         return True
 
 
@@ -156,6 +159,25 @@ def _wipe(buf, n):
     """Zero buf[0:n] in place (allocation-free: no slice, no bytes object)."""
     for i in range(n):
         buf[i] = 0
+
+
+def _utf8(buf, n):
+    """buf[0:n] is UTF-8 by MicroPython's rule (py/unicode.c utf8_check, what ``decode``
+    raises UnicodeError on): allocation-free, so the line is never copied to be checked."""
+    need = 0
+    for i in range(n):
+        c = buf[i]
+        if need:
+            if c & 0xC0 != 0x80:
+                return False
+            need -= 1
+        elif c >= 0xC0:
+            if c >= 0xF8:
+                return False
+            need = (0xE5 >> ((c >> 3) & 6)) & 3
+        elif c >= 0x80:
+            return False
+    return need == 0
 
 
 def _parse_int(buf, a, b):
