@@ -114,19 +114,29 @@ def random_reads(path: Path) -> list[bytes]:
     return [data[i:i + 32] for i in range(0, len(data) - 31, 32)]
 
 
+PAT = r"^@pause |^@done |^@idle |^@timeout |Traceback"
+
+
 def run(binary: Path, tmp: Path, *, w: int = 256, heap: str = "128K", bursts: int = 2, burst: int = 200,
         mid: int = 40, no_scrub: bool = False, max_events: int = 64, timeout: float = 180,
-        persist_noise: str = "refresh") -> dict[str, Any]:
-    """One scenario run; returns per pause what was found (see module doc)."""
+        persist_noise: str = "refresh", window_s: int = 4, random_dumps: int = 0, grows: bool = False,
+        seed: int = 0) -> dict[str, Any]:
+    """One scenario run; returns per pause what was found (see module doc). ``random_dumps``:
+    that many more dumps at random moments while each burst is being counted (pause name
+    ``random-in-burst-B``), the intruder's unannounced moment."""
+    import random
+
+    rnd = random.Random(seed)
     flash = tmp / "flash"
     hw = tmp / "hw"
-    cfg = U.board_config(1, kind="cs", d=4, w=w, window_s=4, persist_s=1, persist_noise=persist_noise)
+    cfg = U.board_config(1, kind="cs", d=4, w=w, window_s=window_s, persist_s=1, persist_noise=persist_noise)
     cfg["mqtt"]["port"] = 9  # nothing listens: the board counts and commits, its link retries
     cfg["max_events_per_step"] = max_events
     cfg["watchdog_s"] = 0
     U.stage_flash(flash, cfg, mpy=True)
     hw.mkdir(parents=True, exist_ok=True)
-    (hw / "residue.json").write_text(json.dumps({"bursts": bursts, "mid": mid, "no_scrub": no_scrub}))
+    (hw / "residue.json").write_text(json.dumps({"bursts": bursts, "mid": mid, "no_scrub": no_scrub,
+                                                      "grows": grows}))
     U.mpy_cross(U.HERE / "residue.py", hw / "residue.mpy")
     board = U.Board(binary, flash, hw, heap=heap)
     board.start(wait=False, script="residue")
@@ -138,8 +148,14 @@ def run(binary: Path, tmp: Path, *, w: int = 256, heap: str = "128K", bursts: in
     deadline = time.monotonic() + timeout
     try:
         while True:
-            m = board.wait_for(r"^@pause |^@done |^@idle |^@timeout |Traceback",
-                               max(1.0, deadline - time.monotonic()), start=seen)
+            try:
+                m = board.wait_for(PAT, max(1.0, deadline - time.monotonic()), start=seen)
+            except AssertionError:
+                # the VM may have exited before the reader took its last lines: take them, look again
+                board._drain()
+                m = next((x for x in (re.search(PAT, ln) for ln in board.lines[seen:]) if x), None)
+                if m is None:
+                    raise
             with board.cond:
                 seen = board.lines.index(m.string, seen) + 1
             line = m.string
@@ -159,11 +175,20 @@ def run(binary: Path, tmp: Path, *, w: int = 256, heap: str = "128K", bursts: in
                 fed.append(batch)
                 board.feed(batch)
             (hw / ("go%d" % k)).touch()
+            if name.startswith("before-burst-") and random_dumps:
+                b = int(name.rsplit("-", 1)[1])
+                t0 = time.monotonic()
+                for _ in range(random_dumps):
+                    time.sleep(rnd.uniform(0.0, 0.02))
+                    regions = freeze_and_dump(board.proc.pid)
+                    pauses.append(analyse("random-in-burst-%d" % b, regions, fed, prefix,
+                                          random_reads(hw / "random.bin")))
+                    pauses[-1]["t"] = round(time.monotonic() - t0, 3)
         rc = board.proc.wait(30) if board.proc else 0
     finally:
         board.kill()
     return {"w": w, "heap": heap, "burst": burst, "mid": mid, "max_events": max_events, "no_scrub": no_scrub,
-            "rc": rc, "pauses": pauses, "trouble": board.trouble()}
+            "grows": grows, "rc": rc, "pauses": pauses, "trouble": board.trouble()}
 
 
 def analyse(name: str, regions: list[tuple[str, bytes]], fed: list[list[str]], prefix: bytes,

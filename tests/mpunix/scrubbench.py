@@ -1,0 +1,136 @@
+# Runs inside the MicroPython Unix port instead of /main.py (tests/mpunix/board.py
+# with SCRIPT=scrubbench; tests/bench_residue_unix.py compiles it to .mpy in /hw).
+# Boots the firmware from /pansketch.json as main.py would, then measures what
+# wiping costs (fastest of 5 repetitions each; the host is shared):
+#
+#   @heap BYTES FREE              the VM's heap, free after boot (collected)
+#   @event_add US GARBAGE         App.add of a str item (the path without views)
+#   @event_view US GARBAGE        App.add_view of the same item in a buffer (if the firmware has it)
+#   @uart K US_EVENT US_STEP      App.step() counting K lines of a RAM UART (scrub included)
+#   @scrub METHOD FREE US         agent.wipe.heap() with FREE bytes free: probe | exact
+#   @done 1
+import gc
+import time
+
+from firmware import app as fwapp
+
+
+def out(key, *vals):
+    print("@%s %s" % (key, " ".join(str(v) for v in vals)))
+
+
+class _RamUart:
+    def __init__(self):
+        self.buf = bytearray(4096)
+        self.n = 0
+        self.pos = 0
+
+    def put(self, line):
+        b = self.buf
+        for c in line:
+            b[self.n] = ord(c)
+            self.n += 1
+        b[self.n] = 10
+        self.n += 1
+
+    def any(self):
+        return self.n - self.pos
+
+    def readinto(self, buf, nbytes=None):
+        k = len(buf) if nbytes is None else nbytes
+        left = self.n - self.pos
+        if left <= 0:
+            return None
+        if k > left:
+            k = left
+        for i in range(k):
+            buf[i] = self.buf[self.pos + i]
+        self.pos += k
+        if self.pos == self.n:
+            self.pos = self.n = 0
+        return k
+
+
+def best(fn, reps=5):
+    b = None
+    for _ in range(reps):
+        t0 = time.ticks_us()
+        fn()
+        us = time.ticks_diff(time.ticks_us(), t0)
+        if b is None or us < b:
+            b = us
+    return b
+
+
+a = fwapp.boot("/pansketch.json")
+if not a.running:
+    print("@idle " + a.reason)
+    raise SystemExit(2)
+gc.collect()
+out("heap", gc.mem_alloc() + gc.mem_free(), gc.mem_free())
+items = ["secret-mac-%04d-0123456789ab" % i for i in range(64)]
+bufs = []
+for it in items:
+    bufs.append(memoryview(bytearray(it.encode())))
+N = 500
+
+
+def run_add():
+    for i in range(N):
+        a.add(items[i & 63])
+
+
+def run_view():
+    for i in range(N):
+        a.add_view(True, bufs[i & 63], 1)
+
+
+def garbage(fn1):
+    gc.collect()
+    gc.disable()
+    m = gc.mem_alloc()
+    for i in range(16):
+        fn1(i)
+    g = (gc.mem_alloc() - m) // 16
+    gc.enable()
+    return g
+
+
+run_add()
+out("event_add", "%.2f" % (best(run_add) / N), garbage(lambda i: a.add(items[i])))
+if hasattr(a, "add_view"):
+    run_view()
+    out("event_view", "%.2f" % (best(run_view) / N), garbage(lambda i: a.add_view(True, bufs[i], 1)))
+
+u = _RamUart()
+a.source.uart = u
+for k in (1, 8, 64):
+    tot = 0
+    steps = 0
+    for r in range(40):
+        for i in range(k):
+            u.put(items[(r + i) & 63])
+        seq = a.rec.seq
+        t0 = time.ticks_us()
+        a.step()
+        dt = time.ticks_diff(time.ticks_us(), t0)
+        if a.rec.seq == seq and not u.any() and (steps == 0 or dt < 20 * tot / steps):
+            tot += dt
+            steps += 1
+    out("uart", k, "%.2f" % (tot / steps / k), "%.1f" % (tot / steps))
+
+try:
+    from agent import wipe
+except ImportError:
+    wipe = None
+if wipe is not None:
+    gc.collect()
+    free = gc.mem_free()
+    out("scrub", "probe", free, best(wipe.heap))
+    wipe.GROWS = True
+    gc.collect()
+    out("scrub", "exact", gc.mem_free(), best(wipe.heap))
+    wipe.GROWS = False
+gc.collect()
+out("collect", gc.mem_free(), best(gc.collect))
+out("done", 1)
