@@ -62,7 +62,7 @@ def cost(binary: Path, tmp: Path, heap: str, w: int, src: Optional[Path] = None)
             res[k] = {"us": float(v[0]), "garbage_bytes": int(v[1])}
         elif k == "uart":
             res.setdefault("uart", []).append({"lines_per_step": int(v[0]), "us_per_event": float(v[1]),
-                                               "us_per_step": float(v[2])})
+                                               "us_per_step": float(v[2]), "us_per_step_fastest": int(v[3])})
         elif k == "scrub":
             res.setdefault("scrub", {})[v[0]] = {"free_bytes": int(v[1]), "us": int(v[2])}
         elif k == "collect":
