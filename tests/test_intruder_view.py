@@ -61,13 +61,15 @@ REC_ATTRS = {
     "last_persist": "public", "_redraw": "public", "_unrenamed": "public",
     "seq": "public", "elo": "public", "ehi": "public", "part": "public",
 }
-SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_hs", "_d4", "_mask", "arrays"}
+# _pb: prefix + b"b" (public), _shsz: heap bytes of a SHA-256 object (agent/wipe.py; 0 on CPython)
+SKETCH_ATTRS = {"kind", "signed", "d", "w", "clip", "prefix", "_words", "_ps", "_pb", "_hs", "_d4", "_mask", "arrays",
+                "_shsz"}
 # CPython's per-event closure (agent/pi/fastupdate.py): ``update`` holds only references, ``_cur`` four
 # memoryviews of the accumulator (the same bytes, checked in _check_views; [] in tree mode)
 SKETCH_CPYTHON_ATTRS = {"update", "_cur"}
 # kind dcs (agent/dcs.DyadicSketch): all public parameters or derived from them (the level hash prefixes)
 DCS_ATTRS = {"kind", "b", "d", "w", "clip", "levels", "map", "exact", "prefixes", "_words"}
-RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public"}
+RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public", "_fresh": "public"}
 
 
 def params(**kw):
