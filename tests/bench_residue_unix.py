@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from tests import residue_support as R
 from tests import unixvm as U
+from tests.freeze import manifest_files
 
 OUT = U.REPO / "bench-results" / "residue-unix.json"
 COST = (("128K", 256), ("192K", 1024))
@@ -38,7 +39,7 @@ def cost(binary: Path, tmp: Path, heap: str, w: int, src: Optional[Path] = None)
     flash = tmp / "flash"
     if src is not None:  # another checkout's firmware (e.g. before the wiping): stage its files
         flash.mkdir(parents=True, exist_ok=True)
-        for rel in U.manifest_files():
+        for rel in manifest_files(src):
             s = src / rel
             if s.exists():
                 U.mpy_cross(s, flash / (rel[:-3] + ".mpy"))
