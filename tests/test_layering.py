@@ -68,7 +68,8 @@ MAX_TOP_MODULES = 8
 
 # What a core module (agent/*.py, frozen onto boards) may import besides other core modules:
 # modules that exist in MicroPython's standard set with the behaviour the core relies on.
-PORTABLE = {"array", "struct", "sys", "hashlib", "os", "math", "gc", "time", "json", "micropython"}
+PORTABLE = {"array", "struct", "sys", "hashlib", "os", "math", "gc", "time", "json", "micropython",
+            "uctypes"}  # uctypes: MicroPython's own (agent/wipe.py; absent on CPython, guarded)
 # Imports on CPython's path only, each behind a guard a board never passes (module -> imports).
 CPYTHON_PATH: dict[str, set[str]] = {
     "agent.hashing": {"_sha2", "_sha256"},  # the builtin SHA-256 when OpenSSL's is slower, inside try
