@@ -50,7 +50,7 @@ def _compile_mpy(dest: Path) -> int:
 
 RUNTIME = ["agent/__init__", "agent/rng", "agent/noise", "agent/calibrate", "agent/hashing", "agent/sketch",
            "agent/params", "agent/cbor", "agent/release", "agent/storage", "agent/recorders", "agent/accum",
-           "agent/recorder", "agent/acks", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
+           "agent/recorder", "agent/acks", "agent/wipe", "firmware/__init__", "firmware/clock", "firmware/config", "firmware/sources/__init__",
            "firmware/sources/uart", "firmware/wifi", "firmware/mqtt", "firmware/app", "umqtt/simple"]
 
 
