@@ -53,6 +53,10 @@ _sizes = {}  # type -> heap bytes of one object (measured once, see obj())
 
 def _zero_at(addr, n):
     v = uctypes.bytearray_at(addr, n)
+    if n <= 32:  # a digest, a random read: a loop makes no slice objects (garbage per draw)
+        for i in range(n):
+            v[i] = 0
+        return
     z = _ZEROS
     i = 0
     while n - i >= 64:
