@@ -15,7 +15,7 @@ type       tags (any), floats or simple values the device encoder never
            writes (byte level: no tag reaches a CBOR object decoder)
 version    ``v`` missing or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
 schema     missing/unknown field, wrong type, value out of range
-shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; kind dbits: 4*d)
+shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; strhh: 4*b*d*w; dbits: 4*d)
 encoding   not the deterministic CBOR agent/cbor.py writes (so equal
            content always has equal bytes)
 topic      the topic is not exactly the configured filter (default
@@ -35,15 +35,18 @@ Versions: v2 (current devices) has the key ``lvl`` and allows mode
 nodes must be dyadic: ``ehi - elo == 2**lvl``, ``elo % 2**lvl == 0``,
 ``lvl <= L - 1`` (the root is the horizon) and ``win_s == ep_s * 2**(L-1)``
 (``win`` is then the tree's index). In window/keep mode ``L == 1`` (``b + 1``
-for kind dcs) and ``lvl == 0``. Kinds dcs (keys ``b``, ``map``) and dbits
-exist only in v2 and never in tree mode (tree nodes are cms/cs sketches).
+for kind dcs, ``b`` for strhh) and ``lvl == 0``. Kinds dcs (keys ``b``, ``map``),
+strhh (key ``b``) and dbits exist only in v2 and never in tree mode (tree nodes
+are cms/cs sketches). Every bound is a constant below; docs/FORMAT.md section
+2.3 lists them and tests/test_format_limits.py compares the two.
 
 ``nz`` (2 <= nz <= MAX_NZ) is the number of independent noise draws per
 cell of ``ctr``: nz - 1 draws of the internal noise ``nint`` (the initial
 one plus, under the refresh persist scheme, a fresh one after every
 persist and every restart, so a copy of the state on flash never differs
 from a later one by the exact events alone; under shadow, the G draws of
-the flash track a restart carried in) and one draw of the output noise ``nout``. A release with nz < 2
+the flash track a restart carried in) and one draw of the output noise ``nout``.
+Kind dbits keeps nothing on flash: exactly nz = 2. A release with nz < 2
 would claim less than the internal + output noise every release carries.
 
 Per-device consistency with earlier releases and key conflicts need the
