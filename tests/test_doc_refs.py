@@ -133,3 +133,12 @@ def test_no_design_brief_or_issue_numbers() -> None:
             if FORBIDDEN.search(line):
                 bad.append("%s:%d: %s" % (p.relative_to(ROOT), n, line.strip()[:120]))
     assert not bad, "\n".join(bad)
+
+
+def test_architecture_names_modules_that_exist() -> None:
+    """docs/ARCHITECTURE.md says where each rule is enforced: every path it names is in the tree."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    paths = set(re.findall(r"`((?:agent|firmware|host_tools|tests|deploy)/[\w/.]*)`", text))
+    assert len(paths) > 20
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, "docs/ARCHITECTURE.md names paths that do not exist: %s" % missing
