@@ -17,7 +17,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 # marker -> what in a module's source means it needs that service
 SERVICES = {
-    "mosquitto": r"needs_mosquitto|start_mosquitto|mosquitto_path|\bMosquitto\b|AggThread",
+    "mosquitto": r"needs_mosquitto|start_mosquitto|mosquitto_path|\bMosquitto\b|AggThread|start_broker",
     "postgresql": r"pgserver|postgres|PostgreSQL",
     "rabbitmq": r"needs_rabbitmq|start_cluster|rabbitmq",
     "chromium": r"needs_chromium|chromium",
