@@ -10,9 +10,10 @@ per-item totals with ``np.bincount``.
 Exposure window (docs/PRIVACY.md, "The intruder's view"): the chunk's raw
 lines and its exact per-item totals exist only while this call runs; the
 totals dict is cleared and every numpy array holding hashes, columns or
-totals is zeroed before it is dropped (freed heap itself is not zeroed by
-CPython, as for every other transient buffer). No aggregate outlives the
-chunk.
+totals is zeroed before it is dropped, with no hidden numpy temporaries; the
+small objects (lines, digests, hash objects) are overwritten in the heap by
+agent.pi.memwipe.scrub before the daemon waits for more input. No aggregate
+outlives the chunk (docs/PRIVACY.md "Memory residue").
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from agent.pi import hashvec
+from agent.pi.memwipe import ON as WIPE
 from agent.sketch import Sketch, totals
 
 SMALL = 64  # fewer distinct items than this: the plain path is as fast
@@ -51,15 +53,21 @@ def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
     if not n:
         return
     d, w = sk.d, sk.w
-    buf = bytearray()
+    buf = bytearray(32 * n)  # one digest per distinct line, preallocated: growing it would free copies
     cp = hs.copy  # CPython's per-event closure made it with the faster SHA-256 (agent.pi.fastupdate)
+    o = 0
     for x in agg:
         h = cp()
         h.update(x)
-        buf += h.digest()
+        buf[o:o + 32] = h.digest()
+        o += 32
+    del h
     vals = np.fromiter(agg.values(), dtype=np.int64, count=n)
     agg.clear()
     _scatter(sk, buf, vals, n, d, w)
+    # The line objects, the digests and the SHA-256 objects (each holds its last item) were
+    # small objects, freed into pymalloc's pools: agent.pi.memwipe.scrub overwrites those when the
+    # daemon is about to wait (agent/daemon.py), not here between two chunks of a busy input.
 
 
 def _utf8(data: bytes) -> bool:
@@ -97,28 +105,49 @@ def add_batch(sk: Sketch, items: Sequence[Any], weights: Optional[Sequence[int]]
 
 
 def _scatter(sk: Sketch, buf: bytearray, vals: Any, n: int, d: int, w: int) -> None:
-    """Add ``vals[i]`` at every row's cell of hash stream i (``buf``: n streams), then wipe."""
+    """Add ``vals[i]`` at every row's cell of hash stream i (``buf``: n streams), then wipe.
+
+    Every array made here holds hashes, columns or exact totals of the chunk, so each one is
+    made explicitly, kept in ``held`` and zeroed before it is dropped: no expression leaves an
+    unzeroed temporary (``tot.astype(np.int64)``, ``-vals``, ``np.where``'s result), and
+    bincount gets its indices as intp and its weights as float64, the types it would otherwise
+    convert them to in hidden copies."""
+    held: list[Any] = [vals]
     st = np.frombuffer(buf, dtype=np.uint8).reshape(n, len(buf) // n)
     words = hashvec.row_words(st, d)  # (n, d) uint32, a view of buf
-    idx: Any = hashvec.columns(words, w)  # (n, d) columns, uint32
-    idx += np.arange(0, d * w, w, dtype=np.uint32)  # + r*w: cell index (d*w <= MAX_CELLS < 2**32)
-    if sk.signed:
-        wts = np.where(hashvec.negative(words), -vals[:, None], vals[:, None])
+    cols = hashvec.columns(words, w)  # (n, d) columns, uint32: a new array
+    held.append(cols)
+    idx = cols.astype(np.intp)  # bincount's index type
+    held.append(idx)
+    idx += np.arange(0, d * w, w, dtype=np.intp)  # + r*w: cell index (d*w <= MAX_CELLS < 2**32)
+    wts = np.empty((n, d), dtype=np.float64)
+    held.append(wts)
+    valsf = vals.astype(np.float64)
+    held.append(valsf)
+    if sk.signed:  # weight * (1 - 2*negative)
+        neg = hashvec.negative(words)
+        held.append(neg)
+        np.multiply(neg, -2.0, out=wts)
+        wts += 1.0
+        wts *= valsf[:, None]
     else:
-        wts = np.broadcast_to(vals[:, None], (n, d))
+        wts[...] = valsf[:, None]
     # exact: bincount's float64 sums are exact below 2**53 (clip * events in a chunk)
     tot = np.bincount(idx.ravel(), weights=wts.ravel(), minlength=d * w)
-    add = tot.astype(np.int64).astype(np.int32)
+    held.append(tot)
+    tot64 = np.empty(d * w, dtype=np.int64)
+    held.append(tot64)
+    np.copyto(tot64, tot, casting="unsafe")
+    add = tot64.astype(np.int32)  # mod 2**32
+    held.append(add)
     for arr in (sk.arrays if sk.arrays is not None else (sk.counters,)):  # tree mode: every open level
         cells = np.frombuffer(arr, dtype=np.int32)  # a view: writes go to the array
         cells += add  # int32 arithmetic wraps mod 2**32 (wrap32)
-    add.fill(0)
-    for a in (idx, vals, tot):
-        a.fill(0)
-    if sk.signed:
-        wts.fill(0)
     del st, words
-    buf[:] = bytes(len(buf))
+    if WIPE:
+        for a in held:
+            a.fill(0)
+        buf[:] = bytes(len(buf))
 
 
 def add_cells(sk: Sketch, cells: bytearray, _weights: Any = None) -> None:
@@ -129,4 +158,5 @@ def add_cells(sk: Sketch, cells: bytearray, _weights: Any = None) -> None:
         c = np.frombuffer(arr, dtype=np.int32)
         c += add  # int32 arithmetic wraps mod 2**32 (wrap32)
     del add
-    cells[:] = bytes(len(cells))
+    if WIPE:
+        cells[:] = bytes(len(cells))

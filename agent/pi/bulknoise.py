@@ -13,9 +13,12 @@ CSPRNG (agent.pi.daemon), and deterministic runs (tests, ``--insecure-seed``) ke
 which the cross-VM equality tests pin. tests/test_bulknoise.py checks the distributions against
 the exact pmf (and that a mis-calibrated one fails).
 
-Pan-privacy (docs/PRIVACY.md, "The intruder's view"): the uniform words and the per-cell samples
-live in numpy arrays only while :meth:`BulkRng.bulk_noise` runs and are zeroed before it returns,
-on every path; the byte source's own ``bytes`` objects are freed unwiped, as in agent.rng.
+Pan-privacy (docs/PRIVACY.md, "The intruder's view" and "Memory residue"): the uniform words, the
+per-cell samples and **every intermediate array** (masks, index arrays, signed proposals, ...) are
+held by :class:`_Uniform` and zeroed before :meth:`BulkRng.bulk_noise` returns, on every path, so
+numpy frees no array that held part of a draw unzeroed; expressions are written one operation at
+a time (no hidden temporaries such as ``np.where(neg, -y, y)``'s ``-y``). The byte source's own
+``bytes`` objects are zeroed in place once copied (agent.pi.memwipe.wipe_bytes).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.pi.memwipe import ON as WIPE
+from agent.pi.memwipe import wipe_bytes
 from agent.rng import Rng
 
 LIMIT = 1 << 52  # every bound and numerator stays below this: exact in int64
@@ -52,8 +57,18 @@ class _Uniform:
 
             raise NoEntropyError("byte source returned %d bytes" % len(raw))
         w = np.frombuffer(raw, dtype=dtype).copy()
+        wipe_bytes(raw)  # the CSPRNG's own bytes object: it fixes the draw as much as w does
+        del raw
         self.held.append(w)
         return w
+
+    def h(self, a: Any) -> Any:
+        """Hold ``a`` (an array computed from draws) until :meth:`wipe` zeroes it. Every
+        intermediate result goes through here, also masks and index arrays: freed unzeroed, any
+        of them would tell the intruder part of a draw that was just added."""
+        if isinstance(a, np.ndarray):
+            self.held.append(a)
+        return a
 
     def below(self, m: np.ndarray) -> np.ndarray:
         """One uniform integer in [0, m[i]) per entry (1 <= m < LIMIT), as int64: a word r
@@ -70,23 +85,26 @@ class _Uniform:
             dt, top = np.uint32, _MAX32
         else:
             dt, top = np.uint64, _MAX64
-        mm = m.astype(dt)
-        lim = (top // mm) * mm
+        h = self.h
+        mm = h(m.astype(dt))
+        lim = h(top // mm)
+        lim *= mm
         r = self.words(len(m), dt)
-        ok = r < lim
-        out = (r % mm).astype(np.int64)
-        self.held.append(out)
-        bad = np.flatnonzero(~ok)
+        ok = h(r < lim)
+        out = h(h(r % mm).astype(np.int64))
+        bad = h(np.flatnonzero(h(~ok)))
         while len(bad):  # rare: redraw the rejected ones
             r2 = self.words(len(bad), dt)
-            ok2 = r2 < lim[bad]
-            out[bad[ok2]] = (r2[ok2] % mm[bad[ok2]]).astype(np.int64)
-            bad = bad[~ok2]
+            ok2 = h(r2 < h(lim[bad]))
+            sel = h(bad[ok2])
+            out[sel] = h(h(h(r2[ok2]) % h(mm[sel])).astype(np.int64))
+            bad = h(bad[h(~ok2)])
         return out
 
     def wipe(self) -> None:
-        for a in self.held:
-            a.fill(0)
+        if WIPE:
+            for a in self.held:
+                a.fill(0)
         self.held = []
         self.r.wipe()
 
@@ -99,32 +117,39 @@ def _bern_exp_le1(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
     n = len(num)
     if not n:
         return np.zeros(0, dtype=bool)
+    h = u.h
     ks = np.arange(1, TRIES + 1, dtype=np.int64)
-    a = (u.below((den[:, None] * ks[None, :]).ravel()).reshape(n, TRIES) < num[:, None])
-    lead = a[:, 0].copy()  # the first j trials all succeeded
-    k = 1 + lead.astype(np.int64)  # the first failing trial (1-based) is 1 + the leading successes
+    m = h(den[:, None] * ks[None, :])
+    a = h(u.below(m.ravel()).reshape(n, TRIES) < num[:, None])
+    lead = h(a[:, 0].copy())  # the first j trials all succeeded
+    k = h(lead.astype(np.int64))
+    k += 1  # the first failing trial (1-based) is 1 + the leading successes
     for j in range(1, TRIES):
         lead &= a[:, j]
         k += lead
-    todo = np.flatnonzero(lead)  # all TRIES succeeded: go on from k = TRIES + 1
-    a.fill(False)
+    todo = h(np.flatnonzero(lead))  # all TRIES succeeded: go on from k = TRIES + 1
     k[todo] = TRIES + 1
     while len(todo) >= FEW:
-        ok = u.below(den[todo] * k[todo]) < num[todo]
-        todo = todo[ok]
-        k[todo] += 1
+        kt = h(k[todo])
+        bound = h(h(den[todo]) * kt)
+        ok = h(u.below(bound) < h(num[todo]))
+        todo = h(todo[ok])
+        kt = h(k[todo])  # (k[todo] += 1 would make this copy unheld)
+        kt += 1
+        k[todo] = kt
     r = u.r
     for i in todo:
         ki, ni, di = int(k[i]), int(num[i]), int(den[i])
         while r.randbelow(di * ki) < ni:
             ki += 1
         k[i] = ki
-    return (k & 1) == 1
+    odd = h(k & 1)
+    return h(odd == 1)
 
 
 def _bexp1(u: _Uniform, n: int) -> np.ndarray:
     """n draws of Bernoulli(exp(-1))."""
-    one = np.ones(n, dtype=np.int64)
+    one = u.h(np.ones(n, dtype=np.int64))
     return _bern_exp_le1(u, one, one)
 
 
@@ -134,12 +159,14 @@ def _bern_exp(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
     that must all succeed (a round per draw, stopping at the first failure), then the rest."""
     from agent.noise import _bexp1 as bexp1
 
-    whole = num // den
-    rem = num - whole * den
-    res = np.ones(len(num), dtype=bool)
+    h = u.h
+    whole = h(num // den)
+    rem = h(whole * den)
+    np.subtract(num, rem, out=rem)
+    res = h(np.ones(len(num), dtype=bool))
     j = 0
     while True:
-        idx = np.flatnonzero(res & (whole > j))
+        idx = h(np.flatnonzero(h(res & h(whole > j))))
         if len(idx) < FEW:
             for i in idx:  # the rest of this loop one cell at a time
                 for _ in range(int(whole[i]) - j):
@@ -149,9 +176,9 @@ def _bern_exp(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
             break
         res[idx] = _bexp1(u, len(idx))
         j += 1
-    idx = np.flatnonzero(res)
+    idx = h(np.flatnonzero(res))
     if len(idx):
-        res[idx] = _bern_exp_le1(u, rem[idx], den[idx])
+        res[idx] = _bern_exp_le1(u, h(rem[idx]), h(den[idx]))
     return res
 
 
@@ -168,8 +195,12 @@ def _geometric(u: _Uniform, n: int) -> np.ndarray:
     while have < n:
         m = (n - have) * 17 // 10 + 64  # E[V] + 1 = 1 / (1 - 1/e) = 1.58 draws per count
         b = _bexp1(u, m)
-        fails = np.flatnonzero(~b)
-        runs = np.diff(fails, prepend=-1) - 1  # successes before each failure
+        fails = u.h(np.flatnonzero(u.h(~b)))
+        runs = u.h(np.empty(len(fails), dtype=np.int64))  # successes before each failure
+        if len(fails):  # (np.diff(fails, prepend=-1) - 1, without its unheld temporaries)
+            runs[0] = fails[0]
+            np.subtract(fails[1:], fails[:-1], out=runs[1:])
+            runs[1:] -= 1
         if len(runs):
             runs[0] += carry
             carry = m - 1 - int(fails[-1])
@@ -177,10 +208,7 @@ def _geometric(u: _Uniform, n: int) -> np.ndarray:
             carry += m
         parts.append(runs)
         have += len(runs)
-        b.fill(False)
-        fails.fill(0)
-    v = np.concatenate(parts)[:n]
-    u.held += parts + [v]
+    v = u.h(np.concatenate(parts))[:n]
     return v
 
 
@@ -192,20 +220,29 @@ def _dlap_pool(u: _Uniform, n: int, t: int, s: int) -> np.ndarray:
     have = 0
     while have < n:
         m = (n - have) * 16 // 10 + 64
-        tt = np.full(m, t, dtype=np.int64)
+        h = u.h
+        tt = h(np.full(m, t, dtype=np.int64))
         uu = u.below(tt)
         d = _bern_exp_le1(u, uu, tt)  # U < t: gamma = U/t < 1
-        uu = uu[d]
+        uu = h(uu[d])
         v = _geometric(u, len(uu))
-        y = (uu + t * v) // s
-        neg = u.below(np.full(len(uu), 2, dtype=np.int64)) < 1
-        ok = ~(neg & (y == 0))
-        out = np.where(neg, -y, y)[ok]
+        # y = (U + t*V) // s, the sign, and the rejection of -0, all in arrays held for the wipe
+        # (np.where(neg, -y, y) would leave -y and the result as unzeroed temporaries)
+        y = h(v * t)
+        y += uu
+        y //= s
+        neg = h(u.below(h(np.full(len(uu), 2, dtype=np.int64))) < 1)
+        zero = h(y == 0)
+        zero &= neg
+        ok = h(~zero)
+        sgn = h(neg.astype(np.int64))
+        sgn *= -2
+        sgn += 1  # -1 where negative, else +1
+        y *= sgn
+        out = h(y[ok])
         parts.append(out)
         have += len(out)
-        u.held += [uu, v, y]
-    z = np.concatenate(parts)[:n]
-    u.held += parts + [z]
+    z = h(np.concatenate(parts))[:n]
     return z
 
 
@@ -224,19 +261,21 @@ def _dgauss(u: _Uniform, n: int, vn: int, vd: int) -> np.ndarray:
     have = 0
     while have < n:
         m = (n - have) * 15 // 10 + 64
+        h = u.h
         y = _dlap_pool(u, m, t, 1)
-        a = np.abs(y) * (vd * t) - vn
-        far = np.abs(a) >= 1 << 26  # a*a would leave the exact range (never seen at these scales)
-        num = np.where(far, 0, a * a)
-        acc = _bern_exp(u, num, np.full(m, den, dtype=np.int64))
-        for i in np.flatnonzero(far):  # the scalar test with Python ints, same distribution
+        a = h(np.abs(y))
+        a *= vd * t
+        a -= vn
+        far = h(h(np.abs(a)) >= 1 << 26)  # a*a would leave the exact range (never seen at these scales)
+        num = h(a * a)
+        num[far] = 0
+        acc = _bern_exp(u, num, h(np.full(m, den, dtype=np.int64)))
+        for i in h(np.flatnonzero(far)):  # the scalar test with Python ints, same distribution
             acc[i] = bernoulli_exp(u.r, int(a[i]) * int(a[i]), den)
-        out = y[acc]
+        out = h(y[acc])
         parts.append(out)
         have += len(out)
-        u.held += [y, a, num]
-    z = np.concatenate(parts)[:n]
-    u.held += parts + [z]
+    z = h(np.concatenate(parts))[:n]
     return z
 
 
@@ -269,8 +308,7 @@ class BulkRng(Rng):
                 z = _dlap(u, n, spec.num, spec.den)
             else:
                 z = _dgauss(u, n, spec.num, spec.den)
-            z32 = z.astype(np.int32)  # the sample mod 2**32 (|z| is far below 2**31)
-            u.held.append(z32)
+            z32 = u.h(z.astype(np.int32))  # the sample mod 2**32 (|z| is far below 2**31)
             cells = np.frombuffer(arr, dtype=np.int32)[start:stop]  # a view: writes go to arr
             cells += z32  # int32 arithmetic wraps mod 2**32: wrap32(arr[i] + z)
             del cells

@@ -41,7 +41,9 @@ def columns(words: Any, w: int) -> Any:
         return row_values(words)
     if w & (w - 1) == 0:  # w a power of two <= 2**30 divides 2**30: the column is the low bits
         return words & np.uint32(w - 1)
-    return (words & np.uint32(VALUE_MASK)) % np.uint32(w)
+    out = words & np.uint32(VALUE_MASK)
+    out %= np.uint32(w)  # in place: no temporary of row values left unzeroed (agent.pi.batch wipes out)
+    return out
 
 
 def negative(words: Any) -> Any:

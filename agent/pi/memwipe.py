@@ -1,0 +1,153 @@
+"""Wiping what CPython frees: the Pi daemon's defence against a read of all of its RAM.
+
+CPython only (ctypes, glibc): **not** part of the MicroPython device core. The threat model's
+intruder reads every byte of the process, freed or not, and neither CPython nor glibc zeroes
+memory when it is freed: the raw lines of the last chunk, their digests, a noise draw freed by
+numpy would stay readable until something reuses the bytes. Three layers close that:
+
+1. :func:`harden` (once, at start): glibc's ``M_PERTURB`` makes ``free()`` overwrite every heap
+   chunk it takes back (``malloc`` fills new ones with the complement byte), so the large
+   objects CPython and numpy get from malloc -- a 1 MiB read, a chunk's bytes, the list of its
+   lines, a Counter's hash table (which holds the items' hashes), numpy's arrays -- hold the
+   perturb byte once freed. Not covered: glibc's per-thread cache (tcache: up to 7 freed chunks
+   per size up to 1032 bytes) and numpy's own cache of small buffers (below 1024 bytes): every
+   numpy array that holds noise or exact counts is zeroed explicitly (agent/bulknoise.py,
+   agent/batch.py) for that reason.
+2. :func:`scrub` (after a chunk is counted when nothing else waits, after a persist or a
+   release): CPython's small-object allocator (pymalloc: objects up to 512 bytes, i.e. every
+   line's ``bytes``, each digest, each SHA-256 object) keeps freed blocks in its pools with
+   their contents. ``scrub`` asks pymalloc how many blocks are free in each size class
+   (``_PyObject_DebugMallocStats``, the report ``sys._debugmallocstats()`` prints) and
+   allocates that many zero-filled objects of that size, then frees them: every free block and
+   every unused pool then holds zeros. It costs about one allocation per free block (a few ms
+   after a 32,768-line chunk), so it runs when the daemon is about to wait, not between two
+   chunks of a busy input (the next chunk's objects take the same blocks meanwhile).
+3. :func:`wipe_bytes`: a ``bytes`` object the agent made and alone references (a read, a
+   chunk) is zeroed in place with ``ctypes.memset`` just before its last reference goes.
+
+``PANSKETCH_TEST_NO_WIPE=1`` turns all three off (and the explicit wipes of the noise and
+count arrays that check :data:`ON`): the negative control of tests/test_memory_residue.py,
+which must then find the residue. It gives no privacy; the daemon logs a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import Any, Optional
+
+ENV_OFF = "PANSKETCH_TEST_NO_WIPE"
+ON = not os.environ.get(ENV_OFF)
+
+# A bytes object is its header (refcount, type, size, cached hash: 32 bytes on 64-bit) followed
+# by its data and a NUL: sys.getsizeof(b"") is the header plus that NUL.
+_DATA = sys.getsizeof(b"") - 1
+_HASH = _DATA - ctypes.sizeof(ctypes.c_ssize_t)  # ob_shash: -1 = not computed yet
+_M_PERTURB = -6  # mallopt parameters (malloc.h)
+_PERTURB_BYTE = 0x5A  # free() fills with this, malloc() with its complement (0xA5)
+_libc: Optional[Any] = None
+_stats: Optional[Any] = None
+_SMALL = 512  # pymalloc's largest block
+_POOL_BLOCKS_512 = 31  # 512-byte blocks in one 16 KiB pool (after its 48-byte header)
+
+
+def _c() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def harden() -> bool:
+    """Ask glibc to overwrite every chunk it frees (M_PERTURB). False where that is not
+    available (another libc, the wipes turned off): the explicit wipes still hold."""
+    if not ON:
+        return False
+    try:
+        return bool(_c().mallopt(_M_PERTURB, _PERTURB_BYTE))
+    except (AttributeError, OSError):
+        return False
+
+
+def wipe_bytes(b: Any) -> None:
+    """Zero a ``bytes`` object's data (and its cached hash) in place.
+
+    Only for an object the caller made and alone holds (a read, a chunk it built): every other
+    holder would see zeros. Objects of length 0 or 1 are never touched: CPython shares one
+    object per byte value (and b""), so zeroing one would change that value everywhere; their
+    contents are the same in every process anyway. Writing into a bytes object's own buffer is
+    safe because CPython never moves it and reads it only through this object; the size and
+    type fields are left as they are, so the object stays valid until it is freed."""
+    if not ON or type(b) is not bytes or len(b) < 2:
+        return
+    addr = id(b)  # CPython: the object's address
+    ctypes.memset(addr + _DATA, 0, len(b))
+    ctypes.c_ssize_t.from_address(addr + _HASH).value = -1
+
+
+def _free_blocks() -> Optional[tuple[list[tuple[int, int]], int]]:
+    """pymalloc's (block size, free blocks) per size class and its unused pools, read from its
+    own statistics (the text of ``sys._debugmallocstats()``, written into memory)."""
+    global _stats
+    try:
+        if _stats is None:
+            libc = _c()
+            libc.open_memstream.restype = ctypes.c_void_p
+            libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
+            libc.fclose.argtypes = [ctypes.c_void_p]
+            libc.free.argtypes = [ctypes.c_void_p]
+            fn = ctypes.pythonapi._PyObject_DebugMallocStats
+            fn.argtypes = [ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            _stats = (libc, fn)
+        libc, fn = _stats
+        buf = ctypes.c_char_p()
+        size = ctypes.c_size_t()
+        fp = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+        if not fp:
+            return None
+        try:
+            fn(fp)
+        finally:
+            libc.fclose(fp)
+        text = ctypes.string_at(buf, size.value).decode("ascii", "replace")
+        libc.free(ctypes.cast(buf, ctypes.c_void_p))
+    except (AttributeError, OSError, ValueError):
+        return None
+    classes: list[tuple[int, int]] = []
+    unused = 0
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 5 and f[0].isdigit():
+            classes.append((int(f[1]), int(f[4])))
+        elif "unused pools" in line and f and f[0].isdigit():
+            unused = int(f[0])
+    return classes, unused
+
+
+def scrub() -> int:
+    """Overwrite every free pymalloc block and unused pool with zeros (see the module's text).
+    Returns the number of blocks filled (0 when turned off or unavailable)."""
+    if not ON:
+        return 0
+    got = _free_blocks()
+    if got is None:
+        return 0
+    classes, unused = got
+    held: list[Any] = []
+    n = 0
+    for size, free in classes:
+        if not free:
+            continue
+        if size >= 48:  # a bytes object of size - 33 data bytes fills exactly one block, zeroed (calloc)
+            held.append(list(map(bytes, [size - _DATA - 1] * free)))
+        else:  # 16, 32: a bytearray's buffer of size - 1 bytes (zeroed); its object lands in class 64
+            held.append(list(map(bytearray, [size - 1] * free)))
+        n += free
+    if unused:  # carve every unused pool into zeroed 512-byte blocks
+        k = unused * _POOL_BLOCKS_512
+        held.append(list(map(bytes, [_SMALL - _DATA - 1] * k)))
+        n += k
+    del held
+    return n
