@@ -148,11 +148,15 @@ def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkey
         before = _cells(agent.rec.sketch)
         wk = agent.workers[0]
         wk.answer_s = 1.0
-        a, b, c = b"alpha\n" * 7, b"beta\n" * 11, b"gamma\n" * 13
+        # the agent owns the chunks it is handed and zeroes them once counted (agent.memwipe):
+        # fresh copies, as its reads are, and the originals for the reference below
+        src = [b"alpha\n" * 7, b"beta\n" * 11, b"gamma\n" * 13]
+        a, b, c = (bytes(bytearray(x)) for x in src)
         for _ in range(4):  # more input waits in the queue: the worker is given a second chunk
             agent.q.put(None)
         if how == "stopped-mid-give":  # more than the input pipe holds: the parent waits on a worker
             b = b"".join(b"beta-%d\n" % (i % 1000) for i in range(300_000))  # that reads nothing
+            src[1] = bytes(bytearray(b))
             assert len(b) > 2 << 20
             os.kill(wk.pid, signal.SIGSTOP)
             assert agent._hand_over(a)  # into the pipe: in flight, never answered
@@ -175,7 +179,7 @@ def test_a_failed_worker_loses_nothing_and_counts_nothing_twice(tmp_path, monkey
         with pytest.raises(ChildProcessError):
             os.waitpid(wk.pid, os.WNOHANG)  # killed and reaped: it can no longer answer late
         ref = Sketch("cs", 4, 256, hashing.salt_prefix(cfg.params.salt))
-        for x in (a, b, c):
+        for x in src:
             add_raw(ref, x, Warner(lambda m: None))
         got = [(x - y) & 0xFFFFFFFF for x, y in zip(_cells(agent.rec.sketch), before)]
         assert got == [v & 0xFFFFFFFF for v in ref.counters]
@@ -367,7 +371,8 @@ def test_the_input_start_handed_over_early_counts_once_whatever_the_worker_does(
             elif how == "stopped-before":
                 os.kill(wk.pid, signal.SIGSTOP)
 
-    agent, cfg = _agent(tmp_path, monkeypatch, 2, chunks, before)
+    # the agent owns (and zeroes once counted) the chunks it reads: it gets copies
+    agent, cfg = _agent(tmp_path, monkeypatch, 2, [bytes(bytearray(c)) for c in chunks], before)
     wk = agent.workers[0]
     try:
         assert [type(x).__name__ for x in agent.pre] == ["Ticket"] * EARLY + ["bytes"] * 3

@@ -115,7 +115,10 @@ def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, c
     from agent.sketch import Sketch
     from agent.pi.sources import Warner
 
+    from agent.pi.memwipe import scrub, wipe_bytes
+
     sk = Sketch(kind, d, w, prefix, clip)  # the scratch: one chunk's exact counts at most
+    zero = bytes(4 * d * w)
     warn = Warner(log)
     head = bytearray(4)
     while _read_exact(rfd, head):
@@ -126,9 +129,12 @@ def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, c
         buf[:] = bytes(len(buf))
         del buf
         add_raw(sk, data, warn)
+        wipe_bytes(data)  # the chunk's raw lines: counted
         del data
         _write_all(wfd, sk.counters)
-        sk.counters[:] = type(sk.counters)("i", bytes(4 * d * w))
+        sk.counters[:] = type(sk.counters)("i", zero)  # (the array's buffer is overwritten in place)
+        if not select.select([rfd], [], [], 0)[0]:  # nothing waits: overwrite the chunk's freed objects
+            scrub()
 
 
 class CountWorker:
@@ -144,6 +150,9 @@ class CountWorker:
         self.early = 0  # chunks it may be handed while the main process starts (their answers wait in its pipe)
         self.alive = True
         self.answer_s = ANSWER_S
+        # zero a chunk's bytes once its cells are taken (agent.memwipe.wipe_bytes): only for chunks
+        # nobody else holds, which the daemon's are (it sets this); a caller's own bytes stay intact
+        self.wipe_taken = False
 
     @classmethod
     def start(cls, kind: str, d: int, w: int, prefix: bytes, clip: int, log: Callable[[str], None],
@@ -254,7 +263,12 @@ class CountWorker:
         if got < self.nbytes:
             out[:] = bytes(len(out))  # part of a chunk's exact cells: wiped like every copy
             return None
-        del self.chunks[0]
+        chunk = self.chunks.pop(0)
+        if self.wipe_taken:  # the daemon's own chunks: counted by the worker, this was their last use
+            from agent.pi.memwipe import wipe_bytes
+
+            wipe_bytes(chunk)
+        del chunk
         return out
 
     def kill(self) -> None:
@@ -295,7 +309,7 @@ def read_now(fd: int, reader: Any, most: int) -> tuple[list[bytes], bool]:
     at most ``most`` reads of up to READ_BYTES, stopping once there are ``most`` chunks (a read of
     short lines holds several), and whether the input ended (its unfinished last line is then
     the last chunk)."""
-    from agent.pi.sources import read_available
+    from agent.pi.sources import _drop_read, read_available
 
     chunks: list[bytes] = []
     reads = 0
@@ -303,8 +317,10 @@ def read_now(fd: int, reader: Any, most: int) -> tuple[list[bytes], bool]:
         while len(chunks) < most and reads < most and select.select([fd], [], [], 0)[0]:
             reads += 1
             data, at_end = read_available(fd)
-            chunks += reader.feed(data)
-            del data
+            got = reader.feed(data)
+            _drop_read(data, got, reader)
+            chunks += got
+            del data, got
             if at_end:
                 tail = reader.tail()
                 if tail:

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Optional
 
 from agent.pi import common
+from agent.pi.memwipe import scrub, wipe_bytes
 from agent.pi.common import EXIT_OK, EXIT_RUNTIME, EXIT_UNDELIVERED, SEED_ENV, die, logger
 
 
@@ -141,8 +142,14 @@ class Agent:
 
     def tick(self) -> None:
         self._settle()  # chunks a worker is counting arrived before this tick: they count in this epoch
-        if self.rec.tick(self.clock.now()):
+        persisted = self.rec.last_persist
+        released = self.rec.tick(self.clock.now())
+        if released:
             self.pub.wake()
+        if released or self.rec.last_persist != persisted:
+            # a draw was made: the scalar samplers' Python ints, the release's CBOR pieces
+            # (docs/PRIVACY.md "Memory residue")
+            scrub()
 
     def _raw_adder(self, sk: Any, data: bytes, _weights: Any) -> None:
         from agent.pi.batch import add_raw
@@ -175,7 +182,7 @@ class Agent:
 
         cells = wk.take()
         if cells is not None:
-            self.rec.add_many(cells, None, adder=add_cells)
+            self.rec.add_many(cells, None, adder=add_cells)  # zeroes cells
             return
         self._fail(wk, "it died or did not answer within %g s" % wk.answer_s)
 
@@ -190,9 +197,20 @@ class Agent:
         self.log("count worker %d left (%s); counting with %d process(es)" % (wk.pid, why, len(self.workers) + 1))
         left, wk.chunks = wk.chunks, []
         while left:
-            self.rec.add_many(left.pop(0), None, adder=self._raw_adder)
+            chunk = left.pop(0)
+            self.rec.add_many(chunk, None, adder=self._raw_adder)
+            wipe_bytes(chunk)
+            del chunk
             self.chunks_handed -= 1
             self.chunks_here += 1
+
+    def _settle_idle(self) -> None:
+        """Nothing waits in the queue: take the cells of chunks the workers finished, then scrub
+        this process's freed small objects (agent.pi.memwipe.scrub)."""
+        for wk in list(self.workers):
+            while wk.alive and wk.done():
+                self._take(wk)
+        scrub()
 
     def _settle(self) -> None:
         """Wait for every chunk in flight and add it (before a tick and when counting ends)."""
@@ -266,17 +284,23 @@ class Agent:
                     else:  # its worker failed: counted here
                         self.rec.add_many(batch.data, None, adder=self._raw_adder)
                         self.chunks_here += 1
+                        wipe_bytes(batch.data)
                     batch.data = b""
                 elif type(batch) is RawLines:
                     if not (self.workers and self._hand_over(batch.data)):
                         self.rec.add_many(batch.data, None, adder=self._raw_adder)  # cms/cs only (Agent.__init__)
                         self.chunks_here += 1
+                        wipe_bytes(batch.data)  # counted: its last use (a handed-over one is wiped when taken)
                     batch.data = b""
                 else:
                     items, weights = batch
                     self.rec.add_many(items, weights, adder=add_batch)  # numpy path; counters wrap mod 2^32
                     del items, weights
                 del batch
+                if not self.pre and self.q.empty():
+                    # about to wait for input: overwrite the freed lines, digests and hash objects of
+                    # what was just counted (a busy input's next chunk reuses them meanwhile)
+                    self._settle_idle()
         return False
 
     def _flush_when_room(self, timeout: Optional[float]) -> bool:

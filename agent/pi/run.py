@@ -23,8 +23,15 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     from agent.storage import StateError
 
     cfg = load_config(args.config)
+    from agent.pi import memwipe
     from agent.pi.tomlconf import placeholder_salt_warning
 
+    # before any event is read or a worker forked (it inherits the setting): glibc overwrites
+    # what it frees (agent/pi/memwipe.py, docs/PRIVACY.md "Memory residue")
+    memwipe.harden()
+    if not memwipe.ON and not args.quiet:
+        die(0, "WARNING: %s is set: freed memory is not wiped; for the memory tests' negative control only"
+            % memwipe.ENV_OFF)
     warning = placeholder_salt_warning("device.salt", cfg.params.salt, "on every device and in host.toml")
     if warning and not args.quiet:
         die(0, "WARNING: " + warning)
@@ -89,6 +96,7 @@ def _start_workers(cfg: Any, args: argparse.Namespace) -> list[Any]:
     for _ in range(jobs - 1):
         try:
             workers.append(CountWorker.start(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, log, workers))
+            workers[-1].wipe_taken = True  # the chunks handed to it are the daemon's own reads
         except OSError as exc:
             log("counting with %d process(es), not %d: cannot start a count worker (%s)"
                 % (len(workers) + 1, jobs, exc))

@@ -34,6 +34,7 @@ import time
 from typing import Any, Callable, Optional, Union
 
 from agent.pi.config import SourceConfig, field_path
+from agent.pi.memwipe import wipe_bytes
 
 EOF = None  # end-of-input marker put on the queue
 
@@ -281,8 +282,23 @@ def read_available(fd: int) -> tuple[bytes, bool]:
         if not _waiting(fd):
             break
     data = b"".join(parts)
-    del parts
+    for p in parts:
+        if p is not data:  # (the join of one part is that part)
+            wipe_bytes(p)  # copied into data
+    del parts, p
     return data, at_end
+
+
+def _drop_read(data: bytes, chunks: list[bytes], reader: "FdLineReader") -> None:
+    """Zero a read once it is cut into chunks (they are copies, agent.memwipe.wipe_bytes),
+    unless a chunk or the reader's carried-over line is the read itself (CPython returns the
+    same object for a whole-range slice and for ``b"" + data``)."""
+    if reader.rest is data:
+        return
+    for c in chunks:
+        if c is data:
+            return
+    wipe_bytes(data)
 
 
 class StdinSource(Source):
@@ -308,6 +324,7 @@ class StdinSource(Source):
             data, at_end = read_available(self.fd)  # what is available now: no batching delay
             self.ended = at_end
             chunks = rd.feed(data)
+            _drop_read(data, chunks, rd)
             del data
             while chunks:
                 self.put_lines(chunks.pop(0))
@@ -360,6 +377,7 @@ class FileSource(Source):
                     if not data:
                         break
                     chunks = rd.feed(data)
+                    _drop_read(data, chunks, rd)
                     del data
                     while chunks:
                         self.put_lines(chunks.pop(0))
@@ -389,6 +407,7 @@ class FileSource(Source):
                 if data:
                     pos += len(data)
                     chunks = rd.feed(data)
+                    _drop_read(data, chunks, rd)
                     del data
                     while chunks:
                         self.put_lines(chunks.pop(0))
