@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -54,6 +53,7 @@ from tests.test_e2e_support import REPO, SALT, agent_cmd, agent_env
 ITEM_RE = rb"secret-mac-[0-9a-f]{12}"
 BOUND = 200  # |one draw| stays below this (dgauss sigma 2: 100 sigma; dlap t = 8: P < 4096 e^-25)
 PROBE = 16  # cells per probe window
+WINDOWS = 48  # probe windows of the residual draw per moment: one trial each
 D, W = 4, 1024
 
 
@@ -239,41 +239,41 @@ class Scenario:
         m["items"] = len(found & set(self.items))
         m["digests"] = sum(scan.find_words(self.digests))
         ref = (self.snap if self.snap is not None else np.zeros(D * W, dtype=np.int64)) + self.since
-        cands = scan.find_near(ref, BOUND)
+        # copies of the snapshot itself are what flash holds (the write's buffers): not the counters
+        cands = [c for c in scan.find_near(ref, BOUND) if self.snap is None or not np.array_equal(c, self.snap)]
         m["counters_found"] = len(cands)
         m["draw_hits"] = m["draw_trials"] = m["old_draw_hits"] = 0
         if len(cands) >= 1 and what != "mid":  # mid-chunk: the counters are not yet state + events
-            ram = cands[0] if len(cands) == 1 else None
-            if len(cands) > 1:  # a stale copy of the noisy state: copy - counters = events, exactly
-                m["stale_copies"] = len(cands) - 1
-            if ram is not None:
-                dnow = ram - ref
-                self.last_ram = ram
-                wins = self._windows(dnow, PROBE)
-                needles = [memscan.as_words(dnow[a:a + PROBE], dt) for a in wins for dt in ("<i4", "<i8")]
-                # the counters themselves hold Z_int where nothing was counted and nothing persisted:
-                # a match there is the state, not a residue
-                inside = set()
-                if self.snap is None:
-                    inside = {i for i, a in enumerate(wins) if not self.since[a:a + PROBE].any()}
-                hits = scan.find_words(needles)
-                for i, a in enumerate(wins):
-                    if i in inside:
-                        continue
-                    rep.trials += 1
-                    m["draw_trials"] += 1
-                    if hits[2 * i] or hits[2 * i + 1]:
-                        rep.recovered += 1
-                        m["draw_hits"] += 1
-                old = [d for d in self.draws if not np.array_equal(d, dnow)]
-                on = [memscan.as_words(d[a:a + PROBE], dt) for d in old for a in self._windows(d, 4)
-                      for dt in ("<i4", "<i8")]
-                oh = scan.find_words(on)
-                m["old_draw_hits"] = sum(1 for i in range(0, len(oh), 2) if oh[i] or oh[i + 1])
-                rep.old_draw_hits += m["old_draw_hits"]
-                rep.old_draw_trials += len(oh) // 2
-                if not any(np.array_equal(d, dnow) for d in self.draws):
-                    self.draws.append(dnow)
+            # Each array near flash + events may be the counters (the recorder keeps two of that
+            # shape: the accumulator and the scratch it swaps with): the attack tries every one.
+            dnows = [c - ref for c in cands]
+            wins = self._windows(dnows[0], WINDOWS)
+            needles = [memscan.as_words(dn[a:a + PROBE], dt) for dn in dnows for a in wins for dt in ("<i4", "<i8")]
+            hits = scan.find_words(needles)
+            per = 2 * len(wins)
+            # the counters themselves hold Z_int where nothing was counted and nothing persisted:
+            # a match there is the state, not a residue
+            inside = set()
+            if self.snap is None:
+                inside = {i for i, a in enumerate(wins) if not self.since[a:a + PROBE].any()}
+            for i, a in enumerate(wins):
+                if i in inside:
+                    continue
+                rep.trials += 1
+                m["draw_trials"] += 1
+                if any(hits[k * per + 2 * i] or hits[k * per + 2 * i + 1] for k in range(len(dnows))):
+                    rep.recovered += 1
+                    m["draw_hits"] += 1
+            old = [d for d in self.draws if not any(np.array_equal(d, dn) for dn in dnows)]
+            on = [memscan.as_words(d[a:a + PROBE], dt) for d in old for a in self._windows(d, 4)
+                  for dt in ("<i4", "<i8")]
+            oh = scan.find_words(on)
+            m["old_draw_hits"] = sum(1 for i in range(0, len(oh), 2) if oh[i] or oh[i + 1])
+            rep.old_draw_hits += m["old_draw_hits"]
+            rep.old_draw_trials += len(oh) // 2
+            for dn in dnows:
+                if not any(np.array_equal(d, dn) for d in self.draws):
+                    self.draws.append(dn)
         cn = []
         for e in self.bursts:
             for a in self._count_windows(e):

@@ -110,6 +110,10 @@ class Snapshot:
             maps = f.read().splitlines()
         fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY)
         try:
+            pm: Optional[int] = os.open("/proc/%d/pagemap" % pid, os.O_RDONLY)
+        except OSError:
+            pm = None
+        try:
             for line in maps:
                 parts = line.split(None, 5)
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
@@ -121,17 +125,57 @@ class Snapshot:
                 # everything writable (heap, stacks, anonymous maps, .data/.bss) is read.
                 if name.startswith("/") and "w" not in perms:
                     continue
-                regions.append((lo, _read(fd, lo, hi), name))
+                present = _present(pm, lo, hi)
+                if present is None:
+                    regions.append((lo, _read(fd, lo, hi), name))
+                    continue
+                idx = np.flatnonzero(present)  # runs of pages in RAM: never-written ones read as zeros
+                if len(idx):
+                    for run in np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1):
+                        a, b = lo + int(run[0]) * PAGE, lo + (int(run[-1]) + 1) * PAGE
+                        regions.append((a, _read(fd, a, b), name))
         finally:
             os.close(fd)
+            if pm is not None:
+                os.close(pm)
         return cls(pid, regions)
 
     def size(self) -> int:
         return sum(len(b) for _a, b, _n in self.regions)
 
 
-def _read(fd: int, lo: int, hi: int) -> bytes:
-    """One region; pages that cannot be read (guard pages) come back as zeros."""
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _present(pm: Optional[int], lo: int, hi: int) -> Optional[np.ndarray]:
+    """Which pages of [lo, hi) are in RAM or swap (``/proc/PID/pagemap`` bits 63 and 62). A
+    page that is neither was never written: it reads as zeros, so it holds nothing to find.
+    None where pagemap cannot be read (then every page is read)."""
+    if pm is None:
+        return None
+    n = (hi - lo) // PAGE
+    try:
+        raw = os.pread(pm, 8 * n, 8 * (lo // PAGE))
+    except OSError:
+        return None
+    if len(raw) != 8 * n:
+        return None
+    ent = np.frombuffer(raw, dtype="<u8")
+    return (ent >> np.uint64(62)) != 0
+
+
+def _read(fd: int, lo: int, hi: int, present: Optional[np.ndarray] = None) -> bytes:
+    """One region (its never-written pages as zeros, unread); pages that cannot be read (guard
+    pages) come back as zeros too."""
+    if present is not None and not present.all():
+        out = bytearray(hi - lo)
+        idx = np.flatnonzero(present)
+        if len(idx):  # runs of present pages, one read each
+            cuts = np.flatnonzero(np.diff(idx) != 1) + 1
+            for run in np.split(idx, cuts):
+                a, b = lo + int(run[0]) * PAGE, lo + (int(run[-1]) + 1) * PAGE
+                out[a - lo:b - lo] = _read(fd, a, b)
+        return bytes(out)
     try:
         return os.pread(fd, hi - lo, lo)
     except OSError:
@@ -169,40 +213,58 @@ class Scan:
         return found
 
     def find_words(self, needles: Sequence[np.ndarray]) -> list[bool]:
-        """For each needle (a uint32 sequence, e.g. 16 int32 cells or 16 int64 cells as 32
-        words), whether it occurs at a 4-byte aligned place in any region. Every array the
-        agent makes (numpy, array('i'), bytes) is at least 4-byte aligned. Vectorised: the
-        first word of each needle is looked up at every position (searchsorted), then the
+        """For each needle (a uint32 sequence of at least 2 words, e.g. 16 int32 cells or 16
+        int64 cells as 32 words), whether it occurs at a 4-byte aligned place in any region.
+        Every array the agent makes (numpy, array('i'), bytes) is at least 4-byte aligned.
+        Vectorised: the needles' first two words, as one 64-bit key, are looked up at every
+        position (searchsorted over the region read as uint64 at both 4-byte phases), then the
         candidates are narrowed word by word."""
         hit = np.zeros(len(needles), dtype=bool)
-        by_len: dict[int, list[int]] = {}
-        for i, n in enumerate(needles):
-            by_len.setdefault(len(n), []).append(i)
-        for length, idx in by_len.items():
-            mat = np.stack([needles[i] for i in idx]).astype(np.uint32)
-            # rounds in which every needle has a distinct first word (searchsorted finds one key)
-            left = np.arange(len(idx))
-            while len(left):
-                _u, first = np.unique(mat[left, 0], return_index=True)
-                now = left[first]
-                left = np.setdiff1d(left, now)
-                order = now[np.argsort(mat[now, 0], kind="stable")]
-                keys = mat[order, 0]
-                for v in self._u32:
-                    if len(v) < length:
-                        continue
-                    vv = v[:len(v) - length + 1]
-                    pos = np.searchsorted(keys, vv)
-                    pos[pos == len(keys)] = 0
-                    cand = np.flatnonzero(keys[pos] == vv)
-                    which = order[pos[cand]]
-                    for j in range(1, length):
-                        if not len(cand):
+        if not needles:
+            return []
+        keys_all = np.array([int(n[0]) | (int(n[1]) << 32) for n in needles], dtype=np.uint64)
+        lens = np.array([len(n) for n in needles])
+        groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for length in set(lens.tolist()):
+            idx = np.flatnonzero(lens == length)
+            rows = np.zeros(len(needles), dtype=np.intp)
+            rows[idx] = np.arange(len(idx))
+            groups[length] = (rows, np.stack([needles[i] for i in idx]).astype(np.uint32))
+        order = np.argsort(keys_all, kind="stable")
+        keys = keys_all[order]
+        # equal keys sit together once sorted: run[k] = how many equal keys start at k
+        run = np.ones(len(keys), dtype=np.intp)
+        for k in range(len(keys) - 2, -1, -1):
+            if keys[k] == keys[k + 1]:
+                run[k] = run[k + 1] + 1
+        for v in self._u32:
+            for phase in (0, 1):
+                n64 = (len(v) - phase) // 2
+                if n64 < 1:
+                    continue
+                v64 = v[phase:phase + 2 * n64].view(np.uint64)
+                pos = np.searchsorted(keys, v64)
+                pos[pos == len(keys)] = 0
+                cand = np.flatnonzero(keys[pos] == v64)
+                if not len(cand):
+                    continue
+                first = pos[cand]
+                del pos
+                cnt = run[first]
+                cand = np.repeat(cand, cnt)  # one row per (position, needle with that key)
+                step = np.arange(len(cand)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+                which = order[np.repeat(first, cnt) + step]
+                start = phase + 2 * cand  # word offset in v
+                for length, (rows, mat) in groups.items():
+                    sel = np.flatnonzero((lens[which] == length) & (start + length <= len(v)))
+                    w, st = which[sel], start[sel]
+                    r = rows[w]
+                    for j in range(2, length):
+                        if not len(w):
                             break
-                        ok = v[cand + j] == mat[which, j]
-                        cand, which = cand[ok], which[ok]
-                    for w in which:
-                        hit[idx[int(w)]] = True
+                        ok = v[st + j] == mat[r, j]
+                        w, st, r = w[ok], st[ok], r[ok]
+                    hit[w] = True
         return [bool(x) for x in hit]
 
     def find_near(self, ref: np.ndarray, bound: int) -> list[np.ndarray]:
@@ -218,13 +280,24 @@ class Scan:
             if len(v) < len(ref):
                 continue
             vv = v[:len(v) - len(ref) + 1]
-            cand = np.flatnonzero((vv - lo[0]) <= span)
+            # at least half of the array's words nonzero (the counters hold a draw in every cell,
+            # zero in a few): zero-filled memory, near any small reference, is skipped at once
+            nzc = np.concatenate(([0], np.cumsum(v != 0, dtype=np.int64)))
+            dense = (nzc[len(ref):len(ref) + len(vv)] - nzc[:len(vv)]) * 2 >= len(ref)
+            cand = np.flatnonzero(dense & ((vv - lo[0]) <= span))
             for j in range(1, len(ref)):
                 if not len(cand):
                     break
                 cand = cand[(v[cand + j] - lo[j]) <= span]
             for c in cand:
-                out.append(v[c:c + len(ref)].view(np.int32).astype(np.int64))
+                arr = v[c:c + len(ref)].view(np.int32).astype(np.int64)
+                # zero-filled memory is "near" a reference that is near zero (a fresh accumulator
+                # holds one draw: most cells nonzero): not the counters
+                if np.count_nonzero(arr) * 2 < len(arr) or any(np.array_equal(arr, o) for o in out):
+                    continue
+                out.append(arr)
+                if len(out) >= 8:
+                    return out
         return out
 
 

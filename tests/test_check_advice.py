@@ -59,3 +59,24 @@ def test_dcs_resolution_line_names_the_least_squares_capacity():
         res = [x for x in lines if x.startswith("resolution")]
         assert res and ("at most %d readings" % int(dyadic.LS_MAX_SHARE * d * w / 2)) in res[0], lines
     assert not any(x.startswith("resolution") for x in _advice(50, kind="dcs", b=16, d=4, w=1024))
+
+
+def test_check_warns_when_swap_is_on(tmp_path, monkeypatch, capsys):
+    """A swap area on a disk keeps what the agent wiped in RAM (docs/PRIVACY.md "Memory residue"):
+    `check` says so; a zram swap (RAM) and no swap do not warn."""
+    from agent.pi import daemon, memwipe
+    from tests.test_e2e_support import agent_toml
+
+    cfg = agent_toml(str(tmp_path / "a.toml"), "swap-dev", 1883, str(tmp_path / "st"))
+    swaps = tmp_path / "swaps"
+    header = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+    for body, warns in (("/var/swap                               file\t\t102396\t\t0\t\t-2\n", True),
+                        ("/dev/zram0                              partition\t1015804\t\t0\t\t100\n", False),
+                        ("", False)):
+        swaps.write_text(header + body)
+        monkeypatch.setattr(memwipe, "SWAPS", str(swaps))
+        assert daemon.main(["check", "--config", cfg, "--offline"]) == 0
+        out = capsys.readouterr()
+        assert ("WARNING: swap is on (/var/swap)" in out.err) is warns, out.err
+        assert ("swap        on: /var/swap" in out.out) is warns, out.out
+    assert memwipe.swap_devices(str(tmp_path / "absent")) == []

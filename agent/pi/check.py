@@ -158,9 +158,17 @@ def cmd_check(args: argparse.Namespace) -> int:
             if not sok:
                 code = EXIT_UNDELIVERED
                 source_failed = True
+    from agent.pi.memwipe import swap_devices
+
+    swaps = swap_devices()
+    print("swap        %s" % ("on: " + ", ".join(swaps) if swaps else "off (or RAM only: zram)"))
     sys.stdout.flush()
     if warning:
         die(0, "WARNING: " + warning)
+    if swaps:  # docs/PRIVACY.md "Memory residue": what is swapped out outlives every wipe in RAM
+        die(0, "WARNING: swap is on (%s): pages of the agent written there (raw events, noise being added) stay "
+            "on that disk after they are wiped in RAM; turn swap off on the device (e.g. `sudo dphys-swapfile "
+            "swapoff && sudo systemctl disable dphys-swapfile` on Raspberry Pi OS) or use zram" % ", ".join(swaps))
     if source_failed:
         die(0, "cannot reach the local source broker %s:%d: the agent would count no events until it answers"
              % (cfg.source.host, cfg.source.port))

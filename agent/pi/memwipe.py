@@ -151,3 +151,24 @@ def scrub() -> int:
         n += k
     del held
     return n
+
+
+SWAPS = "/proc/swaps"
+
+
+def swap_devices(path: Optional[str] = None) -> list[str]:
+    """The swap areas in use that are not RAM (``/proc/swaps``; zram is compressed RAM, read
+    with the rest of it). Swapped-out pages of the agent -- raw lines, a chunk's counts, a
+    noise draw being added -- would stay on that disk or SD card after the agent has wiped
+    them in RAM, as readable as stale flash blocks. [] where there is no such file."""
+    try:
+        with open(path or SWAPS) as f:
+            lines = f.read().splitlines()[1:]  # a header line, then one line per area
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        name = line.split()[0] if line.split() else ""
+        if name and not os.path.basename(name).startswith("zram"):
+            out.append(name)
+    return out

@@ -1,0 +1,53 @@
+"""The real Pi daemon's RAM, read the way the intruder reads it: no raw item, digest, noise
+draw or exact chunk count outlives its use (docs/PRIVACY.md "Memory residue").
+
+``pansketch-agent run`` (a followed file source, publishing to a real mosquitto) is stopped at
+chosen moments and every readable mapping of its process is read (tests/memscan.py; the moments
+and what a trial is: tests/memresidue_scenario.py). Required at every quiet moment (right after
+a chunk, idle, after a persist, after a release): no raw item of any burst, no digest, no window
+of any noise draw the exact-recovery attack needs, no exact chunk count. The negative control
+runs the same scenario with ``PANSKETCH_TEST_NO_WIPE=1`` (the wiping turned off) and must find
+residue: the test has the power to see it. host_tools/bench/memresidue.py is the longer run
+(``feed --jobs 2`` too).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker import needs_mosquitto, start_mosquitto
+from tests.memresidue_scenario import run_scenario
+from tests.memscan import can_read_memory
+
+why = can_read_memory()
+pytestmark = [needs_mosquitto, pytest.mark.skipif(why is not None, reason=why or "")]
+
+
+def _run(tmp_path, no_wipe):
+    b = start_mosquitto(tmp_path)
+    try:
+        return run_scenario(str(tmp_path), "run", "dgauss", b.port, intervals=2, no_wipe=no_wipe)
+    finally:
+        b.stop()
+
+
+def test_run_leaves_no_item_digest_draw_or_count_in_ram(tmp_path):
+    rep = _run(tmp_path, no_wipe=False)
+    print(rep.summary())
+    assert rep.trials >= 200, rep.summary()
+    assert rep.recovered == 0, rep.summary()  # the exact-recovery attack: 0 of >= 200 trials
+    assert rep.old_draw_hits == 0, rep.summary()
+    assert rep.count_hits == 0, rep.summary()
+    quiet = [m for m in rep.moments if m["what"] != "mid"]
+    assert all(m["items"] == 0 and m["digests"] == 0 for m in quiet), rep.summary()
+    assert all(m["counters_found"] >= 1 for m in quiet), "the intruder's reference: the counters were located"
+
+
+def test_negative_control_without_the_wipes_finds_the_residue(tmp_path):
+    """The same scenario, the wiping off: the search finds what the fix removes (raw items of
+    the last chunk and their digests at the quiet moments)."""
+    rep = _run(tmp_path, no_wipe=True)
+    print(rep.summary())
+    quiet = [m for m in rep.moments if m["what"] != "mid"]
+    assert sum(m["items"] for m in quiet) > 0, rep.summary()
+    assert sum(m["digests"] for m in quiet) > 0, rep.summary()
