@@ -6,8 +6,9 @@ with a sped-up clock, feeds it bursts of unique raw items (``secret-mac-<12 hex>
 times), and at chosen moments stops every agent process and reads all its readable memory
 (tests/memscan.py). The moments, per persist interval:
 
-* ``chunk``   0.6 s after a burst was written (its chunks are counted: "right after a chunk");
-* ``idle``    1.1 s after it, nothing in flight;
+* ``chunk``   0.8 s after a burst was written (the file source polls every 0.2 s; its chunks
+  are counted: "right after a chunk");
+* ``idle``    0.8 s later, nothing in flight;
 * ``persist`` 0.3 s after ``state.bin`` changed (the refresh draw Y was added);
 * ``release`` 0.3 s after a release appeared in the outbox (a fresh Z_int opened);
 * ``mid``     a few ms after a large burst was written (chunks being counted).
@@ -53,7 +54,7 @@ from tests.test_e2e_support import REPO, SALT, agent_cmd, agent_env
 ITEM_RE = rb"secret-mac-[0-9a-f]{12}"
 BOUND = 200  # |one draw| stays below this (dgauss sigma 2: 100 sigma; dlap t = 8: P < 4096 e^-25)
 PROBE = 16  # cells per probe window
-WINDOWS = 48  # probe windows of the residual draw per moment: one trial each
+WINDOWS = 72  # probe windows of the residual draw per moment: one trial each
 D, W = 4, 1024
 
 
@@ -145,6 +146,7 @@ class Scenario:
         self.bursts: list[np.ndarray] = []  # exact sketch of each burst
         self.last_ram: Optional[np.ndarray] = None
         self.state_mtime = 0.0
+        self.captures: list[Any] = []
         self.outbox_n = 0
         env = agent_env()
         if no_wipe:
@@ -153,7 +155,7 @@ class Scenario:
         now = time.time()
         # start 4.5 persists before a window boundary: persists, then a release, then persists again
         start = (int(now) // window + 1) * window - 270
-        extra = ["--clock-start", str(start), "--clock-speed", "20", "-q"]
+        extra = ["--clock-start", str(start), "--clock-speed", "5", "-q"]
         if command == "feed":
             extra += ["--jobs", str(jobs), "--timeout", "1"]
         self.proc = subprocess.Popen(agent_cmd(command, self.cfg, *extra), stdin=subprocess.PIPE,
@@ -227,13 +229,40 @@ class Scenario:
     def pids(self) -> list[int]:
         return [self.proc.pid] + memscan.children(self.proc.pid)
 
-    def probe(self, what: str, strict: bool = True) -> None:
+    def _changed(self) -> bool:
+        """A persist or release happened since the reference was taken (then the moment's
+        reference is stale: its trials are not counted)."""
+        try:
+            st = os.stat(self._state_path()).st_mtime_ns
+        except OSError:
+            st = 0
+        return st != self.state_mtime or self._outbox() != self.outbox_n
+
+    def probe(self, what: str) -> None:
+        """Stop every agent process, read its memory, continue it: fast (tens of ms). What the
+        intruder knows then (flash, the events so far) is kept with it; the searches run at the
+        end (:meth:`analyze`), so they never delay the agent's clock-driven persists."""
         pids = self.pids()
         with memscan.stopped(pids):
+            stale = self._changed()
             snaps = [memscan.Snapshot.of(p) for p in pids]
+        self.captures.append((what, snaps, stale, None if self.snap is None else self.snap.copy(), self.since.copy(),
+                              len(self.items), len(self.digests), len(self.bursts), len(pids)))
+
+    def analyze(self) -> None:
+        items, digests, bursts = self.items, self.digests, self.bursts
+        for what, snaps, stale, snap, since, ni, nd, nb, npid in self.captures:
+            self.snap, self.since = snap, since
+            self.items, self.digests, self.bursts = items[:ni], digests[:nd], bursts[:nb]
+            self._analyze(what, snaps, stale, npid)
+        self.items, self.digests, self.bursts = items, digests, bursts
+        self.captures = []
+
+    def _analyze(self, what: str, snaps: list[memscan.Snapshot], stale: bool, npid: int) -> None:
+        pids = [0] * npid
         scan = memscan.Scan(snaps)
         rep = self.report
-        m: dict[str, Any] = {"what": what, "mb": scan.size() / 1e6, "pids": len(pids)}
+        m: dict[str, Any] = {"what": what, "mb": scan.size() / 1e6, "pids": len(pids), "stale": stale}
         rep.bytes_read += scan.size()
         found = scan.items(ITEM_RE)
         m["items"] = len(found & set(self.items))
@@ -243,7 +272,7 @@ class Scenario:
         cands = [c for c in scan.find_near(ref, BOUND) if self.snap is None or not np.array_equal(c, self.snap)]
         m["counters_found"] = len(cands)
         m["draw_hits"] = m["draw_trials"] = m["old_draw_hits"] = 0
-        if len(cands) >= 1 and what != "mid":  # mid-chunk: the counters are not yet state + events
+        if len(cands) >= 1 and what != "mid" and not stale:  # mid-chunk: the counters are not yet state + events
             # Each array near flash + events may be the counters (the recorder keeps two of that
             # shape: the accumulator and the scratch it swaps with): the attack tries every one.
             dnows = [c - ref for c in cands]
@@ -284,6 +313,10 @@ class Scenario:
         rep.count_hits += m["count_hits"]
         rep.count_trials += len(ch) // 3
         rep.moments.append(m)
+        if os.environ.get("MEMRESIDUE_VERBOSE"):
+            print("moment %-8s items %d digests %d draw %d/%d old %d counts %d ctrs %d" % (
+                what, m["items"], m["digests"], m["draw_hits"], m["draw_trials"], m["old_draw_hits"],
+                m["count_hits"], m["counters_found"]), flush=True)
 
     def _windows(self, arr: np.ndarray, k: int) -> list[int]:
         """k probe windows at fixed-seed offsets, each with a nonzero value in its first cell (the
@@ -331,20 +364,26 @@ def run_scenario(tmp: str, command: str, mech: str, port: int, intervals: int = 
     sc = Scenario(tmp, command, mech, port, seed, no_wipe)
     try:
         time.sleep(1.5)  # the agent loads numpy, boots its state, subscribes to its file
-        kind = sc.wait_persist(15)
+        kind = sc.wait_persist(30)
+        time.sleep(1.0)
+        while sc._changed():  # the boot's own write of the state is followed by the first tick's
+            kind = sc.wait_persist()
+            time.sleep(1.0)
         for k in range(intervals):
             time.sleep(0.3)
             sc.probe(kind)
             sc.burst(burst)
-            time.sleep(0.6)
+            time.sleep(0.8)
             sc.probe("chunk")
-            time.sleep(0.5)
+            time.sleep(0.8)
             sc.probe("idle")
             if k == intervals // 2:
                 sc.burst(20000)  # a few chunks: probed while they are being counted
                 time.sleep(0.02)
                 sc.probe("mid")
             kind = sc.wait_persist()
+        sc.stop()
+        sc.analyze()
         return sc.report
     finally:
         sc.stop()

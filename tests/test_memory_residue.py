@@ -26,7 +26,7 @@ pytestmark = [needs_mosquitto, pytest.mark.skipif(why is not None, reason=why or
 def _run(tmp_path, no_wipe):
     b = start_mosquitto(tmp_path)
     try:
-        return run_scenario(str(tmp_path), "run", "dgauss", b.port, intervals=2, no_wipe=no_wipe)
+        return run_scenario(str(tmp_path), "run", "dgauss", b.port, intervals=1, no_wipe=no_wipe)
     finally:
         b.stop()
 

@@ -125,6 +125,7 @@ class Agent:
         self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
         self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
+        self.counted = False  # events counted since the last scrub (agent.pi.memwipe)
         self.failed = False
         self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/pi/countworker.py)
         self.chunks_here = 0  # raw chunks counted in this process / by the workers (the last log line of pump)
@@ -146,9 +147,11 @@ class Agent:
         released = self.rec.tick(self.clock.now())
         if released:
             self.pub.wake()
-        if released or self.rec.last_persist != persisted:
-            # a draw was made: the scalar samplers' Python ints, the release's CBOR pieces
-            # (docs/PRIVACY.md "Memory residue")
+        if released or self.rec.last_persist != persisted or (self.counted and self.q.empty()):
+            # a draw was made (the scalar samplers' Python ints, the release's CBOR pieces), or
+            # events were counted since the last scrub: the source thread frees its last pieces of
+            # a read after this thread's scrub at the end of the count (docs/PRIVACY.md "Memory residue")
+            self.counted = False
             scrub()
 
     def _raw_adder(self, sk: Any, data: bytes, _weights: Any) -> None:
@@ -297,6 +300,7 @@ class Agent:
                     self.rec.add_many(items, weights, adder=add_batch)  # numpy path; counters wrap mod 2^32
                     del items, weights
                 del batch
+                self.counted = True
                 if not self.pre and self.q.empty():
                     # about to wait for input: overwrite the freed lines, digests and hash objects of
                     # what was just counted (a busy input's next chunk reuses them meanwhile)
