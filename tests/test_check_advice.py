@@ -65,7 +65,7 @@ def test_check_warns_when_swap_is_on(tmp_path, monkeypatch, capsys):
     """A swap area on a disk keeps what the agent wiped in RAM (docs/PRIVACY.md "Memory residue"):
     `check` says so; a zram swap (RAM) and no swap do not warn."""
     from agent.pi import daemon, memwipe
-    from tests.test_e2e_support import agent_toml
+    from tests.support.e2e import agent_toml
 
     cfg = agent_toml(str(tmp_path / "a.toml"), "swap-dev", 1883, str(tmp_path / "st"))
     swaps = tmp_path / "swaps"

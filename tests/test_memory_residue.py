@@ -2,8 +2,8 @@
 draw or exact chunk count outlives its use (docs/PRIVACY.md "Memory residue").
 
 ``pansketch-agent run`` (a followed file source, publishing to a real mosquitto) is stopped at
-chosen moments and every readable mapping of its process is read (tests/memscan.py; the moments
-and what a trial is: tests/memresidue_scenario.py). Required at every quiet moment (right after
+chosen moments and every readable mapping of its process is read (tests/support/memscan.py; the moments
+and what a trial is: tests/support/memresidue.py). Required at every quiet moment (right after
 a chunk, idle, after a persist, after a release): no raw item of any burst, no digest, no window
 of any noise draw the exact-recovery attack needs, no exact chunk count. The negative control
 runs the same scenario with ``PANSKETCH_TEST_NO_WIPE=1`` (the wiping turned off) and must find
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.broker import needs_mosquitto, start_mosquitto
-from tests.memresidue_scenario import run_scenario
-from tests.memscan import can_read_memory
+from tests.support.broker import needs_mosquitto, start_mosquitto
+from tests.support.memresidue import run_scenario
+from tests.support.memscan import can_read_memory
 
 why = can_read_memory()
 pytestmark = [needs_mosquitto, pytest.mark.skipif(why is not None, reason=why or "")]

@@ -2,7 +2,7 @@
 
     python -m host_tools.bench.memresidue [--intervals N] [--out DIR] [--no-wipe]
 
-Runs tests/memresidue_scenario.py for ``run`` (followed file source, publishing to a real
+Runs tests/support/memresidue.py for ``run`` (followed file source, publishing to a real
 mosquitto) with dgauss and ``feed --jobs 2`` (its count worker is a second process, read too)
 with dlap, each over N persist intervals (a release falls among them), and prints and writes
 (bench-results/memresidue.json) per moment what the memory still held: raw items, their
@@ -22,8 +22,8 @@ from typing import Any
 
 
 def run(intervals: int, no_wipe: bool) -> dict[str, Any]:
-    from tests.broker import start_mosquitto
-    from tests.memresidue_scenario import run_scenario
+    from tests.support.broker import start_mosquitto
+    from tests.support.memresidue import run_scenario
 
     out: dict[str, Any] = {"intervals": intervals, "no_wipe": no_wipe, "runs": []}
     for command, mech in (("run", "dgauss"), ("feed", "dlap")):

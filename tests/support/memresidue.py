@@ -4,7 +4,7 @@ One scenario runs the real ``pansketch-agent`` (``run`` with a followed file sou
 to a real mosquitto, or ``feed --jobs 2`` on a pipe, whose count worker is a second process)
 with a sped-up clock, feeds it bursts of unique raw items (``secret-mac-<12 hex>``, each 1-4
 times), and at chosen moments stops every agent process and reads all its readable memory
-(tests/memscan.py). The moments, per persist interval:
+(tests/support/memscan.py). The moments, per persist interval:
 
 * ``chunk``   0.8 s after a burst was written (the file source polls every 0.2 s; its chunks
   are counted: "right after a chunk");
@@ -48,8 +48,8 @@ import numpy as np
 
 from agent import hashing
 from agent.sketch import Sketch
-from tests import memscan
-from tests.test_e2e_support import REPO, SALT, agent_cmd, agent_env
+from tests.support import memscan
+from tests.support.e2e import REPO, SALT, agent_cmd, agent_env
 
 ITEM_RE = rb"secret-mac-[0-9a-f]{12}"
 BOUND = 200  # |one draw| stays below this (dgauss sigma 2: 100 sigma; dlap t = 8: P < 4096 e^-25)

@@ -229,7 +229,7 @@ class Scan:
             idx = np.flatnonzero(lens == length)
             rows = np.zeros(len(needles), dtype=np.intp)
             rows[idx] = np.arange(len(idx))
-            groups[length] = (rows, np.stack([needles[i] for i in idx]).astype(np.uint32))
+            groups[length] = (rows, np.stack([needles[int(i)] for i in idx]).astype(np.uint32))
         order = np.argsort(keys_all, kind="stable")
         keys = keys_all[order]
         # equal keys sit together once sorted: run[k] = how many equal keys start at k
