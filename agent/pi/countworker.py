@@ -53,6 +53,7 @@ from typing import Any, Callable, Optional
 
 DEPTH = 2  # chunks handed to a worker and not yet answered: one it counts, one waiting in its pipe
 EARLY = 8  # chunks read and handed to the workers while the main process starts (the daemon's queue bound)
+SCRUB_GAP_S = 0.25  # a worker whose input stays quiet this long after a chunk scrubs its heap
 ANSWER_S = 30.0  # a chunk takes milliseconds; a worker silent this long is stopped or wedged
 
 
@@ -133,7 +134,9 @@ def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, c
         del data
         _write_all(wfd, sk.counters)
         sk.counters[:] = type(sk.counters)("i", zero)  # (the array's buffer is overwritten in place)
-        if not select.select([rfd], [], [], 0)[0]:  # nothing waits: overwrite the chunk's freed objects
+        # nothing arrives within SCRUB_GAP_S: overwrite the freed objects of what it counted (a busy
+        # input's next chunk reuses them meanwhile; docs/PRIVACY.md "Memory residue")
+        if not select.select([rfd], [], [], SCRUB_GAP_S)[0]:
             scrub()
 
 

@@ -18,7 +18,14 @@ from typing import Any, Callable, Optional
 
 from agent.pi import common
 from agent.pi.memwipe import scrub, wipe_bytes
+
 from agent.pi.common import EXIT_OK, EXIT_RUNTIME, EXIT_UNDELIVERED, SEED_ENV, die, logger
+
+# A queue that empties between two chunks of a busy input (the reader a little slower than the
+# counting) scrubs at most this often; the next tick (1 s) scrubs what was counted since
+# (docs/PRIVACY.md "Memory residue"): a scrub costs 2-15 ms, a chunk about 5.
+SCRUB_GAP_S = 0.25
+
 
 
 class Clock:
@@ -126,6 +133,7 @@ class Agent:
         self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
         self.counted = False  # events counted since the last scrub (agent.pi.memwipe)
+        self.scrubbed = 0.0  # time.monotonic() of the last scrub
         self.failed = False
         self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/pi/countworker.py)
         self.chunks_here = 0  # raw chunks counted in this process / by the workers (the last log line of pump)
@@ -152,6 +160,7 @@ class Agent:
             # events were counted since the last scrub: the source thread frees its last pieces of
             # a read after this thread's scrub at the end of the count (docs/PRIVACY.md "Memory residue")
             self.counted = False
+            self.scrubbed = time.monotonic()
             scrub()
 
     def _raw_adder(self, sk: Any, data: bytes, _weights: Any) -> None:
@@ -213,6 +222,8 @@ class Agent:
         for wk in list(self.workers):
             while wk.alive and wk.done():
                 self._take(wk)
+        self.counted = False
+        self.scrubbed = time.monotonic()
         scrub()
 
     def _settle(self) -> None:
@@ -301,7 +312,7 @@ class Agent:
                     del items, weights
                 del batch
                 self.counted = True
-                if not self.pre and self.q.empty():
+                if not self.pre and self.q.empty() and time.monotonic() - self.scrubbed >= SCRUB_GAP_S:
                     # about to wait for input: overwrite the freed lines, digests and hash objects of
                     # what was just counted (a busy input's next chunk reuses them meanwhile)
                     self._settle_idle()
