@@ -69,7 +69,9 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
         data.write_text("\n".join(zipf_items(events)) + "\n")
         broker = Mosquitto(tdp)
         try:
-            host = AggregatorThread(host_toml(str(tdp / "h.toml"), broker.port, str(tdp / "h.db")))
+            # one window holds every event of a round: the host's contribution limit must admit them
+            host = AggregatorThread(host_toml(str(tdp / "h.toml"), broker.port, str(tdp / "h.db"),
+                                              fleet_extra="max_events_per_window = %d" % max(100000, 2 * events)))
             for r in range(rounds + (1 if profile else 0)):
                 cfg = agent_toml(str(tdp / ("a%d.toml" % r)), "bench-%d" % r, broker.port, str(tdp / ("s%d" % r)),
                                  w=2048, d=4, kind=kind)
