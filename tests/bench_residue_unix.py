@@ -4,7 +4,7 @@
     python -m tests.bench_residue_unix --cost     # the cost part only
     python -m tests.bench_residue_unix --src DIR  # the cost part on another checkout's firmware (DIR: its root)
 
-Residue (tests/residue_support.py): 3 bursts of 400 UART lines into the
+Residue (tests/support/residue.py): 3 bursts of 400 UART lines into the
 default-shape CountSketch (d = 4, w = 1024) in a 192 KiB heap, each burst
 followed by an idle second, a persist and a release, with the memory read at
 each of those moments and at 10 random moments inside each burst; plus the
@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from tests import residue_support as R
-from tests import unixvm as U
-from tests.freeze import manifest_files
+from tests.support import residue as R
+from tests.support import unixvm as U
+from tests.support.freeze import manifest_files
 
 OUT = U.REPO / "bench-results" / "residue-unix.json"
 COST = (("128K", 256), ("192K", 1024))

@@ -8,7 +8,7 @@ second, after a persist, after a release) and at random moments while a
 burst is counted, reads every writable mapping of the process (heap, C
 stack, data) and searches it for every raw item fed so far, its salted
 SHA-256 digest (any 8-byte quarter) and the random bytes of every noise
-draw so far (tests/residue_support.py).
+draw so far (tests/support/residue.py).
 
 The bound (docs/PRIVACY.md, "Memory residue on boards"): at a pause between
 steps nothing; at a random moment inside a step at most the input being
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests import residue_support as R
-from tests import unixvm as U
-from tests.unixvm import mpunix  # noqa: F401  (fixture)
+from tests.support import residue as R
+from tests.support import unixvm as U
+from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
 
 BURST = 120
 

@@ -1,5 +1,5 @@
 # Runs inside the MicroPython Unix port instead of /main.py (tests/mpunix/board.py
-# with SCRIPT=residue; tests/residue_support.py compiles it to .mpy in /hw and
+# with SCRIPT=residue; tests/support/residue.py compiles it to .mpy in /hw and
 # reads the process's memory at every "@pause"). It boots the board firmware from
 # /pansketch.json exactly as main.py would, with one difference: the Rng's byte
 # source is os.urandom teed into /hw/random.bin, so the host knows every random

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from agent import hashing
-from tests import unixvm as U
+from tests.support import unixvm as U
 
 
 def items(burst: int, n: int, tag: str) -> list[str]:
