@@ -103,6 +103,7 @@ tests/test_tree_query.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -225,6 +226,16 @@ def noise_tail_bound(terms: Sequence[NoiseTerm], delta: float) -> float:
     terms = [t for t in terms if t.count > 0]
     if not terms:
         return 0.0
+    return _tail_bound(tuple((t.mech, t.num, t.den, t.count) for t in terms), delta)
+
+
+@functools.lru_cache(maxsize=512)
+def _tail_bound(key: tuple[tuple[str, int, int, int], ...], delta: float) -> float:
+    """:func:`noise_tail_bound` of the terms ``key``, remembered: a series asks it once per bucket,
+    and a fleet's buckets mostly carry the same noise (the same devices, one draw each), where the
+    FFT convolution of thousands of draws was almost all of a bucket's cost. A pure function of
+    its arguments, so remembering it changes no answer."""
+    terms = [NoiseTerm(m, n, d, c) for m, n, d, c in key]
     dist = noise_distribution(terms)
     if dist is None:
         return chernoff_tail_bound(terms, delta)
