@@ -1,0 +1,190 @@
+"""Fleet scale: the cost of a month of answers, by number of devices N and windows W.
+
+    python -m host_tools.bench.fleetscale [--sizes 100x24,100x168,1000x168] [--out bench-results]
+                                          [--code DIR] [--keep DIR]
+
+Each store holds N devices x W hourly windows of small cms sketches (d=2, w=16: the shape of the
+store is what is measured, not the sketch). It is built in two steps: window 0 of every device goes
+through the aggregator's own write path (real encoder, decoder, roll-ups, devices table), then
+windows 1..W-1 are copies of those rows made by bulk SQL (``INSERT ... SELECT`` with the times,
+epochs, seqs and window ids shifted), roll-ups and their noise and device rows included. The
+counters repeat from window to window; no query here depends on their values.
+
+Measured per store, CPU time (user + system) of whole processes, median of ``--repeat`` runs:
+``pansketch query freq`` over all windows, ``pansketch query series --step 1h`` over all windows
+(with its running totals, the CLI's default), ``pansketch status --json``, and one ``/metrics``
+scrape of the store collector (in a child process, the scrape alone). ``--code DIR`` measures the
+host_tools of another checkout on the same stores (a before/after comparison).
+
+The growth law of each is fitted by least squares on log cost = a + b log N + c log W over the
+sizes (b, c: the exponents in devices and windows). Figures, not assertions; written to
+bench-results/fleetscale.json. tests/test_fleetscale.py checks the shape at two small sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+SALT = "fleetscale-salt-0001"
+T0 = 1_700_000_000 // 3600 * 3600  # an hour boundary
+D, W_CELLS = 2, 16
+
+# the columns of a release row, shifted by k windows where they name a time, epoch, seq or window
+_SHIFTED = {"elo": "elo + k", "ehi": "ehi + k", "seq": "seq + k", "win": "win + k",
+            "t0": "t0 + k * 3600", "t1": "t1 + k * 3600", "received": "received + k * 3600"}
+
+
+def build(db: str, n: int, w: int) -> dict[str, float]:
+    """A store of ``n`` devices x ``w`` hourly windows (see the module docstring); build timings."""
+    from agent import release
+    from agent.params import Params
+    from host_tools import hostconfig
+    from host_tools.ingest.aggregator import Aggregator
+    from host_tools.store.schema import _INSERT_COLS
+
+    t = time.perf_counter()
+    cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": db}})
+    agg = Aggregator(cfg)
+    rng = np.random.default_rng(1)
+    import array
+
+    for i in range(n):
+        dev = "dev%05d" % i
+        p = Params({"device": dev, "salt": SALT, "kind": "cms", "d": D, "w": W_CELLS, "window_s": 3600})
+        ctr = array.array("i", rng.integers(-3, 40, D * W_CELLS).tolist())
+        raw = release.encode(p, 0, T0 // 3600, T0 // 3600 + 1, 0, ctr, 2)
+        if not agg.handle("pansketch/%s/release" % dev, raw).stored:
+            raise RuntimeError("release of %s not stored" % dev)
+    agg.close()
+    t_write = time.perf_counter() - t
+    import sqlite3
+
+    t = time.perf_counter()
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode = WAL")
+    win0 = T0 // 3600
+    ks = "WITH RECURSIVE ks(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM ks WHERE k < %d) " % (w - 1)
+    if w > 1:
+        cols = ", ".join(_INSERT_COLS)
+        sel = ", ".join(_SHIFTED.get(c, c) for c in _INSERT_COLS)
+        con.execute("INSERT INTO releases (%s) %s SELECT %s FROM releases, ks WHERE win = %d"
+                    % (cols, ks, sel, win0))
+        con.execute("INSERT INTO rollups (win_s, win, kind, d, w, hv, salt, releases, t0, t1, sums) %s "
+                    "SELECT win_s, win + k, kind, d, w, hv, salt, releases, t0 + k * 3600, t1 + k * 3600, sums "
+                    "FROM rollups, ks WHERE win = %d" % (ks, win0))
+        same = ("FROM rollups r1 JOIN rollups r2 ON r2.win > r1.win AND r2.win_s = r1.win_s AND r2.kind = r1.kind "
+                "AND r2.d = r1.d AND r2.w = r1.w AND r2.hv = r1.hv AND r2.salt = r1.salt ")
+        con.execute("INSERT INTO rollup_noise (rollup, mech, num, den, count) SELECT r2.id, x.mech, x.num, x.den, "
+                    "x.count " + same + "JOIN rollup_noise x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
+        con.execute("INSERT INTO rollup_devices (rollup, device) SELECT r2.id, x.device " + same
+                    + "JOIN rollup_devices x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
+        dcols = {r[1] for r in con.execute("PRAGMA table_info(devices)")}
+        if "max_seq" in dcols:  # the SQLite store's per-device highest seq (host_tools.store.sqlite)
+            con.execute("UPDATE devices SET max_seq = max_seq + ? WHERE max_seq IS NOT NULL", (w - 1,))
+    con.commit()
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    return {"write_path_s": round(t_write, 2), "bulk_sql_s": round(time.perf_counter() - t, 2)}
+
+
+_SCRAPE = ("import sys, time\n"
+           "from host_tools.metrics import StoreCollector\n"
+           "c = StoreCollector(sys.argv[1], salt=None)\n"
+           "list(c.collect())\n"  # the first scrape fills any cache a collector keeps
+           "t = time.process_time(); list(c.collect()); print(time.process_time() - t)\n")
+
+
+def _cpu(argv: list[str], code: Optional[str]) -> tuple[float, str]:
+    """CPU seconds (user + system) of the child running ``argv``, and its stdout."""
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = code
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(argv, env=env, cwd=code or None, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError("%s failed: %s" % (" ".join(argv[:6]), out.stderr[-500:]))
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), out.stdout
+
+
+def measure(db: str, conf: str, code: Optional[str], repeat: int) -> dict[str, float]:
+    py = [sys.executable, "-c", "import sys; from host_tools.cli import main; sys.exit(main(sys.argv[1:]))"]
+    cmds = {
+        "freq": py + ["query", "--config", conf, "freq", "item-1", "item-2"],
+        "series_1h": py + ["query", "--config", conf, "series", "item-1", "--step", "1h"],
+        "status": py + ["status", "--config", conf, "--json"],
+    }
+    out: dict[str, float] = {}
+    for name, argv in cmds.items():
+        out[name] = round(statistics.median(_cpu(argv, code)[0] for _ in range(repeat)), 3)
+    scrapes = [float(_cpu([sys.executable, "-c", _SCRAPE, db], code)[1].split()[-1]) for _ in range(repeat)]
+    out["metrics_scrape"] = round(statistics.median(scrapes), 4)
+    return out
+
+
+def fit(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Least squares of log cost = a + b log N + c log W (b, c: exponents; needs both to vary)."""
+    x = np.array([[1.0, np.log(r["devices"]), np.log(r["windows"])] for r in rows])
+    y = np.log(np.array([max(r[key], 1e-4) for r in rows]))
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return {"exp_devices": round(float(coef[1]), 2), "exp_windows": round(float(coef[2]), 2)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m host_tools.bench.fleetscale", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="100x24,100x168,1000x168", help="NxW,... (devices x hourly windows)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--code", action="append", default=[], metavar="DIR",
+                    help="also measure the host_tools of this checkout (repeatable; the first run is this one)")
+    ap.add_argument("--keep", metavar="DIR", help="build the stores here and keep them (default: a temporary dir)")
+    a = ap.parse_args(argv)
+    sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
+    root = Path(a.keep or tempfile.mkdtemp(prefix="fleetscale-"))
+    root.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        for n, w in sizes:
+            db = str(root / ("fleet-%dx%d.db" % (n, w)))
+            timing: dict[str, Any] = {}
+            if not os.path.exists(db):
+                timing = build(db, n, w)
+            conf = str(root / ("fleet-%dx%d.toml" % (n, w)))
+            Path(conf).write_text('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\n' % (SALT, db))
+            for label, code in [("this", None)] + [(os.path.basename(c.rstrip("/")), c) for c in a.code]:
+                row = {"devices": n, "windows": w, "releases": n * w, "code": label, **timing,
+                       **measure(db, conf, code, a.repeat)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    laws = {}
+    for label in dict.fromkeys(r["code"] for r in rows):
+        mine = [r for r in rows if r["code"] == label]
+        if len({r["devices"] for r in mine}) > 1 and len({r["windows"] for r in mine}) > 1:
+            laws[label] = {k: fit(mine, k) for k in ("freq", "series_1h", "status", "metrics_scrape")}
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "fleetscale.json")
+    with open(path, "w") as f:
+        json.dump({"rows": rows, "growth": laws}, f, indent=1)
+    print(json.dumps(laws, indent=1))
+    print("wrote %s" % path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

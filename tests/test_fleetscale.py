@@ -1,0 +1,65 @@
+"""The growth laws of host_tools.bench.fleetscale, at two small sizes (the shape, not the speed).
+
+`series` over all windows grows linearly in the windows (it was quadratic: one scan of every
+release per bucket), and `status` linearly in the devices (it was quadratic: the ledger scanned
+every device's windows per device). Each size is measured as CPU time of the calls alone, best of
+two, and the bound on the ratio sits halfway between the linear and the quadratic law in log terms,
+so a loaded machine does not flip it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+
+from host_tools.bench import fleetscale
+from host_tools.query import series, status
+from host_tools.store.sqlite import Store
+
+
+def _cpu(fn: Callable[[], Any]) -> float:
+    best = float("inf")
+    for _ in range(2):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: Any) -> dict[tuple[int, int], str]:
+    tmp = tmp_path_factory.mktemp("fleetscale")
+    out = {}
+    for n, w in [(30, 16), (30, 64), (120, 16)]:
+        db = str(tmp / ("s%dx%d.db" % (n, w)))
+        fleetscale.build(db, n, w)
+        out[(n, w)] = db
+    return out
+
+
+def _series(db: str) -> float:
+    st = Store(db, readonly=True)
+    series.series(st, ["item-1"], salt=fleetscale.SALT, step=3600, running=False)  # warm: imports, caches
+    t = _cpu(lambda: series.series(st, ["item-1"], salt=fleetscale.SALT, step=3600, running=False))
+    st.close()
+    return t
+
+
+def _status(db: str) -> float:
+    st = Store(db, readonly=True)
+    status.report(st, windows=0)
+    t = _cpu(lambda: status.report(st, windows=0))
+    st.close()
+    return t
+
+
+def test_series_grows_linearly_in_windows(stores: dict[tuple[int, int], str]) -> None:
+    small, large = _series(stores[(30, 16)]), _series(stores[(30, 64)])
+    assert large / small < 8.0, (small, large)  # 4x windows: linear 4, quadratic 16
+
+
+def test_status_grows_linearly_in_devices(stores: dict[tuple[int, int], str]) -> None:
+    small, large = _status(stores[(30, 16)]), _status(stores[(120, 16)])
+    assert large / small < 8.0, (small, large)  # 4x devices: linear 4, quadratic 16
