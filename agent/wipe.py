@@ -48,7 +48,7 @@ _SCRUB = _MP and sys.platform != "webassembly"
 WORD = 4 if sys.maxsize < (1 << 32) else 8
 BLOCK = 4 * WORD  # the collector's block (MICROPY_BYTES_PER_GC_BLOCK)
 _ZEROS = memoryview(bytes(64)) if uctypes is not None else None
-_sizes = {}  # type -> heap bytes of one object (measured once, see obj())
+_sizes = {}  # type: dict  # type -> heap bytes of one object (measured once, see obj())
 
 
 def _zero_at(addr, n):

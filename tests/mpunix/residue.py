@@ -19,7 +19,6 @@
 #   @pause NAME N   the host dumps the memory now (N: the pause's number); the
 #                   script sleeps, then waits for /hw/goN
 #   @done 1
-import gc
 import json
 import os
 import time
