@@ -1,5 +1,5 @@
 # Runs inside the MicroPython Unix port instead of /main.py (tests/mpunix/board.py
-# with SCRIPT=scrubbench; tests/bench_residue_unix.py compiles it to .mpy in /hw).
+# with SCRIPT=scrubbench; benchmarks/residue_unix.py compiles it to .mpy in /hw).
 # Boots the firmware from /pansketch.json as main.py would, then measures what
 # wiping costs (fastest of 5 repetitions each; the host is shared):
 #

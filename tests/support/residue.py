@@ -15,7 +15,7 @@ searches the dump for
   read).
 
 Used by tests/test_firmware_unix_residue.py (CI size) and
-tests/bench_residue_unix.py (longer runs, timing of the scrub).
+benchmarks/residue_unix.py (longer runs, timing of the scrub).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Memory residue on boards: a longer intruder run and what the wiping costs (MicroPython Unix port).
 
-    python -m tests.bench_residue_unix            # residue run + cost, writes bench-results/residue-unix.json
-    python -m tests.bench_residue_unix --cost     # the cost part only
-    python -m tests.bench_residue_unix --src DIR  # the cost part on another checkout's firmware (DIR: its root)
+    python -m benchmarks.residue_unix            # residue run + cost, writes bench-results/residue-unix.json
+    python -m benchmarks.residue_unix --cost     # the cost part only
+    python -m benchmarks.residue_unix --src DIR  # the cost part on another checkout's firmware (DIR: its root)
 
 Residue (tests/support/residue.py): 3 bursts of 400 UART lines into the
 default-shape CountSketch (d = 4, w = 1024) in a 192 KiB heap, each burst
