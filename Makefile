@@ -117,24 +117,24 @@ $(STAMP)-bench: pyproject.toml $(STAMP)-core
 # to each board's: bench-results/firmware-unix.json), then the performance table of docs/DEVELOPING.md
 # from those files. Needs mosquitto and a C compiler (the Unix port is built on first use).
 bench: $(STAMP)-bench setup-mpunix
-	$(VPY) -m host_tools.bench.core
-	$(VPY) -m host_tools.bench.samplers
-	$(VPY) -m host_tools.bench.feed --profile
-	$(VPY) -m host_tools.bench.host --devices 50 --per-device 40 --rounds 2 --skip pg,query --out bench-results/host.json
+	$(VPY) -m pansketch.host_tools.bench.core
+	$(VPY) -m pansketch.host_tools.bench.samplers
+	$(VPY) -m pansketch.host_tools.bench.feed --profile
+	$(VPY) -m pansketch.host_tools.bench.host --devices 50 --per-device 40 --rounds 2 --skip pg,query --out bench-results/host.json
 	$(VPY) -m benchmarks.firmware_unix --frozen
-	$(VPY) -m host_tools.bench.report
+	$(VPY) -m pansketch.host_tools.bench.report
 
 # CPU per stored release under sustained load (the ingest CPU goal, docs/HOST.md): 1,000 simulated devices, 700 releases/s
 # for 15 minutes through mosquitto into one aggregator (SQLite), no faults; about 17 min. docs/DEVELOPING.md's
 # table takes its row from bench-results/soak-sustained.json.
 bench-soak: $(STAMP)-bench
-	$(VPY) -m host_tools.bench.soak --devices 1000 --rate 700 --duration 900 --kills "" --out bench-results/soak-sustained.json
-	$(VPY) -m host_tools.bench.report
+	$(VPY) -m pansketch.host_tools.bench.soak --devices 1000 --rate 700 --duration 900 --kills "" --out bench-results/soak-sustained.json
+	$(VPY) -m pansketch.host_tools.bench.report
 
 # Accuracy on the standard library's own sources (tokens, line lengths, file sizes), per salt,
 # next to DataSketches at equal memory: bench-results/accuracy.{json,md} and figures (docs/HOST.md).
 bench-accuracy: $(STAMP)-bench
-	$(VPY) -m host_tools.bench.accuracy
+	$(VPY) -m pansketch.host_tools.bench.accuracy
 
 clean:
 	rm -rf bench-results .pytest_cache

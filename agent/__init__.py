@@ -2,7 +2,7 @@
 
 Every module directly in this folder is the portable core, frozen onto boards
 (firmware/manifest.py freezes the folder): MicroPython subset only, imports
-nothing of firmware or host_tools. ``agent.pi`` is the CPython-only Pi daemon
+nothing of firmware or host_tools. ``pansketch.agent.pi`` is the CPython-only Pi daemon
 built on it.
 """
 

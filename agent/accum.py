@@ -1,7 +1,7 @@
 """The accumulator and commit core shared by every recorder (docs/ARCHITECTURE.md "Release modes").
 
-agent.recorder.Recorder (window and keep: one accumulator) and
-agent.tree.TreeRecorder (tree: one accumulator per level) both subclass
+pansketch.agent.recorder.Recorder (window and keep: one accumulator) and
+pansketch.agent.tree.TreeRecorder (tree: one accumulator per level) both subclass
 :class:`Core`; what differs between them (how many accumulators, their keys,
 how a persist is written and when its fresh draw comes) stays in the
 subclass, which passes the core the arrays and the persist scheme of the
@@ -25,9 +25,9 @@ Every draw goes through this module's ``draw_into`` and ``add_noise`` (the
 audit's negative controls, tests/support/audit_controls.py, patch them here).
 """
 
-from agent import release, storage
-from agent.noise import add_noise, add_staged, draw_into, wrap32, zero
-from agent.rng import Rng
+from pansketch.agent import release, storage
+from pansketch.agent.noise import add_noise, add_staged, draw_into, wrap32, zero
+from pansketch.agent.rng import Rng
 
 
 def _log(msg):

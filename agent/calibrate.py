@@ -23,7 +23,7 @@ L is 1 in the ``window`` and ``keep`` modes and the number of dyadic levels
 in ``tree`` mode. All values are exact fractions (num, den) of integers.
 """
 
-from agent.noise import NoiseSpec
+from pansketch.agent.noise import NoiseSpec
 
 MODES = ("window", "keep", "tree")
 MECHANISMS = ("dlap", "dgauss")

@@ -16,12 +16,12 @@ bytearray (level k, bucket j = bit (k*m + j) % 8 of byte (k*m + j) // 8).
   through whether x appeared. The likelihood ratios of a bit, present vs
   absent, are 1 + eps/2 (a 1) and 1 - eps/2 (a 0), so the reverse ratio
   2/(2 - eps) is the binding one: eps-DP in both directions needs
-  2/(2 - eps) <= e^eps, i.e. eps <= 1.5936 (agent.params.dbits_eps_ok,
+  2/(2 - eps) <= e^eps, i.e. eps <= 1.5936 (pansketch.agent.params.dbits_eps_ok,
   checked exactly in integers; Params refuses larger budgets).
 * Release: per level the count of one-bits plus fresh discrete Laplace noise
   of scale 1/eps (an item arriving after an intrusion changes one count by
   at most 1), K int32 counters. Fixed size, clock timing, outbox commit
-  protocol: agent.recorder (this class is a Recorder with another state).
+  protocol: pansketch.agent.recorder (this class is a Recorder with another state).
 * Persist: the bit array is **never written to flash**. A bit changes only
   when an item of its bucket arrives, so an older copy and a newer one
   would differ exactly at the touched buckets (docs/PRIVACY.md "Distinct
@@ -32,12 +32,12 @@ bytearray (level k, bucket j = bit (k*m + j) % 8 of byte (k*m + j) // 8).
 Host estimator: host_tools/query/distinct.py.
 """
 
-from agent import hashing
-from agent.noise import add_noise
-from agent.params import DBITS_EPS_MAX, dbits_eps_ok
-from agent.recorder import Recorder
-from agent.sketch import new_counters
-from agent import storage
+from pansketch.agent import hashing
+from pansketch.agent.noise import add_noise
+from pansketch.agent.params import DBITS_EPS_MAX, dbits_eps_ok
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.sketch import new_counters
+from pansketch.agent import storage
 
 MAX_LEVELS = 30
 
@@ -93,7 +93,7 @@ class DensityBits:
 
 
 class DistinctRecorder(Recorder):
-    """agent.recorder.Recorder for kind dbits: same clock, keys, outbox and
+    """pansketch.agent.recorder.Recorder for kind dbits: same clock, keys, outbox and
     commit protocol; the accumulator is the bit array (no state file)."""
 
     def _make_state(self, params):

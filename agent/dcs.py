@@ -5,15 +5,15 @@ dp-linear-sketches.txt §4 (Private Dyadic CountSketch, after Wang et al.
 ``x >> l`` of every reading x; level b has the single node 0 (the total).
 One event touches the d rows of every one of the L = b + 1 levels, so the
 recorder calibrates the noise with the ``arrays`` factor: Delta1 = L*d*c,
-Delta2^2 = L*d*c^2 (agent.params, docs/PRIVACY.md).
+Delta2^2 = L*d*c^2 (pansketch.agent.params, docs/PRIVACY.md).
 
-Layout (one flat int32 array, like agent.sketch): level l, row r, column c
+Layout (one flat int32 array, like pansketch.agent.sketch): level l, row r, column c
 at index ``(l*d + r)*w + c``. Levels whose domain 2^(b-l) fits in w columns
 are *exact-indexed*: node v goes to column v of every row with sign +1 (no
 collisions; the host averages the d rows). The other levels hash node v
 with hash version 1 under the level prefix ``prefix + b"/dcs" + byte(l)``
 (item = the integer v, canonical ``"i" + decimal(v)``), column and sign as
-in agent.hashing. docs/FORMAT.md §2 "Kind dcs".
+in pansketch.agent.hashing. docs/FORMAT.md §2 "Kind dcs".
 
 Readings -> domain (the ``map`` = [scale_num, scale_den, offset] of the
 config, all integers, scale > 0):
@@ -29,11 +29,11 @@ is the documented meaning of out-of-range readings: they count at 0 or
 2^b - 1.
 
 Privacy comes from the recorder's noise, not from this class. Counters wrap
-mod 2^32 exactly as in agent.sketch; nothing is kept between calls except
+mod 2^32 exactly as in pansketch.agent.sketch; nothing is kept between calls except
 the counters (the batch aggregation dict is cleared before returning).
 """
 
-from agent.levels import LevelSketch
+from pansketch.agent.levels import LevelSketch
 
 MAX_B = 62
 MAX_EXP = 330  # |exponent| of a decimal reading: every double, and a bound on the integers involved
@@ -162,7 +162,7 @@ def map_value(item, b, mapping):
 
 
 class DyadicSketch(LevelSketch):
-    """(b + 1) levels of d x w CountSketch in one flat int32 array (agent.levels).
+    """(b + 1) levels of d x w CountSketch in one flat int32 array (pansketch.agent.levels).
 
     The key of a reading is its domain value x; the node of level l is
     ``x >> l``. Levels from ``exact`` up are exact-indexed (column = node).

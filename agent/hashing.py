@@ -23,8 +23,8 @@ w / 2**30.
 
 ``row_value`` / ``row_sign`` below are the reference form of that rule. The
 per-event paths on a board inline it (a call per row would cost more than
-the rule: agent.sketch, agent.levels.add_hashed, agent.dbits.slot), and
-numpy reads it for many streams at once in agent.pi.hashvec (the Pi's batch
+the rule: pansketch.agent.sketch, pansketch.agent.levels.add_hashed, pansketch.agent.dbits.slot), and
+numpy reads it for many streams at once in pansketch.agent.pi.hashvec (the Pi's batch
 path and the host); tests/test_hashvec.py and the sketch tests hold every
 form equal to this one. The salt is public in the threat model (docs/ARCHITECTURE.md): it fixes the
 hash functions fleet-wide so that releases merge, it is not a secret.
@@ -37,7 +37,7 @@ cryptographic hash as the paper suggests (Dickens et al. 2022).
 import hashlib
 
 try:  # CPython's own SHA-256 (3.12+: _sha2): same bytes, a cheaper object per item than OpenSSL's on a
-    # CPU without SHA instructions (agent.pi.fastupdate picks the faster of the two for the hot paths)
+    # CPU without SHA instructions (pansketch.agent.pi.fastupdate picks the faster of the two for the hot paths)
     from _sha2 import sha256
 except ImportError:
     try:

@@ -11,10 +11,10 @@ class does the rest identically for both:
 * a level whose nodes fit in w columns is *exact-indexed*: node v goes to
   column ``column(v)`` of every row with sign +1 (no collisions); the other
   levels hash the node with hash version 1 under the level's own prefix,
-  column and sign as in agent.hashing (``prefixes[l]``; None: exact);
+  column and sign as in pansketch.agent.hashing (``prefixes[l]``; None: exact);
 * one event touches the d rows of every level, each by the clipped weight,
-  so the recorder calibrates the noise with arrays = L (agent.params);
-* counters wrap mod 2^32 exactly as in agent.sketch.
+  so the recorder calibrates the noise with arrays = L (pansketch.agent.params);
+* counters wrap mod 2^32 exactly as in pansketch.agent.sketch.
 
 Privacy comes from the recorder's noise, not from this class; nothing is
 kept between calls except the counters (the batch totals are cleared before
@@ -24,22 +24,22 @@ a batch update returns: docs/PRIVACY.md "The intruder's view").
 import struct
 import sys
 
-from agent import hashing
-from agent.noise import wrap32
-from agent.sketch import totals
+from pansketch.agent import hashing
+from pansketch.agent.noise import wrap32
+from pansketch.agent.sketch import totals
 
 INT32_MAX = 0x7FFFFFFF
 INT32_MIN = -0x80000000
 
 # CPython reads the d row words with one struct call; MicroPython reads bytes
-# (a 32-bit word would be a heap-allocated big int there), as agent.sketch.
+# (a 32-bit word would be a heap-allocated big int there), as pansketch.agent.sketch.
 _WORDS = sys.implementation.name != "micropython"
 
 
 def clip(weight, c):
     """An event's weight clipped to [-c, c]: the bound on one event's effect on a
     cell that the noise is calibrated to (docs/ARCHITECTURE.md "Threat model and unit of privacy"); also the
-    clip of host_tools.lab.algorithms.distinct (here, not in agent.noise: a cs/cms board never loads it)."""
+    clip of pansketch.host_tools.lab.algorithms.distinct (here, not in pansketch.agent.noise: a cs/cms board never loads it)."""
     if weight > c:
         return c
     if weight < -c:
@@ -59,7 +59,7 @@ def add_exact(a, base, w, d, col, weight):
 
 def add_hashed(a, base, w, d, stream, weight, words=None):
     """Add ``weight`` times each row's sign at each row's column of a hash
-    stream (agent.hashing, hash version 1) to the d rows from row ``base``.
+    stream (pansketch.agent.hashing, hash version 1) to the d rows from row ``base``.
     ``words`` is a struct unpack_from of d little-endian words (CPython) or
     None (the bytes are read one by one: MicroPython)."""
     neg = -weight

@@ -12,7 +12,7 @@ Differential Privacy" (NeurIPS 2020):
 Every step uses integers and rationals held as (numerator, denominator)
 pairs, so there is no floating point anywhere on the noise path (Mironov
 2012 showed how floating-point Laplace leaks). Randomness comes only from
-:class:`agent.rng.Rng`, i.e. from a cryptographic byte source.
+:class:`pansketch.agent.rng.Rng`, i.e. from a cryptographic byte source.
 """
 
 
@@ -82,7 +82,7 @@ def discrete_laplace(rng, s_num, s_den=1):
     P[X = x] is proportional to exp(-|x| / t). CKS 2020 Algorithm 2 with
     their (s, t) written as scale = t/s; here the scale is ``s_num/s_den``
     so the algorithm's t is ``s_num`` and its s is ``s_den``. The Rng's
-    byte buffer is wiped when the sample is done (agent.rng.Rng).
+    byte buffer is wiped when the sample is done (pansketch.agent.rng.Rng).
     """
     return _wiped(_dlap, rng, s_num, s_den, "discrete_laplace needs a positive rational scale")
 
@@ -110,7 +110,7 @@ def discrete_gaussian(rng, var_num, var_den=1):
     t = floor(sigma) + 1 and accept with probability
     exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)). With sigma^2 = n/d that exponent
     is (|Y| d t - n)^2 / (2 n d t^2), an exact rational. The Rng's byte
-    buffer is wiped when the sample is done (agent.rng.Rng).
+    buffer is wiped when the sample is done (pansketch.agent.rng.Rng).
     """
     return _wiped(_dgauss, rng, var_num, var_den, "discrete_gaussian needs a positive rational variance")
 

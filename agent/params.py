@@ -7,8 +7,8 @@ the offending key so config loaders can report it verbatim.
 
 import hashlib
 
-from agent import calibrate, hashing
-from agent.sketch import KINDS
+from pansketch.agent import calibrate, hashing
+from pansketch.agent.sketch import KINDS
 
 
 MAX_LEVELS = 24  # 2**23 epochs per tree; memory (L arrays) is the real limit
@@ -147,7 +147,7 @@ class Params:
         self.map = None
         self.dcs_levels = 1
         if self.kind == "dcs":
-            self.b = _int(cfg, "b", 16, 1, 62)  # agent.dcs.MAX_B (not imported: boards load dcs only for kind dcs)
+            self.b = _int(cfg, "b", 16, 1, 62)  # pansketch.agent.dcs.MAX_B (not imported: boards load dcs only for kind dcs)
             m = cfg.get("map", [1, 1, 0])
             if (not isinstance(m, (list, tuple)) or len(m) != 3
                     or any(isinstance(x, bool) or not isinstance(x, int) for x in m)):

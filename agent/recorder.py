@@ -61,17 +61,17 @@ accumulator gets one fresh internal draw before it counts again
 OSError, takes these paths; the scratch buffer is wiped on all of them.
 """
 
-from agent import hashing, storage
-from agent.accum import Core
-from agent.noise import add_staged, wrap32, zero
-from agent.sketch import Sketch, new_counters
+from pansketch.agent import hashing, storage
+from pansketch.agent.accum import Core
+from pansketch.agent.noise import add_staged, wrap32, zero
+from pansketch.agent.sketch import Sketch, new_counters
 
 
 class Recorder(Core):
     """The device core: count events into a noisy sketch, commit releases.
 
-    ``params`` is an :class:`agent.params.Params`; ``root`` a directory for
-    the outbox and state; ``rng`` an :class:`agent.rng.Rng` (default: system
+    ``params`` is an :class:`pansketch.agent.params.Params`; ``root`` a directory for
+    the outbox and state; ``rng`` an :class:`pansketch.agent.rng.Rng` (default: system
     CSPRNG); ``now`` the current UTC time in seconds (int).
 
     Draw counts (all per cell): ``nz`` internal draws in the accumulator
@@ -82,7 +82,7 @@ class Recorder(Core):
     """
 
     def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
-        self._setup(params, root, now, rng, log, outbox_max)  # agent.accum.Core: outbox, paths, rng, log
+        self._setup(params, root, now, rng, log, outbox_max)  # pansketch.agent.accum.Core: outbox, paths, rng, log
         self._make_state(params)
         self._fps = (params.fingerprint(False), params.fingerprint(True))  # state.bin id per persist scheme
         self._fp = self._fps[1 if params.shadow else 0]
@@ -105,12 +105,12 @@ class Recorder(Core):
         # shadow scheme: M, pure noise (Z_int + one G per persist); R - M is the flash track
         self.shadow = new_counters(n) if params.shadow else None
         if params.kind == "dcs":
-            from agent.dcs import DyadicSketch  # imported on demand: a board counting cs/cms keeps the heap
+            from pansketch.agent.dcs import DyadicSketch  # imported on demand: a board counting cs/cms keeps the heap
 
             self.sketch = DyadicSketch(params.b, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                                        params.map, new_counters(n))
         elif params.kind == "strhh":
-            from agent.strhh import PrefixSketch  # on demand, as dcs
+            from pansketch.agent.strhh import PrefixSketch  # on demand, as dcs
 
             self.sketch = PrefixSketch(params.b, params.d, params.w, hashing.salt_prefix(params.salt), params.clip,
                                        new_counters(n))
@@ -370,7 +370,7 @@ class Recorder(Core):
 
     # -- releases ------------------------------------------------------
     def _release(self, next_epoch, next_part, now=None):
-        """Commit state + Z_out to the outbox (agent.accum.Core._commit), then
+        """Commit state + Z_out to the outbox (pansketch.agent.accum.Core._commit), then
         open the next accumulator.
 
         A failed commit (the .tmp or the marker write fails, in any way)

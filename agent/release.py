@@ -1,13 +1,13 @@
 """Release messages: what leaves a device (format version 2, docs/FORMAT.md).
 
-A release is a deterministic-CBOR map (agent.cbor) of integers, text and
+A release is a deterministic-CBOR map (pansketch.agent.cbor) of integers, text and
 one byte string: the noisy counters as d*w little-endian int32 values. Its
 size depends only on the parameters (d, w, ids), never on the data: the
 counters are fixed-width and never compressed or varint-packed, and no
 exact event count is included.
 """
 
-from agent import cbor, hashing
+from pansketch.agent import cbor, hashing
 
 FORMAT_VERSION = 2  # v2 adds ``lvl`` (tree node level; 0 in window/keep mode). Hosts still read v1.
 

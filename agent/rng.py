@@ -17,7 +17,7 @@ MicroPython's ``random`` module is *not* cryptographic and is never used.
 
 import hashlib
 
-from agent import wipe
+from pansketch.agent import wipe
 
 
 class NoEntropyError(Exception):
@@ -108,7 +108,7 @@ class Rng:
     one noise sample to the next. Bytes are fetched into one preallocated
     ``bytearray`` of ``CHUNK`` bytes *for the sample being drawn*; when the
     sample is done, :meth:`wipe` zeroes the buffer in place and drops the
-    unconsumed tail (the samplers in :mod:`agent.noise` call it in a
+    unconsumed tail (the samplers in :mod:`pansketch.agent.noise` call it in a
     ``finally``). Unconsumed bytes would predict the next draw (e.g. the
     output noise of cell 0 at the next release), and consumed ones would
     reveal the draws just made (e.g. the fresh noise added at a persist).

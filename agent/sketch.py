@@ -5,7 +5,7 @@ of d*w cells (4 bytes each on CPython and on 32-bit MicroPython ports).
 Update is dp-linear-sketches.txt Algorithm 1 (add g_r(x) * v to
 C[r, h_r(x)]; g = +1 for Count-Min) and query is Algorithm 2 (median for
 CountSketch, minimum for Count-Min). Privacy comes from the noise the
-recorder puts into the array (agent.recorder), not from this class.
+recorder puts into the array (pansketch.agent.recorder), not from this class.
 
 Event weights are integers clipped to [-clip, clip] (docs/ARCHITECTURE.md: one event
 moves each touched cell by at most ``clip``). Counters are residues mod
@@ -21,8 +21,8 @@ import hashlib
 import struct
 import sys
 
-from agent import hashing, wipe
-from agent.noise import wrap32
+from pansketch.agent import hashing, wipe
+from pansketch.agent.noise import wrap32
 
 # CPython reads the d row words with one struct call (2x faster); MicroPython
 # reads bytes, because a 32-bit word would be a heap-allocated big int there.
@@ -92,7 +92,7 @@ if _WORDS:
 class Sketch:
     """A d x w linear sketch of int32 counters.
 
-    ``prefix`` is :func:`agent.hashing.salt_prefix` of the fleet salt.
+    ``prefix`` is :func:`pansketch.agent.hashing.salt_prefix` of the fleet salt.
     ``counters`` may be passed to reuse a preallocated array.
     """
 
@@ -122,7 +122,7 @@ class Sketch:
         # same bytes as hashing.digest (hash version 1): the hash state of
         # prefix + b"s" is kept (public: the salt is public), CPython copies
         # it (hashing.sha256: CPython's builtin SHA-256 where it has one;
-        # agent.pi.fastupdate swaps in OpenSSL's where that is faster), MicroPython (no copy())
+        # pansketch.agent.pi.fastupdate swaps in OpenSSL's where that is faster), MicroPython (no copy())
         # hashes the str directly (no encode).
         self._ps = prefix + b"s" if d <= hashing.ROWS_PER_BLOCK else None
         self._pb = prefix + b"b" if d <= hashing.ROWS_PER_BLOCK else None  # update_view of bytes items
@@ -146,7 +146,7 @@ class Sketch:
         arrays = _rebinding("_arrays")
 
         def _bind(self):
-            from agent.pi import fastupdate
+            from pansketch.agent.pi import fastupdate
 
             fastupdate.bind(self, _LOW4, _LOWSIGN4, _WORDS4)
 

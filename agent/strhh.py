@@ -21,18 +21,18 @@ Layout: level l, row r, column c at index ``(l*d + r)*w + c``. Levels whose
 256^(l+1) nodes fit in w columns are exact-indexed (node = big-endian integer
 of the prefix, column = node in every row, sign +1); the others hash the
 prefix bytes (canonical ``b"b" + prefix``) with hash version 1 under the level
-prefix ``prefix + b"/strhh" + byte(l)``, column and sign as agent.hashing.
+prefix ``prefix + b"/strhh" + byte(l)``, column and sign as pansketch.agent.hashing.
 
 One event touches the d rows of all L levels: the recorder calibrates the
-noise with arrays = L (Delta1 = L*d*c, Delta2^2 = L*d*c^2; agent.params,
+noise with arrays = L (Delta1 = L*d*c, Delta2^2 = L*d*c^2; pansketch.agent.params,
 docs/PRIVACY.md "Heavy-hitter strings"). Every event does the same work (L hashes)
 whatever the item, so the time per event does not depend on the data.
-Counters wrap mod 2^32 exactly as in agent.sketch.
+Counters wrap mod 2^32 exactly as in pansketch.agent.sketch.
 """
 
 import hashlib
 
-from agent.levels import LevelSketch
+from pansketch.agent.levels import LevelSketch
 
 MIN_L = 3
 MAX_L = 64
@@ -72,7 +72,7 @@ def encode_item(item, L):
 
 
 class PrefixSketch(LevelSketch):
-    """L levels of d x w CountSketch of byte prefixes in one flat int32 array (agent.levels).
+    """L levels of d x w CountSketch of byte prefixes in one flat int32 array (pansketch.agent.levels).
 
     The key of an item is its L-byte encoding e; the node of level l is the
     prefix ``e[:l + 1]``. Levels below ``exact`` are exact-indexed (column =

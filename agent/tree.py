@@ -14,7 +14,7 @@ every release adds fresh output noise.
 * At any time exactly one node per level is open: the one containing the
   current epoch. Its accumulator starts as one draw of internal noise per
   cell. An event is added to all L open accumulators (one hash, d*L cell
-  additions: agent.sketch.Sketch.arrays).
+  additions: pansketch.agent.sketch.Sketch.arrays).
 * When a node ends (the clock passes its last epoch) it is released once:
   state + fresh output noise, through the outbox exactly as in the other
   modes (write .tmp, marker, rename), and the next node of its level opens
@@ -63,10 +63,10 @@ draw (docs/PRIVACY.md "Failed writes and failed commits").
 import hashlib
 import struct
 
-from agent import hashing, storage
-from agent.accum import Core
-from agent.noise import add_staged, wrap32, zero
-from agent.sketch import Sketch, new_counters
+from pansketch.agent import hashing, storage
+from pansketch.agent.accum import Core
+from pansketch.agent.noise import add_staged, wrap32, zero
+from pansketch.agent.sketch import Sketch, new_counters
 
 OPEN = 0  # counting
 CLOSED = 1  # ended, release not committed yet (outbox full): no events
@@ -171,8 +171,8 @@ def _tree_complete(path):
 
 
 class TreeRecorder(Core):
-    """The device core in tree mode (same interface as agent.recorder.Recorder;
-    the outbox, the draws and the commit are agent.accum.Core's)."""
+    """The device core in tree mode (same interface as pansketch.agent.recorder.Recorder;
+    the outbox, the draws and the commit are pansketch.agent.accum.Core's)."""
 
     def __init__(self, params, root, now, rng=None, log=None, outbox_max=0):
         self._setup(params, root, now, rng, log, outbox_max)
@@ -277,7 +277,7 @@ class TreeRecorder(Core):
                     self._arrays()
                 elif st == REBUILD:
                     # a shadow level resumed from flash (nodes[lv] = S): R = S + Z_int', M = Z_int' + G'
-                    # (agent.accum.Core._shadow_pair)
+                    # (pansketch.agent.accum.Core._shadow_pair)
                     self._shadow_pair(self._shadow(lv), self.nodes[lv])
                     self.nzs[lv] += 1
                     self.nzms[lv] = self.nzs[lv]
@@ -538,7 +538,7 @@ class TreeRecorder(Core):
         return n
 
     def _release(self, lv, now, cur):
-        """Commit node lv (state + Z_out; agent.accum.Core._commit) to the outbox.
+        """Commit node lv (state + Z_out; pansketch.agent.accum.Core._commit) to the outbox.
         True if committed; then the level's key moves on to its next node
         (PENDING) before the rename, so nothing can release or persist the
         released array again. Output noise: L arrays, both schemes."""

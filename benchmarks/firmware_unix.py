@@ -27,7 +27,7 @@ OUT = U.REPO / "bench-results" / "firmware-unix.json"
 
 
 def _config(port: int, w: int, device: str) -> dict[str, Any]:
-    # the default CountSketch (d=4; w=1024 is agent.params' default), keep mode like the WebAssembly figures
+    # the default CountSketch (d=4; w=1024 is pansketch.agent.params' default), keep mode like the WebAssembly figures
     return U.board_config(port, device=device, kind="cs", d=4, w=w, mode="keep", window_s=4, epoch_s=2,
                           persist_s=600)
 

@@ -6,7 +6,7 @@
 A cluster from tests/support/rabbit.py (three nodes on loopback, one user per
 device); ``devices`` MQTT 3.1.1 clients (paho, QoS 1, their own accounts,
 spread over the three nodes' MQTT listeners and over publisher processes)
-subscribed to their acks like agents, publish pre-encoded valid releases (host_tools.bench.host.make_releases) to
+subscribed to their acks like agents, publish pre-encoded valid releases (pansketch.host_tools.bench.host.make_releases) to
 ``amq.topic`` via the MQTT plugin; the release queue is a quorum queue on all
 three nodes. Consumers, interleaved round by round with the same
 publishers:
@@ -38,7 +38,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from host_tools.bench.host import (SALT, _count, _cpu_s, _env, _helpers, make_releases,  # noqa: E402
+from pansketch.host_tools.bench.host import (SALT, _count, _cpu_s, _env, _helpers, make_releases,  # noqa: E402
                                    publish_interleaved, start_publishers)
 from tests.support.rabbit import AGG_PASSWORD, AGG_USER, Cluster, device_password  # noqa: E402
 
@@ -89,7 +89,7 @@ def _bare_consumer(amqp_port: int, n: int, ready: Any, out: Any) -> None:
 def _declare(c: Cluster) -> None:
     import pika
 
-    from host_tools.ingest.amqp import QUEUE_ARGS
+    from pansketch.host_tools.ingest.amqp import QUEUE_ARGS
 
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         "127.0.0.1", c.nodes[0].amqp_port, credentials=pika.PlainCredentials(AGG_USER, AGG_PASSWORD)))
@@ -120,7 +120,7 @@ def run(c: Cluster, msgs: list[tuple[str, bytes]], workers: int, tmp: str, aggre
                         'client_id = "agg-%s-%d"\n[aggregator]\ndb = "%s"\nmax_bytes = 65536\n[fleet]\nsalt = "%s"\n'
                         % (nodes, AGG_USER, AGG_PASSWORD, tag, k, db, SALT))
             log = os.path.join(tmp, "agg-%s-%d.log" % (tag, k))
-            procs.append(subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "-q",
+            procs.append(subprocess.Popen([sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", conf, "-q",
                                            "--until-idle", "30"], env=_env(), stdout=subprocess.DEVNULL,
                                           stderr=open(log, "w")))
         time.sleep(3)

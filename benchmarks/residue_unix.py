@@ -39,8 +39,7 @@ def cost(binary: Path, tmp: Path, heap: str, w: int, src: Optional[Path] = None)
     flash = tmp / "flash"
     if src is not None:  # another checkout's firmware (e.g. before the wiping): stage its files
         flash.mkdir(parents=True, exist_ok=True)
-        for rel in manifest_files(src):
-            s = src / rel
+        for rel, s in manifest_files(src):  # (path on the board, source): pansketch/... or, before, agent/...
             if s.exists():
                 U.mpy_cross(s, flash / (rel[:-3] + ".mpy"))
         U.mpy_cross(U.MPLIB / "umqtt.simple" / "umqtt" / "simple.py", flash / "lib" / "umqtt" / "simple.mpy")

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.strhh import encode_item
-from host_tools.query.strheavy import label
+from pansketch.agent.strhh import encode_item
+from pansketch.host_tools.query.strheavy import label
 from tests.support import unixvm as U
 from tests.support.e2e_dcs import FROZEN
 from tests.support.e2e import SALT as AGENT_SALT
@@ -111,7 +111,7 @@ def one_run(tmp: Path, run: int, binary: Path, log: Any = None) -> dict[str, Any
         assert r.returncode == 0, r.stderr.decode()
         assert U.wait_until(lambda: len(host.stored("pi-1")) >= 1, 30)
         assert not host.rejections(), host.rejections()
-        q = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(host.config), "heavy",
+        q = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(host.config), "heavy",
                             "-k", "20", "--threshold", str(THRESHOLD), "--json"], capture_output=True, cwd=U.REPO,
                            timeout=120, env=dict(os.environ, PYTHONPATH=str(U.REPO)))
         assert q.returncode == 0, q.stderr.decode()

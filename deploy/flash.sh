@@ -8,7 +8,7 @@
 #   deploy/flash.sh -b picow -c cfg.json --mpy --dry-run  # print the steps; writes nothing, touches no board
 #
 # Steps (docs/FIRMWARE.md explains each):
-#   1. check on the host, before anything is written: the config (firmware.config, the same
+#   1. check on the host, before anything is written: the config (pansketch.firmware.config, the same
 #      validator the board runs); that its sketch fits the board (-b) with the code installed
 #      the way this run installs it (.py, --mpy or --frozen: `pansketch fit`, firmware/memory.py),
 #      else name the smallest change that fits; that every --put file exists; and that the
@@ -100,7 +100,7 @@ if [ -f "$REPO/firmware/manifest.py" ]; then
     STAGE=build/board
 else
     STAGE=$(pwd)/build/board
-    REPO=$("$PYTHON" -I -c 'import os, firmware.memory as m; print(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))' 2>/dev/null) || {
+    REPO=$("$PYTHON" -I -c 'import os, pansketch.firmware.memory as m; print(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))' 2>/dev/null) || {
         echo "flash.sh: no checkout around $0 and $PYTHON cannot import the installed pansketch (activate its venv, or PYTHON=...)" >&2
         exit 2
     }
@@ -110,7 +110,7 @@ cd "$REPO"
 # 1. validate + heap estimate for this board and this code form (exit 2 with the offending key on a bad
 # config; 3: does not fit, with the smallest change that does). In a checkout the module runs from here;
 # a pip-installed copy of this script (pansketch init) asks the installed `pansketch`.
-if [ -f host_tools/cli.py ] && [ -f pyproject.toml ]; then FIT=("$PYTHON" -m host_tools.cli fit); else FIT=("$PYTHON" -I -m host_tools.cli fit); fi
+if [ -f host_tools/cli.py ] && [ -f pyproject.toml ]; then FIT=("$PYTHON" -m pansketch.host_tools.cli fit); else FIT=("$PYTHON" -I -m pansketch.host_tools.cli fit); fi
 fit=0
 "${FIT[@]}" "$CONFIG" --board "$BOARD" --code "$MODE" || fit=$?
 if [ "$fit" = 2 ] || { [ "$fit" != 0 ] && [ "$FORCE" = 0 ]; }; then
@@ -121,7 +121,7 @@ fi
 # the example's placeholders (compared with deploy/board/*.example.json; passwords are not echoed)
 placeholders=$("$PYTHON" - "$CONFIG" <<'PY'
 import glob, json, sys
-from agent.pi.tomlconf import PLACEHOLDER_SALTS
+from pansketch.agent.pi.tomlconf import PLACEHOLDER_SALTS
 KEYS = (("salt",), ("wifi", "ssid"), ("wifi", "password"), ("mqtt", "host"), ("mqtt", "password"))
 def get(d, path):
     for k in path:
@@ -154,8 +154,8 @@ import os
 class Options:
     unix_port = None
 def package(p, files=None, base_path=".", opt=None):
-    for f in files:
-        print(p + "/" + f)
+    for f in files:  # the path on the board (pansketch/...) and the file it is made from
+        print(p + "/" + f, os.path.relpath(os.path.realpath(os.path.join(base_path, p, f)), ".."))
 os.chdir("firmware")
 env = {"options": Options(), "include": lambda *a, **k: None, "require": lambda *a, **k: None,
        "module": lambda *a, **k: None, "package": package}
@@ -163,20 +163,20 @@ exec(compile(open("manifest.py").read(), "firmware/manifest.py", "exec"), env)
 PY
 )
 if [ "$DRY" = 1 ]; then
-    [ "$MODE" != frozen ] && echo "+ stage $(echo $CORE | wc -w) files into $STAGE ($MODE)"
+    [ "$MODE" != frozen ] && echo "+ stage $(printf '%s\n' "$CORE" | wc -l) files into $STAGE ($MODE)"
 else
     rm -rf "$STAGE"
     mkdir -p "$STAGE"
 fi
 if [ "$MODE" != frozen ] && [ "$DRY" = 0 ]; then
-    for f in $CORE; do
+    while read -r f src; do
         mkdir -p "$STAGE/$(dirname "$f")"
         if [ "$MODE" = mpy ]; then
-            "$MPY_CROSS" -o "$STAGE/${f%.py}.mpy" "$f"
+            "$MPY_CROSS" -o "$STAGE/${f%.py}.mpy" -s "$f" "$src"
         else
-            cp "$f" "$STAGE/$f"
+            cp "$src" "$STAGE/$f"
         fi
-    done
+    done <<<"$CORE"
 fi
 
 run() {
@@ -191,9 +191,9 @@ if [ "$MIP" = 1 ]; then
 fi
 
 # 4. files (old copies would shadow new or frozen modules: remove them first)
-run "${CONN[@]}" rm -r :agent :firmware 2>/dev/null || true
+run "${CONN[@]}" rm -r :pansketch :agent :firmware 2>/dev/null || true  # (:agent, :firmware: the layout before pansketch/)
 if [ "$MODE" != frozen ]; then
-    run "${CONN[@]}" cp -r "$STAGE/agent" "$STAGE/firmware" :
+    run "${CONN[@]}" cp -r "$STAGE/pansketch" :
 fi
 run "${CONN[@]}" cp "$CONFIG" :pansketch.json + cp firmware/boot.py :boot.py + cp firmware/main.py :main.py
 for spec in "${PUTS_ABS[@]+"${PUTS_ABS[@]}"}"; do

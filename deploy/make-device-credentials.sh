@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
 done
 [ $# -eq 1 ] || usage 2
 ID=$1
-# The same rule as agent.params: letters, digits, '-', '_', '.'; at most 64.
+# The same rule as pansketch.agent.params: letters, digits, '-', '_', '.'; at most 64.
 case "$ID" in
   ''|*[!A-Za-z0-9._-]*) die "id '$ID' may only contain letters, digits, '-', '_' and '.'" ;;
 esac

@@ -13,7 +13,7 @@
 
 1. feed the watchdog;
 2. take at most ``max_events_per_step`` events from the source into the
-   noisy sketch (``agent.recorder.Recorder``, unchanged device core);
+   noisy sketch (``pansketch.agent.recorder.Recorder``, unchanged device core);
 3. time: before the first NTP answer the board counts but does not release
    (it says so every minute) and persists its noisy state every
    ``persist_s`` of uptime; once synced, ``Recorder.tick(now)`` commits a
@@ -53,11 +53,11 @@ write, so the next try waits persist_s like any persist
 import gc
 import sys
 
-from agent import hashing, storage, wipe
-from agent.recorders import make as make_recorder
-from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
-from firmware import clock, config
-from firmware.clock import MIN_VALID_UNIX
+from pansketch.agent import hashing, storage, wipe
+from pansketch.agent.recorders import make as make_recorder
+from pansketch.agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
+from pansketch.firmware import clock, config
+from pansketch.firmware.clock import MIN_VALID_UNIX
 
 VERSION = "0.1.0"
 # warnings whose mute time would tell when an event arrived (kept only while muted)
@@ -146,7 +146,7 @@ class App:
         # esp_random(), behind os.urandom on the ESP32, yields true random
         # numbers only while WiFi or Bluetooth is enabled (RF noise feeds the
         # hardware RNG), and is pseudo-random otherwise. See docs/FIRMWARE.md.
-        from firmware import wifi
+        from pansketch.firmware import wifi
 
         self.wlan = wifi.activate(cfg.wifi_hostname)
         self.clock = clock.Clock()
@@ -179,7 +179,7 @@ class App:
         except MemoryError:
             gc.collect()
             raise StartError("out of memory allocating the sketch: d*w = %d cells need about %d bytes of heap "
-                             "(%d free after collect); lower sketch.w%s (python -m firmware.memory --config ... "
+                             "(%d free after collect); lower sketch.w%s (python -m pansketch.firmware.memory --config ... "
                              "prints what fits)" % (n, _cell_bytes(self.p) * n, gc.mem_free(),
                                                     " or set sketch.persist_noise = \"refresh\" (one array less)"
                                                     if self.p.shadow else ""))
@@ -188,7 +188,7 @@ class App:
         except OSError as exc:
             raise StartError("cannot use state directory %s: %s" % (cfg.state_dir, exc))
         gc.collect()
-        from firmware import mqtt, sources
+        from pansketch.firmware import mqtt, sources
 
         try:
             self.source = sources.load(cfg.source_type, cfg.source, log)

@@ -5,7 +5,7 @@ JSON because MicroPython reads it natively. Every error is a
 (``mqtt.port``, ``sketch.d``, ``source.pins[0].pin``) so the console
 message tells the user exactly what to fix. Unknown keys are errors too
 (a typo such as ``"pasword"`` must not be silently ignored). Sketch and
-privacy settings are validated by the device core (``agent.params.Params``),
+privacy settings are validated by the device core (``pansketch.agent.params.Params``),
 whose ``ParamError.key`` is mapped back to its place in this file.
 
 Layout (docs/FIRMWARE.md has the full reference)::
@@ -28,8 +28,8 @@ Layout (docs/FIRMWARE.md has the full reference)::
 
 import json
 
-from agent.params import ParamError, Params
-from firmware.sources import ConfigError  # the one config error (sources raise it too); re-exported
+from pansketch.agent.params import ParamError, Params
+from pansketch.firmware.sources import ConfigError  # the one config error (sources raise it too); re-exported
 
 DEFAULT_PATH = "/pansketch.json"
 
@@ -184,7 +184,7 @@ class Config:
         src = raw.get("source")
         if not isinstance(src, dict):
             raise ConfigError("source", "missing section (an object with a \"type\")")
-        from firmware import sources
+        from pansketch.firmware import sources
 
         self.source_type, self.source = sources.check(src)
 

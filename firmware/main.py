@@ -2,6 +2,6 @@
 # Reads /pansketch.json and runs the counting/publishing loop forever
 # (firmware/app.py). A bad config prints why and idles without the watchdog,
 # so Ctrl-C in `mpremote` always reaches the REPL. docs/FIRMWARE.md has more.
-from firmware import app
+from pansketch.firmware import app
 
 app.main()

@@ -1,8 +1,8 @@
 """How big a sketch fits on a board: the heap budget with WiFi and TLS up.
 
-Runs on CPython (``python -m firmware.memory --config pansketch.json``
+Runs on CPython (``python -m pansketch.firmware.memory --config pansketch.json``
 prints the estimate for every board profile, or ``--table`` the table of
-docs/FIRMWARE.md) and on the board (``import firmware.memory as m;
+docs/FIRMWARE.md) and on the board (``import pansketch.firmware.memory as m;
 m.report()`` after stopping main.py with Ctrl-C: it uses the board's real
 ``gc.mem_free()``).
 
@@ -312,7 +312,7 @@ def fit_main(path, board, code, tls=True, out=print):
     """What ``pansketch fit`` and deploy/flash.sh run: 0 fits, 3 does not, 2 a bad config (the key named)."""
     import json
 
-    from firmware.config import Config, ConfigError
+    from pansketch.firmware.config import Config, ConfigError
 
     try:
         with open(path) as f:
@@ -345,7 +345,7 @@ def report(path=None):
     """On the board: estimate from the real free heap (run after Ctrl-C in main.py)."""
     import gc
 
-    from firmware import config
+    from pansketch.firmware import config
 
     cfg = config.load(path or config.DEFAULT_PATH)
     gc.collect()
@@ -367,7 +367,7 @@ STRHH_PICO = (6, 5, 80)  # the Pico-sized configuration of the table (2,400 cell
 
 def strhh_noise_sd(L, d, noise, inoise=None):
     """sd of a strhh node estimate from the noise: the mean of d cells, each with the internal and the
-    output draw (``noise``/``inoise``: agent.calibrate specs with mech, num, den)."""
+    output draw (``noise``/``inoise``: pansketch.agent.calibrate specs with mech, num, den)."""
     import math
 
     def var(spec):
@@ -410,7 +410,7 @@ def main(argv=None):
     import argparse
     import json
 
-    ap = argparse.ArgumentParser(prog="python -m firmware.memory",
+    ap = argparse.ArgumentParser(prog="python -m pansketch.firmware.memory",
                                  description="Heap estimate of the pansketch firmware per board profile.")
     ap.add_argument("--config", help="board config file (pansketch.json) to check")
     ap.add_argument("--table", action="store_true", help="print the table of largest sketches")
@@ -424,7 +424,7 @@ def main(argv=None):
     if a.config:
         with open(a.config) as f:
             raw = json.load(f)
-        from firmware.config import Config, ConfigError
+        from pansketch.firmware.config import Config, ConfigError
 
         try:
             cfg = Config(raw)

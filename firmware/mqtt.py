@@ -49,8 +49,8 @@ docs/FIRMWARE.md and firmware/memory.py).
 
 import json
 
-from agent import acks
-from firmware import clock
+from pansketch.agent import acks
+from pansketch.firmware import clock
 
 try:
     from umqtt import simple

@@ -20,7 +20,7 @@ Every check is against the remaining length before anything is read or
 allocated, and the number of data items is capped, so the work is at most
 ``O(max_items)`` steps plus one copy of each string: a hostile message of
 any shape costs microseconds (tests/test_hostile.py measures it). No CBOR
-object decoder ever sees the bytes (host_tools.ingest.decode builds the release
+object decoder ever sees the bytes (pansketch.host_tools.ingest.decode builds the release
 map from this module alone), so neither value sharing (the "billion
 laughs" of tags 28/29) nor huge rationals (tag 30, quadratic gcd) can
 reach one.
@@ -110,7 +110,7 @@ class _Reader:
             n = int.from_bytes(buf[pos:pos + hk], "big")
             pos += hk
             if n < _SHORTEST[ai]:
-                self.canonical = False  # a longer head than agent.cbor writes
+                self.canonical = False  # a longer head than pansketch.agent.cbor writes
         elif ai == 31:
             raise ScanError("cbor", "indefinite length or break at byte %d (releases use definite lengths only)"
                             % (pos - 1))
@@ -180,7 +180,7 @@ class _Reader:
                 raise ScanError("cbor", "map key at byte %d is not a text string" % at)
             if k in m:
                 raise ScanError("cbor", "duplicate map key %r at byte %d" % (k[:40], at))
-            # agent.cbor sorts keys by their encoded bytes; with shortest heads (else not canonical anyway)
+            # pansketch.agent.cbor sorts keys by their encoded bytes; with shortest heads (else not canonical anyway)
             # that is by encoded length, then by text (UTF-8 byte order is code point order)
             kl = pos - at
             if kl < pl or (kl == pl and k <= pk):
@@ -302,7 +302,7 @@ class Scan(NamedTuple):
     """What :func:`scan` read."""
 
     obj: Any
-    canonical: bool  # the bytes are agent.cbor's encoding of obj
+    canonical: bool  # the bytes are pansketch.agent.cbor's encoding of obj
     offsets: dict[str, int]  # top-level map key -> offset of the content of its byte-string value
     # read by a Template with ``same`` fields: (the template, the encoded bytes of those fields' values).
     # Two maps with equal ``same`` have those fields equal in value and type; None from other readers
@@ -310,7 +310,7 @@ class Scan(NamedTuple):
 
 
 def key_table(keys: Any) -> dict[bytes, tuple[int, str]]:
-    """For :func:`scan`'s ``known``: each key's encoded bytes -> (its rank in agent.cbor's key order, the key).
+    """For :func:`scan`'s ``known``: each key's encoded bytes -> (its rank in pansketch.agent.cbor's key order, the key).
     Keys are short text (at most 23 UTF-8 bytes), as a release's are."""
     enc = sorted((bytes([0x60 + len(k.encode())]) + k.encode(), k) for k in set(keys))
     if any(len(kb) > 24 for kb, _k in enc):
@@ -461,7 +461,7 @@ class Template:
         types = dict(fields)
         if sum(t == "b" for t in types.values()) > 1 or not set(types.values()) <= set(_RX_VALUE) | {"b"}:
             raise ValueError("Template: types u, t, u2, u3 and at most one b")
-        order = sorted(types, key=lambda k: keys[k])  # agent.cbor's key order: by encoded bytes
+        order = sorted(types, key=lambda k: keys[k])  # pansketch.agent.cbor's key order: by encoded bytes
         n = len(order)
         parts: list[list[bytes]] = [[re.escape(bytes([0xA0 + n]) if n < 24 else bytes([0xB8, n]))], []]
         conv: list[list[str]] = [[], []]
@@ -544,10 +544,10 @@ def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_a
 
     Deterministic means every head in shortest form and the keys of every
     map in increasing order of their encoded bytes (RFC 8949 4.2.1, what
-    agent.cbor writes; definite lengths, no floats and no tags are required
+    pansketch.agent.cbor writes; definite lengths, no floats and no tags are required
     anyway). For the values this reader returns (int, text, bytes, lists,
     maps of text keys, false/true/null) that is exactly
-    ``agent.cbor.dumps(obj) == buf``, found in the same pass instead of by
+    ``pansketch.agent.cbor.dumps(obj) == buf``, found in the same pass instead of by
     re-encoding (tests/test_host_decode.py checks the two agree).
     ``buf`` may be bytes or a memoryview (bytes received into a shared
     buffer); ``views``: byte strings come back as memoryview slices of

@@ -14,20 +14,20 @@ import importlib
 import sys
 from typing import NoReturn
 
-from agent.pi.pipes import run_main
+from pansketch.agent.pi.pipes import run_main
 
 # subcommand name -> module path (module must define add_parser(subparsers))
 SUBCOMMANDS: dict[str, str] = {
-    "aggregate": "host_tools.ingest.service",
-    "status": "host_tools.query.status",
-    "device": "host_tools.query.device_cli",
-    "query": "host_tools.query.cli",
-    "serve": "host_tools.web.serve",
-    "demo": "host_tools.demo",
-    "repro": "host_tools.lab.repro.cli",
-    "audit": "host_tools.audit.cli",
-    "fit": "host_tools.provision.fitcheck",
-    "init": "host_tools.provision.initdir",
+    "aggregate": "pansketch.host_tools.ingest.service",
+    "status": "pansketch.host_tools.query.status",
+    "device": "pansketch.host_tools.query.device_cli",
+    "query": "pansketch.host_tools.query.cli",
+    "serve": "pansketch.host_tools.web.serve",
+    "demo": "pansketch.host_tools.demo",
+    "repro": "pansketch.host_tools.lab.repro.cli",
+    "audit": "pansketch.host_tools.audit.cli",
+    "fit": "pansketch.host_tools.provision.fitcheck",
+    "init": "pansketch.host_tools.provision.initdir",
 }
 
 

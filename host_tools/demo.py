@@ -3,15 +3,15 @@
 1. a broker: mosquitto on a free loopback port when it is installed,
    otherwise the pure-Python ``amqtt`` broker from PyPI (MQTT 3.1.1 only:
    the devices and the aggregator then speak 3.1.1);
-2. the real aggregator (host_tools.ingest.service.run, what ``pansketch
+2. the real aggregator (pansketch.host_tools.ingest.service.run, what ``pansketch
    aggregate`` runs: validation, store, host acknowledgements) into a
    temporary SQLite file;
 3. several simulated agents: each is the real device core
-   (agent.recorder.Recorder with system-CSPRNG noise) plus the real
-   publisher (agent.pi.publisher.Publisher), driven by its own simulated clock
+   (pansketch.agent.recorder.Recorder with system-CSPRNG noise) plus the real
+   publisher (pansketch.agent.pi.publisher.Publisher), driven by its own simulated clock
    so that one-hour windows close in milliseconds, and fed with a Zipf
    stream of "visited hosts";
-4. a table of queries (host_tools.query.core.freq): item, true count, estimate,
+4. a table of queries (pansketch.host_tools.query.core.freq): item, true count, estimate,
    interval, and whether the interval covers the truth.
 
 The true counts are known only to this simulation (to print them next to
@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Optional
 
-from host_tools.localnet import Mosquitto, free_port, mosquitto_path
+from pansketch.host_tools.localnet import Mosquitto, free_port, mosquitto_path
 
 SALT = "pansketch-demo-fleet-salt"
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a window boundary for every window length dividing a day
@@ -164,10 +164,10 @@ class ZipfStream:
 def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoBroker, truth: Counter,
                    truth_lock: threading.Lock, report: Callable[[str], None]) -> int:
     """One device: Recorder + Publisher on a simulated clock. Returns the number of releases."""
-    from agent.pi.config import BrokerConfig
-    from agent.params import Params
-    from agent.pi.publisher import Publisher
-    from agent.recorder import Recorder
+    from pansketch.agent.pi.config import BrokerConfig
+    from pansketch.agent.params import Params
+    from pansketch.agent.pi.publisher import Publisher
+    from pansketch.agent.recorder import Recorder
 
     dev = "demo-pi-%d" % (i + 1)
     p = Params({"device": dev, "salt": SALT, "kind": args.kind, "d": args.d, "w": args.w, "mode": "window",
@@ -205,7 +205,7 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
 
 
 # One device of every other kind next to the cs fleet (every page and query has data after the
-# demo). Each is the real device core (agent.recorders.make picks the tree / dcs / dbits recorder) and
+# demo). Each is the real device core (pansketch.agent.recorders.make picks the tree / dcs / dbits recorder) and
 # the real publisher, like the cs agents; the events are drawn here, so their truth is known here only.
 EXTRA_DEVICES: dict[str, dict[str, Any]] = {
     "cms": {"device": "demo-cms-1", "kind": "cms", "d": 4, "mode": "window", "window_s": 3600,
@@ -227,10 +227,10 @@ STRHH_EVENTS = 20000  # strings per window of the strhh device (one level per by
 def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], list[str]], workdir: str,
                     broker: DemoBroker) -> int:
     """One device of any kind on a simulated clock, ``sample(k)`` = window k's events; returns its releases."""
-    from agent.pi.config import BrokerConfig
-    from agent.params import Params
-    from agent.pi.publisher import Publisher
-    from agent.recorders import make
+    from pansketch.agent.pi.config import BrokerConfig
+    from pansketch.agent.params import Params
+    from pansketch.agent.pi.publisher import Publisher
+    from pansketch.agent.recorders import make
 
     p = Params(dict(cfg, salt=SALT))
     dev = p.device
@@ -253,7 +253,7 @@ def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], l
 
 
 def _host_config(workdir: str, broker: DemoBroker, args: argparse.Namespace) -> Any:
-    from host_tools import hostconfig
+    from pansketch.host_tools import hostconfig
 
     path = os.path.join(workdir, "host.toml")
     with open(path, "w") as f:
@@ -270,12 +270,12 @@ def _host_config(workdir: str, broker: DemoBroker, args: argparse.Namespace) -> 
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from host_tools.ingest import service
-    from host_tools.query import core as query
-    from host_tools.store.backend import open_store as Store
+    from pansketch.host_tools.ingest import service
+    from pansketch.host_tools.query import core as query
+    from pansketch.host_tools.store.backend import open_store as Store
 
     if args.serve:  # before the fleet runs: its dashboard would need the web extra only at the end
-        from host_tools.web.extra import missing_web
+        from pansketch.host_tools.web.extra import missing_web
 
         why = missing_web()
         if why:
@@ -366,7 +366,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if n != expected:
             raise RuntimeError("only %d of %d releases were stored" % (n, expected))
 
-        say("[5/5] queries over all devices and windows (host_tools.query.core.freq, %d%% intervals):"
+        say("[5/5] queries over all devices and windows (pansketch.host_tools.query.core.freq, %d%% intervals):"
             % round(args.confidence * 100))
         ranked = [x for x, _ in truth.most_common()]
         picks = ranked[:8] + [ranked[r] for r in (19, 49, 99, 499) if r < len(ranked)]
@@ -463,8 +463,8 @@ def _extra_streams(args: argparse.Namespace) -> dict[str, ExtraStream]:
 
 def kind_lines(st: Any, args: argparse.Namespace, extra: dict[str, ExtraStream], top: str) -> list[str]:
     """One short line per kind and mode: what a query of that kind answers on the demo store."""
-    from host_tools.query import core as query
-    from host_tools.query import distinct, dyadic_cli, strheavy_cli
+    from pansketch.host_tools.query import core as query
+    from pansketch.host_tools.query import distinct, dyadic_cli, strheavy_cli
 
     conf, span = args.confidence, args.windows * 3600
     out = ["  one line per kind (%d%% intervals; true values known to the simulation only):" % round(conf * 100)]
@@ -518,17 +518,17 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
             say("  dashboard: not running (this demo's files are removed now); `pansketch demo --serve` keeps "
                 "one at %s until Ctrl-C" % url)
         return 0
-    from host_tools.web.serve import is_loopback
+    from pansketch.host_tools.web.serve import is_loopback
 
     if not is_loopback(args.bind):
         say("pansketch demo: --serve binds loopback addresses only (use pansketch serve --token elsewhere)")
         return 2
     try:
-        from host_tools import hostconfig
-        from host_tools.web.serve import make_server, run_until_stopped, server_url
-        from host_tools.web.app import Dashboard
+        from pansketch.host_tools import hostconfig
+        from pansketch.host_tools.web.serve import make_server, run_until_stopped, server_url
+        from pansketch.host_tools.web.app import Dashboard
 
-        from host_tools.web.app import allowed_hosts_for
+        from pansketch.host_tools.web.app import allowed_hosts_for
 
         app = Dashboard(hostconfig.load(conf), candidates=ZipfStream(args.items, args.zipf, 0).items,
                         candidates_name="the demo's %d items" % args.items, allowed_hosts=allowed_hosts_for(args.bind))
@@ -550,7 +550,7 @@ def dashboard(args: argparse.Namespace, workdir: str, say: Callable[[str], None]
 
 
 def add_parser(subparsers: Any) -> None:
-    from host_tools.query.core import positive_int
+    from pansketch.host_tools.query.core import positive_int
 
     p = subparsers.add_parser(
         "demo", help="run broker, simulated agents, aggregator and queries on embedded defaults",

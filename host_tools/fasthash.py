@@ -3,10 +3,10 @@
 The device hashes one event at a time; a host replaying millions of events
 or ranking 100,000 candidates hashes each *distinct* item once (SHA-256 in a
 Python loop: the only per-item cost left) and does the rest with numpy:
-column/sign extraction (agent.pi.hashvec, the same rule the Pi daemon's batch
+column/sign extraction (pansketch.agent.pi.hashvec, the same rule the Pi daemon's batch
 path reads), and a scatter-add of the counters with
 ``np.bincount``. ``tests/test_fasthash.py`` proves every function here equal
-to the device path (agent.hashing, agent.sketch.Sketch).
+to the device path (pansketch.agent.hashing, pansketch.agent.sketch.Sketch).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from agent import hashing
-from agent.pi import hashvec
+from pansketch.agent import hashing
+from pansketch.agent.pi import hashvec
 
 
 def streams(items: Sequence[Any], salt: str | bytes, d: int) -> np.ndarray:
@@ -27,7 +27,7 @@ def streams(items: Sequence[Any], salt: str | bytes, d: int) -> np.ndarray:
 
 
 def streams_prefix(items: Sequence[Any], prefix: bytes, d: int) -> np.ndarray:
-    """Hash streams under a ready hash prefix (e.g. a dcs level's, agent.dcs.level_prefix)."""
+    """Hash streams under a ready hash prefix (e.g. a dcs level's, pansketch.agent.dcs.level_prefix)."""
     nb = hashing.n_blocks(d)
     out = np.empty((len(items), 32 * nb), dtype=np.uint8)
     base = hashlib.sha256(prefix)
@@ -82,7 +82,7 @@ def aggregate(items: Iterable[Any], weights: Iterable[int] | None = None, clip: 
 
 def sketch_counts(items: Iterable[Any], weights: Iterable[int] | None, kind: str, d: int, w: int,
                   salt: str | bytes, clip: int = 1) -> np.ndarray:
-    """Exact (noise-free) counters, int64 shape (d, w), equal to agent.sketch.Sketch."""
+    """Exact (noise-free) counters, int64 shape (d, w), equal to pansketch.agent.sketch.Sketch."""
     keys, vals = aggregate(items, weights, clip)
     return counts_from_distinct(keys, vals, kind, d, w, salt)
 

@@ -9,11 +9,11 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   mqtt_version ("5"; "3.1.1" for a broker that speaks
                   only that, such as amqtt: no shared_group then),
                   kind ("mosquitto"; "rabbitmq": the aggregator consumes a
-                  quorum queue over AMQP, host_tools.ingest.amqp), and for
+                  quorum queue over AMQP, pansketch.host_tools.ingest.amqp), and for
                   kind = "rabbitmq": amqp_nodes (["<host>:5672"]; 5671 with
                   TLS), queue ("pansketch.releases"), vhost ("/")
     [aggregator]  db ("pansketch.db", relative to the config file; or a
-                  "postgresql://user@host:port/dbname" URL: host_tools.store.pg),
+                  "postgresql://user@host:port/dbname" URL: pansketch.host_tools.store.pg),
                   topic ("pansketch/+/release"), shared_group (""),
                   max_bytes (1048576), qos (1), session_expiry_s (86400;
                   0 with a shared_group: see AggregatorConfig);
@@ -58,18 +58,18 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from agent.pi import tomlconf
-from agent.pi.tomlconf import ConfigError
-from agent.pi.tomlconf import get as _get
-from agent.pi.tomlconf import int_range as _int_range
-from agent.pi.tomlconf import path as _path
-from agent.pi.tomlconf import seconds as _seconds
+from pansketch.agent.pi import tomlconf
+from pansketch.agent.pi.tomlconf import ConfigError
+from pansketch.agent.pi.tomlconf import get as _get
+from pansketch.agent.pi.tomlconf import int_range as _int_range
+from pansketch.agent.pi.tomlconf import path as _path
+from pansketch.agent.pi.tomlconf import seconds as _seconds
 
-from agent import hashing
-from agent.calibrate import MECHANISMS, parse_ratio
-from agent.sketch import KINDS
+from pansketch.agent import hashing
+from pansketch.agent.calibrate import MECHANISMS, parse_ratio
+from pansketch.agent.sketch import KINDS
 
-# [fleet] max_events_per_window: the contribution limit of one device per window (host_tools.store.bounds)
+# [fleet] max_events_per_window: the contribution limit of one device per window (pansketch.host_tools.store.bounds)
 DEFAULT_MAX_EVENTS = 100_000  # the small devices the examples describe; raise it in one line for busier ones
 MAX_MAX_EVENTS = 1 << 40
 LIMIT_KINDS = ("cms", "cs", "dcs", "strhh", "dbits")
@@ -120,7 +120,7 @@ class BrokerConfig:
     # nothing newer (the demo's pure-Python amqtt). Same aggregator either way; 3.1.1 lacks only what v5
     # adds around it (Receive Maximum, session expiry as an interval, shared subscriptions).
     mqtt_version: int = 5
-    kind: str = "mosquitto"  # or "rabbitmq" (host_tools.ingest.amqp)
+    kind: str = "mosquitto"  # or "rabbitmq" (pansketch.host_tools.ingest.amqp)
     amqp_nodes: tuple[tuple[str, int], ...] = ()
     queue: str = "pansketch.releases"
     vhost: str = "/"
@@ -175,7 +175,7 @@ class FleetConfig:
     w: Optional[int] = None
     mechanism: Optional[str] = None
     # the contribution limit of one device per window (events; for dbits distinct items): a release no
-    # device with this many events could have produced is quarantined (host_tools.store.bounds)
+    # device with this many events could have produced is quarantined (pansketch.host_tools.store.bounds)
     max_events_per_window: int = DEFAULT_MAX_EVENTS
     max_events_by_kind: dict[str, int] = field(default_factory=dict)  # where a kind's limit differs
     # the largest event weight the fleet's devices use: a release claiming a larger clip (a thief's way

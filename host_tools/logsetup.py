@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from host_tools.output import textsafe
+from pansketch.host_tools.output import textsafe
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:

@@ -28,7 +28,7 @@ own HTTP listener) and the store half by ``serve`` (on ``/metrics``):
 
 Metric values are counts of releases and times, never event counts or
 estimates: nothing here depends on the data beyond what ``status`` shows --
-except the query kinds' own metrics (host_tools.query.kinds, field ``metrics``),
+except the query kinds' own metrics (pansketch.host_tools.query.kinds, field ``metrics``),
 exported by ``serve`` (which knows the fleet salt) and computed at most once per
 ``QUERY_TTL_S`` per store state: ``pansketch_strhh_heavy_estimate{rank,item}``
 (``_lower``, ``_upper``), ``pansketch_strhh_heavy_strings`` and
@@ -38,7 +38,7 @@ post-processed: what any query answers, docs/PRIVACY.md); a kind whose query
 fails counts in ``pansketch_query_metric_errors{kind}``.
 
 Imported by ingest (the aggregator's exporter) and web; reads the store and,
-for the gap and delivery gauges, host_tools.query.status (never ingest or web).
+for the gap and delivery gauges, pansketch.host_tools.query.status (never ingest or web).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class StoreCollector:
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from host_tools.store.backend import open_store
+        from pansketch.host_tools.store.backend import open_store
 
         t_start = time.perf_counter()
         up = GaugeMetricFamily("pansketch_store_up", "1 when the release database could be read")
@@ -159,8 +159,8 @@ class StoreCollector:
         windows -- recomputed like the query metrics, at most once per QUERY_TTL_S per store state."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from host_tools.query import influence
-        from host_tools.store import exclusions
+        from pansketch.host_tools.query import influence
+        from pansketch.host_tools.store import exclusions
 
         q = GaugeMetricFamily("pansketch_store_quarantined_releases", "distinct releases held back (not merged), "
                               "by code (bound: over [fleet] max_events_per_window)", labels=["code"])
@@ -196,11 +196,11 @@ class StoreCollector:
         yield tot
 
     def _queries(self, st: Any, act: list[Any]) -> Iterable[Any]:
-        """The query kinds' metrics (host_tools.query.kinds), recomputed when the store changed
+        """The query kinds' metrics (pansketch.host_tools.query.kinds), recomputed when the store changed
         and QUERY_TTL_S passed: a scrape every few seconds must not run a descent each time."""
         from prometheus_client.core import CounterMetricFamily
 
-        from host_tools.query import kinds
+        from pansketch.host_tools.query import kinds
 
         state = (st.release_count(), max((a[3] for a in act), default=0))
         now = time.monotonic()
@@ -227,8 +227,8 @@ class StoreCollector:
     def _status(self, st: Any) -> Iterable[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from host_tools.query import fleetview
-        from host_tools.query import status
+        from pansketch.host_tools.query import fleetview
+        from pansketch.host_tools.query import status
 
         rep = status.report(st, self.delta, windows=0, late_grace_s=self.late_grace_s)
         miss = GaugeMetricFamily("pansketch_device_missing_releases",
@@ -380,9 +380,9 @@ def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] =
 
 class FlagScanner:
     """The aggregator's log of flagged devices (docs/HOST.md "Flagged devices"): every ``interval`` s, the
-    latest ``windows`` windows of the store are compared (host_tools.query.influence, excluded devices
+    latest ``windows`` windows of the store are compared (pansketch.host_tools.query.influence, excluded devices
     left out) and each flagged (device, window) is logged once, as a warning; ``devices`` holds the
-    devices flagged in the last scan (retention keeps their payloads: host_tools.ingest.pipeline).
+    devices flagged in the last scan (retention keeps their payloads: pansketch.host_tools.ingest.pipeline).
     In this module because ingest may not import query; runs in a thread of its own, on a read-only
     connection of its own."""
 
@@ -397,8 +397,8 @@ class FlagScanner:
         self._thread: Optional[threading.Thread] = None
 
     def scan(self) -> list[Any]:
-        from host_tools.query import influence
-        from host_tools.store.backend import open_store
+        from pansketch.host_tools.query import influence
+        from pansketch.host_tools.store.backend import open_store
 
         with open_store(self.db, readonly=True) as st:
             flags = influence.recent_flags(st, windows=self.windows)

@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
         for m in sorted(_MARKS[path]):
             item.add_marker(m)
 
-# Caches the host keeps between processes (host_tools.query.distinct's sampling bands) go to a
+# Caches the host keeps between processes (pansketch.host_tools.query.distinct's sampling bands) go to a
 # directory of this test run, not the user's ~/.cache (set before any test starts a process).
 os.environ.setdefault("PANSKETCH_CACHE_DIR", tempfile.mkdtemp(prefix="pansketch-test-cache-"))
 

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from agent import acks, storage
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from host_tools.store.sqlite import Store
+from pansketch.agent import acks, storage
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools.store.sqlite import Store
 from tests.support import mpvm
 from tests.support.e2e import (agent_toml, needs_mosquitto, run_agent, start_host, start_mosquitto,
                                     wait_for)
@@ -114,7 +114,7 @@ def test_ack_path_is_the_same_on_micropython(tmp_path):
     flash = tmp_path / "flash"
     flash.mkdir()
     code = """
-from agent import acks, storage
+from pansketch.agent import acks, storage
 ob = storage.Outbox('/flash/dev')
 for s in (0, 1, 2):
     f = open(ob.path(s), 'wb'); f.write(b'r'); f.close()

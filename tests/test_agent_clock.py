@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.pi import loop
+from pansketch.agent.pi import loop
 
 
 def test_waits_until_the_clock_is_set_and_says_so_once_a_minute():
@@ -47,9 +47,9 @@ def test_the_agent_waits_before_its_recorder_opens_a_window(monkeypatch, tmp_pat
         order.append("recorder")
         raise RuntimeError("stop here")
 
-    import agent.recorders
+    import pansketch.agent.recorders
 
-    monkeypatch.setattr(agent.recorders, "make", make)
+    monkeypatch.setattr(pansketch.agent.recorders, "make", make)
     cfg = argparse.Namespace(device="pi-1", params=None, state_dir=str(tmp_path), outbox_max=10)
     args = argparse.Namespace(clock_start=None, clock_speed=1.0, quiet=True, insecure_seed="t", timeout=0)
     try:

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from agent.pi import config as agent_config
-from agent.pi.config import ConfigError
-from agent.pi.daemon import main
+from pansketch.agent.pi import config as agent_config
+from pansketch.agent.pi.config import ConfigError
+from pansketch.agent.pi.daemon import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,7 +127,7 @@ def test_toml_syntax_error_and_missing_file(tmp_path, capsys):
 def test_config_error_exit_code_of_the_real_command(tmp_path):
     """The installed entry point's behaviour: a separate process, exit status 2, one stderr line."""
     path = write(tmp_path, BASE.replace('budget = "1/4"', 'budget = "-1/2"'))
-    r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "feed", "--config", path], input=b"a\n",
+    r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "feed", "--config", path], input=b"a\n",
                        capture_output=True, cwd=REPO, timeout=60)
     assert r.returncode == 2
     assert r.stderr.decode().strip() == "pansketch-agent: config error: privacy.budget: must be positive"
@@ -157,7 +157,7 @@ def test_help_mentions_commands_and_exit_codes(capsys):
 def test_run_with_stdin_source_under_systemd_is_a_config_error(tmp_path):
     """systemd gives services /dev/null as stdin: 'run' would release at once and exit; refuse instead."""
     path = write(tmp_path, BASE + '[source]\ntype = "stdin"\n')
-    r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "run", "--config", path], stdin=subprocess.DEVNULL,
+    r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "run", "--config", path], stdin=subprocess.DEVNULL,
                        capture_output=True, cwd=REPO, timeout=60)
     assert r.returncode == 2
     assert r.stderr.decode().startswith("pansketch-agent: config error: source.type: ")

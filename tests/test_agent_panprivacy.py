@@ -13,8 +13,8 @@ from typing import Any
 
 import cbor2
 
-from agent.pi.config import SourceConfig, load
-from agent.pi.sources import FileSource, StdinSource
+from pansketch.agent.pi.config import SourceConfig, load
+from pansketch.agent.pi.sources import FileSource, StdinSource
 from tests.support.e2e import agent_toml
 
 SECRET = "badge-00042-alice"
@@ -94,7 +94,7 @@ class StubPub:
 
 
 def _agent(tmp_path: Any, name: str, start: float) -> Any:
-    from agent.pi.loop import Agent
+    from pansketch.agent.pi.loop import Agent
 
     cfg = load(agent_toml(str(tmp_path / (name + ".toml")), "pi-1", 1, str(tmp_path / name), window_s=3600,
                           budget="100000", source='type = "file"\npath = "%s"' % (tmp_path / "none.log")))

@@ -15,8 +15,8 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.pi.config import BrokerConfig
-from agent.pi.publisher import Publisher
+from pansketch.agent.pi.config import BrokerConfig
+from pansketch.agent.pi.publisher import Publisher
 
 OK = ReasonCode(PacketTypes.PUBACK, identifier=0)
 
@@ -47,7 +47,7 @@ class StubClient:
 
 def publisher(tmp_path: Any, client: StubClient, ack_timeout: float = 0.2) -> Publisher:
     """``ack_timeout`` here is the broker's PUBACK wait (the host-ack re-send timeout stays default)."""
-    from agent.storage import Outbox
+    from pansketch.agent.storage import Outbox
 
     p = Publisher(BrokerConfig(), "pi-1", Outbox(str(tmp_path)), lambda m: None, puback_timeout=ack_timeout)
     p.client = client  # type: ignore[assignment]

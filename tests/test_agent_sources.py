@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from agent.pi.config import ConfigError, SourceConfig, field_path
-from agent.pi import sources
-from agent.pi.sources import EOF, FdLineReader, FileSource, MqttSource, StdinSource, Warner, extract, parse_lines
+from pansketch.agent.pi.config import ConfigError, SourceConfig, field_path
+from pansketch.agent.pi import sources
+from pansketch.agent.pi.sources import EOF, FdLineReader, FileSource, MqttSource, StdinSource, Warner, extract, parse_lines
 
 
 def collect(q: "queue.Queue", until_eof: bool = True, timeout: float = 5.0, want: int | None = None):
@@ -198,7 +198,7 @@ def test_a_failing_source_stops_the_daemon_with_exit_3(tmp_path):
     cfg = tmp_path / "a.toml"
     cfg.write_text('[device]\nid = "x1"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
                    '[source]\ntype = "file"\npath = "missing.log"\nfollow = false\n' % free_port())
-    r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "run", "--config", str(cfg), "--timeout", "1"],
+    r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "run", "--config", str(cfg), "--timeout", "1"],
                        capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
     assert r.returncode == 3
     assert b"event source failed" in r.stderr and b"missing.log" in r.stderr
@@ -225,7 +225,7 @@ def test_mqtt_source_with_its_broker_down_says_so_at_once(tmp_path):
     errf = tmp_path / "agent.err"
     want = b"cannot connect to the local source broker localhost:"
     with open(errf, "wb") as ef:
-        p = subprocess.Popen([sys.executable, "-m", "agent.pi.daemon", "run", "--config", str(cfg)],
+        p = subprocess.Popen([sys.executable, "-m", "pansketch.agent.pi.daemon", "run", "--config", str(cfg)],
                              stderr=ef, cwd=REPO, env=agent_env())
         try:
             # "at once": within seconds of start (a cold, loaded machine takes 1-2 s to get there)
@@ -252,13 +252,13 @@ def test_check_tries_the_mqtt_source_broker(tmp_path):
     m = Mosquitto(tmp_path)
     try:
         down = free_port()
-        r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "check", "--config",
+        r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "check", "--config",
                             str(_mqtt_source_cfg(tmp_path, m.port, down)), "--timeout", "2"],
                            capture_output=True, cwd=REPO, env=agent_env(), timeout=60, text=True)
         assert r.returncode == 1, r.stdout + r.stderr
         assert "source mqtt localhost:%d topic tele/+/SENSOR: FAILED" % down in r.stdout
         assert "local source broker" in r.stderr and "cannot reach the broker" not in r.stderr
-        ok = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "check", "--config",
+        ok = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "check", "--config",
                              str(_mqtt_source_cfg(tmp_path, m.port, m.port)), "--timeout", "2"],
                             capture_output=True, cwd=REPO, env=agent_env(), timeout=60, text=True)
         assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -278,7 +278,7 @@ def test_feed_no_flush_delivers_only_the_outbox(tmp_path):
     cfg = tmp_path / "f.toml"
     cfg.write_text('[device]\nid = "x3"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[broker]\nport = %d\n'
                    % free_port())
-    base = [sys.executable, "-m", "agent.pi.daemon", "feed", "--config", str(cfg), "--timeout", "1"]
+    base = [sys.executable, "-m", "pansketch.agent.pi.daemon", "feed", "--config", str(cfg), "--timeout", "1"]
     with open(os.devnull, "rb") as null:
         r = subprocess.run(base + ["--no-flush"], stdin=null, capture_output=True, cwd=REPO, env=agent_env(), timeout=60)
     assert r.returncode == 0, r.stderr

@@ -17,8 +17,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from host_tools.query import core as query
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.broker import needs_mosquitto, start_mosquitto
 from tests.support.host import (SALT, T0, encoded, fleet_releases, host_cfg, params, record, topic,
                                      zipf_stream)
@@ -151,7 +151,7 @@ def test_aggregator_reconnects_after_broker_restart(tmp_path):
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.run([sys.executable, "-m", "host_tools.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=timeout)
 
 
@@ -161,7 +161,7 @@ def test_cli_until_idle_and_exit_codes(tmp_path):
     p = params("cli", w=32)
     # publish while the CLI aggregator runs: a background publisher after it has subscribed
     proc_env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "5"],
+    proc = subprocess.Popen([sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", conf, "--until-idle", "5"],
                             cwd=REPO, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         head = []
@@ -277,7 +277,7 @@ def test_stored_lines_written_at_once_are_the_lines_logging_writes():
     import logging
     import re
 
-    from host_tools.ingest.loglines import LINE_FORMAT, info_lines
+    from pansketch.host_tools.ingest.loglines import LINE_FORMAT, info_lines
 
     lg = logging.getLogger("pansketch-test-lines.aggregator")
     parent = logging.getLogger("pansketch-test-lines")

@@ -14,12 +14,12 @@ import time
 from typing import Any
 
 import pytest
-from host_tools.ingest import pipeline
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.ingest.pipeline import MSG_OVERHEAD, _Held, _Writer
-from host_tools.ingest.mqttshared import Msg
-from host_tools.ingest.validproc import verdict
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.ingest import pipeline
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.pipeline import MSG_OVERHEAD, _Held, _Writer
+from pansketch.host_tools.ingest.mqttshared import Msg
+from pansketch.host_tools.ingest.validproc import verdict
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host import T0, encoded, host_cfg, params, topic
 
 

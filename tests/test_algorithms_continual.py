@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from host_tools import fasthash
-from host_tools.lab.algorithms import continual as co
-from host_tools.lab.algorithms.vnoise import BulkNoise, Pool, ZeroNoise
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms import continual as co
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise, Pool, ZeroNoise
 
 
 def test_binary_mechanism_nodes_and_exact_sum():

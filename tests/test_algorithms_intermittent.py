@@ -5,10 +5,10 @@ from fractions import Fraction
 import pytest
 import numpy as np
 
-from agent.rng import DeterministicSource, Rng
-from host_tools import fasthash
-from host_tools.lab.algorithms import intermittent as iq
-from host_tools.lab.algorithms.vnoise import BulkNoise, ExactNoise, ZeroNoise
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms import intermittent as iq
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise, ExactNoise, ZeroNoise
 
 
 def test_m_hat_q_upper_bounds_m_q():

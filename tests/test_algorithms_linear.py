@@ -6,10 +6,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from agent import hashing
-from agent.sketch import Sketch
-from host_tools.lab.algorithms import linear
-from host_tools.lab.algorithms.vnoise import BulkNoise, dgauss_lower_tail
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
+from pansketch.host_tools.lab.algorithms import linear
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise, dgauss_lower_tail
 
 
 def test_E_formulas_hand_values():

@@ -1,11 +1,11 @@
-"""Vectorised exact samplers (host_tools.lab.algorithms.vnoise) match the exact pmfs."""
+"""Vectorised exact samplers (pansketch.host_tools.lab.algorithms.vnoise) match the exact pmfs."""
 
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from host_tools.lab.algorithms import vnoise
+from pansketch.host_tools.lab.algorithms import vnoise
 
 
 def _chi2_ok(samples: np.ndarray, pmf, support: np.ndarray) -> None:
@@ -53,7 +53,7 @@ def test_engines_and_pool():
     pool = vnoise.Pool(vnoise.BulkNoise(1), "dlap", Fraction(2), block=7)
     xs = pool.draws(20) + [pool.draw() for _ in range(10)]
     assert len(xs) == 30 and all(isinstance(v, int) for v in xs)
-    from agent.rng import DeterministicSource, Rng
+    from pansketch.agent.rng import DeterministicSource, Rng
 
     e = vnoise.ExactNoise(Rng(DeterministicSource(b"x")))
     assert e.dgauss(Fraction(5), 3).dtype == np.int64

@@ -6,10 +6,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from agent import hashing
-from host_tools.lab.algorithms.distinct import DistinctSketch
-from agent.rng import DeterministicSource, Rng
-from host_tools.lab.algorithms import panprivate as pp
+from pansketch.agent import hashing
+from pansketch.host_tools.lab.algorithms.distinct import DistinctSketch
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools.lab.algorithms import panprivate as pp
 
 
 def test_cropped_sum_on_known_vector_is_unbiased():
@@ -77,7 +77,7 @@ def test_distinct_projection_is_bounded_and_matches_host_replay():
     keys, cnt = np.unique(items, return_counts=True)
     host = pp.distinct_sketch_counts([int(k) for k in keys], cnt, 8, "dc", q=4, vbits=10, frac_bits=2)
     assert host == sk.sk
-    X = pp.projections(__import__("host_tools.fasthash", fromlist=["x"]).streams(list(range(3000)), "dc", 8), 8, 4, 10, 2)
+    X = pp.projections(__import__("pansketch.host_tools.fasthash", fromlist=["x"]).streams(list(range(3000)), "dc", 8), 8, 4, 10, 2)
     assert max(abs(v) for row in X for v in row) <= sk.bound == 1 << (12 * 4)
     # sensitivity: one event moves each entry by at most clip * M
     before = list(sk.sk)

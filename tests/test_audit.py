@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from scipy import stats as sst
 
-from agent.params import Params
-from agent.rng import DeterministicSource
-from host_tools import cli as host_cli
-from host_tools.audit import device, engine, model, report, scenarios, stats
+from pansketch.agent.params import Params
+from pansketch.agent.rng import DeterministicSource
+from pansketch.host_tools import cli as host_cli
+from pansketch.host_tools.audit import device, engine, model, report, scenarios, stats
 from tests.support import audit_controls
 
 CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",
@@ -322,8 +322,8 @@ def test_halved_noise_scale_is_flagged_for_every_kind(kind: str) -> None:
 
 
 def test_controls_are_gone_after_the_hook() -> None:
-    from agent.recorder import Recorder
-    from agent.rng import Rng
+    from pansketch.agent.recorder import Recorder
+    from pansketch.agent.rng import Rng
 
     with audit_controls.CONTROLS["rng-tail-kept"](), audit_controls.CONTROLS["scratch-not-wiped"]():
         pass
@@ -354,7 +354,7 @@ def test_cli_passes_persist_noise(tmp_path) -> None:
     (with persist_s 86400, 'auto' alone would resolve to refresh)."""
     import argparse
 
-    from host_tools.audit import cli as audit_cli
+    from pansketch.host_tools.audit import cli as audit_cli
 
     conf = tmp_path / "agent.toml"
     body = ('[device]\nid = "d1"\nsalt = "fleet-salt-x"\n[sketch]\nkind = "cms"\nd = 2\nw = 64\n'
@@ -495,7 +495,7 @@ def test_cli_audits_dcs_with_its_b_and_map(tmp_path, capsys) -> None:
     assert rc == (1 if any(d["flagged"] for d in summ) else 0)
     import argparse
 
-    from host_tools.audit import cli as audit_cli
+    from pansketch.host_tools.audit import cli as audit_cli
 
     p = audit_cli._params(argparse.Namespace(config=str(conf), w=8))
     assert (p.b, p.map, p.cells) == (2, (1, 1, 0), 3 * 2 * 8)
@@ -558,7 +558,7 @@ def test_cli_audits_strhh_with_its_len(tmp_path, capsys) -> None:
     assert rc == (1 if any(d["flagged"] for d in summ) else 0)
     import argparse
 
-    from host_tools.audit import cli as audit_cli
+    from pansketch.host_tools.audit import cli as audit_cli
 
     p = audit_cli._params(argparse.Namespace(config=str(conf), w=8))
     assert (p.b, p.arrays, p.cells) == (3, 3, 3 * 3 * 8)

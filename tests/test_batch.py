@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from agent import hashing
-from agent.pi.batch import add_batch
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.pi.batch import add_batch
+from pansketch.agent.sketch import Sketch
 
 PREFIX = hashing.salt_prefix("fleet-salt-1")
 

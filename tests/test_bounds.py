@@ -1,7 +1,7 @@
-"""Bounded influence (host_tools.store.bounds): honest devices at the limit pass, crafted releases do not.
+"""Bounded influence (pansketch.host_tools.store.bounds): honest devices at the limit pass, crafted releases do not.
 
-Releases come from the real device core (agent.recorders.make, deterministic byte source per seed) and
-the host's own validation (host_tools.ingest.decode). docs/PRIVACY.md "Bounded influence" has the proof
+Releases come from the real device core (pansketch.agent.recorders.make, deterministic byte source per seed) and
+the host's own validation (pansketch.host_tools.ingest.decode). docs/PRIVACY.md "Bounded influence" has the proof
 that an honest device with at most max_events events is refused with probability <= 1e-9 per release.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent import release
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import DeterministicSource, Rng
-from host_tools.store import bounds
-from host_tools.ingest.decode import decode
+from pansketch.agent import release
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools.store import bounds
+from pansketch.host_tools.ingest.decode import decode
 from tests.support.host import SALT, T0
 
 N = 400  # the test fleet's max_events_per_window (small: the recorder is pure Python)
@@ -194,7 +194,7 @@ def test_the_check_costs_microseconds():
 
 def test_keep_mode_window_totals_are_held_to_the_limit(tmp_path):
     """Keep mode: each epoch release may hold up to N alone, their sum over the window may not
-    (bounds.check_window; host_tools.query.influence flags such a device): 2 epochs of 0.75 N each pass
+    (bounds.check_window; pansketch.host_tools.query.influence flags such a device): 2 epochs of 0.75 N each pass
     one by one, their window does not; 2 epochs of N / 2 pass both ways."""
     cfg = dict(KINDS["cs-dlap"], mode="keep", epoch_s=1800)
     KINDS["cs-keep"] = cfg

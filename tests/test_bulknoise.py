@@ -14,10 +14,10 @@ import math
 import numpy as np
 import pytest
 
-from agent.pi.bulknoise import BulkRng
-from agent.noise import NoiseSpec, add_noise, draw_into, wrap32
-from agent.rng import DeterministicSource, Rng
-from agent.sketch import new_counters
+from pansketch.agent.pi.bulknoise import BulkRng
+from pansketch.agent.noise import NoiseSpec, add_noise, draw_into, wrap32
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.sketch import new_counters
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -111,7 +111,7 @@ def test_geometric_runs_go_on_across_the_pieces_of_the_stream(monkeypatch):
     (the first version) shortened exactly the runs that cross a piece's end, a bias towards small
     noise that no chi-square test at these sizes sees: here a fixed stream whose 6th run (200
     successes) spans three pieces must come out as 200."""
-    import agent.pi.bulknoise as bn
+    import pansketch.agent.pi.bulknoise as bn
 
     stream = [False] * 5 + [True] * 200 + [False] * 50
     pos = [0]
@@ -145,8 +145,8 @@ class _FailingSource:
 def test_bulk_buffers_are_wiped_and_the_array_untouched_on_every_path(monkeypatch, good):
     """PRIVACY.md: the uniform words and samples of a bulk draw are zeroed before bulk_noise
     returns, also when the byte source fails mid-draw; and a failed draw adds nothing."""
-    import agent.pi.bulknoise as bn
-    from agent.rng import NoEntropyError
+    import pansketch.agent.pi.bulknoise as bn
+    from pansketch.agent.rng import NoEntropyError
 
     seen: list[list[np.ndarray]] = []
     real = bn._Uniform.wipe

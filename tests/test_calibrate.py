@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from agent import calibrate
-from agent.noise import NoiseSpec
+from pansketch.agent import calibrate
+from pansketch.agent.noise import NoiseSpec
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,12 @@
-"""pansketch-agent check --events: expected interval widths and the d/w advice (agent.pi.plan.interval_advice)."""
+"""pansketch-agent check --events: expected interval widths and the d/w advice (pansketch.agent.pi.plan.interval_advice)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from agent.pi import plan
-from agent.params import Params
+from pansketch.agent.pi import plan
+from pansketch.agent.params import Params
 
 
 def _advice(events, **cfg):
@@ -18,7 +18,7 @@ def test_board_sized_dcs_warns_and_suggests_a_wider_sketch():
     assert any(x.startswith("warning") and "dcs" in x for x in lines), lines
     w = int(lines[-1].split("w = ")[1].split(" ")[0])
     # the suggestion meets the target under the same model it warned with
-    from agent.dcs import exact_from
+    from pansketch.agent.dcs import exact_from
     assert plan.Z95 * (exact_from(32, w) / w) ** 0.5 <= 0.05 and w > 16
 
 
@@ -44,15 +44,15 @@ def test_check_cli_prints_the_advice(tmp_path):
     conf = tmp_path / "agent.toml"
     conf.write_text('[device]\nid = "pi-1"\nsalt = "advice-salt-1"\n[sketch]\nkind = "dcs"\nd = 3\nw = 16\nb = 32\n'
                     '[storage]\ndir = "state"\n')
-    r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "check", "-c", str(conf), "--offline", "--events",
+    r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "check", "-c", str(conf), "--offline", "--events",
                         "100000"], capture_output=True, text=True, timeout=60)
     assert "uninformative" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_dcs_resolution_line_names_the_least_squares_capacity():
-    """The per-salt intervals solve at most d*w/2 nodes per hashed level (host_tools.query.dyadic.LS_MAX_SHARE):
+    """The per-salt intervals solve at most d*w/2 nodes per hashed level (pansketch.host_tools.query.dyadic.LS_MAX_SHARE):
     check says how many readings that resolves, before an answer comes coarsened or with no honest interval."""
-    from host_tools.query import dyadic
+    from pansketch.host_tools.query import dyadic
 
     for d, w in ((4, 1024), (3, 16)):
         lines = _advice(100_000, kind="dcs", b=16, d=d, w=w)
@@ -64,7 +64,7 @@ def test_dcs_resolution_line_names_the_least_squares_capacity():
 def test_check_warns_when_swap_is_on(tmp_path, monkeypatch, capsys):
     """A swap area on a disk keeps what the agent wiped in RAM (docs/PRIVACY.md "Memory residue"):
     `check` says so; a zram swap (RAM) and no swap do not warn."""
-    from agent.pi import daemon, memwipe
+    from pansketch.agent.pi import daemon, memwipe
     from tests.support.e2e import agent_toml
 
     cfg = agent_toml(str(tmp_path / "a.toml"), "swap-dev", 1883, str(tmp_path / "st"))

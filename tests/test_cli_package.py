@@ -9,15 +9,15 @@ import sys
 import time
 
 import pytest
-from host_tools import cli, demo
-from host_tools.web import extra, serve
+from pansketch.host_tools import cli, demo
+from pansketch.host_tools.web import extra, serve
 
 
 @pytest.mark.slow
 def test_version_is_the_installed_distributions() -> None:
     from importlib.metadata import version
 
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", "--version"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "--version"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "pansketch %s" % version("pansketch")
 
@@ -42,3 +42,22 @@ def test_serve_without_the_web_extra_says_so(monkeypatch, capsys) -> None:
     assert extra.missing_web() is not None
     assert serve.main(argparse.Namespace(config="does-not-matter.toml")) == 2
     assert "needs the web extra" in capsys.readouterr().err
+
+
+def test_every_package_folder_is_in_the_distribution() -> None:
+    """pyproject.toml lists every folder of agent/, firmware/ and host_tools/ that has an __init__.py, as
+    pansketch.<folder>..., and maps the three folders into pansketch (one top-level import name)."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    repo = Path(__file__).resolve().parents[1]
+    st = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert st["package-dir"] == {"pansketch." + t: t for t in ("agent", "firmware", "host_tools")}
+    found = sorted("pansketch." + ".".join(p.parent.relative_to(repo).parts)
+                   for t in ("agent", "firmware", "host_tools") for p in (repo / t).rglob("__init__.py")
+                   if "__pycache__" not in p.parts)
+    assert sorted(st["packages"]) == found

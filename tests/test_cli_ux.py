@@ -19,9 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.params import Params
-from agent.pi.tomlconf import PLACEHOLDER_SALTS
-from host_tools.ingest.aggregator import Aggregator
+from pansketch.agent.params import Params
+from pansketch.agent.pi.tomlconf import PLACEHOLDER_SALTS
+from pansketch.host_tools.ingest.aggregator import Aggregator
 from tests.support.broker import free_port, mosquitto, needs_mosquitto, start_mosquitto  # noqa: F401  (fixture)
 from tests.support.aggregator_mqtt import publish_all
 from tests.support.host import SALT, encoded, host_cfg, params, topic
@@ -39,11 +39,11 @@ def env() -> dict[str, str]:
 
 
 def pansketch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "host_tools.cli", *args]
+    return [sys.executable, "-m", "pansketch.host_tools.cli", *args]
 
 
 def agent(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent.pi.daemon", *args]
+    return [sys.executable, "-m", "pansketch.agent.pi.daemon", *args]
 
 
 def run_closed_stdout(cmd: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
@@ -95,7 +95,7 @@ def test_closed_stdout_ends_status_query_and_check_quietly(tmp_path):
 def test_head_dash_one_prints_one_line_and_no_traceback(tmp_path):
     conf = host_toml(tmp_path / "host.toml", stored_db(tmp_path))
     items = " ".join("item-%d" % i for i in range(2000))
-    line = "%s -m host_tools.cli query --config %s freq %s --json | head -1" % (sys.executable, conf, items)
+    line = "%s -m pansketch.host_tools.cli query --config %s freq %s --json | head -1" % (sys.executable, conf, items)
     r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
     assert r.returncode == 0 and r.stdout.count("\n") == 1 and r.stdout.startswith('{"item": "item-0"'), r
     assert r.stderr == "", r.stderr

@@ -1,4 +1,4 @@
-"""Consistency by post-processing (host_tools.query.consistency): monotone CDF rows, and
+"""Consistency by post-processing (pansketch.host_tools.query.consistency): monotone CDF rows, and
 Hay et al. 2010 least-squares consistent dyadic trees."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_tools.query.consistency import isotonic, monotone, tree_consistent
-from host_tools.query.core import cover
+from pansketch.host_tools.query.consistency import isotonic, monotone, tree_consistent
+from pansketch.host_tools.query.core import cover
 
 
 def test_isotonic_is_the_least_squares_monotone_fit():
@@ -105,9 +105,9 @@ def test_cdf_rows_are_monotone_inside_and_quantile_rows_stand_alone():
     row is the same whichever other quantiles are asked with it."""
     from fractions import Fraction
 
-    from host_tools.lab.algorithms.vnoise import BulkNoise
-    from host_tools.query.dyadic import DyadicView, exact_counters, rank_answers
-    from host_tools.query.merge import NoiseTerm
+    from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
+    from pansketch.host_tools.query.dyadic import DyadicView, exact_counters, rank_answers
+    from pansketch.host_tools.query.merge import NoiseTerm
 
     b, d, w = 16, 4, 1024
     g = np.random.default_rng(5)

@@ -18,14 +18,14 @@ import time
 
 import pytest
 
-from agent import hashing
-from agent.pi.batch import add_cells, add_raw
-from agent.pi.countworker import DEPTH, EARLY, CountWorker, Early, read_now
-from agent.pi.daemon import build_parser
-from agent.pi.loop import Agent
-from agent.pi.run import _start_workers
-from agent.sketch import Sketch
-from agent.pi.sources import FdLineReader, Warner
+from pansketch.agent import hashing
+from pansketch.agent.pi.batch import add_cells, add_raw
+from pansketch.agent.pi.countworker import DEPTH, EARLY, CountWorker, Early, read_now
+from pansketch.agent.pi.daemon import build_parser
+from pansketch.agent.pi.loop import Agent
+from pansketch.agent.pi.run import _start_workers
+from pansketch.agent.sketch import Sketch
+from pansketch.agent.pi.sources import FdLineReader, Warner
 from tests.support.agent_publisher import FROZEN, estimate, outbox
 from tests.support.e2e import agent_cmd, agent_env, agent_toml, free_port
 from tests.support.feed_chunks import CHUNKS
@@ -96,13 +96,13 @@ def test_a_second_worker_holds_no_copy_of_the_firsts_pipe():
 
 def _agent(tmp_path, monkeypatch, jobs: int, early_chunks=None, before_early=None):
     """The real daemon's Agent with real workers; ``early_chunks``: the input's start, handed to
-    the workers as cmd_run does (agent.pi.countworker.Early), after ``before_early(workers)``."""
+    the workers as cmd_run does (pansketch.agent.pi.countworker.Early), after ``before_early(workers)``."""
     monkeypatch.setattr(sys, "stdin", open(os.devnull))  # the stdin source is made, started by the test
     cfg_path = agent_toml(str(tmp_path / ("a%d.toml" % jobs)), "pi-j%d" % jobs, free_port(), str(tmp_path / ("s%d" % jobs)),
                           kind="cs", w=256)
     args = build_parser().parse_args(["feed", "--config", cfg_path, "--jobs", str(jobs), "-q",
                                       "--insecure-seed", "jobs", *FROZEN])
-    from agent.pi.common import load_config as _load
+    from pansketch.agent.pi.common import load_config as _load
 
     cfg = _load(cfg_path)
     workers = _start_workers(cfg, args)
@@ -207,12 +207,12 @@ def test_chunks_with_a_worker_count_in_the_epoch_they_arrived_in(tmp_path, monke
 
 def test_workers_are_forked_before_the_noisy_state_exists(tmp_path, monkeypatch):
     """The pan-privacy of the fork: no worker may hold a copy of the state or of any noise."""
-    import agent.pi.countworker
-    import agent.pi.run
-    import agent.recorders
+    import pansketch.agent.pi.countworker
+    import pansketch.agent.pi.run
+    import pansketch.agent.recorders
 
     order: list[str] = []
-    start, make = agent.pi.countworker.CountWorker.start, agent.recorders.make
+    start, make = pansketch.agent.pi.countworker.CountWorker.start, pansketch.agent.recorders.make
 
     def forked(*a, **k):
         order.append("fork")
@@ -222,12 +222,12 @@ def test_workers_are_forked_before_the_noisy_state_exists(tmp_path, monkeypatch)
         order.append("state")
         return make(*a, **k)
 
-    monkeypatch.setattr(agent.pi.countworker.CountWorker, "start", forked)
-    monkeypatch.setattr(agent.recorders, "make", state)
+    monkeypatch.setattr(pansketch.agent.pi.countworker.CountWorker, "start", forked)
+    monkeypatch.setattr(pansketch.agent.recorders, "make", state)
     monkeypatch.setattr(sys, "stdin", open(os.devnull))
     cfg = agent_toml(str(tmp_path / "o.toml"), "pi-o", free_port(), str(tmp_path / "so"), kind="cms", w=64)
     args = build_parser().parse_args(["feed", "--config", cfg, "--jobs", "3", "--timeout", "0.2", "-q", *FROZEN])
-    assert agent.pi.run.cmd_run(args, feed=True) == 1  # undelivered: no broker
+    assert pansketch.agent.pi.run.cmd_run(args, feed=True) == 1  # undelivered: no broker
     assert order == ["fork", "fork", "state"]
 
 
@@ -295,7 +295,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("bad", ["0", "x", "65"])
 def test_bad_jobs_is_a_one_line_usage_error(tmp_path, bad):
-    r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "feed", "--config", "x.toml", "--jobs", bad],
+    r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "feed", "--config", "x.toml", "--jobs", bad],
                        env=agent_env(), capture_output=True, timeout=60)
     assert r.returncode == 2
     assert len(r.stderr.decode().strip().splitlines()) == 1 and "--jobs" in r.stderr.decode()
@@ -317,13 +317,13 @@ def test_closing_a_stopped_idle_worker_does_not_hang():
 
 
 def test_the_entry_point_counts_with_the_collector_on_and_exits_with_mains_status(tmp_path):
-    """agent.pi.daemon.cli holds the cyclic GC off while modules load and skips the interpreter's
+    """pansketch.agent.pi.daemon.cli holds the cyclic GC off while modules load and skips the interpreter's
     teardown (os._exit): the pump and the count workers must run with the collector on again,
     and the exit status and the output must be main()'s."""
     cfg = agent_toml(str(tmp_path / "g.toml"), "pi-g", free_port(), str(tmp_path / "sg"), kind="cms", w=64)
     code = (
         "import gc, os, sys\n"
-        "import agent.pi.batch as b, agent.pi.daemon as d, agent.pi.loop as lp\n"
+        "import pansketch.agent.pi.batch as b, pansketch.agent.pi.daemon as d, pansketch.agent.pi.loop as lp\n"
         "pump, add_raw = lp.Agent.pump, b.add_raw\n"
         "def p(self):\n"
         "    print('pump gc', gc.isenabled(), flush=True)\n"

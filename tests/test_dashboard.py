@@ -174,8 +174,8 @@ def test_only_get_and_head_are_served(server: Any) -> None:
 
 
 def _snapshot(conf: str) -> Any:
-    from host_tools import hostconfig
-    from host_tools.store.sqlite import Store
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.store.sqlite import Store
 
     with Store(hostconfig.load(conf).aggregator.db, readonly=True) as st:
         return st.snapshot(), st.db.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
@@ -186,9 +186,9 @@ SQLISH = ["x'); DROP TABLE releases;--", "\" OR 1=1 --", "host-00001.example' --
 
 
 def test_sql_like_inputs_are_plain_values(server: Any, conf: str) -> None:
-    from host_tools import hostconfig
-    from host_tools.query import core as query
-    from host_tools.store.sqlite import Store
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.query import core as query
+    from pansketch.host_tools.store.sqlite import Store
 
     before = _snapshot(conf)
     s = get_json(server.url + "/api/series?" + q(item=SQLISH[:6]))
@@ -310,8 +310,8 @@ def test_demo_serve_prints_the_url_and_keeps_serving(tmp_path: Any) -> None:
 
 def test_pages_before_the_first_release(tmp_path: Any) -> None:
     pytest.importorskip("waitress")
-    from host_tools.store.sqlite import Store
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools.web.app import Dashboard
     from tests.support.host import host_cfg
 
     cfg = host_cfg(tmp_path)

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from host_tools.localnet import stop_process
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.localnet import stop_process
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.dash import REPO, env, pansketch
 
 pytest.importorskip("waitress")

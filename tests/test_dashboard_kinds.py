@@ -1,7 +1,7 @@
 """Dashboard pages for kinds dcs (quantiles / CDF, heavy hitters) and dbits (distinct counts), in headless Chromium.
 
 The store holds real releases from the real device core
-(agent.recorders.make_recorder, deterministic noise) through the real
+(pansketch.agent.recorders.make_recorder, deterministic noise) through the real
 aggregator: two ``dcs`` temperature sensors (b = 16, map [10, 1, -40], three
 hourly windows; temp-2 is stuck at 21.0 C for 400 readings per window, the
 heavy hitter), two ``dbits`` door counters (300, 600, 900 distinct MACs per
@@ -258,8 +258,8 @@ def test_bad_inputs_and_wrong_kinds_are_refused(kinds: dict[str, Any]) -> None:
 
 def test_kind_pages_before_the_first_release(tmp_path: Any) -> None:
     pytest.importorskip("waitress")
-    from host_tools.store.sqlite import Store
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools.web.app import Dashboard
     from tests.support.dashboard import _wsgi
     from tests.support.host import host_cfg
 

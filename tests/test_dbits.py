@@ -11,14 +11,14 @@ import cbor2
 import numpy as np
 import pytest
 
-from agent.params import ParamError, Params
-from agent.recorders import make_recorder
-from agent.rng import DeterministicSource, Rng
-from host_tools.query import distinct
-from host_tools.bench.kinds import dnpry_simulate
-from host_tools.ingest.decode import Rejected, decode
-from host_tools.query.merge import noise_variance
-from host_tools.store.sqlite import Store
+from pansketch.agent.params import ParamError, Params
+from pansketch.agent.recorders import make_recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools.query import distinct
+from pansketch.host_tools.bench.kinds import dnpry_simulate
+from pansketch.host_tools.ingest.decode import Rejected, decode
+from pansketch.host_tools.query.merge import noise_variance
+from pansketch.host_tools.store.sqlite import Store
 from tests.support import mpvm
 from tests.support.host import binom_lower, binom_upper
 
@@ -69,7 +69,7 @@ def test_releases_decode_and_no_state_on_flash(tmp_path):
         assert m["v"] == 2 and m["kind"] == "dbits" and m["nz"] == 2 and len(m["ctr"]) == 48
         st.insert(decode(raw, "pansketch/pi-1/release"))
         for bad, code in ((dict(mech="dgauss"), "schema"), (dict(ctr=m["ctr"] + b"\0\0\0\0"), "shape")):
-            from agent import cbor
+            from pansketch.agent import cbor
             with pytest.raises(Rejected) as e:
                 decode(cbor.dumps(dict(m, **bad)))
             assert e.value.code in (code, "noise")
@@ -81,7 +81,7 @@ def test_releases_decode_and_no_state_on_flash(tmp_path):
     total = distinct.estimate(rels, 0.99)
     assert total["lo"] <= 1200 <= total["hi"]
     # the ledger counts eps per release (sensitivity 1: one item, one count), not d * eps
-    from host_tools.store import ledger
+    from pansketch.host_tools.store import ledger
     lg = ledger.build(rels)
     assert lg.device("pi-1").eps == Fraction(1)
     st.close()
@@ -105,9 +105,9 @@ def test_interval_coverage_by_simulation():
 @pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed")
 def test_dbits_identical_on_micropython(tmp_path):
     setup = """
-from agent.params import Params
-from agent.recorders import make_recorder
-from agent.rng import Rng, DeterministicSource
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make_recorder
+from pansketch.agent.rng import Rng, DeterministicSource
 CFG = %r
 rec = make_recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"dbits-seed")), log=lambda m: None)
 def step(k):
@@ -210,7 +210,7 @@ def test_dbits_randomized_response_is_eps_dp_both_ways():
             refused += 1
             continue
         assert sound, eps
-        from agent.dbits import DensityBits
+        from pansketch.agent.dbits import DensityBits
 
         sk = DensityBits(p.d, p.w, b"x", p.budget, bytearray(p.d * p.w // 8))
         for r in _bit_ratios(sk):
@@ -222,7 +222,7 @@ def test_dbits_randomized_response_is_eps_dp_both_ways():
     with pytest.raises(ParamError):
         Params(dict(CFG, budget="159363/100000"))
     # a DensityBits built around Params still refuses (defence in depth)
-    from agent.dbits import DensityBits
+    from pansketch.agent.dbits import DensityBits
 
     with pytest.raises(ValueError, match="1.5936"):
         DensityBits(2, 8, b"x", (2, 1), bytearray(2))
@@ -230,7 +230,7 @@ def test_dbits_randomized_response_is_eps_dp_both_ways():
 
 def test_dbits_budget_refused_by_the_agent_cli(tmp_path, capsys):
     """A dbits config above the limit: one line naming the limit, exit 2, nothing created."""
-    from agent.pi.daemon import main
+    from pansketch.agent.pi.daemon import main
 
     conf = tmp_path / "agent.toml"
     conf.write_text('[device]\nid = "pi-1"\nsalt = "fleet-salt-1"\n[sketch]\nkind = "dbits"\nd = 12\nw = 512\n'
@@ -248,10 +248,10 @@ def test_dbits_budget_refused_by_the_agent_cli(tmp_path, capsys):
 def test_dbits_limit_identical_on_micropython():
     """The integer test gives the same answers on the board's VM (no floats on the path)."""
     cases = [(1, 1), (3, 2), (159362, 100000), (159363, 100000), (8, 5), (2, 1), (1, 1000), (199, 100)]
-    code = ("from agent.params import dbits_eps_ok\n"
+    code = ("from pansketch.agent.params import dbits_eps_ok\n"
             "print('@ok', ' '.join(str(int(dbits_eps_ok(a, b))) for a, b in %r))" % (cases,))
     got = mpvm.run(code).check().values()
-    from agent.params import dbits_eps_ok
+    from pansketch.agent.params import dbits_eps_ok
 
     assert got["ok"] == " ".join(str(int(dbits_eps_ok(a, b))) for a, b in cases) == "1 1 1 0 0 0 1 0"
 
@@ -322,11 +322,11 @@ def test_mle_has_no_collapse_at_large_n():
 
 def test_device_path_covers(tmp_path):
     """Recorder -> release bytes -> decode -> store -> query distinct, a short version of
-    python -m host_tools.bench.accuracy --dbits-device 40: 12 releases of 1,500 distinct items, misses
+    python -m pansketch.host_tools.bench.accuracy --dbits-device 40: 12 releases of 1,500 distinct items, misses
     at most the 99.9% point of Binomial(12, 0.05)."""
     from scipy.stats import binom
 
-    from host_tools.bench.accuracy import dbits_device_path
+    from pansketch.host_tools.bench.accuracy import dbits_device_path
 
     rows = dbits_device_path(12, Ds=(1500,), K=12, m=256, workdir=str(tmp_path))
     misses = round(12 * (1 - rows[0]["coverage"]))
@@ -341,7 +341,7 @@ def test_sampling_bands_outlive_the_process(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    code = ("import time; from host_tools.query import distinct as D; t = time.perf_counter(); "
+    code = ("import time; from pansketch.host_tools.query import distinct as D; t = time.perf_counter(); "
             "print(D.neyman_interval(5000.0, 10, 256, (1, 2), 2.0, 8.0), D._disk_new, "
             "len(D._ney_cache), flush=True)")
 
@@ -357,7 +357,7 @@ def test_sampling_bands_outlive_the_process(tmp_path, monkeypatch):
     n_bands = len(json.loads(files[0].read_text()))
     assert n_bands >= 5
     # the second process finds every band in the file: nothing is simulated (simulate_device fails)
-    env_code = code.replace("import time;", "import time; import host_tools.query.distinct as X; "
+    env_code = code.replace("import time;", "import time; import pansketch.host_tools.query.distinct as X; "
                             "X.simulate_device = None;")
     env = dict(os.environ, PANSKETCH_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", env_code], env=env, capture_output=True, text=True,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent import hashing
-from agent.dcs import DyadicSketch, exact_from, map_value, parse_reading
-from agent.params import ParamError, Params
-from agent.sketch import new_counters
-from host_tools.query.dyadic import exact_counters
+from pansketch.agent import hashing
+from pansketch.agent.dcs import DyadicSketch, exact_from, map_value, parse_reading
+from pansketch.agent.params import ParamError, Params
+from pansketch.agent.sketch import new_counters
+from pansketch.host_tools.query.dyadic import exact_counters
 from tests.support import mpvm
 from tests.support import recorder_replay as R
 
@@ -114,9 +114,9 @@ def test_recorder_identical_on_micropython(tmp_path):
 def test_big_domain_identical_on_micropython():
     """b = 48 (MAC addresses): node values are big ints on a 32-bit port."""
     code = """
-from agent import hashing
-from agent.dcs import DyadicSketch
-from agent.sketch import new_counters
+from pansketch.agent import hashing
+from pansketch.agent.dcs import DyadicSketch
+from pansketch.agent.sketch import new_counters
 s = DyadicSketch(48, 2, 64, hashing.salt_prefix("fleet-salt-1"), 1, (1, 1, 0), new_counters(49 * 2 * 64))
 items = ["%02x:%02x:%02x:00:11:%02x" % (i % 7, i % 5, i, i % 3) for i in range(60)]
 s.update_many(items)
@@ -138,8 +138,8 @@ def test_sources_emit_numbers_the_map_reads():
     source (Tasmota / Zigbee2MQTT style) and one number per stdin line."""
     import queue
 
-    from agent.pi.config import SourceConfig
-    from agent.pi.sources import MqttSource, Warner, parse_lines
+    from pansketch.agent.pi.config import SourceConfig
+    from pansketch.agent.pi.sources import MqttSource, Warner, parse_lines
 
     src = MqttSource(queue.Queue(), lambda m: None, SourceConfig(type="mqtt", topic="zigbee2mqtt/+",
                                                                  field="payload.temperature"), "c")
@@ -162,7 +162,7 @@ def test_tree_mode_refuses_dcs_and_dbits():
     L x (b + 1) arrays; Params refuses both kinds by name and the host rejects such a release."""
     import pytest
 
-    from agent.params import ParamError, Params
+    from pansketch.agent.params import ParamError, Params
 
     base = {"device": "dev-1", "salt": "fleet-salt-1", "mode": "tree", "levels": 4}
     for extra in ({"kind": "dcs", "b": 4}, {"kind": "dbits", "d": 4, "w": 64, "mechanism": "dlap", "budget": "1"}):
@@ -175,10 +175,10 @@ def test_tree_mode_refuses_dcs_and_dbits():
 
 
 def test_host_rejects_a_tree_dcs_release():
-    from agent import cbor, release
-    from agent.params import Params
-    from agent.sketch import new_counters
-    from host_tools.ingest.decode import Rejected, decode
+    from pansketch.agent import cbor, release
+    from pansketch.agent.params import Params
+    from pansketch.agent.sketch import new_counters
+    from pansketch.host_tools.ingest.decode import Rejected, decode
 
     p = Params({"device": "dev-1", "salt": "fleet-salt-1", "kind": "dcs", "b": 2, "d": 1, "w": 2})
     m = release.release_map(p, 0, 8, 9, 0, new_counters(p.cells))

@@ -9,17 +9,17 @@ import cbor2
 import numpy as np
 import pytest
 
-from agent import cbor, release
-from agent.params import Params
-from agent.sketch import new_counters
-from host_tools.query import dyadic_cli
-from host_tools.store import ledger
-from host_tools.bench.kinds import default_var, noisy, rank_error, readings
-from host_tools.lab.algorithms.vnoise import BulkNoise
-from host_tools.ingest.decode import Rejected, decode
-from host_tools.query.dyadic import DyadicView, exact_counters
-from host_tools.query.merge import MergeError, merge
-from host_tools.store.sqlite import Store
+from pansketch.agent import cbor, release
+from pansketch.agent.params import Params
+from pansketch.agent.sketch import new_counters
+from pansketch.host_tools.query import dyadic_cli
+from pansketch.host_tools.store import ledger
+from pansketch.host_tools.bench.kinds import default_var, noisy, rank_error, readings
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
+from pansketch.host_tools.ingest.decode import Rejected, decode
+from pansketch.host_tools.query.dyadic import DyadicView, exact_counters
+from pansketch.host_tools.query.merge import MergeError, merge
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host import binom_upper
 from tests.support.dcs_host import SALT, T0, params, payload, topic
 
@@ -121,7 +121,7 @@ def test_old_database_gains_columns(tmp_path):
 def _rank_coverage(b, w, trials, confs, n=20_000, devices=3, seed=100):
     """Misses of the quantile rows (rank_answers with qs: right-sibling ranks) and of cdf rows
     at fixed points (Algorithm 5), per confidence, over fresh salts and noise."""
-    from host_tools.query.dyadic import rank_answers
+    from pansketch.host_tools.query.dyadic import rank_answers
 
     qs = np.array([0.05, 0.25, 0.5, 0.75, 0.95])
     d = 4
@@ -205,7 +205,7 @@ def test_heavy_finds_planted_values_with_covering_intervals():
 
 
 def test_cli_on_cs_releases_says_why(tmp_path):
-    from host_tools.query.core import QueryError
+    from pansketch.host_tools.query.core import QueryError
 
     st = Store(str(tmp_path / "db.sqlite"))
     p = Params({"device": "pi-1", "salt": SALT, "kind": "cs", "d": 3, "w": 16})

@@ -1,4 +1,4 @@
-"""dcs intervals hold for the fleet's own salt (host_tools.query.dyadic.DyadicView.fit / rank_ls).
+"""dcs intervals hold for the fleet's own salt (pansketch.host_tools.query.dyadic.DyadicView.fit / rank_ls).
 
 A fleet has one fixed hash key: a value that collides with a heavy one in most rows is off by the
 heavy count in *every* release of that fleet, whatever the noise. The calibrated intervals averaged
@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import numpy as np
 
-from agent.dcs import level_prefix
-from agent import hashing
-from host_tools import fasthash
-from host_tools.bench.kinds import default_var, noisy
-from host_tools.lab.algorithms.vnoise import BulkNoise
-from host_tools.query.dyadic import DyadicView, exact_counters, rank_answers
+from pansketch.agent.dcs import level_prefix
+from pansketch.agent import hashing
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.bench.kinds import default_var, noisy
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
+from pansketch.host_tools.query.dyadic import DyadicView, exact_counters, rank_answers
 
 B, D, W = 10, 3, 128
 HEAVY = 5

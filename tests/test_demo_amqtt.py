@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from host_tools import hostconfig
+from pansketch.host_tools import hostconfig
 from tests.support.e2e import REPO, agent_env, pansketch_cmd
 
 pytest.importorskip("amqtt", reason="the demo extra (pip install 'pansketch[demo]') is not installed")

@@ -20,13 +20,13 @@ import sys
 import numpy as np
 import pytest
 
-from agent import release
-from agent.params import Params
-from host_tools.output import textsafe
-from host_tools.ingest import devstatus
-from host_tools.ingest.decode import decode
-from host_tools.query import status, strheavy
-from host_tools.store.sqlite import Store
+from pansketch.agent import release
+from pansketch.agent.params import Params
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.ingest import devstatus
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.query import status, strheavy
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host_status_gaps import status_msg
 from tests.support.host import SALT, T0, encoded, params, topic
 
@@ -43,7 +43,7 @@ RAW = ("\x1b", "\r", "\x9b")
 
 def _cli(conf, *args):
     env = dict(os.environ, PYTHONPATH=REPO)
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", *args, "--config", str(conf)],
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", *args, "--config", str(conf)],
                        capture_output=True, env=env, cwd=REPO, timeout=120)
     # decoded by hand: text mode's universal newlines would turn a CR the command wrote into LF
     return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode("utf-8"), r.stderr.decode("utf-8"))
@@ -109,7 +109,7 @@ def test_heavy_json_and_csv_keep_the_strings_and_no_controls(strhh_db):
 
 def test_csv_cells_neutralised():
     out = io.StringIO()
-    from host_tools.query import csvout
+    from pansketch.host_tools.query import csvout
 
     csvout.write([{"a": "=1+2", "b": "+x", "c": "-cmd|' /C calc'!A0", "d": "@SUM(A1)", "e": "\tx", "f": "\rx",
                    "g": "-3.5", "h": -3, "i": "ok\rFAKE", "j": "plain"}], out)
@@ -173,7 +173,7 @@ def test_status_cli_shows_stored_device_strings_escaped(tmp_path):
 
 def test_log_lines_escape_device_strings(tmp_path):
     """The host's log handler (pansketch aggregate/serve) writes a refused status's reason on one line."""
-    from host_tools.logsetup import setup_logging
+    from pansketch.host_tools.logsetup import setup_logging
 
     setup_logging()
     buf = io.StringIO()

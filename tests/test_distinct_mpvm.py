@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent import hashing
-from host_tools.lab.algorithms.distinct import DistinctSketch
-from agent.rng import DeterministicSource, Rng
+from pansketch.agent import hashing
+from pansketch.host_tools.lab.algorithms.distinct import DistinctSketch
+from pansketch.agent.rng import DeterministicSource, Rng
 from tests.support import mpvm
 
 LAB = mpvm.REPO / "host_tools" / "lab" / "algorithms"
@@ -36,9 +36,9 @@ def test_distinct_sketch_identical_on_micropython():
         """
 import sys
 sys.path.insert(0, "/lab")
-from agent import hashing
+from pansketch.agent import hashing
 from distinct import DistinctSketch  # the lab module, alone: the rest of its package is numpy
-from agent.rng import Rng, DeterministicSource
+from pansketch.agent.rng import Rng, DeterministicSource
 rng = Rng(DeterministicSource(b"distinct-seed"))
 s = DistinctSketch(12, hashing.salt_prefix("fleet"), rng, (1, 2), q=8, vbits=14, frac_bits=4)
 print("@init", ",".join(str(v) for v in s.sk))

@@ -1,8 +1,8 @@
 """Faults end to end: nothing released is lost, nothing is stored twice (docs/FORMAT.md section 7).
 
 Real parts only: mosquitto with a persistence directory (tests/support/broker.py),
-the real device CLI (``python -m agent.pi.daemon feed``) and the real host CLI
-(``python -m host_tools.cli aggregate`` and ``status --json``), each a
+the real device CLI (``python -m pansketch.agent.pi.daemon feed``) and the real host CLI
+(``python -m pansketch.host_tools.cli aggregate`` and ``status --json``), each a
 separate process so that ``kill -9`` is a real crash. Devices run on a fast
 simulated clock (a 60 s window every real second) and re-send releases the
 host has not acknowledged after ``ack_timeout_s = 1``.
@@ -50,7 +50,7 @@ from typing import Any
 import cbor2
 import pytest
 
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.e2e import (needs_mosquitto, wait_for)
 from tests.support.e2e_faults import Device, Host, ROWS, Scene
 

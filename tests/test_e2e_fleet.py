@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections import Counter
 
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.e2e import (REPO, agent_env, agent_toml, host_toml, needs_mosquitto, pansketch_cmd,
                                     run_agent, start_mosquitto, wait_for)
 

@@ -21,8 +21,8 @@ import time
 
 import cbor2
 
-from host_tools.query import core as query
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.e2e import (SALT, AggregatorThread, Capture, agent_toml, host_toml, needs_mosquitto,
                                     spawn_agent, start_mosquitto, stop_process, wait_for)
 

@@ -18,10 +18,10 @@ import threading
 import cbor2
 import paho.mqtt.client as mqtt
 
-from agent import release
-from agent.params import Params
-from agent.sketch import new_counters
-from host_tools.store.sqlite import Store
+from pansketch.agent import release
+from pansketch.agent.params import Params
+from pansketch.agent.sketch import new_counters
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.e2e import (REPO, SALT, AggregatorThread, free_port, needs_mosquitto, run_agent,
                                     start_mosquitto, wait_for)
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import random
 import subprocess
 
-from agent.strhh import encode_item
-from host_tools.query.strheavy import label
+from pansketch.agent.strhh import encode_item
+from pansketch.host_tools.query.strheavy import label
 from tests.support.e2e_dcs import _fleet, _query, _stop
 from tests.support.e2e import REPO, agent_env, needs_mosquitto, pansketch_cmd
 from tests.support.unixvm import mpunix  # noqa: F401  (fixture)

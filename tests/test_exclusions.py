@@ -17,13 +17,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import DeterministicSource, Rng
-from host_tools import cli, hostconfig
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.store import exclusions, pgserver
-from host_tools.store.backend import open_store
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools import cli, hostconfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.store import exclusions, pgserver
+from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic, zipf_stream
 
 HONEST = ["h%d" % i for i in range(4)]
@@ -229,7 +229,7 @@ def test_retention_keeps_the_payloads_of_excluded_and_kept_devices(releases, tmp
         st.close()
     st, sc = open_store(db, readonly=True), open_store(clean, readonly=True)
     try:
-        from host_tools.query import core as query
+        from pansketch.host_tools.query import core as query
 
         a, _ = query.select_merged(st, salt=SALT)
         b, _ = query.select_merged(sc, salt=SALT)

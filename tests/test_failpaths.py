@@ -109,8 +109,8 @@ def test_a_flash_that_stays_full_never_lets_events_through(tmp_path: Path, kind:
 def test_the_check_has_power_on_the_old_failed_persist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: the persist of the code before the failed-write fix (a failed write wipes
     its draw, RAM goes on equal to the partial copy on flash) is caught exactly."""
-    from agent import storage
-    from agent.recorder import Recorder
+    from pansketch.agent import storage
+    from pansketch.agent.recorder import Recorder
 
     def old_persist(self, now=None):  # type: ignore[no-untyped-def]
         if self._pending is not None:
@@ -144,7 +144,7 @@ class _Streams:
     replayed streams: two runs with the same number of items stay in step."""
 
     def __init__(self) -> None:
-        from agent.rng import DeterministicSource, Rng
+        from pansketch.agent.rng import DeterministicSource, Rng
 
         self.flip = Rng(DeterministicSource("flip"))
         self.bits = Rng(DeterministicSource("bits"))
@@ -168,8 +168,8 @@ DBITS = {"device": "dev-f", "salt": "fleet-salt-1", "kind": "dbits", "d": 6, "w"
 
 
 def _dbits_run(root: Path, first: list[str], fail_at: int, exc: str) -> tuple[list[int], dict[int, bytes]]:
-    from agent.params import Params
-    from agent.recorders import make
+    from pansketch.agent.params import Params
+    from pansketch.agent.recorders import make
 
     fl = fs.Flash(fail_at, exc)
     fl.install()
@@ -219,8 +219,8 @@ def _dbits_stages(root: Path, xs: list[str]) -> list[tuple[int, str, str]]:
     fl = fs.Flash(-1)
     fl.install()
     try:
-        from agent.params import Params
-        from agent.recorders import make
+        from pansketch.agent.params import Params
+        from pansketch.agent.recorders import make
 
         rec = make(Params(DBITS), str(root), fs.T0, rng=_Streams(), log=lambda m: None)
         for x in xs:
@@ -303,9 +303,9 @@ def test_tree_boot_after_a_flush_never_reuses_a_release_key(tmp_path: Path, sche
     """State written in epoch e; the node of e is released at its end; a flush in e+1
     releases (e+1, e+2, part 0); power cut before the next persist. Boot reads the older
     state (level 0 at e, released) and must not pick (e+1, e+2, part 0) again."""
-    from agent.params import Params
-    from agent.recorders import make
-    from agent.rng import DeterministicSource, Rng
+    from pansketch.agent.params import Params
+    from pansketch.agent.recorders import make
+    from pansketch.agent.rng import DeterministicSource, Rng
 
     cfg = cfg_for("cms", "tree", scheme)
     cfg["persist_s"] = 86400  # no persist at the tick: boot finds the state of t0 + 100
@@ -336,10 +336,10 @@ def test_failed_commit_adds_one_draw_and_nz_counts_it(tmp_path: Path) -> None:
     under shadow the flash track R - M is unchanged by it (the draw goes into R and M)."""
     import cbor2
 
-    from agent import storage
-    from agent.params import Params
-    from agent.recorders import make
-    from agent.rng import DeterministicSource, Rng
+    from pansketch.agent import storage
+    from pansketch.agent.params import Params
+    from pansketch.agent.recorders import make
+    from pansketch.agent.rng import DeterministicSource, Rng
 
     for scheme in ("refresh", "shadow"):
         nzs = []
@@ -390,7 +390,7 @@ def gauss_loss(cfg: dict[str, Any], tmp: Path, fail_at: int, ops: list[int]) -> 
     1/variance sum to at most 1/v_out (docs/PRIVACY.md lemma): the value is <= 1. An
     event seen twice with independent noise (a failed commit without a fresh draw) gives 2;
     an exact recovery gives infinity."""
-    from agent.params import Params
+    from pansketch.agent.params import Params
 
     p = Params(cfg)
     n = p.cells

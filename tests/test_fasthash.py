@@ -5,9 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from agent import hashing
-from agent.sketch import Sketch
-from host_tools import fasthash
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
+from pansketch.host_tools import fasthash
 
 SALT = "fleet-salt-for-tests"
 

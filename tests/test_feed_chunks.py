@@ -1,7 +1,7 @@
 """The feed path's raw chunks: equal to the parsed batch path, and the exposure bound per chunk.
 
 ``pansketch-agent feed`` (and ``run`` with a stdin/file source) hands complete input lines to the
-daemon as RawLines of at most CHUNK_LINES lines; agent.pi.batch.add_raw counts one chunk into the noisy
+daemon as RawLines of at most CHUNK_LINES lines; pansketch.agent.pi.batch.add_raw counts one chunk into the noisy
 sketch at once. docs/PRIVACY.md ("The intruder's view") bounds what exists un-noised at a time to
 one chunk: its raw lines and, while add_raw runs, their exact per-line totals.
 """
@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from agent import hashing
-from agent.pi.batch import add_batch, add_raw
-from agent.sketch import Sketch
-from agent.pi.sources import CHUNK_LINES, EOF, READ_BYTES, RawLines, StdinSource, Warner, parse_lines, split_lines
+from pansketch.agent import hashing
+from pansketch.agent.pi.batch import add_batch, add_raw
+from pansketch.agent.sketch import Sketch
+from pansketch.agent.pi.sources import CHUNK_LINES, EOF, READ_BYTES, RawLines, StdinSource, Warner, parse_lines, split_lines
 from tests.support.feed_chunks import CHUNKS
 
 PREFIX = hashing.salt_prefix("fleet-salt-raw")

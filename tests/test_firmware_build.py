@@ -54,10 +54,10 @@ def test_manifest_lists_exactly_the_board_modules():
     needed = set()
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "agent":
+            if isinstance(node, ast.ImportFrom) and node.module == "pansketch.agent":
                 needed |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agent."):
-                needed.add(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pansketch.agent."):
+                needed.add(node.module.split(".")[2])
     # agent/pi/ is the CPython-only daemon: a core module may reach into it only on CPython's path
     # (agent/sketch.py: pi.fastupdate, under its ``_WORDS`` guard), never on a board, so never listed
     assert needed - {"pi"} <= listed_agent
@@ -68,7 +68,7 @@ def test_manifest_lists_exactly_the_board_modules():
 def _compile(dest: Path) -> list[Path]:
     out = []
     for f in _board_files() + [REPO / "firmware" / "boot.py", REPO / "firmware" / "main.py"]:
-        target = dest / f.relative_to(REPO).with_suffix(".mpy")
+        target = dest / "pansketch" / f.relative_to(REPO).with_suffix(".mpy")
         S.mpy_compile(f, target)
         out.append(target)
     return out
@@ -98,11 +98,11 @@ def test_app_runs_from_mpy_files(tmp_path):
     _compile(mpy)
     flash = tmp_path / "f"
     S.write_config(flash, S.config())
-    r = mpvm.run([S.PRELUDE + "sys.path.insert(0, '/mpy')\nfwdrive.boot()\nimport firmware.app, agent.recorder\n"
-                  "print('@files', firmware.app.__file__, agent.recorder.__file__)",
+    r = mpvm.run([S.PRELUDE + "sys.path.insert(0, '/mpy')\nfwdrive.boot()\nimport pansketch.firmware.app, pansketch.agent.recorder\n"
+                  "print('@files', pansketch.firmware.app.__file__, pansketch.agent.recorder.__file__)",
                   "fwdrive.run(5)", "fwdrive.uart(['a', 'b'])\nfwdrive.run(600)"],
                  heap=96 * 1024, flash=flash, mounts={**S.MOUNTS, "/mpy": mpy}).check()
-    assert r.values()["files"] == "/mpy/firmware/app.mpy /mpy/agent/recorder.mpy"
+    assert r.values()["files"] == "/mpy/pansketch/firmware/app.mpy /mpy/pansketch/agent/recorder.mpy"
     assert len(S.releases(r.stdout)) == 1
 
 
@@ -131,13 +131,13 @@ def test_flash_script_drives_mpremote_in_order(tmp_path):
     calls = (tmp_path / "calls.log").read_text().splitlines()
     pre = "connect /dev/ttyUSB0 "
     assert calls[0] == pre + "mip install umqtt.simple"
-    assert calls[1] == pre + "rm -r :agent :firmware"
-    assert calls[2] == pre + "cp -r build/board/agent build/board/firmware :"
+    assert calls[1] == pre + "rm -r :pansketch :agent :firmware"
+    assert calls[2] == pre + "cp -r build/board/pansketch :"
     assert calls[3] == pre + "cp %s :pansketch.json + cp firmware/boot.py :boot.py + cp firmware/main.py :main.py" % cfg
     assert calls[4] == pre + "cp %s :/ca.der" % (tmp_path / "ca.der")
     assert calls[5] == pre + "reset"
     staged = sorted(str(f.relative_to(REPO / "build" / "board")) for f in (REPO / "build" / "board").rglob("*.mpy"))
-    assert staged == sorted(str(f.relative_to(REPO).with_suffix(".mpy")) for f in _board_files())
+    assert staged == sorted(str("pansketch" / f.relative_to(REPO).with_suffix(".mpy")) for f in _board_files())
     assert "esp32 with .mpy" in p.stdout and "DOES NOT FIT" in p.stdout  # the estimate for what was flashed
     assert "does not fit the esp32 because of --force" in p.stderr
 
@@ -168,7 +168,7 @@ def test_board_boot_and_main_files_run(tmp_path):
     r = mpvm.run([S.PRELUDE + "fakehw.install()\nf = open('/pansketch.json', 'w')\nf.write(%r)\nf.close()" % cfg,
                   boot,
                   # main.py never returns on a board; bound it here by wrapping app.main
-                  "from firmware import app\n_m = app.main\napp.main = lambda: _m(max_steps=400)\n" + main,
+                  "from pansketch.firmware import app\n_m = app.main\napp.main = lambda: _m(max_steps=400)\n" + main,
                   "import os\nprint('@state', sorted(os.listdir('/data')))"],
                  heap=96 * 1024, mounts=S.MOUNTS).check()
     assert "running: device esp-1" in r.stdout and "mqtt: connected" in r.stdout
@@ -239,8 +239,8 @@ def test_board_examples_fit_their_board_with_margin():
     model with at least 1 KB to spare, so a user who copies it gets a board that boots (the model's code
     constants grew past the ESP32 example once, unnoticed)."""
     sys.path.insert(0, str(REPO))
-    from firmware import memory
-    from firmware.config import Config
+    from pansketch.firmware import memory
+    from pansketch.firmware.config import Config
 
     examples = sorted((REPO / "deploy" / "board").glob("*.json"))
     assert len(examples) >= 2

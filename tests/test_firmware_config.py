@@ -14,7 +14,7 @@ from tests.support import mpvm
 from tests.support import firmware as S
 
 sys.path.insert(0, str(S.REPO))
-from firmware.config import Config, ConfigError, loads  # noqa: E402
+from pansketch.firmware.config import Config, ConfigError, loads  # noqa: E402
 
 
 def _with(path: str, value):
@@ -84,8 +84,8 @@ def test_good_configs_and_examples():
 
 def test_every_key_is_documented():
     doc = (S.REPO / "docs" / "FIRMWARE.md").read_text()
-    from firmware import config as fc
-    from firmware.sources import ble, gpio, pulse, uart
+    from pansketch.firmware import config as fc
+    from pansketch.firmware.sources import ble, gpio, pulse, uart
 
     keys = set(fc.TOP_KEYS + fc.SKETCH_KEYS + fc.WIFI_KEYS + fc.NTP_KEYS + fc.MQTT_KEYS + fc.TLS_KEYS
                + gpio.PIN_KEYS + uart.KEYS + ble.KEYS + pulse.KEYS)
@@ -99,7 +99,7 @@ def test_board_idles_safely_and_says_why(tmp_path):
     good = S.config()
     cases = {
         "badjson": "{\"device\": ",
-        "badkey": json.dumps(_with("sketch.d", 0)),  # raised by agent.params on MicroPython
+        "badkey": json.dumps(_with("sketch.d", 0)),  # raised by pansketch.agent.params on MicroPython
         "nowifi": json.dumps(_with("wifi", KeyError)),
         "noseed": json.dumps(_with("insecure_rng_seed", KeyError)),  # the VM has no os.urandom
         "huge": json.dumps(S.config(sketch={"d": 32, "w": 1 << 22})),
@@ -107,7 +107,7 @@ def test_board_idles_safely_and_says_why(tmp_path):
     S.write_config(flash, good)
     for name, text in cases.items():
         (flash / (name + ".json")).write_text(text)
-    code = ["fakehw.install()\nfrom firmware import app\nres = {}\n"]
+    code = ["fakehw.install()\nfrom pansketch.firmware import app\nres = {}\n"]
     for name in list(cases) + ["missing"]:
         code.append("a = app.boot('/flash/%s.json')\nprint('@%s', type(a).__name__, a.step())" % (name, name))
     code.append("print('@wdt', fakehw.wdt['armed'])\na = app.main('/flash/badkey.json', max_steps=40)\n"

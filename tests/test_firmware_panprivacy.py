@@ -64,7 +64,7 @@ def test_wifi_is_active_before_any_noise_is_drawn(tmp_path):
     S.write_config(flash, S.config())
     r = S.run([
         "fakehw.install()\nimport fakefs\nfakefs.install('/flash')\n"
-        "from agent.rng import Rng, DeterministicSource\nfrom firmware import app as fwapp\n"
+        "from pansketch.agent.rng import Rng, DeterministicSource\nfrom pansketch.firmware import app as fwapp\n"
         "class Src:\n"
         "    def __init__(self):\n        self.s = DeterministicSource('t')\n"
         "    def read(self, n):\n        fakehw.order.append('noise')\n        return self.s.read(n)\n"

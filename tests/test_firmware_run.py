@@ -1,6 +1,6 @@
 """The board firmware end to end in the MicroPython VM, on fake hardware.
 
-Each test boots ``firmware.app`` from a config file on a fake flash
+Each test boots ``pansketch.firmware.app`` from a config file on a fake flash
 directory, drives its main loop step by step in fake time (the VM collects
 garbage only between steps) and reads what reached the fake broker. With a
 huge privacy budget the noise is exactly zero (discrete Gaussian with
@@ -26,10 +26,10 @@ from array import array
 
 import pytest
 
-from agent import hashing
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.sketch import Sketch
 from tests.support import mpvm
 from tests.support import firmware as S
 from tests.support.firmware_run import ZERO, expected_ctr, params
@@ -83,7 +83,7 @@ def test_release_is_the_agent_cores_and_merges_with_a_pi(tmp_path):
     m = S.decode(rels[0])
     assert (m["elo"], m["ehi"], m["seq"], m["dev"], m["part"]) == (E0, E0 + 1, 0, "esp-1", 0)
     # the aggregator's decoder accepts it on its topic
-    from host_tools.ingest.decode import decode as host_decode
+    from pansketch.host_tools.ingest.decode import decode as host_decode
 
     host_decode(rels[0], topic="pansketch/esp-1/release")
     # a Pi agent (other device, system RNG) counting the same items in the same window merges
@@ -323,7 +323,7 @@ def test_watchdog_fed_through_noise_and_backoff(tmp_path):
         "    def stop(self):\n        pass\n")
     r = S.run([
         "sys.path.append('/flash')\nfakehw.install()\nimport fakefs\nfakefs.install('/flash')\n"
-        "from firmware import app\na = app.main('/flash/pansketch.json', max_steps=10)\n"
+        "from pansketch.firmware import app\na = app.main('/flash/pansketch.json', max_steps=10)\n"
         "print('@wdt', fakehw.wdt['armed'], fakehw.wdt['timeout'])",
         "fwdrive.app = a\nfwdrive.run(5)\nf0 = fakehw.wdt['feeds']\na.step()\nprint('@noop_feeds', fakehw.wdt['feeds'] - f0)",
         "for _ in range(100):\n    fakehw.advance(6000)\n    a.wdt.feed()\n"

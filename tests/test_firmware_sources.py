@@ -91,9 +91,9 @@ def test_uart_bytes_items(tmp_path):
 
 def test_pulse_widths_feed_a_dcs_sketch(tmp_path):
     """Pulse widths (ms) are numeric readings for kind dcs; nothing of a pulse stays after a poll."""
-    from agent import hashing
-    from agent.dcs import DyadicSketch
-    from agent.sketch import new_counters
+    from pansketch.agent import hashing
+    from pansketch.agent.dcs import DyadicSketch
+    from pansketch.agent.sketch import new_counters
 
     sketch = dict(ZERO, kind="dcs", b=8, map=[1, 1, 0], d=2, w=16)
     cfg = S.config(sketch=sketch, source={"type": "pulse", "pin": 5, "level": "high", "unit": "ms", "slots": 4})

@@ -299,7 +299,7 @@ def test_stop_returns_with_the_exited_boards_last_console_lines(mpunix, tmp_path
     """Board.stop() waits for the reader to take the VM's last lines, so the Ctrl-C traceback it
     causes ends with "KeyboardInterrupt:" and trouble() leaves it out (before, a lagging reader made
     that traceback count as trouble: a flaky firmware TLS test in CI)."""
-    from host_tools.localnet import free_port
+    from pansketch.host_tools.localnet import free_port
 
     flash = U.stage_flash(tmp_path / "flash", U.board_config(free_port()), mpy=True)  # no broker: it keeps counting
     b = _SlowReaderBoard(mpunix, flash, tmp_path / "hw", heap="128K")

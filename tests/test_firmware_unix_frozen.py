@@ -91,7 +91,7 @@ def test_esp32_example_frozen_tls_shadow_leaves_20kb(mpunix_frozen, tmp_path: Pa
     # Boards are 32-bit: a 64-bit VM (no gcc -m32 here) has twice the pointers and is checked only above.
     if U.word_bits(mpunix_frozen) != 32:
         return
-    from firmware import memory
+    from pansketch.firmware import memory
 
     assert 0.85 * memory.CODE_FROZEN <= r["code"] <= 1.05 * memory.CODE_FROZEN, r["code"]
     app = r["sketch_and_app"] - memory.cell_bytes(1, True) * 4096

@@ -17,7 +17,7 @@ of 28 bytes here: at most 3), the digest of the event being hashed, the one
 32-byte random read the sample being drawn uses.
 
 Negative control: the same run with the wiping switched off
-(``agent.wipe.ENABLED = False`` in the VM, the board's code otherwise
+(``pansketch.agent.wipe.ENABLED = False`` in the VM, the board's code otherwise
 unchanged) must find the digests of the last step's events and the random
 bytes of the last draw (the code before the wiping also kept the items
 themselves: 41 of the 41 events of the interrupted step, the 64 of the

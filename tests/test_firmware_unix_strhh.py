@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 
-from agent.strhh import encode_item
-from host_tools.ingest.decode import decode
-from host_tools.query import strheavy
+from pansketch.agent.strhh import encode_item
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.query import strheavy
 from tests.support import unixvm as U
 from tests.support.broker import needs_mosquitto
 from tests.support.unixvm import mpunix  # noqa: F401  (fixture)
@@ -46,7 +46,7 @@ def test_board_strhh_releases_exact_and_heavy_found(mpunix, tmp_path):  # noqa: 
         payloads = [r[4] for r in host.stored()]
         total = sum(decode(p).counters().astype(np.int64) for p in payloads)
         assert (total == strheavy.exact_counters(fed, L, D, W, U.SALT)).all()
-        q = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(host.config), "heavy",
+        q = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(host.config), "heavy",
                             "-k", "5", "--json"], capture_output=True, cwd=U.REPO, timeout=60,
                            env=dict(__import__("os").environ, PYTHONPATH=str(U.REPO)))
         assert q.returncode == 0, q.stderr.decode()

@@ -184,6 +184,6 @@ def test_tls_heap_high_water(mpunix, tmp_path, pki):  # noqa: F811
     # firmware/memory.py budgets for TLS on a Pico W. (The 64-bit fallback allocates them with libc: only
     # the ssl module, the context and the socket object count, a few KiB.)
     in_heap = "tls-in-heap" in (U.CACHE / "SOURCE").read_text() if (U.CACHE / "SOURCE").exists() else False
-    from firmware import memory
+    from pansketch.firmware import memory
 
     assert (16 * 1024 if in_heap else 0) < cost <= memory.profile("picow")["tls"], res

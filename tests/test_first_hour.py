@@ -26,7 +26,7 @@ KIND_DEVICES = {"cs": "demo-pi-1..2", "cms": "demo-cms-1", "tree": "demo-tree-1"
 
 
 def pansketch(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "host_tools.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", *args], capture_output=True, text=True,
                           env=env(), cwd=REPO, timeout=120, input=stdin)
 
 
@@ -186,7 +186,7 @@ def test_every_subcommand_on_bad_input_is_one_line_and_its_exit_code(tmp_path: A
 
 
 def test_agent_subcommands_on_bad_input(tmp_path: Any) -> None:
-    agent = [sys.executable, "-m", "agent.pi.daemon"]
+    agent = [sys.executable, "-m", "pansketch.agent.pi.daemon"]
     for args, code, needle in ((["bogus"], 2, "invalid choice"), (["check"], 2, "--config"),
                                (["feed", "--config", str(tmp_path / "none.toml")], 2, "config error"),
                                (["check", "--config", str(tmp_path / "none.toml")], 2, "config error"),
@@ -308,8 +308,8 @@ def test_every_dashboard_page_on_an_empty_store_says_so(tmp_path: Any, store: st
     if store == "empty-file":
         (tmp_path / "e.db").write_bytes(b"")
     else:
-        from host_tools import hostconfig
-        from host_tools.ingest.aggregator import Aggregator
+        from pansketch.host_tools import hostconfig
+        from pansketch.host_tools.ingest.aggregator import Aggregator
 
         Aggregator(hostconfig.load(str(conf))).close()
     s = Server(str(conf))
@@ -329,12 +329,12 @@ def test_every_dashboard_page_on_an_empty_store_says_so(tmp_path: Any, store: st
 def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: Any) -> None:
     """`make demo` installs no matplotlib: --plot says so before querying, and docs/USAGE.md (the commands'
     reference the README points to) agrees."""
-    from host_tools.query.plot import MISSING
+    from pansketch.host_tools.query.plot import MISSING
     from tests.support.dashboard_kinds import _cs_device, _store, _write_conf
 
     conf = _write_conf(str(tmp_path))
     _store(conf, {"cs-1": _cs_device()})
-    code = ("import sys; sys.modules['matplotlib'] = None; from host_tools.cli import main; "
+    code = ("import sys; sys.modules['matplotlib'] = None; from pansketch.host_tools.cli import main; "
             "sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, "query", "--config", conf, "series", "item-1", "--plot",
                         str(tmp_path / "a.png")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
@@ -348,9 +348,9 @@ def test_plot_without_matplotlib_says_what_to_install_like_the_readme(tmp_path: 
 # -- one delta convention for every eps figure -------------------------------------------------------------
 def test_status_dashboard_and_audit_give_one_eps_at_one_delta(tmp_path: Any) -> None:
     """Audit said 'claim 4.728 (δ = 1e-05)', status 'eps = 5.76 at delta = 1e-06' for one config."""
-    from agent.params import Params
-    from host_tools import hostconfig
-    from host_tools.audit import engine, stats
+    from pansketch.agent.params import Params
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.audit import engine, stats
     from tests.support.dashboard_kinds import _cs_device, _store, _write_conf
 
     conf = _write_conf(str(tmp_path))
@@ -408,7 +408,7 @@ def test_check_has_no_tree_line_for_dcs_and_dbits_and_describes_dbits(tmp_path: 
                               "dcs b=12 (13 levels) d=4 w=256")):
         cfg = tmp_path / ("%s.toml" % kind)
         cfg.write_text('[device]\nid = "x1"\nsalt = "saltsalt1"\n[storage]\ndir = "st"\n[sketch]\n' + body)
-        r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "check", "--config", str(cfg), "--offline"],
+        r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "check", "--config", str(cfg), "--offline"],
                            capture_output=True, text=True, cwd=REPO, env=agent_env(), timeout=60)
         assert r.returncode == 0, r.stderr
         assert want in r.stdout and "range noise" not in r.stdout and "tree mode" not in r.stdout, r.stdout
@@ -420,7 +420,7 @@ def test_dashboard_details_caption_chart_x_and_fleet_columns(demo: dict[str, str
     import html as htmlmod
     import urllib.request
 
-    from host_tools.demo import T0
+    from pansketch.host_tools.demo import T0
     from tests.support.dash import Server
 
     s = Server(demo["conf"])

@@ -13,11 +13,11 @@ from typing import Any, Optional
 
 import pytest
 
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query import core as query
-from host_tools.query import fleetview, series as series_mod, status as status_mod
-from host_tools.store import exclusions, ledger as ledger_mod
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.query import fleetview, series as series_mod, status as status_mod
+from pansketch.host_tools.store import exclusions, ledger as ledger_mod
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host_rollups import _fill
 from tests.support.host import SALT, T0, host_cfg, params, record, topic, zipf_stream
 

@@ -1,4 +1,4 @@
-"""The growth laws of host_tools.bench.fleetscale, at two small sizes (the shape, not the speed).
+"""The growth laws of pansketch.host_tools.bench.fleetscale, at two small sizes (the shape, not the speed).
 
 `series` over all windows grows linearly in the windows (it was quadratic: one scan of every
 release per bucket), and `status` linearly in the devices (it was quadratic: the ledger scanned
@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import pytest
 
-from host_tools.bench import fleetscale
-from host_tools.query import series, status
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.bench import fleetscale
+from pansketch.host_tools.query import series, status
+from pansketch.host_tools.store.sqlite import Store
 
 
 def _cpu(fn: Callable[[], Any]) -> float:

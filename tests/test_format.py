@@ -6,9 +6,9 @@ from pathlib import Path
 
 import cbor2
 
-from agent import cbor, release
-from agent.params import Params
-from agent.sketch import new_counters
+from pansketch.agent import cbor, release
+from pansketch.agent.params import Params
+from pansketch.agent.sketch import new_counters
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 
@@ -47,7 +47,7 @@ def test_worked_example_matches_encoder():
 
 
 def test_tree_worked_example_matches_encoder_and_host():
-    from host_tools.ingest.decode import decode
+    from pansketch.host_tools.ingest.decode import decode
 
     b = tree_example_bytes()
     assert _doc_block(len(b)) == b
@@ -89,11 +89,11 @@ def test_strhh_worked_example_decodes_as_documented():
     exact counters of the events ab, ab, x; the documented node estimates are the host's."""
     import numpy as np
 
-    from agent import hashing
-    from agent.strhh import encode_item, level_prefix
-    from host_tools import fasthash
-    from host_tools.ingest.decode import decode
-    from host_tools.query import strheavy
+    from pansketch.agent import hashing
+    from pansketch.agent.strhh import encode_item, level_prefix
+    from pansketch.host_tools import fasthash
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.query import strheavy
 
     b = strhh_example()
     assert _doc_block(len(b)) == b and len(b) == 262

@@ -1,7 +1,7 @@
 """docs/FORMAT.md's limits table (section 2.3) is the validator's constants, and the host enforces each limit.
 
 The table is parsed from the doc: every row's ``value`` column must equal the constant its ``constant``
-column names (in host_tools.ingest.decode, host_tools.cborscan or agent.params), so a changed constant
+column names (in pansketch.host_tools.ingest.decode, pansketch.host_tools.cborscan or pansketch.agent.params), so a changed constant
 or a changed doc fails here. Then the limits where an independent decoder written from the doc once
 disagreed with the host are checked on real releases, on both sides of each bound.
 """
@@ -16,11 +16,11 @@ from typing import Any
 import cbor2
 import pytest
 
-from agent import cbor, params as agent_params, release
-from agent.params import Params
-from host_tools import cborscan
-from host_tools.ingest import decode as dec
-from host_tools.ingest.decode import Rejected, decode
+from pansketch.agent import cbor, params as agent_params, release
+from pansketch.agent.params import Params
+from pansketch.host_tools import cborscan
+from pansketch.host_tools.ingest import decode as dec
+from pansketch.host_tools.ingest.decode import Rejected, decode
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT = ROOT / "docs" / "FORMAT.md"

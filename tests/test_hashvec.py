@@ -1,4 +1,4 @@
-"""agent.pi.hashvec (numpy, the batch path and the host) against agent.hashing.row_value /
+"""pansketch.agent.pi.hashvec (numpy, the batch path and the host) against pansketch.agent.hashing.row_value /
 row_sign (the scalar reference the boards run): the same column for every w and the same sign.
 
 Streams: random bytes from a fixed seed, plus the words at the rule's edges (all bits set,
@@ -13,8 +13,8 @@ import struct
 
 import numpy as np
 
-from agent import hashing
-from agent.pi import hashvec
+from pansketch.agent import hashing
+from pansketch.agent.pi import hashvec
 
 D = 8  # rows per stream: one SHA-256 block
 

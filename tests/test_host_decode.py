@@ -8,10 +8,10 @@ from typing import Any
 import cbor2
 import pytest
 
-from agent import calibrate, release
-from host_tools import hostconfig
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.ingest.decode import Rejected, decode
+from pansketch.agent import calibrate, release
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.decode import Rejected, decode
 from tests.support.host import SALT, T0, dumps, encoded, host_cfg, params, release_map, topic
 from tests.support.host_decode import bad_cases
 
@@ -169,7 +169,7 @@ def test_internal_noise_other_than_the_two_schemes_is_rejected():
                 decode(dumps(m))
             assert e.value.code == "noise" and "expected 4/1 or 8/1" in e.value.reason
     # a tree node (L = 3 levels) under shadow: nint at 6 arrays, nout at 3
-    from agent.params import Params
+    from pansketch.agent.params import Params
 
     pt = Params({"device": "dev-a", "salt": SALT, "kind": "cs", "d": 4, "w": 64, "mechanism": "dlap", "budget": "1",
                  "mode": "tree", "levels": 3, "epoch_s": 60, "persist_noise": "shadow"})
@@ -216,7 +216,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch):
-    import host_tools.ingest.validproc as V  # the aggregator's one validation step (in process here)
+    import pansketch.host_tools.ingest.validproc as V  # the aggregator's one validation step (in process here)
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("bug")
@@ -229,10 +229,10 @@ def test_unexpected_validator_error_is_a_rejection_not_a_crash(agg, monkeypatch)
 
 
 def test_fast_encoding_check_agrees_with_the_reference():
-    """canonical_offset (cbor2 C encoder around the counters) == canonical_offset_ref (agent.cbor)."""
+    """canonical_offset (cbor2 C encoder around the counters) == canonical_offset_ref (pansketch.agent.cbor)."""
     import cbor2 as _cbor2
 
-    from host_tools.ingest.decode import canonical_offset, canonical_offset_ref
+    from pansketch.host_tools.ingest.decode import canonical_offset, canonical_offset_ref
 
     p = params(w=16)
     good = encoded(p, seq=70000, fill=-3, nz=300)
@@ -259,13 +259,13 @@ def test_fast_encoding_check_agrees_with_the_reference():
 @pytest.mark.slow
 def test_scanner_encoding_check_is_exactly_reencoding():
     """cborscan.scan's one-pass check (shortest heads, keys in encoded order) says canonical exactly when
-    agent.cbor re-encodes the decoded value to the same bytes; the counters' offset and the plain reader
+    pansketch.agent.cbor re-encodes the decoded value to the same bytes; the counters' offset and the plain reader
     agree, also on memoryviews and on random mutations (a wrong check would store non-deterministic bytes,
     or refuse what devices write)."""
     import random
 
-    from agent import cbor as acbor
-    from host_tools import cborscan
+    from pansketch.agent import cbor as acbor
+    from pansketch.host_tools import cborscan
 
     p = params(w=16)
     good = encoded(p, seq=70000, fill=-3, nz=300)
@@ -305,9 +305,9 @@ def test_one_pass_reader_agrees_with_the_general_reader():
     release's header and on crafted maps; it declines whatever the general reader refuses (e.g. more than
     MAX_ITEMS items made only of known keys and integer arrays)."""
 
-    from agent import cbor as acbor
-    from host_tools import cborscan
-    from host_tools.ingest.decode import _KNOWN
+    from pansketch.agent import cbor as acbor
+    from pansketch.host_tools import cborscan
+    from pansketch.host_tools.ingest.decode import _KNOWN
 
     good = encoded(params(w=16), seq=70000, fill=-3, nz=300)
     fast = cborscan._scan_known(good, memoryview(good), _KNOWN)
@@ -334,7 +334,7 @@ def test_payload_frames_between_processes():
     import threading
     from multiprocessing.connection import Connection
 
-    from host_tools.ingest import child
+    from pansketch.host_tools.ingest import child
 
     a, b = socket.socketpair()
     ca, cb = Connection(a.detach()), Connection(b.detach())
@@ -375,9 +375,9 @@ def test_template_reader_agrees_with_the_general_reader(shape):
     the header and on crafted near-misses it must decline: a longer head than needed, a negative
     integer, a trailing byte, counters running past the end, invalid UTF-8, a key out of order."""
 
-    from agent import cbor as acbor
-    from host_tools import cborscan
-    from host_tools.ingest.decode import _TEMPLATES
+    from pansketch.agent import cbor as acbor
+    from pansketch.host_tools import cborscan
+    from pansketch.host_tools.ingest.decode import _TEMPLATES
 
     m = release_map(params(w=16), seq=70000, nz=300, elo=2 ** 40, ehi=2 ** 40 + 1)
     if shape == "v1":
@@ -420,8 +420,8 @@ def test_template_reader_agrees_with_the_general_reader(shape):
 def test_template_with_the_byte_string_last_checks_its_length():
     """A template whose byte string is the last field ends right after it: a length that runs past the
     end of the message is declined (the pattern after it is empty, so only the length check stops it)."""
-    from agent import cbor as acbor
-    from host_tools import cborscan
+    from pansketch.agent import cbor as acbor
+    from pansketch.host_tools import cborscan
 
     t = cborscan.Template([("a", "u"), ("zzz", "b")])
     good = acbor.dumps({"a": 5, "zzz": b"xyz"})
@@ -444,12 +444,12 @@ def _plain(o: Any) -> Any:
 def _mutations_agree(good: bytes, read: Any, seed: int, n: int) -> list[int]:
     """``n`` random mutations of ``good`` (1-3 bytes, mostly in the header, where the structure is; a tenth
     also truncated): whenever ``read`` accepts one, the general reader accepts it too and returns the same
-    value and counter offsets, both say canonical, and agent.cbor encodes the value back to those bytes.
+    value and counter offsets, both say canonical, and pansketch.agent.cbor encodes the value back to those bytes.
     Returns [declined, accepted]."""
     import random
 
-    from agent import cbor as acbor
-    from host_tools import cborscan
+    from pansketch.agent import cbor as acbor
+    from pansketch.host_tools import cborscan
 
     ctr = good.index(b"\x63ctr")
     rng = random.Random(seed)
@@ -475,7 +475,7 @@ def _mutations_agree(good: bytes, read: Any, seed: int, n: int) -> list[int]:
 
 def _topic_device_by_levels(topic: str, topic_filter: str) -> Any:
     """topic_device as it read topics before it had a pattern per filter: level by level."""
-    from host_tools.ingest.decode import valid_device
+    from pansketch.host_tools.ingest.decode import valid_device
 
     if not isinstance(topic, str) or len(topic) > 1024:
         return None
@@ -496,7 +496,7 @@ def test_topic_pattern_agrees_with_reading_level_by_level():
     that regular expressions treat specially included), and for each filter's own matching topics."""
     import random
 
-    from host_tools.ingest.decode import topic_device
+    from pansketch.host_tools.ingest.decode import topic_device
 
     rng = random.Random(25)
     alphabet = ["a", "b", "dev-1", "x.y", "_", "+", "#", "", "release", "status", "pansketch", "é", "a b",
@@ -521,7 +521,7 @@ def test_topic_pattern_agrees_with_reading_level_by_level():
 
 
 def _verdict(payload: bytes, topic_: str, cold: bool) -> Any:
-    from host_tools.ingest import decode as dec
+    from pansketch.host_tools.ingest import decode as dec
 
     if cold:
         dec._STATICS.clear()
@@ -537,7 +537,7 @@ def test_parameters_checked_once_per_set_give_the_verdicts_of_checking_each_rele
     gets the same verdict, code and reason with nothing remembered, after a good release of the same
     parameters was remembered, and a second time; and after a good release is remembered, changing any one
     parameter of it (or its key set) is checked anew: refused as in full, or (mode keep) decoded as such."""
-    from host_tools.ingest import decode as dec
+    from pansketch.host_tools.ingest import decode as dec
 
     p = params()
     good = encoded(p)
@@ -568,7 +568,7 @@ def test_parameters_checked_once_per_set_give_the_verdicts_of_checking_each_rele
 def test_remembered_parameters_are_bounded():
     """Hostile input cannot grow what decode_state remembers: 1,000 releases with distinct salts (each a
     set of parameters of its own) leave at most _STATICS_MAX entries, and each is still decoded."""
-    from host_tools.ingest import decode as dec
+    from pansketch.host_tools.ingest import decode as dec
 
     dec._STATICS.clear()
     m = release_map(params())

@@ -1,7 +1,7 @@
 """Estimators: noise moments, the Chernoff offset, and interval coverage on Zipf streams.
 
 Coverage is measured end to end: real Recorder releases (internal + output
-noise from agent.noise, fixed seeds; "-persist" configurations persist the
+noise from pansketch.agent.noise, fixed seeds; "-persist" configurations persist the
 state several times per window, so their releases carry nz > 2 draws) -> Aggregator.handle -> SQLite ->
 query.freq for every item of the universe (including items never seen).
 Each configuration queries n = seeds x universe items; the empirical
@@ -20,10 +20,10 @@ import math
 import numpy as np
 import pytest
 
-from host_tools.query import estimators
-from host_tools.query import core as query
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query.merge import Merged, NoiseTerm, noise_variance
+from pansketch.host_tools.query import estimators
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query.merge import Merged, NoiseTerm, noise_variance
 from tests.support.host import SALT, host_cfg, params as _params, record, topic, zipf_stream
 
 
@@ -212,7 +212,7 @@ def test_cms_upper_end_is_min_plus_theorem31_offset(tmp_path):
 
 # -- nz: every noise draw a release carries is counted -------------------------
 def _merged_constant_releases(tmp_path, nz: int, n: int = 3) -> Merged:
-    from host_tools.query import merge
+    from pansketch.host_tools.query import merge
     from tests.support.host import T0, encoded
 
     a = Aggregator(host_cfg(tmp_path / ("nz%d" % nz)))
@@ -247,7 +247,7 @@ def test_merged_noise_counts_nz_minus_1_internal_draws(tmp_path):
 
 def test_merged_noise_with_mixed_nz_and_specs(tmp_path):
     """Different budgets: nint and nout of each release are separate terms, nz - 1 and 1 draws."""
-    from host_tools.query import merge
+    from pansketch.host_tools.query import merge
     from tests.support.host import T0, encoded
 
     a = Aggregator(host_cfg(tmp_path))

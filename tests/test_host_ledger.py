@@ -10,10 +10,10 @@ import sys
 from fractions import Fraction
 
 import pytest
-from host_tools.audit.stats import zcdp_to_dp as zcdp_to_approx_dp  # the one conversion (ledger)
-from host_tools.store import ledger
-from host_tools.query import status
-from host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.audit.stats import zcdp_to_dp as zcdp_to_approx_dp  # the one conversion (ledger)
+from pansketch.host_tools.store import ledger
+from pansketch.host_tools.query import status
+from pansketch.host_tools.ingest.aggregator import Aggregator
 from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,16 +98,16 @@ def test_status_cli(tmp_path):
     conf = tmp_path / "host.toml"
     conf.write_text('[aggregator]\ndb = "host.db"\n[fleet]\nsalt = "%s"\n[query]\ndelta = "1e-9"\n' % SALT)
     env = dict(os.environ, PYTHONPATH=REPO)
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", "status", "--config", str(conf), "--json"],
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "status", "--config", str(conf), "--json"],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["fleet"]["guarantee"]["delta"] == 1e-9
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", "status", "--config", str(conf)],
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "status", "--config", str(conf)],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert r.returncode == 0 and "DEVICE" in r.stdout and "privacy ledger" in r.stdout
     conf.write_text('[aggregator]\ndb = "missing.db"\n[fleet]\nsalt = "%s"\n' % SALT)
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", "status", "--config", str(conf)],
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "status", "--config", str(conf)],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert r.returncode == 1 and "no database" in r.stderr
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from host_tools.query import core as query
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,7 +127,7 @@ def test_topk_finds_the_heavy_hitters(fleet):
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "host_tools.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=60)
 
 

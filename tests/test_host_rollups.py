@@ -1,6 +1,6 @@
 """Per-window roll-ups and group commit: answers equal with and without roll-ups.
 
-The fleet: real releases from agent.recorder (window mode hourly, keep mode
+The fleet: real releases from pansketch.agent.recorder (window mode hourly, keep mode
 with 10-minute epochs, releases with nz > 2 from persists, a second merge
 group), stored through the Aggregator. Every selection is answered twice,
 from roll-ups and from the raw releases, and the merged sketch (counters,
@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from host_tools.query import core as query
-from host_tools.ingest.acks import group_acks
-from host_tools.ingest.aggregator import Aggregator, Outcome
-from host_tools.ingest.decode import decode
-from host_tools.store.rows import Pending
-from host_tools.store.sqlite import Store
-from host_tools.store.backend import open_store
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.ingest.acks import group_acks
+from pansketch.host_tools.ingest.aggregator import Aggregator, Outcome
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.store.rows import Pending
+from pansketch.host_tools.store.sqlite import Store
+from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
 from tests.support.host_rollups import _fill
 
@@ -223,7 +223,7 @@ def _v2(p: Any, seq: int, elo: int, fill: int) -> bytes:
     """A cs/cms release in format v2 (``lvl`` 0: not tree mode), as a v2 device would send it."""
     import array
 
-    from agent import cbor, release
+    from pansketch.agent import cbor, release
 
     m = release.release_map(p, seq, elo, elo + 1, 0, array.array("i", [fill] * (p.d * p.w)))
     m["v"], m["lvl"] = 2, 0

@@ -1,7 +1,7 @@
 """Gap detection: every seq of a device is stored, rejected, pending or lost (docs/FORMAT.md section 3).
 
 SQLite only: releases go through the real Aggregator.handle, device status messages through
-host_tools.ingest.devstatus (what the aggregator calls for ``<prefix>/+/status``).
+pansketch.host_tools.ingest.devstatus (what the aggregator calls for ``<prefix>/+/status``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from host_tools import hostconfig
-from host_tools.ingest import devstatus
-from host_tools.query import status
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.store.rows import DeviceStatus
-from host_tools.store.sqlite import Store
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest import devstatus
+from pansketch.host_tools.query import status
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.store.rows import DeviceStatus
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
 from tests.support.host_status_gaps import E0, REPO, status_msg
 
@@ -162,7 +162,7 @@ def test_status_cli_json_and_grace(tmp_path):
     conf = tmp_path / "host.toml"
     conf.write_text('[aggregator]\ndb = "host.db"\n[fleet]\nsalt = "%s"\n[status]\nlate_grace_s = 10000\n' % SALT)
     env = dict(os.environ, PYTHONPATH=REPO)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "host_tools.cli", "status", "--config", str(conf), *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "status", "--config", str(conf), *a],  # noqa: E731
                                     capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     r = run("--json")
     assert r.returncode == 0, r.stderr

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from agent.params import Params
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.store.sqlite import PAGE_SIZE, Store
+from pansketch.agent.params import Params
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.store.sqlite import PAGE_SIZE, Store
 from tests.support.host import T0, encoded, host_cfg, params, topic
 
 
 def _writer(db: str, payloads: list[tuple[str, bytes]], out: "mp.Queue[tuple[str, Any]]") -> None:
     """Store ``payloads``; report ("ok", statuses) or ("error", traceback): a dying writer says why."""
     try:
-        from host_tools import hostconfig
+        from pansketch.host_tools import hostconfig
 
         cfg = hostconfig.from_dict({"fleet": {"salt": "host-tests-fleet-salt"}, "aggregator": {"db": db}})
         a = Aggregator(cfg)
@@ -137,7 +137,7 @@ def test_readonly_store_refuses_writes_and_missing_db(tmp_path):
     db = str(tmp_path / "y.db")
     Store(db).close()
     st = Store(db, readonly=True)
-    from host_tools.ingest.decode import decode
+    from pansketch.host_tools.ingest.decode import decode
 
     with pytest.raises(PermissionError):
         st.insert(decode(encoded(params())))
@@ -380,7 +380,7 @@ def test_a_group_that_is_not_stored_leaves_no_highest_seq_behind(tmp_path, monke
 
 def _device_first_db(tmp_path: Any) -> str:
     """A file as written before the key led with the epoch: device-first key, no per-device figures."""
-    from host_tools.store.schema import DEVICE_KEY, schema
+    from pansketch.host_tools.store.schema import DEVICE_KEY, schema
 
     db = str(tmp_path / "df.db")
     con = sqlite3.connect(db)

@@ -1,7 +1,7 @@
 """Hostile input and hostile devices: bounded work, bounded storage, quarantine, identifiers, dashboard.
 
 The input classes come from host_tools/bench/hostile.py (the long version of
-the live run is ``python -m host_tools.bench.hostile``, docs/HOST.md
+the live run is ``python -m pansketch.host_tools.bench.hostile``, docs/HOST.md
 "Hostile input").
 """
 
@@ -22,15 +22,15 @@ from typing import Any
 
 import pytest
 
-from agent.params import ParamError, Params
-from host_tools.bench import hostile as bh
-from host_tools import cborscan
-from host_tools.query import status
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.ingest.decode import decode, topic_device, valid_device
-from host_tools.store.rows import Limits
-from host_tools.store.sqlite import Store
-from host_tools.ingest.validproc import Settings, ValidatorProcess, verdict
+from pansketch.agent.params import ParamError, Params
+from pansketch.host_tools.bench import hostile as bh
+from pansketch.host_tools import cborscan
+from pansketch.host_tools.query import status
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.decode import decode, topic_device, valid_device
+from pansketch.host_tools.store.rows import Limits
+from pansketch.host_tools.store.sqlite import Store
+from pansketch.host_tools.ingest.validproc import Settings, ValidatorProcess, verdict
 from tests.support.broker import needs_mosquitto
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,7 +42,7 @@ INGEST_MODULES = {"ingest/aggregator", "ingest/mqttproc", "ingest/validproc", "i
 
 def fleet_cfg(tmp_path: Any, **agg: Any) -> Any:
     """A host config for bench_hostile's fleet salt (the real agents' salt)."""
-    from host_tools import hostconfig
+    from pansketch.host_tools import hostconfig
 
     raw = {"fleet": {"salt": bh.SALT}, "aggregator": dict({"db": str(tmp_path / "host.db")}, **agg)}
     return hostconfig.from_dict(raw)
@@ -110,7 +110,7 @@ def _calls(tree: ast.AST) -> list[str]:
 
 def test_ingest_path_has_no_cbor_object_decoder():
     """No CBOR object decoder (cbor2.loads/load/CBORDecoder) in any module on the ingest path: untrusted
-    bytes go through host_tools.cborscan only (a tag never reaches a decoder): every module of
+    bytes go through pansketch.host_tools.cborscan only (a tag never reaches a decoder): every module of
     host_tools/ingest/ and the store."""
     files = glob.glob(os.path.join(REPO, "host_tools", "ingest", "*.py")) + \
         glob.glob(os.path.join(REPO, "host_tools", "store", "*.py")) + [os.path.join(REPO, "host_tools", "cborscan.py")]
@@ -152,7 +152,7 @@ def test_helpers_die_with_their_parent(tmp_path):
     """kill -9 of the aggregator's process while its validation helper spins in a message: the helper goes too."""
     script = textwrap.dedent("""
         import os, signal, sys, threading, time
-        from host_tools.ingest.validproc import Settings, ValidatorProcess
+        from pansketch.host_tools.ingest.validproc import Settings, ValidatorProcess
         vp = ValidatorProcess(Settings(None, 1 << 20, cpu_s=60, spin_topic="x/spin/release"))
         vp.start()
         print(vp.proc.pid, flush=True)
@@ -271,12 +271,12 @@ def test_device_ids_are_the_same_ascii_set_on_device_and_host():
 
 
 def test_firmware_config_refuses_lookalike_ids():
-    from firmware import config as fwconfig
+    from pansketch.firmware import config as fwconfig
 
     names = [n for n in dir(fwconfig) if n in ("load", "loads", "parse", "from_dict", "Config", "BoardConfig")]
     assert names, dir(fwconfig)
     src = open(fwconfig.__file__).read()
-    assert "Params" in src  # device ids are checked by agent.params.Params, the set above
+    assert "Params" in src  # device ids are checked by pansketch.agent.params.Params, the set above
 
 
 def test_topic_must_be_exactly_the_configured_filter():
@@ -324,7 +324,7 @@ def _store_states() -> list[tuple[str, list[tuple[str, bytes]]]]:
 
 def test_dashboard_never_500_on_any_store_state(tmp_path):
     pytest.importorskip("waitress")
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.web.app import Dashboard
 
     for i, (name, msgs) in enumerate(_store_states()):
         d = tmp_path / ("s%d" % i)
@@ -347,8 +347,8 @@ def test_dashboard_never_500_on_any_store_state(tmp_path):
 
 def test_dashboard_without_token_refuses_foreign_host_headers(tmp_path):
     pytest.importorskip("waitress")
-    from host_tools.web.app import Dashboard
-    from host_tools.web.app import allowed_hosts_for
+    from pansketch.host_tools.web.app import Dashboard
+    from pansketch.host_tools.web.app import allowed_hosts_for
 
     cfg = fleet_cfg(tmp_path)
     Store(cfg.aggregator.db).close()
@@ -393,7 +393,7 @@ def test_live_hostile_flood_then_real_agents_are_stored(tmp_path):
 
 
 def test_hostile_input_settings_in_host_toml(tmp_path):
-    from host_tools import hostconfig
+    from pansketch.host_tools import hostconfig
 
     cfg = fleet_cfg(tmp_path)
     a = cfg.aggregator
@@ -427,8 +427,8 @@ def test_live_cpu_budget_timeout_and_stop_while_validating(tmp_path, monkeypatch
     import functools
     import threading
 
-    from host_tools import hostconfig
-    from host_tools.ingest import aggregator, service, validproc
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest import aggregator, service, validproc
     from tests.support.broker import start_mosquitto
     from tests.support.aggregator_mqtt import publish_all
     from tests.support.e2e import host_toml

@@ -1,8 +1,8 @@
-"""Detection within the bound (host_tools.query.influence): false flags on honest fleets, planted and
+"""Detection within the bound (pansketch.host_tools.query.influence): false flags on honest fleets, planted and
 cancelled items flagged.
 
-Fleets are the real device core (agent.recorder.Recorder with the Pi daemon's numpy path,
-agent.pi.batch.add_batch; deterministic byte source) stored through the aggregator's validate-and-store
+Fleets are the real device core (pansketch.agent.recorder.Recorder with the Pi daemon's numpy path,
+pansketch.agent.pi.batch.add_batch; deterministic byte source) stored through the aggregator's validate-and-store
 path. The false-flag rate is measured on
 
 * the demo fleet (``pansketch demo``'s parameters: 4 devices, cs d = 4, w = 2048, dgauss rho = 1/2,
@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.pi.batch import add_batch
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from host_tools import hostconfig
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query import influence
-from host_tools.store.backend import open_store
+from pansketch.agent.pi.batch import add_batch
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query import influence
+from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic
 
 ITEMS = np.array(["host-%05d.example" % k for k in range(1, 10001)])
@@ -105,8 +105,8 @@ def _forged(raw: bytes, change: Any) -> bytes:
     """``raw`` (a real release) with its counters changed by ``change(counters)``: a stolen device's."""
     import array
 
-    from agent import release
-    from host_tools.ingest.decode import decode
+    from pansketch.agent import release
+    from pansketch.host_tools.ingest.decode import decode
 
     rel = decode(raw)
     c = rel.counters().astype(np.int64).copy()
@@ -120,7 +120,7 @@ def _forged(raw: bytes, change: Any) -> bytes:
 def test_a_planted_and_a_cancelled_item_are_flagged_in_their_window(demo_fleet, tmp_path):
     """Within the bound: +5,000 on an item nobody saw (window 0), minus the fleet's count of the top
     item (window 1): each flagged for that device and window, the honest devices not."""
-    from host_tools.query.core import _hash
+    from pansketch.host_tools.query.core import _hash
 
     fleet = {k: list(v[:3]) for k, v in demo_fleet.items()}
     mal = "mal-1"
@@ -157,7 +157,7 @@ def test_the_aggregator_logs_each_flagged_device_and_window_once(demo_fleet, tmp
     none again on the next scan; the flagged devices are what retention keeps."""
     import logging
 
-    from host_tools import metrics
+    from pansketch.host_tools import metrics
 
     fleet = {k: list(v[:2]) for k, v in demo_fleet.items()}
     base = _device("mal-2", str(tmp_path), [_zipf(30000, 1.1, 4242 + k) for k in range(2)])

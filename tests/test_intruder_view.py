@@ -35,13 +35,13 @@ import cbor2
 import numpy as np
 import pytest
 
-from agent import hashing, storage
-from agent.noise import NoiseSpec
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, NoEntropyError, Rng
-from agent.dcs import DyadicSketch
-from agent.sketch import Sketch, new_counters
+from pansketch.agent import hashing, storage
+from pansketch.agent.noise import NoiseSpec
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, NoEntropyError, Rng
+from pansketch.agent.dcs import DyadicSketch
+from pansketch.agent.sketch import Sketch, new_counters
 from tests.support import intruder_scenario as scen
 from tests.support import mpvm
 
@@ -395,7 +395,7 @@ def test_tree_whole_view_micropython_is_the_same(tmp_path, cfg):
 def test_negative_control_shadow_without_a_fresh_draw_is_caught(tmp_path, monkeypatch):
     """The whole-view check has power under shadow: a persist that writes S = R - M but
     never adds a fresh G to M leaves R - M - S = the exact events since the persist."""
-    from agent.noise import wrap32
+    from pansketch.agent.noise import wrap32
 
     def broken(self, now):
         a, m, b = self.counters, self.shadow, self.relbuf

@@ -19,10 +19,10 @@ import sys
 import numpy as np
 import pytest
 
-from host_tools.output import finitejson
-from host_tools.ingest.decode import decode
-from host_tools.query.dyadic import exact_counters
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.output import finitejson
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.query.dyadic import exact_counters
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.dashboard import _wsgi
 from tests.support.dcs_host import SALT, params, payload, topic
 
@@ -52,7 +52,7 @@ def conf(tmp_path_factory):
 
 def _cli(conf, *args):
     env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(conf), *args],
+    return subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(conf), *args],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
@@ -76,8 +76,8 @@ def test_cli_json_is_strict_with_reasons(conf, args):
                                      ("/quantiles", ""), ("/heavy", "confidence=0.999999"), ("/api/status", "")])
 def test_dashboard_answers_strict_json_not_500(conf, path, qs):
     pytest.importorskip("waitress")
-    from host_tools import hostconfig
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.web.app import Dashboard
 
     app = Dashboard(hostconfig.load(str(conf)))
     status, headers, body = _wsgi(app, path, qs)

@@ -13,7 +13,7 @@ and ``TYPE_CHECKING`` blocks. Asserted:
   format, noise) but agent/pi/ only where HOST_USES_PI lists it;
 * the host packages depend one way: web -> query -> store, ingest -> store,
   and nothing imports web, bench or the lab except the entry points
-  (host_tools.cli, host_tools.demo) -- see ALLOWED below;
+  (pansketch.host_tools.cli, pansketch.host_tools.demo) -- see ALLOWED below;
 * every package ``__init__`` has a docstring: its role and what it may import;
 * at most 8 modules directly in host_tools/;
 * the fake board modules of the two MicroPython VMs are one set: the Unix-port
@@ -39,30 +39,30 @@ TREES = ("agent", "firmware", "host_tools")
 # Host "roles": a subpackage of host_tools, or a module directly in it. A role
 # may import agent, itself and the roles listed here (nothing else of the
 # project). cli and demo are the entry points and may import anything.
-SHARED = {"host_tools.hostconfig", "host_tools.fasthash", "host_tools.logsetup", "host_tools.cborscan",
-          "host_tools.localnet", "host_tools.output"}
+SHARED = {"pansketch.host_tools.hostconfig", "pansketch.host_tools.fasthash", "pansketch.host_tools.logsetup", "pansketch.host_tools.cborscan",
+          "pansketch.host_tools.localnet", "pansketch.host_tools.output"}
 ALLOWED: dict[str, set[str]] = {
-    "host_tools.store": SHARED,
-    "host_tools.ingest": SHARED | {"host_tools.store", "host_tools.metrics"},
-    "host_tools.query": SHARED | {"host_tools.store"},
+    "pansketch.host_tools.store": SHARED,
+    "pansketch.host_tools.ingest": SHARED | {"pansketch.host_tools.store", "pansketch.host_tools.metrics"},
+    "pansketch.host_tools.query": SHARED | {"pansketch.host_tools.store"},
     # the Prometheus exporters: the aggregator's (fed by ingest) and the store's (gaps from query.status)
-    "host_tools.metrics": SHARED | {"host_tools.store", "host_tools.query"},
-    "host_tools.web": SHARED | {"host_tools.query", "host_tools.store", "host_tools.metrics"},
+    "pansketch.host_tools.metrics": SHARED | {"pansketch.host_tools.store", "pansketch.host_tools.query"},
+    "pansketch.host_tools.web": SHARED | {"pansketch.host_tools.query", "pansketch.host_tools.store", "pansketch.host_tools.metrics"},
     # a product command: the privacy ledger's accounting (store) and the query commands' output helpers
-    "host_tools.audit": SHARED | {"host_tools.store", "host_tools.query"},
-    "host_tools.lab": SHARED,
+    "pansketch.host_tools.audit": SHARED | {"pansketch.host_tools.store", "pansketch.host_tools.query"},
+    "pansketch.host_tools.lab": SHARED,
     # the benchmarks drive every layer (and compare against the lab's algorithms)
-    "host_tools.bench": SHARED | {"host_tools.ingest", "host_tools.store", "host_tools.query", "host_tools.lab"},
+    "pansketch.host_tools.bench": SHARED | {"pansketch.host_tools.ingest", "pansketch.host_tools.store", "pansketch.host_tools.query", "pansketch.host_tools.lab"},
     # what a user installs: the board fit check reads the firmware's memory model
-    "host_tools.provision": set(),
-    "host_tools.output": set(),
-    "host_tools.hostconfig": set(),
-    "host_tools.fasthash": set(),
-    "host_tools.logsetup": {"host_tools.output"},  # log lines of device text go through textsafe
-    "host_tools.cborscan": set(),
-    "host_tools.localnet": set(),
-    "host_tools.cli": {"*"},
-    "host_tools.demo": {"*"},
+    "pansketch.host_tools.provision": set(),
+    "pansketch.host_tools.output": set(),
+    "pansketch.host_tools.hostconfig": set(),
+    "pansketch.host_tools.fasthash": set(),
+    "pansketch.host_tools.logsetup": {"pansketch.host_tools.output"},  # log lines of device text go through textsafe
+    "pansketch.host_tools.cborscan": set(),
+    "pansketch.host_tools.localnet": set(),
+    "pansketch.host_tools.cli": {"*"},
+    "pansketch.host_tools.demo": {"*"},
 }
 MAX_TOP_MODULES = 8
 
@@ -72,20 +72,20 @@ PORTABLE = {"array", "struct", "sys", "hashlib", "os", "math", "gc", "time", "js
             "uctypes"}  # uctypes: MicroPython's own (agent/wipe.py; absent on CPython, guarded)
 # Imports on CPython's path only, each behind a guard a board never passes (module -> imports).
 CPYTHON_PATH: dict[str, set[str]] = {
-    "agent.hashing": {"_sha2", "_sha256"},  # the builtin SHA-256 when OpenSSL's is slower, inside try
-    "agent.sketch": {"agent.pi.fastupdate"},  # the per-event closure, under the ``_WORDS`` guard
+    "pansketch.agent.hashing": {"_sha2", "_sha256"},  # the builtin SHA-256 when OpenSSL's is slower, inside try
+    "pansketch.agent.sketch": {"pansketch.agent.pi.fastupdate"},  # the per-event closure, under the ``_WORDS`` guard
 }
 # The host roles that use the Pi daemon's modules, and which (a config parser, the publisher's
 # topics and ack format, the batch path the benchmarks time).
 HOST_USES_PI: dict[str, set[str]] = {
-    "host_tools.audit": {"agent.pi.config"},  # reads an agent's TOML to replay its recorder
-    "host_tools.bench": {"agent.pi.batch", "agent.pi.plan"},  # times the daemon's batch path; its noise model
-    "host_tools.cli": {"agent.pi.pipes"},  # the same SIGPIPE/EPIPE handling as pansketch-agent
-    "host_tools.demo": {"agent.pi.config", "agent.pi.publisher"},  # runs simulated Pi agents
-    "host_tools.hostconfig": {"agent.pi.tomlconf"},  # one TOML reader for agent and host configs
-    "host_tools.ingest": {"agent.pi.publisher", "agent.pi.tomlconf"},  # topic/ack contract; the TOML reader
-    "host_tools.fasthash": {"agent.pi.hashvec"},  # hash version 1's row rule in numpy, one copy
-    "host_tools.lab": {"agent.pi.hashvec"},
+    "pansketch.host_tools.audit": {"pansketch.agent.pi.config"},  # reads an agent's TOML to replay its recorder
+    "pansketch.host_tools.bench": {"pansketch.agent.pi.batch", "pansketch.agent.pi.plan"},  # times the daemon's batch path; its noise model
+    "pansketch.host_tools.cli": {"pansketch.agent.pi.pipes"},  # the same SIGPIPE/EPIPE handling as pansketch-agent
+    "pansketch.host_tools.demo": {"pansketch.agent.pi.config", "pansketch.agent.pi.publisher"},  # runs simulated Pi agents
+    "pansketch.host_tools.hostconfig": {"pansketch.agent.pi.tomlconf"},  # one TOML reader for agent and host configs
+    "pansketch.host_tools.ingest": {"pansketch.agent.pi.publisher", "pansketch.agent.pi.tomlconf"},  # topic/ack contract; the TOML reader
+    "pansketch.host_tools.fasthash": {"pansketch.agent.pi.hashvec"},  # hash version 1's row rule in numpy, one copy
+    "pansketch.host_tools.lab": {"pansketch.agent.pi.hashvec"},
 }
 
 
@@ -97,7 +97,7 @@ def modules(root: Path = ROOT, trees: Iterable[str] = TREES) -> dict[str, Path]:
             parts = list(f.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[".".join(parts)] = f
+            out[".".join(["pansketch"] + parts)] = f
     return out
 
 
@@ -194,20 +194,20 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def role(mod: str) -> str | None:
     """host_tools.<first part> for host modules, None elsewhere."""
-    parts = mod.split(".")
-    if parts[0] != "host_tools" or len(parts) < 2:
+    parts = mod.split(".")[1:]  # after pansketch.
+    if not parts or parts[0] != "host_tools" or len(parts) < 2:
         return None
-    return "host_tools." + parts[1]
+    return "pansketch.host_tools." + parts[1]
 
 
 def violations(g: dict[str, set[str]]) -> list[str]:
     """Imports that break the layering rules, one line each."""
     out = []
     for m, deps in sorted(g.items()):
-        top = m.split(".")[0]
+        top = m.split(".")[1]
         r = role(m)
         for d in sorted(deps):
-            dtop = d.split(".")[0]
+            dtop = d.split(".")[1]
             if top in ("agent", "firmware") and dtop == "host_tools":
                 out.append("%s -> %s: device code never imports the host" % (m, d))
             if top == "agent" and dtop == "firmware":
@@ -227,7 +227,8 @@ def violations(g: dict[str, set[str]]) -> list[str]:
 
 def frozen_agent_files(root: Path = ROOT) -> set[str]:
     """The agent/ files firmware/manifest.py freezes (run as MicroPython's freezer runs it)."""
-    return {f for pkg, files, _base in run_manifest(root)["package"] if pkg == "agent" for f in files}
+    return {f[len("agent/"):] for pkg, files, _base in run_manifest(root)["package"] if pkg == "pansketch"
+            for f in files if f.startswith("agent/")}
 
 
 def core_violations(root: Path = ROOT) -> list[str]:
@@ -242,7 +243,7 @@ def core_violations(root: Path = ROOT) -> list[str]:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 names = [node.module or ""]
-                if node.module in ("agent", "agent.pi"):  # `from agent.pi import x` imports agent.pi.x
+                if node.module in ("pansketch.agent", "pansketch.agent.pi"):  # `from pansketch.agent.pi import x` imports pansketch.agent.pi.x
                     names = [node.module + "." + a.name for a in node.names]
             else:
                 continue
@@ -260,7 +261,7 @@ def host_pi_violations(g: dict[str, set[str]]) -> list[str]:
     for m, deps in sorted(g.items()):
         r = role(m)
         for d in sorted(deps):
-            if r and d.startswith("agent.pi") and d not in HOST_USES_PI.get(r, set()):
+            if r and d.startswith("pansketch.agent.pi") and d not in HOST_USES_PI.get(r, set()):
                 out.append("%s -> %s: host code uses the Pi daemon only where HOST_USES_PI says" % (m, d))
     return out
 
@@ -295,7 +296,7 @@ def test_dependencies_point_one_way():
 
 def test_every_host_role_is_known():
     roles = {role(m) for m in modules() if role(m)}
-    roles.discard("host_tools.__init__")
+    roles.discard("pansketch.host_tools.__init__")
     assert roles <= set(ALLOWED), "roles without rules: %s" % sorted(roles - set(ALLOWED))
 
 
@@ -319,13 +320,13 @@ def test_checker_sees_cycles_and_violations(tmp_path):
     (tmp_path / "firmware").mkdir()
     for pkg in ("host_tools", "host_tools/store", "host_tools/web", "agent", "firmware"):
         (tmp_path / pkg / "__init__.py").write_text('"""doc"""\n')
-    (tmp_path / "agent" / "a.py").write_text("def f():\n    from agent import b\n")
+    (tmp_path / "agent" / "a.py").write_text("def f():\n    from pansketch.agent import b\n")
     (tmp_path / "agent" / "b.py").write_text("from . import a\n")
-    (tmp_path / "host_tools" / "store" / "core.py").write_text("def f():\n    import host_tools.web.app\n")
-    (tmp_path / "host_tools" / "web" / "app.py").write_text("from host_tools.store.core import f\n")
+    (tmp_path / "host_tools" / "store" / "core.py").write_text("def f():\n    import pansketch.host_tools.web.app\n")
+    (tmp_path / "host_tools" / "web" / "app.py").write_text("from pansketch.host_tools.store.core import f\n")
     g = graph(tmp_path)
-    assert cycles(g) == [["agent.a", "agent.b"], ["host_tools.store.core", "host_tools.web.app"]]
-    assert violations(g) == ["host_tools.store.core -> host_tools.web.app: host_tools.store may import only "
+    assert cycles(g) == [["pansketch.agent.a", "pansketch.agent.b"], ["pansketch.host_tools.store.core", "pansketch.host_tools.web.app"]]
+    assert violations(g) == ["pansketch.host_tools.store.core -> pansketch.host_tools.web.app: pansketch.host_tools.store may import only "
                              + ", ".join(sorted(SHARED))]
 
 

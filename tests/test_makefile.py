@@ -59,7 +59,7 @@ def test_outside_a_venv_builds_dot_venv_and_demo_needs_no_npm(tmp_path):
     assert ".venv/bin/pansketch demo" in r.stdout
     assert "npm" not in r.stdout and "[test" not in r.stdout
     r = make(d, "bench", "PYTHON=" + py)
-    assert "npm" not in r.stdout and ".venv/bin/python -m host_tools.bench.core" in r.stdout
+    assert "npm" not in r.stdout and ".venv/bin/python -m pansketch.host_tools.bench.core" in r.stdout
     r = make(d, "test", "PYTHON=" + py)
     assert r.returncode == 0, r.stderr
     assert "npm install" in r.stdout

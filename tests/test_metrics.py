@@ -115,8 +115,8 @@ def test_counters_move_during_ingest(tmp_path: Any) -> None:
 
 def exported_names(tmp_path: Any) -> set[str]:
     """Every metric name the exporters can emit (families without samples included)."""
-    from host_tools import metrics
-    from host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools import metrics
+    from pansketch.host_tools.ingest.aggregator import Aggregator
     from tests.support.host import host_cfg
 
     cfg = host_cfg(tmp_path)

@@ -14,11 +14,11 @@ import json
 
 import pytest
 
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from agent import hashing
-from agent.noise import NoiseSpec
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent import hashing
+from pansketch.agent.noise import NoiseSpec
 from tests.support import mpvm
 
 pytestmark = pytest.mark.skipif(not mpvm.available(), reason="MicroPython VM not installed (run .ci/run)")
@@ -34,9 +34,9 @@ MIXED = ["abc", "é-ü", "", b"\x00\xff", b"", 0, -1, 2**40, -(2**70) + 3, "x" *
 
 def test_hashing_and_noise_identical_on_both_vms():
     code = """
-from agent import hashing
-from agent.noise import NoiseSpec
-from agent.rng import Rng, DeterministicSource
+from pansketch.agent import hashing
+from pansketch.agent.noise import NoiseSpec
+from pansketch.agent.rng import Rng, DeterministicSource
 items = %r
 for d in (4, 9):
     p = hashing.salt_prefix("fleet-salt-1")
@@ -69,9 +69,9 @@ def _cpython_run(root):
 def test_keep_mode_10k_events_in_128k_heap_identical_to_cpython(tmp_path):
     setup = """
 import gc
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import Rng, DeterministicSource
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import Rng, DeterministicSource
 CFG = %r
 NAMES = ["item-%%04d" %% j for j in range(200)]
 rec = Recorder(Params(CFG), "/flash/dev", %d, rng=Rng(DeterministicSource(b"dev-seed")), log=lambda m: None)
@@ -99,8 +99,8 @@ def step(k):
 def test_counter_update_allocates_nothing_and_hashing_a_constant():
     code = """
 import gc
-from agent.sketch import Sketch
-from agent import hashing
+from pansketch.agent.sketch import Sketch
+from pansketch.agent import hashing
 s = Sketch("cs", 4, 1024, hashing.salt_prefix("fleet-salt-1"))
 stream = hashing.digest(s.prefix, "warm-up", 4)
 items = ["item-%04d" % i for i in range(200)]
@@ -132,8 +132,8 @@ def test_noise_samplers_allocate_nothing_beyond_the_byte_source():
     Rng.CHUNK bytes, copied into the Rng's preallocated buffer)."""
     code = """
 import gc
-from agent.rng import Rng, DeterministicSource
-from agent import noise
+from pansketch.agent.rng import Rng, DeterministicSource
+from pansketch.agent import noise
 ds = DeterministicSource(b"pool")
 POOL = [ds.read(Rng.CHUNK) for i in range(64)]
 class Pooled:
@@ -159,8 +159,8 @@ def test_counters_wrap_identically_on_micropython():
     """Past int32 a counter wraps mod 2^32, explicitly, with the same result
     as CPython (tests/test_recorder.py); nothing raises."""
     code = """
-from agent.sketch import Sketch
-from agent import hashing
+from pansketch.agent.sketch import Sketch
+from pansketch.agent import hashing
 s = Sketch("cs", 2, 8, hashing.salt_prefix("salt-salt"), clip=5)
 s.update("x", 5)
 t = [i for i in range(len(s.counters)) if s.counters[i]]
@@ -169,8 +169,8 @@ for i in t:
 s.update("x", 5)
 print("@result", [s.counters[i] for i in t])
 """
-    from agent import hashing
-    from agent.sketch import Sketch
+    from pansketch.agent import hashing
+    from pansketch.agent.sketch import Sketch
 
     s = Sketch("cs", 2, 8, hashing.salt_prefix("salt-salt"), clip=5)
     s.update("x", 5)
@@ -192,8 +192,8 @@ def test_text_shortcut_equals_hash_version_1_on_both_vms():
     and d > 8 (two blocks: reference path), on CPython and in the VM."""
     items = ["a", "ü-münchen", "日本語", "", "x" * 300, "device-000000042"]
     code = """
-from agent.sketch import Sketch
-from agent import hashing
+from pansketch.agent.sketch import Sketch
+from pansketch.agent import hashing
 out = []
 for kind, d in (("cs", 4), ("cms", 8), ("cs", 9)):
     s = Sketch(kind, d, 32, hashing.salt_prefix("salt-salt"), clip=3)
@@ -202,8 +202,8 @@ for kind, d in (("cs", 4), ("cms", 8), ("cs", 9)):
     out.append(list(s.counters))
 print("@c", out)
 """ % (items,)
-    from agent import hashing
-    from agent.sketch import Sketch
+    from pansketch.agent import hashing
+    from pansketch.agent.sketch import Sketch
 
     want = []
     for kind, d in (("cs", 4), ("cms", 8), ("cs", 9)):

@@ -28,7 +28,7 @@ from tests.support.host import T0, encoded, host_cfg, params, topic
 pytestmark = needs_mosquitto
 
 
-def helpers(parent: int, module: str = "host_tools.ingest.mqttproc") -> list[int]:
+def helpers(parent: int, module: str = "pansketch.host_tools.ingest.mqttproc") -> list[int]:
     """Pids of the ``python -m <module>`` processes whose parent is ``parent``."""
     out = []
     for d in os.listdir("/proc"):
@@ -54,7 +54,7 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("module,name", [("host_tools.ingest.mqttproc", "MQTT process")])
+@pytest.mark.parametrize("module,name", [("pansketch.host_tools.ingest.mqttproc", "MQTT process")])
 def test_dead_helper_stops_the_aggregator(tmp_path, caplog, module, name):
     b = start_mosquitto(tmp_path)
     try:
@@ -71,14 +71,14 @@ def test_dead_helper_stops_the_aggregator(tmp_path, caplog, module, name):
         assert a.rc == [1]
         assert "%s (pid %d) exited unexpectedly (killed by SIGKILL)" % (name, pid) in caplog.text
         assert counts(cfg.aggregator.db)[0] == 1
-        assert not helpers(os.getpid(), "host_tools.ingest.mqttproc") and not helpers(os.getpid(), "host_tools.ingest.validproc")
+        assert not helpers(os.getpid(), "pansketch.host_tools.ingest.mqttproc") and not helpers(os.getpid(), "pansketch.host_tools.ingest.validproc")
 
     finally:
         b.stop()
 
 
 def _start_cli(conf: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", conf], cwd=REPO,
                             env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     assert proc.stderr is not None
@@ -91,7 +91,7 @@ def _start_cli(conf: str) -> subprocess.Popen[str]:
 
 def _helpers_of(pid: int) -> list[int]:
     def both() -> list[int]:
-        return helpers(pid) + helpers(pid, "host_tools.ingest.validproc")
+        return helpers(pid) + helpers(pid, "pansketch.host_tools.ingest.validproc")
 
     wait_for(lambda: len(both()) == 1, 10)  # the MQTT process validates too: no validation process
     return both()
@@ -141,8 +141,8 @@ def test_acks_of_a_dead_childs_messages_are_dropped():
     import socket
     from multiprocessing.connection import Connection
 
-    from host_tools.ingest.mqttparent import MQTTProcess
-    from host_tools.ingest.mqttshared import GEN_SHIFT
+    from pansketch.host_tools.ingest.mqttparent import MQTTProcess
+    from pansketch.host_tools.ingest.mqttshared import GEN_SHIFT
 
     a, b = socket.socketpair()
     mp = MQTTProcess(None, lambda _m: None, lambda _e: None)  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ def test_poison_refusal_names_dev_and_seq(tmp_path, code):
     import dataclasses
     import hashlib
 
-    from host_tools.ingest import mqttproc, mqttshared, validproc
+    from pansketch.host_tools.ingest import mqttproc, mqttshared, validproc
 
     p = params("pi-poison")
     payload = encoded(p, seq=41)
@@ -189,9 +189,9 @@ def test_acks_from_before_a_reconnect_are_not_sent_on_the_new_connection(tmp_pat
 
     import paho.mqtt.client as mqtt
 
-    from host_tools.hostconfig import BrokerConfig
-    from host_tools.ingest.mqttparent import MQTTProcess
-    from host_tools.ingest.mqttshared import Msg, Settings
+    from pansketch.host_tools.hostconfig import BrokerConfig
+    from pansketch.host_tools.ingest.mqttparent import MQTTProcess
+    from pansketch.host_tools.ingest.mqttshared import Msg, Settings
 
     b = start_mosquitto(tmp_path)
     got: list[Msg] = []
@@ -250,7 +250,7 @@ def test_backstop_never_kills_the_successor_of_a_process_that_died_validating(tm
     import mmap
     import time
 
-    from host_tools.ingest import mqttparent, mqttshared, validproc
+    from pansketch.host_tools.ingest import mqttparent, mqttshared, validproc
 
     s = mqttshared.Settings(None, "c", (), False, 0, 1, validation=validproc.Settings(None, 1 << 20, cpu_s=0.01))
     mp = mqttparent.MQTTProcess(s, lambda _m: None, lambda _e: None)
@@ -288,7 +288,7 @@ def test_inbox_drops_qos0_past_its_backlog_but_never_qos1():
     at once; at the bound the network thread waits: next test)."""
     import threading
 
-    from host_tools.ingest.mqttproc import Inbox
+    from pansketch.host_tools.ingest.mqttproc import Inbox
 
     box = Inbox(qos0_max=3)
     assert all(box.add(("t", b"x", i, 0)) for i in range(3))
@@ -311,7 +311,7 @@ def test_inbox_holds_qos1_at_its_bound_until_taken_and_takes_at_most_a_batch():
     import threading
     import time
 
-    from host_tools.ingest.mqttproc import Inbox
+    from pansketch.host_tools.ingest.mqttproc import Inbox
 
     box = Inbox(qos1_max=4)
     for i in range(4):
@@ -342,7 +342,7 @@ def test_gatherer_forwards_a_full_batch_at_once_and_a_partial_one_after_its_wait
     """The network thread's batches (Gatherer): nothing waits, nothing to do; a partial batch is held until
     ``wait_s`` after its first message (tick says how long is left), then forwarded whole, in order;
     ``max_n`` messages are forwarded at the next tick without waiting; flush forwards what is left."""
-    from host_tools.ingest.mqttproc import Gatherer
+    from pansketch.host_tools.ingest.mqttproc import Gatherer
 
     now = [100.0]
     out: list[list[Any]] = []

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from agent.noise import bernoulli_exp, discrete_gaussian, discrete_laplace, isqrt
-from agent.rng import DeterministicSource, Rng, bit_length
+from pansketch.agent.noise import bernoulli_exp, discrete_gaussian, discrete_laplace, isqrt
+from pansketch.agent.rng import DeterministicSource, Rng, bit_length
 
 N = 20000
 ALPHA = 1e-3  # per-test false-alarm rate of the chi-square tests

@@ -10,8 +10,8 @@ from __future__ import annotations
 import io
 import time
 
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query import status
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query import status
 from tests.support.host import encoded, host_cfg, params, topic
 
 NOW = (int(time.time()) // 3600) * 3600

@@ -1,4 +1,4 @@
-"""The database file's pages leave the kernel's page cache once they are on disk (host_tools.store.pagecache).
+"""The database file's pages leave the kernel's page cache once they are on disk (pansketch.host_tools.store.pagecache).
 
 Resident pages are counted with mincore(2) on a read-only mapping of the file (mapping faults nothing in).
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from host_tools import hostconfig
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.store import pagecache
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.store import pagecache
 from tests.support.host import T0, encoded, host_cfg, params, topic
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not pagecache.supported(),

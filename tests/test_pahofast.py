@@ -14,7 +14,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from host_tools.ingest import pahofast
+from pansketch.host_tools.ingest import pahofast
 from tests.support.broker import make_test_pki, needs_mosquitto, start_mosquitto
 
 pytestmark = needs_mosquitto
@@ -190,7 +190,7 @@ def test_inbox_bound_holds_the_network_thread_and_loses_nothing(tmp_path):
     takes some. 400 messages through an inbox of 16 with a slow batcher acknowledging in groups
     of 32: every one arrives exactly once, in order, the inbox never held more than 16, and the
     network thread did wait (a test that never reached the bound would prove nothing)."""
-    from host_tools.ingest.mqttproc import Inbox
+    from pansketch.host_tools.ingest.mqttproc import Inbox
 
     b = start_mosquitto(tmp_path)
     c, _got, _r = _sub(b.port, "bounded", fast=True)
@@ -430,7 +430,7 @@ def test_acks_in_flight_follows_the_broker_s_receive_maximum():
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    from host_tools.ingest.mqttproc import ACKS_IN_FLIGHT, acks_in_flight
+    from pansketch.host_tools.ingest.mqttproc import ACKS_IN_FLIGHT, acks_in_flight
 
     def connack(rm: Any) -> Any:
         p = Properties(PacketTypes.CONNACK)
@@ -463,7 +463,7 @@ def test_on_tick_cuts_the_wait_in_select_so_a_lone_release_is_forwarded_after_th
     forwarded about ``wait_s`` (50 ms) after it arrived: on_tick cuts paho's wait in select() (1 s when
     nothing else comes) to what is left of the gather wait, and a client that ignored it would forward
     it about 1 s late."""
-    from host_tools.ingest.mqttproc import Gatherer
+    from pansketch.host_tools.ingest.mqttproc import Gatherer
 
     b = start_mosquitto(tmp_path)
     c, _got, _r = _sub(b.port, "gather", fast=True)

@@ -12,10 +12,10 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from host_tools import hostconfig
-from host_tools.ingest import pahofast
-from host_tools.ingest.mqttproc import _client
-from host_tools.ingest.mqttshared import Settings
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest import pahofast
+from pansketch.host_tools.ingest.mqttproc import _client
+from pansketch.host_tools.ingest.mqttshared import Settings
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_a_paho_whose_write_queue_changed_meaning_falls_back_to_the_plain_client
         c = _client(_settings())
     assert type(c) is mqtt.Client
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("does not behave as host_tools.ingest.pahofast reads it" in m and why in m
+    assert any("does not behave as pansketch.host_tools.ingest.pahofast reads it" in m and why in m
                and "plain client" in m for m in lines), lines
 
 

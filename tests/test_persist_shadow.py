@@ -18,12 +18,12 @@ import math
 import cbor2
 import pytest
 
-from agent import calibrate, hashing, storage
-from agent.noise import wrap32
-from agent.params import ParamError, Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from agent.sketch import Sketch
+from pansketch.agent import calibrate, hashing, storage
+from pansketch.agent.noise import wrap32
+from pansketch.agent.params import ParamError, Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.sketch import Sketch
 
 T0 = 200_000 * 3600
 HOUR = 3600
@@ -269,7 +269,7 @@ def tree_params(**kw):
 def tree_run(root, p, seed, restart_at=None):
     """Four epochs (one tree), a persist every 10 s, 20 events per 10 s; returns
     ({(lvl, elo): (counters, nz, nint)}, events per epoch)."""
-    from agent.recorders import make
+    from pansketch.agent.recorders import make
 
     quiet = lambda m: None  # noqa: E731
     rec = make(p, str(root), T0, rng=Rng(DeterministicSource(seed)), log=quiet)
@@ -329,7 +329,7 @@ def test_tree_restart_mid_node_rebuilds_each_level(tmp_path):
 
 
 def test_tree_scheme_change_keeps_each_level_in_its_own_until_it_closes(tmp_path):
-    from agent.recorders import make
+    from pansketch.agent.recorders import make
 
     quiet = lambda m: None  # noqa: E731
     p1 = tree_params(persist_noise="refresh")

@@ -1,6 +1,6 @@
 """A streaming replica of the PostgreSQL store, and failover as deploy/OPERATIONS.md section 6 documents it.
 
-A throwaway primary (``host_tools.store.pgserver``, Debian's PostgreSQL
+A throwaway primary (``pansketch.host_tools.store.pgserver``, Debian's PostgreSQL
 binaries) gets a hot standby by ``pg_basebackup -X stream -R``, with
 synchronous replication (``synchronous_standby_names``): a commit returns,
 and the aggregator acknowledges, only once the standby has the WAL.
@@ -33,11 +33,11 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from agent import release
-from host_tools import hostconfig
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.store import pgserver
-from host_tools.store.backend import open_store
+from pansketch.agent import release
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.store import pgserver
+from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, params, topic
 
 try:
@@ -80,7 +80,7 @@ def _conf(path: str, dsn: str) -> str:
 def _cli(conf: str, *args: str) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", *args, "--config", conf], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", *args, "--config", conf], capture_output=True,
                        text=True, env=env, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
@@ -94,7 +94,7 @@ def _freq(conf: str) -> list[dict[str, Any]]:
 
 def _api(cfg: hostconfig.HostConfig, path: str) -> Any:
     """The dashboard's JSON API, called as its WSGI server would."""
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.web.app import Dashboard
 
     app = Dashboard(cfg)
     got: dict[str, Any] = {}

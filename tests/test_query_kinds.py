@@ -1,4 +1,4 @@
-"""The registry of query kinds (host_tools.query.kinds): the CLI and the dashboard take every kind from it."""
+"""The registry of query kinds (pansketch.host_tools.query.kinds): the CLI and the dashboard take every kind from it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from host_tools.query import cli as query_cli
-from host_tools.query import kinds
+from pansketch.host_tools.query import cli as query_cli
+from pansketch.host_tools.query import kinds
 
 KIND_NAMES = ["freq", "topk", "series", "quantile", "cdf", "heavy", "distinct"]
 
@@ -46,7 +46,7 @@ def test_handler_names() -> None:
 
 def test_dashboard_routes_come_from_the_registry(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("jinja2")
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.web.app import Dashboard
     from tests.support.host import host_cfg
 
     dash = Dashboard(host_cfg(tmp_path))
@@ -63,7 +63,7 @@ def test_dashboard_routes_come_from_the_registry(tmp_path: Any, monkeypatch: pyt
 
 def test_a_registered_path_without_a_handler_is_an_error(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("jinja2")
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.web.app import Dashboard
     from tests.support.host import host_cfg
 
     bad = dataclasses.replace(kinds.BY_NAME["freq"], name="nope", page="/nope", api=None)
@@ -74,7 +74,7 @@ def test_a_registered_path_without_a_handler_is_an_error(tmp_path: Any, monkeypa
 
 def test_dashboard_menu_lists_each_page_once(tmp_path: Any) -> None:
     pytest.importorskip("jinja2")
-    from host_tools.web.app import Dashboard
+    from pansketch.host_tools.web.app import Dashboard
     from tests.support.host import host_cfg
 
     out: list[str] = []

@@ -1,7 +1,7 @@
 """A three-node RabbitMQ cluster as the broker (deploy/rabbitmq, host_tools/ingest/amqp.py).
 
 Real parts only: three rabbitmq-server nodes on loopback ports (tests/support/rabbit.py;
-one cluster for the module), the real device CLI (``python -m agent.pi.daemon
+one cluster for the module), the real device CLI (``python -m pansketch.agent.pi.daemon
 feed``, MQTT 3.1.1, a user per device) and two real ``pansketch aggregate``
 processes (``[broker] kind = "rabbitmq"``) consuming one quorum queue over
 AMQP into one SQLite store. Devices reach the cluster through a TCP front
@@ -227,32 +227,32 @@ def test_hostile_device_over_tls(cluster, tmp_path):
 
 
 def test_aggregator_declares_the_queue_over_tls(cluster, tmp_path):
-    """``python -m host_tools.ingest.amqp --declare`` (deploy/rabbitmq/setup.sh declare) over AMQP with TLS."""
+    """``python -m pansketch.host_tools.ingest.amqp --declare`` (deploy/rabbitmq/setup.sh declare) over AMQP with TLS."""
     path = tmp_path / "host.toml"
     nodes = ", ".join('"localhost:%d"' % n.amqps_port for n in cluster.running_nodes())
     path.write_text('[broker]\nkind = "rabbitmq"\namqp_nodes = [%s]\ntls_ca = "%s"\nusername = "%s"\npassword = "%s"\n'
                     '[fleet]\nsalt = "%s"\n' % (nodes, cluster.pki["cafile"], AGG_USER, AGG_PASSWORD, SALT))
-    r = subprocess.run([sys.executable, "-m", "host_tools.ingest.amqp", "--declare", "--config", str(path)],
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.ingest.amqp", "--declare", "--config", str(path)],
                        capture_output=True, text=True, env=agent_env(), cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "queue pansketch.releases (quorum) bound to amq.topic with pansketch.*.release and pansketch.*.status" \
         in r.stdout
     # without the CA the server's certificate is not trusted: a clear failure, exit 1
     path.write_text(path.read_text().replace('tls_ca = "%s"\n' % cluster.pki["cafile"], "tls = true\n"))
-    r = subprocess.run([sys.executable, "-m", "host_tools.ingest.amqp", "--declare", "--config", str(path)],
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.ingest.amqp", "--declare", "--config", str(path)],
                        capture_output=True, text=True, env=agent_env(), cwd=REPO, timeout=120)
     assert r.returncode == 1 and "cannot connect" in r.stderr, (r.returncode, r.stderr)
 
 
 def test_host_acks_mandatory_retried_and_merged(cluster, tmp_path):
     """An ack no session queue takes is returned (``mandatory``) and published again later; acks waiting
-    for the same device go out as one message (host_tools.ingest.amqp.AckPublisher)."""
+    for the same device go out as one message (pansketch.host_tools.ingest.amqp.AckPublisher)."""
     import threading
 
     import paho.mqtt.client as mqtt
 
-    from host_tools import hostconfig
-    from host_tools.ingest import amqp
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest import amqp
 
     node = cluster.running_nodes()[0]
     cfg = hostconfig.loads('[broker]\nkind = "rabbitmq"\namqp_nodes = ["127.0.0.1:%d"]\nusername = "%s"\n'
@@ -370,7 +370,7 @@ def test_two_aggregators_survive_broker_node_and_aggregator_kills(cluster, tmp_p
 ])
 def test_broker_kind_config_errors(broker, key):
     """[broker] kind and its AMQP keys: a clear error naming the key (no cluster needed)."""
-    from host_tools import hostconfig
+    from pansketch.host_tools import hostconfig
 
     with pytest.raises(hostconfig.ConfigError) as e:
         hostconfig.loads('[broker]\n%s\n[fleet]\nsalt = "%s"\n' % (broker, SALT))
@@ -378,8 +378,8 @@ def test_broker_kind_config_errors(broker, key):
 
 
 def test_broker_kind_defaults_and_agent_mqtt_version(tmp_path):
-    from agent.pi import config as agent_config
-    from host_tools import hostconfig
+    from pansketch.agent.pi import config as agent_config
+    from pansketch.host_tools import hostconfig
 
     c = hostconfig.loads('[broker]\nhost = "mq.example.net"\ntls = true\nkind = "rabbitmq"\n[fleet]\nsalt = "%s"\n'
                          % SALT)

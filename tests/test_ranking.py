@@ -1,4 +1,4 @@
-"""Top-k ranking by the least-squares refit (host_tools.query.ranking) on real text: the
+"""Top-k ranking by the least-squares refit (pansketch.host_tools.query.ranking) on real text: the
 identifier tokens of a quarter of the standard library's files, 20 devices' default noise."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_tools import fasthash
-from host_tools.bench import accuracy
-from host_tools.lab.algorithms.vnoise import BulkNoise
-from host_tools.query import estimators, ranking
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.bench import accuracy
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
+from pansketch.host_tools.query import estimators, ranking
 
 
 @pytest.fixture(scope="module")

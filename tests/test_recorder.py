@@ -1,4 +1,4 @@
-"""Pan-privacy structure, release modes and crash safety of agent.recorder.
+"""Pan-privacy structure, release modes and crash safety of pansketch.agent.recorder.
 
 Noise is drawn from a DeterministicSource, so the tests replay the exact
 draws: Z_int of an accumulator is the first d*w draws after it opens, Z_out
@@ -12,11 +12,11 @@ import os
 import cbor2
 import pytest
 
-from agent import hashing, storage
-from agent.params import Params, ParamError
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from agent.sketch import Sketch
+from pansketch.agent import hashing, storage
+from pansketch.agent.params import Params, ParamError
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.sketch import Sketch
 
 EP = 600
 T0 = 200_000 * 3600  # a window (and epoch) boundary
@@ -130,7 +130,7 @@ def test_release_size_does_not_depend_on_data(tmp_path):
 
 
 def flash_state(root, p):
-    from agent.sketch import new_counters
+    from pansketch.agent.sketch import new_counters
     c = new_counters(p.d * p.w)
     st = storage.read_state(str(root / "state.bin"), p.fingerprint(), c)
     return list(c), st

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from host_tools import cli
-from host_tools.lab.repro import dp_linear, intermittent, lazy, panprivate
+from pansketch.host_tools import cli
+from pansketch.host_tools.lab.repro import dp_linear, intermittent, lazy, panprivate
 
 
 @pytest.mark.slow

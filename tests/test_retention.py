@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from host_tools import hostconfig
-from host_tools.ingest.acks import group_acks
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query import core as query
-from host_tools.query import status
-from host_tools.store.errors import PrunedError
-from host_tools.store.sqlite import Store
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.acks import group_acks
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.query import status
+from pansketch.host_tools.store.errors import PrunedError
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.broker import needs_mosquitto, start_mosquitto
 from tests.support.host import SALT, T0, encoded, host_cfg, params, topic
 
@@ -76,7 +76,7 @@ def test_prune_drops_only_rolled_up_payloads_received_before_the_cut(tmp_path):
 
 def test_unrolled_releases_are_never_pruned(tmp_path):
     """dcs releases (no roll-up sums them) keep their bytes whatever their age."""
-    from host_tools.ingest.decode import decode
+    from pansketch.host_tools.ingest.decode import decode
     from tests.support import dcs_host as dcs
     with Store(str(tmp_path / "dcs.db")) as st:
         p = dcs.params("d-0")
@@ -158,7 +158,7 @@ def test_query_cli_reports_a_pruned_selection(tmp_path):
     agg.close()
     conf = tmp_path / "host.toml"
     conf.write_text('[aggregator]\ndb = "%s"\n[fleet]\nsalt = "%s"\n' % (tmp_path / "host.db", SALT))
-    r = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(conf), "freq", "--device",
+    r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(conf), "freq", "--device",
                         "a", "item-1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "pruned by retention" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent import noise
-from agent.rng import DeterministicSource, Rng
-from host_tools.bench.samplers import RefRng, ref_sample
+from pansketch.agent import noise
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools.bench.samplers import RefRng, ref_sample
 
 
 @pytest.mark.parametrize("mech,num,den", [("dlap", 8, 1), ("dlap", 1, 3), ("dlap", 2000, 7), ("dlap", 70000, 1),

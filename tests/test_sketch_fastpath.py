@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import hashing
-from agent.noise import wrap32
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.noise import wrap32
+from pansketch.agent.sketch import Sketch
 
 PREFIX = hashing.salt_prefix("fleet-salt-fast")
 
@@ -87,8 +87,8 @@ def test_builtin_sha256_gives_hashlibs_bytes_and_falls_back_without_it():
         assert c.digest() == hashlib.sha256(data).digest() == hashing.sha256(data).digest()
         assert h.digest() == hashlib.sha256(data[:7]).digest()  # the copy left the original alone
     code = ("import sys, hashlib; sys.modules['_sha2'] = None; sys.modules['_sha256'] = None\n"
-            "from agent import hashing; assert hashing.sha256 is hashlib.sha256, hashing.sha256\n"
-            "from agent.sketch import Sketch\n"
+            "from pansketch.agent import hashing; assert hashing.sha256 is hashlib.sha256, hashing.sha256\n"
+            "from pansketch.agent.sketch import Sketch\n"
             "s = Sketch('cs', 4, 64, hashing.salt_prefix('x')); s.update('a'); print(sum(map(abs, s.counters)))")
     root = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
@@ -101,14 +101,14 @@ def test_per_event_closure_counts_alike_with_either_sha256(kind, monkeypatch):
     (fastupdate.fastest_sha256: CPython's builtin or OpenSSL's): the same cells either way."""
     import hashlib
 
-    from agent.pi import fastupdate
+    from pansketch.agent.pi import fastupdate
 
     picked = fastupdate.fastest_sha256()
     assert picked in (hashing.sha256, hashlib.sha256) and fastupdate.fastest_sha256() is picked  # chosen once
     rnd = random.Random(5)
     evs = [("e-%d" % rnd.randrange(400), 1) for _ in range(3000)] + [("ü-%d" % k, 1) for k in range(50)]
     ref = _reference(kind, 64, [0] * (4 * 64), evs)
-    from agent.pi import batch
+    from pansketch.agent.pi import batch
 
     data = "".join(x + "\n" for x, _v in evs).encode()
     for c in (hashing.sha256, hashlib.sha256):
@@ -155,7 +155,7 @@ def test_per_event_closure_wraps_weight_one_events_from_the_row_that_overflowed(
 def test_per_event_closure_follows_the_array_the_sketch_holds():
     """A caller that took ``update`` once (as feed and the benchmarks do) keeps counting into the array
     the sketch holds now: after the recorder's swap of ``counters``, and into every array in tree mode."""
-    from agent.sketch import new_counters
+    from pansketch.agent.sketch import new_counters
 
     s = Sketch("cs", 4, 64, PREFIX, clip=5)
     u = s.update

@@ -6,7 +6,7 @@ or stored twice, every release must be acknowledged, and the WAL stays under 256
 
 from __future__ import annotations
 
-from host_tools.bench import soak
+from pansketch.host_tools.bench import soak
 from tests.support.broker import needs_mosquitto
 
 

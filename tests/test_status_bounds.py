@@ -15,9 +15,9 @@ import subprocess
 import sys
 
 import pytest
-from host_tools.ingest import devstatus
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query import status
+from pansketch.host_tools.ingest import devstatus
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query import status
 from tests.support.host_status_gaps import E0, REPO, status_msg
 from tests.support.host import SALT, encoded, host_cfg, params, topic
 
@@ -45,7 +45,7 @@ def test_a_huge_next_seq_is_ignored_not_counted(tmp_path):
     text = out.getvalue()
     assert "LOST (not stored" not in text and "1 device status(es) IGNORED" in text and "IGNORED (range" in text
     # the Prometheus gauges read the same report: no lost releases for the alert to fire on
-    from host_tools.metrics import StoreCollector
+    from pansketch.host_tools.metrics import StoreCollector
 
     fams = {f.name: f for f in StoreCollector(a.store.path).collect()}
     lost = [s for s in fams["pansketch_device_delivery_releases"].samples if s.labels.get("state") == "lost"]
@@ -77,7 +77,7 @@ def test_status_cli_uses_the_configured_bound(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO)
     for jump, ignored in ((100000, True), (2 ** 32, False)):
         conf.write_text('[aggregator]\ndb = "host.db"\nmax_seq_jump = %d\n[fleet]\nsalt = "%s"\n' % (jump, SALT))
-        r = subprocess.run([sys.executable, "-m", "host_tools.cli", "status", "--config", str(conf), "--json"],
+        r = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "status", "--config", str(conf), "--json"],
                            capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
         assert r.returncode == 0, r.stderr
         rep = json.loads(r.stdout)

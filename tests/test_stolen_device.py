@@ -24,15 +24,15 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
-from agent import release
-from agent.pi.batch import add_batch
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import DeterministicSource, Rng
-from host_tools import cli
-from host_tools.store import bounds
-from host_tools.ingest.decode import decode
-from host_tools.store.backend import open_store
+from pansketch.agent import release
+from pansketch.agent.pi.batch import add_batch
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools import cli
+from pansketch.host_tools.store import bounds
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.store.backend import open_store
 from tests.support.broker import mosquitto_path, start_mosquitto
 from tests.support.e2e import SALT, AggregatorThread, host_toml
 from tests.support.host import T0
@@ -119,7 +119,7 @@ def fleet(tmp_path_factory: Any) -> dict[str, Any]:
     mal: dict[str, list[bytes]] = {}
     # cs: w0 +10^6 on an unseen item (over), w1 the top item's cells minus its fleet count (inside), w2 +10^9
     # everywhere (over); mal-1 sees the fleet's items otherwise (its honest counters underneath)
-    from host_tools.query.core import _hash
+    from pansketch.host_tools.query.core import _hash
 
     base = _record("cs", MAL["cs"], [_events("cs", 99, k) for k in range(WINDOWS)], root)
     cp, sp = _hash(["planted-item"], SALT, 4, 512)

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from host_tools import hostconfig
-from host_tools.store import pgserver
-from host_tools.store.backend import open_store
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.store import pgserver
+from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, fleet_releases
 
 pytestmark = pytest.mark.skipif(pgserver.binaries() is None, reason=pgserver.MISSING)

@@ -20,14 +20,14 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from host_tools import hostconfig
-from host_tools.store import pgserver
-from host_tools.query import core as query
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.ingest.decode import Rejected, decode
-from host_tools.store.errors import StoreError
-from host_tools.store.rows import Pending
-from host_tools.store.backend import open_store
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.store import pgserver
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.decode import Rejected, decode
+from pansketch.host_tools.store.errors import StoreError
+from pansketch.host_tools.store.rows import Pending
+from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, encoded, fleet_releases, params, record, topic, zipf_stream
 
 try:
@@ -368,7 +368,7 @@ def test_aggregators_share_the_subscription_and_one_database(dsn, tmp_path):
 def test_device_status_and_rejected_seqs_on_postgresql(dsn):
     import json as _json
 
-    from host_tools.ingest import devstatus
+    from pansketch.host_tools.ingest import devstatus
 
     st = open_store(dsn)
     t = "pansketch/pi-1/status"
@@ -391,7 +391,7 @@ def test_format_v2_columns_and_old_database_migration(dsn, tmp_path):
     database from before those columns gains them (defaults for its rows) when an aggregator opens it."""
     import psycopg
 
-    from host_tools.store.sqlite import Store
+    from pansketch.host_tools.store.sqlite import Store
     from tests.support import dcs_host as dcs
     st = open_store(dsn)
     assert st.insert(decode(encoded(params("pg-v1", w=16), fill=1))) == "stored"
@@ -473,7 +473,7 @@ def _group_outcomes(dsn: str, tmp_path: Any, per_release: bool, monkeypatch: Any
     the database holds. ``per_release``: without the set-based statement (every release through pansketch_put)."""
     import psycopg
 
-    from host_tools.store import pg
+    from pansketch.host_tools.store import pg
     from tests.support.tree_query import E0 as TE0
     from tests.support.tree_query import record_epochs, tparams
 

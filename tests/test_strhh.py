@@ -8,13 +8,13 @@ import time
 import numpy as np
 import pytest
 
-from agent import calibrate, cbor, hashing, release
-from agent.params import ParamError, Params
-from agent.sketch import new_counters
-from agent.strhh import LONG, PrefixSketch, encode_item, exact_levels
-from host_tools.ingest.decode import Rejected, decode
-from host_tools.query import strheavy
-from host_tools.query.merge import NoiseTerm
+from pansketch.agent import calibrate, cbor, hashing, release
+from pansketch.agent.params import ParamError, Params
+from pansketch.agent.sketch import new_counters
+from pansketch.agent.strhh import LONG, PrefixSketch, encode_item, exact_levels
+from pansketch.host_tools.ingest.decode import Rejected, decode
+from pansketch.host_tools.query import strheavy
+from pansketch.host_tools.query.merge import NoiseTerm
 from tests.support import mpvm
 from tests.support import recorder_replay as R
 
@@ -217,8 +217,8 @@ def test_query_heavy_20_devices_24_windows_under_a_second(tmp_path):
     planted strings (each 2 % of every device-window's 5000 events)."""
     import array
 
-    from host_tools.query import strheavy_cli
-    from host_tools.store.sqlite import Store
+    from pansketch.host_tools.query import strheavy_cli
+    from pansketch.host_tools.store.sqlite import Store
 
     st = Store(str(tmp_path / "db.sqlite"))
     rng = np.random.default_rng(5)
@@ -257,7 +257,7 @@ def test_agent_check_prints_the_board_fit(tmp_path):
     out = r.stdout.decode()
     assert r.returncode == 0, r.stderr.decode()
     assert "strhh       len=8 prefix levels" in out and "6144 bytes per counter array, 2 arrays" in out
-    from firmware import memory
+    from pansketch.firmware import memory
 
     fit = "\n".join(memory.strhh_lines(8, 3, 64))
     assert "picow    fits for len=8 d=3 w=64" in fit and "esp8266  DOES NOT FIT" in fit
@@ -266,10 +266,10 @@ def test_agent_check_prints_the_board_fit(tmp_path):
     pw = memory.profile("picow")
     pico_w = memory.max_cells(pw["free"], pw["tls"], pw["code"], True, pw["events"]) // 30
     assert pico_w >= PICO[2]  # the Pico-sized config of the bench fits a Pico W with TLS
-    # the board check (python -m firmware.memory --config, which pansketch-agent check points to) names the
+    # the board check (python -m pansketch.firmware.memory --config, which pansketch-agent check points to) names the
     # board fit, the Pico-sized len=6 d=5 (the largest w of a Pico W with TLS) and the error at 10^5 events:
     # the node noise sd and the measured recall / smallest count found
-    assert "python -m firmware.memory --config pansketch.json: which len, d, w fit each board" in out
+    assert "python -m pansketch.firmware.memory --config pansketch.json: which len, d, w fit each board" in out
     board = "\n".join(memory.strhh_lines(8, 3, 64, noise=p8.noise, inoise=p8.inoise))
     assert "picow    fits for len=8 d=3 w=64" in board and "largest w at len=6 d=5: %d" % pico_w in board
     assert "error    at 100000 events per window: noise sd of a node estimate 28 " in board

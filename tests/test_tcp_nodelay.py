@@ -11,12 +11,12 @@ from __future__ import annotations
 import socket
 import time
 
-from agent.pi.config import BrokerConfig
-from agent.pi.publisher import Publisher
-from agent.storage import Outbox
-from host_tools import hostconfig
-from host_tools.ingest.mqttproc import _client
-from host_tools.ingest.mqttshared import Settings
+from pansketch.agent.pi.config import BrokerConfig
+from pansketch.agent.pi.publisher import Publisher
+from pansketch.agent.storage import Outbox
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.mqttproc import _client
+from pansketch.host_tools.ingest.mqttshared import Settings
 from tests.support.broker import needs_mosquitto, start_mosquitto
 
 

@@ -8,14 +8,14 @@ import cbor2
 import numpy as np
 import pytest
 
-from agent import calibrate, hashing, storage
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import DeterministicSource, Rng
-from agent.sketch import Sketch
-from agent.tree import TreeRecorder
-from host_tools.store import ledger
-from host_tools.ingest.decode import Rejected, decode
+from pansketch.agent import calibrate, hashing, storage
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.sketch import Sketch
+from pansketch.agent.tree import TreeRecorder
+from pansketch.host_tools.store import ledger
+from pansketch.host_tools.ingest.decode import Rejected, decode
 
 T0 = 200_000 * 3600  # epoch T0 // 60 is a multiple of 2**8
 EP = 60
@@ -125,7 +125,7 @@ def test_host_refuses_a_tree_release_calibrated_without_L(tmp_path):
     drive(rec, 2)
     m = cbor2.loads(outbox(tmp_path)[0])
     one = calibrate.noise_for("dlap", "1/2", p.d, 1, 1)
-    from agent import cbor
+    from pansketch.agent import cbor
     forged = dict(m, nint=[one.num, one.den], nout=[one.num, one.den])
     with pytest.raises(Rejected) as ei:
         decode(cbor.dumps(forged))
@@ -137,7 +137,7 @@ def test_host_refuses_a_tree_release_calibrated_without_L(tmp_path):
 
 
 def test_ledger_counts_a_tree_once_per_event_not_per_node(tmp_path):
-    from host_tools.store.sqlite import Store
+    from pansketch.host_tools.store.sqlite import Store
 
     p = params(levels=3, budget="1/2")
     rec = make(p, str(tmp_path / "dev"), T0, rng=Rng(DeterministicSource("led")), log=quiet)
@@ -289,7 +289,7 @@ def test_failed_release_keeps_the_node_and_retries_without_growing(tmp_path, mon
 
 def test_daemon_batch_path_updates_every_level(tmp_path):
     """agent/pi/batch.py (the Pi daemon's numpy path) adds a chunk to all L open accumulators."""
-    from agent.pi.batch import add_batch
+    from pansketch.agent.pi.batch import add_batch
 
     p = params(kind="cs")
     items = ["it-%d" % (i % 300) for i in range(2000)] + [5, b"x"]

@@ -2,7 +2,7 @@
 
 Releases come from the real device core (agent/tree.py, deterministic byte
 source) through Aggregator.handle into SQLite, and are queried with
-host_tools.query.core (and the CLI for ``series``).
+pansketch.host_tools.query.core (and the CLI for ``series``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 import numpy as np
 import pytest
 
-from host_tools.store import ledger
-from host_tools.query import core as query
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.query.core import cover
+from pansketch.host_tools.store import ledger
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query.core import cover
 from tests.support.host import SALT, host_cfg, topic, zipf_stream
 from tests.support.tree_query import E0, EP, record_epochs, tparams
 
@@ -160,7 +160,7 @@ def test_ledger_per_tree(tmp_path):
 
 @pytest.mark.slow
 def test_series_step_and_running(tmp_path):
-    from host_tools.query import series
+    from pansketch.host_tools.query import series
 
     agg, truth = fill(tmp_path, n_epochs=16, window_dev=False)
     s = series.series(agg.store, ["item-0"], salt=SALT, step=4 * EP, since=T0 + 2 * EP, until=T0 + 14 * EP,
@@ -186,18 +186,18 @@ def test_series_cli_json(tmp_path):
     agg.close()
     conf = tmp_path / "host.toml"
     conf.write_text('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\n' % (SALT, tmp_path / "host.db"))
-    out = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(conf), "series", "item-0",
+    out = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(conf), "series", "item-0",
                           "--step", "2h", "--since", str(T0), "--until", str(T0 + 8 * EP), "--json"],
                          capture_output=True, text=True, check=True)
     rows = [json.loads(x) for x in out.stdout.splitlines()]
     assert len(rows) == 4 and rows[-1]["running"]["releases"] == 2  # [0,8) is one node per device
     assert all(r["releases"] == 2 and r["noise_draws"] >= 4 for r in rows)
     assert [r["running"]["releases"] for r in rows] == [2, 2, 4, 2]  # [0,2), [0,4), [0,4)+[4,6), [0,8)
-    txt = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(conf), "series", "item-0",
+    txt = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(conf), "series", "item-0",
                           "--step", "3600", "--since", str(T0), "--until", str(T0 + 3 * EP)],
                          capture_output=True, text=True, check=True)
     assert "RUNNING" in txt.stdout and len(txt.stdout.splitlines()) == 2 + 3
-    txt = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", str(conf), "freq", "item-0",
+    txt = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", str(conf), "freq", "item-0",
                           "--since", str(T0), "--until", str(T0 + 3 * EP)], capture_output=True, text=True, check=True)
     assert "noise draws per cell" in txt.stdout and "dyadic node(s)" in txt.stdout
 
@@ -251,7 +251,7 @@ def test_range_interval_coverage(tmp_path, kind, mech, budget):
 def _tree_map(**kw):
     import array
 
-    from agent import release
+    from pansketch.agent import release
 
     p = tparams("val")
     m = release.release_map(p, 3, E0 + 4, E0 + 8, 0, array.array("i", [0] * (p.d * p.w)), 2, 2)
@@ -269,8 +269,8 @@ def _tree_map(**kw):
     ("too-many-levels", dict(L=25), "schema"),
 ])
 def test_tree_node_validation(name, kw, code):
-    from agent import cbor
-    from host_tools.ingest.decode import Rejected, decode
+    from pansketch.agent import cbor
+    from pansketch.host_tools.ingest.decode import Rejected, decode
 
     decode(cbor.dumps(_tree_map()))  # the unmodified node is valid
     with pytest.raises(Rejected) as ei:
@@ -278,7 +278,7 @@ def test_tree_node_validation(name, kw, code):
     assert ei.value.code == code, (name, ei.value.reason)
 
 
-# -- least-squares consistent nodes (host_tools.query.treels) -----------------------------------
+# -- least-squares consistent nodes (pansketch.host_tools.query.treels) -----------------------------------
 
 @pytest.mark.slow
 def test_consistent_ranges_use_complete_subtrees_and_lower_the_error(tmp_path):

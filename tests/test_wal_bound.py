@@ -1,4 +1,4 @@
-"""The SQLite WAL stays bounded: the writer's RESTART checkpoint (host_tools.store.sqlite.Store.checkpoint_if_large).
+"""The SQLite WAL stays bounded: the writer's RESTART checkpoint (pansketch.host_tools.store.sqlite.Store.checkpoint_if_large).
 
 Real releases through the real Aggregator into a SQLite file; a second connection plays a
 query holding a read transaction.
@@ -11,7 +11,7 @@ import sqlite3
 import time
 
 import pytest
-from host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.aggregator import Aggregator
 from tests.support.host import T0, encoded, host_cfg, params, topic
 
 

@@ -75,10 +75,6 @@ def test_wheel_quickstart_and_fit_check_outside_the_checkout(venv_bin, tmp_path)
     user_session(venv_bin, home)
 
 
-@pytest.mark.xfail(strict=True, reason="the wheel installs the generic top-level packages agent, firmware and "
-                   "host_tools: a user's own agent/ package in the working directory replaces the real one in "
-                   "the processes started with python -m (the aggregator's MQTT helper); passes once everything "
-                   "is under one pansketch import name")
 @pytest.mark.slow
 def test_wheel_quickstart_from_a_directory_with_agent_and_firmware_folders(venv_bin, tmp_path):
     home = tmp_path / "user"

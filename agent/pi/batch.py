@@ -12,7 +12,7 @@ lines and its exact per-item totals exist only while this call runs; the
 totals dict is cleared and every numpy array holding hashes, columns or
 totals is zeroed before it is dropped, with no hidden numpy temporaries; the
 small objects (lines, digests, hash objects) are overwritten in the heap by
-agent.pi.memwipe.scrub before the daemon waits for more input. No aggregate
+pansketch.agent.pi.memwipe.scrub before the daemon waits for more input. No aggregate
 outlives the chunk (docs/PRIVACY.md "Memory residue").
 """
 
@@ -23,9 +23,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from agent.pi import hashvec
-from agent.pi.memwipe import ON as WIPE
-from agent.sketch import Sketch, totals
+from pansketch.agent.pi import hashvec
+from pansketch.agent.pi.memwipe import ON as WIPE
+from pansketch.agent.sketch import Sketch, totals
 
 SMALL = 64  # fewer distinct items than this: the plain path is as fast
 
@@ -37,11 +37,11 @@ def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
     line is plain text (valid UTF-8, no TAB weight, no CR) the lines are split and counted as
     bytes, which are then exactly the UTF-8 the hash reads (hash version 1, ``b"s" + utf8``): no
     str is made per line, and each distinct line is hashed once from the sketch's prefix state.
-    Anything else takes :func:`agent.pi.sources.parse_lines`.
+    Anything else takes :func:`pansketch.agent.pi.sources.parse_lines`.
     """
     hs = sk._hs
     if hs is None or b"\t" in data or b"\r" in data or not _utf8(data):
-        from agent.pi.sources import parse_lines
+        from pansketch.agent.pi.sources import parse_lines
 
         items, weights = parse_lines(data, warn)  # type: ignore[arg-type]
         add_batch(sk, items, weights)
@@ -54,7 +54,7 @@ def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
         return
     d, w = sk.d, sk.w
     buf = bytearray(32 * n)  # one digest per distinct line, preallocated: growing it would free copies
-    cp = hs.copy  # CPython's per-event closure made it with the faster SHA-256 (agent.pi.fastupdate)
+    cp = hs.copy  # CPython's per-event closure made it with the faster SHA-256 (pansketch.agent.pi.fastupdate)
     o = 0
     for x in agg:
         h = cp()
@@ -66,7 +66,7 @@ def add_raw(sk: Sketch, data: bytes, warn: Callable[[str, str], None]) -> None:
     agg.clear()
     _scatter(sk, buf, vals, n, d, w)
     # The line objects, the digests and the SHA-256 objects (each holds its last item) were
-    # small objects, freed into pymalloc's pools: agent.pi.memwipe.scrub overwrites those when the
+    # small objects, freed into pymalloc's pools: pansketch.agent.pi.memwipe.scrub overwrites those when the
     # daemon is about to wait (agent/daemon.py), not here between two chunks of a busy input.
 
 

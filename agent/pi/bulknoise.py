@@ -1,15 +1,15 @@
-"""Whole-array noise draws with numpy: the Pi daemon's fast path for agent.noise (CPython only).
+"""Whole-array noise draws with numpy: the Pi daemon's fast path for pansketch.agent.noise (CPython only).
 
-**Not** part of the MicroPython device core. The samplers are those of agent.noise -- Canonne,
+**Not** part of the MicroPython device core. The samplers are those of pansketch.agent.noise -- Canonne,
 Kamath & Steinke, "The Discrete Gaussian for Differential Privacy" (2020), Algorithm 1
 (Bernoulli(exp(-gamma))), Algorithm 2 (discrete Laplace) and Algorithm 3 (discrete Gaussian) --
 run for every cell of an array at once: each cell follows the algorithm's own loop, with fresh
 uniform integers at every step, drawn by exact rejection (the top bits of uniform 64-bit words
 from the byte source; no floating point, no modulo bias). Each cell's output therefore has the
 algorithm's exact distribution, and the cells are independent, as with one scalar draw per cell.
-What differs from agent.noise is only *which* source bytes feed which step, so the samples are
+What differs from pansketch.agent.noise is only *which* source bytes feed which step, so the samples are
 not the scalar path's for a deterministic source: :class:`BulkRng` is used only with the system
-CSPRNG (agent.pi.daemon), and deterministic runs (tests, ``--insecure-seed``) keep the scalar path,
+CSPRNG (pansketch.agent.pi.daemon), and deterministic runs (tests, ``--insecure-seed``) keep the scalar path,
 which the cross-VM equality tests pin. tests/test_bulknoise.py checks the distributions against
 the exact pmf (and that a mis-calibrated one fails).
 
@@ -18,7 +18,7 @@ per-cell samples and **every intermediate array** (masks, index arrays, signed p
 held by :class:`_Uniform` and zeroed before :meth:`BulkRng.bulk_noise` returns, on every path, so
 numpy frees no array that held part of a draw unzeroed; expressions are written one operation at
 a time (no hidden temporaries such as ``np.where(neg, -y, y)``'s ``-y``). The byte source's own
-``bytes`` objects are zeroed in place once copied (agent.pi.memwipe.wipe_bytes).
+``bytes`` objects are zeroed in place once copied (pansketch.agent.pi.memwipe.wipe_bytes).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.pi.memwipe import ON as WIPE
-from agent.pi.memwipe import wipe_bytes
-from agent.rng import Rng
+from pansketch.agent.pi.memwipe import ON as WIPE
+from pansketch.agent.pi.memwipe import wipe_bytes
+from pansketch.agent.rng import Rng
 
 LIMIT = 1 << 52  # every bound and numerator stays below this: exact in int64
 FEW = 32  # a loop whose cells still running are fewer than this finishes them one by one (scalar)
@@ -53,7 +53,7 @@ class _Uniform:
         size = np.dtype(dtype).itemsize
         raw = self.source.read(size * n)
         if len(raw) != size * n:
-            from agent.rng import NoEntropyError
+            from pansketch.agent.rng import NoEntropyError
 
             raise NoEntropyError("byte source returned %d bytes" % len(raw))
         w = np.frombuffer(raw, dtype=dtype).copy()
@@ -157,7 +157,7 @@ def _bern_exp(u: _Uniform, num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """Bernoulli(exp(-num/den)) per entry (CKS Algorithm 1; num >= 0, den > 0):
     exp(-1)^floor(gamma) * exp(-(gamma - floor(gamma))): floor(gamma) Bernoulli(exp(-1)) draws
     that must all succeed (a round per draw, stopping at the first failure), then the rest."""
-    from agent.noise import _bexp1 as bexp1
+    from pansketch.agent.noise import _bexp1 as bexp1
 
     h = u.h
     whole = h(num // den)
@@ -253,7 +253,7 @@ def _dlap(u: _Uniform, n: int, t: int, s: int) -> np.ndarray:
 def _dgauss(u: _Uniform, n: int, vn: int, vd: int) -> np.ndarray:
     """n independent draws of the discrete Gaussian with sigma^2 = vn/vd (CKS Algorithm 3):
     discrete Laplace proposals in bulk, each accepted on its own Bernoulli; the first n accepted."""
-    from agent.noise import bernoulli_exp, isqrt
+    from pansketch.agent.noise import bernoulli_exp, isqrt
 
     t = isqrt(vn // vd) + 1
     den = 2 * vn * vd * t * t
@@ -283,16 +283,16 @@ def fits(spec: Any) -> bool:
     """True if every bound of this spec's sampler stays well inside int64 (else: scalar path)."""
     if spec.mech == "dlap":
         return spec.num * 64 < LIMIT and spec.den < LIMIT
-    from agent.noise import isqrt
+    from pansketch.agent.noise import isqrt
 
     t = isqrt(spec.num // spec.den) + 1
     return 2 * spec.num * spec.den * t * t * 64 < LIMIT and spec.num < 1 << 20 and spec.den < 1 << 20
 
 
 class BulkRng(Rng):
-    """An :class:`agent.rng.Rng` whose :meth:`bulk_noise` draws a whole array slice at once.
+    """An :class:`pansketch.agent.rng.Rng` whose :meth:`bulk_noise` draws a whole array slice at once.
 
-    agent.noise.add_noise (and so draw_into: every internal, persist and output draw of the
+    pansketch.agent.noise.add_noise (and so draw_into: every internal, persist and output draw of the
     recorders) uses it when present; single samples still go through the scalar samplers.
     """
 

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from agent.pi.common import EXIT_OK, EXIT_UNDELIVERED, die, load_config
+from pansketch.agent.pi.common import EXIT_OK, EXIT_UNDELIVERED, die, load_config
 
 
 def probe_broker(broker: Any, client_id: str, timeout: float) -> tuple[bool, str]:
@@ -57,9 +57,9 @@ def probe_broker(broker: Any, client_id: str, timeout: float) -> tuple[bool, str
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from agent import calibrate, release
-    from agent.sketch import new_counters
-    from agent.pi.tomlconf import placeholder_salt_warning
+    from pansketch.agent import calibrate, release
+    from pansketch.agent.sketch import new_counters
+    from pansketch.agent.pi.tomlconf import placeholder_salt_warning
 
     cfg = load_config(args.config)
     p = cfg.params
@@ -90,12 +90,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         sd = ((_var(p.noise) + _var(p.inoise)) / p.d) ** 0.5
         print("strhh       len=%d prefix levels (one event updates all), %d bytes per counter array, %d arrays in RAM"
-              " (boards: python -m firmware.memory --config pansketch.json says which w fits)"
+              " (boards: python -m pansketch.firmware.memory --config pansketch.json says which w fits)"
               % (p.b, 4 * p.cells, 3 if p.shadow else 2))
         print("  error     noise sd of a node estimate (about that of the mean of d cells: internal + output draw): %.0f "
               "events per device window; a string holding 2%% of 10^5 events (2000) is %.0f sd above it"
               % (sd, 2000 / sd))
-        print("  boards    python -m firmware.memory --config pansketch.json: which len, d, w fit each board, the"
+        print("  boards    python -m pansketch.firmware.memory --config pansketch.json: which len, d, w fit each board, the"
               " node noise at 10^5 events and the recall measured at the Pico size (len=6 d=5 w=80)")
     if p.mode == "tree":
         print("mode        tree, L = %d levels (one event updates %d arrays), epoch %d s, horizon 2^%d epochs = %d s"
@@ -124,7 +124,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("release     %d bytes to %s%s" % (size, cfg.topic("release"),
                                             ", %.3f releases per epoch on average" % (2 - 2.0 ** (1 - p.levels))
                                             if p.mode == "tree" else ""))
-    from agent.pi import plan
+    from pansketch.agent.pi import plan
 
     lengths = (1, 24, 168, 720, 10080) if not args.range_epochs else tuple(args.range_epochs)
     if p.kind not in ("dcs", "dbits", "strhh"):  # tree mode is for cms/cs only: nothing to compare for the others
@@ -158,7 +158,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             if not sok:
                 code = EXIT_UNDELIVERED
                 source_failed = True
-    from agent.pi.memwipe import swap_devices
+    from pansketch.agent.pi.memwipe import swap_devices
 
     swaps = swap_devices()
     print("swap        %s" % ("on: " + ", ".join(swaps) if swaps else "off (or RAM only: zram)"))

@@ -1,8 +1,8 @@
 """What every ``pansketch-agent`` command shares: the program name, exit codes, log lines
 on stderr, loading the config (a config error is one line and exit 2).
 
-``gc_held``: :func:`agent.pi.daemon.cli` holds the cyclic GC off while modules load;
-:meth:`agent.pi.loop.Agent.main` turns it back on before counting.
+``gc_held``: :func:`pansketch.agent.pi.daemon.cli` holds the cyclic GC off while modules load;
+:meth:`pansketch.agent.pi.loop.Agent.main` turns it back on before counting.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def die(code: int, msg: str) -> int:
 
 
 def load_config(path: str) -> Any:
-    from agent.pi.config import ConfigError, load
+    from pansketch.agent.pi.config import ConfigError, load
 
     try:
         return load(path)

@@ -3,7 +3,7 @@
 CPython only (tomllib / tomli, dataclasses, typing): this module is part of
 the Raspberry Pi daemon, **not** of the MicroPython device core. Boards read
 their parameters from JSON in firmware/ and validate them with the same
-:class:`agent.params.Params`.
+:class:`pansketch.agent.params.Params`.
 
 Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key
 (``privacy.budget``), so the daemon can print one line naming it::
@@ -16,15 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from agent.pi import tomlconf
-from agent.pi.tomlconf import ConfigError
-from agent.pi.tomlconf import get as _get
-from agent.pi.tomlconf import path as _path
-from agent.pi.tomlconf import seconds as _seconds
+from pansketch.agent.pi import tomlconf
+from pansketch.agent.pi.tomlconf import ConfigError
+from pansketch.agent.pi.tomlconf import get as _get
+from pansketch.agent.pi.tomlconf import path as _path
+from pansketch.agent.pi.tomlconf import seconds as _seconds
 
-from agent.params import ParamError, Params
+from pansketch.agent.params import ParamError, Params
 
-# TOML section.key -> agent.params.Params key
+# TOML section.key -> pansketch.agent.params.Params key
 PARAM_KEYS: dict[str, str] = {
     "device.id": "device",
     "device.salt": "salt",
@@ -161,7 +161,7 @@ def field_path(spec: str, key: str) -> list[str]:
 def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = None) -> AgentConfig:
     sec = tomlconf.sections(raw, SECTIONS)
 
-    # device parameters: mapped onto agent.params.Params, which names the bad key
+    # device parameters: mapped onto pansketch.agent.params.Params, which names the bad key
     pcfg: dict[str, Any] = {}
     for tkey, pkey in PARAM_KEYS.items():
         sname, k = tkey.split(".")

@@ -1,7 +1,7 @@
 """``feed --jobs N``: helper processes that count raw input chunks on other cores.
 
-CPython only (os.fork; the workers run agent.pi.batch, numpy): **not** part of the MicroPython
-device core. ``add_raw`` counts one chunk (at most CHUNK_LINES lines, agent.pi.sources) in about
+CPython only (os.fork; the workers run pansketch.agent.pi.batch, numpy): **not** part of the MicroPython
+device core. ``add_raw`` counts one chunk (at most CHUNK_LINES lines, pansketch.agent.pi.sources) in about
 4 ms, almost all of it in C calls that hold the GIL (bytes.split, Counter, SHA-256), so threads
 cannot share the work; processes can.
 
@@ -12,9 +12,9 @@ in the worker, and the parent's later state minus that copy is the exact count o
 since). It then loops:
 
 1. read one chunk from its pipe: a 4-byte little-endian length, then the complete lines (a
-   chunk is at most READ_BYTES + MAX_LINE, about 2 MiB: agent.pi.sources);
+   chunk is at most READ_BYTES + MAX_LINE, about 2 MiB: pansketch.agent.pi.sources);
 2. count it into a zeroed scratch sketch of the same kind, shape, salt and clip
-   (``agent.pi.batch.add_raw``: the same code, so the same cells as counting it in the parent);
+   (``pansketch.agent.pi.batch.add_raw``: the same code, so the same cells as counting it in the parent);
 3. write the scratch's d*w int32 cells back (always d*w*4 bytes, whatever the chunk held);
 4. zero the scratch and its input buffer.
 
@@ -109,14 +109,14 @@ def _worker_main(rfd: int, wfd: int, kind: str, d: int, w: int, prefix: bytes, c
                  log: Callable[[str], None]) -> None:
     """The forked process: count chunks until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-    if not gc.isenabled():  # forked while the entry point held the collector off (agent.pi.daemon.cli)
+    if not gc.isenabled():  # forked while the entry point held the collector off (pansketch.agent.pi.daemon.cli)
         gc.freeze()
         gc.enable()
-    from agent.pi.batch import add_raw
-    from agent.sketch import Sketch
-    from agent.pi.sources import Warner
+    from pansketch.agent.pi.batch import add_raw
+    from pansketch.agent.sketch import Sketch
+    from pansketch.agent.pi.sources import Warner
 
-    from agent.pi.memwipe import scrub, wipe_bytes
+    from pansketch.agent.pi.memwipe import scrub, wipe_bytes
 
     sk = Sketch(kind, d, w, prefix, clip)  # the scratch: one chunk's exact counts at most
     zero = bytes(4 * d * w)
@@ -268,7 +268,7 @@ class CountWorker:
             return None
         chunk = self.chunks.pop(0)
         if self.wipe_taken:  # the daemon's own chunks: counted by the worker, this was their last use
-            from agent.pi.memwipe import wipe_bytes
+            from pansketch.agent.pi.memwipe import wipe_bytes
 
             wipe_bytes(chunk)
         del chunk
@@ -308,11 +308,11 @@ class CountWorker:
 
 def read_now(fd: int, reader: Any, most: int) -> tuple[list[bytes], bool]:
     """What is on ``fd`` now (no waiting: a terminal or an idle pipe gives nothing), cut into
-    chunks by ``reader`` (agent.pi.sources.FdLineReader, which the stdin source then goes on with):
+    chunks by ``reader`` (pansketch.agent.pi.sources.FdLineReader, which the stdin source then goes on with):
     at most ``most`` reads of up to READ_BYTES, stopping once there are ``most`` chunks (a read of
     short lines holds several), and whether the input ended (its unfinished last line is then
     the last chunk)."""
-    from agent.pi.sources import _drop_read, read_available
+    from pansketch.agent.pi.sources import _drop_read, read_available
 
     chunks: list[bytes] = []
     reads = 0

@@ -2,9 +2,9 @@
 
 CPython only (argparse, threads, paho-mqtt): **not** part of the MicroPython
 device core. The counting, noise and crash-safe commit protocol are the
-device core's (agent.recorder). This module is the command line; the
-commands live beside it: :mod:`agent.pi.run` (run, feed), :mod:`agent.pi.check`
-(check), :mod:`agent.pi.loop` (the agent loop they drive), :mod:`agent.pi.common`
+device core's (pansketch.agent.recorder). This module is the command line; the
+commands live beside it: :mod:`pansketch.agent.pi.run` (run, feed), :mod:`pansketch.agent.pi.check`
+(check), :mod:`pansketch.agent.pi.loop` (the agent loop they drive), :mod:`pansketch.agent.pi.common`
 (exit codes, log lines, config loading).
 
 Commands::
@@ -26,10 +26,10 @@ import os
 import sys
 from typing import Any, Optional
 
-from agent.pi import common
-from agent.pi.check import cmd_check
-from agent.pi.common import EXIT_CONFIG, PROG, SEED_ENV
-from agent.pi.run import cmd_run
+from pansketch.agent.pi import common
+from pansketch.agent.pi.check import cmd_check
+from pansketch.agent.pi.common import EXIT_CONFIG, PROG, SEED_ENV
+from pansketch.agent.pi.run import cmd_run
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -134,7 +134,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # costs about 60 ms of CPU on 2 cores (half of numpy's import); the daemon's numpy work is
     # elementwise integer arithmetic, never BLAS. An operator's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from agent.pi.pipes import run_main
+    from pansketch.agent.pi.pipes import run_main
 
     def body() -> int:
         try:
@@ -147,7 +147,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def cli() -> None:
-    """The command's entry point (``pansketch-agent``, ``python -m agent.pi.daemon``): :func:`main`,
+    """The command's entry point (``pansketch-agent``, ``python -m pansketch.agent.pi.daemon``): :func:`main`,
     then an exit without the interpreter's teardown. Before ``main`` returns every file the agent
     wrote is fsynced and closed, the broker connection closed and the count workers reaped; tearing
     down numpy's and paho-mqtt's modules after that does nothing and cost 20-30 ms per run, a tenth

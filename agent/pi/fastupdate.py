@@ -16,13 +16,13 @@ import hashlib
 import time
 import weakref
 
-from agent import hashing
+from pansketch.agent import hashing
 
 _SHA = []  # type: list  # the SHA-256 constructor the closures copy from, chosen once (fastest_sha256)
 
 
 def fastest_sha256():
-    """Of CPython's builtin SHA-256 (agent.hashing.sha256) and OpenSSL's (hashlib), the one whose
+    """Of CPython's builtin SHA-256 (pansketch.agent.hashing.sha256) and OpenSSL's (hashlib), the one whose
     copy-update-digest of a short item costs less on this machine. Both give the same bytes; which is
     faster depends on the CPU: OpenSSL uses the SHA instructions where the CPU has them (0.21 against
     0.27 us per item on an AMD EPYC with SHA-NI), the builtin is cheaper per object where it has not.

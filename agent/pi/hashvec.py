@@ -1,11 +1,11 @@
 """Hash version 1's row rule for many hash streams at once (numpy).
 
-The vectorised twin of ``agent.hashing.row_value`` / ``row_sign``, which
+The vectorised twin of ``pansketch.agent.hashing.row_value`` / ``row_sign``, which
 stay the reference (and the only form on a board). Row r of a hash stream
 is its little-endian 32-bit word r: the low 30 bits are the row's value,
 the column is that value mod w, bit 31 is the CountSketch sign (set:
-negative). The Pi daemon's batch path (agent.pi.batch) and the host
-(host_tools.fasthash, the lab) read cells through these functions only, so
+negative). The Pi daemon's batch path (pansketch.agent.pi.batch) and the host
+(pansketch.host_tools.fasthash, the lab) read cells through these functions only, so
 a hash version 2 changes them here and in agent/hashing.py;
 tests/test_hashvec.py holds the two forms equal.
 
@@ -42,7 +42,7 @@ def columns(words: Any, w: int) -> Any:
     if w & (w - 1) == 0:  # w a power of two <= 2**30 divides 2**30: the column is the low bits
         return words & np.uint32(w - 1)
     out = words & np.uint32(VALUE_MASK)
-    out %= np.uint32(w)  # in place: no temporary of row values left unzeroed (agent.pi.batch wipes out)
+    out %= np.uint32(w)  # in place: no temporary of row values left unzeroed (pansketch.agent.pi.batch wipes out)
     return out
 
 

@@ -1,7 +1,7 @@
 """The agent loop: source -> Recorder -> outbox -> MQTT, one :class:`Agent` per process.
 
 The counting, noise and crash-safe commit protocol are the device core's
-(agent.recorder); the loop wires a source, the clock, the count workers
+(pansketch.agent.recorder); the loop wires a source, the clock, the count workers
 (``feed --jobs``) and the publisher around it.
 """
 
@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from agent.pi import common
-from agent.pi.memwipe import scrub, wipe_bytes
+from pansketch.agent.pi import common
+from pansketch.agent.pi.memwipe import scrub, wipe_bytes
 
-from agent.pi.common import EXIT_OK, EXIT_RUNTIME, EXIT_UNDELIVERED, SEED_ENV, die, logger
+from pansketch.agent.pi.common import EXIT_OK, EXIT_RUNTIME, EXIT_UNDELIVERED, SEED_ENV, die, logger
 
 # A queue that empties between two chunks of a busy input (the reader a little slower than the
 # counting) scrubs at most this often; the next tick (1 s) scrubs what was counted since
@@ -55,7 +55,7 @@ class Clock:
 
 
 def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
-    from agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
+    from pansketch.agent.rng import DeterministicSource, NoEntropyError, Rng, SystemSource
 
     seed = args.insecure_seed or os.environ.get(SEED_ENV)
     if seed:
@@ -64,7 +64,7 @@ def _make_rng(args: argparse.Namespace, log: Callable[[str], None]) -> Any:
         return Rng(DeterministicSource(seed))
     try:
         try:  # whole-array noise draws with numpy (agent/pi/bulknoise.py): same distributions, faster
-            from agent.pi.bulknoise import BulkRng
+            from pansketch.agent.pi.bulknoise import BulkRng
         except ImportError:
             return Rng(SystemSource())
         return BulkRng(SystemSource())
@@ -108,9 +108,9 @@ class Agent:
 
     def __init__(self, cfg: Any, args: argparse.Namespace, source_type: Optional[str] = None,
                  workers: Optional[list[Any]] = None, early: Any = None) -> None:
-        from agent.pi.publisher import Publisher
-        from agent.recorders import make
-        from agent.pi.sources import make_source
+        from pansketch.agent.pi.publisher import Publisher
+        from pansketch.agent.recorders import make
+        from pansketch.agent.pi.sources import make_source
 
         self.cfg = cfg
         self.args = args
@@ -123,23 +123,23 @@ class Agent:
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=8)  # few raw events in flight (pan-privacy)
         scfg = cfg.source
         if source_type is not None and source_type != scfg.type:
-            from agent.pi.config import SourceConfig
+            from pansketch.agent.pi.config import SourceConfig
 
             scfg = SourceConfig(type=source_type)
         self.source = make_source(scfg, self.q, self.log, cfg.device + "-source")
-        # cms/cs count raw line chunks in bulk (agent.pi.batch.add_raw); other kinds get parsed batches
+        # cms/cs count raw line chunks in bulk (pansketch.agent.pi.batch.add_raw); other kinds get parsed batches
         self.source.raw = cfg.params.kind in ("cms", "cs")
         self.pub = Publisher.from_config(cfg, self.rec.outbox, self.log, clock=self.clock.now)
         self.pub.next_seq = lambda: self.rec.seq
         self.stopping = threading.Event()
-        self.counted = False  # events counted since the last scrub (agent.pi.memwipe)
+        self.counted = False  # events counted since the last scrub (pansketch.agent.pi.memwipe)
         self.scrubbed = 0.0  # time.monotonic() of the last scrub
         self.failed = False
         self.workers: list[Any] = list(workers or ())  # feed --jobs: count worker processes (agent/pi/countworker.py)
         self.chunks_here = 0  # raw chunks counted in this process / by the workers (the last log line of pump)
         self.chunks_handed = 0
         # feed --jobs: the input's start, read and handed to the workers while this process started
-        # (agent.pi.countworker.Early): its items come before the queue's, and the source goes on after it
+        # (pansketch.agent.pi.countworker.Early): its items come before the queue's, and the source goes on after it
         self.early = early
         self.pre: list[Any] = []
         if early is not None:  # taken, not copied: a chunk counted here must not stay referenced there
@@ -164,7 +164,7 @@ class Agent:
             scrub()
 
     def _raw_adder(self, sk: Any, data: bytes, _weights: Any) -> None:
-        from agent.pi.batch import add_raw
+        from pansketch.agent.pi.batch import add_raw
 
         add_raw(sk, data, self.source.warn)
 
@@ -190,7 +190,7 @@ class Agent:
     def _take(self, wk: Any) -> None:
         """Add the cells of the oldest chunk ``wk`` counted; if it died or went silent, count
         every chunk it still had here."""
-        from agent.pi.batch import add_cells
+        from pansketch.agent.pi.batch import add_cells
 
         cells = wk.take()
         if cells is not None:
@@ -218,7 +218,7 @@ class Agent:
 
     def _settle_idle(self) -> None:
         """Nothing waits in the queue: take the cells of chunks the workers finished, then scrub
-        this process's freed small objects (agent.pi.memwipe.scrub)."""
+        this process's freed small objects (pansketch.agent.pi.memwipe.scrub)."""
         for wk in list(self.workers):
             while wk.alive and wk.done():
                 self._take(wk)
@@ -250,9 +250,9 @@ class Agent:
                          % (self.chunks_here + self.chunks_handed, self.chunks_handed, helpers))
 
     def _pump(self) -> bool:
-        from agent.pi.batch import add_batch
-        from agent.pi.countworker import Ticket
-        from agent.pi.sources import EOF, RawLines, SourceFailed
+        from pansketch.agent.pi.batch import add_batch
+        from pansketch.agent.pi.countworker import Ticket
+        from pansketch.agent.pi.sources import EOF, RawLines, SourceFailed
 
         tick_real = self.clock.seconds(1.0)
         next_tick = time.monotonic()
@@ -350,7 +350,7 @@ class Agent:
                     " (TLS)" if self.cfg.broker.tls else ""))
         # the counting code (numpy: 0.1-0.3 s to import) is loaded before "online" goes out, so an
         # agent that says it is online counts what it is given at once
-        import agent.pi.batch  # noqa: F401
+        import pansketch.agent.pi.batch  # noqa: F401
         if common.gc_held and not gc.isenabled():  # off while the modules loaded (cli); objects made so far stay
             gc.freeze()
             gc.enable()

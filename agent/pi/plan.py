@@ -92,7 +92,7 @@ def crossover(pw, pt, limit=1 << 22):
 
 def report(p, lengths=(1, 24, 168, 720, 10080), tree_levels=None):
     """Lines comparing window mode and tree mode at p's budget for k-epoch ranges."""
-    from agent.params import Params
+    from pansketch.agent.params import Params
 
     if p.kind not in ("cms", "cs"):  # Params refuses tree mode for dcs and dbits: nothing to compare
         return ["range noise: tree mode supports kinds cms and cs only (kind %s): no tree comparison" % p.kind]
@@ -179,7 +179,7 @@ def interval_advice(p, events, target=0.05, warn_at=0.25):
                      "collisions (worst case over the data)" % (p.kind, events, 100 * noise, 100 * coll))
         total = noise + coll
     elif p.kind == "dcs":
-        from agent.dcs import exact_from
+        from pansketch.agent.dcs import exact_from
 
         h = exact_from(p.b, p.w)
         noise = Z95 * math.sqrt(p.b * nv * math.pi / 2.0 / max(1, p.d)) / n

@@ -49,10 +49,10 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
-import agent
-from agent import acks
-from agent.pi.config import AgentConfig, BrokerConfig
-from agent.storage import Outbox
+from pansketch import agent
+from pansketch.agent import acks
+from pansketch.agent.pi.config import AgentConfig, BrokerConfig
+from pansketch.agent.storage import Outbox
 
 OFFLINE = b'{"state":"offline"}'
 AGENT_VERSION = agent.__version__

@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Any
 
-from agent.pi.common import EXIT_CONFIG, EXIT_RUNTIME, die, load_config, logger
-from agent.pi.loop import Agent
+from pansketch.agent.pi.common import EXIT_CONFIG, EXIT_RUNTIME, die, load_config, logger
+from pansketch.agent.pi.loop import Agent
 
 
 def _stdin_is_devnull() -> bool:
@@ -20,11 +20,11 @@ def _stdin_is_devnull() -> bool:
 
 
 def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
-    from agent.storage import StateError
+    from pansketch.agent.storage import StateError
 
     cfg = load_config(args.config)
-    from agent.pi import memwipe
-    from agent.pi.tomlconf import placeholder_salt_warning
+    from pansketch.agent.pi import memwipe
+    from pansketch.agent.pi.tomlconf import placeholder_salt_warning
 
     # before any event is read or a worker forked (it inherits the setting): glibc overwrites
     # what it frees (agent/pi/memwipe.py, docs/PRIVACY.md "Memory residue")
@@ -44,11 +44,11 @@ def cmd_run(args: argparse.Namespace, feed: bool = False) -> int:
     early = None
     try:
         if workers:
-            from agent.pi.countworker import Early, read_now
-            from agent.pi.sources import FdLineReader, Warner
+            from pansketch.agent.pi.countworker import Early, read_now
+            from pansketch.agent.pi.sources import FdLineReader, Warner
 
             # what is on standard input already goes to the workers while the modules load and the
-            # state boots (agent.pi.countworker.Early)
+            # state boots (pansketch.agent.pi.countworker.Early)
             rd = FdLineReader(Warner(logger(cfg.device, args.quiet)))
             chunks, at_end = read_now(_stdin_fd(), rd, sum(wk.early for wk in workers))
             early = Early(workers, chunks, rd, at_end)
@@ -76,20 +76,20 @@ def _stdin_fd() -> int:
 
 
 def _start_workers(cfg: Any, args: argparse.Namespace) -> list[Any]:
-    """``feed --jobs N``: N - 1 count worker processes (cms/cs, whose chunks go to agent.pi.batch)."""
+    """``feed --jobs N``: N - 1 count worker processes (cms/cs, whose chunks go to pansketch.agent.pi.batch)."""
     p = cfg.params
     jobs = args.jobs
     if jobs is None:
-        from agent.pi.countworker import default_jobs
+        from pansketch.agent.pi.countworker import default_jobs
 
         jobs = default_jobs()
     if jobs <= 1 or p.kind not in ("cms", "cs"):
         return []
     # the batch path (numpy) is imported once, before the fork: its pages are shared and a worker
     # counts at once; it holds no state (no noise, no counters) to copy
-    import agent.pi.batch  # noqa: F401
-    from agent import hashing
-    from agent.pi.countworker import CountWorker
+    import pansketch.agent.pi.batch  # noqa: F401
+    from pansketch.agent import hashing
+    from pansketch.agent.pi.countworker import CountWorker
 
     log = logger(cfg.device, args.quiet)
     workers: list[Any] = []

@@ -33,8 +33,8 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from agent.pi.config import SourceConfig, field_path
-from agent.pi.memwipe import wipe_bytes
+from pansketch.agent.pi.config import SourceConfig, field_path
+from pansketch.agent.pi.memwipe import wipe_bytes
 
 EOF = None  # end-of-input marker put on the queue
 
@@ -49,7 +49,7 @@ Batch = tuple[list[Any], Optional[list[int]]]
 
 class RawLines:
     """Complete input lines as read (``raw`` sources): the daemon's batch path
-    (agent.pi.batch.add_raw) splits, counts and hashes them in bulk, and parses
+    (pansketch.agent.pi.batch.add_raw) splits, counts and hashes them in bulk, and parses
     them with :func:`parse_lines` only when they hold a TAB, a CR or non-ASCII
     bytes. At most CHUNK_LINES lines: the exposure window of one chunk."""
 
@@ -313,7 +313,7 @@ class StdinSource(Source):
         self.at_end = False
 
     def resume(self, reader: FdLineReader, at_end: bool) -> None:
-        """Go on from a reader that already took the input's start (``feed --jobs``, agent.pi.countworker.Early)."""
+        """Go on from a reader that already took the input's start (``feed --jobs``, pansketch.agent.pi.countworker.Early)."""
         self.reader = reader
         self.at_end = self.ended = at_end
 
@@ -448,7 +448,7 @@ class FileSource(Source):
 
 
 def extract(obj: dict[str, Any], path: list[str]) -> Any:
-    """Follow a field path (from :func:`agent.pi.config.field_path`); KeyError if absent."""
+    """Follow a field path (from :func:`pansketch.agent.pi.config.field_path`); KeyError if absent."""
     cur: Any = obj
     for i, p in enumerate(path):
         if i == 1 and path[0] == "topic":

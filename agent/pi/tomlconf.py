@@ -1,4 +1,4 @@
-"""TOML config plumbing shared by ``agent.pi.config`` and ``host_tools.hostconfig``.
+"""TOML config plumbing shared by ``pansketch.agent.pi.config`` and ``pansketch.host_tools.hostconfig``.
 
 CPython only (not part of the MicroPython core). Every error is a
 :class:`ConfigError` whose ``key`` is the dotted TOML key, so the commands

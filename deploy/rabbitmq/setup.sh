@@ -86,7 +86,7 @@ case "$1" in
     ;;
   declare)
     [ $# -eq 2 ] || usage
-    $PY -m host_tools.ingest.amqp --declare --config "$2"
+    $PY -m pansketch.host_tools.ingest.amqp --declare --config "$2"
     ;;
   *) usage ;;
 esac

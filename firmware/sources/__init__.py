@@ -44,12 +44,12 @@ Rules every source follows (docs/ARCHITECTURE.md pan-privacy, gc discipline):
   quickly; the watchdog is fed between polls.
 * Event items must be encoded the way the rest of the fleet encodes them
   (text items as ``str``), or the sketches will not merge meaningfully.
-Imports firmware.clock only; firmware.config imports ConfigError from here.
+Imports pansketch.firmware.clock only; pansketch.firmware.config imports ConfigError from here.
 """
 
 
 class ConfigError(ValueError):
-    """A bad config value; ``key`` is its dotted path in the file (firmware.config re-exports it)."""
+    """A bad config value; ``key`` is its dotted path in the file (pansketch.firmware.config re-exports it)."""
 
     def __init__(self, key, msg):
         super().__init__("%s: %s" % (key, msg))
@@ -61,7 +61,7 @@ BUILTIN = ("gpio", "ble", "uart", "pulse")
 
 def module_for(name):
     if name in BUILTIN:
-        modname = "firmware.sources." + name
+        modname = "pansketch.firmware.sources." + name
     else:
         modname = name
     try:

@@ -27,8 +27,8 @@ our memory (the BLE stack's own buffers: docs/PRIVACY.md, "Memory residue
 on boards").
 """
 
-from firmware import clock
-from firmware.sources import get_int, unknown
+from pansketch.firmware import clock
+from pansketch.firmware.sources import get_int, unknown
 
 KEYS = ("type", "every_s", "scan_ms", "interval_us", "window_us", "active", "slots", "random")
 _IRQ_SCAN_RESULT = 5
@@ -38,7 +38,7 @@ _HEX = b"0123456789ABCDEF"
 
 def check(cfg):
     unknown(cfg, KEYS, "source.")
-    from firmware.sources import ConfigError
+    from pansketch.firmware.sources import ConfigError
 
     out = {
         "every_s": get_int(cfg, "every_s", "source.every_s", 60, 1, 86400),

@@ -29,9 +29,9 @@ event-dependent state outside the noisy sketch, except events still
 waiting in the buffer, here the pending count ``n``).
 """
 
-from firmware import clock
-from firmware.sources import ConfigError
-from firmware.sources import get_choice, get_int, unknown
+from pansketch.firmware import clock
+from pansketch.firmware.sources import ConfigError
+from pansketch.firmware.sources import get_choice, get_int, unknown
 
 PIN_KEYS = ("pin", "label", "trigger", "pull", "debounce_ms")
 TRIGGERS = ("rising", "falling", "both")

@@ -23,8 +23,8 @@ in ms): longer pulses read short.
 
 import array
 
-from firmware import clock
-from firmware.sources import ConfigError, get_choice, get_int, unknown
+from pansketch.firmware import clock
+from pansketch.firmware.sources import ConfigError, get_choice, get_int, unknown
 
 KEYS = ("type", "pin", "level", "unit", "pull", "slots")
 

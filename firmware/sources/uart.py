@@ -32,8 +32,8 @@ RAM here; the port's UART driver keeps its own receive ring buffer
 "Memory residue on boards").
 """
 
-from firmware.sources import ConfigError
-from firmware.sources import get_choice, get_int, unknown
+from pansketch.firmware.sources import ConfigError
+from pansketch.firmware.sources import get_choice, get_int, unknown
 
 KEYS = ("type", "id", "baudrate", "tx", "rx", "max_line", "rxbuf", "items")
 

@@ -1,7 +1,7 @@
 """``pansketch audit``: an empirical lower bound on ε for the real device code path.
 
-May import: agent, host_tools.hostconfig, host_tools.fasthash, host_tools.store
-(the ledger's ε accounting) and host_tools.query (CSV output); runs the device
+May import: agent, pansketch.host_tools.hostconfig, pansketch.host_tools.fasthash, pansketch.host_tools.store
+(the ledger's ε accounting) and pansketch.host_tools.query (CSV output); runs the device
 code itself, never the host's ingest or web.
 
 Modules (docs/PRIVACY.md, "Empirical audit"):
@@ -9,7 +9,7 @@ Modules (docs/PRIVACY.md, "Empirical audit"):
 * :mod:`.scenarios` -- neighbouring streams: one event of weight ±clip on a
   target item, placed around persists, restarts, flushes and outbox failures;
   a registry per release mode (a new mode adds its scenarios there);
-* :mod:`.device` -- runs the real :class:`agent.recorder.Recorder` on a
+* :mod:`.device` -- runs the real :class:`pansketch.agent.recorder.Recorder` on a
   scenario and records the intruder's view (every attribute of Recorder,
   Sketch and Rng at each moment, every ``state.bin`` version, every release
   read back from the outbox with cbor2) and the bytes of the CSPRNG;

@@ -2,7 +2,7 @@
 
 The view of a dbits device is not a linear function of noise draws (the
 state is a bit array of Bernoulli draws), so model.py does not apply. Every
-trial runs the real :class:`agent.dbits.DistinctRecorder` through the
+trial runs the real :class:`pansketch.agent.dbits.DistinctRecorder` through the
 scenario (device.run: the same flash log, faults and snapshots as the
 counting kinds) with the system CSPRNG, and the adversary reads:
 
@@ -34,12 +34,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from agent.params import Params
-from agent.rng import SystemSource
+from pansketch.agent.params import Params
+from pansketch.agent.rng import SystemSource
 
-from host_tools.audit import device, distinguish, stats
-from host_tools.audit.results import Result, ScenarioAudit, summarize
-from host_tools.audit.scenarios import Scenario
+from pansketch.host_tools.audit import device, distinguish, stats
+from pansketch.host_tools.audit.results import Result, ScenarioAudit, summarize
+from pansketch.host_tools.audit.scenarios import Scenario
 
 
 def _dlap_logpmf(x: np.ndarray, t: float) -> np.ndarray:
@@ -49,8 +49,8 @@ def _dlap_logpmf(x: np.ndarray, t: float) -> np.ndarray:
 
 def _target(p: Params) -> tuple[int, int]:
     """(bit position, level) of the target item in the bit array."""
-    from agent import hashing
-    from agent.dbits import DensityBits
+    from pansketch.agent import hashing
+    from pansketch.agent.dbits import DensityBits
 
     sk = DensityBits(p.d, p.w, hashing.salt_prefix(p.salt), p.budget, bytearray(p.d * p.w // 8))
     pos = sk.position(device.target_item(p))

@@ -1,6 +1,6 @@
 """``pansketch audit``: measure a lower bound on ε for a device configuration.
 
-Runs the real device core (agent.recorder.Recorder, persist, restart,
+Runs the real device core (pansketch.agent.recorder.Recorder, persist, restart,
 release encoding) on pairs of neighbouring streams, attacks the release
 view and the intrusion view with likelihood-ratio tests, and reports a
 Clopper–Pearson 95 % lower bound on ε next to the claimed ε
@@ -15,10 +15,10 @@ import sys
 import time
 from typing import Any
 
-from agent.params import ParamError, Params
+from pansketch.agent.params import ParamError, Params
 
-from host_tools.audit import engine, report, scenarios
-from host_tools.audit.model import ModelError
+from pansketch.host_tools.audit import engine, report, scenarios
+from pansketch.host_tools.audit.model import ModelError
 
 # The grid of the docs/PRIVACY.md table: window and keep mode,
 # dlap eps = 1/2 and 1, dgauss rho = 1/2, a small Count-Min sketch.
@@ -80,7 +80,7 @@ def _err(msg: str) -> int:
 
 
 def _params(args: argparse.Namespace) -> Params:
-    from agent.pi import config as agent_config
+    from pansketch.agent.pi import config as agent_config
 
     cfg = agent_config.load(args.config)
     p = cfg.params
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(report.json_lines(per, summary))
     elif args.csv:
-        from host_tools.query import csvout
+        from pansketch.host_tools.query import csvout
 
         csvout.from_json_lines(report.json_lines(per, summary), sys.stdout)
     else:

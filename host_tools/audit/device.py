@@ -1,7 +1,7 @@
 """Run the real device core on a scenario and record everything an intruder can read.
 
 Nothing here re-implements the device: :func:`run` drives
-:class:`agent.recorder.Recorder` (the module a board runs) through the
+:class:`pansketch.agent.recorder.Recorder` (the module a board runs) through the
 scenario's operations, on a real directory (``state.bin``, ``released``,
 ``outbox/``), and after every operation records
 
@@ -46,14 +46,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agent import hashing, noise, storage
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.recorders import make
-from agent.rng import NoEntropyError, Rng
+from pansketch.agent import hashing, noise, storage
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import NoEntropyError, Rng
 
-from host_tools import cborscan
-from host_tools.audit.scenarios import Scenario
+from pansketch.host_tools import cborscan
+from pansketch.host_tools.audit.scenarios import Scenario
 
 # Recorder/Sketch/Rng attributes that are objects, not data (they are walked
 # separately or hold no state of the data: config, log function, file paths).
@@ -307,7 +307,7 @@ class LoggedFile:
 
 def _body_len(first: bytes) -> int | None:
     """Bytes before the trailer of a state file, from its first write (the header); None otherwise."""
-    from agent import tree as tree_mod
+    from pansketch.agent import tree as tree_mod
 
     if first.startswith(storage.STATE_MAGIC) and len(first) >= storage._HDR_LEN:
         n = struct.unpack(storage._HDR, first[:storage._HDR_LEN])[-1]
@@ -320,7 +320,7 @@ def _body_len(first: bytes) -> int | None:
 
 
 class FlashLog:
-    """Copy-on-write flash for the audit: agent.storage opens files through it
+    """Copy-on-write flash for the audit: pansketch.agent.storage opens files through it
     (``storage.open`` shadows the builtin while a run lasts; audit-only, removed
     afterwards). Every file write becomes an :class:`Image`; armed faults make
     the next matching write fail at the chosen stage."""
@@ -378,11 +378,11 @@ def _cbor_ctr(data: bytes) -> tuple[int, int] | None:
 def image_arrays(p: Params, img: Image) -> tuple[list[np.ndarray], tuple]:
     """The noisy arrays an intruder reads in one file image, and its other bytes (metadata).
 
-    State files (agent.storage, agent.tree): header, then whole arrays of ``p.cells``
+    State files (pansketch.agent.storage, pansketch.agent.tree): header, then whole arrays of ``p.cells``
     int32 (one; L in tree mode), then a SHA-256 trailer (left out of the metadata: it
     is a function of the noisy arrays). Releases (``outbox/*.tmp`` and their renames):
     the CBOR ``ctr`` byte string. Marker files hold public keys only (metadata)."""
-    from agent import tree as tree_mod
+    from pansketch.agent import tree as tree_mod
 
     data = img.attempted()
     n = p.cells
@@ -467,13 +467,13 @@ def target_cells(p: Params, item: str) -> list[tuple[int, int]]:
     if p.kind == "dbits":
         return []
     if p.kind == "dcs":
-        from agent.dcs import DyadicSketch
+        from pansketch.agent.dcs import DyadicSketch
 
         z = array.array("i", bytes(4 * p.cells))
         DyadicSketch(p.b, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, p.map, z).update(item, 1)
         return [(i, 1 if v > 0 else -1) for i, v in enumerate(z) if v]
     if p.kind == "strhh":
-        from agent.strhh import PrefixSketch
+        from pansketch.agent.strhh import PrefixSketch
 
         z = array.array("i", bytes(4 * p.cells))
         PrefixSketch(p.b, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, z).update(item, 1)

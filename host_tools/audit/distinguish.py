@@ -42,10 +42,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.noise import NoiseSpec
-from host_tools.audit import stats
-from host_tools.audit import device
-from host_tools.audit.model import Model, Pmf, base_pmf, pmf_mixed, pmf_of
+from pansketch.agent.noise import NoiseSpec
+from pansketch.host_tools.audit import stats
+from pansketch.host_tools.audit import device
+from pansketch.host_tools.audit.model import Model, Pmf, base_pmf, pmf_mixed, pmf_of
 
 
 @dataclass

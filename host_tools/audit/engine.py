@@ -27,14 +27,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from agent.params import Params
-from agent.rng import DeterministicSource, NoEntropyError, SystemSource
+from pansketch.agent.params import Params
+from pansketch.agent.rng import DeterministicSource, NoEntropyError, SystemSource
 
-from host_tools.audit import device, distinguish, model as mdl, scenarios, stats
-from host_tools.audit.results import Result, ScenarioAudit, summarize
-from host_tools.audit.scenarios import Scenario
+from pansketch.host_tools.audit import device, distinguish, model as mdl, scenarios, stats
+from pansketch.host_tools.audit.results import Result, ScenarioAudit, summarize
+from pansketch.host_tools.audit.scenarios import Scenario
 
-from host_tools.store.ledger import DEFAULT_DELTA  # δ of a ρ-zCDP claim: the host's default, one ε everywhere
+from pansketch.host_tools.store.ledger import DEFAULT_DELTA  # δ of a ρ-zCDP claim: the host's default, one ε everywhere
 
 VIEWS = ("release", "intrusion")
 
@@ -326,7 +326,7 @@ def audit(p: Params, views: Iterable[str] = VIEWS, trials: int = 100_000, seed: 
     ``source`` makes the byte source of each real run (the system CSPRNG; a test may seed it)."""
     views = list(views)
     if p.kind == "dbits":  # bits, not a linear function of noise draws: the real code path (bits.py)
-        from host_tools.audit import bits
+        from pansketch.host_tools.audit import bits
 
         scs = [s for s in scenarios.for_mode(p.mode, scenario_names)
                if scenario_names or not s.name.startswith("persist-fail")]  # dbits writes no state file

@@ -46,11 +46,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agent.params import Params
-from agent.rng import DeterministicSource, SystemSource
+from pansketch.agent.params import Params
+from pansketch.agent.rng import DeterministicSource, SystemSource
 
-from host_tools.audit import device
-from host_tools.audit.scenarios import Scenario
+from pansketch.host_tools.audit import device
+from pansketch.host_tools.audit.scenarios import Scenario
 
 Key = tuple  # ("ram", moment, attr) | ("flash", j) | ("release", j)
 
@@ -79,7 +79,7 @@ def draws_of(p: Params, r: device.Run) -> tuple[np.ndarray, list[device.Decoded]
 
 def decode(p: Params, r: device.Run) -> tuple[np.ndarray, list[device.Decoded], list[Any]]:
     """All draws of a run as a (K, n) array, the per-instance decodings, and the
-    distribution (agent.noise.NoiseSpec) of each of the K noise arrays.
+    distribution (pansketch.agent.noise.NoiseSpec) of each of the K noise arrays.
 
     With the distributions recorded by device.run (:attr:`device.Run.specs`)
     every draw is replayed with its own sampler, and every array of n
@@ -310,7 +310,7 @@ POINT = Pmf(0, np.array([1.0]))
 
 
 def base_pmf(spec: Any) -> Pmf:
-    """The exact pmf of one draw of ``spec`` (agent.noise.NoiseSpec), truncated
+    """The exact pmf of one draw of ``spec`` (pansketch.agent.noise.NoiseSpec), truncated
     where the tail mass falls below 1e-40 (float64 on the host: a report, not the noise path)."""
     if spec.mech == "dlap":
         t = spec.num / spec.den  # P[x] ∝ exp(-|x|/t)

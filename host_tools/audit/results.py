@@ -12,8 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from host_tools.audit import model as mdl
-from host_tools.audit.scenarios import Scenario
+from pansketch.host_tools.audit import model as mdl
+from pansketch.host_tools.audit.scenarios import Scenario
 
 
 @dataclass

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 # the zCDP -> (eps, delta) conversion lives with the privacy ledger (one eps figure everywhere); re-exported
-from host_tools.store.ledger import zcdp_delta, zcdp_to_dp, zcdp_to_dp_bun_steinke  # noqa: F401
+from pansketch.host_tools.store.ledger import zcdp_delta, zcdp_to_dp, zcdp_to_dp_bun_steinke  # noqa: F401
 
 ALPHA = 0.05  # two-sided Clopper–Pearson level: 95 % intervals
 

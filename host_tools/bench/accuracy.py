@@ -1,6 +1,6 @@
 """Accuracy on real offline data, per salt, next to Apache DataSketches at equal memory.
 
-    python -m host_tools.bench.accuracy [--salts 30] [--devices 20] [--out bench-results/accuracy.json]
+    python -m pansketch.host_tools.bench.accuracy [--salts 30] [--devices 20] [--out bench-results/accuracy.json]
                                         [--figures bench-results] [--quick]
     make bench-accuracy
 
@@ -10,12 +10,12 @@ left out), read once and spread over ``devices`` devices file by file
 (round robin): identifier tokens (tokenize NAME tokens), line lengths
 (characters per line) and file sizes (bytes). Nobody here wrote them.
 
-The sketches are the devices' own (host_tools.fasthash and
-host_tools.query.dyadic.exact_counters equal agent.sketch / agent.dcs, the
+The sketches are the devices' own (pansketch.host_tools.fasthash and
+pansketch.host_tools.query.dyadic.exact_counters equal pansketch.agent.sketch / pansketch.agent.dcs, the
 tests check it); a fleet's merged release is their sum plus, per device,
 the noise the device calibrates at the default configuration
-(agent.params.Params: one internal and one output draw per cell, exact
-discrete Gaussian from host_tools.lab.algorithms.vnoise). Each *salt* is
+(pansketch.agent.params.Params: one internal and one output draw per cell, exact
+discrete Gaussian from pansketch.host_tools.lab.algorithms.vnoise). Each *salt* is
 one fleet: a fixed hash key. What a fleet sees is its own salt's coverage,
 so coverage is reported per salt -- the median and the 5th percentile
 over salts -- not only averaged over salts.
@@ -24,10 +24,10 @@ Sections (each a table in the JSON and in docs/HOST.md "Accuracy on real data"):
 
 * ``freq``: CountSketch (default d = 4, w = 1024) and Count-Min at equal
   memory: per-salt coverage of the frequency intervals over all tokens
-  (calibrated, host_tools.query.estimators) and RMSE over the top 1000.
+  (calibrated, pansketch.host_tools.query.estimators) and RMSE over the top 1000.
 * ``topk``: precision at k = 50 and 100 with the whole vocabulary as the
   candidate list: CountSketch by median, CountSketch with the least-squares
-  refit (host_tools.query.ranking, what ``query topk`` does), Count-Min,
+  refit (pansketch.host_tools.query.ranking, what ``query topk`` does), Count-Min,
   and DataSketches ``frequent_strings_sketch`` (no candidate list) at about
   the same memory.
 * ``quantiles``: kind dcs on line lengths and file sizes (b = 16), default
@@ -36,7 +36,7 @@ Sections (each a table in the JSON and in docs/HOST.md "Accuracy on real data"):
   and DataSketches KLL at about the same memory (its rank error).
 * ``distinct``: the number of distinct tokens, HLL / CPC (DataSketches)
   at about the memory of a default dbits release, for reference (kind dbits
-  has its own benchmark in host_tools.bench.kinds).
+  has its own benchmark in pansketch.host_tools.bench.kinds).
 
 Figures (matplotlib, if installed): per-salt coverage histograms and the
 top-k precision per method, in ``--figures``.
@@ -57,11 +57,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from host_tools import fasthash
-from host_tools.lab.algorithms.vnoise import BulkNoise
-from host_tools.query import estimators, ranking
-from host_tools.query.dyadic import DyadicView, exact_counters
-from host_tools.query.merge import Merged, NoiseTerm
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
+from pansketch.host_tools.query import estimators, ranking
+from pansketch.host_tools.query.dyadic import DyadicView, exact_counters
+from pansketch.host_tools.query.merge import Merged, NoiseTerm
 
 
 # -- data ---------------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def vocabulary(per_file: list[list[str]]) -> tuple[list[str], np.ndarray]:
 # -- the fleet's noise -------------------------------------------------------------------
 def device_noise(kind: str, d: int, w: int, b: int = 0) -> list[tuple[str, Fraction]]:
     """(mechanism, parameter) of the draws one default-configured device adds to each cell of a release."""
-    from agent.params import Params
+    from pansketch.agent.params import Params
 
     cfg: dict[str, Any] = {"device": "bench", "salt": "bench-salt", "kind": kind, "d": d, "w": w}
     if kind == "dcs":
@@ -260,7 +260,7 @@ def add_sum_noise(exact: np.ndarray, draws: list[tuple[str, Fraction]], devices:
     (devices x draws discrete Gaussians of sigma^2 = 68 each: their sum is within ~1e-3 of it in total
     variation; the exact draws, :func:`add_fleet_noise`, cost 20 s per merged dcs sketch). The terms
     the host reads are the exact ones."""
-    from host_tools.query.merge import noise_variance
+    from pansketch.host_tools.query.merge import noise_variance
 
     terms = [NoiseTerm(mech, par.numerator, par.denominator, devices) for mech, par in draws]
     var = sum(t.count * noise_variance(t.mech, t.num, t.den) for t in terms)
@@ -277,7 +277,7 @@ def quantiles(name: str, values: np.ndarray, salts: int, devices: int, configs: 
     the answers of ``query quantile`` / ``query cdf`` (dyadic.rank_answers: per-salt least-squares
     intervals, values coarsened to the resolution the salt's sketch resolves); 'before' the
     hash-averaged calibrated intervals at the uncoarsened values (DyadicView.rank_le_right / rank_le)."""
-    from host_tools.query.dyadic import rank_answers
+    from pansketch.host_tools.query.dyadic import rank_answers
 
     vals = np.clip(values, 0, (1 << b) - 1)
     srt = np.sort(vals)
@@ -400,11 +400,11 @@ def dbits_coverage(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000, 3
                    confidence: float = 0.95, seed: int = 2026) -> list[dict[str, Any]]:
     """Coverage of one release's interval, the default dbits (16 levels x 1024 bits), by n and eps
     (1/4 .. 3/2: the accepted budgets go up to 1.5936): the releases are exact simulations of the
-    device's bits (host_tools.bench.kinds.dnpry_simulate: every item's level and bucket drawn, not
-    the host's simulator), the interval the host's (host_tools.query.distinct.release_interval)."""
-    from host_tools.bench.kinds import dnpry_simulate
-    from host_tools.query.distinct import release_interval
-    from host_tools.query.merge import noise_variance
+    device's bits (pansketch.host_tools.bench.kinds.dnpry_simulate: every item's level and bucket drawn, not
+    the host's simulator), the interval the host's (pansketch.host_tools.query.distinct.release_interval)."""
+    from pansketch.host_tools.bench.kinds import dnpry_simulate
+    from pansketch.host_tools.query.distinct import release_interval
+    from pansketch.host_tools.query.merge import noise_variance
 
     rows: list[dict[str, Any]] = []
     for en, ed in epss:
@@ -431,18 +431,18 @@ def dbits_coverage(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000, 3
 def dbits_device_path(trials: int, Ds: tuple[int, ...] = (1_000, 10_000, 100_000), eps: str = "1/2",
                       K: int = 16, m: int = 1024, confidence: float = 0.95, workdir: Optional[str] = None
                       ) -> list[dict[str, Any]]:
-    """Coverage through the real path: the device's recorder (agent.recorders.make_recorder, kind
+    """Coverage through the real path: the device's recorder (pansketch.agent.recorders.make_recorder, kind
     dbits, window mode) fed ``D`` distinct items, its release bytes from the outbox, the aggregator's
-    decode, the SQLite store and ``pansketch query distinct`` (host_tools.query.distinct.query).
+    decode, the SQLite store and ``pansketch query distinct`` (pansketch.host_tools.query.distinct.query).
     ``trials`` per D, a fresh salt each (the device's randomness from a seeded source)."""
     import tempfile
 
-    from agent.params import Params
-    from agent.recorders import make_recorder
-    from agent.rng import DeterministicSource, Rng
-    from host_tools.ingest.decode import decode
-    from host_tools.query import distinct
-    from host_tools.store.sqlite import Store
+    from pansketch.agent.params import Params
+    from pansketch.agent.recorders import make_recorder
+    from pansketch.agent.rng import DeterministicSource, Rng
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.query import distinct
+    from pansketch.host_tools.store.sqlite import Store
 
     t0 = 200_000 * 3600
     rows = []

@@ -1,13 +1,13 @@
 """Capacity plan from measured per-release costs (deploy/OPERATIONS.md "Capacity plan").
 
-    python -m host_tools.bench.capacity [--pg bench-results/host-pg*.json ...] [--soak bench-results/soak.json]
+    python -m pansketch.host_tools.bench.capacity [--pg bench-results/host-pg*.json ...] [--soak bench-results/soak.json]
                                         [--devices 1e4,1e5,1e6] [--window-s 3600] [--drain-s 300]
                                         [--retain-days 30] [--keep-days 365] [--cores-per-host 8]
                                         [--utilisation 0.6] [--broker-memory-gb 8] [--out bench-results/capacity.md]
 
 Inputs are the JSON files the benchmarks write, nothing else:
 
-* ``--pg``: ``python -m host_tools.bench.host --skip ingest,query`` (the
+* ``--pg``: ``python -m pansketch.host_tools.bench.host --skip ingest,query`` (the
   PostgreSQL part): CPU microseconds per release of each process of the
   ingest path (aggregator, its MQTT and validation helpers, mosquitto,
   the PostgreSQL sessions and background processes) as medians over the
@@ -16,7 +16,7 @@ Inputs are the JSON files the benchmarks write, nothing else:
   release measured in the
   database (releases table with TOAST and indexes, a pruned release's
   row, roll-up rows, WAL);
-* ``--soak``: ``python -m host_tools.bench.soak``: the broker's resident
+* ``--soak``: ``python -m pansketch.host_tools.bench.soak``: the broker's resident
   memory per connected device, ack latency.
 
 Every figure in the table is one of the formulas printed beside it, over
@@ -53,7 +53,7 @@ def measured(pgs: list[dict[str, Any]], soak: Optional[dict[str, Any]]) -> dict[
 
     b = ing["bytes"]
     m = {"release_bytes": float(b["release_bytes"]),
-         "cpu_aggregator_us": med("aggregator", "host_tools.ingest.mqttproc", "host_tools.ingest.validproc"),
+         "cpu_aggregator_us": med("aggregator", "pansketch.host_tools.ingest.mqttproc", "pansketch.host_tools.ingest.validproc"),
          "cpu_postgres_us": med("postgres sessions", "postgres background", "postgres"),
          "cpu_broker_us": med("mosquitto"),
          "row_bytes": float(b["releases_table_bytes_per_release"]),

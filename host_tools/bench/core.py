@@ -1,12 +1,12 @@
 """Benchmark of the device core; writes bench-results/core.json.
 
-    python -m host_tools.bench.core [--events N] [--out DIR] [--no-mp]
+    python -m pansketch.host_tools.bench.core [--events N] [--out DIR] [--no-mp]
 
 CPython: events/second of the per-event and batch update paths for
 Count-Min and CountSketch (d=4, w=2048, ~16-byte string items from a Zipf
 stream), printed as ratios against a plain-Python dict counter and
 ``collections.Counter`` measured in the same process on the same stream;
-also the numpy host path (host_tools.fasthash). Release size and encode time
+also the numpy host path (pansketch.host_tools.fasthash). Release size and encode time
 for d=4, w=1024. MicroPython (WebAssembly port under node, see tests/support/mpvm.py):
 time per event, bytes allocated per event, the live heap high-water mark
 for a d=4, w=1024 keep-mode recorder, and the time to draw the noise.
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent import hashing, release
-from agent.params import Params
-from agent.rng import DeterministicSource, Rng
-from agent.sketch import Sketch, new_counters
+from pansketch.agent import hashing, release
+from pansketch.agent.params import Params
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.sketch import Sketch, new_counters
 
 SALT = "bench-fleet-salt"
 
@@ -105,7 +105,7 @@ def bench_cpython(n: int) -> dict[str, Any]:
     except ImportError:  # pip install datasketches to compare
         pass
     try:
-        from host_tools import fasthash
+        from pansketch.host_tools import fasthash
 
         res["numpy_host_eps"] = n / best_of(lambda: fasthash.sketch_counts(items, None, "cs", 4, 2048, SALT))
     except ImportError:  # numpy missing: not a device requirement
@@ -123,10 +123,10 @@ def bench_cpython(n: int) -> dict[str, Any]:
 
 MP_SETUP = """
 import gc, time
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import Rng, DeterministicSource
-from agent import release
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import Rng, DeterministicSource
+from pansketch.agent import release
 P = Params({"device": "bench-1", "salt": %r, "d": 4, "w": 1024, "mode": "keep", "window_s": 3600, "epoch_s": 600})
 t = time.ticks_us()
 rec = Recorder(P, "/flash/dev", %d, rng=Rng(DeterministicSource(b"bench")), log=lambda m: None)
@@ -175,9 +175,9 @@ def bench_micropython(events: int = 10_000, chunk: int = 500) -> dict[str, Any]:
 
 MP_TREE_SETUP = """
 import gc, time
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import Rng, DeterministicSource
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import Rng, DeterministicSource
 cfg = {"device": "bench-t", "salt": %r, "kind": "cs", "d": %d, "w": %d, "epoch_s": 60, "persist_s": 86400,
        "persist_noise": %r}
 if %d > 1:
@@ -187,7 +187,7 @@ else:
     cfg["mode"] = "window"
     cfg["window_s"] = 60
 P = Params(cfg)
-import agent.tree
+import pansketch.agent.tree
 NAMES = ["device-%%09d" %% j for j in range(200)]
 def step(k, n):
     t = time.ticks_us()
@@ -204,8 +204,8 @@ print("@open_us", time.ticks_diff(time.ticks_us(), t))
 
 MP_UPDATE = """
 import time
-from agent import hashing
-from agent.sketch import Sketch, new_counters
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch, new_counters
 pre = hashing.salt_prefix(%r)
 d, w = %d, %d
 NAMES = ["device-%%09d" %% j for j in range(200)]

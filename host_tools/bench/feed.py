@@ -1,6 +1,6 @@
 """Whole-process benchmark: ``pansketch-agent feed`` against a DataSketches stdin reader.
 
-    python -m host_tools.bench.feed [--events N] [--rounds R] [--out DIR]
+    python -m pansketch.host_tools.bench.feed [--events N] [--rounds R] [--out DIR]
 
 Both processes read the same file of N Zipf(1.1) items (16-byte strings)
 on standard input and count it into a d=4, w=2048 sketch (ours: CountSketch,
@@ -54,8 +54,8 @@ def _child_cpu() -> float:
 
 
 def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> dict[str, Any]:
-    from host_tools.bench.core import zipf_items
-    from host_tools.localnet import Mosquitto
+    from pansketch.host_tools.bench.core import zipf_items
+    from pansketch.host_tools.localnet import Mosquitto
     from tests.support.e2e import AggregatorThread, agent_toml, host_toml
 
     res: dict[str, Any] = {"events": events, "kind": kind, "d": 4, "w": 2048, "rounds": [],
@@ -75,12 +75,12 @@ def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> di
             for r in range(rounds + (1 if profile else 0)):
                 cfg = agent_toml(str(tdp / ("a%d.toml" % r)), "bench-%d" % r, broker.port, str(tdp / ("s%d" % r)),
                                  w=2048, d=4, kind=kind)
-                agent = [sys.executable, "-m", "agent.pi.daemon", "feed", "--config", cfg, "--timeout", "60", "-q"]
+                agent = [sys.executable, "-m", "pansketch.agent.pi.daemon", "feed", "--config", cfg, "--timeout", "60", "-q"]
                 if r == rounds:  # the extra profiled run (not a round)
                     prof = tdp / "feed.prof"
-                    # agent.pi.daemon.main, not the entry point: cli() ends with os._exit, before cProfile writes
+                    # pansketch.agent.pi.daemon.main, not the entry point: cli() ends with os._exit, before cProfile writes
                     driver = tdp / "profiled_agent.py"
-                    driver.write_text("import gc, sys\nimport agent.pi.common as c, agent.pi.daemon as d\n"  # as cli() does, without os._exit
+                    driver.write_text("import gc, sys\nimport pansketch.agent.pi.common as c, pansketch.agent.pi.daemon as d\n"  # as cli() does, without os._exit
                                       "c.gc_held = True\ngc.disable()\nsys.exit(d.main())\n")
                     with open(data, "rb") as f:
                         subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), str(driver)] + agent[3:],

@@ -1,6 +1,6 @@
 """Fleet scale: the cost of a month of answers, by number of devices N and windows W.
 
-    python -m host_tools.bench.fleetscale [--sizes 100x24,100x168,1000x168] [--out bench-results]
+    python -m pansketch.host_tools.bench.fleetscale [--sizes 100x24,100x168,1000x168] [--out bench-results]
                                           [--code DIR] [--keep DIR]
 
 Each store holds N devices x W hourly windows of small cms sketches (d=2, w=16: the shape of the
@@ -49,11 +49,11 @@ _SHIFTED = {"elo": "elo + k", "ehi": "ehi + k", "seq": "seq + k", "win": "win + 
 
 def build(db: str, n: int, w: int) -> dict[str, float]:
     """A store of ``n`` devices x ``w`` hourly windows (see the module docstring); build timings."""
-    from agent import release
-    from agent.params import Params
-    from host_tools import hostconfig
-    from host_tools.ingest.aggregator import Aggregator
-    from host_tools.store.schema import _INSERT_COLS
+    from pansketch.agent import release
+    from pansketch.agent.params import Params
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools.store.schema import _INSERT_COLS
 
     t = time.perf_counter()
     cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": db}})
@@ -92,7 +92,7 @@ def build(db: str, n: int, w: int) -> dict[str, float]:
         con.execute("INSERT INTO rollup_devices (rollup, device) SELECT r2.id, x.device " + same
                     + "JOIN rollup_devices x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
         dcols = {r[1] for r in con.execute("PRAGMA table_info(devices)")}
-        if "max_seq" in dcols:  # the SQLite store's per-device highest seq (host_tools.store.sqlite)
+        if "max_seq" in dcols:  # the SQLite store's per-device highest seq (pansketch.host_tools.store.sqlite)
             con.execute("UPDATE devices SET max_seq = max_seq + ? WHERE max_seq IS NOT NULL", (w - 1,))
     con.commit()
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -101,7 +101,7 @@ def build(db: str, n: int, w: int) -> dict[str, float]:
 
 
 _SCRAPE = ("import sys, time\n"
-           "from host_tools.metrics import StoreCollector\n"
+           "from pansketch.host_tools.metrics import StoreCollector\n"
            "c = StoreCollector(sys.argv[1], salt=None)\n"
            "list(c.collect())\n"  # the first scrape fills any cache a collector keeps
            "t = time.process_time(); list(c.collect()); print(time.process_time() - t)\n")
@@ -121,7 +121,7 @@ def _cpu(argv: list[str], code: Optional[str]) -> tuple[float, str]:
 
 
 def measure(db: str, conf: str, code: Optional[str], repeat: int) -> dict[str, float]:
-    py = [sys.executable, "-c", "import sys; from host_tools.cli import main; sys.exit(main(sys.argv[1:]))"]
+    py = [sys.executable, "-c", "import sys; from pansketch.host_tools.cli import main; sys.exit(main(sys.argv[1:]))"]
     cmds = {
         "freq": py + ["query", "--config", conf, "freq", "item-1", "item-2"],
         "series_1h": py + ["query", "--config", conf, "series", "item-1", "--step", "1h"],
@@ -144,7 +144,7 @@ def fit(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m host_tools.bench.fleetscale", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pansketch.host_tools.bench.fleetscale", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="100x24,100x168,1000x168", help="NxW,... (devices x hourly windows)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="bench-results")

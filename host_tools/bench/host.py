@@ -1,6 +1,6 @@
 """Host benchmark: ingest through mosquitto (SQLite and PostgreSQL), release size, queries.
 
-    python -m host_tools.bench.host [--devices 50] [--per-device 80] [--rounds 2] [--aggregators 1,2,4]
+    python -m pansketch.host_tools.bench.host [--devices 50] [--per-device 80] [--rounds 2] [--aggregators 1,2,4]
                                     [--query-devices 50] [--query-windows 168] [--out bench-results/host.json]
 
 * release size: encoded bytes of a release for a few (kind, d, w);
@@ -31,7 +31,7 @@
   same query with ``use_rollups=False``), in-process median times, and the
   ``pansketch query`` CLI process (wall time and peak RSS) for both.
 
-The counters are random int32 values, not noise drawn by agent.noise: they
+The counters are random int32 values, not noise drawn by pansketch.agent.noise: they
 are benchmark payloads of the right size and format, not private data.
 Figures are written as JSON to ``--out``. Needs mosquitto for the ingest
 part (skipped with a note otherwise).
@@ -59,9 +59,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent import release
-from agent.params import Params
-from host_tools.localnet import Mosquitto, mosquitto_path
+from pansketch.agent import release
+from pansketch.agent.params import Params
+from pansketch.host_tools.localnet import Mosquitto, mosquitto_path
 
 SALT = "bench-fleet-salt"
 EPOCH0 = 1_700_000_000 // 3600
@@ -265,7 +265,7 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
                             '[fleet]\nsalt = "%s"\n' % (port, tag, k, db,
                                                           'shared_group = "aggs"\n' if aggregators > 1 else "", SALT))
                 procs_agg.append(subprocess.Popen(
-                    [sys.executable, "-m", "host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
+                    [sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
                     env=_env(), stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agg-%s-%d.log" % (tag, k)), "w")))
             logs = [os.path.join(tmp, "agg-%s-%d.log" % (tag, k)) for k in range(aggregators)]
             deadline = time.monotonic() + 60
@@ -353,8 +353,8 @@ def _per_group(logs: list[str]) -> Optional[float]:
 
 def _stage_cpu(logs: list[str], role: str) -> dict[str, float]:
     """A process's CPU per message by stage (the summary line each ingest process logs at exit, with
-    host_tools.ingest.child.log_stage_cpu; mean over aggregators)."""
-    from host_tools.ingest.child import STAGES_LINE
+    pansketch.host_tools.ingest.child.log_stage_cpu; mean over aggregators)."""
+    from pansketch.host_tools.ingest.child import STAGES_LINE
 
     line = STAGES_LINE % role
     found: list[dict[str, float]] = []
@@ -373,9 +373,9 @@ def _stage_cpu(logs: list[str], role: str) -> dict[str, float]:
 
 def bench_direct(msgs: list[tuple[str, bytes]], tmp: str) -> dict[str, Any]:
     """In-process, no MQTT: one transaction per release vs group commits of 256."""
-    from host_tools import hostconfig
-    from host_tools.ingest.aggregator import Aggregator
-    from host_tools.ingest.decode import decode
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools.ingest.decode import decode
 
     out: dict[str, Any] = {}
     for name, group in (("one_by_one", 1), ("groups_of_256", 256)):
@@ -404,9 +404,9 @@ def _timeit(fn: Any, reps: int = 5) -> float:
 
 def build_query_db(path: str, devices: int, windows: int, d: int = 4, w: int = 1024) -> int:
     """``devices`` x ``windows`` hourly window releases stored through the store's group commit."""
-    from host_tools.ingest.decode import decode
-    from host_tools.store.rows import Pending
-    from host_tools.store.backend import open_store
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.store.rows import Pending
+    from pansketch.host_tools.store.backend import open_store
 
     rng = np.random.default_rng(7)
     st = open_store(path)
@@ -433,7 +433,7 @@ def _cli_run(conf: str, args: list[str]) -> dict[str, Any]:
     count the parent's pages it held before exec.
     """
     gtime = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
-    cmd = [sys.executable, "-m", "host_tools.cli", "query", "--config", conf] + args
+    cmd = [sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", conf] + args
     if gtime:
         cmd = [gtime, "-f", "MAXRSS_KB %M"] + cmd
     t = time.perf_counter()
@@ -452,9 +452,9 @@ def _cli_run(conf: str, args: list[str]) -> dict[str, Any]:
 
 def bench_query(db: str, tmp: str, n_cand: int = 100_000) -> dict[str, Any]:
     """Roll-ups vs raw releases (the peer), interleaved, in-process and as CLI processes."""
-    from host_tools import fasthash
-    from host_tools.query import core as query
-    from host_tools.store.backend import open_store
+    from pansketch.host_tools import fasthash
+    from pansketch.host_tools.query import core as query
+    from pansketch.host_tools.store.backend import open_store
 
     st = open_store(db, readonly=True)
     cands = ["cand-%d" % i for i in range(n_cand)]
@@ -601,9 +601,9 @@ def _warm(dsn: str, msgs: list[tuple[str, bytes]]) -> int:
     """``--pg-warm``: the database already knows every device (one earlier release each, stored before
     the timed run), as in a running fleet; a fresh database makes the first release of each device
     wait for whichever aggregator inserted its ``devices`` row first."""
-    from host_tools.ingest.decode import decode
-    from host_tools.store.rows import Pending
-    from host_tools.store.backend import open_store
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.store.rows import Pending
+    from pansketch.host_tools.store.backend import open_store
 
     seen: dict[str, Any] = {}
     for t, p in msgs:
@@ -701,9 +701,9 @@ def bench_pg_rows(srv: Any, msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
     (VACUUM FULL): the bytes a pruned release keeps. For the capacity plan (bench/capacity.py)."""
     import psycopg
 
-    from host_tools.ingest.decode import decode
-    from host_tools.store.rows import Pending
-    from host_tools.store.pg import PgStore
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.store.rows import Pending
+    from pansketch.host_tools.store.pg import PgStore
 
     dsn = srv.create_database("rows")
     st = PgStore(dsn)
@@ -747,8 +747,8 @@ def bench_pg_rows(srv: Any, msgs: list[tuple[str, bytes]]) -> dict[str, Any]:
     return out
 
 
-PROCESS_KEYS = {"aggregator": "aggregator", "host_tools.ingest.mqttproc": "mqtt_helper",
-                "host_tools.ingest.validproc": "validation_helper"}
+PROCESS_KEYS = {"aggregator": "aggregator", "pansketch.host_tools.ingest.mqttproc": "mqtt_helper",
+                "pansketch.host_tools.ingest.validproc": "validation_helper"}
 
 
 def flat_ingest(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -792,7 +792,7 @@ def _sqlite_key(k: int) -> str:
 
 
 def _pg_available() -> Optional[str]:
-    from host_tools.store import pgserver
+    from pansketch.host_tools.store import pgserver
 
     if pgserver.binaries() is None:
         return pgserver.MISSING
@@ -825,7 +825,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     msgs = make_releases(args.devices, args.per_device)
     res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                        "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
-                           "command": "python -m host_tools.bench.host " + " ".join(argv if argv is not None else sys.argv[1:])}
+                           "command": "python -m pansketch.host_tools.bench.host " + " ".join(argv if argv is not None else sys.argv[1:])}
     res["release_bytes"] = release_sizes()
     print("release sizes:", res["release_bytes"], flush=True)
     if "ingest" not in skip:
@@ -865,7 +865,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if why is not None:
             res["ingest_postgresql"] = {"skipped": why}
         else:
-            from host_tools.store import pgserver
+            from pansketch.host_tools.store import pgserver
 
             srv = pgserver.PgServer.start(fsync=True)
             try:

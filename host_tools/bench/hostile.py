@@ -1,15 +1,15 @@
 """Hostile-input benchmark: every class of bad message, in process and live through mosquitto.
 
-``python -m host_tools.bench.hostile`` (needs mosquitto) prints and writes
+``python -m pansketch.host_tools.bench.hostile`` (needs mosquitto) prints and writes
 bench-results/hostile.md and hostile.json: for each input class (docs/HOST.md
 "Hostile input"), the class is published through a real mosquitto into a
-running aggregator (``host_tools.ingest.service.run``, its MQTT and validation
-helper processes); then one real agent (``python -m agent.pi.daemon feed``,
+running aggregator (``pansketch.host_tools.ingest.service.run``, its MQTT and validation
+helper processes); then one real agent (``python -m pansketch.agent.pi.daemon feed``,
 a new device each time) publishes a valid release and waits for the host's
 acknowledgement. Columns:
 
 * in-process: the slowest single input of the class through the whole
-  validation step (:func:`host_tools.ingest.validproc.verdict`), ms of CPU time;
+  validation step (:func:`pansketch.host_tools.ingest.validproc.verdict`), ms of CPU time;
 * time to reject: from the first publish until the aggregator has stored
   the outcome of every message of the class (or of the last one, when the
   broker dropped some because its queue for the aggregator was full: shown
@@ -40,8 +40,8 @@ from typing import Any, Iterator, Optional
 
 import cbor2
 
-from agent import cbor, release
-from agent.params import Params
+from pansketch.agent import cbor, release
+from pansketch.agent.params import Params
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SALT = "e2e-fleet-salt"  # tests/support/e2e.py's fleet salt (the real agents use it)
@@ -154,8 +154,8 @@ def forgeries(now: float) -> Iterator[tuple[str, str, bytes]]:
 
 
 def in_process(cls_inputs: list[tuple[str, str, bytes]]) -> dict[str, tuple[int, float, dict[str, int]]]:
-    """Per class: (inputs, slowest verdict in ms, codes) through host_tools.ingest.validproc.verdict."""
-    from host_tools.ingest.validproc import Settings, verdict
+    """Per class: (inputs, slowest verdict in ms, codes) through pansketch.host_tools.ingest.validproc.verdict."""
+    from pansketch.host_tools.ingest.validproc import Settings, verdict
 
     s = Settings(None, 1 << 20)  # fleet checks are a few comparisons
     out: dict[str, tuple[int, float, dict[str, int]]] = {}
@@ -225,10 +225,10 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     """Each class through mosquitto (with the shipped queue limits) into a running aggregator, then one real
     agent's release. A class ends when every message is handled, or when nothing more was handled for
     ``stall_s`` seconds (``dropped_by_broker`` then says how many never came)."""
-    from host_tools import hostconfig
-    from host_tools.ingest import service
-    from host_tools.store.sqlite import Store
-    from host_tools.localnet import Mosquitto
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest import service
+    from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools.localnet import Mosquitto
     from tests.support.e2e import host_toml
 
     b = Mosquitto(root, conf_extra=shipped_queue_limits())
@@ -308,10 +308,10 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     """
     import subprocess
 
-    from host_tools import hostconfig
-    from host_tools.ingest import service
-    from host_tools.store.sqlite import Store
-    from host_tools.localnet import Mosquitto
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest import service
+    from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools.localnet import Mosquitto
     from tests.support.e2e import agent_cmd, agent_env, agent_toml, host_toml
 
     b = Mosquitto(root, conf_extra="max_queued_messages %d\n" % queue)

@@ -15,11 +15,11 @@
   item sets (each item seen 1-3 times), eps = 1;
 
 Noise is the exact discrete Gaussian (vectorised sampler,
-host_tools.lab.algorithms.vnoise) at the variance the device calibrates; the
-counters are the device's (host_tools.query.dyadic.exact_counters equals
-agent.dcs.DyadicSketch, tests/test_dcs_device.py). Fixed seeds.
+pansketch.host_tools.lab.algorithms.vnoise) at the variance the device calibrates; the
+counters are the device's (pansketch.host_tools.query.dyadic.exact_counters equals
+pansketch.agent.dcs.DyadicSketch, tests/test_dcs_device.py). Fixed seeds.
 
-    python -m host_tools.bench.kinds [--trials N] [--quantile-trials N] [--json]
+    python -m pansketch.host_tools.bench.kinds [--trials N] [--quantile-trials N] [--json]
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from host_tools.lab.algorithms.vnoise import BulkNoise
-from host_tools.query.dyadic import DyadicView, exact_counters
-from host_tools.query.distinct import estimate_release
-from host_tools.query.merge import NoiseTerm, noise_variance
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
+from pansketch.host_tools.query.dyadic import DyadicView, exact_counters
+from pansketch.host_tools.query.distinct import estimate_release
+from pansketch.host_tools.query.merge import NoiseTerm, noise_variance
 
 
 def noisy(exact: np.ndarray, var: Fraction, releases: int, gen: BulkNoise) -> tuple[np.ndarray, list[NoiseTerm]]:
@@ -70,7 +70,7 @@ def rank_error(srt: np.ndarray, xs: np.ndarray, qs: np.ndarray) -> np.ndarray:
 def quantile_eval(b: int, n: int = 100_000, devices: int = 4, trials: int = 100, d: int = 4, w: int = 1024,
                   confidences: tuple[float, ...] = (0.9, 0.95), seed: int = 1) -> dict[str, Any]:
     """Rank error of the answered quantiles and coverage of their rank intervals (the rows of
-    ``pansketch query quantile``: host_tools.query.dyadic.rank_answers) at each confidence; ``union_*``
+    ``pansketch query quantile``: pansketch.host_tools.query.dyadic.rank_answers) at each confidence; ``union_*``
     is the former union bound over levels (each level at alpha / 2b, for comparison)."""
     qs = np.array([0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99])
     var = default_var(b, d)
@@ -172,7 +172,7 @@ def dnpry_simulate(n_distinct: int, m: int, K: int, eps: float, gen: np.random.G
     """Per-level one-bit counts of a dbits release (agent/dbits.py) after a stream with n_distinct
     items (repeats do not matter: a touched bucket's bit is a fresh Bern(1/2 + eps/4) draw at each
     arrival), plus the output noise: exact discrete Laplace of scale 1/eps (vectorised sampler)."""
-    from host_tools.lab.algorithms.vnoise import discrete_laplace
+    from pansketch.host_tools.lab.algorithms.vnoise import discrete_laplace
 
     u = gen.random(n_distinct)
     level = np.minimum(np.floor(-np.log2(np.maximum(u, 1e-300))).astype(np.int64), K - 1)
@@ -187,10 +187,10 @@ def dnpry_simulate(n_distinct: int, m: int, K: int, eps: float, gen: np.random.G
 def distinct_eval(Ds: tuple[int, ...] = (100, 10_000, 1_000_000), trials: int = 5, eps: float = 1.0, m: int = 4096,
                   K: int = 20, r: int = 32, vbits: int = 16, seed: int = 5) -> list[dict[str, Any]]:
     """Relative error |D_hat - D| / D of both estimators on the same streams (each item 1-3 times)."""
-    from agent import noise as agent_noise
-    from agent.rng import DeterministicSource, Rng
-    from host_tools.lab.algorithms.panprivate import distinct_estimate, distinct_scale
-    from host_tools.lab.repro.panprivate import FRAC, Q, sketch_exact
+    from pansketch.agent import noise as agent_noise
+    from pansketch.agent.rng import DeterministicSource, Rng
+    from pansketch.host_tools.lab.algorithms.panprivate import distinct_estimate, distinct_scale
+    from pansketch.host_tools.lab.repro.panprivate import FRAC, Q, sketch_exact
 
     out = []
     sf = distinct_scale(Q, vbits, FRAC)

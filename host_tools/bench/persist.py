@@ -1,6 +1,6 @@
 """Persist noise: release accuracy under persist_noise = refresh vs shadow.
 
-    python -m host_tools.bench.persist [--trials 3] [--out bench-results]
+    python -m pansketch.host_tools.bench.persist [--trials 3] [--out bench-results]
 
 The persist-noise stream: Zipf(a = 1) over U = 2^16 items, N = 10^5
 events, CountSketch d = 5, w = 2048, one hourly window (mode window),
@@ -32,13 +32,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent.pi.batch import add_batch
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from agent.storage import Outbox
-from host_tools import cborscan, fasthash
-from host_tools.lab.repro.common import zipf_stream
+from pansketch.agent.pi.batch import add_batch
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.storage import Outbox
+from pansketch.host_tools import cborscan, fasthash
+from pansketch.host_tools.lab.repro.common import zipf_stream
 
 T0 = 200_000 * 3600
 HOUR = 3600
@@ -89,7 +89,7 @@ SCENARIOS = (("refresh", None), ("shadow", None), ("refresh", "mid"), ("shadow",
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m host_tools.bench.persist", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pansketch.host_tools.bench.persist", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=3, help="streams and noise seeds per cell (default 3)")
     ap.add_argument("--out", default="bench-results", help="directory for persist.json")
     a = ap.parse_args(argv)

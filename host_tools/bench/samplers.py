@@ -1,6 +1,6 @@
 """Sampler benchmark: the device's exact samplers against their textbook transcription.
 
-    python -m host_tools.bench.samplers [--draws N] [--out DIR]
+    python -m pansketch.host_tools.bench.samplers [--draws N] [--out DIR]
 
 agent/rng.py and agent/noise.py are tuned (inlined calls, one byte per try
 when k <= 8, int.bit_length on CPython). :class:`RefRng` and ``ref_*`` below
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import noise
-from agent.rng import NoEntropyError, Rng, bit_length
+from pansketch.agent import noise
+from pansketch.agent.rng import NoEntropyError, Rng, bit_length
 
 
 class RefRng:

@@ -1,6 +1,6 @@
 """Soak benchmark: steady ingest with broker and aggregator kills (a benchmark, not a CI test).
 
-    python -m host_tools.bench.soak [--devices 200] [--rate 1000] [--duration 180] [--workers 4]
+    python -m pansketch.host_tools.bench.soak [--devices 200] [--rate 1000] [--duration 180] [--workers 4]
                                     [--kills broker,aggregator] [--option KEY=VALUE ...]
                                     [--out bench-results/soak.json]
 
@@ -58,8 +58,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from host_tools.bench.host import SALT, _cpu_s, _env, _helpers
-from host_tools.localnet import Mosquitto, free_port
+from pansketch.host_tools.bench.host import SALT, _cpu_s, _env, _helpers
+from pansketch.host_tools.localnet import Mosquitto, free_port
 
 EPOCH0 = 1_700_000_000 // 3600
 
@@ -71,7 +71,7 @@ BROKER_CONF = ("autosave_on_changes false\nmax_queued_messages 30000\nmax_queued
 
 
 def _start_aggregator(tmp: str, conf: str, n: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "-q", "--config", conf],
+    return subprocess.Popen([sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "-q", "--config", conf],
                             env=_env(), stdout=subprocess.DEVNULL,
                             stderr=open(os.path.join(tmp, "agg-%d.log" % n), "w"))
 
@@ -81,8 +81,8 @@ def _device_proc(port: int, devs: list[str], period: float, t_start: float, t_st
     """Simulated devices of one worker process: release every ``period`` s, keep until acked, re-send."""
     import paho.mqtt.client as mqtt
 
-    from agent import release
-    from agent.params import Params
+    from pansketch.agent import release
+    from pansketch.agent.params import Params
 
     rng = np.random.default_rng(abs(hash(devs[0])) % (1 << 32))
     lock = threading.Lock()
@@ -393,7 +393,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}
-    res["command"] = "python -m host_tools.bench.soak " + " ".join(argv if argv is not None else sys.argv[1:])
+    res["command"] = "python -m pansketch.host_tools.bench.soak " + " ".join(argv if argv is not None else sys.argv[1:])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

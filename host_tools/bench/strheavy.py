@@ -1,6 +1,6 @@
 """Kind strhh vs Apache DataSketches frequent_items at equal memory, on real text.
 
-    python -m host_tools.bench.strheavy [--devices 20] [--per-device 100000] [--quick]
+    python -m pansketch.host_tools.bench.strheavy [--devices 20] [--per-device 100000] [--quick]
                                         [--out bench-results/strheavy.json] [--md bench-results/strheavy.md]
 
 Data: the NAME tokens of the Python standard library's own source (text none of
@@ -9,7 +9,7 @@ us wrote), in file order, cut into ``--devices`` consecutive streams of
 encodings (agent/strhh.py): identifiers longer than L bytes are their first L-2
 bytes plus a hash bucket, so the truth is counted over the same encodings.
 
-strhh: the exact counters (host_tools.query.strheavy.exact_counters, equal to the
+strhh: the exact counters (pansketch.host_tools.query.strheavy.exact_counters, equal to the
 device's) of the whole stream (linear), plus per device two discrete Laplace draws
 per cell (internal + output, exact distribution, numpy) at the recorder's
 calibration (scale L*d/eps); host descent (peeling, default FDR and beam), top k.
@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from agent import calibrate
-from agent.strhh import encode_item
-from host_tools.query import strheavy
-from host_tools.query.merge import NoiseTerm
+from pansketch.agent import calibrate
+from pansketch.agent.strhh import encode_item
+from pansketch.host_tools.query import strheavy
+from pansketch.host_tools.query.merge import NoiseTerm
 
 SALT = "bench-fleet-salt"
 

@@ -1,6 +1,6 @@
 """Evidence for tree mode: range-count error and interval width vs range length.
 
-    python -m host_tools.bench.tree [--epochs 10080] [--epoch-s 60] [--levels 15] [--w 256]
+    python -m pansketch.host_tools.bench.tree [--epochs 10080] [--epoch-s 60] [--levels 15] [--w 256]
                                     [--persist-s 86400] [--persist-noise refresh|shadow]
                                     [--out bench-results/tree_evidence.json]
 
@@ -9,7 +9,7 @@ device cores with the same parameters and the same per-event guarantee,
 one in ``window`` mode (one release per epoch) and one in ``tree`` mode
 (L levels). Tree answers are measured twice: from the raw canonical cover
 (``--no-consistency``, column ``tree``) and from least-squares consistent
-nodes (the default, column ``tree_consistent``, host_tools.query.treels). Their releases go through the real aggregator into SQLite, and
+nodes (the default, column ``tree_consistent``, pansketch.host_tools.query.treels). Their releases go through the real aggregator into SQLite, and
 every range count is asked through the CLI (``pansketch query freq ...
 --since --until --device --json``, a subprocess per query). For each range
 length the table gives, per mode: RMSE of the estimates against the true
@@ -19,7 +19,7 @@ functions, so the sketch collisions are identical: the difference between
 the two columns is the noise.
 
 The crossover (the shortest range from which tree mode has the smaller
-noise) is also computed from the noise model (agent.pi.plan), which is what
+noise) is also computed from the noise model (pansketch.agent.pi.plan), which is what
 ``pansketch-agent check`` prints.
 """
 
@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import Rng
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import Rng
 
 SALT = "tree-evidence-salt"
 # (column, device, extra query flags): tree = the raw canonical cover (the answers before least-squares
-# consistency, host_tools.query.treels), tree_consistent = the default answers
+# consistency, pansketch.host_tools.query.treels), tree_consistent = the default answers
 MODES: tuple[tuple[str, str, tuple[str, ...]], ...] = (("window", "win-dev", ()), ("tree", "tree-dev", ("--no-consistency",)), ("tree_consistent", "tree-dev", ()))
 LENGTHS = (1, 24, 168, 720, 10080)
 
@@ -76,7 +76,7 @@ def run_device(p: Params, root: str, epochs: list[list[str]], e0: int, handle: A
 
 
 def cli_freq(conf: str, items: list[str], since: int, until: int, dev: str, *extra: str) -> list[dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "host_tools.cli", "query", "--config", conf, "freq", *items,
+    out = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "query", "--config", conf, "freq", *items,
                           "--since", str(since), "--until", str(until), "--device", dev, "--json", *extra],
                          capture_output=True, text=True, check=True)
     return [json.loads(x) for x in out.stdout.splitlines()]
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench-results/tree_evidence.json")
     ap.add_argument("--workdir")
     a = ap.parse_args(argv)
-    from host_tools import hostconfig
-    from host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest.aggregator import Aggregator
 
     work = a.workdir or tempfile.mkdtemp(prefix="pansketch-tree-evidence-")
     os.makedirs(work, exist_ok=True)
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                  row["tree_consistent"]["rmse"], row["tree_consistent"]["mean_width"],
                  row["tree_consistent"]["coverage"], row["tree"]["rmse"] / max(1e-9, row["tree_consistent"]["rmse"])),
               flush=True)
-    from agent.pi import plan
+    from pansketch.agent.pi import plan
 
     cross = plan.crossover(pw, pt)
     out = {"config": {"epochs": a.epochs, "epoch_s": a.epoch_s, "levels": a.levels, "d": a.d, "w": a.w,

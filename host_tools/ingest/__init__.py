@@ -7,8 +7,8 @@ and the log lines (loglines). MQTT transport (the process: mqttproc; the
 aggregator's handle on it: mqttparent; what both share: mqttshared), validation
 (validproc, decode), the child-process plumbing (child) and device status
 messages (devstatus). Releases go to the
-store. May import: agent, host_tools.store, host_tools.hostconfig,
-host_tools.fasthash, host_tools.cborscan (the bounded reader of release
-bytes), host_tools.logsetup and host_tools.metrics (the
+store. May import: agent, pansketch.host_tools.store, pansketch.host_tools.hostconfig,
+pansketch.host_tools.fasthash, pansketch.host_tools.cborscan (the bounded reader of release
+bytes), pansketch.host_tools.logsetup and pansketch.host_tools.metrics (the
 exporter of ``aggregate --metrics-port``); never web, query, bench or lab.
 """

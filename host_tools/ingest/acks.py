@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
-from host_tools.ingest.aggregator import Outcome
+from pansketch.host_tools.ingest.aggregator import Outcome
 
 
 def _ack_entry(out: Outcome) -> Optional[tuple[str, Any]]:

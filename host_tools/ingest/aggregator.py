@@ -1,11 +1,11 @@
 """The aggregator's transport-free core: validate a message, store it, say what happened.
 
 :class:`Aggregator`: ``handle(topic, payload)`` validates one message
-(host_tools.ingest.decode), stores it idempotently (host_tools.store.write)
+(pansketch.host_tools.ingest.decode), stores it idempotently (pansketch.host_tools.store.write)
 or logs the rejection with its reason, and returns an :class:`Outcome`.
 The service that feeds it from a broker (``pansketch aggregate``) is
-host_tools.ingest.service; its validate -> store -> acknowledge threads are
-host_tools.ingest.pipeline, the acknowledgements host_tools.ingest.acks.
+pansketch.host_tools.ingest.service; its validate -> store -> acknowledge threads are
+pansketch.host_tools.ingest.pipeline, the acknowledgements pansketch.host_tools.ingest.acks.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from host_tools import metrics
-from host_tools.hostconfig import HostConfig
-from host_tools.ingest.decode import Rejected, Release, topic_device
-from host_tools.ingest.loglines import RateLimitedWarnings, _span, _utc, info_lines
-from host_tools.ingest.validproc import Settings as ValidationSettings
-from host_tools.ingest.validproc import Verdict, verdict
-from host_tools.store.backend import open_store
-from host_tools.store.rows import Limits, Pending
-from host_tools.store.sql import SQLStore
+from pansketch.host_tools import metrics
+from pansketch.host_tools.hostconfig import HostConfig
+from pansketch.host_tools.ingest.decode import Rejected, Release, topic_device
+from pansketch.host_tools.ingest.loglines import RateLimitedWarnings, _span, _utc, info_lines
+from pansketch.host_tools.ingest.validproc import Settings as ValidationSettings
+from pansketch.host_tools.ingest.validproc import Verdict, verdict
+from pansketch.host_tools.store.backend import open_store
+from pansketch.host_tools.store.rows import Limits, Pending
+from pansketch.host_tools.store.sql import SQLStore
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -59,7 +59,7 @@ class Aggregator:
         self.store = store if store is not None else open_store(cfg.aggregator.db)
         self.log = logger or log
         self.counts = {"stored": 0, "duplicate": 0, "rejected": 0, "quarantined": 0}
-        self.flag_scanner: Any = None  # host_tools.metrics.FlagScanner when run as the service
+        self.flag_scanner: Any = None  # pansketch.host_tools.metrics.FlagScanner when run as the service
         a = cfg.aggregator
         self.validation = ValidationSettings(cfg.fleet, a.max_bytes, a.topic, a.validate_cpu_s)
         self.store.limits = Limits(keep_bytes=a.reject_keep_bytes, max_rows=a.rejections_max_rows,
@@ -81,14 +81,14 @@ class Aggregator:
         return self.pending(topic, payload, verdict(self.validation, topic, payload), received)
 
     def pending(self, topic: str, payload: bytes, v: Verdict, received: Optional[float] = None) -> Pending:
-        """The :class:`Pending` for one message and its validation verdict (host_tools.ingest.validproc)."""
+        """The :class:`Pending` for one message and its validation verdict (pansketch.host_tools.ingest.validproc)."""
         now = time.time() if received is None else received
         payload = bytes(payload)
         if v[0] == "ok":
             rel = Release.from_state(v[1], payload)
             p = Pending(payload, topic, now, rel=rel, device=rel.dev)
             skew = self.cfg.aggregator.max_clock_skew_s
-            if len(v) >= 4:  # valid, but over [fleet] max_events_per_window (host_tools.store.bounds)
+            if len(v) >= 4:  # valid, but over [fleet] max_events_per_window (pansketch.host_tools.store.bounds)
                 p.quarantine = Rejected(v[2], v[3])
             elif rel.t0 > now + skew:  # no honest device releases epochs that have not started
                 p.quarantine = Rejected("future", "epochs [%s, %s) start more than %g s (aggregator.max_clock_skew_s) "

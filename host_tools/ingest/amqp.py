@@ -11,8 +11,8 @@ is delivered to one consumer at a time and comes back to the queue when that
 consumer's connection dies unacknowledged (so a killed aggregator's share goes
 to the others at once, unlike a mosquitto shared group).
 
-:class:`AMQPTransport` has the interface of host_tools.ingest.mqttparent.MQTTProcess
-so the aggregator's validate -> store -> ack pipeline (host_tools.ingest.pipeline)
+:class:`AMQPTransport` has the interface of pansketch.host_tools.ingest.mqttparent.MQTTProcess
+so the aggregator's validate -> store -> ack pipeline (pansketch.host_tools.ingest.pipeline)
 runs unchanged:
 
 * ``on_messages(list[Msg])`` for what arrived (``Msg.topic`` back in MQTT form),
@@ -31,7 +31,7 @@ The queue is declared and bound on every connect (idempotent), but devices
 may publish before any aggregator ever ran: releases published to
 ``amq.topic`` while no queue is bound are confirmed to the device and
 dropped. So deploy/rabbitmq/setup.sh declares it first
-(``python -m host_tools.ingest.amqp --declare --config host.toml``).
+(``python -m pansketch.host_tools.ingest.amqp --declare --config host.toml``).
 
 The pika client runs in a thread of the aggregator's process (pika's
 blocking connection is not thread-safe: only that thread touches it; the
@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from host_tools.ingest.mqttshared import Msg
+from pansketch.host_tools.ingest.mqttshared import Msg
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -353,10 +353,10 @@ class AckPublisher:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m host_tools.ingest.amqp --declare --config host.toml``: declare and bind the release queue."""
-    from host_tools import hostconfig
+    """``python -m pansketch.host_tools.ingest.amqp --declare --config host.toml``: declare and bind the release queue."""
+    from pansketch.host_tools import hostconfig
 
-    p = argparse.ArgumentParser(prog="python -m host_tools.ingest.amqp", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m pansketch.host_tools.ingest.amqp", description=main.__doc__)
     p.add_argument("--config", required=True)
     p.add_argument("--declare", action="store_true", required=True)
     a = p.parse_args(argv)

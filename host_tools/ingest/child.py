@@ -228,7 +228,7 @@ def log_stage_cpu(role: str, cpu: dict[str, float], messages: int) -> None:
 def log_to_stderr(level: Optional[int] = None) -> None:
     """A helper process's logging: the parent's line format on stderr (shared with the parent),
     under the ``pansketch`` logger; ``level`` None keeps the logger's default."""
-    from host_tools.output.textsafe import SafeFormatter  # messages quote device topics: escaped, one line each
+    from pansketch.host_tools.output.textsafe import SafeFormatter  # messages quote device topics: escaped, one line each
 
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(SafeFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

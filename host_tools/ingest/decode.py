@@ -8,7 +8,7 @@ code       meaning
 =========  =================================================================
 size       payload larger than ``max_bytes`` (checked before decoding)
 cbor       not the CBOR subset of a release, found at the byte level
-           before any object is built (host_tools.cborscan): truncated,
+           before any object is built (pansketch.host_tools.cborscan): truncated,
            trailing bytes, indefinite lengths, lengths beyond the message,
            duplicate map keys, too deep, too many items
 type       tags (any), floats or simple values the device encoder never
@@ -24,7 +24,7 @@ topic      the topic is not exactly the configured filter (default
 fleet      parameters differ from the fleet config (salt id, kind, d, w,
            mechanism)
 noise      ``nout`` is not the noise that ``budget`` calibrates to
-           (agent.calibrate.noise_for), or ``nint`` is neither that nor
+           (pansketch.agent.calibrate.noise_for), or ``nint`` is neither that nor
            (v2) the calibration for 2L arrays (the shadow persist
            scheme): a release may not claim a budget its noise does not
            give
@@ -50,7 +50,7 @@ Kind dbits keeps nothing on flash: exactly nz = 2. A release with nz < 2
 would claim less than the internal + output noise every release carries.
 
 Per-device consistency with earlier releases and key conflicts need the
-store and are checked in :mod:`host_tools.store.write` (codes ``device`` and
+store and are checked in :mod:`pansketch.host_tools.store.write` (codes ``device`` and
 ``conflict``).
 """
 
@@ -63,11 +63,11 @@ from typing import Any, Optional
 
 import cbor2
 
-from agent import calibrate, cbor, hashing
-from agent.params import DBITS_EPS_MAX, MAX_LEVELS, dbits_eps_ok
-from host_tools import cborscan
+from pansketch.agent import calibrate, cbor, hashing
+from pansketch.agent.params import DBITS_EPS_MAX, MAX_LEVELS, dbits_eps_ok
+from pansketch.host_tools import cborscan
 # the validated release and the refusal live with the store that keeps them; re-exported here
-from host_tools.store.records import STATE_FIELDS, Rejected, Release, SketchShape  # noqa: F401
+from pansketch.host_tools.store.records import STATE_FIELDS, Rejected, Release, SketchShape  # noqa: F401
 
 FIELDS_V1 = ("v", "dev", "seq", "mode", "kind", "d", "w", "hv", "salt", "clip", "mech", "budget", "nint",
              "nout", "nz", "L", "win_s", "ep_s", "win", "elo", "ehi", "part", "ctr")
@@ -84,8 +84,8 @@ SUPPORTED_VERSIONS = (1, 2)
 FIELDS_V2 = FIELDS
 KIND_FIELDS = {"dcs": ("b", "map"), "strhh": ("b",)}
 V2_KINDS = ("cms", "cs", "dcs", "dbits", "strhh")
-STRHH_L = (3, 64)  # agent.strhh.MIN_L, MAX_L: kind strhh's b = item bytes = levels
-STRHH_MIN_D = 3  # agent.params: the host's descent needs a median of >= 2 rows above its threshold
+STRHH_L = (3, 64)  # pansketch.agent.strhh.MIN_L, MAX_L: kind strhh's b = item bytes = levels
+STRHH_MIN_D = 3  # pansketch.agent.params: the host's descent needs a median of >= 2 rows above its threshold
 DBITS_NZ = 2  # a dbits release carries its bits' initial draw and one output draw, never more (agent/dbits.py)
 DBITS_MAX_D = 30  # dbits levels K
 MAX_D = 32
@@ -95,7 +95,7 @@ MAX_L = 4096
 MAX_LVL = 63
 MAX_SECONDS = 366 * 86400  # longest epoch, and longest window outside tree mode
 MAX_DCS_B = 62
-TREE_KINDS = ("cms", "cs")  # agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
+TREE_KINDS = ("cms", "cs")  # pansketch.agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
 MAX_MAP = 1 << 62
 
 
@@ -125,18 +125,18 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
     n, d = v
     if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
         raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^63" % (k, n, d))
-    if math.gcd(n, d) != 1:  # devices write reduced fractions (agent.calibrate); one value, one encoding
+    if math.gcd(n, d) != 1:  # devices write reduced fractions (pansketch.agent.calibrate); one value, one encoding
         raise Rejected("schema", "field %r = %d/%d is not a reduced fraction" % (k, n, d))
     return (n, d)
 
 
-DEVICE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # docs/FORMAT.md section 1; agent.params.DEVICE_CHARS
+DEVICE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # docs/FORMAT.md section 1; pansketch.agent.params.DEVICE_CHARS
 SALT_ID = re.compile(r"[0-9a-f]{16}")
 DEFAULT_TOPIC = "pansketch/+/release"
 
 
 def valid_device(dev: str) -> bool:
-    """The device id rules of agent.params.Params: 1-64 ASCII letters, digits, '.', '_', '-'."""
+    """The device id rules of pansketch.agent.params.Params: 1-64 ASCII letters, digits, '.', '_', '-'."""
     return type(dev) is str and DEVICE_ID.fullmatch(dev) is not None
 
 
@@ -184,7 +184,7 @@ def _topic_pattern(topic_filter: str) -> Optional["re.Pattern[str]"]:
 
 
 def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
-    """agent.cbor encoding of the release map and the offset of the ``ctr`` bytes in it."""
+    """pansketch.agent.cbor encoding of the release map and the offset of the ``ctr`` bytes in it."""
     keys = sorted((cbor.dumps(k), k) for k in m)
     out = bytearray(cbor._head(5, len(keys)))
     off = -1
@@ -199,7 +199,7 @@ def canonical_with_offset(m: dict[str, Any]) -> tuple[bytes, int]:
     return bytes(out), off
 
 
-_ORDER = sorted(FIELDS, key=cbor.dumps)  # agent.cbor writes map keys sorted by their encoded bytes
+_ORDER = sorted(FIELDS, key=cbor.dumps)  # pansketch.agent.cbor writes map keys sorted by their encoded bytes
 _CTR_AT = _ORDER.index("ctr")
 _BEFORE = _ORDER[:_CTR_AT]
 _AFTER = _ORDER[_CTR_AT + 1:]
@@ -207,7 +207,7 @@ _CTR_KEY = cbor.dumps("ctr")
 
 
 def _plain(v: Any) -> bool:
-    """Values whose cbor2 encoding is agent.cbor's: str, int in (-2^63, 2^63), lists of such ints."""
+    """Values whose cbor2 encoding is pansketch.agent.cbor's: str, int in (-2^63, 2^63), lists of such ints."""
     if type(v) is int:
         return -(1 << 63) < v < (1 << 63)
     if type(v) is str:
@@ -218,10 +218,10 @@ def _plain(v: Any) -> bool:
 
 
 def canonical_offset(m: dict[str, Any], payload: bytes) -> int:
-    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+    """Offset of the ``ctr`` bytes if ``payload`` is the pansketch.agent.cbor encoding of ``m``, else -1.
 
     Fast path for a map with exactly the release fields: the parts before
-    and after the counters are encoded by cbor2's C encoder in agent.cbor's
+    and after the counters are encoded by cbor2's C encoder in pansketch.agent.cbor's
     key order (for str, int and int lists both write the same shortest-form
     definite-length bytes; tests/test_host_decode.py checks the two paths
     agree); anything else goes through :func:`canonical_offset_ref`.
@@ -244,7 +244,7 @@ def canonical_offset(m: dict[str, Any], payload: bytes) -> int:
 
 
 def canonical_offset_ref(m: dict[str, Any], payload: bytes) -> int:
-    """Offset of the ``ctr`` bytes if ``payload`` is the agent.cbor encoding of ``m``, else -1.
+    """Offset of the ``ctr`` bytes if ``payload`` is the pansketch.agent.cbor encoding of ``m``, else -1.
 
     Equivalent to ``canonical_with_offset(m) == (payload, off)`` without
     re-encoding or copying the counters: the map head, every other key and
@@ -283,7 +283,7 @@ _NOISE_MAX = 1024  # distinct calibrations remembered (a fleet has a handful; ho
 
 
 def _noise_for(mech: str, budget: tuple[int, int], d: int, clip: int, arrays: int) -> Any:
-    """agent.calibrate.noise_for, remembered (the same few calibrations for every release of a fleet)."""
+    """pansketch.agent.calibrate.noise_for, remembered (the same few calibrations for every release of a fleet)."""
     key = (mech, budget, d, clip, arrays)
     spec = _NOISE.get(key)
     if spec is None:
@@ -417,7 +417,7 @@ def _check_dbits(kind: str, mech: str, budget: tuple[int, int], clip: int, w: in
     """Kind dbits: the parameters its bits need to be eps-DP, and its one internal + one output draw."""
     if kind == "dbits":
         # eps above the root of 2/(2 - eps) = e^eps: the device's bits would not be eps-DP both ways
-        # (agent.params refuses it; decided exactly by dbits_eps_ok)
+        # (pansketch.agent.params refuses it; decided exactly by dbits_eps_ok)
         if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > DBITS_MAX_D:
             raise Rejected("schema", "kind dbits needs mech dlap, 2/(2 - eps) <= e^eps (eps <= %s...), clip 1, "
                            "w a multiple of 8, d <= %d" % (DBITS_EPS_MAX, DBITS_MAX_D))
@@ -469,7 +469,7 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
     """Validate ``payload`` (received on ``topic``): the release's :meth:`Release.state` (every field
     but the payload, :data:`STATE_FIELDS` order; what the MQTT process sends the aggregator).
 
-    ``fleet`` is a :class:`host_tools.hostconfig.FleetConfig` (or None):
+    ``fleet`` is a :class:`pansketch.host_tools.hostconfig.FleetConfig` (or None):
     its salt_id, kind, d, w and mechanism are enforced when set.
     Raises :class:`Rejected`. ``payload`` may be a memoryview (the
     validation helper reads messages out of one received buffer): nothing
@@ -539,7 +539,7 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
                        % (len(ctr), levels, d, w, 4 * levels * d * w))
     if st is None:
         _check_arrays(mode, kind, L, levels)
-    # payload == agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
+    # payload == pansketch.agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
     off = sc.offsets["ctr"] if sc.canonical else -1
     if off < 0:
         raise Rejected("encoding", "not the deterministic CBOR encoding devices write (agent/cbor.py)")

@@ -28,10 +28,10 @@ import re
 import time
 from typing import Any, Optional
 
-from host_tools.output import textsafe
-from host_tools.ingest.decode import SUPPORTED_MODES, V2_KINDS
-from host_tools.store.schema import STATUS_INTS
-from host_tools.store.sql import SQLStore
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.ingest.decode import SUPPORTED_MODES, V2_KINDS
+from pansketch.host_tools.store.schema import STATUS_INTS
+from pansketch.host_tools.store.sql import SQLStore
 
 log = logging.getLogger("pansketch.aggregator")
 

@@ -8,12 +8,12 @@ import threading
 import time
 from typing import Any, Optional
 
-LINE_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # host_tools.logsetup's
+LINE_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # pansketch.host_tools.logsetup's
 
 
 def _plain_handler(lg: logging.Logger) -> Optional[logging.StreamHandler]:  # type: ignore[type-arg]
     """The one handler ``lg``'s INFO records reach, if it is a plain stream handler with the line format
-    of host_tools.logsetup, nothing filters them and no other handler sees them (``pansketch
+    of pansketch.host_tools.logsetup, nothing filters them and no other handler sees them (``pansketch
     aggregate``); None otherwise (e.g. under pytest's log capture)."""
     if lg.filters:
         return None

@@ -1,6 +1,6 @@
 """The aggregator's handle on its MQTT process (:class:`MQTTProcess`): start it, acknowledge through it,
 restart it when a message killed it, stop it. The process itself, and the protocol between the two, is
-host_tools.ingest.mqttproc."""
+pansketch.host_tools.ingest.mqttproc."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
-from host_tools.ingest import child
-from host_tools.ingest.mqttshared import (GEN_SHIFT, POISON_DEATHS, POISON_MAX, WATCH_SIZE, Msg, Settings,
+from pansketch.host_tools.ingest import child
+from pansketch.host_tools.ingest.mqttshared import (GEN_SHIFT, POISON_DEATHS, POISON_MAX, WATCH_SIZE, Msg, Settings,
                                           read_watch)
 
 log = logging.getLogger("pansketch.aggregator")
@@ -99,7 +99,7 @@ class MQTTProcess:
                     pass
             if self._mm is not None:
                 self._mm[:WATCH_SIZE] = bytes(WATCH_SIZE)
-            proc, conn = child.spawn("host_tools.ingest.mqttproc", s)
+            proc, conn = child.spawn("pansketch.host_tools.ingest.mqttproc", s)
             self.gen += 1
             self.proc, self.conn = proc, conn
             self._backstop_killed = False
@@ -121,7 +121,7 @@ class MQTTProcess:
                 self._send_locked(("ack", acks, publishes))
 
     def ack(self, mid: int, qos: int) -> None:
-        """paho's ``Client.ack``, for host_tools.ingest.devstatus."""
+        """paho's ``Client.ack``, for pansketch.host_tools.ingest.devstatus."""
         self.acknowledge([(mid, qos)], [])
 
     def close(self, timeout: float = 10.0) -> Optional[int]:

@@ -1,25 +1,25 @@
-"""The aggregator's MQTT transport and validation, in a process of its own (``python -m host_tools.ingest.mqttproc``).
+"""The aggregator's MQTT transport and validation, in a process of its own (``python -m pansketch.host_tools.ingest.mqttproc``).
 
 This module is that process (the child); the aggregator's handle on it is
-host_tools.ingest.mqttparent.MQTTProcess, and what both sides share (the
-message and settings types, the watch file's layout) host_tools.ingest.mqttshared.
+pansketch.host_tools.ingest.mqttparent.MQTTProcess, and what both sides share (the
+message and settings types, the watch file's layout) pansketch.host_tools.ingest.mqttshared.
 
 Why a process: receiving a 16 kB QoS 1 publish costs paho about as much
 CPU as validating it (MQTT v5 properties, packet parsing), and in the
 aggregator's process that work would compete with the writer for the GIL.
 Here the paho client (network thread, reconnects, manual acks) runs in a
 helper process, which also validates each release before forwarding it
-(:class:`_Judge`: host_tools.ingest.validproc.verdict under a per-message
+(:class:`_Judge`: pansketch.host_tools.ingest.validproc.verdict under a per-message
 CPU budget), so a message's bytes cross one socket, once, and the
 aggregator receives verdicts with them. Releases (publishes without
 properties) are validated and forwarded by the network thread that read
 them, a batch at a time (:class:`Gatherer`); anything paho decodes itself
 goes through the :class:`Inbox` to a batcher thread; the aggregator (group commit,
-every acknowledgement, host_tools.ingest.pipeline) is the parent. They
+every acknowledgement, pansketch.host_tools.ingest.pipeline) is the parent. They
 talk over one socket pair (host_tools/ingest/child.py):
 
 child -> parent
-    a batch frame (:func:`host_tools.ingest.child.send_batch`: no pickling
+    a batch frame (:func:`pansketch.host_tools.ingest.child.send_batch`: no pickling
     of message bytes) of what arrived since the last batch, meta
     ``[(topic, size, mid, qos, verdict), ...]`` (``verdict`` None for a
     device status); ``("connected", acks_in_flight)``, ``("refused", reason)``,
@@ -38,7 +38,7 @@ a commit. It ignores SIGINT/SIGTERM (the parent drains, then sends
 without acknowledging, and the broker redelivers. The parent sees the
 child's end close: if the child died while validating a message (the
 watch file says so) it remembers the message and starts a new child
-(:class:`host_tools.ingest.mqttparent.MQTTProcess`); otherwise it stops the aggregator.
+(:class:`pansketch.host_tools.ingest.mqttparent.MQTTProcess`); otherwise it stops the aggregator.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
-from host_tools.ingest import child
-from host_tools.ingest.mqttshared import (_WATCH, _WATCH_TOPIC, EPOCH_MASK, EPOCH_SHIFT, PID_MASK, POISON_DEATHS,
+from pansketch.host_tools.ingest import child
+from pansketch.host_tools.ingest.mqttshared import (_WATCH, _WATCH_TOPIC, EPOCH_MASK, EPOCH_SHIFT, PID_MASK, POISON_DEATHS,
                                           WATCH_SIZE, Settings, message_key)
 
 log = logging.getLogger("pansketch.aggregator")
@@ -75,7 +75,7 @@ class _Judge:
     """
 
     def __init__(self, s: Settings) -> None:
-        from host_tools.ingest import devstatus, validproc
+        from pansketch.host_tools.ingest import devstatus, validproc
 
         self.vs = s.validation
         self.poison = {k: (n, code) for k, n, code in s.poison}
@@ -99,7 +99,7 @@ class _Judge:
 
     def _judge(self, topic: str, payload: bytes) -> Any:
         if self.status_device(topic) is not None:
-            return None  # a device status: the parent records it (host_tools.ingest.devstatus)
+            return None  # a device status: the parent records it (pansketch.host_tools.ingest.devstatus)
         vs = self.vs
         sha = None
         key = b"\0" * 32
@@ -142,15 +142,15 @@ def _client(s: Settings) -> Any:
     import paho.mqtt
     import paho.mqtt.client as mqtt
 
-    from agent.pi.publisher import tcp_no_delay
+    from pansketch.agent.pi.publisher import tcp_no_delay
 
-    from host_tools.ingest import pahofast
+    from pansketch.host_tools.ingest import pahofast
 
     # fewer system calls and no per-packet properties object per release, where paho's internals are the
     # ones pahofast was written for; else paho's own client, correct but slower, and the log says why
     why = pahofast.check()
     if why is not None:
-        log.warning("paho-mqtt %s does not behave as host_tools.ingest.pahofast reads it (%s): the MQTT process "
+        log.warning("paho-mqtt %s does not behave as pansketch.host_tools.ingest.pahofast reads it (%s): the MQTT process "
                     "uses paho's plain client (correct, slower; pyproject names the paho versions it was "
                     "tested with)", getattr(paho.mqtt, "__version__", "?"), why)
     cls = pahofast.BufferedClient if why is None else mqtt.Client
@@ -322,7 +322,7 @@ def serve(conn: Connection, s: Settings) -> int:
     from paho.mqtt.properties import Properties
     from paho.mqtt.subscribeoptions import SubscribeOptions
 
-    from host_tools.ingest import pahofast  # paho is imported in the child only
+    from pansketch.host_tools.ingest import pahofast  # paho is imported in the child only
 
     client = _client(s)
     send_lock = threading.Lock()  # the network thread and the batcher both send
@@ -482,9 +482,9 @@ def serve(conn: Connection, s: Settings) -> int:
     return rc
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Child entry point: ``python -m host_tools.ingest.mqttproc FD`` (FD: our end of the socket pair)."""
+    """Child entry point: ``python -m pansketch.host_tools.ingest.mqttproc FD`` (FD: our end of the socket pair)."""
     return child.helper_main(serve, Settings, argv, lambda s: logging.DEBUG if s.verbose else logging.WARNING)
 
 
 if __name__ == "__main__":
-    child.run_as_main("host_tools.ingest.mqttproc")
+    child.run_as_main("pansketch.host_tools.ingest.mqttproc")

@@ -1,6 +1,6 @@
 """What the MQTT process and the aggregator's handle on it share: the message and settings types, the
-layout of ``Msg.mid`` and of the watch file, the poison rule (host_tools.ingest.mqttproc is the child,
-host_tools.ingest.mqttparent the parent)."""
+layout of ``Msg.mid`` and of the watch file, the poison rule (pansketch.host_tools.ingest.mqttproc is the child,
+pansketch.host_tools.ingest.mqttparent the parent)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional
 class Msg(NamedTuple):
     """One received message, as the aggregator needs it (paho's MQTTMessage does not cross processes).
 
-    ``verdict``: the validation verdict (host_tools.ingest.validproc.verdict) when the transport
+    ``verdict``: the validation verdict (pansketch.host_tools.ingest.validproc.verdict) when the transport
     validated the message already (the MQTT process does, for releases); None otherwise."""
 
     topic: str

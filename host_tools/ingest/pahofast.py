@@ -35,7 +35,7 @@ release before this module). This client:
 * calls :attr:`BufferedClient.on_tick` after each read and before each
   wait in ``select()``, and cuts the wait to what it asks for: the MQTT
   process gathers releases there and validates and forwards them a batch
-  at a time, in the network thread (host_tools.ingest.mqttproc.Gatherer);
+  at a time, in the network thread (pansketch.host_tools.ingest.mqttproc.Gatherer);
 * hands a PUBLISH without MQTT v5 properties (every release: devices set
   none, and this client asks the broker for no topic aliases or
   subscription identifiers) straight to :attr:`BufferedClient.on_fast`,

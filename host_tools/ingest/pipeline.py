@@ -10,13 +10,13 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from host_tools.ingest import devstatus
-from host_tools.ingest.acks import group_acks
-from host_tools.ingest.aggregator import Aggregator, MessageError, Outcome
-from host_tools.ingest.mqttparent import MQTTProcess
-from host_tools.ingest.mqttshared import Msg
-from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
-from host_tools.store.rows import Pending
+from pansketch.host_tools.ingest import devstatus
+from pansketch.host_tools.ingest.acks import group_acks
+from pansketch.host_tools.ingest.aggregator import Aggregator, MessageError, Outcome
+from pansketch.host_tools.ingest.mqttparent import MQTTProcess
+from pansketch.host_tools.ingest.mqttshared import Msg
+from pansketch.host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
+from pansketch.host_tools.store.rows import Pending
 
 log = logging.getLogger("pansketch.aggregator")
 

@@ -1,6 +1,6 @@
 """The aggregator service: MQTT releases -> validation -> store (SQLite or PostgreSQL); ``pansketch aggregate``.
 
-:func:`run` connects the transport-free core (host_tools.ingest.aggregator.Aggregator)
+:func:`run` connects the transport-free core (pansketch.host_tools.ingest.aggregator.Aggregator)
 to a broker with paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``, MQTT v5):
 
 * subscribes ``[aggregator] topic`` (default ``pansketch/+/release``) at
@@ -10,7 +10,7 @@ to a broker with paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``, MQTT v5):
   process's GIL (docs/PERFORMANCE-HISTORY.md)::
 
       mosquitto ──▶ MQTT process ──batches: verdicts + payloads──▶ aggregator
-                   (host_tools.ingest.mqttproc: paho client,     │ validator thread: verdicts -> store items
+                   (pansketch.host_tools.ingest.mqttproc: paho client,     │ validator thread: verdicts -> store items
                     validation under a CPU budget, reconnects)   │ writer thread: group commit ──▶ SQLite / PostgreSQL
                          ▲                                        │
                          └──── PUBACKs + host acks, after each commit
@@ -21,10 +21,10 @@ to a broker with paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``, MQTT v5):
   twice) and forwards it with its verdict; it sends what it is told; the
   validator thread turns verdicts into store items; the writer thread
   stores them as one group commit (one transaction; one bad message rolls
-  back alone; host_tools.store.write), which amortises the fsync over the
+  back alone; pansketch.host_tools.store.write), which amortises the fsync over the
   group. With ``[broker] kind = "rabbitmq"`` the AMQP client runs in a
   thread of this process and validation in a helper process of its own
-  (host_tools.ingest.validproc), as before. If a helper process dies
+  (pansketch.host_tools.ingest.validproc), as before. If a helper process dies
   other than while validating a message, the aggregator stops with exit
   code 1 and says which (nothing committed is lost; what was not is
   redelivered); if the aggregator dies its helpers exit too;
@@ -54,9 +54,9 @@ to a broker with paho-mqtt 2.x (``CallbackAPIVersion.VERSION2``, MQTT v5):
   signals and stop when told).
 
 Hostile input (docs/HOST.md "Hostile input"): validation has a per-message
-CPU budget in the process that validates (host_tools.ingest.mqttproc, or
-host_tools.ingest.validproc for AMQP); refused messages are kept
-bounded (host_tools.store.Limits); a valid release from the future (beyond
+CPU budget in the process that validates (pansketch.host_tools.ingest.mqttproc, or
+pansketch.host_tools.ingest.validproc for AMQP); refused messages are kept
+bounded (pansketch.host_tools.store.Limits); a valid release from the future (beyond
 ``max_clock_skew_s``) or with a seq jump beyond ``max_seq_jump`` is
 quarantined, not stored, and not acknowledged.
 
@@ -77,18 +77,18 @@ import threading
 import time
 from typing import Any, Optional
 
-from agent.pi.tomlconf import placeholder_salt_warning
-from host_tools import hostconfig
-from host_tools.logsetup import setup_logging
-from host_tools.ingest import child
-from host_tools.ingest import devstatus
-from host_tools import metrics
-from host_tools.hostconfig import HostConfig
-from host_tools.ingest.aggregator import Aggregator
-from host_tools.ingest.mqttparent import MQTTProcess
-from host_tools.ingest.mqttshared import Msg, Settings
-from host_tools.ingest.pipeline import HELD_BYTES_MAX, RECEIVE_MAXIMUM, _Writer
-from host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
+from pansketch.agent.pi.tomlconf import placeholder_salt_warning
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.logsetup import setup_logging
+from pansketch.host_tools.ingest import child
+from pansketch.host_tools.ingest import devstatus
+from pansketch.host_tools import metrics
+from pansketch.host_tools.hostconfig import HostConfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.mqttparent import MQTTProcess
+from pansketch.host_tools.ingest.mqttshared import Msg, Settings
+from pansketch.host_tools.ingest.pipeline import HELD_BYTES_MAX, RECEIVE_MAXIMUM, _Writer
+from pansketch.host_tools.ingest.validproc import ValidatorDied, ValidatorProcess
 
 log = logging.getLogger("pansketch.aggregator")
 
@@ -101,7 +101,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
 
     The MQTT client and validation run in helper processes
-    (host_tools.ingest.mqttproc, host_tools.ingest.validproc); this process stores and
+    (pansketch.host_tools.ingest.mqttproc, pansketch.host_tools.ingest.validproc); this process stores and
     decides every acknowledgement. ``ready`` is set once the subscription
     is acknowledged; ``counts``, if given, receives the numbers of
     stored/duplicate/rejected messages at exit. Returns an exit code (1
@@ -126,7 +126,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
                     cfg.aggregator.shared_group, cfg.aggregator.session_expiry_s, cfg.aggregator.session_expiry_s)
     # releases (maybe a shared subscription) and every device's retained status
     # (never shared: each aggregator keeps its own copy; gap detection)
-    # the MQTT process validates releases before it forwards them (host_tools.ingest.mqttproc._Judge)
+    # the MQTT process validates releases before it forwards them (pansketch.host_tools.ingest.mqttproc._Judge)
     settings = Settings(cfg.broker, cid, ((sub, cfg.aggregator.qos), (devstatus.status_filter(cfg), 1)), persistent,
                         cfg.aggregator.session_expiry_s, RECEIVE_MAXIMUM, verbose=log.isEnabledFor(logging.DEBUG),
                         validation=agg.validation)
@@ -189,7 +189,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     transport: Any
     validator: Optional[ValidatorProcess] = None
     if cfg.broker.kind == "rabbitmq":  # a quorum queue over AMQP (host_tools/ingest/amqp.py)
-        from host_tools.ingest import amqp
+        from pansketch.host_tools.ingest import amqp
 
         sub = "queue %s on %s" % (cfg.broker.queue, ", ".join("%s:%d" % n for n in cfg.broker.amqp_nodes))
         transport = amqp.AMQPTransport(amqp.Settings(cfg.broker, cfg.aggregator.topic, RECEIVE_MAXIMUM, cid),

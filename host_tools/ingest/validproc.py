@@ -1,19 +1,19 @@
-"""Release validation, in a process of its own for the aggregator (``python -m host_tools.ingest.validproc``).
+"""Release validation, in a process of its own for the aggregator (``python -m pansketch.host_tools.ingest.validproc``).
 
 :func:`verdict` is the one validation step of the aggregator: decode and
-check a message (host_tools.ingest.decode) and say ``("ok", state)`` (the
+check a message (pansketch.host_tools.ingest.decode) and say ``("ok", state)`` (the
 validated release without its payload: :meth:`Release.state`) or
 ``("rejected", code, reason, dev, seq)`` (``dev``/``seq``: what the
-message's top-level map says, read by host_tools.cborscan as far as its
+message's top-level map says, read by pansketch.host_tools.cborscan as far as its
 bytes are well formed; for the device's acknowledgement and ``status``).
 ``Aggregator.validate`` runs it in process; with MQTT, ``pansketch
-aggregate`` runs it in the MQTT process (host_tools.ingest.mqttproc, with
-the same CPU budget); with AMQP (host_tools.ingest.amqp, whose client runs
+aggregate`` runs it in the MQTT process (pansketch.host_tools.ingest.mqttproc, with
+the same CPU budget); with AMQP (pansketch.host_tools.ingest.amqp, whose client runs
 in the aggregator's process) it runs here, in a helper process
 (host_tools/ingest/child.py), so that decoding does not compete with the
 writer for the parent's GIL. The parent sends
 ``[(topic, size), ...]`` and the payloads in one batch frame
-(:func:`host_tools.ingest.child.send_batch`), which the helper reads
+(:func:`pansketch.host_tools.ingest.child.send_batch`), which the helper reads
 into one reused buffer and validates in place (no pickling or copying of
 message bytes); it gets the verdicts back in order. The payloads do not
 travel back (the parent has them), so a verdict costs little to send.
@@ -26,7 +26,7 @@ message at a time; the message that kills the helper again is refused
 with code ``timeout`` (it costs at most two budgets; a redelivery after a
 restart is refused the same way). A helper that neither answers nor
 burns CPU is killed after a wall-clock backstop. The byte-level reader
-(host_tools.cborscan) keeps every message far below the budget; the
+(pansketch.host_tools.cborscan) keeps every message far below the budget; the
 budget is the guard for what nobody thought of.
 """
 
@@ -41,16 +41,16 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Optional, Sequence, Union, cast
 
-from host_tools import cborscan
-from host_tools.ingest import child
-from host_tools.store import bounds
-from host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode_state
-from host_tools.store.records import Release
+from pansketch.host_tools import cborscan
+from pansketch.host_tools.ingest import child
+from pansketch.host_tools.store import bounds
+from pansketch.host_tools.ingest.decode import DEFAULT_TOPIC, Rejected, decode_state
+from pansketch.host_tools.store.records import Release
 
 log = logging.getLogger("pansketch.aggregator")
 
 # ("ok", Release.state()) | ("ok", Release.state(), "bound", reason): valid, but over the fleet's contribution
-# limit (host_tools.store.bounds: quarantined and refused in the acknowledgement) | ("rejected", code, reason,
+# limit (pansketch.host_tools.store.bounds: quarantined and refused in the acknowledgement) | ("rejected", code, reason,
 # dev, seq)
 Verdict = tuple
 
@@ -127,7 +127,7 @@ class ValidatorProcess:
         self._deaths = 0  # deaths in a row that were not CPU timeouts
 
     def start(self) -> None:
-        self.proc, self.conn = child.spawn("host_tools.ingest.validproc", self.settings)
+        self.proc, self.conn = child.spawn("pansketch.host_tools.ingest.validproc", self.settings)
 
     def _wall_limit(self, n: int) -> float:
         """Backstop for a helper that stops answering without burning CPU (SIGPROF handles CPU)."""
@@ -237,7 +237,7 @@ class ValidatorProcess:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Helper entry point: ``python -m host_tools.ingest.validproc FD`` (FD: our end of the socket pair)."""
+    """Helper entry point: ``python -m pansketch.host_tools.ingest.validproc FD`` (FD: our end of the socket pair)."""
     return child.helper_main(serve, Settings, argv)
 
 
@@ -274,4 +274,4 @@ def serve(conn: Connection, settings: Settings) -> int:
         cpu["reply"] += time.thread_time() - t2
 
 if __name__ == "__main__":
-    child.run_as_main("host_tools.ingest.validproc")
+    child.run_as_main("pansketch.host_tools.ingest.validproc")

@@ -30,7 +30,7 @@ import logging
 import re
 from typing import Any
 
-from host_tools.output import finitejson
+from pansketch.host_tools.output import finitejson
 
 # C0, DEL, C1; bidi embeddings/overrides (U+202A-U+202E) and isolates (U+2066-U+2069), the
 # line/paragraph separators (U+2028/U+2029) and other zero-width format characters that
@@ -76,7 +76,7 @@ def json_text(obj: Any, **kw: Any) -> str:
     """``json.dumps(obj, ensure_ascii=False, **kw)`` with DEL, C1 and format characters as ``\\uNNNN``
     escapes (json already escapes C0). Outside its strings JSON text is ASCII, so the escapes land
     inside strings, where they are valid JSON and decode back to the same characters. Non-finite
-    numbers are ``null`` with a reason (host_tools.output.finitejson): the text is always strict JSON."""
+    numbers are ``null`` with a reason (pansketch.host_tools.output.finitejson): the text is always strict JSON."""
     kw.setdefault("ensure_ascii", False)
     return _UNSAFE_JSON.sub(_escape, json.dumps(finitejson.finite(obj), allow_nan=False, **kw))
 

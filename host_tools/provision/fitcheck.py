@@ -29,6 +29,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from firmware import memory
+    from pansketch.firmware import memory
 
     return int(memory.fit_main(args.config, args.board, args.code, tls=not args.no_tls))

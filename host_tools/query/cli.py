@@ -1,4 +1,4 @@
-"""``pansketch query``: the command line of every query kind in host_tools.query.kinds.
+"""``pansketch query``: the command line of every query kind in pansketch.host_tools.query.kinds.
 
 ``pansketch query KIND [ARGS] [--config FILE] [selection] [--json] ...``: the
 shared options (config, selection, confidence, output) are added here to
@@ -11,10 +11,10 @@ import argparse
 import sys
 from typing import Any
 
-from host_tools import hostconfig
-from host_tools.query import kinds
-from host_tools.query.core import QueryError, parse_time
-from host_tools.store.backend import open_store
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.query import kinds
+from pansketch.host_tools.query.core import QueryError, parse_time
+from pansketch.host_tools.store.backend import open_store
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     import contextlib
     import io
 
-    from host_tools.query import csvout
+    from pansketch.host_tools.query import csvout
 
     args.json = True  # the JSON objects, converted: the same fields by construction
     buf = io.StringIO()
@@ -102,7 +102,7 @@ def _main(args: argparse.Namespace) -> int:
     if since is not None and until is not None and until <= since:
         return _err("empty time range: --until %s is not after --since %s" % (args.until, args.since), 2)
     if getattr(args, "plot", None):
-        from host_tools.query import plot
+        from pansketch.host_tools.query import plot
 
         try:
             plot.check_path(args.plot)
@@ -113,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
         store = open_store(cfg.aggregator.db, readonly=True)
     except Exception as exc:  # missing file, PostgreSQL unreachable, ...
         return _err(str(exc), 1)
-    # read by host_tools.query.core.select_merged, which every query kind merges through
+    # read by pansketch.host_tools.query.core.select_merged, which every query kind merges through
     store.query_exclude = tuple(getattr(args, "exclude_device", None) or ())  # type: ignore[attr-defined]
     try:
         code = kinds.get(args.qtype).run(args, store, salt, conf, since, until)
@@ -121,7 +121,7 @@ def _main(args: argparse.Namespace) -> int:
             _flag_note(store, set(store.query_exclude))  # type: ignore[attr-defined]
         return code
     except BrokenPipeError:
-        raise  # a closed stdout ends the command quietly (agent.pi.pipes.run_main)
+        raise  # a closed stdout ends the command quietly (pansketch.agent.pi.pipes.run_main)
     except (QueryError, ValueError, OSError) as exc:
         return _err(str(exc), 1)
     finally:
@@ -130,9 +130,9 @@ def _main(args: argparse.Namespace) -> int:
 
 def _flag_note(store: Any, exclude: set[str]) -> None:
     """Next to the answer (on stderr: the answer's own output stays as it is): devices flagged in the latest
-    windows (host_tools.query.influence), which the answer merges unless they are excluded."""
-    from host_tools.query import influence
-    from host_tools.store import exclusions
+    windows (pansketch.host_tools.query.influence), which the answer merges unless they are excluded."""
+    from pansketch.host_tools.query import influence
+    from pansketch.host_tools.store import exclusions
 
     ex = set(exclusions.excluded(store)) | exclude
     flags = influence.recent_flags(store, windows=CLI_FLAG_WINDOWS, exclude=ex)

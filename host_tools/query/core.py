@@ -1,9 +1,9 @@
-"""Frequency and top-k queries with intervals (``pansketch query freq | topk`` prints them: host_tools.query.point_cli).
+"""Frequency and top-k queries with intervals (``pansketch query freq | topk`` prints them: pansketch.host_tools.query.point_cli).
 
 Python API (no CLI needed)::
 
-    from host_tools.store.sqlite import Store
-    from host_tools.query import core as query
+    from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools.query import core as query
     st = Store("pansketch.db", readonly=True)
     for a in query.freq(st, ["apple", "pear"], salt="fleet-salt", window=480000):
         print(a.item, a.estimate, a.lo, a.hi)
@@ -14,8 +14,8 @@ that ``win``; they must share one window length), or a time range
 (``since``/``until``, unix seconds: releases whose epochs lie inside
 [since, until); releases that straddle a bound cannot be split and are left
 out, counted in ``Selection.partial``), optionally restricted to devices.
-The selection is merged (host_tools.query.merge; different sketch parameters are
-refused with the reason) and answered by host_tools.query.estimators.
+The selection is merged (pansketch.host_tools.query.merge; different sketch parameters are
+refused with the reason) and answered by pansketch.host_tools.query.estimators.
 
 Tree-mode devices (format v2, agent/tree.py) release every dyadic node of
 epochs, so their releases overlap: level-l nodes hold the events of the
@@ -25,7 +25,7 @@ the left, the largest aligned node that fits, i.e. the canonical dyadic
 decomposition, at most 2 per level), adding all parts of a node. Devices
 in window/keep mode are summed as before. Every answer reports how many
 releases and noise draws per cell it combined; the intervals come from the
-merged noise (host_tools.query.estimators), whatever mix of nodes it is.
+merged noise (pansketch.host_tools.query.estimators), whatever mix of nodes it is.
 
 Series over time (``pansketch query series``) are in host_tools/query/series.py:
 each bucket and each running total is one such range query.
@@ -42,17 +42,17 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from agent import hashing
-from host_tools.output import textsafe
-from host_tools.query import estimators, ranking
-from host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
-from host_tools.store import exclusions
-from host_tools.store.rows import RollupInfo, StoredRelease
-from host_tools.store.sql import SQLStore
-from host_tools.store.write import rollup_key
+from pansketch.agent import hashing
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.query import estimators, ranking
+from pansketch.host_tools.query.merge import MergeError, Merged, NoiseTerm, merge
+from pansketch.host_tools.store import exclusions
+from pansketch.host_tools.store.rows import RollupInfo, StoredRelease
+from pansketch.host_tools.store.sql import SQLStore
+from pansketch.host_tools.store.write import rollup_key
 
 try:
-    from host_tools import fasthash
+    from pansketch.host_tools import fasthash
 except ImportError:  # pragma: no cover - fasthash ships with host_tools
     fasthash = None  # type: ignore[assignment]
 
@@ -99,7 +99,7 @@ class Selection:
     tree_skipped: int = 0  # tree-mode releases inside the range not needed by the cover
     missing_epochs: int = 0  # epochs of tree-mode devices inside their covered span with no node
     tree_used: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # per tree device: its cover
-    tree_facts: dict[str, Any] = field(default_factory=dict)  # host_tools.query.treels.apply's report
+    tree_facts: dict[str, Any] = field(default_factory=dict)  # pansketch.host_tools.query.treels.apply's report
     excluded: list[str] = field(default_factory=list)  # devices left out (excluded in the store or by the query)
 
     def describe(self) -> str:
@@ -263,7 +263,7 @@ def _window_lengths(window: int, lens: set[int]) -> None:
 
 def _from_releases(store: SQLStore, sel: Selection, consistent: bool = True) -> Merged:
     """Merge the raw releases of the selection (streaming); tree-mode covers from least-squares
-    consistent nodes unless ``consistent`` is False (host_tools.query.treels)."""
+    consistent nodes unless ``consistent`` is False (pansketch.host_tools.query.treels)."""
     window, since, until = sel.window, sel.since, sel.until
     every = store.releases(devices=sel.devices, window=window, since=since, until=until)
     if since is not None or until is not None:
@@ -292,7 +292,7 @@ def _from_releases(store: SQLStore, sel: Selection, consistent: bool = True) -> 
     except MergeError as exc:
         raise QueryError(str(exc))
     if sel.tree_used and consistent:
-        from host_tools.query import treels
+        from pansketch.host_tools.query import treels
 
         keys: dict[str, set[tuple[int, int]]] = {}
         ep_s: dict[str, int] = {}
@@ -539,7 +539,7 @@ def topk(store: SQLStore, candidates: Sequence[Any], k: int, *, salt: str, windo
     """The k candidates with the largest estimates, best first, with intervals.
 
     CountSketch: the leading candidates are re-estimated by a least-squares refit
-    (host_tools.query.ranking; ``refit=False`` ranks by the medians); each interval
+    (pansketch.host_tools.query.ranking; ``refit=False`` ranks by the medians); each interval
     is the calibrated one of the median, extended to contain the refit value.
     Intervals are per item (each covers its own count at ``confidence``),
     not simultaneous over the k items.

@@ -8,7 +8,7 @@ has ``error`` instead of ``estimate``): the header is the union of the
 keys in the order they first appear.
 
 Cells may hold strings a device chose (heavy-hitter strings, status fields):
-each goes through :func:`host_tools.output.textsafe.csv_cell`, so a spreadsheet
+each goes through :func:`pansketch.host_tools.output.textsafe.csv_cell`, so a spreadsheet
 shows ``=HYPERLINK(...)`` as text and no cell holds a raw CR, LF or escape.
 """
 
@@ -18,7 +18,7 @@ import csv
 import json
 from typing import Any, Iterable, TextIO
 
-from host_tools.output import textsafe
+from pansketch.host_tools.output import textsafe
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:

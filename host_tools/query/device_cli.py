@@ -21,8 +21,8 @@ import json
 import sys
 from typing import Any
 
-from host_tools import hostconfig
-from host_tools.store.backend import open_store
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.store.backend import open_store
 
 
 def add_parser(subparsers: Any) -> None:
@@ -53,8 +53,8 @@ def _err(msg: str, code: int) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from host_tools.query.core import parse_time
-    from host_tools.store import exclusions
+    from pansketch.host_tools.query.core import parse_time
+    from pansketch.host_tools.store import exclusions
 
     if not getattr(args, "action", None):
         return _err("choose an action: exclude, include, purge or list (see pansketch device --help)", 2)
@@ -103,6 +103,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _iso(t: float) -> str:
-    from host_tools.query.core import iso
+    from pansketch.host_tools.query.core import iso
 
     return iso(t) or "?"

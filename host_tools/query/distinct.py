@@ -26,7 +26,7 @@ the sum over devices and windows of the per-device, per-window distinct
 counts (an item seen by two sensors, or in two windows, counts twice:
 docs/PRIVACY.md "Distinct counts"); each interval end's distance from its
 estimate is summed in squares. Coverage by n and eps:
-host_tools.bench.accuracy (``--dbits``, ``--dbits-device``), tests in
+pansketch.host_tools.bench.accuracy (``--dbits``, ``--dbits-device``), tests in
 tests/test_dbits.py.
 """
 
@@ -41,7 +41,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from host_tools.query.merge import noise_variance
+from pansketch.host_tools.query.merge import noise_variance
 
 
 FILL_MAX = 0.75  # levels filled beyond this are left out (the delta method under-states their variance)
@@ -150,8 +150,8 @@ def estimate_release(counts: Sequence[float] | np.ndarray, m: int, eps: float, o
 
 def device_p(levels: int, m: int, eps: tuple[int, int]) -> Fraction:
     """The probability of a one-bit for a present item, read from the device's own sketch
-    (agent.dbits.DensityBits: Bern(1/2 + eps/4) today), so host and device cannot disagree."""
-    from agent.dbits import DensityBits
+    (pansketch.agent.dbits.DensityBits: Bern(1/2 + eps/4) today), so host and device cannot disagree."""
+    from pansketch.agent.dbits import DensityBits
 
     sk = DensityBits(levels, m, b"", eps, bytearray(levels * m // 8))
     return Fraction(sk.p_num, sk.p_den)
@@ -440,7 +440,7 @@ def query(store: Any, *, salt: str, confidence: float = 0.95, window: Optional[i
           since: Optional[float] = None, until: Optional[float] = None,
           device: Union[None, str, Sequence[str]] = None) -> dict[str, Any]:
     """``pansketch query distinct``: the selection's distinct count (sum over devices and windows)."""
-    from host_tools.query.core import QueryError, iso, select_merged
+    from pansketch.host_tools.query.core import QueryError, iso, select_merged
 
     m, s = select_merged(store, window=window, since=since, until=until, device=device, salt=salt,
                          kinds=("dbits",))

@@ -13,9 +13,9 @@ dp-linear-sketches Algorithm 2).
 Per-level error bounds at a level confidence 1 - a (P(|err| > t_l) <= a):
 
 * exact level: t_l = E / d with E the (a/2)-tail of the sum of d cells'
-  merged noise (exact distribution, host_tools.query.estimators.noise_tail_bound);
+  merged noise (exact distribution, pansketch.host_tools.query.estimators.noise_tail_bound);
 * hashed level: the data-driven CountSketch bound of
-  host_tools.query.estimators.cs_halfwidth (no model of the data or noise: the
+  pansketch.host_tools.query.estimators.cs_halfwidth (no model of the data or noise: the
   level's own counters are the sample of the error distribution).
 
 Rank: rank_lt(x) (items < x) is the sum of at most b node estimates, one
@@ -26,7 +26,7 @@ prefix and its own noise draws):
 
 * exact level: the mean of d cells' merged noise, i.e. (sum of d * draws
   per cell independent draws) / d, from the exact pmf
-  (host_tools.query.estimators.noise_distribution; a normal of the same variance
+  (pansketch.host_tools.query.estimators.noise_distribution; a normal of the same variance
   if the support is too large to convolve);
 * hashed level: the median over the d rows of g_r * C_o[r, c_r] with c_r a
   uniformly random column and g_r a fair sign -- the CountSketch error
@@ -43,7 +43,7 @@ The total n (level b, exact) keeps its exact-noise tail at alpha / 2; the
 fraction interval is [(r - h)/(n + t_n), (r + h)/(n - t_n)] (n's error is
 ~1e-4 of n, so it covers as the rank interval does). Intervals are per
 point, not simultaneous over a whole CDF. Coverage is checked by
-simulation in tests/test_dcs_host.py and host_tools.bench.kinds.
+simulation in tests/test_dcs_host.py and pansketch.host_tools.bench.kinds.
 
 Quantile q: the smallest x with estimated rank_le(x) >= q * n (descends
 the bits of x); the answer carries the rank of that x estimated from the
@@ -68,7 +68,7 @@ level 0 report the k largest (with T: those estimated >= T) with intervals
 candidates examined: simultaneous over the candidates, so they cover
 although the reported values were selected for their large estimates
 (a per-item interval, as ``query topk`` gives, under-covers by selection:
-93% at a nominal 95% in host_tools.bench.kinds).
+93% at a nominal 95% in pansketch.host_tools.bench.kinds).
 """
 
 from __future__ import annotations
@@ -80,11 +80,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from agent import hashing
-from agent.dcs import exact_from, level_prefix, map_value
-from host_tools import fasthash
-from host_tools.query import consistency, estimators
-from host_tools.query.merge import Merged, NoiseTerm
+from pansketch.agent import hashing
+from pansketch.agent.dcs import exact_from, level_prefix, map_value
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.query import consistency, estimators
+from pansketch.host_tools.query.merge import Merged, NoiseTerm
 
 
 SIG_Z = 2.0  # a node whose estimate is below SIG_Z sd has its children left out of the next level's fit
@@ -93,7 +93,7 @@ LS_MAX_SHARE = 0.5  # a level's fit needs at most this share of its d * w counte
 
 def exact_counters(values: Sequence[int] | np.ndarray, b: int, d: int, w: int, salt: str | bytes,
                    weights: Optional[Sequence[int]] = None) -> np.ndarray:
-    """Noise-free counters ((b+1)*d, w) of domain values, equal to agent.dcs.DyadicSketch."""
+    """Noise-free counters ((b+1)*d, w) of domain values, equal to pansketch.agent.dcs.DyadicSketch."""
     v = np.asarray(values, dtype=np.int64) if not isinstance(values, np.ndarray) else values.astype(np.int64)
     wt = np.ones(len(v), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
     levels = b + 1
@@ -591,7 +591,7 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
         r0, _ = v.rank_le_right(xs) if right else v.rank_le(xs)
         r = np.where(ok, r, r0)
     # a merged total that is negative, zero or not a number cannot be the count of any set of readings:
-    # no interval computed from it is honest (a forged release in the merge; host_tools.store.bounds
+    # no interval computed from it is honest (a forged release in the merge; pansketch.host_tools.store.bounds
     # refuses the large ones, smaller ones can still drive a small fleet's total below zero)
     mass_ok = math.isfinite(n) and n > 0
     if not mass_ok:
@@ -619,7 +619,7 @@ def rank_answers(v: DyadicView, xs: np.ndarray, qs: Optional[Sequence[float]], m
 
 def make_consistent(rows: list[RankAnswer], across_rows: bool = True) -> list[RankAnswer]:
     """Rows made monotone in x, ranks >= 0 and CDF values in [0, 1], each estimate inside its
-    interval (host_tools.query.consistency.monotone: isotonic estimates, intervals only widened,
+    interval (pansketch.host_tools.query.consistency.monotone: isotonic estimates, intervals only widened,
     so each covers at least as often as before). Post-processing: no privacy cost.
 
     ``across_rows`` False (quantile answers) treats each row alone: clipped into [0, 1] / [0, inf)

@@ -1,8 +1,8 @@
 """``pansketch query quantile | cdf | heavy``: answers from merged dcs releases.
 
-Python API (host_tools.query.dyadic does the estimation)::
+Python API (pansketch.host_tools.query.dyadic does the estimation)::
 
-    from host_tools.query import dyadic_cli
+    from pansketch.host_tools.query import dyadic_cli
     ans = dyadic_cli.quantiles(store, [0.5, 0.95], salt="fleet-salt", window=480000)
     rows = dyadic_cli.cdf(store, salt="fleet-salt", points=17)
     top = dyadic_cli.heavy(store, 10, salt="fleet-salt")
@@ -18,13 +18,13 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from host_tools.output import textsafe
-from host_tools.query import dyadic
-from host_tools.query.core import int_at_least, positive_int
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.query import dyadic
+from pansketch.host_tools.query.core import int_at_least, positive_int
 
 
 def _view(store: Any, salt: str, confidence: float, **sel: Any) -> tuple[Any, Any, dyadic.DyadicView]:
-    from host_tools.query.core import QueryError, select_merged
+    from pansketch.host_tools.query.core import QueryError, select_merged
 
     m, s = select_merged(store, salt=salt, kinds=("dcs",), **sel)
     if m.kind != "dcs":
@@ -37,7 +37,7 @@ RANK_METHOD = "dcs-rank-ls-per-salt"
 
 
 def _meta(m: Any, s: Any, v: dyadic.DyadicView) -> dict[str, Any]:
-    from host_tools.query.core import iso
+    from pansketch.host_tools.query.core import iso
 
     return {"window": s.window, "range": {"since": iso(m.t0), "until": iso(m.t1), "since_unix": m.t0,
                                           "until_unix": m.t1},
@@ -50,7 +50,7 @@ def quantiles(store: Any, qs: Sequence[float], *, salt: str, confidence: float =
               window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
               device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
     """Per q: the estimated q-quantile (domain value and reading range) with the rank interval of that value."""
-    from host_tools.query.core import QueryError
+    from pansketch.host_tools.query.core import QueryError
 
     for q in qs:
         if not 0 <= q <= 1:
@@ -67,7 +67,7 @@ def cdf(store: Any, *, salt: str, points: int = 17, at: Optional[Sequence[Any]] 
     """F(x) = fraction of events with value <= x, at readings ``at`` or at ``points`` values that
     follow the data: the estimated q-quantiles for q evenly spaced in [0, 1] (duplicates merged).
     The rows are monotone, in [0, 1] and inside their intervals (dyadic.make_consistent)."""
-    from host_tools.query.core import QueryError
+    from pansketch.host_tools.query.core import QueryError
 
     m, s, v = _view(store, salt, confidence, window=window, since=since, until=until, device=device)
     top = (1 << m.b) - 1
@@ -87,7 +87,7 @@ def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, c
           window: Optional[int] = None, since: Optional[float] = None, until: Optional[float] = None,
           device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
     """The k domain values with the largest counts (no candidate list), with per-item intervals."""
-    from host_tools.query.core import QueryError
+    from pansketch.host_tools.query.core import QueryError
 
     if k < 1:
         raise QueryError("k must be at least 1")
@@ -117,7 +117,7 @@ def _points(txt: str) -> int:
     return int_at_least(txt, 2)
 
 
-# the arguments of each kind (host_tools.query.kinds registers them; the CLI adds the shared options)
+# the arguments of each kind (pansketch.host_tools.query.kinds registers them; the CLI adds the shared options)
 def add_quantile_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--q", type=_unit, nargs="+", required=True, metavar="Q", help="quantiles in [0, 1]")
 
@@ -172,13 +172,13 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
     sel = dict(salt=salt, confidence=conf, window=args.window, since=since, until=until, device=args.device)
     t = time.perf_counter()
     if args.qtype == "heavy":  # kind strhh answers heavy with its own descent (host_tools/query/strheavy_cli.py)
-        from host_tools.query import strheavy_cli
+        from pansketch.host_tools.query import strheavy_cli
 
         done = strheavy_cli.run_heavy(args, store, salt, conf, since, until)
         if done is not None:
             return done
     if args.qtype == "distinct":
-        from host_tools.query import distinct
+        from pansketch.host_tools.query import distinct
 
         a = distinct.query(store, **sel)
         if args.json:

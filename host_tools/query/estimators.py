@@ -110,7 +110,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from host_tools.query.merge import Merged, NoiseTerm
+from pansketch.host_tools.query.merge import Merged, NoiseTerm
 
 
 # -- noise tails -------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What an operator sees of the fleet: one read-only view for the web UI, its JSON API and /metrics.
 
-Built on :func:`host_tools.query.status.report` (devices, gaps, ledger) plus the
-per-device, per-window ledger grid (:mod:`host_tools.store.ledger`) and the
+Built on :func:`pansketch.host_tools.query.status.report` (devices, gaps, ledger) plus the
+per-device, per-window ledger grid (:mod:`pansketch.host_tools.store.ledger`) and the
 rejection counts by reason. Delivery classes that the status report may
 carry per device -- releases *lost*, *pending*, *late*, *rejected* (the
 host acknowledgement protocol, docs/FORMAT.md sections 3 and 7) -- are
@@ -10,7 +10,7 @@ never as 0, so the view lights up once ``status`` provides them.
 
 Every number here is a count of releases or a guarantee, not an estimate
 of events, so none carries an interval; estimates live on the item and
-top-k pages (host_tools.query.series, host_tools.query.core).
+top-k pages (pansketch.host_tools.query.series, pansketch.host_tools.query.core).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 from collections import defaultdict
 from typing import Any, Optional
 
-from host_tools.store import ledger as ledger_mod
-from host_tools.query import status as status_mod
-from host_tools.query.core import iso
-from host_tools.store.sql import SQLStore as Store
+from pansketch.host_tools.store import ledger as ledger_mod
+from pansketch.host_tools.query import status as status_mod
+from pansketch.host_tools.query.core import iso
+from pansketch.host_tools.store.sql import SQLStore as Store
 
 DELIVERY = ("lost", "pending", "late", "rejected")
 

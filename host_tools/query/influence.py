@@ -1,6 +1,6 @@
 """Detection within the bound: flag a device whose contribution to a window is out of line with the fleet's.
 
-host_tools.store.bounds caps what one release may hold (``max_events`` events
+pansketch.host_tools.store.bounds caps what one release may hold (``max_events`` events
 plus noise). Inside that cap a stolen device can still plant an item the rest
 of the fleet never saw, or cancel the fleet's top item. This module looks, for
 every window and merge group with at least :data:`MIN_DEVICES` devices, at each
@@ -36,7 +36,7 @@ dashboard), not a verdict; ``pansketch device exclude`` is the operator's.
 
 Kind dbits releases one count per level (no item structure to compare): its
 releases are held to the bound only. Tree-mode devices are compared by the
-nodes that cover the window (host_tools.query.core.cover).
+nodes that cover the window (pansketch.host_tools.query.core.cover).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from host_tools.query.estimators import chernoff_tail_bound
-from host_tools.query.merge import NoiseTerm
+from pansketch.host_tools.query.estimators import chernoff_tail_bound
+from pansketch.host_tools.query.merge import NoiseTerm
 
 MIN_DEVICES = 3  # fewer: no "rest of the fleet" to compare with
 NOISE_ALPHA = 1e-7  # per cell: the noise allowance's one-sided tail (x 2 sides x cells: ~1e-3 per device-window)
@@ -189,12 +189,12 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = (),
     """Flags of one window (every merge group in it), excluded devices left out of the comparison.
     ``max_events(kind)``: the fleet's contribution limit (default: [fleet]'s default), for the
     window total of keep-mode devices."""
-    from host_tools.hostconfig import DEFAULT_MAX_EVENTS
-    from host_tools.store import bounds
+    from pansketch.host_tools.hostconfig import DEFAULT_MAX_EVENTS
+    from pansketch.host_tools.store import bounds
 
     if max_events is None:
         max_events = lambda _k: DEFAULT_MAX_EVENTS  # noqa: E731
-    from host_tools.query.core import cover
+    from pansketch.host_tools.query.core import cover
 
     ex = set(exclude)
     rels = [r for r in store.releases(window=win, win_s=win_s, with_payload=True)
@@ -227,7 +227,7 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = (),
 def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[Iterable[str]] = None,
                  max_events: Any = None) -> list[Flag]:
     """Flags of the latest ``windows`` windows of each window length (excluded devices are not compared)."""
-    from host_tools.store import exclusions
+    from pansketch.host_tools.store import exclusions
 
     ex = set(exclusions.excluded(store)) if exclude is None else set(exclude)
     wins = store._q("SELECT DISTINCT win_s, win FROM releases ORDER BY win_s, win DESC")
@@ -249,7 +249,7 @@ _CACHED: dict[str, tuple[Any, list[Flag]]] = {}
 def cached_flags(store: Any) -> list[Flag]:
     """:func:`recent_flags` of the store (excluded devices left out), remembered per store state
     (``store.snapshot()`` and the exclusions): the dashboard shows them on every answer page."""
-    from host_tools.store import exclusions
+    from pansketch.host_tools.store import exclusions
 
     excl = exclusions.excluded(store)
     key = (store.snapshot(), tuple(sorted(excl)))

@@ -1,16 +1,16 @@
 """The registry of query kinds: ``pansketch query KIND``, the dashboard's pages and the JSON API take them from here.
 
 Each kind names its arguments and its runner (the CLI adds the shared
-selection and output options: host_tools.query.cli), the device sketch
+selection and output options: pansketch.host_tools.query.cli), the device sketch
 kinds whose releases it reads, and where the dashboard shows it: ``page``
-and ``api`` are paths that ``host_tools.web.app.Dashboard`` serves with its
+and ``api`` are paths that ``pansketch.host_tools.web.app.Dashboard`` serves with its
 method ``page_<name>`` / ``api_<name>`` (``/item`` -> ``page_item``,
-``/api/cdf`` -> ``api_cdf``), listed in the dashboard's menu by ``nav``. The store metrics (host_tools.metrics)
+``/api/cdf`` -> ``api_cdf``), listed in the dashboard's menu by ``nav``. The store metrics (pansketch.host_tools.metrics)
 count releases per device; a kind with ``metrics`` also exports its answer at every scrape of
 ``pansketch serve``'s /metrics (kind heavy: the top strings of the last day of strhh releases).
 
 Adding a kind: a module with the query function, ``add_arguments`` and
-``run`` (as host_tools.query.series_cli), plus one :class:`QueryKind` in
+``run`` (as pansketch.host_tools.query.series_cli), plus one :class:`QueryKind` in
 :data:`KINDS`; a dashboard page is a ``page_<name>`` method of the web app.
 """
 
@@ -20,8 +20,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from host_tools.query import dyadic_cli, point_cli, series_cli, strheavy_cli
-from host_tools.store.sql import SQLStore
+from pansketch.host_tools.query import dyadic_cli, point_cli, series_cli, strheavy_cli
+from pansketch.host_tools.store.sql import SQLStore
 
 POINT = ("cms", "cs")  # the point-query sketches (Count-Min, CountSketch)
 # run(args, store, salt, confidence, since, until) -> exit code; it prints the answer
@@ -38,7 +38,7 @@ class QueryKind:
     help: str  # the one line of ``pansketch query --help``
     add_arguments: Callable[[argparse.ArgumentParser], None]  # its own arguments, before the shared ones
     run: Runner
-    sketches: tuple[str, ...]  # the device sketch kinds (agent.params) whose releases it reads
+    sketches: tuple[str, ...]  # the device sketch kinds (pansketch.agent.params) whose releases it reads
     page: Optional[str] = None  # dashboard page showing it
     api: Optional[str] = None  # JSON endpoint answering it
     nav: Optional[tuple[str, str]] = None  # (menu label, page title): the page's menu entry, on one kind per page

@@ -8,7 +8,7 @@ is refused with a reason (:class:`MergeError`), never silently mixed.
 
 Noise of one release: every cell carries ``nz - 1`` internal draws
 (the state's initial Z_int plus a fresh one each time the device persisted
-its state or restarted, agent.recorder) and one output draw (Z_out), all
+its state or restarted, pansketch.agent.recorder) and one output draw (Z_out), all
 independent, with the parameters ``nint`` and ``nout`` (field ``nz`` of
 the release, 2 <= nz; host_tools/ingest/decode.py). Per cell of a merge of R
 releases the noise is a sum of sum_i nz_i independent zero-mean draws, so
@@ -40,7 +40,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from host_tools.store.rows import StoredRelease
+from pansketch.host_tools.store.rows import StoredRelease
 
 
 class MergeError(Exception):
@@ -114,7 +114,7 @@ def merge(rels: Sequence[StoredRelease], counters: Optional[Iterable[np.ndarray]
 
     The counters come from ``rels`` (loaded with payload), or, streaming,
     from ``counters`` (one array per release of ``rels``, same order, e.g.
-    :meth:`host_tools.store.read.Reader.iter_counters`): memory stays
+    :meth:`pansketch.host_tools.store.read.Reader.iter_counters`): memory stays
     O(d*w) plus the releases' metadata.
     """
     if not rels:

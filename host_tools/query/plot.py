@@ -14,8 +14,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from host_tools.query.core import Answer, iso
-from host_tools.query.series import Series
+from pansketch.host_tools.query.core import Answer, iso
+from pansketch.host_tools.query.series import Series
 
 FORMATS = (".png", ".svg", ".pdf")
 

@@ -1,4 +1,4 @@
-"""``pansketch query freq | topk``: point estimates of items with intervals (host_tools.query.core answers them)."""
+"""``pansketch query freq | topk``: point estimates of items with intervals (pansketch.host_tools.query.core answers them)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 import time
 from typing import Optional
 
-from host_tools.output import textsafe
-from host_tools.query import plot
-from host_tools.query.core import QueryError, _item, _print_table, freq, positive_int, read_candidates, topk
-from host_tools.store.sql import SQLStore
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.query import plot
+from pansketch.host_tools.query.core import QueryError, _item, _print_table, freq, positive_int, read_candidates, topk
+from pansketch.host_tools.store.sql import SQLStore
 
 
 def add_freq_arguments(p: argparse.ArgumentParser) -> None:

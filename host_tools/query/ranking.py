@@ -6,7 +6,7 @@ readings, dp-linear-sketches.txt Algorithm 2) carries the collisions of
 near rank k are separated by less than the collisions of the top few
 items, so the median ranks them poorly: precision at k = 50 was 0.76
 (median over 20 salts) on identifier tokens at the default d = 4, w = 1024;
-0.96 with the refit (host_tools.bench.accuracy).
+0.96 with the refit (pansketch.host_tools.bench.accuracy).
 
 What. The sketch is linear: C = A f + e, where column j of A is candidate
 j's d signed unit cells and e holds the collisions of all other items plus
@@ -23,7 +23,7 @@ Needell and Tropp 2009); the sketch and its privacy are unchanged
 
 Intervals. The printed estimate of an item in S is its refit value and its
 interval is the calibrated CountSketch interval of its median estimate
-(host_tools.query.estimators), extended to contain the refit value:
+(pansketch.host_tools.query.estimators), extended to contain the refit value:
 [min(lo, refit), max(hi, refit)]. It contains the median's interval, so it
 covers at least as often (calibrated at the stated confidence), and the
 estimate lies inside it. A narrower interval for the refit itself, by

@@ -3,21 +3,21 @@
 A *series* answers "how often was X seen, bucket by bucket" for a few
 items. Each bucket is a half-open time range ``[t0, t1)`` (by default one
 window: the window length of the selected releases) and each point is an
-ordinary :func:`host_tools.query.core.freq` answer over the releases that lie
+ordinary :func:`pansketch.host_tools.query.core.freq` answer over the releases that lie
 inside that range, so it carries the same interval [lo, hi] at the same
 confidence, the merged noise and the releases used. A bucket with no
 release is a point without an answer (``error`` says why), never a zero.
 
 This is the single place where a series is computed: the web UI
 (host_tools/web), the JSON API and ``pansketch query series --plot`` use it.
-Each bucket is one range query (host_tools.query.core.freq): window/keep
+Each bucket is one range query (pansketch.host_tools.query.core.freq): window/keep
 devices' releases inside it are summed, and each tree-mode device
-contributes the fewest dyadic nodes covering it (host_tools.query.core.cover).
+contributes the fewest dyadic nodes covering it (pansketch.host_tools.query.core.cover).
 With ``running`` each point also carries the running total from the
 first bucket's start to its end, again one range query: with tree-mode
 devices its noise grows with log(length), not with the number of buckets.
 
-    from host_tools.query import series
+    from pansketch.host_tools.query import series
     s = series.series(store, ["apple"], salt=cfg.fleet.salt, per_device=True)
     for line in s.lines:
         for p in line.points:
@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
-from host_tools.query import core as query
-from host_tools.query.core import Answer, QueryError, iso
-from host_tools.store.sql import SQLStore as Store
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.query.core import Answer, QueryError, iso
+from pansketch.host_tools.store.sql import SQLStore as Store
 
 MAX_BUCKETS = 2000
 

@@ -1,4 +1,4 @@
-"""``pansketch query series``: count per bucket with intervals (host_tools.query.series computes it)."""
+"""``pansketch query series``: count per bucket with intervals (pansketch.host_tools.query.series computes it)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import sys
 from typing import Optional
 
-from host_tools.query import core as query
-from host_tools.output import textsafe
-from host_tools.query import plot
-from host_tools.query.core import QueryError, iso
-from host_tools.query.series import series
-from host_tools.store.sql import SQLStore
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.query import plot
+from pansketch.host_tools.query.core import QueryError, iso
+from pansketch.host_tools.query.series import series
+from pansketch.host_tools.store.sql import SQLStore
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def parse_step(txt: str) -> int:
 
 def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since: Optional[float],
         until: Optional[float]) -> int:
-    """``pansketch query series``: the table (or JSON lines, or --plot) of :func:`host_tools.query.series.series`."""
+    """``pansketch query series``: the table (or JSON lines, or --plot) of :func:`pansketch.host_tools.query.series.series`."""
     def err(msg: str, code: int) -> int:
         print("pansketch query: %s" % msg, file=sys.stderr)
         return code
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
                 d.update(p.to_dict())
                 print(textsafe.json_text(d))
         return 0
-    labels = {id(ln): textsafe.term(ln.label) for ln in s.lines}  # shown escaped: see host_tools.output.textsafe
+    labels = {id(ln): textsafe.term(ln.label) for ln in s.lines}  # shown escaped: see pansketch.host_tools.output.textsafe
     width = max(8, min(40, max(len(x) for x in labels.values())))
     print("# %d s buckets; %g%% intervals per point; * = the point's interval includes 0; DRAWS = noise draws "
           "per cell combined; RUNNING = total since the first bucket" % (s.step, 100 * conf))

@@ -36,14 +36,14 @@ from collections import defaultdict
 from fractions import Fraction
 from typing import Any, Optional
 
-from host_tools.output import textsafe
-from host_tools.store import ledger as ledger_mod
-from host_tools.query.core import iso
-from host_tools.store.rows import StoredRelease
-from host_tools.store.sql import SQLStore as Store
-from host_tools.store.backend import open_store
-from host_tools.store import exclusions
-from host_tools.query import influence
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.store import ledger as ledger_mod
+from pansketch.host_tools.query.core import iso
+from pansketch.host_tools.store.rows import StoredRelease
+from pansketch.host_tools.store.sql import SQLStore as Store
+from pansketch.host_tools.store.backend import open_store
+from pansketch.host_tools.store import exclusions
+from pansketch.host_tools.query import influence
 
 
 LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
@@ -156,7 +156,7 @@ def _status_dict(st: Any, now: float) -> Optional[dict[str, Any]]:
 
 
 def _quarantine(out: dict[str, Any], quarantined: dict[int, str], stored: set[int]) -> None:
-    """Quarantined seqs (held back as likely forgeries, host_tools.store) are shown apart: not pending, lost or
+    """Quarantined seqs (held back as likely forgeries, pansketch.host_tools.store) are shown apart: not pending, lost or
     unknown. They never widen the checked range (a forged seq 2^32 - 1 would make billions 'pending')."""
     qs = sorted(q for q in quarantined if q not in stored)
     out.update(quarantined_seqs=qs[:LIST_LIMIT], quarantined_count=len(qs),
@@ -262,7 +262,7 @@ def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] =
         })
     devices.sort(key=lambda x: x["device"])
     # bounded influence: devices left out of every answer, and devices out of line with the fleet in a
-    # recent window (host_tools.query.influence; a prompt to look, `pansketch device exclude` to act)
+    # recent window (pansketch.host_tools.query.influence; a prompt to look, `pansketch device exclude` to act)
     excl = exclusions.excluded(store)
     flags = influence.recent_flags(store, windows=max(1, windows), exclude=excl, max_events=max_events)
     per_dev: dict[str, int] = defaultdict(int)
@@ -451,7 +451,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from host_tools import hostconfig
+    from pansketch.host_tools import hostconfig
 
     if args.json and args.csv:
         print("pansketch status: give --json or --csv, not both", file=sys.stderr)
@@ -477,7 +477,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(textsafe.json_text(rep))
     elif args.csv:
-        from host_tools.query import csvout
+        from pansketch.host_tools.query import csvout
 
         csvout.write(rep["devices"], sys.stdout)
     else:

@@ -8,7 +8,7 @@ the others are CountSketches under the level's hash prefix.
 
 Node estimate: mean of the d rows (exact levels) or median of the d signed
 readings (hashed levels, dp-linear-sketches.txt Algorithm 2), as in
-host_tools.query.dyadic for kind dcs.
+pansketch.host_tools.query.dyadic for kind dcs.
 
 Descent (the string form of the dyadic descent, dp-linear-sketches.txt §4;
 the prefix-tree search with a fixed beam of Bassily et al.'s TreeHist):
@@ -74,7 +74,7 @@ Error model for the p-values (what "set by the noise" means):
   median's test is the strong one against noise (many devices), the
   minimum's against collisions (a small sketch).
   The model's resolution is ~ (1/2w)^ceil(d/2) for the median and (1/2w)^d
-  for the minimum; agent.params requires d >= 3 for strhh.
+  for the minimum; pansketch.agent.params requires d >= 3 for strhh.
 """
 
 from __future__ import annotations
@@ -87,11 +87,11 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from agent import hashing
-from agent.strhh import LONG, encode_item, exact_levels, level_prefix
-from host_tools import fasthash
-from host_tools.query import estimators
-from host_tools.query.merge import Merged, NoiseTerm
+from pansketch.agent import hashing
+from pansketch.agent.strhh import LONG, encode_item, exact_levels, level_prefix
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.query import estimators
+from pansketch.host_tools.query.merge import Merged, NoiseTerm
 
 DEFAULT_FDR = 0.05
 BACKFIT = 2  # sweeps re-estimating the peeled nodes (fit_level)
@@ -99,7 +99,7 @@ DEFAULT_PRUNE = 0.5  # BH rate at the levels above the last: it only bounds the 
 
 
 def node_streams(nodes: Sequence[bytes], lprefix: bytes, d: int) -> np.ndarray:
-    """Hash streams of prefix nodes (canonical b"b" + node), equal to agent.hashing.digest."""
+    """Hash streams of prefix nodes (canonical b"b" + node), equal to pansketch.agent.hashing.digest."""
     if hashing.n_blocks(d) > 1:
         return fasthash.streams_prefix(list(nodes), lprefix, d)
     base = hashlib.sha256(lprefix + b"b")
@@ -114,7 +114,7 @@ def node_streams(nodes: Sequence[bytes], lprefix: bytes, d: int) -> np.ndarray:
 
 def exact_counters(items: Iterable[Any], L: int, d: int, w: int, salt: str | bytes,
                    weights: Optional[Iterable[int]] = None) -> np.ndarray:
-    """Noise-free counters (L*d, w) of items, equal to agent.strhh.PrefixSketch (weights unclipped)."""
+    """Noise-free counters (L*d, w) of items, equal to pansketch.agent.strhh.PrefixSketch (weights unclipped)."""
     agg: dict[bytes, int] = {}
     its = list(items)
     ws = [1] * len(its) if weights is None else [int(v) for v in weights]

@@ -1,8 +1,8 @@
 """``pansketch query heavy`` on kind ``strhh``: heavy-hitter strings with no candidate list.
 
-Python API (host_tools.query.strheavy does the descent)::
+Python API (pansketch.host_tools.query.strheavy does the descent)::
 
-    from host_tools.query import strheavy_cli
+    from pansketch.host_tools.query import strheavy_cli
     rows = strheavy_cli.heavy(store, 10, salt="fleet-salt", threshold=1000)
 """
 
@@ -13,15 +13,15 @@ import sys
 import time
 from typing import Any, Optional, Sequence, Union
 
-from host_tools.output import textsafe
-from host_tools.query import strheavy
+from pansketch.host_tools.output import textsafe
+from pansketch.host_tools.query import strheavy
 
 
 def heavy_merged(m: Any, s: Any, k: int, *, salt: str, threshold: Optional[float] = None,
                  fdr: float = strheavy.DEFAULT_FDR, beam: Optional[int] = None,
                  confidence: float = 0.95) -> list[dict[str, Any]]:
     """Rows for merged strhh releases ``m`` of selection ``s``."""
-    from host_tools.query.core import QueryError, iso
+    from pansketch.host_tools.query.core import QueryError, iso
 
     if k < 1:
         raise QueryError("k must be at least 1")
@@ -46,7 +46,7 @@ def heavy(store: Any, k: int, *, salt: str, threshold: Optional[float] = None, f
           since: Optional[float] = None, until: Optional[float] = None,
           device: Union[None, str, Sequence[str]] = None) -> list[dict[str, Any]]:
     """The k strings with the largest counts among the discoveries, with simultaneous intervals."""
-    from host_tools.query.core import QueryError, select_merged
+    from pansketch.host_tools.query.core import QueryError, select_merged
 
     m, s = select_merged(store, salt=salt, window=window, since=since, until=until, device=device,
                          kinds=("strhh",))
@@ -82,7 +82,7 @@ def print_rows(rows: list[dict[str, Any]], as_json: bool, elapsed: float, thresh
 def run_heavy(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Optional[float],
               until: Optional[float]) -> Optional[int]:
     """``query heavy`` when the selection is of kind strhh; None to let the dcs path answer."""
-    from host_tools.query.core import select_merged
+    from pansketch.host_tools.query.core import select_merged
 
     t = time.perf_counter()
     m, s = select_merged(store, salt=salt, window=args.window, since=since, until=until, device=args.device,
@@ -110,7 +110,7 @@ def metric_families(store: Any, salt: str, k: int = METRIC_K, span_s: int = METR
     beyond what ``query heavy`` answers."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from host_tools.query.core import QueryError
+    from pansketch.host_tools.query.core import QueryError
 
     held = store.kind_counts()
     if not held.get("strhh"):

@@ -2,17 +2,17 @@
 
 A tree-mode device (agent/tree.py) releases every dyadic node of its epochs,
 each with its own independent noise. The plain range answer sums the
-canonical cover (host_tools.query.core.cover) and ignores the other nodes,
+canonical cover (pansketch.host_tools.query.core.cover) and ignores the other nodes,
 although they carry information about the same events. Here the nodes of
 every *complete* subtree (a released node whose descendants down to the
 epochs were all released) that holds part of the cover are made consistent
-by weighted least squares (host_tools.query.consistency.tree_consistent,
+by weighted least squares (pansketch.host_tools.query.consistency.tree_consistent,
 Hay et al., VLDB 2010, Theorem 3 with per-node variances from each node's
 noise terms), cell by cell, and the cover is summed from the consistent
 values. Post-processing of released data: no privacy cost.
 
 Intervals. CountSketch intervals are read from the merged counters
-themselves (host_tools.query.estimators: the counters are the sample of the
+themselves (pansketch.host_tools.query.estimators: the counters are the sample of the
 error distribution, noise at its merged scale), so they follow the smaller
 noise with no model. The merged noise terms (``noise_sd``, ``noise_draws``,
 Count-Min's offset E, dcs's exact levels) stay those of the raw cover: the
@@ -37,8 +37,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from host_tools.query.consistency import tree_consistent
-from host_tools.query.merge import Merged, noise_variance
+from pansketch.host_tools.query.consistency import tree_consistent
+from pansketch.host_tools.query.merge import Merged, noise_variance
 
 PROBES = 256
 PROBE_SEED = 0x7EE5

@@ -9,6 +9,6 @@ queries), sql (``SQLStore``, the type readers and writers hold); the backends
 sqlite (``Store``) and pg (``PgStore``); backend (``open_store``: which backend
 serves ``[aggregator] db``), pgserver (a throwaway PostgreSQL server) and
 ledger (the privacy ledger). Import each name from the module that defines it.
-May import: agent, host_tools.hostconfig, host_tools.fasthash, host_tools.cborscan. Nothing else of
+May import: agent, pansketch.host_tools.hostconfig, pansketch.host_tools.fasthash, pansketch.host_tools.cborscan. Nothing else of
 host_tools: ingest and query build on the store, never the other way round.
 """

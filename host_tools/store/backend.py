@@ -1,12 +1,12 @@
-"""Which store serves ``[aggregator] db``: SQLite (host_tools.store.sqlite) or PostgreSQL (host_tools.store.pg).
+"""Which store serves ``[aggregator] db``: SQLite (pansketch.host_tools.store.sqlite) or PostgreSQL (pansketch.host_tools.store.pg).
 
 The one place that picks a backend; every reader and writer opens its store here.
 """
 
 from __future__ import annotations
 
-from host_tools.store.sql import SQLStore
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.store.sql import SQLStore
+from pansketch.host_tools.store.sqlite import Store
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -19,7 +19,7 @@ def is_postgres(db: str) -> bool:
 def open_store(db: str, readonly: bool = False, timeout: float = 30.0) -> SQLStore:
     """The store for ``[aggregator] db``: a SQLite file path or a ``postgresql://`` URL."""
     if is_postgres(db):
-        from host_tools.store.pg import PgStore  # psycopg only when PostgreSQL is used
+        from pansketch.host_tools.store.pg import PgStore  # psycopg only when PostgreSQL is used
 
         return PgStore(db, readonly=readonly, timeout=timeout)
     return Store(db, readonly=readonly, timeout=timeout)

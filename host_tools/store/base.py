@@ -2,8 +2,8 @@
 two ways SQL is run (one write transaction, retried while the database is busy; one read).
 
 The store's SQL is written once, in mixins on :class:`SQLBase` (write, prune,
-read), composed into :class:`host_tools.store.sql.SQLStore`; a backend
-(host_tools.store.sqlite, host_tools.store.pg) overrides the hooks here.
+read), composed into :class:`pansketch.host_tools.store.sql.SQLStore`; a backend
+(pansketch.host_tools.store.sqlite, pansketch.host_tools.store.pg) overrides the hooks here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
-from host_tools.store.rows import Limits
+from pansketch.host_tools.store.rows import Limits
 
 
 class SQLBase:
@@ -41,7 +41,7 @@ class SQLBase:
     _rollup_shard: Optional[int] = None  # PostgreSQL: this writer's roll-up rows (rollups.shard)
     _db_errors: tuple[type[BaseException], ...]  # the driver's errors (sqlite3.Error, psycopg.Error)
 
-    # -- backend hooks (the SQLite / PostgreSQL differences: Store here, PgStore in host_tools.store.pg) --
+    # -- backend hooks (the SQLite / PostgreSQL differences: Store here, PgStore in pansketch.host_tools.store.pg) --
     def _cursor(self) -> Any:
         raise NotImplementedError
 

@@ -43,8 +43,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from host_tools.hostconfig import DEFAULT_MAX_EVENTS, LIMIT_KINDS, MAX_MAX_EVENTS  # noqa: F401 (re-exported)
-from host_tools.store.records import Rejected
+from pansketch.host_tools.hostconfig import DEFAULT_MAX_EVENTS, LIMIT_KINDS, MAX_MAX_EVENTS  # noqa: F401 (re-exported)
+from pansketch.host_tools.store.records import Rejected
 
 FALSE_REFUSAL = 1e-9  # per release: the probability that an honest device at the limit is refused
 
@@ -220,7 +220,7 @@ def thresholds(rel: Any, max_events: int, alpha: float = FALSE_REFUSAL) -> Thres
 def _dbits_thresholds(rel: Any, max_events: int, alpha: float) -> Thresholds:
     levels, m = rel.d, rel.w
     eps = rel.budget[0] / rel.budget[1]
-    p = 0.5 + eps / 4.0  # agent.dbits: a touched bit is re-drawn from Bern(1/2 + eps/4)
+    p = 0.5 + eps / 4.0  # pansketch.agent.dbits: a touched bit is re-drawn from Bern(1/2 + eps/4)
     noise = [("dlap", rel.nout[0] / rel.nout[1], 1)]  # one output draw per level count (the bits are Z_int)
     a = alpha / (2 * levels + 1)  # upper and lower per level, and the total
     u = min(m, max_events)
@@ -305,7 +305,7 @@ def check_window(rels: list[Any], max_events: int, max_clip: Optional[int] = Non
     """The bound on the sum of one device's releases of one window (keep mode: one release per epoch,
     each of which passed :func:`check` alone): the events of the whole window are at most
     ``max_events``, and the noise of the sum is every draw of every release. None if consistent, else a
-    :class:`Rejected` (code ``bound``) for host_tools.query.influence to flag: the releases are stored
+    :class:`Rejected` (code ``bound``) for pansketch.host_tools.query.influence to flag: the releases are stored
     already, each one valid on its own. Counting kinds only (dbits: one release per epoch, by design)."""
     if len(rels) < 2 or rels[0].kind == "dbits":
         return None

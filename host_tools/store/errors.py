@@ -1,4 +1,4 @@
-"""The store's own errors (a refused release is :class:`host_tools.store.records.Rejected`)."""
+"""The store's own errors (a refused release is :class:`pansketch.host_tools.store.records.Rejected`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The ``device_exclusions`` table (host_tools.store.exclusions): read by queries and by retention.
+"""The ``device_exclusions`` table (pansketch.host_tools.store.exclusions): read by queries and by retention.
 
-Apart from exclusions so that retention (host_tools.store.prune, part of the store classes) reads it
+Apart from exclusions so that retention (pansketch.host_tools.store.prune, part of the store classes) reads it
 without importing what builds on those classes. Created by the first exclusion; a store that never
 excluded a device has no such table, and readers take that as "none excluded".
 """
@@ -15,7 +15,7 @@ DDL = ("CREATE TABLE IF NOT EXISTS device_exclusions (device TEXT PRIMARY KEY, s
 
 
 def is_sqlite(store: Any) -> bool:
-    return any(c.__module__ == "host_tools.store.sqlite" for c in type(store).__mro__)
+    return any(c.__module__ == "pansketch.host_tools.store.sqlite" for c in type(store).__mro__)
 
 
 def has_table(store: Any, name: str = TABLE) -> bool:

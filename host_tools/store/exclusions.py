@@ -2,7 +2,7 @@
 
 ``pansketch device exclude ID`` records the device in the table
 ``device_exclusions`` (device, since, reason); every query from then on
-leaves it out (host_tools.query.core.select_merged: the raw releases of the
+leaves it out (pansketch.host_tools.query.core.select_merged: the raw releases of the
 others, or the roll-ups minus the excluded device's releases, in memory), and
 ``include ID`` deletes the row again. Nothing else changes, so an exclusion is
 undone exactly.
@@ -38,11 +38,11 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from host_tools.store.excltable import DDL, TABLE, excluded  # noqa: F401 (the names of this module's API)
-from host_tools.store.rows import _row_to_release
-from host_tools.store.write import rollup_key
+from pansketch.host_tools.store.excltable import DDL, TABLE, excluded  # noqa: F401 (the names of this module's API)
+from pansketch.host_tools.store.rows import _row_to_release
+from pansketch.host_tools.store.write import rollup_key
 
-SQLStore = Any  # host_tools.store.sql.SQLStore (not imported: retention, in the store classes, reads the table)
+SQLStore = Any  # pansketch.host_tools.store.sql.SQLStore (not imported: retention, in the store classes, reads the table)
 
 
 class PurgeError(Exception):

@@ -22,7 +22,7 @@ Canonne, Kamath & Steinke 2020 Cor. 13 (zcdp_to_dp, below):
 the same conversion and default delta as ``pansketch audit``'s claim, so one
 config has one eps figure everywhere (status, dashboard, metrics, audit). The
 guarantee is recomputed from the noise a release carries
-(agent.calibrate.guarantee of ``nout``), not copied from its ``budget``;
+(pansketch.agent.calibrate.guarantee of ``nout``), not copied from its ``budget``;
 decode.py has already refused releases where the two disagree. It does
 not depend on ``nz``: the nz - 2 extra internal draws a release may carry
 (re-added after each persist or restart, agent/recorder.py) are fresh
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable, Optional
 
-from agent import calibrate
-from agent.noise import NoiseSpec
-from host_tools.store.rows import StoredRelease
+from pansketch.agent import calibrate
+from pansketch.agent.noise import NoiseSpec
+from pansketch.host_tools.store.rows import StoredRelease
 
 def zcdp_to_dp_bun_steinke(rho: float, delta: float) -> float:
     """ε = ρ + 2 sqrt(ρ ln(1/δ)) (Bun & Steinke 2016, Proposition 1.3)."""

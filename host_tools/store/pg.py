@@ -18,7 +18,7 @@ database, not a process, enforces:
   aggregators write at once): with one row per window for all writers,
   every group of every aggregator locked the same hot row until its commit
   (fsync included), so aggregators took turns and two were slower than one.
-  Queries add up all rows of a window (host_tools.query.core);
+  Queries add up all rows of a window (pansketch.host_tools.query.core);
 * lock order: a group's releases go in key order (device, elo, ehi, part),
   so writers that meet on the same new devices or re-sent keys wait for
   each other instead of deadlocking; a deadlock or serialisation failure
@@ -55,12 +55,12 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import json
 
-from host_tools.store.records import Rejected
-from host_tools.store.errors import StoreError
-from host_tools.store.rows import Pending
-from host_tools.store.schema import _ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, insert_values
-from host_tools.store.sql import SQLStore
-from host_tools.store.write import _Acc
+from pansketch.host_tools.store.records import Rejected
+from pansketch.host_tools.store.errors import StoreError
+from pansketch.host_tools.store.rows import Pending
+from pansketch.host_tools.store.schema import _ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, insert_values
+from pansketch.host_tools.store.sql import SQLStore
+from pansketch.host_tools.store.write import _Acc
 
 _SERIALS = itertools.count()
 _SHARD_LOCK = 7243311  # advisory lock class of the writers' roll-up shards
@@ -73,7 +73,7 @@ def _pg_types(s: str) -> str:
 
 
 def pg_schema() -> list[str]:
-    """The SQLite DDL of host_tools.store.schema in PostgreSQL types, one statement each; then the release
+    """The SQLite DDL of pansketch.host_tools.store.schema in PostgreSQL types, one statement each; then the release
     columns added since (``_ADDED``: nz, and format v2's v, lvl, b, map) for databases created before."""
     s = _pg_types(_SCHEMA)
     return ([x.strip() for x in s.split(";") if x.strip()]

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from typing import Optional
 
-from host_tools.localnet import free_port, wait_port
+from pansketch.host_tools.localnet import free_port, wait_port
 
 MISSING = ("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql "
            "(.ci/run installs it)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from host_tools.store import excltable
-from host_tools.store.base import SQLBase
+from pansketch.host_tools.store import excltable
+from pansketch.host_tools.store.base import SQLBase
 
 
 class Pruner(SQLBase):
@@ -44,7 +44,7 @@ class Pruner(SQLBase):
                 self._x(cur, "CREATE INDEX IF NOT EXISTS releases_received ON releases (received)")
             row = self._x(cur, "SELECT value FROM meta WHERE key = 'pruned_to'").fetchone()
             lo = float(row[0]) if row else -1.0
-            # excluded devices (host_tools.store.exclusions) and those the caller keeps (flagged ones) keep
+            # excluded devices (pansketch.host_tools.store.exclusions) and those the caller keeps (flagged ones) keep
             # their payloads: a purge must be able to subtract them from the roll-ups. The watermark passes
             # them, so payloads kept here stay kept (until the device is purged)
             skip = " AND device NOT IN (%s)" % ",".join("?" * len(spare)) if spare else ""

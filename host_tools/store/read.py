@@ -8,9 +8,9 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from host_tools.store.base import SQLBase
-from host_tools.store.rows import DeviceStatus, RollupInfo, StoredRelease, _row_to_release
-from host_tools.store.schema import STATUS_INTS, _ORDER
+from pansketch.host_tools.store.base import SQLBase
+from pansketch.host_tools.store.rows import DeviceStatus, RollupInfo, StoredRelease, _row_to_release
+from pansketch.host_tools.store.schema import STATUS_INTS, _ORDER
 
 _CHUNK = 500  # ids per IN (...) list
 
@@ -90,7 +90,7 @@ class Reader(SQLBase):
                       devices: Optional[Iterable[str]] = None,
                       windows: Optional[Iterable[tuple[int, int]]] = None) -> int:
         """Releases that overlap [since, until) without lying inside it (cannot be split).
-        Tree-mode nodes are not counted (host_tools.query.core.cover uses smaller ones).
+        Tree-mode nodes are not counted (pansketch.host_tools.query.core.cover uses smaller ones).
 
         ``windows`` ((win_s, win) pairs) restricts the count to those windows.
         """

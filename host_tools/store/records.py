@@ -1,8 +1,8 @@
 """What the store keeps and the ingest path hands it: the validated release, its shape, the refusal.
 
-:class:`Release` is a release message that passed ``host_tools.ingest.decode``
+:class:`Release` is a release message that passed ``pansketch.host_tools.ingest.decode``
 (docs/FORMAT.md); :class:`SketchShape` its shape and merge group, shared with
-the stored row (:class:`host_tools.store.rows.StoredRelease`); :class:`Rejected`
+the stored row (:class:`pansketch.host_tools.store.rows.StoredRelease`); :class:`Rejected`
 the refusal (a short code and a message) that decode and the store raise.
 Here, below both, so that the store does not import the ingest path.
 """
@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent.release import FORMAT_VERSION
+from pansketch.agent.release import FORMAT_VERSION
 
 
 class Rejected(Exception):
@@ -28,7 +28,7 @@ class Rejected(Exception):
 
 class SketchShape:
     """Shape and merge group of a release: shared by the validated message
-    (:class:`Release`) and the stored row (host_tools.store.rows.StoredRelease)."""
+    (:class:`Release`) and the stored row (pansketch.host_tools.store.rows.StoredRelease)."""
 
     kind: str
     d: int
@@ -74,7 +74,7 @@ class SketchShape:
 @dataclass(frozen=True)
 class ReleaseParams(SketchShape):
     """The sketch and noise parameters a release carries, shared by the validated
-    message (:class:`Release`) and the stored row (host_tools.store.rows.StoredRelease)."""
+    message (:class:`Release`) and the stored row (pansketch.host_tools.store.rows.StoredRelease)."""
 
     mode: str
     kind: str

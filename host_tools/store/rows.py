@@ -9,8 +9,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from host_tools.store.errors import PrunedError
-from host_tools.store.records import Rejected, Release, ReleaseParams, SketchShape
+from pansketch.host_tools.store.errors import PrunedError
+from pansketch.host_tools.store.records import Rejected, Release, ReleaseParams, SketchShape
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,6 @@ class Pending:
     keep_bytes: Optional[int] = None  # prefix of a refused payload to keep (None: the store's Limits.keep_bytes)
     status: str = ""
     error: Optional[BaseException] = None
-    seq: Optional[int] = None  # a refused message: the seq its bytes name (host_tools.cborscan.peek)
+    seq: Optional[int] = None  # a refused message: the seq its bytes name (pansketch.host_tools.cborscan.peek)
     pdev: Optional[str] = None  # ... and the dev they name
     quarantine: Optional[Rejected] = None  # a valid release held back (code 'future'); status 'quarantined'

@@ -1,7 +1,7 @@
 """The store's tables, their columns, and the in-place upgrades of older databases.
 
 Both backends create these tables (PostgreSQL in its own types:
-host_tools.store.pg); the SQL of :class:`host_tools.store.sql.SQLStore`
+pansketch.host_tools.store.pg); the SQL of :class:`pansketch.host_tools.store.sql.SQLStore`
 reads and writes them.
 
 Tables (schema version 1)::
@@ -40,7 +40,7 @@ Tables (schema version 1)::
                     that window, the number of releases, the covered time
                     extent [t0, t1)
     rollup_noise    per roll-up the noise draws per cell: (mech, num, den) ->
-                    count, exactly the terms host_tools.query.merge adds up
+                    count, exactly the terms pansketch.host_tools.query.merge adds up
     rollup_devices  per roll-up the devices that contributed
 
 Older databases (written before releases carried ``nz``) lack the
@@ -62,8 +62,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from host_tools import cborscan
-from host_tools.store.records import Release
+from pansketch.host_tools import cborscan
+from pansketch.host_tools.store.records import Release
 
 SCHEMA_VERSION = 1
 
@@ -145,7 +145,7 @@ def schema(key: str) -> str:
     return _SCHEMA_TMPL % {"key": key}
 
 
-_SCHEMA = schema(DEVICE_KEY)  # PostgreSQL's (host_tools.store.pg)
+_SCHEMA = schema(DEVICE_KEY)  # PostgreSQL's (pansketch.host_tools.store.pg)
 
 # status fields kept as columns (non-negative integers or null)
 STATUS_INTS = ("ts", "next_seq", "oldest_pending", "pending", "acked_seq", "rejected")
@@ -185,7 +185,7 @@ def insert_values(rel: Release, topic: Optional[str], received: float) -> tuple[
 def rejected_seq(payload: Optional[bytes], device: Optional[str]) -> Optional[int]:
     """The seq of a refused release, when its (well-formed prefix of) bytes name ``device`` (else None).
 
-    Read with the bounded byte-level reader (host_tools.cborscan), never a
+    Read with the bounded byte-level reader (pansketch.host_tools.cborscan), never a
     CBOR object decoder: this runs in the aggregator's process (migrations).
     """
     if payload is None or device is None:

@@ -3,12 +3,12 @@
 :func:`open_store` picks the backend from ``[aggregator] db``: a file path
 is SQLite (:class:`Store`, this module; WAL, several aggregator processes
 on one host may share the file), a ``postgresql://`` URL is PostgreSQL
-(:class:`host_tools.store.pg.PgStore`; any number of aggregators on any
+(:class:`pansketch.host_tools.store.pg.PgStore`; any number of aggregators on any
 number of hosts). Both run the same SQL from :class:`SQLStore`; a backend
 supplies the connection, the transaction start, its DDL and its error types.
 
 Import :class:`SQLStore` (the type every reader and writer holds) from here,
-:class:`host_tools.store.sqlite.Store` and :func:`host_tools.store.backend.open_store`
+:class:`pansketch.host_tools.store.sqlite.Store` and :func:`pansketch.host_tools.store.backend.open_store`
 from theirs.
 """
 
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from host_tools.store.prune import Pruner
-from host_tools.store.read import Reader
-from host_tools.store.write import GroupWriter
+from pansketch.host_tools.store.prune import Pruner
+from pansketch.host_tools.store.read import Reader
+from pansketch.host_tools.store.write import GroupWriter
 
 
 class SQLStore(GroupWriter, Pruner, Reader):
     """Backend-independent store logic (SQL written with ``?`` placeholders): writes
-    (host_tools.store.write), retention (host_tools.store.prune), reads (host_tools.store.read)."""
+    (pansketch.host_tools.store.write), retention (pansketch.host_tools.store.prune), reads (pansketch.host_tools.store.read)."""
 
     def __enter__(self) -> "SQLStore":
         return self

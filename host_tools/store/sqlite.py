@@ -26,12 +26,12 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from host_tools.store import pagecache
-from host_tools.store.errors import NotAStoreError
-from host_tools.store.records import Release
-from host_tools.store.rows import Pending, _row_to_release
-from host_tools.store.schema import _ADDED, _DEVICE_FIGURES, _ORDER, SCHEMA_VERSION, TIME_KEY, _select_cols, rejected_seq, schema
-from host_tools.store.sql import SQLStore
+from pansketch.host_tools.store import pagecache
+from pansketch.host_tools.store.errors import NotAStoreError
+from pansketch.host_tools.store.records import Release
+from pansketch.host_tools.store.rows import Pending, _row_to_release
+from pansketch.host_tools.store.schema import _ADDED, _DEVICE_FIGURES, _ORDER, SCHEMA_VERSION, TIME_KEY, _select_cols, rejected_seq, schema
+from pansketch.host_tools.store.sql import SQLStore
 
 _log = logging.getLogger("pansketch.store")
 
@@ -134,7 +134,7 @@ class Store(SQLStore):
         With ``drop_behind`` > 0, after each checkpoint that copied the whole
         WAL (this thread's or the writer's RESTART), the kernel is told to
         drop the file's cached pages more than ``drop_behind`` bytes before
-        its end (:mod:`host_tools.store.pagecache`).
+        its end (:mod:`pansketch.host_tools.store.pagecache`).
         """
         if self.readonly or self._ckpt is not None:
             return

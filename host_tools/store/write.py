@@ -20,7 +20,7 @@ they sum, for every v1 release (modes window and keep, kinds cms and cs),
 keyed by the window and the full merge group, so any new kind or shape gets
 its own roll-ups; a selection a roll-up cannot answer exactly (one device,
 releases straddling a range bound, several merge groups) is merged from
-the raw releases (host_tools.query.core). A database written before roll-ups
+the raw releases (pansketch.host_tools.query.core). A database written before roll-ups
 existed gets them rebuilt from its releases when an aggregator opens it
 for writing; read-only readers of such a file merge raw releases.
 """
@@ -34,11 +34,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from host_tools import cborscan
-from host_tools.store.base import SQLBase
-from host_tools.store.records import Rejected, Release
-from host_tools.store.rows import REASON_KEEP, TOPIC_KEEP, Pending, _row_to_release
-from host_tools.store.schema import _INSERT_COLS, STATUS_INTS, _select_cols, insert_values
+from pansketch.host_tools import cborscan
+from pansketch.host_tools.store.base import SQLBase
+from pansketch.host_tools.store.records import Rejected, Release
+from pansketch.host_tools.store.rows import REASON_KEEP, TOPIC_KEEP, Pending, _row_to_release
+from pansketch.host_tools.store.schema import _INSERT_COLS, STATUS_INTS, _select_cols, insert_values
 
 ROLLUP_MODES = ("window", "keep")
 ROLLUP_KINDS = ("cms", "cs")

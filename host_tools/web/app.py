@@ -5,7 +5,7 @@ Read-only by construction:
 
 * only GET and HEAD are served; every other method gets 405 with
   ``Allow: GET, HEAD`` before anything else runs;
-* the store is opened per request with :class:`host_tools.store.sqlite.Store`
+* the store is opened per request with :class:`pansketch.host_tools.store.sqlite.Store`
   ``readonly=True`` (SQLite ``query_only``); every value from a request
   reaches SQL only as a bound parameter (the store's queries use ``?``
   placeholders; this module writes no SQL), and items are hashed, never
@@ -42,19 +42,19 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlencode
 
-from host_tools.query import fleetview
-from host_tools import metrics
-from host_tools.output import finitejson
-from host_tools.query import core as query
-from host_tools.query import kinds as query_kinds
-from host_tools.query import series
-from host_tools.hostconfig import HostConfig
-from host_tools.query.core import QueryError, iso
-from host_tools.store.sql import SQLStore as Store
-from host_tools.store.backend import open_store
-from host_tools.web import authlimit
-from host_tools.web.errors import BadRequest
-from host_tools.web.kinds import KindPages
+from pansketch.host_tools.query import fleetview
+from pansketch.host_tools import metrics
+from pansketch.host_tools.output import finitejson
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.query import kinds as query_kinds
+from pansketch.host_tools.query import series
+from pansketch.host_tools.hostconfig import HostConfig
+from pansketch.host_tools.query.core import QueryError, iso
+from pansketch.host_tools.store.sql import SQLStore as Store
+from pansketch.host_tools.store.backend import open_store
+from pansketch.host_tools.web import authlimit
+from pansketch.host_tools.web.errors import BadRequest
+from pansketch.host_tools.web.kinds import KindPages
 
 log = logging.getLogger("pansketch.serve")
 
@@ -255,7 +255,7 @@ class Dashboard(KindPages):
         self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
             "/": self.page_fleet, "/api/status": self.api_status, "/metrics": self.metrics, "/healthz": self.healthz,
         }
-        for kind in query_kinds.KINDS:  # each query kind's page and JSON endpoint (host_tools.query.kinds)
+        for kind in query_kinds.KINDS:  # each query kind's page and JSON endpoint (pansketch.host_tools.query.kinds)
             for path in (kind.page, kind.api):
                 if path:
                     self.routes[path] = getattr(self, kind.handler(path))
@@ -377,8 +377,8 @@ class Dashboard(KindPages):
     def _influence_flags(self) -> list[dict[str, Any]]:
         """Flagged device-windows of the recent windows (excluded devices left out), shown next to every
         answer page: those answers merge the flagged releases unless the device is excluded. Computed
-        once per store state (host_tools.query.influence.cached_flags)."""
-        from host_tools.query import influence
+        once per store state (pansketch.host_tools.query.influence.cached_flags)."""
+        from pansketch.host_tools.query import influence
 
         try:
             with self._store() as st:

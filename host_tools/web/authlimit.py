@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Optional
 
-from host_tools.output import textsafe
+from pansketch.host_tools.output import textsafe
 
 log = logging.getLogger("pansketch.serve")
 

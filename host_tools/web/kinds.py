@@ -1,8 +1,8 @@
 """Dashboard pages for the kinds ``dcs`` (quantiles / CDF, heavy hitters) and ``dbits`` (distinct counts).
 
 Every number comes from the functions behind ``pansketch query``
-(:mod:`host_tools.query.dyadic_cli` ``quantiles`` / ``cdf`` / ``heavy`` and
-:func:`host_tools.query.distinct.query`); the JSON endpoints return their rows
+(:mod:`pansketch.host_tools.query.dyadic_cli` ``quantiles`` / ``cdf`` / ``heavy`` and
+:func:`pansketch.host_tools.query.distinct.query`); the JSON endpoints return their rows
 unchanged, i.e. what ``pansketch query ... --json`` prints. This module
 only chooses *where* to ask (which devices, which CDF points, which
 windows) and lays the answers out.
@@ -23,10 +23,10 @@ from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from host_tools.query import distinct
-from host_tools.query import dyadic_cli, strheavy_cli
-from host_tools.query.core import QueryError, iso
-from host_tools.web.errors import BadRequest
+from pansketch.host_tools.query import distinct
+from pansketch.host_tools.query import dyadic_cli, strheavy_cli
+from pansketch.host_tools.query.core import QueryError, iso
+from pansketch.host_tools.web.errors import BadRequest
 
 MAX_QUANTILES = 20
 DEFAULT_QS = (0.5, 0.95)
@@ -107,7 +107,7 @@ def q_label(q: float) -> str:
 
 
 class KindPages:
-    """Mixed into :class:`host_tools.web.app.Dashboard`: /quantiles, /heavy, /distinct and their JSON."""
+    """Mixed into :class:`pansketch.host_tools.web.app.Dashboard`: /quantiles, /heavy, /distinct and their JSON."""
 
     # provided by Dashboard
     confidence: float
@@ -175,7 +175,7 @@ class KindPages:
         v = p.get(k)
         if not v:
             return None
-        from agent.dcs import parse_reading
+        from pansketch.agent.dcs import parse_reading
 
         if len(v) > 100 or parse_reading(v) is None:
             raise BadRequest("%s: not a reading (decimal, 0x hex, IPv4 or MAC): %r" % (k, v[:40]))
@@ -193,7 +193,7 @@ class KindPages:
         qrows, zrows = rows[:len(qs)], rows[len(qs):]
         r0 = rows[0]
         mp = r0["map"]
-        from agent.dcs import map_value
+        from pansketch.agent.dcs import map_value
 
         lo_x = map_value(xmin, r0["b"], mp) if xmin is not None else min(r["value"] for r in (zrows or qrows))
         hi_x = map_value(xmax, r0["b"], mp) if xmax is not None else max(r["value"] for r in (zrows or qrows))
@@ -261,7 +261,7 @@ class KindPages:
     def _heavy_kind(self, p: Any) -> str:
         """dcs or strhh: the ``kind`` asked for if the store holds it; else the kind of the devices asked for;
         else the one more devices have, strhh on a tie -- the rule of ``pansketch query heavy``
-        (host_tools.query.core.pick_devices with kinds ("strhh", "dcs")), so both answer the same."""
+        (pansketch.host_tools.query.core.pick_devices with kinds ("strhh", "dcs")), so both answer the same."""
         try:
             with self._store() as st:
                 kinds = self._kinds(st)
@@ -281,7 +281,7 @@ class KindPages:
                     ) -> tuple[list[dict[str, Any]], int, Optional[float]]:
         k = p.int("k", 10, 1, 1000) or 10
         thr = self._threshold(p)
-        if kind == "strhh":  # heavy strings: the prefix descent (host_tools.query.strheavy_cli)
+        if kind == "strhh":  # heavy strings: the prefix descent (pansketch.host_tools.query.strheavy_cli)
             rows = strheavy_cli.heavy(st, k, threshold=thr, salt=self._salt(),
                                       confidence=p.confidence(self.confidence), **sel)
             return rows, k, thr

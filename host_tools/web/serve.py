@@ -32,7 +32,7 @@ def make_server(app: Any, bind: str = "127.0.0.1", port: int = 8080, threads: in
     """A waitress server for ``app`` (``.run()`` blocks, ``.close()`` stops); ``port`` 0 picks a free one.
 
     Connection limit, request and idle deadlines, no request bodies: host_tools/web/httpserver.py."""
-    from host_tools.web import httpserver
+    from pansketch.host_tools.web import httpserver
 
     return httpserver.make_server(app, bind, port, threads, **limits)
 
@@ -67,7 +67,7 @@ def run_until_stopped(server: Any, sigterm: bool = False) -> None:
 
 def read_token(args: argparse.Namespace) -> Optional[str]:
     """The token from --token-file, --token or PANSKETCH_TOKEN (None: none given); ValueError if too short."""
-    from host_tools.web.authlimit import MIN_TOKEN_CHARS
+    from pansketch.host_tools.web.authlimit import MIN_TOKEN_CHARS
 
     tok: Optional[str]
     if args.token_file:
@@ -109,9 +109,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from host_tools import hostconfig
-    from host_tools.logsetup import setup_logging
-    from host_tools.web.extra import missing_web
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.logsetup import setup_logging
+    from pansketch.host_tools.web.extra import missing_web
 
     why = missing_web()
     if why:
@@ -134,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     cands = None
     if args.candidates:
-        from host_tools.query import core as query
+        from pansketch.host_tools.query import core as query
 
         try:
             cands = query.read_candidates(args.candidates, args.as_int)
@@ -144,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
     setup_logging(False)
     logging.getLogger("waitress").setLevel(logging.WARNING)
     try:
-        from host_tools.web.app import Dashboard, allowed_hosts_for
+        from pansketch.host_tools.web.app import Dashboard, allowed_hosts_for
 
         app = Dashboard(cfg, token=token, candidates=cands, candidates_name=args.candidates, int_items=args.as_int,
                         allowed_hosts=allowed_hosts_for(args.bind, args.allow_host))

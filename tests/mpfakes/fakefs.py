@@ -1,6 +1,6 @@
-"""Flash faults for agent.storage: a size quota (full flash) and power cuts.
+"""Flash faults for pansketch.agent.storage: a size quota (full flash) and power cuts.
 
-``install(root)`` makes agent.storage use wrapped ``open`` and ``os``:
+``install(root)`` makes pansketch.agent.storage use wrapped ``open`` and ``os``:
 
 * ``quota[0] = N``: writes that would make the files under ``root`` exceed
   N bytes raise OSError(28) (ENOSPC), as a full LittleFS/FAT does;
@@ -86,7 +86,7 @@ class _Os:
 
 
 def install(root="/flash"):
-    import agent.storage as S
+    import pansketch.agent.storage as S
 
     _root[0] = root
     S.open = _open

@@ -10,7 +10,7 @@ the Unix-port board, whose tests/mpunix/fakes/fakehw.py implements the same
 interface (the section "what the board modules call") over files and the
 real clock.
 
-Time is fake too: ``install()`` points ``firmware.clock`` at a millisecond
+Time is fake too: ``install()`` points ``pansketch.firmware.clock`` at a millisecond
 counter that only moves when the firmware sleeps or a test calls
 ``advance``. The real UTC time at fake uptime 0 is ``UNIX0``.
 """
@@ -226,7 +226,7 @@ def ble_scan(ble, duration_ms, interval_us, window_us, active):
 
 def install():
     """Point the firmware's clock functions at the fake clock."""
-    import firmware.clock as c
+    import pansketch.firmware.clock as c
 
     c.ticks_ms = ticks_ms
     c.ticks_diff = ticks_diff

@@ -2,7 +2,7 @@
 run its main loop in fake time. Import after sys.path has /src/fakes."""
 import fakehw
 
-app = None  # the running firmware.app.App (or Idle)
+app = None  # the running pansketch.firmware.app.App (or Idle)
 
 
 def boot(path="/flash/pansketch.json", fs_root="/flash"):
@@ -11,15 +11,15 @@ def boot(path="/flash/pansketch.json", fs_root="/flash"):
     import fakefs
 
     fakefs.install(fs_root)
-    from firmware import app as fwapp
+    from pansketch.firmware import app as fwapp
 
     app = fwapp.boot(path)
     return app
 
 
 def run(seconds, tick_ms=1000):
-    """Run the main loop like firmware.app.main does, for ``seconds`` of fake time."""
-    from firmware import app as fwapp
+    """Run the main loop like pansketch.firmware.app.main does, for ``seconds`` of fake time."""
+    from pansketch.firmware import app as fwapp
 
     end = fakehw.ms + int(seconds * 1000)
     while fakehw.ms < end:
@@ -50,12 +50,12 @@ def drained(uid=1):
 
 
 def loop(seconds):
-    """Run the main loop like firmware.app.main does, honouring each step's sleep.
+    """Run the main loop like pansketch.firmware.app.main does, honouring each step's sleep.
 
     A step that asks for no sleep (more work pending) costs 1 ms of fake time,
     so busy steps shift the loop's phase the way real work does.
     """
-    from firmware import app as fwapp
+    from pansketch.firmware import app as fwapp
 
     end = fakehw.ms + int(seconds * 1000)
     while fakehw.ms < end:

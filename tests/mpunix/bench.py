@@ -6,7 +6,7 @@
 # the fixed heap.
 import gc
 
-from firmware import app as fwapp
+from pansketch.firmware import app as fwapp
 
 
 def largest():

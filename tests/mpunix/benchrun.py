@@ -18,7 +18,7 @@ import gc
 import json
 import time
 
-from firmware import app as fwapp
+from pansketch.firmware import app as fwapp
 
 
 def out(key, *vals):

@@ -63,6 +63,6 @@ make -s -C "$unix" -j"$(nproc)" BUILD="$build" CFLAGS_EXTRA="$flags" LDFLAGS_EXT
   MICROPY_PY_BTREE=0 MICROPY_PY_SSL=1 MICROPY_PY_FFI=0 \
   FROZEN_MANIFEST="$repo/tests/mpunix/manifest.py" USER_C_MODULES="$cmod" >&2
 "$bin" -c "import sys, tls; assert sys.implementation.name == 'micropython'; assert sys.maxsize == (2**31 - 1 if $bits == 32 else 2**63 - 1)"
-"$bin" -c "import sys; sys.path[:] = ['.frozen']; from firmware import app; from umqtt import simple; import ssl"
+"$bin" -c "import sys; sys.path[:] = ['.frozen']; from pansketch.firmware import app; from umqtt import simple; import ssl"
 echo "$sum" > "$cache/SOURCE"
 echo "$bin"

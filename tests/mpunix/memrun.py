@@ -68,10 +68,10 @@ out("heap", gc.mem_alloc() + gc.mem_free())
 out("tls", where)
 out("live_vm", gc.mem_alloc())
 # what boot imports for a cs/cms window or keep sketch with a UART source (ssl comes with the first TLS connect)
-from firmware import app as fwapp  # noqa: E402
-from firmware import mqtt, sources, wifi  # noqa: E402,F401
-from firmware.sources import uart  # noqa: E402,F401
-from agent import recorder  # noqa: E402,F401
+from pansketch.firmware import app as fwapp  # noqa: E402
+from pansketch.firmware import mqtt, sources, wifi  # noqa: E402,F401
+from pansketch.firmware.sources import uart  # noqa: E402,F401
+from pansketch.agent import recorder  # noqa: E402,F401
 
 gc.collect()
 out("live_code", gc.mem_alloc())

@@ -11,9 +11,9 @@
 #   mid          events the first burst's first step counts before the
 #                "mid-step" pause (Source.poll called directly: the moment inside
 #                App.step after counting and before what follows it)
-#   no_scrub     true: switch the scrub off (agent.wipe.ENABLED = False), the
+#   no_scrub     true: switch the scrub off (pansketch.agent.wipe.ENABLED = False), the
 #                negative control
-#   grows        true: scrub as on a port whose heap grows (agent.wipe.GROWS)
+#   grows        true: scrub as on a port whose heap grows (pansketch.agent.wipe.GROWS)
 #   limit_ms     give up waiting for a persist or a release after this long
 #
 #   @pause NAME N   the host dumps the memory now (N: the pause's number); the
@@ -28,7 +28,7 @@ opts = json.loads(f.read())
 f.close()
 del f
 try:
-    from agent import wipe
+    from pansketch.agent import wipe
 
     if opts.get("no_scrub"):
         wipe.ENABLED = False
@@ -38,8 +38,8 @@ try:
 except ImportError:  # firmware without the scrub
     pass
 
-from agent.rng import Rng, SystemSource  # noqa: E402
-from firmware import app as fwapp  # noqa: E402
+from pansketch.agent.rng import Rng, SystemSource  # noqa: E402
+from pansketch.firmware import app as fwapp  # noqa: E402
 
 
 class Tee:

@@ -8,12 +8,12 @@
 #   @event_view US GARBAGE        App.add_view of the same item in a buffer (if the firmware has it)
 #   @uart K US_EVENT US_STEP MIN  App.step() counting K lines of a RAM UART (scrub included):
 #                                 mean per event, mean and fastest per step
-#   @scrub METHOD FREE US         agent.wipe.heap() with FREE bytes free: probe | exact
+#   @scrub METHOD FREE US         pansketch.agent.wipe.heap() with FREE bytes free: probe | exact
 #   @done 1
 import gc
 import time
 
-from firmware import app as fwapp
+from pansketch.firmware import app as fwapp
 
 
 def out(key, *vals):
@@ -124,7 +124,7 @@ for k in (1, 8, 64):
     out("uart", k, "%.2f" % (tot / steps / k), "%.1f" % (tot / steps), low)
 
 try:
-    from agent import wipe
+    from pansketch.agent import wipe
 except ImportError:
     wipe = None
 if wipe is not None:

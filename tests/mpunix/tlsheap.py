@@ -13,7 +13,7 @@
 import gc
 import time
 
-from firmware import app as fwapp
+from pansketch.firmware import app as fwapp
 
 a = fwapp.boot("/pansketch.json")
 if not a.running:

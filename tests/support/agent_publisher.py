@@ -5,8 +5,8 @@ from __future__ import annotations
 import array
 import os
 import cbor2
-from agent import hashing
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
 from tests.support.e2e import SALT
 
 

@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Any
 import paho.mqtt.client as mqtt
-from host_tools.ingest import service
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.ingest import service
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.host import SALT
 
 

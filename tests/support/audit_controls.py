@@ -37,10 +37,10 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
-from agent import accum, calibrate, noise
-from agent.noise import NoiseSpec, wrap32
-from agent.recorder import Recorder
-from agent.rng import Rng
+from pansketch.agent import accum, calibrate, noise
+from pansketch.agent.noise import NoiseSpec, wrap32
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import Rng
 
 
 @contextlib.contextmanager
@@ -102,7 +102,7 @@ def _scale_halved() -> Iterator[None]:
 def _dbits_scale_halved() -> Iterator[None]:
     """Kind dbits with its randomness at twice the budget: the bits' bias eps/4 -> eps/2 (a bit's
     ratios 1 +- eps instead of 1 +- eps/2) and the release's count noise at t/2 (calibration)."""
-    from agent import dbits
+    from pansketch.agent import dbits
 
     real_init = dbits.DensityBits.__init__
 
@@ -138,7 +138,7 @@ assert noise.add_noise is accum.add_noise and noise.draw_into is accum.draw_into
 
 def _tree_controls() -> dict[str, Callable[[], contextlib.AbstractContextManager[None]]]:
     """The same defects in tree mode (agent/tree.py's TreeRecorder)."""
-    from agent import tree
+    from pansketch.agent import tree
 
     return {
         "tree-output-noise-skipped": lambda: _skip_noise_in("_release", tree.TreeRecorder),
@@ -185,7 +185,7 @@ def _persist_shadow_no_g(self, now):  # type: ignore[no-untyped-def]
     b = self.relbuf
     for i in range(len(m)):
         m[i] = wrap32(a[i] - m[i])
-    from agent import storage
+    from pansketch.agent import storage
 
     storage.write_state(self.state_path, self._fps[1], self.seq, self.elo, self.ehi, self.part, self.nzm, m)
     for i in range(len(m)):
@@ -198,7 +198,7 @@ def _persist_shadow_no_g(self, now):  # type: ignore[no-untyped-def]
 
 
 def _internal_at_refresh_scale():  # type: ignore[no-untyped-def]
-    from agent.params import Params
+    from pansketch.agent.params import Params
 
     return _patch(Params, "internal_noise", lambda self, shadow: self.noise)
 
@@ -215,7 +215,7 @@ def _persist_before_issue18(self, now=None):  # type: ignore[no-untyped-def]
     """Recorder.persist before the failed-write fix (refresh): a failed write wipes the fresh draw and the
     device counts on with the accumulator that may already be on flash (RAM - partial copy =
     exact events since)."""
-    from agent import storage
+    from pansketch.agent import storage
 
     if self._pending is not None:
         return False
@@ -240,7 +240,7 @@ def _persist_before_issue18(self, now=None):  # type: ignore[no-untyped-def]
 def _release_before_issue18(self, next_epoch, next_part, now=None):  # type: ignore[no-untyped-def]
     """Recorder._release before the failed-write fix: a failed commit deletes the .tmp (state + Z_out, on flash
     all the same) and keeps counting into the same accumulator with no fresh draw."""
-    from agent import release, storage
+    from pansketch.agent import release, storage
 
     rel = self.relbuf
     try:
@@ -280,7 +280,7 @@ def _release_before_issue18(self, next_epoch, next_part, now=None):  # type: ign
 @contextlib.contextmanager
 def _dbits_old_limit() -> Iterator[None]:
     """dbits before the exact ε limit: any eps <= 2 accepted (the 0-bit's reverse ratio 2/(2 - eps) unbounded)."""
-    from agent import dbits, params
+    from pansketch.agent import dbits, params
 
     old = lambda num, den: 0 < num <= 2 * den  # noqa: E731
     with _patch(params, "dbits_eps_ok", old), _patch(dbits, "dbits_eps_ok", old):
@@ -353,8 +353,8 @@ def power(trials: int = 100000, real_trials: int = 5000, kinds: list[str] | None
     sound core and with the noise scale halved, and the time each audit took."""
     import time
 
-    from agent.params import Params
-    from host_tools.audit import engine
+    from pansketch.agent.params import Params
+    from pansketch.host_tools.audit import engine
 
     cfgs = cfgs or POWER_CFGS
     print("| kind | touched cells | claimed ε | sound: ε lower bound | scale halved: ε lower bound | trials | "
@@ -372,7 +372,7 @@ def power(trials: int = 100000, real_trials: int = 5000, kinds: list[str] | None
                                        verify_trials=1, scenario_names=names)
             out.append((r, time.time() - t))
         (r0, t0), (r1, t1) = out
-        from host_tools.audit import device
+        from pansketch.host_tools.audit import device
 
         cells = len(device.target_cells(Params(cfg), device.target_item(Params(cfg)))) if cfg["kind"] != "dbits" else 1
         print("| %s | %d | %.3f | %.3f | **%.3f**%s | %d | %.0f s, %.0f s | `%s` |"
@@ -393,8 +393,8 @@ def main() -> None:
     table ("Power": every kind, sound and with the noise scale halved)."""
     import sys
 
-    from agent.params import Params
-    from host_tools.audit import engine
+    from pansketch.agent.params import Params
+    from pansketch.host_tools.audit import engine
 
     if "--power" in sys.argv[1:]:
         kinds = [a for a in sys.argv[1:] if not a.startswith("-")]

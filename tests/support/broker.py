@@ -6,7 +6,7 @@
 
     b = start_mosquitto(tmp_path, tls=make_test_pki(tmp_path / "pki"))   # + .tls_port (TLS 1.2+)
 
-The broker is host_tools.localnet.Mosquitto, the launcher the demo and
+The broker is pansketch.host_tools.localnet.Mosquitto, the launcher the demo and
 the benchmarks use too (its docstring: ``restart()`` keeps the port,
 ``persistent=True`` saves sessions and queued messages, ``kill()`` is
 ``kill -9``). Tests using it are skipped, with the reason, only when
@@ -22,15 +22,15 @@ from typing import Any, Optional
 
 import pytest
 
-from host_tools import localnet
-from host_tools.localnet import free_port, mosquitto_path  # noqa: F401  (re-exported for the tests)
+from pansketch.host_tools import localnet
+from pansketch.host_tools.localnet import free_port, mosquitto_path  # noqa: F401  (re-exported for the tests)
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_path() is None,
                                      reason="mosquitto is not installed (.ci/run installs it)")
 
 
 class Mosquitto(localnet.Mosquitto):
-    """host_tools.localnet.Mosquitto (the one launcher: demo, benchmarks, tests); a test whose broker
+    """pansketch.host_tools.localnet.Mosquitto (the one launcher: demo, benchmarks, tests); a test whose broker
     cannot start because mosquitto is not installed is skipped, with the reason, also on restart."""
 
     def start(self) -> None:

@@ -26,7 +26,7 @@ from typing import Optional
 
 import pytest
 
-from host_tools.localnet import stop_process
+from pansketch.host_tools.localnet import stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GAP_DEVICE = "pi-gap"
@@ -36,7 +36,7 @@ DEMO_ARGS = ["--agents", "3", "--windows", "4", "--events", "2000", "--w", "256"
 
 
 def pansketch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "host_tools.cli", *args]
+    return [sys.executable, "-m", "pansketch.host_tools.cli", *args]
 
 
 def env() -> dict[str, str]:
@@ -68,13 +68,13 @@ def demo_store(root: str) -> str:
 
 
 def add_gap_device(conf: str) -> None:
-    from agent.params import Params
-    from host_tools import hostconfig
-    from host_tools.ingest.aggregator import Aggregator
-    from host_tools.demo import SALT, T0, ZipfStream
+    from pansketch.agent.params import Params
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools.demo import SALT, T0, ZipfStream
     from tests.support.host import record
 
-    from host_tools.store.backend import open_store
+    from pansketch.host_tools.store.backend import open_store
 
     cfg = hostconfig.load(conf)
     with open_store(cfg.aggregator.db, readonly=True) as st:  # the shape of the demo's cs fleet

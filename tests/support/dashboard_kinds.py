@@ -27,9 +27,9 @@ def _write_conf(root: str) -> str:
 
 def _releases(cfg: dict[str, Any], windows: list[list[str]]) -> list[bytes]:
     """The real device core (make_recorder picks the dbits recorder for kind dbits) over hourly windows."""
-    from agent.params import Params
-    from agent.recorders import make_recorder
-    from agent.rng import DeterministicSource, Rng
+    from pansketch.agent.params import Params
+    from pansketch.agent.recorders import make_recorder
+    from pansketch.agent.rng import DeterministicSource, Rng
 
     p = Params(dict(cfg, salt=SALT, window_s=3600))
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,8 +43,8 @@ def _releases(cfg: dict[str, Any], windows: list[list[str]]) -> list[bytes]:
 
 
 def _store(conf: str, devices: dict[str, tuple[dict[str, Any], list[list[str]]]]) -> None:
-    from host_tools import hostconfig
-    from host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest.aggregator import Aggregator
 
     agg = Aggregator(hostconfig.load(conf))
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import array
 import numpy as np
-from agent import release
-from agent.params import Params
-from host_tools.query.dyadic import exact_counters
+from pansketch.agent import release
+from pansketch.agent.params import Params
+from pansketch.host_tools.query.dyadic import exact_counters
 
 
 SALT = "fleet-salt-1"

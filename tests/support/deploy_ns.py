@@ -517,12 +517,12 @@ def run(work: Path) -> int:
     acfg.write_text(acfg.read_text().replace('dir = "/var/lib/pansketch"', 'dir = "%s"' % (work / "agent-state")))
     penv = dict(os.environ, PYTHONPATH=str(REPO))
     alog = open(work / "aggregate.log", "wb")
-    aggp = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", str(hcfg), "-v"],
+    aggp = subprocess.Popen([sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", str(hcfg), "-v"],
                             stdout=alog, stderr=alog, cwd=REPO, env=penv)
     try:
         up = wait_until(lambda: "subscribing" in (work / "aggregate.log").read_text(errors="replace"), 30)
         time.sleep(0.5)
-        r = subprocess.run([sys.executable, "-m", "agent.pi.daemon", "feed", "--config", str(acfg), "--timeout", "60"],
+        r = subprocess.run([sys.executable, "-m", "pansketch.agent.pi.daemon", "feed", "--config", str(acfg), "--timeout", "60"],
                            input=b"apple\n" * 20 + b"pear\n" * 3, capture_output=True, cwd=REPO, env=penv, timeout=120)
         rows: list[Any] = []
         if db.exists():

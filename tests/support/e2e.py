@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from host_tools.localnet import wait_until
+from pansketch.host_tools.localnet import wait_until
 from tests.support.broker import free_port, mosquitto_path, needs_mosquitto, start_mosquitto  # noqa: F401  (re-exported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +30,7 @@ def agent_env() -> dict[str, str]:
 
 
 def agent_cmd(command: str, config: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "agent.pi.daemon", command, "--config", config, *extra]
+    return [sys.executable, "-m", "pansketch.agent.pi.daemon", command, "--config", config, *extra]
 
 
 def run_agent(command: str, config: str, *extra: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -175,11 +175,11 @@ LIVE: list["AggregatorThread"] = []  # started and not stopped yet (tests/confte
 
 
 class AggregatorThread:
-    """The real aggregator (host_tools.ingest.service.run) in a thread, subscribed when constructed."""
+    """The real aggregator (pansketch.host_tools.ingest.service.run) in a thread, subscribed when constructed."""
 
     def __init__(self, config_path: str) -> None:
-        from host_tools import hostconfig
-        from host_tools.ingest import service
+        from pansketch.host_tools import hostconfig
+        from pansketch.host_tools.ingest import service
 
         self.cfg = hostconfig.load(config_path)
         self.stop_ev = threading.Event()
@@ -207,7 +207,7 @@ def start_host(tmp_path: Any, port: int, name: str = "host") -> "AggregatorThrea
 
 
 def pansketch_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "host_tools.cli", *args]
+    return [sys.executable, "-m", "pansketch.host_tools.cli", *args]
 
 
 wait_for = wait_until

@@ -6,7 +6,7 @@ import json
 import signal
 import subprocess
 import time
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.e2e import (REPO, agent_env, agent_toml, host_toml, pansketch_cmd,
                                     run_agent, start_mosquitto, wait_for)
 

@@ -10,9 +10,9 @@ import threading
 import time
 from collections import Counter
 from typing import Any, Optional
-from host_tools.localnet import stop_process
-from host_tools.ingest import devstatus
-from host_tools.store.sqlite import Store
+from pansketch.host_tools.localnet import stop_process
+from pansketch.host_tools.ingest import devstatus
+from pansketch.host_tools.store.sqlite import Store
 from tests.support.e2e import (REPO, SALT, agent_cmd, agent_env, agent_toml, pansketch_cmd,
                                     start_mosquitto, wait_for)
 
@@ -182,7 +182,7 @@ class Host:
 
 
 class StatusRecorder:
-    """Device status messages -> the store via host_tools.ingest.devstatus (stands in for the aggregator's subscription)."""
+    """Device status messages -> the store via pansketch.host_tools.ingest.devstatus (stands in for the aggregator's subscription)."""
 
     def __init__(self, port: int, db: str) -> None:
         import paho.mqtt.client as mqtt

@@ -4,7 +4,7 @@ Runs on CPython and on the MicroPython Unix port (MicroPython subset: no
 f-strings, no dataclasses). Used by tests/test_failpaths.py.
 
 The flash model (:class:`Flash`) replaces ``open`` for writing inside
-``agent.storage`` (every state, marker and release write goes through
+``pansketch.agent.storage`` (every state, marker and release write goes through
 ``storage.write_atomic``) and wraps ``storage.rename``. It keeps every byte
 ever handed to a file -- partial writes, files removed or renamed over
 afterwards -- which is what raw NOR/NAND flash, littlefs/FAT free blocks and
@@ -23,7 +23,7 @@ Failure injection: the writes of one run are cut into *stages*; stage
 
 The marker file is a write of its own, so "at the marker" is its ``open``.
 
-Noise injection: ``agent.noise.NoiseSpec.sample`` is replaced by a wide
+Noise injection: ``pansketch.agent.noise.NoiseSpec.sample`` is replaced by a wide
 uniform draw from the run's (deterministic) Rng, so a run with events and
 one without, on the same seed and the same failure, hold the same noise
 everywhere: their difference in any array is the exact event part of it.
@@ -31,7 +31,7 @@ everywhere: their difference in any array is the exact event part of it.
 
 import array
 
-from agent import noise, storage
+from pansketch.agent import noise, storage
 
 try:
     import builtins
@@ -214,9 +214,9 @@ def run(cfg, root, seed, events, fail_at=-1, exc="enospc", fail_len=1):
     """One run of a fixed schedule (adds, persists, releases, a flush) with
     the failure at stage ``fail_at``. Returns (views, flash, zero_ok):
     ``views`` = list of (op, RAM arrays after op); flash = the Flash."""
-    from agent.params import Params
-    from agent.recorders import make
-    from agent.rng import DeterministicSource, Rng
+    from pansketch.agent.params import Params
+    from pansketch.agent.recorders import make
+    from pansketch.agent.rng import DeterministicSource, Rng
 
     p = Params(cfg)
     fl = Flash(fail_at, exc, fail_len)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent import hashing
-from agent.params import Params
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.params import Params
+from pansketch.agent.sketch import Sketch
 
 
 ZERO = {"budget": "100000"}  # noise is exactly 0 with overwhelming probability (and with the fixed seed)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from array import array
 import cbor2
-from agent import hashing
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
 from tests.support import unixvm as U
 
 

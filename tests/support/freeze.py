@@ -38,6 +38,8 @@ def run_manifest(root: Path = REPO, unix_port: Any = None) -> dict[str, list[Any
     return calls
 
 
-def manifest_files(root: Path = REPO) -> list[str]:
-    """Repo-relative paths of the modules the manifest freezes (its packages' files)."""
-    return [pkg + "/" + f for pkg, files, _base in run_manifest(root)["package"] for f in files]
+def manifest_files(root: Path = REPO) -> list[tuple[str, Path]]:
+    """The modules the manifest freezes: (path on the board, e.g. ``pansketch/agent/sketch.py``, source file)."""
+    manifest_dir = root / "firmware"
+    return [(pkg + "/" + f, (manifest_dir / base / pkg / f).resolve())
+            for pkg, files, base in run_manifest(root)["package"] for f in files]

@@ -1,8 +1,8 @@
 """Helpers for the host tests: real releases from the real device core.
 
-Releases come from :class:`agent.recorder.Recorder` (internal + output
-noise from agent.noise, deterministic byte source so the tests are
-repeatable) or, for format tests, from :func:`agent.release.encode` with
+Releases come from :class:`pansketch.agent.recorder.Recorder` (internal + output
+noise from pansketch.agent.noise, deterministic byte source so the tests are
+repeatable) or, for format tests, from :func:`pansketch.agent.release.encode` with
 hand-made counters. No tests of its own.
 """
 
@@ -15,11 +15,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent import cbor, release
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from host_tools import hostconfig
+from pansketch.agent import cbor, release
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools import hostconfig
 
 SALT = "host-tests-fleet-salt"
 T0 = 1_700_000_000 // 3600 * 3600  # an hour boundary

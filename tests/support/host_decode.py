@@ -41,7 +41,7 @@ def bad_cases():
     yield "nz-too-big", dumps(dict(m, nz=1_000_001)), "schema"
     yield "nz-text", dumps(dict(m, nz="2")), "schema"
     yield "nz-bool", dumps(dict(m, nz=True)), "schema"
-    # 2^64 needs a CBOR bignum (agent.cbor cannot write it): a schema rejection, not a crash in the encoder
+    # 2^64 needs a CBOR bignum (pansketch.agent.cbor cannot write it): a schema rejection, not a crash in the encoder
     yield "budget-2^64", cbor2.dumps(dict(m, budget=[1 << 64, 1]), canonical=True), "type"
     yield "nint-den-2^64", cbor2.dumps(dict(m, nint=[3, 1 << 64]), canonical=True), "type"
     yield "unreduced-budget", dumps(dict(m, budget=[m["budget"][0] * 2, m["budget"][1] * 2])), "schema"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.ingest.aggregator import Aggregator
 from tests.support.host import T0, encoded, params, record, topic, zipf_stream
 
 

@@ -13,10 +13,10 @@ intruder can compute from them (docs/PRIVACY.md, "The intruder's view").
 
 import array
 
-from agent import storage
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
+from pansketch.agent import storage
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
 
 T0 = 200000 * 3600
 CFG = {"device": "dev-x", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 32, "mode": "keep",
@@ -165,7 +165,7 @@ def tree_snapshot(op, rec, n_events, root):
     for _ in range(rec.p.levels):
         bufs.append(array.array("i", bytes(4 * rec.p.d * rec.p.w)))
     try:
-        from agent.tree import read_tree_state
+        from pansketch.agent.tree import read_tree_state
 
         if read_tree_state(storage.join(root, "state.bin"), rec._fp, bufs) is not None:
             flash = []
@@ -181,7 +181,7 @@ def tree_snapshot(op, rec, n_events, root):
 def run_tree(root, seed, cfg=None):
     """A tree-mode device: adds, persists, a restart mid-node, node releases
     at epoch ends (levels 0, 1 and 2 close together at epoch 4), a flush."""
-    from agent.recorders import make
+    from pansketch.agent.recorders import make
 
     p = Params(cfg if cfg is not None else CFG_TREE)
     r = _Run(make(p, root, T0, rng=Rng(DeterministicSource(seed)), log=_quiet), root, tree_snapshot)

@@ -46,8 +46,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from agent import hashing
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
 from tests.support import memscan
 from tests.support.e2e import REPO, SALT, agent_cmd, agent_env
 

@@ -87,7 +87,7 @@ def run(code: str | list[str], heap: int = 128 * 1024, flash: Path | str | None 
         job.write_text(json.dumps({
             "steps": [PRELUDE + steps[0]] + steps[1:],
             "heapsize": heap,
-            "src": [[str(REPO / "agent"), "/src/agent"], [str(REPO / "firmware"), "/src/firmware"]]
+            "src": [[str(REPO / "agent"), "/src/pansketch/agent"], [str(REPO / "firmware"), "/src/pansketch/firmware"]]
             + [[str(h), g] for g, h in (mounts or {}).items()],
             "flash": str(flash) if flash is not None else None,
         }))

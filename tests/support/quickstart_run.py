@@ -51,7 +51,7 @@ def _configure(d: Path, port: int, mqtt311: bool) -> None:
 def run(cwd: Path, bindir: Optional[Path] = None, timeout: float = 120) -> dict[str, str]:
     """Run the Quick start in ``cwd`` (which has examples/host.toml and examples/agent.toml) with the
     ``pansketch`` commands of ``bindir`` (default: this interpreter's). Returns name -> output as shown."""
-    from host_tools.demo import start_broker
+    from pansketch.host_tools.demo import start_broker
 
     bindir = bindir or Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

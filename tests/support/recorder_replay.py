@@ -12,19 +12,19 @@ from typing import Any, Sequence
 
 import cbor2
 
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import DeterministicSource, Rng
-from host_tools.ingest.decode import decode
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools.ingest.decode import decode
 from tests.support import mpvm
 
 T0 = 200_000 * 3600
 STEPS = 12
 
 _GUEST = """
-from agent.params import Params
-from agent.recorder import Recorder
-from agent.rng import Rng, DeterministicSource
+from pansketch.agent.params import Params
+from pansketch.agent.recorder import Recorder
+from pansketch.agent.rng import Rng, DeterministicSource
 EV = %r
 rec = Recorder(Params(%r), "/flash/dev", %d, rng=Rng(DeterministicSource(%r)), log=lambda m: None)
 def step(k):

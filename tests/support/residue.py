@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from agent import hashing
+from pansketch.agent import hashing
 from tests.support import unixvm as U
 
 

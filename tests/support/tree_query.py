@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.params import Params
-from agent.recorders import make
-from agent.rng import DeterministicSource, Rng
+from pansketch.agent.params import Params
+from pansketch.agent.recorders import make
+from pansketch.agent.rng import DeterministicSource, Rng
 from tests.support.host import SALT
 
 

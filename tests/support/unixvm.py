@@ -8,9 +8,9 @@ a fixed heap (``-X heapsize=``) and its real garbage collector, which runs
 whenever an allocation needs it.
 
 A :class:`Board` is one VM process running the board's own ``/boot.py`` and
-``/main.py`` (``firmware.app.main``) on a *flash directory* staged like
+``/main.py`` (``pansketch.firmware.app.main``) on a *flash directory* staged like
 ``deploy/flash.sh`` does it (:func:`stage_flash`): ``/pansketch.json``,
-``/agent``, ``/firmware`` (the manifest's modules, as ``.py`` or as ``.mpy``
+``/pansketch/agent``, ``/pansketch/firmware`` (the manifest's modules, as ``.py`` or as ``.mpy``
 compiled by ``mpy-cross``), ``/lib/umqtt/simple.py`` from micropython-lib,
 and its state in ``/data``. ``tests/mpunix/board.py`` mounts that directory
 at ``/`` in the VM. Only ``machine``, ``network``, ``ntptime`` and
@@ -21,7 +21,7 @@ loopback, NTP is the host's clock. ``kill()`` is a power cut (SIGKILL); starting
 flash directory is the power coming back.
 
 :class:`Host` is a real mosquitto (``tests/support/broker.py``) and the real
-aggregator (``python -m host_tools.cli aggregate``) storing into SQLite, so
+aggregator (``python -m pansketch.host_tools.cli aggregate``) storing into SQLite, so
 tests assert what the host stored. :class:`Proxy` is a TCP relay between the
 board and the broker that can freeze the connection in the middle of a
 release PUBLISH (or after it, holding back the broker's answers), which is
@@ -52,7 +52,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from host_tools.localnet import stop_process, wait_until
+from pansketch.host_tools.localnet import stop_process, wait_until
 from tests.support.broker import Mosquitto, start_mosquitto
 from tests.support.freeze import manifest_files
 
@@ -212,8 +212,7 @@ def stage_flash(flash: Path, cfg: dict[str, Any], mpy: bool = False, frozen: boo
         shutil.copyfile(REPO / "firmware" / "main.py", flash / "main.py")
         write_config(flash, cfg)
         return flash
-    for rel in manifest_files():
-        src = REPO / rel
+    for rel, src in manifest_files():
         if mpy:
             mpy_cross(src, flash / (rel[:-3] + ".mpy"))
         else:
@@ -626,7 +625,7 @@ class Host:
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         before = self._log().count("subscribing")
         log = open(self.log_path, "ab")
-        self.agg = subprocess.Popen([sys.executable, "-m", "host_tools.cli", "aggregate", "--config", str(self.config),
+        self.agg = subprocess.Popen([sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", str(self.config),
                                      "-v"], stdout=log, stderr=log, cwd=REPO, env=env)
         log.close()
         assert wait_until(lambda: self._log().count("subscribing") > before, 20), "aggregator did not connect:\n" + \

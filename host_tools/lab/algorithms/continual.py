@@ -16,7 +16,7 @@ Paper: lazy-sketch-continual-observation.txt (Holland).
   step (used for the accuracy figures; the per-event classes are used for
   timing and are tested against these in the noiseless case).
 
-Hashing is hash version 1 (:mod:`agent.hashing`): the d columns and signs of
+Hashing is hash version 1 (:mod:`pansketch.agent.hashing`): the d columns and signs of
 an item come from one SHA-256 stream, exactly as on the device.
 
 Noise. Algorithm 1 draws continuous N(0, sigma^2) with
@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agent import hashing
+from pansketch.agent import hashing
 
 from .vnoise import BulkNoise, NoiseEngine, Pool, ceil_fraction
 

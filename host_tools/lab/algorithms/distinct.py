@@ -12,13 +12,13 @@ This module is that algorithm in the MicroPython subset, with integers only:
   (floats that differ between ports). Here p = 1/q for an integer q and
       X_ij = s_ij * (2^(b+F) // (v_ij + 1)) ** q
   where v_ij (the top b <= 30 bits of row j's 30-bit value) and the sign s_ij
-  come from the hash stream of the item (agent.hashing, hash version 1).
+  come from the hash stream of the item (pansketch.agent.hashing, hash version 1).
   With U = (v+1)/2^b uniform,
   |X| ~ 2^(Fq) * U^(-1/p): a symmetric Pareto(p) variable, which lies in the
   domain of attraction of the p-stable law (sums of many behave like
   (sum |a_i|^p)^(1/p) times a stable variable). The host calibrates the
   median of |sum|^p by simulating the very same integer projection
-  (host_tools.lab.algorithms.panprivate.distinct_scale).
+  (pansketch.host_tools.lab.algorithms.panprivate.distinct_scale).
 * Bounded projections => bounded sensitivity. v >= 0, so every projection
   satisfies |X_ij| <= M = 2^((b+F) q), a public constant that holds for every
   possible item -- the paper's ||X_j||_inf over the universe, known exactly
@@ -29,7 +29,7 @@ This module is that algorithm in the MicroPython subset, with integers only:
   Laplace with scale r*Delta/eps on each entry is therefore eps-DP for the
   whole vector (geometric mechanism + composition over the r entries, as in
   the paper's alpha' = alpha*r).
-* Noise. Exact discrete Laplace from agent.noise (integer arithmetic on a
+* Noise. Exact discrete Laplace from pansketch.agent.noise (integer arithmetic on a
   cryptographic byte source) in place of continuous Laplace: same scale,
   same eps. Internal noise at initialisation (the state an intruder reads is
   always noisy) and fresh output noise on every :meth:`release` (docs/ARCHITECTURE.md "Release modes":
@@ -45,9 +45,9 @@ Theorem 5 treats max_j ||X_j||_inf as a constant, which a p-stable (or
 Pareto) tail does not allow.
 """
 
-from agent import hashing
-from agent.levels import clip
-from agent.noise import discrete_laplace
+from pansketch.agent import hashing
+from pansketch.agent.levels import clip
+from pansketch.agent.noise import discrete_laplace
 
 UNITS = ("event", "user")
 

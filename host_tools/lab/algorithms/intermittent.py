@@ -3,7 +3,7 @@
 Paper: intermittent-queries-dp-count-sketch.txt (Yildirim et al.).
 
 * :class:`DynamicCountSketch` -- Algorithm 1 (Count Sketch as an event-driven
-  system: arrivals and query sets), on :class:`agent.sketch.Sketch`.
+  system: arrivals and query sets), on :class:`pansketch.agent.sketch.Sketch`.
 * :func:`m_hat_q` -- Algorithm 2, the upper bound m̂_Q of the number of
   sensitive queries (Proposition 1: m_Q <= m̂_Q); :func:`m_q_exact` is eq. (3)
   by brute force for small query sets (tests).
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from agent import hashing
-from agent.sketch import Sketch
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
 
 from .vnoise import ExactNoise, NoiseEngine
 
@@ -66,7 +66,7 @@ class DynamicCountSketch:
     """Algorithm 1: Count Sketch as a dynamic system (no privacy).
 
     ``update(x)`` handles an arrival; ``query(Q)`` returns the median
-    estimates. The cells are an :class:`agent.sketch.Sketch` (kind 'cs').
+    estimates. The cells are an :class:`pansketch.agent.sketch.Sketch` (kind 'cs').
     """
 
     def __init__(self, d: int, w: int, salt: str | bytes) -> None:

@@ -5,14 +5,14 @@ Paper: dp-linear-sketches.txt (Zhao et al.) and dp-linear-sketches-appendix.txt.
 * Algorithm 3 (DP linear sketch initialisation): every counter starts with
   independent noise of variance sigma^2 = log(2/beta)/rho; Count-Min also gets
   the offset E. Updates and queries are Algorithms 1-2, i.e. exactly
-  :class:`agent.sketch.Sketch` (same hash version 1, same int32 layout).
+  :class:`pansketch.agent.sketch.Sketch` (same hash version 1, same int32 layout).
 * Theorem 3.1 (Count-Min: 0 <= f_hat - f_tilde <= 2E w.p. 1-beta) and
   Theorem 3.2 (CountSketch: |f_hat - f_tilde| <= E) as functions.
 * §4 / Appendix B (Algorithms 4-5): Private Dyadic CountSketch over the
   integer universe [0, 2^L) with rank, quantile and range-count queries.
 
 Noise. The paper draws continuous Gaussians; here every counter gets the
-exact *discrete* Gaussian N_Z(0, sigma^2) (agent.noise or its vectorised twin
+exact *discrete* Gaussian N_Z(0, sigma^2) (pansketch.agent.noise or its vectorised twin
 :mod:`.vnoise`). Canonne-Kamath-Steinke 2020 Thm 14: adding N_Z(0, sigma^2) to
 each of the d*w integer counters is Delta2^2/(2 sigma^2)-zCDP -- the same
 formula as Lemma 2.8 for the continuous Gaussian, so with sigma^2 computed as
@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from agent import hashing
-from agent.sketch import INT32_MAX, INT32_MIN, Sketch
-from host_tools import fasthash
+from pansketch.agent import hashing
+from pansketch.agent.sketch import INT32_MAX, INT32_MIN, Sketch
+from pansketch.host_tools import fasthash
 
 from .vnoise import BulkNoise, NoiseEngine, dgauss_lower_tail
 
@@ -127,7 +127,7 @@ def sigma2_for(d: int, rho: float | Fraction | str, clip: int = 1, arrays: int =
     down to a rational (so sigma^2 only grows).
     """
     if isinstance(rho, str):
-        from agent.calibrate import parse_ratio
+        from pansketch.agent.calibrate import parse_ratio
 
         r = Fraction(*parse_ratio(rho))
     elif isinstance(rho, float):
@@ -227,7 +227,7 @@ class PrivateLinearSketch:
 
     # -- device interop ---------------------------------------------------------
     def to_device(self) -> Sketch:
-        """The same state as an :class:`agent.sketch.Sketch` (int32 array('i'))."""
+        """The same state as an :class:`pansketch.agent.sketch.Sketch` (int32 array('i'))."""
         c = self.counters
         if c.size and (c.max() > INT32_MAX or c.min() < INT32_MIN):
             raise OverflowError("counters do not fit int32")

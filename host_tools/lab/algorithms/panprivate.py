@@ -7,7 +7,7 @@ Paper: pan-private-sketches.txt (Mir, Muthukrishnan, Nikolov, Wright).
   uniformly random counter c_j in {0..tau-1} and a bit b_j ~ D0 = Bern(1/2) per
   element; when c_j wraps to 0 the bit is redrawn from D1 = Bern(1/2 + eps/4);
   the estimate is (o - |U|/2) * 4 tau / eps with o = #{j: b_j = 1}. Per event,
-  exact: :class:`agent.rng.Rng` draws (integer rejection sampling), so the
+  exact: :class:`pansketch.agent.rng.Rng` draws (integer rejection sampling), so the
   state (c, b) is pan-private against one intrusion exactly as in [4].
   :func:`lemma5_bound` is its error bound.
 * :class:`HeavyHitterCount` -- §4.2: hash U to [h] (hash version 1, one row of
@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from agent import hashing
-from agent.pi import hashvec
-from agent.rng import Rng
-from host_tools import fasthash
+from pansketch.agent import hashing
+from pansketch.agent.pi import hashvec
+from pansketch.agent.rng import Rng
+from pansketch.host_tools import fasthash
 
 
 def _eps_frac(eps: float | Fraction | str) -> Fraction:
@@ -163,7 +163,7 @@ def theorem12_bounds(hh_k: int, hh_big: int, h: int, c: float, alpha: float, eps
 # -- distinct count (Algorithm 1, the sketch in distinct.py) ------------------
 
 def projections(st: np.ndarray, r: int, q: int, vbits: int, frac_bits: int) -> list[list[int]]:
-    """X_ij of host_tools.lab.algorithms.distinct.DistinctSketch for hash streams ``st`` (Python ints)."""
+    """X_ij of pansketch.host_tools.lab.algorithms.distinct.DistinctSketch for hash streams ``st`` (Python ints)."""
     words = hashvec.row_words(st, r)
     v = (hashvec.row_values(words) >> (30 - vbits)).astype(np.int64)
     neg = hashvec.negative(words) != 0

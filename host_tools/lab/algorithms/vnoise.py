@@ -1,6 +1,6 @@
 """Vectorised exact discrete Laplace / Gaussian samplers (numpy, integers only).
 
-The same algorithms as :mod:`agent.noise` (Canonne, Kamath & Steinke 2020,
+The same algorithms as :mod:`pansketch.agent.noise` (Canonne, Kamath & Steinke 2020,
 Algorithms 1-3) run on whole numpy arrays at once: every comparison is an
 integer comparison of uniform integers drawn with ``Generator.integers``
 (exact rejection sampling, no modulo bias), so the output pmf is *exactly*
@@ -12,13 +12,13 @@ What differs from the device path is only the byte source: numpy's PCG64
 is *not* a cryptographic generator. These samplers are therefore for
 reproductions and simulations (where we need millions of draws in
 seconds), never for a release that claims privacy; the device and anything
-that publishes uses :mod:`agent.noise` with ``os.urandom``.
+that publishes uses :mod:`pansketch.agent.noise` with ``os.urandom``.
 
 Engines (all return ``np.ndarray[int64]``):
 
 * :class:`BulkNoise` -- this module's vectorised sampler (seeded PCG64).
-* :class:`ExactNoise` -- :mod:`agent.noise` one draw at a time from an
-  :class:`agent.rng.Rng` (the privacy path; ~10-30 µs per draw).
+* :class:`ExactNoise` -- :mod:`pansketch.agent.noise` one draw at a time from an
+  :class:`pansketch.agent.rng.Rng` (the privacy path; ~10-30 µs per draw).
 * :class:`ZeroNoise` -- all zeros, for tests of the noiseless logic.
 
 Parameters are exact rationals (:class:`fractions.Fraction`): ``dgauss(var)``
@@ -33,15 +33,15 @@ from typing import Protocol
 
 import numpy as np
 
-from agent import noise as agent_noise
-from agent.rng import Rng
+from pansketch.agent import noise as agent_noise
+from pansketch.agent.rng import Rng
 
 _LIMIT = 1 << 62
 
 
 def _check(a: np.ndarray) -> None:
     if a.size and int(np.max(np.abs(a))) >= _LIMIT:
-        raise OverflowError("vectorised sampler parameters exceed int64 range; use agent.noise")
+        raise OverflowError("vectorised sampler parameters exceed int64 range; use pansketch.agent.noise")
 
 
 def bernoulli_exp(gen: np.random.Generator, num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -198,7 +198,7 @@ class BulkNoise:
 
 
 class ExactNoise:
-    """:mod:`agent.noise` one draw at a time (the privacy path)."""
+    """:mod:`pansketch.agent.noise` one draw at a time (the privacy path)."""
 
     def __init__(self, rng: Rng | None = None) -> None:
         self.rng = rng if rng is not None else Rng()

@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "repro", help="reproduce the papers' figures (PNG + markdown table per paper)",
         description="Reproduce the experiments of the papers the product builds on with the library "
-        "algorithms (host_tools.lab.algorithms): dp-linear, Zhao et al., differentially private linear "
+        "algorithms (pansketch.host_tools.lab.algorithms): dp-linear, Zhao et al., differentially private linear "
         "sketches; intermittent, Yildirim et al., intermittent queries on a DP count sketch; lazy, Holland, "
         "lazy sketches under continual observation; panprivate, Mir et al., pan-private algorithms via "
         "statistics on sketches. Their claims next to ours: docs/REPRODUCTION.md. 'all' runs every paper "

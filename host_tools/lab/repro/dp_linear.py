@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from host_tools import fasthash
-from host_tools.lab.algorithms.linear import (DyadicCountSketch, dcs_shape, notebook_E, paper_E, paper_rows, sigma2_for,
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms.linear import (DyadicCountSketch, dcs_shape, notebook_E, paper_E, paper_rows, sigma2_for,
                                           union_E)
-from host_tools.lab.algorithms.vnoise import BulkNoise, ceil_fraction
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise, ceil_fraction
 
 from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 

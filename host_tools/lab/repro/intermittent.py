@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from host_tools import fasthash
-from host_tools.lab.algorithms.intermittent import simulate_use_and_keep
-from host_tools.lab.algorithms.vnoise import BulkNoise
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms.intermittent import simulate_use_and_keep
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise
 
 from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 

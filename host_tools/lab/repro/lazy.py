@@ -3,8 +3,8 @@
 Streams of 2^20 Zipf(skew) updates over 2^20 items, delta = 0.001, depth 3.
 
 * (a) time to process 2^20 updates vs memory, for CMS/CS (per-event
-  agent.sketch.Sketch), LazyCMS/CS and PunctualCMS/CS (per-event
-  :mod:`host_tools.lab.algorithms.continual`, pure Python, node noise drawn from a
+  pansketch.agent.sketch.Sketch), LazyCMS/CS and PunctualCMS/CS (per-event
+  :mod:`pansketch.host_tools.lab.algorithms.continual`, pure Python, node noise drawn from a
   pre-drawn pool of exact discrete Gaussians so that the timing measures the
   algorithms' work, as the paper's C++ does with a cheap normal sampler).
   Each configuration is timed ``reps`` times, interleaved (every configuration
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from agent import hashing
-from agent.sketch import Sketch
-from host_tools import fasthash
-from host_tools.lab.algorithms.continual import (LazySketch, PunctualSketch, co_estimates, gaussbm_sigma2, lazy_final,
+from pansketch.agent import hashing
+from pansketch.agent.sketch import Sketch
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms.continual import (LazySketch, PunctualSketch, co_estimates, gaussbm_sigma2, lazy_final,
                                              punctual_final)
-from host_tools.lab.algorithms.vnoise import BulkNoise, ExactNoise
+from pansketch.host_tools.lab.algorithms.vnoise import BulkNoise, ExactNoise
 
 from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
 
@@ -212,7 +212,7 @@ def run(scale: str, out: Path, seed: int = 1) -> dict[str, Any]:
 
     t.step("timing runs (figure 4a)")
     res["fig4a"], res["same_width"] = timing_runs(cfg, T, items, base_eps)
-    # the privacy path: node noise drawn one at a time by agent.noise (exact, os.urandom)
+    # the privacy path: node noise drawn one at a time by pansketch.agent.noise (exact, os.urandom)
     w_ex = cfg["same_w"][1]
     exact: dict[str, float] = {}
     for m in ("LazyCMS", "PunctualCMS"):
@@ -400,11 +400,11 @@ def report(res: dict[str, Any], cfg: dict[str, Any]) -> str:
                         "%.0f-%.0f" % (min(r["ratio_runs"]), max(r["ratio_runs"])), r["ops_ratio"]]
                        for w, r in res["same_width"].items()]))
     ex = res["exact_noise_timing"]
-    L += ["", "With the exact per-draw sampler of the device (agent.noise on os.urandom) at w = %d: LazyCMS %.3g s/update "
+    L += ["", "With the exact per-draw sampler of the device (pansketch.agent.noise on os.urandom) at w = %d: LazyCMS %.3g s/update "
           "(%d timed), PunctualCMS %.3g s/update (%d timed), ratio %.0f." % (
               ex["w"], ex["LazyCMS"], ex["LazyCMS n"], ex["PunctualCMS"], ex["PunctualCMS n"], ex["ratio"])]
     v = res["vectorised"]
-    L += ["", "Vectorised host path (fasthash.sketch_counts) vs per-event agent.sketch.Sketch.update on %d "
+    L += ["", "Vectorised host path (fasthash.sketch_counts) vs per-event pansketch.agent.sketch.Sketch.update on %d "
           "Zipf(1.1) items (%d distinct): %.3g vs %.3g events/s (x%.1f), identical state: %s" % (
               v["n"], v["distinct"], v["vectorised_eps"], v["per_event_eps"], v["speedup"], v["identical_state"]), ""]
     for key, title in (("fig4b", "(b) ARE vs memory (KB)"), ("fig4b_at_T-1", "(b') ARE vs memory, queried at T-1"),

@@ -4,11 +4,11 @@ cropped sums / heavy-hitter counts (§4.1 Lemma 5, §4.2 Theorem 12).
 The paper has no experiments; we measure the estimators' error against the
 theorems' bounds on Zipf and uniform streams.
 
-* Distinct count: :class:`host_tools.lab.algorithms.distinct.DistinctSketch` (integer Pareto(p)
+* Distinct count: :class:`pansketch.host_tools.lab.algorithms.distinct.DistinctSketch` (integer Pareto(p)
   projections, |X| <= M, exact discrete Laplace with scale r*M/eps; event
   unit, clip 1). The replay computes the exact noise-free sketch
   (:func:`sketch_exact`, equal to the device's per-event sums) and adds the
-  device's own noise draws (agent.noise, exact, big integers). We report the
+  device's own noise draws (pansketch.agent.noise, exact, big integers). We report the
   estimate without noise (the estimator itself), with noise, and Lemma 4's
   additive term xi*sf for several hash resolutions b (M = 2^((b+F)q)).
 * Distinct count as the paper writes it (:func:`exact_pstable_exp`): exact
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from agent import noise as agent_noise
-from agent.pi import hashvec
-from agent.rng import DeterministicSource, Rng
-from host_tools import fasthash
-from host_tools.lab.algorithms.panprivate import (distinct_estimate, distinct_scale, hh_count_simulated, lemma4_xi,
+from pansketch.agent import noise as agent_noise
+from pansketch.agent.pi import hashvec
+from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.host_tools import fasthash
+from pansketch.host_tools.lab.algorithms.panprivate import (distinct_estimate, distinct_scale, hh_count_simulated, lemma4_xi,
                                               lemma5_bound, simulate_cropped_sum, theorem12_bounds)
 
 from .common import Timer, check_scale, md_table, plt, save_json, zipf_stream
