@@ -241,7 +241,7 @@ def _mp_dump(binary: Path, cfg: dict[str, Any], cwd: Path, events: bool, fail_at
     cwd.mkdir(parents=True, exist_ok=True)
     code = ("import sys\nsys.path.insert(0, %r)\nfrom tests.support import failpaths_scenario as fs\n"
             "print('@' + fs.dump(%r, 'dev', 'seed-1', %r, %d, %r))\n"
-            % (str(fs_root()), cfg, events, fail_at, exc))
+            % (str(fs_root(cwd.parent)), cfg, events, fail_at, exc))
     p = subprocess.run([str(binary), "-X", "heapsize=4M", "-c", code], cwd=cwd, capture_output=True, text=True,
                        timeout=120)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("@")]
@@ -249,8 +249,17 @@ def _mp_dump(binary: Path, cfg: dict[str, Any], cwd: Path, events: bool, fail_at
     return json.loads(lines[-1][1:])
 
 
-def fs_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+def fs_root(tmp: Path) -> Path:
+    """The folder the VM imports from: ``pansketch/`` holding the repository's agent/ and firmware/
+    (as a board holds them) beside its tests/."""
+    repo = Path(__file__).resolve().parent.parent
+    root = tmp / "src"
+    if not root.exists():
+        (root / "pansketch").mkdir(parents=True)
+        for name in ("agent", "firmware"):
+            (root / "pansketch" / name).symlink_to(repo / name)
+        (root / "tests").symlink_to(repo / "tests")
+    return root
 
 
 def _strip(res: dict[str, Any]) -> dict[str, Any]:
