@@ -17,7 +17,7 @@ allocating outside it, as on an ESP32 (ESP-IDF heap; tlsalloc.outside()):
   published and acknowledged: the live heap's high-water leaves >= 20 KB free;
 * /main.py, unchanged, does the same in the heap minus 19 KiB (SQUEEZE_KIB), so no moment
   in between (the TLS handshake, a persist, a release commit) needs those
-  20 KiB either;
+  19 KiB either;
 * every release it committed is stored once by the host.
 
 Figures go to bench-results/firmware-unix.json (``esp32_*`` keys and
