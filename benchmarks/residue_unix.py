@@ -50,7 +50,7 @@ def cost(binary: Path, tmp: Path, heap: str, w: int, src: Optional[Path] = None)
         U.stage_flash(flash, cfg, mpy=True)
     hw = tmp / "hw"
     b = U.Board(binary, flash, hw, heap=heap, log=tmp / "cost.log", exact_heap=True)
-    rc = b.run_script("scrubbench", 120)
+    rc = b.run_script("scrubbench", 120, also=("benchrun",))
     res: dict[str, Any] = {"heap": heap, "w": w, "rc": rc}
     for ln in b.text.splitlines():
         if not ln.startswith("@"):

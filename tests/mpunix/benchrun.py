@@ -1,4 +1,5 @@
-# Measurements for tests/mpunix/bench.py (imported after the firmware booted):
+# Measurements for tests/mpunix/bench.py (imported after the firmware booted), and the
+# RAM UART and timing helpers tests/mpunix/scrubbench.py shares:
 #
 #   @live_loaded BYTES                      live heap with this module loaded (the loop's baseline)
 #   @loop STEPS LIVE_HW STEP_MS_MAX SEQ     real main loop until a release is committed and
@@ -25,11 +26,11 @@ def out(key, *vals):
     print("@%s %s" % (key, " ".join(str(v) for v in vals)))
 
 
-class _RamUart:
+class RamUart:
     """A UART whose bytes are in RAM (the fake one reads a file: its I/O is not the firmware's cost)."""
 
-    def __init__(self):
-        self.buf = bytearray(1024)
+    def __init__(self, size=1024):
+        self.buf = bytearray(size)
         self.n = 0
         self.pos = 0
 
@@ -57,6 +58,18 @@ class _RamUart:
         if self.pos == self.n:
             self.pos = self.n = 0
         return k
+
+
+def best(fn, reps=5):
+    """Fastest of ``reps`` calls of fn, in us (the host is shared; each call does the same work)."""
+    b = None
+    for _ in range(reps):
+        t0 = time.ticks_us()
+        fn()
+        us = time.ticks_diff(time.ticks_us(), t0)
+        if b is None or us < b:
+            b = us
+    return b
 
 
 def until_released(a, collect, limit_ms=20000):
@@ -93,16 +106,12 @@ def run(a):
     steps, hw, slow = until_released(a, True)
     out("loop", steps, hw, slow, a.rec.seq)
 
-    def per_event(n, reps=5):
-        best = None
-        for _ in range(reps):  # fastest of reps: the host is shared; each rep has the same GC work
-            t0 = time.ticks_us()
+    def per_event(n):
+        def events():
             for i in range(n):
                 a.add(items[i & 63])
-            us = time.ticks_diff(time.ticks_us(), t0) / n
-            if best is None or us < best:
-                best = us
-        return best
+
+        return best(events) / n  # each rep has the same GC work
 
     def collections(n):
         c = 0
@@ -114,16 +123,6 @@ def run(a):
                 c += 1
             prev = m
         return c
-
-    def collect_us(reps=5):
-        best = None
-        for _ in range(reps):
-            t0 = time.ticks_us()
-            gc.collect()
-            us = time.ticks_diff(time.ticks_us(), t0)
-            if best is None or us < best:
-                best = us
-        return best
 
     per_event(200)  # warm up
     gc.collect()
@@ -143,13 +142,13 @@ def run(a):
         free = gc.mem_free()
         us = per_event(n)
         gcs = collections(1000)
-        out("fill", free, "%.2f" % us, gcs, collect_us())
+        out("fill", free, "%.2f" % us, gcs, best(gc.collect))
         ballast = None
 
     # the UART source path: App.step() reads lines from a UART and counts them
     lines = opts.get("uart_lines", 2000)
     gc.collect()
-    u = _RamUart()
+    u = RamUart()
     a.source.uart = u
     idle = None
     for _ in range(20):

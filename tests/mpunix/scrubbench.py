@@ -1,5 +1,6 @@
 # Runs inside the MicroPython Unix port instead of /main.py (tests/mpunix/board.py
-# with SCRIPT=scrubbench; benchmarks/residue_unix.py compiles it to .mpy in /hw).
+# with SCRIPT=scrubbench; benchmarks/residue_unix.py compiles it and benchrun.py, whose
+# RAM UART and timing it uses, to .mpy in /hw).
 # Boots the firmware from /pansketch.json as main.py would, then measures what
 # wiping costs (fastest of 5 repetitions each; the host is shared):
 #
@@ -16,59 +17,13 @@ import time
 from pansketch.firmware import app as fwapp
 
 
-def out(key, *vals):
-    print("@%s %s" % (key, " ".join(str(v) for v in vals)))
-
-
-class _RamUart:
-    def __init__(self):
-        self.buf = bytearray(4096)
-        self.n = 0
-        self.pos = 0
-
-    def put(self, line):
-        b = self.buf
-        for c in line:
-            b[self.n] = ord(c)
-            self.n += 1
-        b[self.n] = 10
-        self.n += 1
-
-    def any(self):
-        return self.n - self.pos
-
-    def readinto(self, buf, nbytes=None):
-        k = len(buf) if nbytes is None else nbytes
-        left = self.n - self.pos
-        if left <= 0:
-            return None
-        if k > left:
-            k = left
-        for i in range(k):
-            buf[i] = self.buf[self.pos + i]
-        self.pos += k
-        if self.pos == self.n:
-            self.pos = self.n = 0
-        return k
-
-
-def best(fn, reps=5):
-    b = None
-    for _ in range(reps):
-        t0 = time.ticks_us()
-        fn()
-        us = time.ticks_diff(time.ticks_us(), t0)
-        if b is None or us < b:
-            b = us
-    return b
-
-
 a = fwapp.boot("/pansketch.json")
 if not a.running:
     print("@idle " + a.reason)
     raise SystemExit(2)
 gc.collect()
-out("heap", gc.mem_alloc() + gc.mem_free(), gc.mem_free())
+print("@heap %d %d" % (gc.mem_alloc() + gc.mem_free(), gc.mem_free()))  # before benchrun is loaded
+from benchrun import RamUart, best, out  # noqa: E402
 items = ["secret-mac-%04d-0123456789ab" % i for i in range(64)]
 bufs = []
 for it in items:
@@ -103,7 +58,7 @@ if hasattr(a, "add_view"):
     run_view()
     out("event_view", "%.2f" % (best(run_view) / N), garbage(lambda i: a.add_view(True, bufs[i], 1)))
 
-u = _RamUart()
+u = RamUart(4096)
 a.source.uart = u
 for k in (1, 8, 64):
     tot = 0
