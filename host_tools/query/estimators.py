@@ -111,6 +111,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from pansketch.host_tools.query.merge import Merged, NoiseTerm
+from pansketch.host_tools.store.numeric import golden_min
 
 
 # -- noise tails -------------------------------------------------------------
@@ -154,23 +155,7 @@ def chernoff_tail_bound(terms: Sequence[NoiseTerm], delta: float) -> float:
         return (_log_mgf(terms, lam) + L) / lam
 
     # g is unimodal in lam (its derivative has the sign of lam K' - K - L, increasing).
-    lo, hi = 1e-12, 1.0 - 1e-12
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    a = hi - phi * (hi - lo)
-    b = lo + phi * (hi - lo)
-    ga, gb = g(a), g(b)
-    for _ in range(200):
-        if ga <= gb:
-            hi, b, gb = b, a, ga
-            a = hi - phi * (hi - lo)
-            ga = g(a)
-        else:
-            lo, a, ga = a, b, gb
-            b = lo + phi * (hi - lo)
-            gb = g(b)
-        if hi - lo < 1e-13:
-            break
-    return max(0.0, min(ga, gb))
+    return max(0.0, golden_min(g, 1e-12, 1.0 - 1e-12, 1e-13))
 
 
 EXACT_MAX_POINTS = 1 << 22  # support size up to which the noise sum is convolved exactly

@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from pansketch.host_tools.hostconfig import DEFAULT_MAX_EVENTS, LIMIT_KINDS, MAX_MAX_EVENTS  # noqa: F401 (re-exported)
+from pansketch.host_tools.store.numeric import golden_min
 from pansketch.host_tools.store.records import Rejected
 
 FALSE_REFUSAL = 1e-9  # per release: the probability that an honest device at the limit is refused
@@ -77,21 +78,7 @@ def _chernoff(log_mgf: Callable[[float], float], log_inv: float, lam_max: float)
         k = log_mgf(lam)
         return math.inf if math.isinf(k) else (k + log_inv) / lam
 
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
-    ga, gb = g(a), g(b)
-    for _ in range(200):
-        if ga <= gb:
-            hi, b, gb = b, a, ga
-            a = hi - phi * (hi - lo)
-            ga = g(a)
-        else:
-            lo, a, ga = a, b, gb
-            b = lo + phi * (hi - lo)
-            gb = g(b)
-        if hi - lo < 1e-9:
-            break
-    return max(0.0, min(ga, gb))
+    return max(0.0, golden_min(g, lo, hi, 1e-9))
 
 
 def _dlap_log_mgf(scale: float, lam: float) -> float:
