@@ -417,6 +417,17 @@ def load_for_command(path: str) -> Optional[HostConfig]:
         return None
 
 
+def load_for_subcommand(args: Any, prog: str) -> Optional[HostConfig]:
+    """:func:`load_for_command` for a command whose ``--config`` may stand before its subcommand
+    (``args.config``) or after it (``args.config_sub``): None, after one line on stderr, where it is
+    missing, unreadable or invalid (the command then exits 2)."""
+    path = getattr(args, "config_sub", None) or args.config
+    if not path:
+        print("%s: --config FILE is required" % prog, file=sys.stderr)
+        return None
+    return load_for_command(path)
+
+
 def default_client_id(cfg: HostConfig) -> str:
     """Client id: configured, else stable for one aggregator, per-process with a shared group."""
     if cfg.broker.client_id:

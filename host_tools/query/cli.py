@@ -80,11 +80,10 @@ def main(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     if not getattr(args, "qtype", None):
         return _err("choose a query: %s (see pansketch query --help)" % _names(), 2)
-    path = getattr(args, "config_sub", None) or args.config
-    if not path:
-        return _err("--config FILE is required", 2)
+    cfg = hostconfig.load_for_subcommand(args, "pansketch query")
+    if cfg is None:
+        return 2
     try:
-        cfg = hostconfig.load(path)
         salt = cfg.require_salt()
     except hostconfig.ConfigError as exc:
         print("pansketch: config error: %s" % exc, file=sys.stderr)

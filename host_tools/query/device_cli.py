@@ -58,13 +58,8 @@ def main(args: argparse.Namespace) -> int:
 
     if not getattr(args, "action", None):
         return _err("choose an action: exclude, include, purge or list (see pansketch device --help)", 2)
-    path = getattr(args, "config_sub", None) or args.config
-    if not path:
-        return _err("--config FILE is required", 2)
-    try:
-        cfg = hostconfig.load(path)
-    except hostconfig.ConfigError as exc:
-        print("pansketch: config error: %s" % exc, file=sys.stderr)
+    cfg = hostconfig.load_for_subcommand(args, "pansketch device")
+    if cfg is None:
         return 2
     since = None
     if getattr(args, "since", None) is not None:
