@@ -24,6 +24,7 @@ from pansketch.host_tools.ingest.acks import group_acks
 from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.query import core as query
 from pansketch.host_tools.query import status
+from pansketch.host_tools.store import payloadcodec
 from pansketch.host_tools.store.errors import PrunedError
 from pansketch.host_tools.store.sqlite import Store
 from tests.support.broker import needs_mosquitto, start_mosquitto
@@ -49,7 +50,9 @@ def _fill(tmp: Any) -> tuple[Aggregator, dict[tuple[str, int], bytes]]:
 
 
 def _payload_sizes(st: Store) -> dict[tuple[str, int], int]:
-    return {(r[0], int(r[1])): int(r[2]) for r in st._q("SELECT device, seq, length(payload) FROM releases")}
+    """(device, seq) -> bytes of the release as sent (decoded from the stored encoding; 0: pruned)."""
+    return {(r[0], int(r[1])): len(payloadcodec.decode(bytes(r[2])))
+            for r in st._q("SELECT device, seq, payload FROM releases")}
 
 
 def test_prune_drops_only_rolled_up_payloads_received_before_the_cut(tmp_path):

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from pansketch.host_tools.store import payloadcodec
 from pansketch.host_tools.store.base import SQLBase
 from pansketch.host_tools.store.rows import DeviceStatus, RollupInfo, StoredRelease, _row_to_release
 from pansketch.host_tools.store.schema import STATUS_INTS, _ORDER
@@ -113,9 +114,10 @@ class Reader(SQLBase):
         return int(self._q("SELECT COUNT(*) FROM releases")[0][0])
 
     def payload(self, device: str, elo: int, ehi: int, part: int) -> Optional[bytes]:
+        """The bytes of a stored release exactly as the device sent them (empty: pruned), or None."""
         r = self._q("SELECT payload FROM releases WHERE device = ? AND elo = ? AND ehi = ? AND part = ?",
                     (device, elo, ehi, part))
-        return bytes(r[0][0]) if r else None
+        return payloadcodec.decode(bytes(r[0][0])) if r else None
 
     def devices(self) -> list[tuple[Any, ...]]:
         """(device, salt, hv, kind, d, w, ep_s, first_received) per known device."""

@@ -9,6 +9,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from pansketch.host_tools.store import payloadcodec
 from pansketch.host_tools.store.errors import PrunedError
 from pansketch.host_tools.store.records import Rejected, Release, ReleaseParams, SketchShape
 
@@ -102,7 +103,7 @@ def _row_to_release(r: Sequence[Any], with_payload: bool) -> StoredRelease:
                          L=int(L), device=device, elo=int(elo), ehi=int(ehi), part=int(part), seq=int(seq),
                          win=int(win), win_s=int(win_s), ep_s=int(ep_s), t0=int(t0), t1=int(t1),
                          received=float(received), ctr_off=int(ctr_off),
-                         payload=bytes(r[34]) if with_payload else None, v=int(v), lvl=int(lvl), b=int(b),
+                         payload=payloadcodec.decode(bytes(r[34])) if with_payload else None, v=int(v), lvl=int(lvl), b=int(b),
                          map=(int(mn), int(md), int(mo)) if mn is not None else None)
 
 

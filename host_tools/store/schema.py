@@ -9,9 +9,10 @@ Tables (schema version 1)::
     releases        one row per release, PRIMARY KEY (elo, device, ehi, part)
                     in a SQLite file created by this version (TIME_KEY),
                     (device, elo, ehi, part) in older files and on PostgreSQL
-                    (DEVICE_KEY); every map field, the raw payload bytes
-                    (empty once retention pruned them: SQLStore.prune), their
-                    SHA-256, the topic and the time received
+                    (DEVICE_KEY); every map field, the payload bytes
+                    (compressed: pansketch.host_tools.store.payloadcodec; raw in
+                    rows written before; empty once retention pruned them:
+                    SQLStore.prune), their SHA-256, the topic and the time received
     devices         per device the parameters fixed by its first release
                     (salt id, hash version, kind, d, w, ep_s); SQLite also
                     keeps there its highest stored seq (max_seq) and its
@@ -63,6 +64,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pansketch.host_tools import cborscan
+from pansketch.host_tools.store import payloadcodec
 from pansketch.host_tools.store.records import Release
 
 SCHEMA_VERSION = 1
@@ -175,10 +177,13 @@ def _select_cols(have: Optional[set[str]]) -> str:
 
 
 def insert_values(rel: Release, topic: Optional[str], received: float) -> tuple[Any, ...]:
-    """``rel``'s values for :data:`_INSERT_COLS` (both backends)."""
+    """``rel``'s values for :data:`_INSERT_COLS` (both backends); the payload in its stored encoding
+    (pansketch.host_tools.store.payloadcodec: compressed, decoded back byte for byte on read)."""
+    r, c = rel.shape
     return (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
             rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
-            rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256, rel.payload, rel.ctr_off, topic,
+            rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256,
+            payloadcodec.encode(rel.payload, rel.ctr_off, r * c), rel.ctr_off, topic,
             received, rel.v, rel.lvl, rel.b) + (tuple(rel.map) if rel.map is not None else (None, None, None))
 
 

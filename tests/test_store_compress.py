@@ -1,0 +1,145 @@
+"""The store keeps release payloads compressed (host_tools/store/payloadcodec.py) and answers exactly as
+if it kept them raw: releases of every kind from the real device core, stored encoded, stored raw (as a
+store written before the encoding) and half and half (such a store upgraded), give byte-identical
+payloads, merged counters, roll-ups and answers, also after a purge and a roll-up rebuild."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.store import payloadcodec
+from pansketch.host_tools.store.exclusions import purge
+from pansketch.host_tools.store.rows import Pending
+from pansketch.host_tools.store.sqlite import Store
+from tests.support.dashboard_kinds import SALT, _releases
+
+# one device per kind, each over three hourly windows; every kind but dbits has over MIN_BYTES of counters
+DEVICES: dict[str, dict[str, Any]] = {
+    "k-cs": {"kind": "cs", "d": 4, "w": 256},
+    "k-cms": {"kind": "cms", "d": 4, "w": 256},
+    "k-tree": {"kind": "cs", "d": 3, "w": 128, "mode": "tree", "epoch_s": 1800, "levels": 2},
+    "k-dcs": {"kind": "dcs", "b": 6, "map": [1, 1, 0], "d": 3, "w": 16},
+    "k-strhh": {"kind": "strhh", "len": 4, "d": 3, "w": 64},
+    "k-dbits": {"kind": "dbits", "d": 6, "w": 64, "mechanism": "dlap", "budget": "1"},
+}
+
+
+def _events(kind: str, win: int) -> list[Any]:
+    if kind == "dcs":
+        return [(i * 7 + win) % 50 for i in range(400)]
+    return ["item-%d" % ((i * i + win) % 97 % (1 + i % 40)) for i in range(600)]
+
+
+@pytest.fixture(scope="module")
+def sent() -> dict[str, list[bytes]]:
+    return {dev: _releases(dict(cfg, device=dev), [_events(cfg["kind"], k) for k in range(3)])
+            for dev, cfg in DEVICES.items()}
+
+
+def _raw(payload: bytes, ctr_off: int, n: int) -> bytes:
+    return payload
+
+
+def fill(st: Any, sent: dict[str, list[bytes]], monkeypatch: pytest.MonkeyPatch,
+         encoded: Callable[[int], bool]) -> None:
+    """Store every release, the i-th (over all devices) encoded if ``encoded(i)``, else raw."""
+    i = 0
+    for dev, raws in sent.items():
+        for raw in raws:
+            monkeypatch.setattr(payloadcodec, "encode", _ENCODE if encoded(i) else _raw)
+            rel = decode(raw, "pansketch/%s/release" % dev)
+            st.commit_group([Pending(rel.payload, None, 1.0e9 + i, rel=rel, device=dev)])
+            assert st.release_count() == i + 1
+            i += 1
+    monkeypatch.setattr(payloadcodec, "encode", _ENCODE)
+
+
+_ENCODE = payloadcodec.encode
+
+
+def answers(st: Any) -> list[Any]:
+    """Everything a query reads from the payloads, as bytes and reprs: payloads, per-device merges
+    (raw releases), fleet-wide merges (roll-ups), frequency answers, roll-up sums."""
+    out: list[Any] = []
+    for r in st.releases(with_payload=True):
+        assert r.payload is not None and hashlib.sha256(r.payload).hexdigest() == st._q(
+            "SELECT sha256 FROM releases WHERE device = ? AND elo = ? AND ehi = ? AND part = ?",
+            (r.device, r.elo, r.ehi, r.part))[0][0]
+        out.append((r.device, r.seq, r.payload, st.payload(r.device, r.elo, r.ehi, r.part)))
+    out.append([c.tobytes() for c in st.iter_counters()])
+    for dev in sorted({r.device for r in st.releases()}):
+        m, _ = query.select_merged(st, device=dev, use_rollups=False)
+        out.append((dev, m.counters.tobytes(), m.releases, repr(m.noise), m.t0, m.t1))
+    for kind in ("cs", "cms"):
+        try:
+            out.append(repr(query.freq(st, ["item-1", "item-3"], salt=SALT, device="k-" + kind)))
+        except query.QueryError as exc:  # the device was purged
+            out.append(str(exc))
+    ids = [r.id for r in st.rollups()]
+    out.append([s.tobytes() for s in st.rollup_sums(ids)])
+    return out
+
+
+def test_encoded_store_answers_as_the_raw_one_and_a_mixed_one(tmp_path, sent, monkeypatch):
+    stores = {name: Store(str(tmp_path / ("%s.db" % name))) for name in ("encoded", "raw", "mixed")}
+    fill(stores["encoded"], sent, monkeypatch, lambda i: True)
+    fill(stores["raw"], sent, monkeypatch, lambda i: False)
+    fill(stores["mixed"], sent, monkeypatch, lambda i: i % 2 == 1)
+    # the encoded store holds every payload but dbits' compressed, each smaller than sent; the raw one as sent
+    rows = stores["encoded"]._q("SELECT device, payload FROM releases")
+    for dev, blob in rows:
+        if dev == "k-dbits":
+            assert 0xa0 <= blob[0] <= 0xbf  # a CBOR map: stored as sent
+        else:
+            assert bytes(blob[:2]) == payloadcodec.MAGIC
+    enc = sum(len(b) for _, b in rows)
+    raw = sum(len(b) for _, b in stores["raw"]._q("SELECT device, payload FROM releases"))
+    assert raw == sum(len(x) for xs in sent.values() for x in xs) and enc < raw / 2
+    base = answers(stores["raw"])
+    assert answers(stores["encoded"]) == base and answers(stores["mixed"]) == base
+    # a purge subtracts the device's counters from the roll-ups exactly, from either encoding
+    for st in stores.values():
+        rep = purge(st, "k-cs")
+        assert rep.releases == 3
+    base = answers(stores["raw"])
+    assert answers(stores["encoded"]) == base and answers(stores["mixed"]) == base
+    # a roll-up rebuild (OPERATIONS.md: delete meta 'rollups', reopen for writing) reads both encodings
+    for name, st in stores.items():
+        st.db.execute("DELETE FROM meta WHERE key = 'rollups'")
+        st.db.commit()
+        st.close()
+        stores[name] = Store(str(tmp_path / ("%s.db" % name)))
+    assert answers(stores["encoded"]) == answers(stores["raw"]) == answers(stores["mixed"])
+    for st in stores.values():
+        st.close()
+
+
+def test_codec_round_trips_exactly_and_refuses_damage(sent):
+    for raws in sent.values():
+        for raw in raws:
+            rel = decode(raw)
+            r, c = rel.shape
+            blob = payloadcodec.encode(raw, rel.ctr_off, r * c)
+            assert payloadcodec.decode(blob) == raw
+            assert (blob == raw) == (4 * r * c < payloadcodec.MIN_BYTES)
+    assert payloadcodec.decode(b"") == b""  # pruned by retention
+    # extreme counters (the wrap mod 2^32 of a sum) and every plane width come back exactly
+    rel = decode(sent["k-cs"][0])
+    n = rel.shape[0] * rel.shape[1]
+    for vals in (np.full(n, -2**31), np.arange(n) * 524309 - 2**31, np.zeros(n), np.arange(n) % 300 - 150):
+        ctr = vals.astype("<i4").tobytes()
+        raw = rel.payload[:rel.ctr_off] + ctr + rel.payload[rel.ctr_off + 4 * n:]
+        assert payloadcodec.decode(payloadcodec.encode(raw, rel.ctr_off, n)) == raw
+    blob = payloadcodec.encode(sent["k-cs"][0], rel.ctr_off, n)
+    mid = len(blob) // 2
+    for bad, msg in ((b"\x00\x07" + blob[2:], "unknown encoding"), (blob[:40], "does not decompress"),
+                     (blob[:2] + bytes([blob[2] ^ 0x40]) + blob[3:], "header fails its checksum"),
+                     (blob[:mid] + bytes([blob[mid] ^ 0x01]) + blob[mid + 1:], "does not decompress")):
+        with pytest.raises(payloadcodec.PayloadError, match=msg):
+            payloadcodec.decode(bad)
