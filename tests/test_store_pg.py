@@ -596,3 +596,30 @@ def test_concurrent_set_based_groups_classify_each_key_once(dsn):
             else:
                 assert (status, code) == ("rejected", "conflict"), (key, status, code)
         assert set(seen) == set(stored) and set(seen.values()) == {1}
+
+
+def test_compressed_payloads_answer_as_raw_ones_on_postgresql(server, monkeypatch):
+    """As tests/test_store_compress.py on SQLite: encoded, raw and mixed stores of releases of every kind
+    give identical payloads, merges, roll-ups and answers, also after a purge."""
+    from pansketch.host_tools.store import payloadcodec
+    from pansketch.host_tools.store.exclusions import purge
+    from tests.test_store_compress import DEVICES, _events, answers, fill
+    from tests.support.dashboard_kinds import _releases
+
+    sent = {dev: _releases(dict(cfg, device=dev), [_events(cfg["kind"], k) for k in range(2)])
+            for dev, cfg in DEVICES.items()}
+    stores = {name: open_store(server.create_database("c%d" % next(_N))) for name in ("encoded", "raw", "mixed")}
+    try:
+        for name, pick in (("encoded", lambda i: True), ("raw", lambda i: False), ("mixed", lambda i: i % 2 == 1)):
+            fill(stores[name], sent, monkeypatch, pick)
+        blobs = [bytes(b) for d, b in stores["encoded"]._q("SELECT device, payload FROM releases") if d != "k-dbits"]
+        assert blobs and all(b[:2] == payloadcodec.MAGIC for b in blobs)
+        base = answers(stores["raw"])
+        assert answers(stores["encoded"]) == base and answers(stores["mixed"]) == base
+        for st in stores.values():
+            assert purge(st, "k-cms").releases == 2
+        base = answers(stores["raw"])
+        assert answers(stores["encoded"]) == base and answers(stores["mixed"]) == base
+    finally:
+        for st in stores.values():
+            st.close()
