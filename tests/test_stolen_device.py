@@ -6,7 +6,8 @@ of forged releases in docs/HOST.md "Bounded influence, flagged devices, removing
 
 * over the bound (``[fleet] max_events_per_window`` = 100,000): quarantined, never merged, in
   ``pansketch status`` with code ``bound``, and refused in mal-1's acknowledgement;
-* inside it: stored, flagged in ``status`` for that device and window, and the fleet answer moves by
+* inside it: stored, flagged in ``status`` for that device and window (dbits too: a shape no distinct
+  count gives, and 100,000 distinct items against a fleet of 200 each), and the fleet answer moves by
   at most what a device that saw 100,000 events could move it (the documented bound);
 * the honest devices are never refused nor flagged; ``--exclude-device mal-1`` gives the honest answer.
 """
@@ -144,9 +145,17 @@ def fleet(tmp_path_factory: Any) -> dict[str, Any]:
     st0 = _record("strhh", MAL["strhh"], [["zzzz%02d" % (j % 4) for j in range(10000)], list(WORDS) * 2500,
                                           _events("strhh", 99, 2)], root)
     mal["strhh"] = [st0[0], _scaled(st0[1], "strhh", -1), st0[2]]
-    # dbits: every bit set (over)
-    db0 = _record("dbits", MAL["dbits"], [_events("dbits", 99, k) for k in range(WINDOWS)], root)
-    mal["dbits"] = [_scaled(db0[0], "dbits", 0, lambda c: c + 256), db0[1], db0[2]]
+    # dbits: every bit set (over); the deepest three levels at 190 of 256 one-bits over an honest release
+    # (inside: a shape no distinct count gives); 100,000 really recorded distinct badges (inside: the limit)
+    db0 = _record("dbits", MAL["dbits"], [_events("dbits", 99, 0), _events("dbits", 99, 1),
+                                          ["mal-badge-%d" % x for x in range(N)]], root)
+
+    def deep(c: np.ndarray) -> np.ndarray:
+        c = c.reshape(-1)
+        c[7:] = 190
+        return c
+
+    mal["dbits"] = [_scaled(db0[0], "dbits", 0, lambda c: c + 256), _scaled(db0[1], "dbits", 1, deep), db0[2]]
     b = start_mosquitto(tmp)
     conf = host_toml(str(tmp / "host.toml"), b.port, str(tmp / "host.db"), client_id="stolen-host")
     agg = AggregatorThread(conf)
@@ -188,7 +197,7 @@ def _status(conf: str) -> dict[str, Any]:
 
 
 OVER = {("cs", 0), ("cs", 2), ("dcs", 0), ("dcs", 2), ("dbits", 0)}
-INSIDE = {("cs", 1), ("dcs", 1), ("strhh", 0), ("strhh", 1)}
+INSIDE = {("cs", 1), ("dcs", 1), ("strhh", 0), ("strhh", 1), ("dbits", 1), ("dbits", 2)}
 
 
 def test_over_the_bound_is_quarantined_and_refused_in_the_ack(fleet):
@@ -245,8 +254,16 @@ def test_answers_move_at_most_the_bound_and_exclusion_restores_them(fleet, capsy
                       "--exclude-device", MAL["dcs"])
     clean = json.loads(text.splitlines()[0])
     rows.append("dcs window 1 median: %s -> %s" % (clean["reading"], med["reading"]))
-    code, text = _cli("query", "--config", conf, "distinct", "--window", str(w0), "--json")
-    assert code == 0
-    rows.append("dbits window 0 distinct: %s" % text.strip()[:200])
+    for k in (1, 2):  # inside the bound: the distinct answer moves by at most the forged release's estimate
+        code, text = _cli("query", "--config", conf, "distinct", "--window", str(w0 + k), "--json")
+        assert code == 0, text
+        after = json.loads(text.splitlines()[0])
+        code, text = _cli("query", "--config", conf, "distinct", "--window", str(w0 + k), "--json",
+                          "--exclude-device", MAL["dbits"])
+        assert code == 0, text
+        before = json.loads(text.splitlines()[0])
+        rows.append("dbits window %d distinct: %s -> %s" % (k, before["estimate"], after["estimate"]))
+        assert before["estimate"] < 2 * 200 * HONEST  # the honest fleet: 2,000 badges (sd ~220)
+        assert after["estimate"] > before["estimate"]
     with capsys.disabled():
         print("\n" + "\n".join(rows))

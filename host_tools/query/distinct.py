@@ -98,16 +98,13 @@ def _u_to_d(u: np.ndarray) -> np.ndarray:
     return np.sign(u) * np.expm1(np.abs(u) * math.log(2.0))
 
 
-def _loglik(c: np.ndarray, D: np.ndarray, m: int, p: float, out_var: float) -> np.ndarray:
-    """log-likelihood of per-level counts c (n, 1, K) at D (n, G, 1) -> (n, G): each level's count
-    is normal with the device's mean and variance (balls in bins with Binomial(D, P_k) items:
-    occupied buckets, Bern(p) / Bern(1/2) bits, discrete Laplace output noise). The mean is
-    continued to D < 0 (the variances at |D|), so the maximum has no mass piled up at D = 0 and
-    the estimate's sampling distribution is continuous there (Neyman intervals then cover at the
-    nominal rate at small D too, not above it)."""
-    K = c.shape[-1]
-    P = level_probs(K)[None, None, :]
-    with np.errstate(over="ignore", invalid="ignore"):  # D far beyond the sketch (either sign): -inf, never the maximum
+def level_moments(D: np.ndarray, K: int, m: int, p: float, out_var: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, variance) of each level's count at D distinct items (shapes broadcast with D[..., None]
+    against the K levels): balls in bins with Binomial(D, P_k) items, occupied buckets Bern(p), the
+    others Bern(1/2), plus the output noise's variance. The mean is continued to D < 0 (the
+    variances at |D|): see :func:`_loglik`."""
+    P = level_probs(K)
+    with np.errstate(over="ignore", invalid="ignore"):
         lam = D * P / m
         la = np.abs(lam)
         e = np.exp(-la)
@@ -116,6 +113,17 @@ def _loglik(c: np.ndarray, D: np.ndarray, m: int, p: float, out_var: float) -> n
         var_occ = m * e * (1.0 - (1.0 + la) * e) + e * e * np.abs(D) * P * (1.0 - P)
         mu = m / 2.0 + (p - 0.5) * occ
         var = occa * p * (1.0 - p) + (m - occa) / 4.0 + (p - 0.5) ** 2 * var_occ + out_var
+    return mu, var
+
+
+def _loglik(c: np.ndarray, D: np.ndarray, m: int, p: float, out_var: float) -> np.ndarray:
+    """log-likelihood of per-level counts c (n, 1, K) at D (n, G, 1) -> (n, G): each level's count
+    is normal with the device's mean and variance (:func:`level_moments`). The mean is
+    continued to D < 0 (the variances at |D|), so the maximum has no mass piled up at D = 0 and
+    the estimate's sampling distribution is continuous there (Neyman intervals then cover at the
+    nominal rate at small D too, not above it)."""
+    mu, var = level_moments(D, c.shape[-1], m, p, out_var)
+    with np.errstate(over="ignore", invalid="ignore"):  # D far beyond the sketch (either sign): -inf, never the maximum
         ll = -0.5 * (((c - mu) ** 2) / var + np.log(var)).sum(axis=-1)
     return np.where(np.isnan(ll), -np.inf, ll)
 

@@ -35,7 +35,9 @@ own) are flagged too: a flag is a prompt to look (``pansketch status``, the
 dashboard), not a verdict; ``pansketch device exclude`` is the operator's.
 
 Kind dbits releases one count per level (no item structure to compare): its
-releases are held to the bound only. Tree-mode devices are compared by the
+devices are judged by pansketch.host_tools.query.dbitsflag (levels no number of
+distinct items explains, an estimate beyond the contribution limit, or beyond
+100x the others' median), into the same :class:`Flag`. Tree-mode devices are compared by the
 nodes that cover the window (pansketch.host_tools.query.core.cover).
 """
 
@@ -190,6 +192,7 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = (),
     ``max_events(kind)``: the fleet's contribution limit (default: [fleet]'s default), for the
     window total of keep-mode devices."""
     from pansketch.host_tools.hostconfig import DEFAULT_MAX_EVENTS
+    from pansketch.host_tools.query import dbitsflag
     from pansketch.host_tools.store import bounds
 
     if max_events is None:
@@ -198,12 +201,15 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = (),
 
     ex = set(exclude)
     rels = [r for r in store.releases(window=win, win_s=win_s, with_payload=True)
-            if r.device not in ex and r.kind != "dbits" and r.payload]
+            if r.device not in ex and r.payload]
     groups: dict[tuple[Any, ...], dict[str, list[Any]]] = {}
     for r in rels:
         groups.setdefault(r.group, {}).setdefault(r.device, []).append(r)
     out: list[Flag] = []
     for g, by_dev in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+        if g[0] == "dbits":  # one count per level, no item mix: pansketch.host_tools.query.dbitsflag's tests
+            out += dbitsflag.compare(by_dev, max_events("dbits"), win_s, win)
+            continue
         devs: dict[str, tuple[np.ndarray, list[NoiseTerm]]] = {}
         for dev, rs in by_dev.items():
             # keep mode: each epoch release passed the bound alone; their sum must too (the limit is per window)
