@@ -31,8 +31,9 @@
   same query with ``use_rollups=False``), in-process median times, and the
   ``pansketch query`` CLI process (wall time and peak RSS) for both.
 
-The counters are random int32 values, not noise drawn by pansketch.agent.noise: they
-are benchmark payloads of the right size and format, not private data.
+The counters are those of a few real releases (the device core with its noise, 30,000
+Zipf events per window; :func:`real_counters`), the cells of each release shuffled: the
+store compresses payloads, so what they hold matters to its bytes and CPU.
 Figures are written as JSON to ``--out``. Needs mosquitto for the ingest
 part (skipped with a note otherwise).
 
@@ -67,14 +68,28 @@ SALT = "bench-fleet-salt"
 EPOCH0 = 1_700_000_000 // 3600
 
 
+def real_counters(d: int, w: int, windows: int = 4, events: int = 30_000) -> list[np.ndarray]:
+    """The counters of ``windows`` hourly cs releases of one device made by the device core (real noise,
+    ``events`` Zipf events per window: pansketch.host_tools.bench.storage)."""
+    from pansketch.host_tools.bench import storage
+    from pansketch.host_tools.ingest.decode import decode
+
+    raws = storage.real_releases("cs", windows, events, {"kind": "cs", "d": d, "w": w})
+    return [decode(raw).counters().ravel().copy() for raw in raws]
+
+
 def make_releases(devices: int, per_device: int, d: int = 4, w: int = 1024, seed: int = 1) -> list[tuple[str, bytes]]:
+    """Releases whose counters are those of real ones (:func:`real_counters`), the cells of each
+    shuffled: the store compresses payloads (pansketch.host_tools.store.payloadcodec), so their bytes
+    and CPU depend on the counters' distribution, which a shuffle keeps."""
     rng = np.random.default_rng(seed)
+    base = real_counters(d, w)
     out = []
     for dv in range(devices):
         p = Params({"device": "bench-%03d" % dv, "salt": SALT, "kind": "cs", "d": d, "w": w})
         for k in range(per_device):
             ctr = array.array("i")
-            ctr.frombytes(rng.integers(-60, 60, d * w, dtype=np.int32).astype("<i4").tobytes())
+            ctr.frombytes(rng.permutation(base[(dv + k) % len(base)]).astype("<i4").tobytes())
             out.append(("pansketch/%s/release" % p.device, release.encode(p, k, EPOCH0 + k, EPOCH0 + k + 1, 0, ctr)))
     return out
 

@@ -64,13 +64,14 @@ def _events(kind: str, i: int, n: int) -> list[Any]:
     return zipf_items(n, seed=i + 1)  # type: ignore[return-value]
 
 
-def real_releases(kind: str, windows: int, events: int = 30_000) -> list[bytes]:
-    """``windows`` windows' releases of one device of ``kind`` (KINDS), by the device core."""
+def real_releases(kind: str, windows: int, events: int = 30_000, cfg: Optional[dict[str, Any]] = None) -> list[bytes]:
+    """``windows`` windows' releases of one device of ``kind`` (parameters ``cfg``, default KINDS[kind]),
+    by the device core."""
     from pansketch.agent.params import Params
     from pansketch.agent.recorders import make_recorder
     from pansketch.agent.rng import DeterministicSource, Rng
 
-    p = Params(dict(KINDS[kind], salt=SALT, device=DEV))
+    p = Params(dict(KINDS[kind] if cfg is None else cfg, salt=SALT, device=DEV))
     n = events // 10 if kind == "tree" else events
     with tempfile.TemporaryDirectory() as tmp:
         rec = make_recorder(p, tmp, T0, rng=Rng(DeterministicSource(("bench-storage-" + kind).encode())),
@@ -234,6 +235,68 @@ def write_ab(raws: list[bytes], devices: int, rounds: int, tmp: str) -> dict[str
             "file_bytes_per_release": {m: round(v, 1) for m, v in size.items()}}
 
 
+def _server_cpu(data_dir: str) -> float:
+    """CPU seconds of a PostgreSQL server so far: its postmaster and every process it started."""
+    from pansketch.host_tools.bench.host import _cpu_s
+
+    with open(os.path.join(data_dir, "postmaster.pid")) as f:
+        pm = int(f.readline())
+    total = _cpu_s(pm)
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pm:
+                total += _cpu_s(int(d))
+    return total
+
+
+def write_ab_pg(raws: list[bytes], devices: int, rounds: int) -> dict[str, Any]:
+    """As :func:`write_ab` on PostgreSQL (a server started for it, fsync off): this process's CPU and the
+    server's (its sessions and background processes) per release, and the releases table's bytes
+    (heap, TOAST, indexes: pg_total_relation_size) per release."""
+    from pansketch.host_tools.store import pgserver
+    from pansketch.host_tools.store.pg import PgStore
+
+    enc = payloadcodec.encode
+    cpu: dict[str, list[float]] = {"encoded": [], "raw": []}
+    srv_cpu: dict[str, list[float]] = {"encoded": [], "raw": []}
+    size: dict[str, float] = {}
+    n = 0
+    srv = pgserver.PgServer.start()
+    try:
+        for r in range(rounds):
+            for mode in (("encoded", "raw") if r % 2 == 0 else ("raw", "encoded")):
+                groups = _fleet(raws, devices)
+                n = sum(len(g) for g in groups)
+                st = PgStore(srv.create_database("ab_%s_%d" % (mode, r)))
+                payloadcodec.encode = enc if mode == "encoded" else (lambda p, o, k: p)  # type: ignore[assignment]
+                try:
+                    t, ts = _cpu(), _server_cpu(srv.data)
+                    for g in groups:
+                        st.commit_group(g)
+                    cpu[mode].append((_cpu() - t) / n * 1e6)
+                    srv_cpu[mode].append((_server_cpu(srv.data) - ts) / n * 1e6)
+                finally:
+                    payloadcodec.encode = enc  # type: ignore[assignment]
+                size[mode] = float(st._q("SELECT pg_total_relation_size('releases')")[0][0]) / n
+                st.close()
+    finally:
+        srv.stop()
+    med = {m: float(np.median(v)) for m, v in cpu.items()}
+    smed = {m: float(np.median(v)) for m, v in srv_cpu.items()}
+    return {"releases": n, "rounds": rounds,
+            "cpu_us_per_release": {m: [round(x, 1) for x in v] for m, v in cpu.items()},
+            "server_cpu_us_per_release": {m: [round(x, 1) for x in v] for m, v in srv_cpu.items()},
+            "cpu_us_median": {m: round(v, 1) for m, v in med.items()},
+            "server_cpu_us_median": {m: round(v, 1) for m, v in smed.items()},
+            "total_cpu_us_delta": round(med["encoded"] + smed["encoded"] - med["raw"] - smed["raw"], 1),
+            "releases_table_bytes_per_release": {m: round(v, 1) for m, v in size.items()}}
+
+
 def table(rows: list[dict[str, Any]], ab: dict[str, dict[str, Any]]) -> str:
     lines = ["| kind | counters | wire bytes | stored bytes | entropy bound (1.3 H + header) | n H bytes | "
              "stored / H (counters) | encode µs | decode µs | SQLite file bytes per release, raw → encoded | "
@@ -266,6 +329,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--devices", type=int, default=64, help="device ids per release in the write-path A/B")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ab-kinds", default="cs,cms,tree,strhh,dbits", help="kinds of the write-path A/B")
+    ap.add_argument("--pg", action="store_true", help="also the write-path A/B on PostgreSQL (cs)")
     ap.add_argument("--quick", action="store_true", help="no candidate codecs, one round (CI)")
     ap.add_argument("--out", default="bench-results/storage.json")
     a = ap.parse_args(argv)
@@ -278,8 +342,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         for k in a.ab_kinds.split(","):
             if k:
                 ab[k] = write_ab(corpus[k], a.devices, a.rounds, tmp)
+    if a.pg:
+        ab_pg = write_ab_pg(corpus["cs"], a.devices, a.rounds)
+        print("PostgreSQL, cs:", json.dumps(ab_pg))
     res = {"machine_note": "CPU times of a shared 2-core machine (process CPU, not wall time)",
            "load_avg": os.getloadavg(), "kinds": rows, "write_ab": ab}
+    if a.pg:
+        res["write_ab_postgresql_cs"] = ab_pg
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
