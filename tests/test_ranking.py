@@ -24,6 +24,7 @@ def _prec(est, k):
     return len(set(range(k)) & set(np.argsort(-est, kind="stable")[:k].tolist())) / k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("salt", ["rank-a", "rank-b", "rank-c"])
 def test_refit_ranks_the_true_top_50(vocab, salt):
     """d = 4 at w = 512 for a quarter of the data (the default w = 1024 for all of it): the medians

@@ -30,6 +30,7 @@ def test_dp_linear_tiny(tmp_path: Path):
         assert max(s["dcs_%s_max_err" % sname].values()) < 0.01 * n
 
 
+@pytest.mark.slow
 def test_intermittent_tiny(tmp_path: Path):
     r = intermittent.run("tiny", tmp_path, seed=1)
     assert (tmp_path / "fig3_nq.png").exists() and (tmp_path / "fig4_u.png").exists()
@@ -38,6 +39,7 @@ def test_intermittent_tiny(tmp_path: Path):
     assert s["error_by_u"][5000] > s["error_by_u"][50]  # Fig. 4: larger pool, larger error
 
 
+@pytest.mark.slow
 def test_lazy_tiny(tmp_path: Path):
     r = lazy.run("tiny", tmp_path, seed=1)
     assert (tmp_path / "fig4.png").exists()
@@ -57,6 +59,7 @@ def test_lazy_tiny(tmp_path: Path):
     assert r["vectorised"]["identical_state"]
 
 
+@pytest.mark.slow
 def test_panprivate_tiny(tmp_path: Path):
     r = panprivate.run("tiny", tmp_path, seed=1)
     assert (tmp_path / "distinct.png").exists() and (tmp_path / "hh_count.png").exists()
@@ -65,6 +68,7 @@ def test_panprivate_tiny(tmp_path: Path):
     assert s["hh_within_thm12_min"] >= 0.9
 
 
+@pytest.mark.slow
 def test_cli_repro(tmp_path: Path, capsys):
     assert cli.main(["repro", "dp-linear", "--scale", "tiny", "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "dp_linear.md").exists()
