@@ -24,15 +24,13 @@ from pansketch.agent.rng import DeterministicSource
 from pansketch.host_tools import cli as host_cli
 from pansketch.host_tools.audit import device, engine, model, report, scenarios, stats
 from tests.support import audit_controls
+from tests.support.sketches import params_with
 
 CFG = {"device": "audit", "salt": "audit-salt-1", "kind": "cms", "d": 2, "w": 4, "mode": "window",
        "window_s": 600, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
 
 
-def params(**kw: object) -> Params:
-    c = dict(CFG)
-    c.update(kw)
-    return Params({k: v for k, v in c.items() if v is not None})  # window_s=None: derived (tree mode)
+params = params_with(CFG)
 
 
 # -- statistics ----------------------------------------------------------------------
@@ -295,7 +293,9 @@ def test_scale_halved_is_flagged_for_dgauss_too() -> None:
     assert r.flagged and r.eps_claimed == pytest.approx(4.728, abs=1e-3), r
 
 
-@pytest.mark.parametrize("kind", sorted(audit_controls.KIND_CFGS))
+# dbits runs every trial for real and tree has the most cells: the slow tier (cs, cms, dcs and strhh stay quick)
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in ("dbits", "tree") else k
+                                  for k in sorted(audit_controls.KIND_CFGS)])
 def test_halved_noise_scale_is_flagged_for_every_kind(kind: str) -> None:
     """A 2x calibration error (noise scale halved: true eps twice the claim) is flagged in every kind
     and the sound core is not, at CI size: 2e4 trials on the model path, where the pooled per-cell

@@ -24,14 +24,13 @@ from pansketch.host_tools.query import estimators
 from pansketch.host_tools.query import core as query
 from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.query.merge import Merged, NoiseTerm, noise_variance
-from tests.support.host import SALT, host_cfg, params as _params, record, topic, zipf_stream
+from tests.support.host import PARAMS, SALT, host_cfg, record, topic, zipf_stream
+from tests.support.sketches import params_with
 
 
-def params(device: str = "dev-a", **kw):
-    """These tests count the refresh scheme's draws (one per persist); the shadow scheme's
-    releases (nz = 2, nint at 2L arrays) have their own coverage config below."""
-    kw.setdefault("persist_noise", "refresh")
-    return _params(device, **kw)
+# These tests count the refresh scheme's draws (one per persist); the shadow scheme's
+# releases (nz = 2, nint at 2L arrays) have their own coverage config below.
+params = params_with(dict(PARAMS, persist_noise="refresh"))
 
 
 # -- noise distributions -------------------------------------------------------

@@ -40,10 +40,9 @@ from pansketch.agent.noise import NoiseSpec
 from pansketch.agent.params import Params
 from pansketch.agent.recorder import Recorder
 from pansketch.agent.rng import DeterministicSource, NoEntropyError, Rng
-from pansketch.agent.dcs import DyadicSketch
-from pansketch.agent.sketch import Sketch, new_counters
 from tests.support import intruder_scenario as scen
 from tests.support import mpvm
+from tests.support.sketches import exact_array as exact, params_with
 
 T0 = scen.T0
 Q = math.exp(-1 / 8)
@@ -72,20 +71,7 @@ DCS_ATTRS = {"kind", "b", "d", "w", "clip", "levels", "map", "exact", "prefixes"
 RNG_ATTRS = {"_buf": "scratch", "_zero": "zeros", "_pos": "public", "_fresh": "public"}
 
 
-def params(**kw):
-    cfg = dict(scen.CFG)
-    cfg.update(kw)
-    return Params(cfg)
-
-
-def exact(p: Params, events: list[str]) -> np.ndarray:
-    if p.kind == "dcs":
-        s = DyadicSketch(p.b, p.d, p.w, hashing.salt_prefix(p.salt), p.clip, p.map, new_counters(p.cells))
-    else:
-        s = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
-    for x in events:
-        s.update(x)
-    return np.array(s.counters, dtype=np.int64)
+params = params_with(scen.CFG)
 
 
 def flash_counters(rec: Recorder) -> np.ndarray:

@@ -18,23 +18,20 @@ import math
 import cbor2
 import pytest
 
-from pansketch.agent import calibrate, hashing, storage
+from pansketch.agent import calibrate, storage
 from pansketch.agent.noise import wrap32
 from pansketch.agent.params import ParamError, Params
 from pansketch.agent.recorder import Recorder
 from pansketch.agent.rng import DeterministicSource, Rng
-from pansketch.agent.sketch import Sketch
+from tests.support.sketches import exact, params_with
 
 T0 = 200_000 * 3600
 HOUR = 3600
 
 
-def params(**kw):
-    cfg = {"device": "dev-s", "salt": "fleet-salt-1", "kind": "cs", "d": 3, "w": 16, "mode": "window",
-           "window_s": HOUR, "mechanism": "dgauss", "budget": "1/2", "persist_s": 600,
-           "persist_noise": "shadow"}
-    cfg.update(kw)
-    return Params(cfg)
+params = params_with({"device": "dev-s", "salt": "fleet-salt-1", "kind": "cs", "d": 3, "w": 16, "mode": "window",
+                     "window_s": HOUR, "mechanism": "dgauss", "budget": "1/2", "persist_s": 600,
+                     "persist_noise": "shadow"})
 
 
 class Replay:
@@ -45,13 +42,6 @@ class Replay:
 
     def take(self, n: int, spec) -> list[int]:
         return [spec.sample(self.rng) for _ in range(n)]
-
-
-def exact(p: Params, events: list[str]) -> list[int]:
-    s = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
-    for x in events:
-        s.update(x)
-    return list(s.counters)
 
 
 def vec(*parts: list[int], signs: tuple[int, ...] = ()) -> list[int]:

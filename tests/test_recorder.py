@@ -13,33 +13,24 @@ import cbor2
 import pytest
 
 from pansketch.agent import hashing, storage
-from pansketch.agent.params import Params, ParamError
+from pansketch.agent.params import ParamError
 from pansketch.agent.recorder import Recorder
 from pansketch.agent.rng import DeterministicSource, Rng
 from pansketch.agent.sketch import Sketch
+from tests.support.sketches import exact, params_with
 
 EP = 600
 T0 = 200_000 * 3600  # a window (and epoch) boundary
 
 
-def params(**kw):
-    cfg = {"device": "dev-1", "salt": "fleet-salt-1", "kind": "cs", "d": 4, "w": 64,
-           "mode": "keep", "window_s": 3600, "epoch_s": EP, "mechanism": "dgauss", "budget": "1/2"}
-    cfg.update(kw)
-    return Params(cfg)
+params = params_with({"device": "dev-1", "salt": "fleet-salt-1", "kind": "cs", "d": 4, "w": 64,
+                     "mode": "keep", "window_s": 3600, "epoch_s": EP, "mechanism": "dgauss", "budget": "1/2"})
 
 
 def draws(seed, n, spec, skip=0):
     rng = Rng(DeterministicSource(seed))
     out = [spec.sample(rng) for _ in range(skip + n)]
     return out[skip:]
-
-
-def exact(p, events):
-    s = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
-    for x in events:
-        s.update(x)
-    return list(s.counters)
 
 
 def releases(root):

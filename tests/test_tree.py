@@ -8,25 +8,21 @@ import cbor2
 import numpy as np
 import pytest
 
-from pansketch.agent import calibrate, hashing, storage
-from pansketch.agent.params import Params
+from pansketch.agent import calibrate, storage
 from pansketch.agent.recorders import make
 from pansketch.agent.rng import DeterministicSource, Rng
-from pansketch.agent.sketch import Sketch
 from pansketch.agent.tree import TreeRecorder
 from pansketch.host_tools.store import ledger
 from pansketch.host_tools.ingest.decode import Rejected, decode
+from tests.support.sketches import exact_array as exact, params_with
 
 T0 = 200_000 * 3600  # epoch T0 // 60 is a multiple of 2**8
 EP = 60
 E0 = T0 // EP
 
 
-def params(**kw):
-    cfg = {"device": "dev-t", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 64, "mode": "tree",
-           "levels": 4, "epoch_s": EP, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400}
-    cfg.update(kw)
-    return Params(cfg)
+params = params_with({"device": "dev-t", "salt": "fleet-salt-1", "kind": "cms", "d": 4, "w": 64, "mode": "tree",
+                     "levels": 4, "epoch_s": EP, "mechanism": "dlap", "budget": "1/2", "persist_s": 86400})
 
 
 def quiet(_m):
@@ -36,13 +32,6 @@ def quiet(_m):
 def outbox(root):
     ob = storage.Outbox(str(root))
     return [ob.read(s) for s in ob.pending()]
-
-
-def exact(p, events):
-    s = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
-    for x in events:
-        s.update(x)
-    return np.array(s.counters, dtype=np.int64)
 
 
 def events_of(epoch):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import array
 import numpy as np
 from pansketch.agent import release
-from pansketch.agent.params import Params
 from pansketch.host_tools.query.dyadic import exact_counters
+from tests.support.sketches import params_with
 
 
 SALT = "fleet-salt-1"
@@ -15,10 +15,7 @@ SALT = "fleet-salt-1"
 T0 = 200_000 * 3600
 
 
-def params(dev="pi-1", **kw):
-    cfg = {"device": dev, "salt": SALT, "kind": "dcs", "b": 8, "map": [1, 1, 0], "d": 3, "w": 16}
-    cfg.update(kw)
-    return Params(cfg)
+params = params_with({"device": "pi-1", "salt": SALT, "kind": "dcs", "b": 8, "map": [1, 1, 0], "d": 3, "w": 16})
 
 
 def payload(p, values, seq=0, epoch=T0 // 3600, part=0, noise=None):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pansketch.agent import hashing
+from array import array
+
 from pansketch.agent.params import Params
-from pansketch.agent.sketch import Sketch
+from tests.support.sketches import exact
 
 
 ZERO = {"budget": "100000"}  # noise is exactly 0 with overwhelming probability (and with the fixed seed)
@@ -18,9 +19,4 @@ def params(cfg: dict) -> Params:
 
 def expected_ctr(cfg: dict, events: list) -> bytes:
     """Exact counters (no noise) for events [(item, weight)] or [item]."""
-    p = params(cfg)
-    sk = Sketch(p.kind, p.d, p.w, hashing.salt_prefix(p.salt), p.clip)
-    for e in events:
-        item, w = e if isinstance(e, tuple) else (e, 1)
-        sk.update(item, w)
-    return sk.counters.tobytes()
+    return array("i", exact(params(cfg), events)).tobytes()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from array import array
 import cbor2
-from pansketch.agent import hashing
-from pansketch.agent.sketch import Sketch
+from pansketch.agent.params import Params
+from tests.support import sketches
 from tests.support import unixvm as U
 
 
@@ -13,10 +13,8 @@ ZERO = "100000"  # sigma^2 = 4 / 200000: every noise draw is 0 with overwhelming
 
 
 def exact(events: list[str], w: int = 64) -> list[int]:
-    sk = Sketch("cs", 4, w, hashing.salt_prefix(U.SALT))
-    for e in events:
-        sk.update(e)
-    return list(sk.counters)
+    """The Unix-port board's counters (cs, d = 4) after ``events``, without noise."""
+    return sketches.exact(Params({"device": U.DEVICE, "salt": U.SALT, "kind": "cs", "d": 4, "w": w}), events)
 
 
 def summed(payloads: list[bytes]) -> list[int]:

@@ -20,15 +20,14 @@ from pansketch.agent.params import Params
 from pansketch.agent.recorder import Recorder
 from pansketch.agent.rng import DeterministicSource, Rng
 from pansketch.host_tools import hostconfig
+from tests.support.sketches import params_with
 
 SALT = "host-tests-fleet-salt"
 T0 = 1_700_000_000 // 3600 * 3600  # an hour boundary
 
 
-def params(device: str = "dev-a", **kw: Any) -> Params:
-    cfg = {"device": device, "salt": SALT, "kind": "cs", "d": 4, "w": 64, "window_s": 3600}
-    cfg.update(kw)
-    return Params(cfg)
+PARAMS = {"device": "dev-a", "salt": SALT, "kind": "cs", "d": 4, "w": 64, "window_s": 3600}
+params = params_with(PARAMS)  # params("dev-b", w=128): that device, those fields changed
 
 
 def encoded(p: Params, seq: int = 0, elo: Optional[int] = None, part: int = 0, fill: int = 0,
