@@ -76,6 +76,7 @@ def test_cli_repro(tmp_path: Path, capsys):
         cli.main(["repro", "nope"])
 
 
+@pytest.mark.slow
 def test_repro_shows_progress_within_a_paper(tmp_path: Path, capsys):
     """Each paper says which experiment it is in (stderr), so a long run is never silent."""
     assert cli.main(["repro", "panprivate", "--scale", "tiny", "--out", str(tmp_path / "p")]) == 0
