@@ -16,6 +16,7 @@ and ``TYPE_CHECKING`` blocks. Asserted:
   (pansketch.host_tools.cli, pansketch.host_tools.demo) -- see ALLOWED below;
 * every package ``__init__`` has a docstring: its role and what it may import;
 * at most 8 modules directly in host_tools/;
+* the installed code imports nothing of tests/ (but the benchmarks in USES_TESTS);
 * the fake board modules of the two MicroPython VMs are one set: the Unix-port
   board's (tests/mpunix/fakes) are links to tests/mpfakes, beside its own
   ``fakehw`` (the hardware behind them).
@@ -305,6 +306,22 @@ def test_package_inits_say_role_and_imports():
     missing = [str(p.relative_to(ROOT)) for m, p in modules().items()
                if p.name == "__init__.py" and "import" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
     assert not missing, "package __init__ whose docstring does not say what it may import: %s" % missing
+
+
+# The installed code that still drives a test helper (the WebAssembly MicroPython VM under node, the
+# memory-residue scenario): benchmarks, run from a checkout. Nothing else installed imports tests.
+USES_TESTS = {"pansketch.host_tools.bench.core", "pansketch.host_tools.bench.memresidue"}
+
+
+def test_installed_code_does_not_import_the_tests():
+    users = set()
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n == "tests" or n.startswith("tests.") for n in names):
+                users.add(m)
+    assert users <= USES_TESTS, "installed modules importing the tests: %s" % sorted(users - USES_TESTS)
 
 
 def test_few_modules_directly_in_host_tools():

@@ -56,7 +56,7 @@ def _child_cpu() -> float:
 def run(events: int, rounds: int, kind: str = "cs", profile: bool = False) -> dict[str, Any]:
     from pansketch.host_tools.bench.core import zipf_items
     from pansketch.host_tools.localnet import Mosquitto
-    from tests.support.e2e import AggregatorThread, agent_toml, host_toml
+    from pansketch.host_tools.bench.localfleet import AggregatorThread, agent_toml, host_toml
 
     res: dict[str, Any] = {"events": events, "kind": kind, "d": 4, "w": 2048, "rounds": [],
                            "loadavg_at_start": os.getloadavg()}

@@ -42,9 +42,9 @@ import cbor2
 
 from pansketch.agent import cbor, release
 from pansketch.agent.params import Params
+from pansketch.host_tools.bench.localfleet import SALT  # the real agents' fleet salt
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SALT = "e2e-fleet-salt"  # tests/support/e2e.py's fleet salt (the real agents use it)
 T0 = 1_700_000_000 - 1_700_000_000 % 3600
 
 
@@ -174,7 +174,7 @@ def _agent_release(port: int, root: str, device: str, timeout: float = 60) -> tu
     """A real agent (new device) publishes one release; (stored and acknowledged, seconds)."""
     import subprocess
 
-    from tests.support.e2e import agent_cmd, agent_env, agent_toml
+    from pansketch.host_tools.bench.localfleet import agent_cmd, agent_env, agent_toml
 
     cfg = agent_toml(os.path.join(root, device + ".toml"), device, port, os.path.join(root, device))
     t0 = time.monotonic()
@@ -229,7 +229,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     from pansketch.host_tools.ingest import service
     from pansketch.host_tools.store.sqlite import Store
     from pansketch.host_tools.localnet import Mosquitto
-    from tests.support.e2e import host_toml
+    from pansketch.host_tools.bench.localfleet import host_toml
 
     b = Mosquitto(root, conf_extra=shipped_queue_limits())
     db = os.path.join(root, "host.db")
@@ -312,7 +312,7 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     from pansketch.host_tools.ingest import service
     from pansketch.host_tools.store.sqlite import Store
     from pansketch.host_tools.localnet import Mosquitto
-    from tests.support.e2e import agent_cmd, agent_env, agent_toml, host_toml
+    from pansketch.host_tools.bench.localfleet import agent_cmd, agent_env, agent_toml, host_toml
 
     b = Mosquitto(root, conf_extra="max_queued_messages %d\n" % queue)
     db = os.path.join(root, "drop.db")

@@ -7,7 +7,6 @@ the real ``pansketch-agent`` as a subprocess, real paho clients.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,22 +14,11 @@ import threading
 import time
 from typing import Any, Optional
 
+# the agent and host configs, the agent's command line and the aggregator thread are the benchmarks' (re-exported)
+from pansketch.host_tools.bench.localfleet import (  # noqa: F401
+    LIVE, REPO, SALT, AggregatorThread, agent_cmd, agent_env, agent_toml, host_toml)
 from pansketch.host_tools.localnet import wait_until
 from tests.support.broker import free_port, mosquitto_path, needs_mosquitto, start_mosquitto  # noqa: F401  (re-exported)
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SALT = "e2e-fleet-salt"
-
-
-def agent_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("PANSKETCH_INSECURE_SEED", None)
-    return env
-
-
-def agent_cmd(command: str, config: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pansketch.agent.pi.daemon", command, "--config", config, *extra]
 
 
 def run_agent(command: str, config: str, *extra: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -42,44 +30,6 @@ def spawn_agent(command: str, config: str, *extra: str, log: Optional[str] = Non
     out = open(log, "ab") if log else subprocess.DEVNULL
     return subprocess.Popen(agent_cmd(command, config, *extra), stdin=subprocess.PIPE, stdout=out, stderr=out,
                             env=agent_env(), cwd=REPO)
-
-
-def agent_toml(path: str, device: str, port: int, state_dir: str, *, window_s: int = 3600, epoch_s: Optional[int] = None,
-               mode: str = "window", w: int = 256, d: int = 4, kind: str = "cs", budget: str = "1/2",
-               mechanism: str = "dgauss", source: str = 'type = "stdin"', broker_extra: str = "",
-               persist_s: int = 60, sketch_extra: str = "") -> str:
-    text = """
-[broker]
-host = "127.0.0.1"
-port = %d
-reconnect_min_s = 1
-reconnect_max_s = 1
-ack_timeout_s = 2
-%s
-[device]
-id = "%s"
-salt = "%s"
-[sketch]
-kind = "%s"
-d = %d
-w = %d
-%s
-[privacy]
-mode = "%s"
-mechanism = "%s"
-budget = "%s"
-window_s = %d
-%s
-[storage]
-dir = "%s"
-persist_s = %d
-[source]
-%s
-""" % (port, broker_extra, device, SALT, kind, d, w, sketch_extra, mode, mechanism, budget, window_s,
-       "epoch_s = %d" % epoch_s if epoch_s else "", state_dir, persist_s, source)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
 class Capture:
@@ -148,56 +98,6 @@ def stop_process(p: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float 
     if p.poll() is None:
         p.send_signal(sig)
     return p.wait(timeout)
-
-
-def host_toml(path: str, port: int, db: str, *, broker_extra: str = "", fleet_extra: str = "",
-              client_id: str = "aggregator-test") -> str:
-    text = """
-[broker]
-host = "127.0.0.1"
-port = %d
-client_id = "%s"
-reconnect_min_s = 1
-reconnect_max_s = 1
-%s
-[aggregator]
-db = "%s"
-[fleet]
-salt = "%s"
-%s
-""" % (port, client_id, broker_extra, db, SALT, fleet_extra)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-LIVE: list["AggregatorThread"] = []  # started and not stopped yet (tests/conftest.py stops leftovers)
-
-
-class AggregatorThread:
-    """The real aggregator (pansketch.host_tools.ingest.service.run) in a thread, subscribed when constructed."""
-
-    def __init__(self, config_path: str) -> None:
-        from pansketch.host_tools import hostconfig
-        from pansketch.host_tools.ingest import service
-
-        self.cfg = hostconfig.load(config_path)
-        self.stop_ev = threading.Event()
-        self.ready = threading.Event()
-        self.rc: list[int] = []
-        self.thread = threading.Thread(
-            target=lambda: self.rc.append(service.run(self.cfg, stop=self.stop_ev, ready=self.ready)),
-            name="aggregator", daemon=True)
-        self.thread.start()
-        LIVE.append(self)
-        assert self.ready.wait(15), "aggregator did not subscribe"
-
-    def stop(self) -> int:
-        self.stop_ev.set()
-        self.thread.join(15)
-        if self in LIVE:
-            LIVE.remove(self)
-        return self.rc[0] if self.rc else -1
 
 
 def start_host(tmp_path: Any, port: int, name: str = "host") -> "AggregatorThread":
