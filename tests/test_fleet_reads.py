@@ -19,7 +19,7 @@ from pansketch.host_tools.query import fleetview, series as series_mod, status a
 from pansketch.host_tools.store import exclusions, ledger as ledger_mod
 from pansketch.host_tools.store.sqlite import Store
 from tests.support.host_rollups import _fill
-from tests.support.host import SALT, T0, host_cfg, params, record, topic, zipf_stream
+from tests.support.host import SALT, T0, encoded, host_cfg, params, record, topic, zipf_stream
 
 ITEMS = ["item-%d" % i for i in range(6)]
 
@@ -28,6 +28,12 @@ def _build(tmp: Any, tree: bool) -> str:
     cfg = host_cfg(tmp)
     agg = Aggregator(cfg)
     _fill(agg, tmp)
+    # a second keep-mode device whose release of epochs [5, 8) crosses the first hour boundary
+    pk = params("keep2", d=5, w=128, mode="keep", window_s=3600, epoch_s=600)
+    e0, seq = T0 // 600, 0
+    for lo, hi in [(k, k + 1) for k in range(5)] + [(5, 8)] + [(k, k + 1) for k in range(8, 24)]:
+        assert agg.handle(topic("keep2"), encoded(pk, seq=seq, elo=e0 + lo, ehi=e0 + hi, fill=lo % 5 - 1)).stored
+        seq += 1
     if tree:  # tree nodes overlap and are never rolled up: every fleet query takes the raw path
         p = params("tree1", d=5, w=128, mode="tree", levels=3, epoch_s=900)  # horizon 3600 s
         wins = [zipf_stream(300, 300, 1.2, 90 + k) for k in range(3)]
@@ -57,16 +63,23 @@ def _stores(db: str) -> list[Store]:
     return out
 
 
-def _reference_series(st: Store, step: Optional[int], running: bool) -> dict[str, Any]:
-    """The series as it was computed before: extents and lengths from every release, one freq per bucket."""
+def _reference(st: Store, step: Optional[int], running: bool, since: Optional[int] = None,
+               until: Optional[int] = None) -> series_mod.Series:
+    """The series as it was computed before: extents and lengths from every release, one freq per bucket
+    and one per running total."""
     devs = query.pick_devices(st, query.POINT_KINDS)
     rels = st.releases(devices=devs)
     natural = 1
     for x in {r.ep_s if r.mode == "tree" else r.win_s for r in rels}:
         natural = natural * x // __import__("math").gcd(natural, x)
     step = natural if step is None else step
-    k0 = min(r.t0 for r in rels) // step
-    k1 = (max(r.t1 for r in rels) + step - 1) // step
+    inside = st.releases(devices=devs, since=since, until=until)
+    k0 = min(r.t0 for r in inside) // step
+    k1 = (max(r.t1 for r in inside) + step - 1) // step
+    if since is not None:
+        k0 = max(k0, -(-since // step))
+    if until is not None:
+        k1 = min(k1, until // step)
     bks = [(k * step, (k + 1) * step) for k in range(k0, k1)]
     span: dict[str, tuple[int, int]] = {}
     for r in st.releases(devices=devs, since=bks[0][0], until=bks[-1][1]):
@@ -82,7 +95,11 @@ def _reference_series(st: Store, step: Optional[int], running: bool) -> dict[str
             if run is not None:
                 p.running = run[i].answer
             ln.points.append(p)
-    return series_mod.Series(ITEMS, step, 0.95, devs, False, lines, 0).to_dict()
+    return series_mod.Series(ITEMS, step, 0.95, devs, False, lines, 0)
+
+
+def _reference_series(st: Store, step: Optional[int], running: bool) -> dict[str, Any]:
+    return _reference(st, step, running).to_dict()
 
 
 @pytest.mark.parametrize("step,running", [(None, False), (3600, True), (7200, False)])
@@ -91,6 +108,41 @@ def test_series_equals_one_freq_per_bucket_over_all_releases(db: str, step: Opti
         got = series_mod.series(st, ITEMS, salt=SALT, step=step, running=running).to_dict()
         assert got == _reference_series(st, step, running)
         st.close()
+
+
+# (step, since, until, whether the running totals are the buckets' prefix sums): keep2's long release lies
+# inside a 2 h bucket, straddles the start of a series from the first hour boundary (counted as partial)
+# and crosses a 1 h bucket boundary of the whole series (each running total is then its own range query)
+RUNNING_CASES = [(7200, None, None, True), (3600, T0 + 3600, T0 + 10800, True), (3600, None, None, False)]
+
+
+@pytest.mark.parametrize("step,since,until,prefix", RUNNING_CASES)
+def test_running_totals_equal_one_range_query_each(db: str, step: int, since: Optional[int], until: Optional[int],
+                                                   prefix: bool) -> None:
+    for st in _stores(db):
+        got = series_mod.series(st, ITEMS, salt=SALT, step=step, since=since, until=until, running=True)
+        want = _reference(st, step, True, since, until)
+        assert got.to_dict() == want.to_dict()
+        # the whole answers, also what to_dict leaves out of a running total (devices, partial count)
+        assert [[p.running for p in ln.points] for ln in got.lines] == [[p.running for p in ln.points]
+                                                                        for ln in want.lines]
+        partial = any(p.running is not None and p.running.partial_excluded for ln in want.lines for p in ln.points)
+        assert partial == (since is not None or not prefix)  # a crossing release is partial to some range
+        bks, _ = series_mod.buckets(st, step, since, until, query.pick_devices(st, query.POINT_KINDS))
+        fast = series_mod._incremental(st, ITEMS, SALT, bks, query.pick_devices(st, query.POINT_KINDS), 0.95, True)
+        assert (fast is not None) == (prefix and not st.has_tree())
+        st.close()
+
+
+def test_long_releases_equal_the_release_list(db: str) -> None:
+    st = Store(db, readonly=True)
+    for a, b in [(T0, T0 + 4 * 3600), (T0 + 3600, T0 + 10800), (T0 + 4000, T0 + 4700)]:
+        want = sorted(((r.device, r.t0, r.t1) for r in st.releases() if r.ehi - r.elo > 1 and r.mode != "tree"
+                       and r.t0 < b and r.t1 > a), key=lambda x: (x[1], x[0]))
+        assert st.long_releases(a, b) == want
+        assert st.long_releases(a, b, ["keep2"]) == [x for x in want if x[0] == "keep2"]
+    assert [x[0] for x in st.long_releases(T0, T0 + 4 * 3600)] == ["keep2", "keep1"]
+    st.close()
 
 
 def test_store_aggregates_equal_the_release_list(db: str) -> None:

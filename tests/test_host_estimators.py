@@ -94,6 +94,34 @@ def test_noise_tail_bound_valid_and_reasonably_tight(terms):
         assert e <= c <= 2.0 * q + 2, (delta, c, q)
 
 
+def _full_route(terms, delta):
+    """noise_tail_bound as computed over the whole support (noise_distribution)."""
+    dist = estimators.noise_distribution(terms)
+    if dist is None:
+        return estimators.chernoff_tail_bound(terms, delta)
+    z, slack = dist
+    s = (len(z) - 1) // 2
+    ok = np.nonzero(np.cumsum(z[::-1])[::-1][s + 1:] + slack <= delta)[0]
+    return float(ok[0]) if len(ok) else estimators.chernoff_tail_bound(terms, delta)
+
+
+@pytest.mark.parametrize("terms", [
+    [NoiseTerm("dgauss", 2, 1, 1500), NoiseTerm("dgauss", 4, 1, 1500)],  # a few hours of a 300-device fleet
+    [NoiseTerm("dlap", 4, 1, 500)],
+    [NoiseTerm("dlap", 8, 3, 2000), NoiseTerm("dgauss", 2, 1, 100)],
+])
+def test_noise_window_gives_the_whole_support_answer(terms):
+    z, slack = estimators.noise_window(terms)
+    full, full_slack = estimators.noise_distribution(terms)
+    assert len(z) * 20 < len(full)  # the window is where the mass is, not the support
+    assert slack > full_slack  # the mass beyond the window is counted against the tail
+    s, fs = (len(z) - 1) // 2, (len(full) - 1) // 2
+    assert np.abs(z - full[fs - s:fs + s + 1]).max() < 1e-15
+    for delta in (0.05, 0.025, 1e-4, 1e-6):
+        assert estimators._tail_bound.__wrapped__(tuple((t.mech, t.num, t.den, t.count) for t in terms),
+                                                  delta) == _full_route(terms, delta)
+
+
 def test_poisson_binomial_tail():
     assert estimators.poisson_binomial_tail([0.5] * 4, 2) == pytest.approx(11 / 16)
     assert estimators.poisson_binomial_tail([0.1, 0.2, 0.3], 3) == pytest.approx(0.006)

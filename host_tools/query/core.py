@@ -524,6 +524,12 @@ def freq(store: SQLStore, items: Sequence[Any], *, salt: str, window: Optional[i
     """
     m, sel = select_merged(store, window, since, until, device, salt, use_rollups,
                            kinds=POINT_KINDS if pick else None, consistent=consistent)
+    return merged_answers(m, sel, items, salt, confidence)
+
+
+def merged_answers(m: Merged, sel: Selection, items: Sequence[Any], salt: str, confidence: float) -> list[Answer]:
+    """:func:`freq`'s answers from an already merged selection (a series sums its buckets' merges
+    into running totals instead of merging each running range again)."""
     _point_kind(m)
     items = list(items)
     cols, signs = _hash(items, salt, m.d, m.w)

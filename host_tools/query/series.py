@@ -14,8 +14,10 @@ Each bucket is one range query (pansketch.host_tools.query.core.freq): window/ke
 devices' releases inside it are summed, and each tree-mode device
 contributes the fewest dyadic nodes covering it (pansketch.host_tools.query.core.cover).
 With ``running`` each point also carries the running total from the
-first bucket's start to its end, again one range query: with tree-mode
-devices its noise grows with log(length), not with the number of buckets.
+first bucket's start to its end: the answer of that range query, computed
+as the sum of the buckets' merges so far (``_incremental``) or, with
+tree-mode devices, as the range query itself (its noise then grows with
+log(length), not with the number of buckets).
 
     from pansketch.host_tools.query import series
     s = series.series(store, ["apple"], salt=cfg.fleet.salt, per_device=True)
@@ -32,6 +34,8 @@ from typing import Any, Optional, Sequence, Union
 
 from pansketch.host_tools.query import core as query
 from pansketch.host_tools.query.core import Answer, QueryError, iso
+from pansketch.host_tools.query.merge import Merged, NoiseTerm
+from pansketch.host_tools.store import exclusions
 from pansketch.host_tools.store.sql import SQLStore as Store
 
 MAX_BUCKETS = 2000
@@ -217,10 +221,14 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     lines: list[Line] = []
     for g in groups:
         mine = [Line(x, g[0] if per_device and g else None) for x in items]
-        for t0, t1 in bks:
+        pts = _incremental(store, items, salt, bks, g, confidence, running)
+        if pts is None:  # running totals that are not sums of the buckets: one range query each
+            pts = [(bucket_answers(store, items, salt, t0, t1, g, confidence),
+                    bucket_answers(store, items, salt, bks[0][0], t1, g, confidence) if running else None)
+                   for t0, t1 in bks]
+        for (t0, t1), (here, run) in zip(bks, pts):
             expected = [d for d in (g if g else every) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
-            run = bucket_answers(store, items, salt, bks[0][0], t1, g, confidence) if running else None
-            for i, (ln, p) in enumerate(zip(mine, bucket_answers(store, items, salt, t0, t1, g, confidence))):
+            for i, (ln, p) in enumerate(zip(mine, here)):
                 got = set(p.answer.devices) if p.answer is not None else set()
                 p.missing_devices = [d for d in expected if d not in got]
                 if run is not None:
@@ -228,3 +236,70 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
                 ln.points.append(p)
         lines.extend(mine)
     return Series(items, step, confidence, devs, per_device, lines, cut)
+
+
+_Pts = list[tuple[list[Point], Optional[list[Point]]]]
+
+
+def _incremental(store: Store, items: Sequence[Any], salt: str, bks: list[tuple[int, int]],
+                 devices: Optional[list[str]], confidence: float, running: bool) -> Optional[_Pts]:
+    """Each bucket's points and running totals, the running merge kept as a prefix sum of the buckets'.
+
+    A running range [first t0, t1) selects exactly the releases of its buckets when no release inside
+    it crosses a bucket boundary; then its merge is the buckets' merges added up: counters and noise
+    draws per term add, release counts add, devices and windows unite, the time extent is the outer
+    one (pansketch.host_tools.query.merge). So each running total costs one (d, w) addition and one
+    interval instead of a merge of everything since the first bucket (which made a series quadratic
+    in its buckets). Epoch and bucket boundaries are multiples of the epoch length, so only releases
+    longer than one epoch can cross one (:meth:`long_releases`, an index read). None, for the caller's
+    range query per running total, when that shortcut would not give the same answer: tree-mode nodes
+    (each range takes its own fewest covering nodes), a release crossing a bucket boundary inside the
+    series, a bucket that cannot be merged for another reason than holding no release.
+    """
+    a, b, step = bks[0][0], bks[-1][1], bks[0][1] - bks[0][0]
+    if running and store.has_tree():
+        return None
+    longs: list[tuple[str, int, int]] = []
+    if running:
+        longs = store.long_releases(a, b, devices)
+        if any(a <= r0 and r1 <= b and r0 // step != (r1 - 1) // step for _d, r0, r1 in longs):
+            return None  # bucket boundaries are multiples of step
+        excl = set(exclusions.excluded(store)) | set(getattr(store, "query_exclude", ()) or ())
+        longs = [x for x in longs if x[0] not in excl]
+    out: _Pts = []
+    acc: Optional[Merged] = None
+    for t0, t1 in bks:
+        try:
+            m, sel = query.select_merged(store, None, t0, t1, devices, salt)  # series() picked the devices
+            here = [Point(t0, t1, x) for x in query.merged_answers(m, sel, items, salt, confidence)]
+        except QueryError as exc:
+            if running and not str(exc).startswith("no releases"):
+                return None  # e.g. sketches that do not merge: the running range query says so
+            m, here = None, [Point(t0, t1, None, str(exc)) for _ in items]
+        if not running:
+            out.append((here, None))
+            continue
+        if m is not None:
+            if acc is not None and (acc.kind, acc.d, acc.w, acc.hv, acc.salt) != (m.kind, m.d, m.w, m.hv, m.salt):
+                return None  # the running range query refuses to merge them, naming both
+            acc = m if acc is None else _add(acc, m)
+        if acc is None:
+            out.append((here, [Point(a, t1, None, "no releases") for _ in items]))
+            continue
+        # releases of the running range's devices that overlap it without lying inside: as count_partial
+        rsel = query.Selection(since=a, until=t1, devices=devices,
+                               partial=sum(1 for _d, r0, r1 in longs if r0 < t1 and r1 > a and not (r0 >= a and r1 <= t1)))
+        out.append((here, [Point(a, t1, x) for x in query.merged_answers(acc, rsel, items, salt, confidence)]))
+    return out
+
+
+def _add(x: Merged, y: Merged) -> Merged:
+    """The merge of the releases of ``x`` and ``y`` (disjoint sets, one merge group), as merge() sums them."""
+    terms: dict[tuple[str, int, int], int] = {}
+    for t in x.noise + y.noise:
+        terms[(t.mech, t.num, t.den)] = terms.get((t.mech, t.num, t.den), 0) + t.count
+    return Merged(kind=x.kind, d=x.d, w=x.w, hv=x.hv, salt=x.salt, counters=x.counters + y.counters,
+                  releases=x.releases + y.releases, devices=sorted(set(x.devices) | set(y.devices)),
+                  noise=[NoiseTerm(m, n, d, c) for (m, n, d), c in sorted(terms.items())],
+                  t0=min(x.t0, y.t0), t1=max(x.t1, y.t1), windows=sorted(set(x.windows) | set(y.windows)),
+                  b=x.b, map=x.map)

@@ -87,6 +87,23 @@ class Reader(SQLBase):
         """True if any tree-mode release is stored (they are never rolled up)."""
         return bool(self._q("SELECT 1 FROM releases WHERE mode = 'tree' LIMIT 1"))
 
+    def long_releases(self, since: float, until: float,
+                      devices: Optional[Iterable[str]] = None) -> list[tuple[str, int, int]]:
+        """(device, t0, t1) of the window/keep releases longer than one epoch that overlap [since, until).
+
+        A release spans several epochs only when the device could not release at an epoch's end (a
+        failed commit, a full outbox: its range grew), so these are few, and only they can straddle
+        a bucket boundary that is a multiple of the epoch length. Read through the partial index
+        ``releases_long`` (pansketch.host_tools.store.schema), never a scan of every release.
+        """
+        sql = "SELECT device, t0, t1 FROM releases WHERE ehi - elo > 1 AND t0 < ? AND t1 > ? AND mode != 'tree'"
+        args: list[Any] = [until, since]
+        if devices is not None:
+            devs = list(devices)
+            sql += " AND device IN (%s)" % ",".join("?" * len(devs))
+            args += devs
+        return [(str(d), int(a), int(b)) for d, a, b in self._q(sql + " ORDER BY t0, device", args)]
+
     def count_partial(self, since: Optional[float], until: Optional[float],
                       devices: Optional[Iterable[str]] = None,
                       windows: Optional[Iterable[tuple[int, int]]] = None) -> int:

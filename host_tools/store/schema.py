@@ -78,7 +78,9 @@ TIME_KEY = "elo, device, ehi, part"
 
 # releases_tree: has_tree() asks on every fleet-wide query whether any tree-mode release exists (they are
 # never rolled up); without this index that was a scan of every row. Partial, so it holds tree rows only
-# and costs window/keep ingest nothing.
+# and costs window/keep ingest nothing. releases_long: the releases spanning several epochs (a device that
+# could not release at an epoch's end), the only ones that can straddle a series bucket (Reader.long_releases);
+# partial for the same reason.
 _SCHEMA_TMPL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS releases (
@@ -97,6 +99,7 @@ CREATE TABLE IF NOT EXISTS releases (
 CREATE INDEX IF NOT EXISTS releases_win ON releases (win, win_s);
 CREATE INDEX IF NOT EXISTS releases_t0 ON releases (t0);
 CREATE INDEX IF NOT EXISTS releases_tree ON releases (mode) WHERE mode = 'tree';
+CREATE INDEX IF NOT EXISTS releases_long ON releases (t0) WHERE ehi - elo > 1;
 CREATE TABLE IF NOT EXISTS devices (
     device TEXT PRIMARY KEY, salt TEXT NOT NULL, hv INTEGER NOT NULL, kind TEXT NOT NULL,
     d INTEGER NOT NULL, w INTEGER NOT NULL, ep_s INTEGER NOT NULL, first_received REAL NOT NULL
