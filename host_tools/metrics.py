@@ -12,8 +12,9 @@ own HTTP listener) and the store half by ``serve`` (on ``/metrics``):
   ``pansketch_aggregator_last_message_timestamp_seconds`` and, once the
   aggregator keeps one, ``pansketch_aggregator_ack_backlog``
   (acknowledgements not yet published);
-* the store, read at scrape time (:class:`StoreCollector`; the same for
-  every aggregator sharing the database, so scrape it from one process):
+* the store, read when its change counter moved (:class:`StoreCollector`: an
+  unchanged store costs a scrape one row read; the same for every aggregator
+  sharing the database, so scrape it from one process):
   ``pansketch_store_releases_total``, ``pansketch_store_duplicates_total``,
   ``pansketch_store_rejections_total{code}``, ``pansketch_store_size_bytes``
   (database + WAL), ``pansketch_store_devices``,
@@ -70,8 +71,21 @@ def store_size(path: str) -> int:
     return n
 
 
+STORE_TTL_S = 60.0  # the store's metrics are read again at least this often (status ages with the clock)
+REFRESH_INLINE_S = 0.5  # a read of the store that took longer is redone in the background, not in a scrape
+
+
 class StoreCollector:
-    """Reads the release database at every scrape (read-only)."""
+    """Reads the release database (read-only) when it changed, else answers from the last read.
+
+    The store's change counter (SQLStore.change_count: every write transaction moves it) is read at
+    each scrape; while it is unchanged and the families are younger than STORE_TTL_S, a scrape
+    returns them as they are: one read of one row, whatever the store's size. When the store
+    changed, the families are read again within the scrape while that costs little (the last read
+    took at most REFRESH_INLINE_S); past that (a large fleet: status reads every release) the scrape
+    returns the last families and one background thread reads new ones, so a scrape stays cheap and
+    the numbers are at most one read old (``pansketch_store_metrics_age_seconds`` says by how much).
+    """
 
     def __init__(self, db: str, delta: float = 1e-6, with_status: bool = True,
                  late_grace_s: Optional[float] = None, salt: Optional[str] = None) -> None:
@@ -82,6 +96,10 @@ class StoreCollector:
         self.salt = salt
         self._query_cache: dict[str, tuple[Any, float, list[Any]]] = {}
         self.query_errors: dict[str, int] = {}
+        # (change count read before the families were, monotonic time of that read, its cost in s, families)
+        self._cached: Optional[tuple[Optional[int], float, float, list[Any]]] = None
+        self._refreshing = threading.Lock()
+        self._cache_lock = threading.Lock()
 
     def describe(self) -> Iterable[Any]:  # no scrape at registration time
         return []
@@ -103,10 +121,10 @@ class StoreCollector:
             yield size
             return
         try:
-            out = list(self._collect(st))
+            out, age = self._families(st)
         except Exception:
             up.add_metric([], 0)
-            out = []
+            out, age = [], 0.0
         else:
             up.add_metric([], 1)
         finally:
@@ -117,6 +135,48 @@ class StoreCollector:
         dur = GaugeMetricFamily("pansketch_store_scrape_duration_seconds", "time to read the store for this scrape")
         dur.add_metric([], time.perf_counter() - t_start)
         yield dur
+        old = GaugeMetricFamily("pansketch_store_metrics_age_seconds",
+                                "how long ago the store metrics of this scrape were read from the store")
+        old.add_metric([], age)
+        yield old
+
+    def _families(self, st: Any) -> tuple[list[Any], float]:
+        """The store's families and their age in seconds (class docstring)."""
+        ver = st.change_count()
+        now = time.monotonic()
+        with self._cache_lock:
+            c = self._cached
+        if c is not None and ver is not None and c[0] == ver and now - c[1] < STORE_TTL_S:
+            return c[3], now - c[1]
+        if c is not None and c[2] > REFRESH_INLINE_S:
+            if self._refreshing.acquire(blocking=False):
+                threading.Thread(target=self._refresh, name="pansketch-store-metrics", daemon=True).start()
+            return c[3], now - c[1]
+        return self._read(st, ver), 0.0
+
+    def _read(self, st: Any, ver: Optional[int]) -> list[Any]:
+        t = time.monotonic()
+        out = list(self._collect(st))
+        with self._cache_lock:
+            self._cached = (ver, t, time.monotonic() - t, out)
+        return out
+
+    def _refresh(self) -> None:
+        from pansketch.host_tools.store.backend import open_store
+
+        try:
+            st = open_store(self.db, readonly=True)
+            try:
+                self._read(st, st.change_count())
+            finally:
+                st.close()
+        except Exception:  # the next scrape tries again; until then it serves the last good families
+            with self._cache_lock:
+                if self._cached is not None:
+                    ver, t, cost, out = self._cached
+                    self._cached = (None, t, cost, out)
+        finally:
+            self._refreshing.release()
 
     def _collect(self, st: Any) -> Iterable[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -176,7 +236,8 @@ class StoreCollector:
         for dev in sorted(excl):
             ex.add_metric([dev], 1)
         yield ex
-        snap = st.snapshot()
+        ver = st.change_count()
+        snap = st.snapshot() if ver is None else ver  # the counter, else a digest of every release key
         now = time.monotonic()
         cached = self.__dict__.get("_flag_cache")
         if cached is None or cached[0] != (snap, tuple(sorted(excl))) or now - cached[1] > QUERY_TTL_S:

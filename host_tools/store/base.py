@@ -80,6 +80,15 @@ class SQLBase:
         raise NotImplementedError
 
 
+    # The change counter (Reader.change_count): every write transaction moves it, so a reader tells
+    # "nothing changed" with one cheap read. SQLite: a meta row raised inside the transaction (its writers
+    # are serialised anyway, so several aggregators count every commit). PostgreSQL (pansketch.host_tools.
+    # store.pg): a sequence advanced after the commit instead -- no row lock shared by concurrent
+    # aggregators, and a reader that sees the new value also sees what was committed.
+    _bump_in_tx: Optional[str] = ("INSERT INTO meta (key, value) VALUES ('changes', '1') ON CONFLICT (key) "
+                                  "DO UPDATE SET value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)")
+    _bump_after: Optional[str] = None
+
     def _x(self, cur: Any, sql: str, args: Sequence[Any] = ()) -> Any:
         cur.execute(self._sql(sql), tuple(args))
         return cur
@@ -102,6 +111,8 @@ class SQLBase:
                     raise
                 try:
                     out = fn(cur, *args)
+                    if self._bump_in_tx is not None:
+                        cur.execute(self._sql(self._bump_in_tx))
                     cur.execute("COMMIT")
                 except BaseException as exc:
                     try:
@@ -113,6 +124,11 @@ class SQLBase:
                         delay = min(delay * 2, 0.5)
                         continue
                     raise
+                if self._bump_after is not None:
+                    try:
+                        cur.execute(self._bump_after)
+                    except self._db_errors:  # a reader then waits for its cache's time limit
+                        pass
                 if sync and self._wal_fd is not None:
                     self.sync_committed()
                 return out

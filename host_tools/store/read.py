@@ -127,6 +127,16 @@ class Reader(SQLBase):
         return sum(int(self._q(base + " AND win = ? AND win_s = ?", args + [win, ws])[0][0])
                    for ws, win in sorted(set(windows)))
 
+    def change_count(self) -> Optional[int]:
+        """A number that moves at every write transaction (SQLStore's change counter; None when this store
+        has none yet: written only by code from before it, or never). Equal values: nothing was written
+        in between, so what was read from the store then is still what it holds."""
+        try:
+            v = self._meta("changes")
+        except self._db_errors:
+            return None
+        return None if v is None else int(v)
+
     def release_count(self) -> int:
         return int(self._q("SELECT COUNT(*) FROM releases")[0][0])
 
