@@ -96,8 +96,13 @@ setup-mpunix:
 	  echo "make: the firmware tests need MicroPython's Unix port: $(MP_SHARED)/micropython/build-unix.sh (the project's shared directory, not in this repository) is missing; set PANSKETCH_SHARED=DIR to the directory holding micropython/, or PANSKETCH_MICROPYTHON=BIN to a Unix-port binary (git clone https://github.com/micropython/micropython; make -C micropython/ports/unix submodules all)" >&2; \
 	  exit 2; }
 
+# Two test modules at a time (pytest-xdist, one module per worker: module fixtures are built once): most
+# of the suite waits on brokers, databases, VMs and subprocesses rather than computing. TEST_JOBS=1 runs
+# them one after another. The 30 slowest tests are listed at the end (a new slow test shows there).
+TEST_JOBS ?= 2
+TEST_ARGS = $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) --durations=30
 test: setup-mpunix setup-mpvm setup-python
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q $(TEST_ARGS)
 
 # The developer's loop: every test that needs no service (broker, database, browser, MicroPython
 # VM; tests/conftest.py marks them) and is not marked slow. `make test` still runs everything.
