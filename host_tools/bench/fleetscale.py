@@ -12,8 +12,10 @@ counters repeat from window to window; no query here depends on their values.
 
 Measured per store, CPU time (user + system) of whole processes, median of ``--repeat`` runs:
 ``pansketch query freq`` over all windows, ``pansketch query series --step 1h`` over all windows
-(with its running totals, the CLI's default), ``pansketch status --json``, and one ``/metrics``
-scrape of the store collector (in a child process, the scrape alone). ``--code DIR`` measures the
+(with its running totals, the CLI's default), ``pansketch status --json``, one ``/metrics``
+scrape of the store collector (in a child process, the scrape alone: with the store unchanged since
+the previous scrape, and right after a write transaction), and the dashboard's fleet, item and top-k
+pages (the first request of a fresh server process, through the WSGI app; 200 candidates). ``--code DIR`` measures the
 host_tools of another checkout on the same stores (a before/after comparison).
 
 The growth law of each is fitted by least squares on log cost = a + b log N + c log W over the
@@ -104,7 +106,31 @@ _SCRAPE = ("import sys, time\n"
            "from pansketch.host_tools.metrics import StoreCollector\n"
            "c = StoreCollector(sys.argv[1], salt=None)\n"
            "list(c.collect())\n"  # the first scrape fills any cache a collector keeps
-           "t = time.process_time(); list(c.collect()); print(time.process_time() - t)\n")
+           "t = time.thread_time(); list(c.collect()); print(time.thread_time() - t)\n")
+# a scrape right after a write transaction (the change counter moved): the scrape's own thread's CPU
+_SCRAPE_CHANGED = ("import sys, time\n"
+                   "from pansketch.host_tools.metrics import StoreCollector\n"
+                   "from pansketch.host_tools.store.sqlite import Store\n"
+                   "c = StoreCollector(sys.argv[1], salt=None)\n"
+                   "list(c.collect())\n"
+                   "w = Store(sys.argv[1]); w._exec_tx(lambda cur: None); w.close()\n"
+                   "t = time.thread_time(); list(c.collect()); print(time.thread_time() - t)\n")
+# dashboard pages through the WSGI app, each the first request of a fresh server process (CPU of the call)
+_PAGES = ("import sys, time\n"
+          "from pansketch.host_tools import hostconfig\n"
+          "from pansketch.host_tools.web.app import Dashboard as App\n"
+          "app = App(hostconfig.load(sys.argv[1]), candidates=['item-%d' % i for i in range(200)])\n"
+          "def get(path, qs):\n"
+          "    env = {'REQUEST_METHOD': 'GET', 'PATH_INFO': path, 'QUERY_STRING': qs, 'wsgi.url_scheme': 'http',\n"
+          "           'SERVER_NAME': 'localhost', 'SERVER_PORT': '80'}\n"
+          "    st = []\n"
+          "    t = time.process_time(); b''.join(app(env, lambda s, h, *a: st.append(s)))\n"
+          "    dt = time.process_time() - t\n"
+          "    assert st[0].startswith('200'), (path, st)\n"
+          "    return dt\n"
+          "get('/healthz', '')\n"
+          "print(get(sys.argv[2], sys.argv[3]))\n")
+PAGES = {"page_fleet": ("/", ""), "page_item": ("/item", "item=item-1"), "page_topk": ("/topk", "k=10")}
 
 
 def _cpu(argv: list[str], code: Optional[str]) -> tuple[float, str]:
@@ -120,7 +146,8 @@ def _cpu(argv: list[str], code: Optional[str]) -> tuple[float, str]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), out.stdout
 
 
-def measure(db: str, conf: str, code: Optional[str], repeat: int) -> dict[str, float]:
+def measure(db: str, conf: str, code: Optional[str], repeat: int,
+            only: Optional[set[str]] = None) -> dict[str, float]:
     py = [sys.executable, "-c", "import sys; from pansketch.host_tools.cli import main; sys.exit(main(sys.argv[1:]))"]
     cmds = {
         "freq": py + ["query", "--config", conf, "freq", "item-1", "item-2"],
@@ -128,11 +155,24 @@ def measure(db: str, conf: str, code: Optional[str], repeat: int) -> dict[str, f
         "status": py + ["status", "--config", conf, "--json"],
     }
     out: dict[str, float] = {}
+    def want(k: str) -> bool:
+        return only is None or k in only
     for name, argv in cmds.items():
-        out[name] = round(statistics.median(_cpu(argv, code)[0] for _ in range(repeat)), 3)
-    scrapes = [float(_cpu([sys.executable, "-c", _SCRAPE, db], code)[1].split()[-1]) for _ in range(repeat)]
-    out["metrics_scrape"] = round(statistics.median(scrapes), 4)
+        if want(name):
+            out[name] = round(statistics.median(_cpu(argv, code)[0] for _ in range(repeat)), 3)
+    for name, script in (("metrics_scrape", _SCRAPE), ("metrics_scrape_changed", _SCRAPE_CHANGED)):
+        if want(name):
+            runs = [float(_cpu([sys.executable, "-c", script, db], code)[1].split()[-1]) for _ in range(repeat)]
+            out[name] = round(statistics.median(runs), 4)
+    for name, (path, qs) in PAGES.items():
+        if want(name):
+            runs = [float(_cpu([sys.executable, "-c", _PAGES, conf, path, qs], code)[1].split()[-1])
+                    for _ in range(repeat)]
+            out[name] = round(statistics.median(runs), 3)
     return out
+
+
+MEASURES = ("freq", "series_1h", "status", "metrics_scrape", "metrics_scrape_changed") + tuple(PAGES)
 
 
 def fit(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
@@ -145,12 +185,14 @@ def fit(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pansketch.host_tools.bench.fleetscale", description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="100x24,100x168,1000x168", help="NxW,... (devices x hourly windows)")
+    ap.add_argument("--sizes", default="100x168,1000x168,100x720", help="NxW,... (devices x hourly windows)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--name", default="fleetscale", help="the figures file: OUT/NAME.json")
     ap.add_argument("--code", action="append", default=[], metavar="DIR",
                     help="also measure the host_tools of this checkout (repeatable; the first run is this one)")
     ap.add_argument("--keep", metavar="DIR", help="build the stores here and keep them (default: a temporary dir)")
+    ap.add_argument("--only", metavar="M,...", help="measure only these (of %s)" % ", ".join(MEASURES))
     a = ap.parse_args(argv)
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")]
     root = Path(a.keep or tempfile.mkdtemp(prefix="fleetscale-"))
@@ -166,7 +208,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             Path(conf).write_text('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\n' % (SALT, db))
             for label, code in [("this", None)] + [(os.path.basename(c.rstrip("/")), c) for c in a.code]:
                 row = {"devices": n, "windows": w, "releases": n * w, "code": label, **timing,
-                       **measure(db, conf, code, a.repeat)}
+                       **measure(db, conf, code, a.repeat, set(a.only.split(",")) if a.only else None)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -176,9 +218,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for label in dict.fromkeys(r["code"] for r in rows):
         mine = [r for r in rows if r["code"] == label]
         if len({r["devices"] for r in mine}) > 1 and len({r["windows"] for r in mine}) > 1:
-            laws[label] = {k: fit(mine, k) for k in ("freq", "series_1h", "status", "metrics_scrape")}
+            laws[label] = {k: fit(mine, k) for k in MEASURES if all(k in r for r in mine)}
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "fleetscale.json")
+    path = os.path.join(a.out, a.name + ".json")
     with open(path, "w") as f:
         json.dump({"rows": rows, "growth": laws}, f, indent=1)
     print(json.dumps(laws, indent=1))
