@@ -426,3 +426,35 @@ def test_counters_follow_the_release_order_with_an_epoch_first_key(tmp_path):
     got = [int(c[0, 0]) for c in a.store.iter_counters(devices=["o-b"], since=(e + 1) * 3600)]
     assert got == [ord("b") * 10 + 1, ord("b") * 10 + 2]
     a.close()
+
+
+def _device_query_plan(db: str) -> str:
+    con = sqlite3.connect(db)
+    try:
+        return " ".join(str(r[3]) for r in con.execute(
+            "EXPLAIN QUERY PLAN SELECT device, seq FROM releases WHERE device IN (?) ORDER BY device, elo", ("x",)))
+    finally:
+        con.close()
+
+
+def test_a_device_s_releases_are_one_index_range_with_either_key(tmp_path):
+    """An epoch-first file gains releases_device (also in place, when an aggregator opens a file made
+    without it); a device-first file reads a device's releases through its key and gets no second index."""
+    db = str(tmp_path / "tm.db")
+    a = Aggregator(host_cfg(tmp_path, aggregator={"db": db}))
+    assert a.handle(topic("d1"), encoded(params("d1", w=16))).stored
+    a.close()
+    assert "USING INDEX releases_device" in _device_query_plan(db)
+    con = sqlite3.connect(db)
+    con.execute("DROP INDEX releases_device")
+    con.commit()
+    con.close()
+    assert "SCAN releases" in _device_query_plan(db)  # the whole key, as before the index
+    Aggregator(host_cfg(tmp_path, aggregator={"db": db})).close()  # the in-place upgrade
+    assert "USING INDEX releases_device" in _device_query_plan(db)
+    old = _device_first_db(tmp_path)
+    b = Aggregator(host_cfg(tmp_path, aggregator={"db": old}))
+    assert b.handle(topic("d1"), encoded(params("d1", w=16))).stored
+    b.close()
+    plan = _device_query_plan(old)
+    assert "releases_device" not in plan and "USING INDEX sqlite_autoindex_releases_1 (device=?)" in plan

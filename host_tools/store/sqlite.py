@@ -299,6 +299,12 @@ class Store(SQLStore):
         for stmt in schema(TIME_KEY).split(";"):  # a no-op for tables that exist: their key stays
             if stmt.strip():
                 cur.execute(stmt)
+        if cur.execute("SELECT name FROM pragma_index_info('sqlite_autoindex_releases_1') "
+                       "WHERE seqno = 0").fetchone() == ("elo",):
+            # the key leads with the epoch: a device's releases (query --device, the per-device pages) are
+            # one range of this index instead of a scan of the whole key (a file whose key leads with the
+            # device has that range already)
+            cur.execute("CREATE INDEX IF NOT EXISTS releases_device ON releases (device, elo)")
         dcols = {r[1] for r in cur.execute("PRAGMA table_info(devices)").fetchall()}
         for name, decl in _DEVICE_FIGURES:  # old rows keep NULL: read from their releases (_stored_top)
             if name not in dcols:
