@@ -6,15 +6,20 @@ most 64 bits), text, one byte string and short integer lists. This module
 reads exactly that subset in one pass over the bytes, and refuses anything
 else *before* building an object from it:
 
+* indefinite lengths, reserved additional information (28-30, in every
+  major type), the break byte, a two-byte simple value below 32 (RFC 8949
+  3.3: not well-formed), a length larger than the bytes left, truncation,
+  trailing bytes, nesting deeper than ``max_depth`` (the top-level item is
+  at depth 1), more than ``max_items`` data items (a tag's head counts as
+  one), arrays longer than ``max_array`` or maps with more than ``max_map``
+  pairs, invalid UTF-8, duplicate or non-text map keys (a tagged or float
+  key is not text): code ``cbor``;
 * tags (major type 6, among them 28/29 value sharing, 30 rational
-  numbers, 2/3 bignums): code ``type``;
-* floats and simple values other than false/true/null (major type 7):
-  code ``type``;
-* indefinite lengths, reserved additional information, the break byte,
-  a length larger than the bytes left, truncation, trailing bytes, nesting
-  deeper than ``max_depth``, more than ``max_items`` data items, arrays
-  longer than ``max_array`` or maps with more than ``max_map`` pairs,
-  invalid UTF-8, duplicate or non-text map keys: code ``cbor``.
+  numbers, 2/3 bignums) and floats and simple values other than
+  false/true/null (major type 7): code ``type``, but only once the whole
+  message has passed the checks above (docs/FORMAT.md section 2.4 checks
+  ``cbor`` before ``type``): the reader notes the first such item, reads
+  on through it (a tag's content too) and reports it at the end.
 
 Every check is against the remaining length before anything is read or
 allocated, and the number of data items is capped, so the work is at most
@@ -37,7 +42,7 @@ import operator
 import re
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-MAX_DEPTH = 4  # a release is map -> list -> int: depth 3
+MAX_DEPTH = 4  # the top-level item is at depth 1: a release is map -> list -> int, depth 3
 MAX_ITEMS = 256  # a release has about 60 data items (25 keys, 25 values, a few short lists)
 MAX_ARRAY = 16  # the longest list in a release is dcs's 'map' (3 items)
 MAX_MAP = 64  # a release map has 25 keys (v2, kind dcs)
@@ -54,11 +59,12 @@ class ScanError(Exception):
 
 _SIMPLE = {20: False, 21: True, 22: None}
 _BREAK = object()
+_TYPED = object()  # what a tag, float or other simple value reads as: the scan ends in code 'type' anyway
 
 
 class _Reader:
     __slots__ = ("buf", "pos", "items", "max_items", "max_depth", "max_array", "max_map", "top", "partial",
-                 "canonical", "offsets", "view")
+                 "canonical", "offsets", "view", "typed")
 
     def __init__(self, buf: bytes, max_depth: int, max_items: int, max_array: int, max_map: int,
                  view: Optional[memoryview] = None) -> None:
@@ -74,9 +80,11 @@ class _Reader:
         self.max_map = max_map
         self.top: Optional[dict[str, Any]] = None  # the top-level map as read so far (for peek)
         self.partial = False
+        self.typed: Optional[str] = None  # the first tag/float/simple value (code 'type', reported after the scan)
 
     def item(self, depth: int) -> Any:
-        # one function, locals only: this runs ~60 times per release (the hot path of validation)
+        # one function, locals only: this runs ~60 times per release (the hot path of validation).
+        # ``depth``: the item's nesting level, 1 for the top-level item
         if depth > self.max_depth:
             raise ScanError("cbor", "nested deeper than %d levels" % self.max_depth)
         self.items += 1
@@ -93,13 +101,7 @@ class _Reader:
             if ai in _SIMPLE:
                 self.pos = pos + 1
                 return _SIMPLE[ai]
-            if ai in (25, 26, 27):
-                raise ScanError("type", "floating-point value at byte %d (releases carry integers only)" % pos)
-            if ai == 31:
-                raise ScanError("cbor", "break byte at %d without an indefinite-length item" % pos)
-            raise ScanError("type", "simple value (additional information %d) at byte %d" % (ai, pos))
-        if major == 6:
-            raise ScanError("type", "CBOR tag at byte %d (releases carry no tags)" % pos)
+            return self._major7(pos, ai)
         pos += 1
         if ai < 24:
             n = ai
@@ -116,6 +118,14 @@ class _Reader:
                             % (pos - 1))
         else:
             raise ScanError("cbor", "reserved additional information %d at byte %d" % (ai, pos - 1))
+        if major == 6:
+            # a tag: its content is read (well-formed and within the limits, else 'cbor'), at the tag's
+            # depth; the head counted as one data item above
+            if self.typed is None:
+                self.typed = "CBOR tag %d at byte %d (releases carry no tags)" % (n, self.pos)
+            self.pos = pos
+            self.item(depth)
+            return _TYPED
         if major == 0:
             self.pos = pos
             return n
@@ -145,7 +155,7 @@ class _Reader:
             raise ScanError("cbor", "map of %d pairs at byte %d (at most %d in a release, %d bytes left)"
                             % (n, pos, self.max_map, left))
         m: dict[str, Any] = {}
-        if depth == 0:
+        if depth == 1:
             self.top = m
         item = self.item
         pl, pk = 0, ""  # the previous key's encoded length and text
@@ -239,7 +249,7 @@ class _Reader:
                 pos = p + kn
                 sv = self.view
                 m[k] = sv[p:p + kn] if sv is not None else buf[p:p + kn]
-                if depth == 0:
+                if depth == 1:
                     self.offsets[k] = p  # where the value's content starts
                 continue
             if 0x80 <= ib < 0x98 and depth + 2 <= self.max_depth:
@@ -283,10 +293,39 @@ class _Reader:
             self.pos, self.items = pos, items
             v = m[k] = item(depth + 1)
             pos, items = self.pos, self.items
-            if depth == 0 and (type(v) is bytes or type(v) is memoryview):
+            if depth == 1 and (type(v) is bytes or type(v) is memoryview):
                 self.offsets[k] = pos - len(v)  # where the value's content starts
         self.pos, self.items = pos, items
         return m
+
+    def _major7(self, pos: int, ai: int) -> Any:
+        """A major-type-7 item other than false/true/null at ``pos``: a float or simple value is noted for
+        code ``type`` and skipped; an ill-formed head (RFC 8949 3.3: additional information 28-30, a
+        two-byte simple value below 32, the break byte outside an indefinite item) is ``cbor`` at once."""
+        if ai == 31:
+            raise ScanError("cbor", "break byte at %d without an indefinite-length item" % pos)
+        if ai >= 28:
+            raise ScanError("cbor", "reserved additional information %d at byte %d" % (ai, pos))
+        size = len(self.buf)
+        if ai < 24:
+            what, end = "simple value %d" % ai, pos + 1
+        else:
+            hk = 1 << (ai - 24)
+            end = pos + 1 + hk
+            if end > size:
+                raise ScanError("cbor", "truncated: head at byte %d needs %d more bytes" % (pos, hk))
+            if ai == 24:
+                sv = self.buf[pos + 1]
+                if sv < 32:
+                    raise ScanError("cbor", "two-byte simple value %d at byte %d (not well-formed: below 32)"
+                                    % (sv, pos))
+                what = "simple value %d" % sv
+            else:
+                what = "floating-point value"
+        if self.typed is None:
+            self.typed = "%s at byte %d (releases carry integers, text, bytes, arrays and maps only)" % (what, pos)
+        self.pos = end
+        return _TYPED
 
 
 _SHORTEST = {24: 24, 25: 1 << 8, 26: 1 << 16, 27: 1 << 32}  # smallest n that needs a head of this size
@@ -578,9 +617,11 @@ def scan(buf: Any, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS, max_a
         if fast is not None:
             return fast
     r = _Reader(buf, max_depth, max_items, max_array, max_map, view=view)
-    obj = r.item(0)
+    obj = r.item(1)
     if r.pos != len(buf):
         raise ScanError("cbor", "%d trailing bytes after the release map" % (len(buf) - r.pos))
+    if r.typed is not None:  # well-formed, within the limits, but with a tag or float: 'cbor' comes first
+        raise ScanError("type", r.typed)
     return Scan(obj, r.canonical, r.offsets)
 
 
@@ -594,7 +635,7 @@ def peek(buf: Optional[bytes]) -> tuple[Optional[str], Optional[int]]:
         return None, None
     r = _Reader(bytes(buf), MAX_DEPTH, MAX_ITEMS, MAX_ARRAY, MAX_MAP)
     try:
-        r.item(0)
+        r.item(1)
     except ScanError:
         pass
     m = r.top or {}

@@ -49,7 +49,8 @@ def _mut(raw, **kw):
     (dict(b=None), "schema"),
     (dict(map=[1, 0, 0]), "schema"),
     (dict(map=[1, 1]), "schema"),
-    (dict(b=9), "shape"),  # ctr no longer has (b+1)*d*w cells
+    (dict(b=9), "schema"),  # L no longer b + 1 (checked before the length of ctr)
+    (dict(b=9, L=10), "shape"),  # ctr no longer has (b+1)*d*w cells
     (dict(L=1), "schema"),  # one event touches b+1 levels
     (dict(nint=[3, 1], nout=[3, 1]), "noise"),  # noise of an L = 1 sketch under the same budget
     (dict(v=3), "version"),

@@ -45,8 +45,6 @@ def _constant(name: str) -> Any:
         return getattr(cborscan, name.split(".", 1)[1])
     if name == "MAX_LEVELS":
         return agent_params.MAX_LEVELS
-    if name == "(int64 storage)":
-        return 1 << 63
     if name.startswith("decode(max_bytes"):
         return decode.__defaults__[1]  # type: ignore[index]
     return getattr(dec, name)

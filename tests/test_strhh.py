@@ -111,7 +111,7 @@ def test_host_rejects_miscalibrated_or_misshapen_releases():
     assert decode(cbor.dumps(good)).levels == 4
     # noise calibrated for one array (as if an event touched one level) is refused
     one = calibrate.noise_for(p.mechanism, p.budget, p.d, p.clip, 1)
-    for mut, msg in (({"nout": [one.num, one.den]}, "nout"), ({"b": 5}, "shape"), ({"b": 2}, "'b'"),
+    for mut, msg in (({"nout": [one.num, one.den]}, "nout"), ({"b": 5}, "L = 4"), ({"b": 5, "L": 5}, "shape"), ({"b": 2}, "'b'"),
                      ({"mode": "tree", "L": 1}, "tree mode")):
         m = dict(good, **mut)
         with pytest.raises(Rejected) as e:

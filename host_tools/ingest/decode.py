@@ -9,11 +9,13 @@ code       meaning
 size       payload larger than ``max_bytes`` (checked before decoding)
 cbor       not the CBOR subset of a release, found at the byte level
            before any object is built (pansketch.host_tools.cborscan): truncated,
-           trailing bytes, indefinite lengths, lengths beyond the message,
-           duplicate map keys, too deep, too many items
+           trailing bytes, indefinite lengths, reserved heads, lengths beyond
+           the message, duplicate or non-text map keys, too deep, too many
+           items; decided over the whole message before ``type``
 type       tags (any), floats or simple values the device encoder never
            writes (byte level: no tag reaches a CBOR object decoder)
-version    ``v`` missing or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
+version    ``v`` missing (the top-level item is not a map, or has no ``v``)
+           or not a version this host understands (1, 2: docs/FORMAT.md §2.1)
 schema     missing/unknown field, wrong type, value out of range
 shape      ``len(ctr) != 4*d*w`` (kind dcs: 4*(b+1)*d*w; strhh: 4*b*d*w; dbits: 4*d)
 encoding   not the deterministic CBOR agent/cbor.py writes (so equal
@@ -88,6 +90,7 @@ STRHH_L = (3, 64)  # pansketch.agent.strhh.MIN_L, MAX_L: kind strhh's b = item b
 STRHH_MIN_D = 3  # pansketch.agent.params: the host's descent needs a median of >= 2 rows above its threshold
 DBITS_NZ = 2  # a dbits release carries its bits' initial draw and one output draw, never more (agent/dbits.py)
 DBITS_MAX_D = 30  # dbits levels K
+DBITS_W_MULTIPLE = 8  # dbits w (bits per level) is a multiple of this: the device packs each level in bytes
 MAX_D = 32
 MAX_W = 1 << 24
 MAX_CLIP = 1 << 20
@@ -97,6 +100,7 @@ MAX_SECONDS = 366 * 86400  # longest epoch, and longest window outside tree mode
 MAX_DCS_B = 62
 TREE_KINDS = ("cms", "cs")  # pansketch.agent.params refuses tree mode with dcs/dbits (docs/FORMAT.md)
 MAX_MAP = 1 << 62
+RATIO_BOUNDS = (1, 1 << 63)  # budget/nint/nout num and den: positive, below 2^63 (stored as signed 64-bit)
 
 
 
@@ -123,7 +127,8 @@ def _ratio(m: dict[str, Any], k: str) -> tuple[int, int]:
     if type(v) is not list or len(v) != 2 or type(v[0]) is not int or type(v[1]) is not int:
         raise Rejected("schema", "field %r must be a pair [num, den] of integers" % k)
     n, d = v
-    if n <= 0 or d <= 0 or n >= 1 << 63 or d >= 1 << 63:  # stored as signed 64-bit integers
+    lo, hi = RATIO_BOUNDS
+    if not (lo <= n < hi and lo <= d < hi):
         raise Rejected("schema", "field %r = %d/%d must be a positive fraction with num, den < 2^63" % (k, n, d))
     if math.gcd(n, d) != 1:  # devices write reduced fractions (pansketch.agent.calibrate); one value, one encoding
         raise Rejected("schema", "field %r = %d/%d is not a reduced fraction" % (k, n, d))
@@ -325,8 +330,9 @@ _KEYSETS = {(v, k): frozenset(VERSIONS[v] + (KIND_FIELDS.get(k, ()) if v == 2 el
 
 def _release_fields(obj: Any) -> int:
     """The map, its version and its key set (:func:`decode_state`'s first checks); the version."""
-    if type(obj) is not dict:
-        raise Rejected("schema", "release must be a CBOR map, got %s" % type(obj).__name__)
+    if type(obj) is not dict:  # no field 'v' to read: refused as an unknown format (docs/FORMAT.md 2.4)
+        raise Rejected("version", "release must be a CBOR map with field 'v' (format version), got %s"
+                       % type(obj).__name__)
     if "v" not in obj:
         raise Rejected("version", "field 'v' (format version) is missing")
     v = obj["v"]
@@ -418,9 +424,10 @@ def _check_dbits(kind: str, mech: str, budget: tuple[int, int], clip: int, w: in
     if kind == "dbits":
         # eps above the root of 2/(2 - eps) = e^eps: the device's bits would not be eps-DP both ways
         # (pansketch.agent.params refuses it; decided exactly by dbits_eps_ok)
-        if mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % 8 or d > DBITS_MAX_D:
+        if (mech != "dlap" or not dbits_eps_ok(budget[0], budget[1]) or clip != 1 or w % DBITS_W_MULTIPLE
+                or d > DBITS_MAX_D):
             raise Rejected("schema", "kind dbits needs mech dlap, 2/(2 - eps) <= e^eps (eps <= %s...), clip 1, "
-                           "w a multiple of 8, d <= %d" % (DBITS_EPS_MAX, DBITS_MAX_D))
+                           "w a multiple of %d, d <= %d" % (DBITS_EPS_MAX, DBITS_W_MULTIPLE, DBITS_MAX_D))
         if nz != DBITS_NZ:
             raise Rejected("schema", "kind dbits has nz = %d noise draws per count, got %d" % (DBITS_NZ, nz))
 
@@ -528,8 +535,9 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
     ctr = obj["ctr"]
     if not isinstance(ctr, (bytes, memoryview)):
         raise Rejected("schema", "field 'ctr' must be a byte string")
-    if st is None:
+    if st is None:  # the rest of 'schema' (L against mode and kind) before 'shape'
         _check_dbits(kind, mech, budget, clip, w, d, nz)
+        _check_arrays(mode, kind, L, levels)
     if kind == "dbits":
         if len(ctr) != 4 * d:
             raise Rejected("shape", "ctr has %d bytes, kind dbits has d=%d int32 counts (%d bytes)"
@@ -537,8 +545,6 @@ def decode_state(payload: bytes, topic: Optional[str] = None, max_bytes: int = 1
     elif len(ctr) != 4 * levels * d * w:
         raise Rejected("shape", "ctr has %d bytes, %d level(s) x d=%d x w=%d int32 counters need %d"
                        % (len(ctr), levels, d, w, 4 * levels * d * w))
-    if st is None:
-        _check_arrays(mode, kind, L, levels)
     # payload == pansketch.agent.cbor's encoding of obj (cborscan.scan; canonical_offset re-encodes to the same answer)
     off = sc.offsets["ctr"] if sc.canonical else -1
     if off < 0:
