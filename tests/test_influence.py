@@ -2,7 +2,8 @@
 cancelled items flagged.
 
 Fleets are the real device core (pansketch.agent.recorder.Recorder with the Pi daemon's numpy path,
-pansketch.agent.pi.batch.add_batch; deterministic byte source) stored through the aggregator's validate-and-store
+pansketch.agent.pi.batch.add_batch, and its numpy noise draws, pansketch.agent.pi.bulknoise.BulkRng;
+deterministic byte source) stored through the aggregator's validate-and-store
 path. The false-flag rate is measured on
 
 * the demo fleet (``pansketch demo``'s parameters: 4 devices, cs d = 4, w = 2048, dgauss rho = 1/2,
@@ -23,9 +24,10 @@ import numpy as np
 import pytest
 
 from pansketch.agent.pi.batch import add_batch
+from pansketch.agent.pi.bulknoise import BulkRng
 from pansketch.agent.params import Params
 from pansketch.agent.recorder import Recorder
-from pansketch.agent.rng import DeterministicSource, Rng
+from pansketch.agent.rng import DeterministicSource
 from pansketch.host_tools import hostconfig
 from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.query import influence
@@ -44,7 +46,8 @@ def _zipf(n: int, s: float, seed: int) -> list[str]:
 def _device(dev: str, root: str, windows: list[list[str]], d: int = 4, w: int = 2048) -> list[bytes]:
     p = Params({"device": dev, "salt": SALT, "kind": "cs", "d": d, "w": w, "mode": "window", "window_s": 3600,
                 "mechanism": "dgauss", "budget": "1/2"})
-    rec = Recorder(p, os.path.join(root, dev), T0, rng=Rng(DeterministicSource("infl-" + dev)), log=lambda _m: None)
+    # the daemon's rng: whole-array noise draws (agent/pi/bulknoise.py), from a deterministic byte source
+    rec = Recorder(p, os.path.join(root, dev), T0, rng=BulkRng(DeterministicSource("infl-" + dev)), log=lambda _m: None)
     t = T0
     for ev in windows:
         rec.add_many(ev, None, adder=add_batch)
