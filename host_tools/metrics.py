@@ -236,8 +236,7 @@ class StoreCollector:
         for dev in sorted(excl):
             ex.add_metric([dev], 1)
         yield ex
-        ver = st.change_count()
-        snap = st.snapshot() if ver is None else ver  # the counter, else a digest of every release key
+        snap = influence.flag_state(st)  # the store's change counter, else the flag windows' generations
         now = time.monotonic()
         cached = self.__dict__.get("_flag_cache")
         if cached is None or cached[0] != (snap, tuple(sorted(excl))) or now - cached[1] > QUERY_TTL_S:
@@ -444,11 +443,14 @@ class FlagScanner:
     latest ``windows`` windows of the store are compared (pansketch.host_tools.query.influence, excluded devices
     left out) and each flagged (device, window) is logged once, as a warning; ``devices`` holds the
     devices flagged in the last scan (retention keeps their payloads: pansketch.host_tools.ingest.pipeline).
-    In this module because ingest may not import query; runs in a thread of its own, on a read-only
-    connection of its own."""
+    Each scan first computes and keeps the flags of the recent windows whose releases changed
+    (pansketch.host_tools.query.influence.refresh: each window's payloads read once per change, not per
+    ``status`` call). In this module because ingest may not import query; runs in a thread of its own,
+    on a connection of its own."""
 
-    def __init__(self, db: str, logger: Any, interval: float = 300.0, windows: int = 2) -> None:
+    def __init__(self, db: str, logger: Any, interval: float = 300.0, windows: int = 2, max_events: Any = None) -> None:
         self.db = db
+        self.max_events = max_events
         self.log = logger
         self.interval = interval
         self.windows = windows
@@ -461,8 +463,11 @@ class FlagScanner:
         from pansketch.host_tools.query import influence
         from pansketch.host_tools.store.backend import open_store
 
-        with open_store(self.db, readonly=True) as st:
-            flags = influence.recent_flags(st, windows=self.windows)
+        # the flags of every recent window whose releases changed, computed once and kept in the store
+        # (status, metrics and the dashboard read them there), then the latest few logged
+        with open_store(self.db) as st:
+            influence.refresh(st, max_events=self.max_events)
+            flags = influence.recent_flags(st, windows=self.windows, max_events=self.max_events)
         for f in flags:
             k = (f.device, f.win_s, f.win)
             if k not in self._logged:

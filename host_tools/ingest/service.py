@@ -111,7 +111,7 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     agg = Aggregator(cfg)
     agg.store.background_checkpoints(drop_behind=cfg.aggregator.drop_cache_behind_mb << 20)
     # flagged devices: logged once per device and window; retention keeps their payloads
-    agg.flag_scanner = metrics.FlagScanner(cfg.aggregator.db, log, FLAG_SCAN_S)
+    agg.flag_scanner = metrics.FlagScanner(cfg.aggregator.db, log, FLAG_SCAN_S, max_events=cfg.fleet.max_events)
     agg.flag_scanner.start()
     cid = hostconfig.default_client_id(cfg)
     sub = cfg.aggregator.subscription

@@ -230,23 +230,137 @@ def window_flags(store: Any, win_s: int, win: int, exclude: Iterable[str] = (),
     return out
 
 
+def _setting(exclude: Iterable[str], max_events: Any) -> str:
+    """What a window's flags depend on besides its releases: the excluded devices and the limits."""
+    import json
+
+    from pansketch.host_tools.hostconfig import DEFAULT_MAX_EVENTS, LIMIT_KINDS
+
+    me = max_events if max_events is not None else (lambda _k: DEFAULT_MAX_EVENTS)
+    return json.dumps({"exclude": sorted(exclude), "max_events": [int(me(k)) for k in LIMIT_KINDS]})
+
+
+def _flag_doc(f: Flag) -> str:
+    import json
+
+    return json.dumps([f.device, f.win_s, f.win, f.kind, f.score, list(f.cell), f.residual, f.share, f.cells, f.reason])
+
+
+def _doc_flag(doc: str) -> Flag:
+    import json
+
+    d = json.loads(doc)
+    return Flag(str(d[0]), int(d[1]), int(d[2]), str(d[3]), float(d[4]), (int(d[5][0]), int(d[5][1]), int(d[5][2])),
+                float(d[6]), float(d[7]), int(d[8]), str(d[9]))
+
+
+def has_stored(store: Any) -> bool:
+    """The store keeps flags per window (schema ``flag_windows``: a file opened for writing by this version)."""
+    hit = store.__dict__.get("_has_flag_windows")
+    if hit is None:
+        try:
+            hit = store._meta("flag_windows") == "1"
+        except Exception:  # an older file's read-only open: no such table
+            hit = False
+        store.__dict__["_has_flag_windows"] = hit
+    return bool(hit)
+
+
+def _latest(pairs: Iterable[tuple[Any, Any]], windows: int) -> list[tuple[int, int]]:
+    """The latest ``windows`` window ids of each window length, in (win_s, win) order."""
+    per: dict[int, list[int]] = {}
+    for ws, w in sorted(((int(a), int(b)) for a, b in pairs), key=lambda t: (t[0], -t[1])):
+        lst = per.setdefault(ws, [])
+        if len(lst) < windows:
+            lst.append(w)
+    return [(ws, w) for ws in sorted(per) for w in sorted(per[ws])]
+
+
+def _windows(store: Any, windows: int) -> tuple[list[tuple[int, int]], dict[tuple[int, int], tuple[int, int, str]]]:
+    """The recent windows, and per window its (gen, done, setting) where the store keeps flags."""
+    if not has_stored(store):
+        return _latest(store._q("SELECT DISTINCT win_s, win FROM releases"), windows), {}
+    rows = store._q("SELECT win_s, win, gen, done, setting FROM flag_windows WHERE gen > 0")
+    state = {(int(ws), int(w)): (int(g), int(dn), str(st)) for ws, w, g, dn, st in rows}
+    return _latest(state, windows), state
+
+
+def _stored_flags(store: Any, wins: list[tuple[int, int]]) -> dict[tuple[int, int], list[Flag]]:
+    out: dict[tuple[int, int], list[Flag]] = {k: [] for k in wins}
+    per: dict[int, list[int]] = {}
+    for ws, w in wins:
+        per.setdefault(ws, []).append(w)
+    for ws, ids in per.items():
+        for w, doc in store._q("SELECT win, doc FROM flags WHERE win_s = ? AND win >= ? AND win <= ? ORDER BY win, pos",
+                               (ws, min(ids), max(ids))):
+            if (ws, int(w)) in out:
+                out[(ws, int(w))].append(_doc_flag(str(doc)))
+    return out
+
+
 def recent_flags(store: Any, windows: int = RECENT_WINDOWS, exclude: Optional[Iterable[str]] = None,
                  max_events: Any = None) -> list[Flag]:
-    """Flags of the latest ``windows`` windows of each window length (excluded devices are not compared)."""
+    """Flags of the latest ``windows`` windows of each window length (excluded devices are not compared).
+
+    A window whose flags the store keeps (:func:`refresh`, schema ``flag_windows``) for its current
+    releases and this setting is read from there; the others are computed from the releases' payloads
+    (the same :func:`window_flags`: the answer is the same either way, tests/test_flag_store.py)."""
     from pansketch.host_tools.store import exclusions
 
     ex = set(exclusions.excluded(store)) if exclude is None else set(exclude)
-    wins = store._q("SELECT DISTINCT win_s, win FROM releases ORDER BY win_s, win DESC")
-    per: dict[int, list[int]] = {}
-    for ws, w in wins:
-        lst = per.setdefault(int(ws), [])
-        if len(lst) < windows:
-            lst.append(int(w))
+    wins, state = _windows(store, windows)
+    want = _setting(ex, max_events)
+    fresh = [k for k in wins if k in state and state[k][0] == state[k][1] and state[k][2] == want]
+    kept = _stored_flags(store, fresh) if fresh else {}
     out: list[Flag] = []
-    for ws in sorted(per):
-        for w in sorted(per[ws]):
-            out += window_flags(store, ws, w, ex, max_events)
+    for ws, w in wins:
+        out += kept[(ws, w)] if (ws, w) in kept else window_flags(store, ws, w, ex, max_events)
     return out
+
+
+def refresh(store: Any, windows: int = RECENT_WINDOWS, max_events: Any = None) -> int:
+    """Compute and keep the flags of the latest ``windows`` windows whose releases (or exclusions, or
+    limits) changed since they were kept (a writable store of this version); returns how many windows
+    were computed. Each window's payloads are read once per change, not once per ``status`` call: the
+    aggregator's flag scanner (pansketch.host_tools.metrics.FlagScanner) calls this. A release stored
+    while a window is computed bumps its ``gen`` past the ``done`` kept here: computed again next time."""
+    from pansketch.host_tools.store import exclusions
+
+    if not has_stored(store):
+        return 0
+    ex = set(exclusions.excluded(store))
+    want = _setting(ex, max_events)
+    wins, state = _windows(store, windows)
+    n = 0
+    for k in wins:
+        gen, done, setting = state[k]
+        if gen == done and setting == want:
+            continue
+        flags = window_flags(store, k[0], k[1], ex, max_events)
+
+        def tx(cur: Any, k: tuple[int, int] = k, gen: int = gen, flags: list[Flag] = flags) -> None:
+            store._x(cur, "DELETE FROM flags WHERE win_s = ? AND win = ?", k)
+            if flags:
+                cur.executemany(store._sql("INSERT INTO flags (win_s, win, pos, device, doc) VALUES (?, ?, ?, ?, ?)"),
+                                [(k[0], k[1], i, f.device, _flag_doc(f)) for i, f in enumerate(flags)])
+            store._x(cur, "UPDATE flag_windows SET done = ?, setting = ? WHERE win_s = ? AND win = ?",
+                     (gen, want, k[0], k[1]))
+
+        store._exec_tx(tx)
+        n += 1
+    return n
+
+
+def flag_state(store: Any) -> Any:
+    """Changes whenever some window's flags may: the store's change counter (moved by every write
+    transaction), else the windows' generations where the store keeps them (a read of one small
+    table), else the store's snapshot (every release key)."""
+    ver = store.change_count()
+    if ver is not None:
+        return ver
+    if has_stored(store):
+        return tuple(store._q("SELECT win_s, win, gen FROM flag_windows ORDER BY win_s, win"))
+    return store.snapshot()
 
 
 _CACHED: dict[str, tuple[Any, list[Flag]]] = {}
@@ -254,11 +368,11 @@ _CACHED: dict[str, tuple[Any, list[Flag]]] = {}
 
 def cached_flags(store: Any) -> list[Flag]:
     """:func:`recent_flags` of the store (excluded devices left out), remembered per store state
-    (``store.snapshot()`` and the exclusions): the dashboard shows them on every answer page."""
+    (:func:`flag_state` and the exclusions): the dashboard shows them on every answer page."""
     from pansketch.host_tools.store import exclusions
 
     excl = exclusions.excluded(store)
-    key = (store.snapshot(), tuple(sorted(excl)))
+    key = (flag_state(store), tuple(sorted(excl)))
     hit = _CACHED.get(store.path)
     if hit is not None and hit[0] == key:
         return hit[1]

@@ -89,6 +89,17 @@ class PurgeReport:
 _GROUP = "win_s = ? AND win = ? AND kind = ? AND d = ? AND w = ? AND hv = ? AND salt = ?"
 
 
+def _flag_windows_changed(store: SQLStore, cur: Any, wins: set[tuple[int, int]]) -> None:
+    """Purged windows: their stored flags are out of date; a window left without releases is no window."""
+    if not wins:  # (a writable store has the table: its open created it)
+        return
+    store._bump_flag_windows(cur, wins)
+    for ws, w in sorted(wins):
+        if store._x(cur, "SELECT 1 FROM releases WHERE win = ? AND win_s = ? LIMIT 1", (w, ws)).fetchone() is None:
+            store._x(cur, "UPDATE flag_windows SET gen = -gen WHERE win_s = ? AND win = ?", (ws, w))
+            store._x(cur, "DELETE FROM flags WHERE win_s = ? AND win = ?", (ws, w))
+
+
 def purge(store: SQLStore, device: str, since: Optional[float] = None) -> PurgeReport:
     """Delete ``device``'s releases (those whose epochs start at or after ``since``, or all) and subtract
     them from the roll-ups, in one transaction. :class:`PurgeError` (nothing changed) if one of them was
@@ -118,6 +129,7 @@ def purge(store: SQLStore, device: str, since: Optional[float] = None) -> PurgeR
                              % (len(pruned), device, *min(pruned)))
         store._x(cur, "DELETE FROM releases WHERE " + cond, args)
         rep.releases = len(rels)
+        _flag_windows_changed(store, cur, {(r.win_s, r.win) for r in rels})
         if store.has_rollups:
             for key in sorted(by_key):
                 _subtract(store, cur, key, by_key[key], device, rep)

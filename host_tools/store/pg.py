@@ -439,6 +439,7 @@ class PgStore(SQLStore):
         if cur.fetchone() is None:
             self._rebuild_rollups(cur)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+        self._init_flag_windows(cur)
         cur.execute("INSERT INTO meta (key, value) VALUES ('pg_setup', %s) ON CONFLICT (key) DO UPDATE "
                     "SET value = excluded.value", (_SETUP_ID,))
 

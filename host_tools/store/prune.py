@@ -48,13 +48,14 @@ class Pruner(SQLBase):
             # their payloads: a purge must be able to subtract them from the roll-ups. The watermark passes
             # them, so payloads kept here stay kept (until the device is purged)
             skip = " AND device NOT IN (%s)" % ",".join("?" * len(spare)) if spare else ""
-            rows = self._x(cur, "SELECT device, elo, ehi, part, received FROM releases WHERE received >= ? "
+            rows = self._x(cur, "SELECT device, elo, ehi, part, received, win_s, win FROM releases WHERE received >= ? "
                                 "AND received < ? AND mode IN ('window', 'keep') AND kind IN ('cms', 'cs') "
                                 "AND lvl = 0 AND length(payload) > 0" + skip + " ORDER BY received LIMIT ?",
                            [lo, before] + spare + [limit]).fetchall()
             if rows:
                 cur.executemany(self._sql("UPDATE releases SET payload = ? WHERE device = ? AND elo = ? AND ehi = ? "
                                           "AND part = ?"), [(b"",) + tuple(r[:4]) for r in rows])
+                self._bump_flag_windows(cur, {(int(r[5]), int(r[6])) for r in rows})  # their flags leave them out
             to = float(rows[-1][4]) if len(rows) == limit else before
             if to > lo:
                 self._x(cur, "INSERT INTO meta (key, value) VALUES ('pruned_to', ?) ON CONFLICT (key) DO UPDATE "

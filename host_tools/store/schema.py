@@ -43,6 +43,15 @@ Tables (schema version 1)::
     rollup_noise    per roll-up the noise draws per cell: (mech, num, den) ->
                     count, exactly the terms pansketch.host_tools.query.merge adds up
     rollup_devices  per roll-up the devices that contributed
+    flag_windows    per (window length, window id) that holds releases: gen,
+                    bumped by every change of its releases (store, purge,
+                    retention's prune), and done, the gen its stored flags
+                    were computed at, with the setting they were computed
+                    with (contribution limits, excluded devices); the write
+                    path keeps gen, pansketch.host_tools.query.influence the rest
+    flags           the flagged devices of each window at ``done``, in the
+                    order of pansketch.host_tools.query.influence.window_flags
+                    (doc: the Flag's fields as JSON)
 
 Older databases (written before releases carried ``nz``) lack the
 ``releases.nz`` column. Opening one for writing adds it with
@@ -56,7 +65,10 @@ range query count the same events twice. Likewise
 ``rejections.seq`` (the refused release's seq, when its bytes parse that
 far and name the topic's device) is added and filled in from the kept
 bytes; a read-only open of such a file attributes no seq to old
-rejections.
+rejections. ``flag_windows`` and ``flags`` are created by a writer's open
+of an older file, ``flag_windows`` filled with every window its releases
+hold (meta ``flag_windows``), their flags to compute; a read-only open of
+such a file computes flags from the releases, as before.
 """
 
 from __future__ import annotations
@@ -141,6 +153,14 @@ CREATE TABLE IF NOT EXISTS rollup_noise (
 );
 CREATE TABLE IF NOT EXISTS rollup_devices (
     rollup INTEGER NOT NULL, device TEXT NOT NULL, PRIMARY KEY (rollup, device)
+);
+CREATE TABLE IF NOT EXISTS flag_windows (
+    win_s INTEGER NOT NULL, win INTEGER NOT NULL, gen INTEGER NOT NULL, done INTEGER NOT NULL,
+    setting TEXT NOT NULL, PRIMARY KEY (win_s, win)
+);
+CREATE TABLE IF NOT EXISTS flags (
+    win_s INTEGER NOT NULL, win INTEGER NOT NULL, pos INTEGER NOT NULL, device TEXT NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (win_s, win, pos)
 );
 """
 

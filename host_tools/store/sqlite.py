@@ -325,6 +325,7 @@ class Store(SQLStore):
         if cur.execute("SELECT value FROM meta WHERE key = 'rollups'").fetchone() is None:
             self._rebuild_rollups(cur)  # a database from before roll-ups (or a new one: nothing to sum)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
+        self._init_flag_windows(cur)
 
     # -- per-device figures in ``devices`` (the release key does not lead with the device) --------
     def _stored_top(self, cur: Any, dev: str) -> int:

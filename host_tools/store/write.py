@@ -223,6 +223,7 @@ class GroupWriter(SQLBase):
             if p.status == "stored" and p.rel is not None and not self._roll(accs, p.rel):
                 unrolled = True
         self._apply_rollups(cur, accs)
+        self._bump_flag_windows(cur, {(p.rel.win_s, p.rel.win) for p in items if p.status == "stored" and p.rel})
         self._note_stored(cur, items)
         if unrolled:
             self._mark_unrolled(cur)
@@ -313,6 +314,23 @@ class GroupWriter(SQLBase):
         """The row of a device's fixed parameters, written with its first stored release."""
         self._x(cur, "INSERT INTO devices (device, salt, hv, kind, d, w, ep_s, first_received) "
                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device) DO NOTHING", (rel.dev,) + mine + (now,))
+
+    def _bump_flag_windows(self, cur: Any, wins: Any) -> None:
+        """The windows whose releases changed: their stored flags are out of date (schema ``flag_windows``;
+        pansketch.host_tools.query.influence computes them again). One row per window, not per release. A
+        window a purge emptied has a negative gen (no window; pansketch.host_tools.store.exclusions): its
+        magnitude keeps growing, so flags computed before the purge never match a later gen."""
+        if wins:
+            cur.executemany(self._sql("INSERT INTO flag_windows (win_s, win, gen, done, setting) VALUES (?, ?, 1, 0, '') "
+                                      "ON CONFLICT (win_s, win) DO UPDATE SET gen = ABS(flag_windows.gen) + 1"),
+                            sorted(wins))
+
+    def _init_flag_windows(self, cur: Any) -> None:
+        """An older database's windows into ``flag_windows`` (once: meta ``flag_windows``), flags to compute."""
+        if self._x(cur, "SELECT value FROM meta WHERE key = 'flag_windows'").fetchone() is None:
+            self._x(cur, "INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT DISTINCT win_s, win, 1, 0, '' "
+                         "FROM releases WHERE true ON CONFLICT (win_s, win) DO NOTHING")
+            self._x(cur, "INSERT INTO meta (key, value) VALUES ('flag_windows', '1')")
 
     def _note_stored(self, cur: Any, items: Sequence[Pending]) -> None:
         """Per-device figures kept up to date at the end of a group (none here; ``Store`` keeps some)."""
