@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest

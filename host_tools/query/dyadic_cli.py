@@ -235,8 +235,9 @@ def run(args: argparse.Namespace, store: Any, salt: str, conf: float, since: Opt
         if r0.get("resolution", 1) > 1:
             print("# values are the ends of blocks of %d domain values (READING: the whole block): the finest "
                   "resolution at which this fleet's sketch gives honest intervals" % r0["resolution"])
-        if dishonest:
-            print("# none: %s" % dyadic.NO_INTERVAL)
+        if dishonest:  # each row's own reason (the sketch's resolution, or a merged total no events give)
+            for note in sorted({r.get("note") or dyadic.NO_INTERVAL for r in rows if not r.get("honest_interval", True)}):
+                print("# none: %s" % note)
         if outside:
             print("# ! = %d noisy estimate(s) outside their own interval (the raw sums are not monotone); "
                   "trust the interval, not the point" % outside)

@@ -11,6 +11,9 @@ from pansketch.host_tools.store.base import SQLBase
 class Pruner(SQLBase):
     """:meth:`prune` and its count."""
 
+    def _bump_flag_windows(self, cur: Any, wins: Any) -> None:  # the write path's (GroupWriter)
+        raise NotImplementedError
+
     def prune(self, before: float, limit: int = 2000, keep: Iterable[str] = ()) -> int:
         """Retention: drop the payload of rolled-up releases received before ``before``; returns how many.
 
