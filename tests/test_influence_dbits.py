@@ -145,3 +145,45 @@ def test_chi2_bound_is_a_bound(k):
         x = dbitsflag.chi2_bound(k, a)
         assert scipy_stats.chi2.sf(x, k) <= a
         assert scipy_stats.chi2.sf(x, k) > a / 1000  # and not absurdly loose
+
+
+def test_dbits_flags_on_the_dashboard_metrics_and_log(tmp_path):
+    """The fleet page and the distinct page name the flagged dbits device, /metrics counts its flagged
+    window, the aggregator's scanner logs it once (the same places as the other kinds' flags)."""
+    import logging
+
+    from pansketch.host_tools import metrics
+    from tests.support.dash import Server
+    from tests.support.dashboard import get
+
+    fleet = {"door-%d" % i: _device("door-%d" % i, str(tmp_path), [300]) for i in range(4)}
+    fleet["mal-1"] = _device("mal-1", str(tmp_path), [100_000])
+    db = _store(tmp_path, fleet, "wired")
+    conf = str(tmp_path / "host.toml")
+    with open(conf, "w") as f:
+        f.write('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\nmax_clock_skew_s = 1e9\n' % (SALT, db))
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    lg = logging.getLogger("test.dbitsflag")
+    lg.addHandler(Keep())
+    sc = metrics.FlagScanner(db, lg, windows=2)
+    sc.scan()
+    sc.scan()
+    assert [x for x in lines if "FLAGGED" in x] and all(x.startswith("device mal-1 FLAGGED") for x in lines
+                                                        if "FLAGGED" in x) and len(lines) == 1, lines
+    srv = Server(conf)
+    try:
+        code, page, _h = get(srv.url + "/")
+        assert code == 200 and "mal-1" in page and "out of line with the fleet in 1 recent window" in page
+        code, page, _h = get(srv.url + "/distinct")
+        assert code == 200 and ("the others&#39; median" in page or "the others' median" in page), page[-3000:]
+        code, text, _h = get(srv.url + "/metrics")
+        assert 'pansketch_device_flagged_windows{device="mal-1"} 1.0' in text, text[-2000:]
+        assert not [x for x in text.splitlines() if x.startswith("pansketch_device_flagged_windows{")
+                    and "mal-1" not in x]
+    finally:
+        srv.stop()
