@@ -182,3 +182,20 @@ def test_status_and_fleet_page_use_one_ledger_of_every_release(db: str) -> None:
         page = fleetview.fleet(st, now=T0 + 10 ** 6)
         assert [d["device"] for d in page["devices"]] == [d["device"] for d in rep["devices"]]
         st.close()
+
+
+def test_devices_with_releases_equal_the_release_list(db: str, tmp_path: Any) -> None:
+    """The devices table lists exactly the devices holding releases, also after a purge of some or all
+    of a device's releases (the pages and the excluded-device paths read it instead of every release)."""
+    import shutil
+
+    copy = str(tmp_path / "purge.db")
+    shutil.copy(db, copy)
+    st = Store(copy)
+    assert st.devices_with_releases() == [r[0] for r in st.device_activity()]
+    exclusions.purge(st, "r2", since=T0 + 2 * 3600)  # some of its releases
+    assert st.devices_with_releases() == [r[0] for r in st.device_activity()]
+    exclusions.purge(st, "r3")  # all of them
+    assert "r3" not in st.devices_with_releases()
+    assert st.devices_with_releases() == [r[0] for r in st.device_activity()]
+    st.close()

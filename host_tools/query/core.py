@@ -244,7 +244,7 @@ def select_merged(store: SQLStore, window: Optional[int] = None, since: Optional
             m = _from_rollups(store, sel, excl) if excl else _from_rollups(store, sel)
         if m is None:
             if excl and sel.devices is None:
-                sel.devices = [str(r[0]) for r in store.device_activity() if r[0] not in excl]
+                sel.devices = [d for d in store.devices_with_releases() if d not in excl]
                 if not sel.devices:
                     raise QueryError("no releases of any device that is not excluded (%s)"
                                      % ", ".join(sorted(excl)[:8]))
@@ -332,7 +332,7 @@ def _from_rollups(store: SQLStore, sel: Selection, excl: Optional[set[str]] = No
         raw += [r for r in store.releases(window=win, win_s=ws, since=sel.since, until=sel.until, with_payload=True)
                 if not excl or r.device not in excl]
     if boundary:
-        keep = [str(r[0]) for r in store.device_activity() if r[0] not in excl] if excl else None
+        keep = [d for d in store.devices_with_releases() if d not in excl] if excl else None
         sel.partial = store.count_partial(sel.since, sel.until, devices=keep, windows=boundary) if keep != [] else 0
     less: Optional[_Less] = None
     if excl:

@@ -150,6 +150,13 @@ class Reader(SQLBase):
         """(device, salt, hv, kind, d, w, ep_s, first_received) per known device."""
         return self._q("SELECT device, salt, hv, kind, d, w, ep_s, first_received FROM devices ORDER BY device")
 
+    def devices_with_releases(self) -> list[str]:
+        """The devices holding at least one stored release, sorted: the ``devices`` table, whose row is
+        written in the transaction of the device's first release and deleted with its last
+        (pansketch.host_tools.store.exclusions.purge); one row per device instead of the GROUP BY of
+        every release that :meth:`device_activity` is."""
+        return [str(r[0]) for r in self._q("SELECT device FROM devices ORDER BY device")]
+
     def kind_counts(self) -> dict[str, int]:
         """kind -> number of devices (a device row is written with its first stored release)."""
         return {str(k): int(n) for k, n in self._q("SELECT kind, COUNT(*) FROM devices GROUP BY kind")}

@@ -121,11 +121,9 @@ class KindPages:
     @staticmethod
     def _kinds(st: Any) -> dict[str, list[str]]:
         """kind -> devices holding releases of it."""
-        active = {r[0] for r in st.device_activity()}
         out: dict[str, list[str]] = {}
-        for row in st.devices():
-            if row[0] in active:
-                out.setdefault(row[3], []).append(row[0])
+        for row in st.devices():  # a device row is there while the device holds releases
+            out.setdefault(row[3], []).append(row[0])
         return out
 
     @staticmethod
