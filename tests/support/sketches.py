@@ -17,7 +17,7 @@ from pansketch.agent.sketch import Sketch, new_counters
 Event = Union[str, tuple[str, int]]
 
 
-def params_with(base: Mapping[str, Any], device_key: str = "device") -> Callable[..., Params]:
+def params_with(base: Mapping[str, Any]) -> Callable[..., Params]:
     """``params(device=None, **overrides)``: Params of ``base`` with the overrides over it. A positional
     ``device`` sets the device id; an override of None drops the key (the field's derived default,
     e.g. window_s in tree mode)."""
@@ -25,7 +25,7 @@ def params_with(base: Mapping[str, Any], device_key: str = "device") -> Callable
     def params(device: Optional[str] = None, **kw: Any) -> Params:
         cfg = dict(base)
         if device is not None:
-            cfg[device_key] = device
+            cfg["device"] = device
         cfg.update(kw)
         return Params({k: v for k, v in cfg.items() if v is not None})
 
