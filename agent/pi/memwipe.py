@@ -19,7 +19,9 @@ numpy would stay readable until something reuses the bytes. Three layers close t
    their contents. ``scrub`` asks pymalloc how many blocks are free in each size class
    (``_PyObject_DebugMallocStats``, the report ``sys._debugmallocstats()`` prints) and
    allocates that many zero-filled objects of that size, then frees them: every free block and
-   every unused pool then holds zeros. It costs about one allocation per free block (a few ms
+   every unused pool then holds zeros. A pool keeps what its earlier size class left wherever
+   its current class has not carved a block yet, so unused pools are carved whole, first, and
+   nothing else is allocated while the fillers are (:func:`scrub`). It costs about one allocation per free block (a few ms
    after a 32,768-line chunk), so it runs when the daemon is about to wait, not between two
    chunks of a busy input (the next chunk's objects take the same blocks meanwhile).
 3. :func:`wipe_bytes`: a ``bytes`` object the agent made and alone references (a read, a
@@ -35,7 +37,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from typing import Any, Optional
+from collections import deque
+from itertools import repeat, starmap
+from operator import neg
+from typing import Any, Iterator, Optional
 
 ENV_OFF = "PANSKETCH_TEST_NO_WIPE"
 ON = not os.environ.get(ENV_OFF)
@@ -48,8 +53,12 @@ _M_PERTURB = -6  # mallopt parameters (malloc.h)
 _PERTURB_BYTE = 0x5A  # free() fills with this, malloc() with its complement (0xA5)
 _libc: Optional[Any] = None
 _stats: Optional[Any] = None
-_SMALL = 512  # pymalloc's largest block
-_POOL_BLOCKS_512 = 31  # 512-byte blocks in one 16 KiB pool (after its 48-byte header)
+# Unused pools are carved into 480-byte blocks: 34 of them cover a 16 KiB pool from its 48-byte
+# header to 16 bytes before its end (the end only ever holds 16-byte blocks). pymalloc's largest
+# class, 512, would leave the last 464 bytes of each pool, where the objects of the pool's
+# earlier size class stay (seven freed 23-byte lines in a 64-byte pool).
+_CARVE = 480
+_CARVE_BLOCKS = 34
 
 
 def _c() -> Any:
@@ -126,30 +135,45 @@ def _free_blocks() -> Optional[tuple[list[tuple[int, int]], int]]:
     return classes, unused
 
 
+def _filler(size: int, k: int) -> Iterator[Any]:
+    """k new objects that each fill one block of pymalloc size class ``size``, every byte written."""
+    if size == 16:
+        return starmap(object, repeat((), k))  # an object(): its refcount and type, 16 bytes
+    if size == 32:
+        return map(neg, repeat(1 << 40, k))  # a new two-digit int: header and digits, 32 bytes
+    return map(bytes, repeat(size - _DATA - 1, k))  # size - 33 data bytes + NUL: the block, zeroed (calloc)
+
+
 def scrub() -> int:
     """Overwrite every free pymalloc block and unused pool with zeros (see the module's text).
-    Returns the number of blocks filled (0 when turned off or unavailable)."""
+    Returns the number of blocks filled (0 when turned off or unavailable).
+
+    What it allocates besides the fillers would take blocks the counts did not include, and an
+    object that then needs a fresh pool takes an unused one and carves it only block by block:
+    the rest of that pool (freed lines of its previous size class) would stay behind, and be an
+    unused pool again once the scrub's objects are freed. So the fillers are built as iterators
+    first (small, before anything is filled) and drained by deques (whose blocks are larger than
+    pymalloc's), and the unused pools are carved first: what any later allocation takes
+    then comes from a pool already zeroed or from a new arena (zero pages)."""
     if not ON:
         return 0
     got = _free_blocks()
     if got is None:
         return 0
     classes, unused = got
-    held: list[Any] = []
+    plan = []
     n = 0
-    for size, free in classes:
-        if not free:
-            continue
-        if size >= 48:  # a bytes object of size - 33 data bytes fills exactly one block, zeroed (calloc)
-            held.append(list(map(bytes, [size - _DATA - 1] * free)))
-        else:  # 16, 32: a bytearray's buffer of size - 1 bytes (zeroed); its object lands in class 64
-            held.append(list(map(bytearray, [size - 1] * free)))
-        n += free
-    if unused:  # carve every unused pool into zeroed 512-byte blocks
-        k = unused * _POOL_BLOCKS_512
-        held.append(list(map(bytes, [_SMALL - _DATA - 1] * k)))
+    if unused:  # first, every unused pool, carved into zeroed blocks from header to end
+        k = unused * _CARVE_BLOCKS
+        plan.append((deque().extend, _filler(_CARVE, k)))
         n += k
-    del held
+    for size, free in classes:
+        if free:
+            plan.append((deque().extend, _filler(size, free)))
+            n += free
+    for fill, it in plan:
+        fill(it)
+    del plan, fill, it
     return n
 
 
