@@ -156,7 +156,7 @@ def _fill_once() -> Optional[int]:
     if got is None:
         return None
     classes, unused = got
-    plan = []
+    plan: list[tuple[Any, Iterator[Any]]] = []
     n = 0
     if unused:  # first, every unused pool, carved into zeroed blocks from header to end
         k = unused * _CARVE_BLOCKS
