@@ -558,7 +558,14 @@ class MqttSource(Source):
             self.log("source subscribed to %s on %s:%d" % (cfg.topic, cfg.host, cfg.port))
 
         def on_message(client: Any, userdata: Any, msg: Any) -> None:
-            b = self.handle(msg.topic, msg.payload)
+            payload = msg.payload
+            b = self.handle(msg.topic, payload)
+            # paho made this object for this message and drops it once this returns (a QoS 2
+            # message is delivered once, at its PUBREL): zeroed now rather than at the next scrub.
+            # Its other copies (the socket read, the packet bytearray, struct.unpack's pieces, the
+            # topic) are paho's, freed within this read: the scrub and M_PERTURB reach those.
+            wipe_bytes(payload)
+            del payload
             if b is not None:
                 self.q.put(b)
 
