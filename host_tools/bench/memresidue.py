@@ -3,11 +3,12 @@
     python -m pansketch.host_tools.bench.memresidue [--intervals N] [--out DIR] [--no-wipe]
 
 Runs tests/support/memresidue.py for ``run`` (followed file source, publishing to a real
-mosquitto) with dgauss and ``feed --jobs 2`` (its count worker is a second process, read too)
-with dlap, each over N persist intervals (a release falls among them), and prints and writes
-(bench-results/memresidue.json) per moment what the memory still held: raw items, their
-digests, windows of the residual noise draw (the exact-recovery attack's trials), windows of
-earlier draws and of exact chunk counts. ``--no-wipe`` runs the negative control
+mosquitto) with dgauss, ``run`` with an MQTT source (each raw item one message published to
+that mosquitto; its large burst is 5,000 items, not 20,000: one message each) and ``feed
+--jobs 2`` (its count worker is a second process, read too) with dlap, each over N persist
+intervals (a release falls among them), and prints and writes (bench-results/memresidue.json)
+per moment what the memory still held: raw items, their digests, windows of the residual noise
+draw (the exact-recovery attack's trials), windows of earlier draws and of exact chunk counts. ``--no-wipe`` runs the negative control
 (PANSKETCH_TEST_NO_WIPE=1). Needs root (or ptrace permission) and mosquitto.
 """
 
@@ -26,16 +27,18 @@ def run(intervals: int, no_wipe: bool) -> dict[str, Any]:
     from tests.support.memresidue import run_scenario
 
     out: dict[str, Any] = {"intervals": intervals, "no_wipe": no_wipe, "runs": []}
-    for command, mech in (("run", "dgauss"), ("feed", "dlap")):
+    for command, mech, source in (("run", "dgauss", "file"), ("run", "dgauss", "mqtt"), ("feed", "dlap", "file")):
         with tempfile.TemporaryDirectory() as td:
             b = start_mosquitto(td)
             try:
                 t = time.monotonic()
-                rep = run_scenario(td, command, mech, b.port, intervals=intervals, no_wipe=no_wipe)
+                rep = run_scenario(td, command, mech, b.port, intervals=intervals, no_wipe=no_wipe, source=source,
+                                   big=5000 if source == "mqtt" else 20000)
             finally:
                 b.stop()
-        print("== %s %s (%.0f s)\n%s" % (command, mech, time.monotonic() - t, rep.summary()), flush=True)
-        out["runs"].append({"command": command, "mech": mech, "trials": rep.trials, "recovered": rep.recovered,
+        print("== %s %s %s (%.0f s)\n%s" % (command, source, mech, time.monotonic() - t, rep.summary()), flush=True)
+        out["runs"].append({"command": command, "source": source, "mech": mech, "trials": rep.trials,
+                            "recovered": rep.recovered,
                             "old_draw_hits": rep.old_draw_hits, "old_draw_trials": rep.old_draw_trials,
                             "count_hits": rep.count_hits, "count_trials": rep.count_trials,
                             "items_total": rep.items_total, "moments": rep.moments})

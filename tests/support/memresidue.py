@@ -1,13 +1,15 @@
 """The real Pi daemon under a whole-memory intruder: what its processes' RAM still shows.
 
-One scenario runs the real ``pansketch-agent`` (``run`` with a followed file source publishing
-to a real mosquitto, or ``feed --jobs 2`` on a pipe, whose count worker is a second process)
+One scenario runs the real ``pansketch-agent`` (``run`` with a followed file source, or with an
+MQTT source subscribed to a real mosquitto that this process publishes each input line to as
+one message, publishing to that mosquitto; or ``feed --jobs 2`` on a pipe, whose count worker
+is a second process)
 with a sped-up clock, feeds it bursts of unique raw items (``secret-mac-<12 hex>``, each 1-4
 times), and at chosen moments stops every agent process and reads all its readable memory
 (tests/support/memscan.py). The moments, per persist interval:
 
 * ``chunk``   0.8 s after a burst was written (the file source polls every 0.2 s; its chunks
-  are counted: "right after a chunk");
+  are counted: "right after a chunk"; an MQTT burst: after its last message was sent);
 * ``idle``    0.8 s later, nothing in flight;
 * ``persist`` 0.3 s after ``state.bin`` changed (the refresh draw Y was added);
 * ``release`` 0.3 s after a release appeared in the outbox (a fresh Z_int opened);
@@ -56,6 +58,7 @@ BOUND = 200  # |one draw| stays below this (dgauss sigma 2: 100 sigma; dlap t = 
 PROBE = 16  # cells per probe window
 WINDOWS = 72  # probe windows of the residual draw per moment: one trial each
 D, W = 4, 1024
+TOPIC = "memresidue/wifi"  # the MQTT source's topic (its payloads are the raw items)
 
 
 @dataclass
@@ -126,17 +129,27 @@ def _state(path: str) -> tuple[int, np.ndarray]:
 
 class Scenario:
     def __init__(self, tmp: str, command: str, mech: str, port: int, seed: int = 1, no_wipe: bool = False,
-                 jobs: int = 2) -> None:
+                 jobs: int = 2, source: str = "file") -> None:
         self.tmp = tmp
         self.command = command
+        self.pub: Any = None
+        mqtt = source == "mqtt"
+        assert command == "run" or not mqtt
         self.rng = np.random.default_rng(seed)
         self.state_dir = os.path.join(tmp, "state")
         self.src = os.path.join(tmp, "events.log")
         open(self.src, "wb").close()
-        source = ('type = "file"\npath = "%s"\nfollow = true' % self.src) if command == "run" else 'type = "stdin"'
+        if command != "run":
+            source = 'type = "stdin"'
+        elif mqtt:
+            source = 'type = "mqtt"\nhost = "127.0.0.1"\nport = %d\ntopic = "%s"\nfield = "payload"' % (port, TOPIC)
+        else:
+            source = 'type = "file"\npath = "%s"\nfollow = true' % self.src
         self.cfg = _toml(os.path.join(tmp, "agent.toml"), port, self.state_dir, mech, source)
         self.prefix = hashing.salt_prefix(SALT)
         self.report = Report()
+        if mqtt:
+            self.pub = _publisher(port)
         self.items: list[bytes] = []  # every raw item fed so far
         self.digests: list[np.ndarray] = []
         self.since = np.zeros(D * W, dtype=np.int64)  # exact sketch of the events since the last snapshot
@@ -180,6 +193,13 @@ class Scenario:
             dg = hashlib.sha256(self.prefix + b"s" + x).digest()
             self.digests.append(np.frombuffer(dg, dtype="<u4").copy())
         self.report.items_total = len(self.items)
+        if self.pub is not None:  # one message per line, as a sensor bridge publishes readings
+            info = None
+            for x in lines:
+                info = self.pub.publish(TOPIC, x, qos=0)
+            if info is not None:
+                info.wait_for_publish(30)
+            return
         data = b"".join(x + b"\n" for x in lines)
         if self.command == "run":
             with open(self.src, "ab") as f:
@@ -341,6 +361,10 @@ class Scenario:
         return out
 
     def stop(self) -> int:
+        if self.pub is not None:
+            self.pub.disconnect()
+            self.pub.loop_stop()
+            self.pub = None
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
@@ -357,11 +381,22 @@ class Scenario:
             return self.proc.wait()
 
 
+def _publisher(port: int) -> Any:
+    import paho.mqtt.client as mqtt
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="memresidue-sensor")
+    c.max_queued_messages_set(0)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    return c
+
+
 def run_scenario(tmp: str, command: str, mech: str, port: int, intervals: int = 6, seed: int = 1,
-                 no_wipe: bool = False, burst: int = 300) -> Report:
+                 no_wipe: bool = False, burst: int = 300, source: str = "file", big: int = 20000) -> Report:
     """Drive one agent through ``intervals`` persist intervals (a release falls among them),
-    probing at each moment; returns the report."""
-    sc = Scenario(tmp, command, mech, port, seed, no_wipe)
+    probing at each moment; returns the report. ``source``: "file" or "mqtt" (``run`` only);
+    ``big``: the items of the large burst probed while it is counted."""
+    sc = Scenario(tmp, command, mech, port, seed, no_wipe, source=source)
     try:
         time.sleep(1.5)  # the agent loads numpy, boots its state, subscribes to its file
         kind = sc.wait_persist(30)
@@ -378,10 +413,12 @@ def run_scenario(tmp: str, command: str, mech: str, port: int, intervals: int = 
             time.sleep(0.8)
             sc.probe("idle")
             if k == intervals // 2:
-                sc.burst(20000)  # a few chunks: probed while they are being counted
+                sc.burst(big)  # a few chunks: probed while they are being counted
                 time.sleep(0.02)
                 sc.probe("mid")
             kind = sc.wait_persist()
+        time.sleep(0.3)
+        sc.probe(kind)  # a quiet moment after the large burst too (intervals=1 has none otherwise)
         sc.stop()
         sc.analyze()
         return sc.report
