@@ -438,6 +438,9 @@ def store_registry(db: str, delta: float = 1e-6, late_grace_s: Optional[float] =
     return r
 
 
+FLAG_CPU_SHARE = 0.02  # of each scan interval, at most, computing kept flags (the aggregator's own process)
+
+
 class FlagScanner:
     """The aggregator's log of flagged devices (docs/HOST.md "Flagged devices"): every ``interval`` s, the
     latest ``windows`` windows of the store are compared (pansketch.host_tools.query.influence, excluded devices
@@ -445,7 +448,8 @@ class FlagScanner:
     devices flagged in the last scan (retention keeps their payloads: pansketch.host_tools.ingest.pipeline).
     Each scan first computes and keeps the flags of the recent windows whose releases changed
     (pansketch.host_tools.query.influence.refresh: each window's payloads read once per change, not per
-    ``status`` call). In this module because ingest may not import query; runs in a thread of its own,
+    ``status`` call; newest first, within FLAG_CPU_SHARE of the interval of CPU time per scan, so that a
+    store whose windows all change faster than that costs ingest at most that share). In this module because ingest may not import query; runs in a thread of its own,
     on a connection of its own."""
 
     def __init__(self, db: str, logger: Any, interval: float = 300.0, windows: int = 2, max_events: Any = None) -> None:
@@ -466,7 +470,7 @@ class FlagScanner:
         # the flags of every recent window whose releases changed, computed once and kept in the store
         # (status, metrics and the dashboard read them there), then the latest few logged
         with open_store(self.db) as st:
-            influence.refresh(st, max_events=self.max_events)
+            influence.refresh(st, max_events=self.max_events, cpu_budget_s=FLAG_CPU_SHARE * self.interval)
             flags = influence.recent_flags(st, windows=self.windows, max_events=self.max_events)
         for f in flags:
             k = (f.device, f.win_s, f.win)

@@ -151,7 +151,10 @@ def test_an_older_store_is_upgraded_in_place(fleet, tmp_path):
         assert _docs(influence.recent_flags(st)) == want
     with open_store(db) as st:  # a writer's open: the windows filled in, flags to compute
         assert influence.has_stored(st)
-        assert influence.refresh(st) == 3
+        assert influence.refresh(st, cpu_budget_s=0.0) == 1  # within a budget: the newest window first
+        fresh = st._q("SELECT win FROM flag_windows WHERE done = gen")
+        assert [int(w) for (w,) in fresh] == [max(int(w) for (w,) in st._q("SELECT win FROM flag_windows"))]
+        assert influence.refresh(st) == 2
     with open_store(db, readonly=True) as st:
         assert _docs(influence.recent_flags(st)) == want
 
@@ -185,3 +188,29 @@ def test_status_reads_the_kept_flags(fleet, tmp_path, monkeypatch):
     monkeypatch.setattr(influence, "window_flags", lambda *a, **k: pytest.fail("payloads read"))
     assert status() == before
     assert before[1] >= 2
+
+
+def test_compare_is_bounded_when_most_devices_are_out_of_line():
+    """200 devices of random counters (every one out of line): all flagged, in at most
+    GREEDY_STEPS + BATCH_PASSES + 1 comparisons of the fleet plus one per device set aside (one at a
+    time it was ~200 comparisons of the fleet)."""
+    from pansketch.host_tools.query.merge import NoiseTerm
+
+    rng = np.random.default_rng(3)
+    terms = [NoiseTerm("dgauss", 2, 1, 2)]
+    devs = {"d-%03d" % i: (rng.integers(-60, 60, (4, 256)).astype(np.int64), terms) for i in range(200)}
+    sizes: list[int] = []
+    real = influence._judge
+
+    def judge(devices: Any, *a: Any, **k: Any) -> Any:
+        if k.get("only") is None:
+            sizes.append(len(devices))
+        return real(devices, *a, **k)
+
+    influence._judge = judge  # type: ignore[assignment]
+    try:
+        flags = influence.compare(devs, 4)
+    finally:
+        influence._judge = real  # type: ignore[assignment]
+    assert len(flags) == 200
+    assert len(sizes) <= influence.GREEDY_STEPS + influence.BATCH_PASSES + 1, sizes
