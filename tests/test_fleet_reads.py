@@ -199,3 +199,36 @@ def test_devices_with_releases_equal_the_release_list(db: str, tmp_path: Any) ->
     assert "r3" not in st.devices_with_releases()
     assert st.devices_with_releases() == [r[0] for r in st.device_activity()]
     st.close()
+
+
+def test_status_json_pages_its_devices(db: str, tmp_path: Any) -> None:
+    """``status --json --limit/--offset``: a slice of the device list in device order, the fleet figures of
+    every device, and how many there are; without them the report is the whole one, unchanged."""
+    import json
+    import subprocess
+    import sys
+
+    conf = tmp_path / "h.toml"
+    conf.write_text('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\n' % (SALT, db))
+
+    def run(*extra: str) -> Any:
+        out = subprocess.run([sys.executable, "-m", "pansketch.host_tools.cli", "status", "--config", str(conf),
+                              *extra], capture_output=True, text=True)
+        return out.returncode, out.stdout, out.stderr
+
+    code, full, _ = run("--json")
+    assert code == 0
+    whole = json.loads(full)
+    assert "devices_page" not in whole
+    names = [d["device"] for d in whole["devices"]]
+    assert len(names) >= 4
+    code, part, _ = run("--json", "--limit", "2", "--offset", "1")
+    got = json.loads(part)
+    assert [d["device"] for d in got["devices"]] == names[1:3]
+    assert got["devices"] == whole["devices"][1:3]
+    assert got["devices_page"] == {"offset": 1, "limit": 2, "total": len(names)}
+    assert got["delivery"] == whole["delivery"] and got["fleet"]["guarantee"] == whole["fleet"]["guarantee"]
+    code, _out, err = run("--limit", "2")
+    assert code == 2 and "--json or --csv" in err
+    code, _out, err = run("--json", "--offset", "-1")
+    assert code == 2

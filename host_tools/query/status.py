@@ -447,7 +447,32 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--late-grace", type=float, metavar="SECONDS",
                    help="a release received more than this after its epochs ended is late "
                         "(default: [status] late_grace_s, else max(epoch length, 300 s))")
+    p.add_argument("--limit", type=_count, metavar="N",
+                   help="--json, --csv: list N devices (from --offset, in device order); the JSON then says "
+                        "how many there are in all (devices_page)")
+    p.add_argument("--offset", type=_count, default=0, metavar="K", help="--json, --csv: skip the first K devices")
     p.set_defaults(func=main)
+
+
+def _count(txt: str) -> int:
+    try:
+        v = int(txt, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % txt)
+    if v < 0:
+        raise argparse.ArgumentTypeError("must be at least 0, got %d" % v)
+    return v
+
+
+def page(rep: dict[str, Any], offset: int, limit: Optional[int]) -> dict[str, Any]:
+    """``rep`` with its devices list cut to ``limit`` devices from ``offset`` (device order) and a
+    ``devices_page`` entry {offset, limit, total}; the fleet totals are those of every device. A
+    fleet of 10^4 devices is a status of several MB; a page of it is what a client shows."""
+    out = dict(rep)
+    devs = rep["devices"]
+    out["devices"] = devs[offset:] if limit is None else devs[offset:offset + limit]
+    out["devices_page"] = {"offset": offset, "limit": limit, "total": len(devs)}
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -455,6 +480,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.json and args.csv:
         print("pansketch status: give --json or --csv, not both", file=sys.stderr)
+        return 2
+    if (args.limit is not None or args.offset) and not (args.json or args.csv):
+        print("pansketch status: --limit and --offset page the devices of --json or --csv", file=sys.stderr)
         return 2
     if args.late_grace is not None and not args.late_grace >= 0:
         print("pansketch status: --late-grace must be at least 0", file=sys.stderr)
@@ -474,6 +502,8 @@ def main(args: argparse.Namespace) -> int:
                      max_seq_jump=cfg.aggregator.max_seq_jump, max_events=cfg.fleet.max_events)
     finally:
         store.close()
+    if (args.limit is not None or args.offset) and (args.json or args.csv):
+        rep = page(rep, args.offset, args.limit)
     if args.json:
         print(textsafe.json_text(rep))
     elif args.csv:
