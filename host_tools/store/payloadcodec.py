@@ -21,9 +21,10 @@ never other bytes);
   only the ``k`` planes the largest value needs (a plane of zeros costs
   zstd nearly nothing, but skipping it costs nothing at all);
 * zstd level 1 (the ``zstandard`` package): on real releases of every kind
-  it is within 1.1x of the counters' empirical entropy (cms 1.3x), as
-  small as zlib/lzma/bz2 at their best and 5 to 100 times faster
-  (host_tools/bench/storage.py measures them all).
+  it is within 1.1x of the counters' entropy (cms 1.27x; the Miller-Madow
+  estimate over a device's windows pooled, docs/HOST.md "Stored encoding"
+  says why that one), as small as zlib/lzma/bz2 at their best and 5 to
+  100 times faster (host_tools/bench/storage.py measures them all).
 
 A payload stored raw (written before this encoding, or one that would not
 get smaller) is kept as it came: a release is a CBOR map, whose first byte
@@ -36,6 +37,7 @@ payload is a release pruned by retention (SQLStore.prune) and stays empty.
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from typing import Any, Optional
 
@@ -57,8 +59,25 @@ try:
 except ImportError:  # pragma: no cover (a host install has it: pyproject.toml)
     _zstd = None
 
-_cctx: Any = None
-_dctx: Any = None
+# a ZstdCompressor/-Decompressor is not safe for simultaneous use from two threads (a PostgreSQL store and a
+# SQLite one, or a reader beside the writer): one of each per thread, made once (making one per call would
+# cost a few microseconds of a ~20-40 us encode). The frame's content checksum (XXH64, under a microsecond
+# for a cs d=4 w=2048 release) is what makes a damaged row an error rather than other bytes.
+_tls = threading.local()
+
+
+def _compressor() -> Any:
+    c = getattr(_tls, "c", None)
+    if c is None:
+        c = _tls.c = _zstd.ZstdCompressor(level=LEVEL, write_checksum=True, write_content_size=True)
+    return c
+
+
+def _decompressor() -> Any:
+    d = getattr(_tls, "d", None)
+    if d is None:
+        d = _tls.d = _zstd.ZstdDecompressor()
+    return d
 
 
 class PayloadError(ValueError):
@@ -74,21 +93,21 @@ def encode(payload: bytes, ctr_off: int, n: int) -> bytes:
     """The stored form of ``payload`` whose ``n`` int32 counters start at ``ctr_off`` (see the module
     docstring); ``payload`` itself when that is not smaller, its counters are fewer than
     :data:`MIN_BYTES` bytes, or zstandard is missing."""
-    global _cctx
     end = ctr_off + 4 * n
     if _zstd is None or 4 * n < MIN_BYTES or ctr_off < 0 or end > len(payload):
         return payload
-    if _cctx is None:
-        _cctx = _zstd.ZstdCompressor(level=LEVEL, write_checksum=True, write_content_size=True)
     c = np.frombuffer(payload, dtype="<i4", count=n, offset=ctr_off)
     sample = c[::_SAMPLE]
     offset = int(np.partition(sample, len(sample) // 2)[len(sample) // 2])
     x = c - np.int32(offset)  # int32 arithmetic wraps mod 2^32: reversible
-    u = ((x << 1) ^ (x >> 31)).view("<u4")
+    sign = x >> 31
+    x <<= 1  # the zigzag (x << 1) ^ (x >> 31) in place: one temporary array fewer
+    x ^= sign
+    u = x.view("<u4")
     top = int(u.max())
     k = 1 if top < 0x100 else 2 if top < 0x10000 else 3 if top < 0x1000000 else 4
     planes = u.view(np.uint8).reshape(n, 4)[:, :k].T.tobytes()
-    body = _cctx.compress(payload[:ctr_off] + payload[end:] + planes)
+    body = _compressor().compress(b"".join((payload[:ctr_off], payload[end:], planes)))
     head = _HEAD.pack(ctr_off, n, k, offset)
     out = MAGIC + head + _CRC.pack(zlib.crc32(head)) + body
     return out if len(out) < len(payload) else payload
@@ -99,7 +118,6 @@ def decode(stored: bytes, max_size: Optional[int] = None) -> bytes:
 
     ``max_size`` bounds the decompressed size (default: the sizes the header names, which the
     frame must match exactly)."""
-    global _dctx
     if stored[:1] != b"\x00":
         return stored
     if stored[:2] != MAGIC or len(stored) < _BODY:
@@ -112,15 +130,13 @@ def decode(stored: bytes, max_size: Optional[int] = None) -> bytes:
     ctr_off, n, k, offset = _HEAD.unpack_from(stored, 2)
     if not 1 <= k <= 4:
         raise PayloadError("stored payload with %d byte planes" % k)
-    if _dctx is None:
-        _dctx = _zstd.ZstdDecompressor()
     body = memoryview(stored)[_BODY:]
     try:
         size = _zstd.frame_content_size(body)
         limit = max_size if max_size is not None else ctr_off + k * n + (1 << 16)
         if size < 0 or size > limit:
             raise PayloadError("stored payload frame of %d bytes (at most %d)" % (size, limit))
-        raw = _dctx.decompress(body, max_output_size=size)
+        raw = _decompressor().decompress(body, max_output_size=size)
     except _zstd.ZstdError as exc:
         raise PayloadError("stored payload does not decompress: %s" % exc) from exc
     tail = len(raw) - ctr_off - k * n
