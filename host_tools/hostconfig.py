@@ -44,6 +44,13 @@ Reference: docs/HOST.md. Sections and keys (defaults)::
                   report of zCDP guarantees)
     [status]      late_grace_s (none: max(epoch length, 300 s)): a release
                   received later than this after its epochs is "late"
+    [store]       compress (unset: on PostgreSQL every release of at
+                  least 1 KiB of counters, on SQLite those of at least
+                  24 KiB; true: every one of at least 1 KiB; false: none):
+                  write release payloads zstd-compressed
+                  (pansketch.host_tools.store.payloadcodec; docs/HOST.md
+                  "Stored encoding" has the CPU and bytes of each choice);
+                  a store reads both encodings whatever it writes
 
 Every error is a :class:`ConfigError` whose ``key`` is the dotted TOML key;
 the CLI prints ``pansketch: config error: <key>: <message>`` and exits 2.
@@ -90,6 +97,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     + tuple("max_events_per_window_" + k for k in LIMIT_KINDS),
     "query": ("confidence", "delta"),
     "status": ("late_grace_s",),
+    "store": ("compress",),
 }
 
 DEFAULT_TOPIC = "pansketch/+/release"
@@ -199,12 +207,18 @@ class StatusConfig:
 
 
 @dataclass
+class StoreConfig:
+    compress: Optional[bool] = None  # None: the backend's default (SQLStore.compress_default_bytes)
+
+
+@dataclass
 class HostConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     path: Optional[str] = None
 
     def require_salt(self) -> str:
@@ -400,7 +414,10 @@ def from_dict(raw: dict[str, Any], base_dir: str = ".", path: Optional[str] = No
     stc = sec("status")
     status = StatusConfig(late_grace_s=_seconds(stc, "status", "late_grace_s", 0.0) if "late_grace_s" in stc
                           else None)
-    return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, path=path)
+    # [store]
+    store = StoreConfig(compress=_get(sec("store"), "store", "compress", bool, None))
+    return HostConfig(broker=broker, aggregator=agg, fleet=fleet, query=query, status=status, store=store,
+                      path=path)
 
 
 # loads(text, base_dir=".", path=None) and load(path): parse and validate (raise ConfigError)

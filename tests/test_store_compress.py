@@ -42,25 +42,20 @@ def sent() -> dict[str, list[bytes]]:
             for dev, cfg in DEVICES.items()}
 
 
-def _raw(payload: bytes, ctr_off: int, n: int) -> bytes:
-    return payload
-
-
 def fill(st: Any, sent: dict[str, list[bytes]], monkeypatch: pytest.MonkeyPatch,
          encoded: Callable[[int], bool]) -> None:
-    """Store every release, the i-th (over all devices) encoded if ``encoded(i)``, else raw."""
+    """Store every release, the i-th (over all devices) encoded if ``encoded(i)``, else raw (the store's
+    ``compress``, [store] compress, switched per release)."""
     i = 0
+    default = st.compress
     for dev, raws in sent.items():
         for raw in raws:
-            monkeypatch.setattr(payloadcodec, "encode", _ENCODE if encoded(i) else _raw)
+            st.compress = encoded(i)
             rel = decode(raw, "pansketch/%s/release" % dev)
             st.commit_group([Pending(rel.payload, None, 1.0e9 + i, rel=rel, device=dev)])
             assert st.release_count() == i + 1
             i += 1
-    monkeypatch.setattr(payloadcodec, "encode", _ENCODE)
-
-
-_ENCODE = payloadcodec.encode
+    st.compress = default
 
 
 def answers(st: Any) -> list[Any]:
@@ -132,7 +127,10 @@ def test_codec_round_trips_exactly_and_refuses_damage(sent):
     # extreme counters (the wrap mod 2^32 of a sum) and every plane width come back exactly
     rel = decode(sent["k-cs"][0])
     n = rel.shape[0] * rel.shape[1]
-    for vals in (np.full(n, -2**31), np.arange(n) * 524309 - 2**31, np.zeros(n), np.arange(n) % 300 - 150):
+    edge = np.zeros(n)
+    edge[7] = -2**31  # the offset below the median's 128 mod 256 is then under -2^31: kept mod 2^32
+    for vals in (np.full(n, -2**31), np.arange(n) * 524309 - 2**31, np.zeros(n), np.arange(n) % 300 - 150, edge,
+                 -edge - 1, np.where(np.arange(n) % 2, 2**31 - 1, -2**31)):
         ctr = vals.astype("<i4").tobytes()
         raw = rel.payload[:rel.ctr_off] + ctr + rel.payload[rel.ctr_off + 4 * n:]
         assert payloadcodec.decode(payloadcodec.encode(raw, rel.ctr_off, n)) == raw
@@ -143,3 +141,39 @@ def test_codec_round_trips_exactly_and_refuses_damage(sent):
                      (blob[:mid] + bytes([blob[mid] ^ 0x01]) + blob[mid + 1:], "does not decompress")):
         with pytest.raises(payloadcodec.PayloadError, match=msg):
             payloadcodec.decode(bad)
+
+
+def test_store_compress_switch(tmp_path, sent):
+    """[store] compress: unset, SQLite compresses payloads with at least 24 KiB of counters and PostgreSQL
+    every one over MIN_BYTES (SQLStore.compress_default_bytes); true/false override it; the aggregator opens
+    its store with it; a store reads rows of both."""
+    from pansketch.host_tools import hostconfig
+    from pansketch.host_tools.ingest.aggregator import Aggregator
+    from pansketch.host_tools.store.backend import open_store
+    from pansketch.host_tools.store.pg import PgStore
+
+    assert Store.compress_default_bytes == 24576 and PgStore.compress_default_bytes == payloadcodec.MIN_BYTES
+    base = '[aggregator]\ndb = "s.db"\n[fleet]\nsalt = "%s"\n' % SALT
+    assert hostconfig.loads(base).store.compress is None
+    with pytest.raises(hostconfig.ConfigError, match="store.compress"):
+        hostconfig.loads(base + "[store]\ncompress = 1\n")
+    raws = sent["k-cs"]  # d=4 w=256: 4 KiB of counters
+    big = _releases({"kind": "cs", "d": 3, "w": 2048, "device": "k-big"}, [_events("cs", 0)])[0]  # 24 KiB
+    for i, (text, want, want_big) in enumerate(((base, False, True), (base + "[store]\ncompress = true\n", True, True),
+                                                (base + "[store]\ncompress = false\n", False, False))):
+        cfg = hostconfig.loads(text.replace("s.db", str(tmp_path / ("s%d.db" % i))))
+        agg = Aggregator(cfg)
+        assert agg.store.compress is {0: None, 1: True, 2: False}[i]
+        for raw, dev in ((raws[i], "k-cs"), (big, "k-big")):
+            rel = decode(raw, "pansketch/%s/release" % dev)
+            agg.store.commit_group([Pending(rel.payload, None, 1.0e9, rel=rel, device=dev)])
+        for dev, blob in agg.store._q("SELECT device, payload FROM releases"):
+            w = want if dev == "k-cs" else want_big
+            assert (bytes(blob[:2]) == payloadcodec.MAGIC) is w and (bytes(blob) in (raws[i], big)) is not w
+        agg.store.close()
+    # one file written raw, then compressed: both rows read back as sent
+    st = open_store(str(tmp_path / "s0.db"), compress=True)
+    rel = decode(raws[1], "pansketch/k-cs/release")
+    st.commit_group([Pending(rel.payload, None, 1.0e9, rel=rel, device="k-cs")])
+    assert sorted(r.payload for r in st.releases(with_payload=True)) == sorted([raws[0], raws[1], big])
+    st.close()

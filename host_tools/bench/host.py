@@ -251,8 +251,10 @@ def _env() -> dict[str, str]:
 
 def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp: str, db: Optional[str] = None,
                  aggregators: int = 1, peer: bool = False, tag: str = "r", pg_pid: Optional[int] = None,
-                 already: int = 0) -> dict[str, Any]:
+                 already: int = 0, compress: Optional[bool] = None) -> dict[str, Any]:
     """One ingest run: ``aggregators`` aggregate processes into ``db`` (or, ``peer``, the bare subscriber).
+
+    ``compress``: the aggregators' ``[store] compress`` (None: not set, the backend's default).
 
     ``pg_pid``: the PostgreSQL postmaster's pid; its processes' CPU is reported as ``postgres sessions``
     (the aggregators' connections) and ``postgres background`` (postmaster, WAL writer, checkpointer...;
@@ -277,8 +279,10 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
                 with open(conf, "w") as f:
                     f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "agg-%s-%d"\n'
                             '[aggregator]\ndb = "%s"\nmax_bytes = 65536\n%s'
-                            '[fleet]\nsalt = "%s"\n' % (port, tag, k, db,
-                                                          'shared_group = "aggs"\n' if aggregators > 1 else "", SALT))
+                            '[fleet]\nsalt = "%s"\n%s' % (port, tag, k, db,
+                                                          'shared_group = "aggs"\n' if aggregators > 1 else "", SALT,
+                                                          "" if compress is None else
+                                                          "[store]\ncompress = %s\n" % str(compress).lower()))
                 procs_agg.append(subprocess.Popen(
                     [sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
                     env=_env(), stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agg-%s-%d.log" % (tag, k)), "w")))
@@ -766,11 +770,12 @@ PROCESS_KEYS = {"aggregator": "aggregator", "pansketch.host_tools.ingest.mqttpro
                 "pansketch.host_tools.ingest.validproc": "validation_helper"}
 
 
-def flat_ingest(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def flat_ingest(rounds: list[dict[str, Any]], key: str = "aggregator_sqlite") -> dict[str, Any]:
     """The headline ingest figures as flat keys (the ``make bench`` report reads them): 1 aggregator on
-    SQLite vs the bare paho subscriber of the same round (medians over the interleaved rounds); CPU
-    microseconds per stored release of each pansketch process and their total (mosquitto apart)."""
-    ours = [x["aggregator_sqlite"] for x in rounds]
+    SQLite (the runs under ``key``) vs the bare paho subscriber of the same round (medians over the
+    interleaved rounds); CPU microseconds per stored release of each pansketch process and their total
+    (mosquitto apart)."""
+    ours = [x[key] for x in rounds]
     peers = [x["peer"] for x in rounds]
     ratios = [o["releases_per_second"] / p["releases_per_second"] for o, p in zip(ours, peers)]
     out: dict[str, Any] = {
@@ -833,6 +838,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pg-warm", action="store_true",
                     help="PostgreSQL: each database knows every device before the timed run (a running fleet)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,pg-bytes,query")
+    ap.add_argument("--store-compress", choices=("default", "both"), default="default",
+                    help="SQLite ingest: the aggregators' [store] compress unset (default), or 'both': the runs "
+                         "with compress = false, and in each round 1 aggregator again with compress = true "
+                         "(keys *_compressed; docs/HOST.md \"Stored encoding\")")
     ap.add_argument("--out", default="bench-results/host.json")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -854,9 +863,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("peer (bare subscriber):", rnd["peer"], flush=True)
             for k in ks:
                 ours = bench_ingest(msgs, args.devices, args.workers, tmp, db=os.path.join(tmp, "ingest-%d-%d.db" % (r, k)),
-                                    aggregators=k, tag="s%d-%d" % (r, k))
+                                    aggregators=k, tag="s%d-%d" % (r, k),
+                                    compress=False if args.store_compress == "both" else None)
                 print("%d aggregator(s), SQLite:" % k, ours, flush=True)
                 rnd[_sqlite_key(k)] = ours
+                if k == 1 and args.store_compress == "both":  # the same round, payloads compressed
+                    rnd[_sqlite_key(k) + "_compressed"] = bench_ingest(
+                        msgs, args.devices, args.workers, tmp, db=os.path.join(tmp, "ingest-%d-%dz.db" % (r, k)),
+                        aggregators=k, tag="z%d-%d" % (r, k), compress=True)
+                    print("%d aggregator(s), SQLite, compressed:" % k, rnd[_sqlite_key(k) + "_compressed"], flush=True)
             rounds.append(rnd)
         res["ingest_mqtt_rounds"] = rounds
         if all("releases_per_second" in x[key] for x in rounds for key in x if key != "loadavg_at_start"):
@@ -875,6 +890,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 flat = flat_ingest(rounds)
                 res.update(flat)
                 print("ingest (flat keys):", json.dumps(flat), flush=True)
+                if args.store_compress == "both":
+                    flat = {k + "_compressed": v for k, v in flat_ingest(rounds, _sqlite_key(1) + "_compressed").items()}
+                    res.update(flat)
+                    print("ingest, compressed (flat keys):", json.dumps(flat), flush=True)
     if "pg" not in skip:
         why = _pg_available()
         if why is not None:

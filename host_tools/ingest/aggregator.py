@@ -56,7 +56,7 @@ class Aggregator:
     def __init__(self, cfg: HostConfig, store: Optional[SQLStore] = None,
                  logger: Optional[logging.Logger] = None) -> None:
         self.cfg = cfg
-        self.store = store if store is not None else open_store(cfg.aggregator.db)
+        self.store = store if store is not None else open_store(cfg.aggregator.db, compress=cfg.store.compress)
         self.log = logger or log
         self.counts = {"stored": 0, "duplicate": 0, "rejected": 0, "quarantined": 0}
         self.flag_scanner: Any = None  # pansketch.host_tools.metrics.FlagScanner when run as the service

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
+from pansketch.host_tools.store import payloadcodec
 from pansketch.host_tools.store.rows import Limits
 
 
@@ -61,6 +62,17 @@ class SQLBase:
     # then leaves the fsync to sync_committed()
     _wal_fd: Optional[int] = None
     time_major = False  # the release key leads with the epoch (a new SQLite file: Store)
+    # [store] compress: payloads written in the stored encoding (payloadcodec) or as sent; None: the
+    # backend's default, those with at least compress_default_bytes of counters (docs/HOST.md "Stored
+    # encoding": where the smaller rows save the database about what the encode costs). Reading knows both.
+    compress: Optional[bool] = None
+    compress_default_bytes: Optional[int] = None
+
+    def compress_min_bytes(self) -> Optional[int]:
+        """Payloads with at least this many bytes of counters are written compressed (None: none)."""
+        if self.compress is None:
+            return self.compress_default_bytes
+        return payloadcodec.MIN_BYTES if self.compress else None
 
     def defer_sync(self) -> bool:
         """Let ``commit_group(..., sync=False)`` return before its transaction is on disk; the caller then

@@ -199,14 +199,16 @@ def _select_cols(have: Optional[set[str]]) -> str:
     return ", ".join(c if have is None or c not in old or c in have else "%s AS %s" % (old[c], c) for c in _COLS)
 
 
-def insert_values(rel: Release, topic: Optional[str], received: float) -> tuple[Any, ...]:
+def insert_values(rel: Release, topic: Optional[str], received: float, min_bytes: Optional[int]) -> tuple[Any, ...]:
     """``rel``'s values for :data:`_INSERT_COLS` (both backends); the payload in its stored encoding
-    (pansketch.host_tools.store.payloadcodec: compressed, decoded back byte for byte on read)."""
+    (pansketch.host_tools.store.payloadcodec: compressed, decoded back byte for byte on read) if it has
+    at least ``min_bytes`` of counters (SQLBase.compress_min_bytes), else as sent."""
     r, c = rel.shape
     return (rel.dev, rel.elo, rel.ehi, rel.part, rel.seq, rel.win, rel.win_s, rel.ep_s, rel.t0, rel.t1, rel.mode,
             rel.kind, rel.d, rel.w, rel.hv, rel.salt, rel.clip, rel.mech, rel.budget[0], rel.budget[1], rel.nint[0],
             rel.nint[1], rel.nout[0], rel.nout[1], rel.nz, rel.L, rel.sha256,
-            payloadcodec.encode(rel.payload, rel.ctr_off, r * c), rel.ctr_off, topic,
+            payloadcodec.encode(rel.payload, rel.ctr_off, r * c) if min_bytes is not None and 4 * r * c >= min_bytes
+            else rel.payload, rel.ctr_off, topic,
             received, rel.v, rel.lvl, rel.b) + (tuple(rel.map) if rel.map is not None else (None, None, None))
 
 

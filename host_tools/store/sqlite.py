@@ -54,6 +54,10 @@ class Store(SQLStore):
     """The SQLite release database at ``path`` (created if missing unless ``readonly``)."""
 
     _db_errors = (sqlite3.Error,)
+    # [store] compress unset: payloads with at least 24 KiB of counters (cs d=4 w=2048, strhh len=8 d=3 w=256
+    # and larger), whose smaller rows (no overflow pages) save SQLite about what the encode costs; smaller
+    # ones as sent, where the encode costs 10-30 us more than it saves (docs/HOST.md "Stored encoding")
+    compress_default_bytes = 24576
 
     def __init__(self, path: str, readonly: bool = False, timeout: float = 30.0) -> None:
         self.path = path

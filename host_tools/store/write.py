@@ -414,7 +414,7 @@ class GroupWriter(SQLBase):
     def _insert_release(self, cur: Any, rel: Release, topic: Optional[str], now: float) -> str:
         cur = self._x(cur, "INSERT INTO releases (%s) VALUES (%s) ON CONFLICT (device, elo, ehi, part) DO NOTHING"
                       % (", ".join(_INSERT_COLS), ", ".join("?" * len(_INSERT_COLS))),
-                      insert_values(rel, topic, now))
+                      insert_values(rel, topic, now, self.compress_min_bytes()))
         if cur.rowcount == 0:  # another aggregator stored the key meanwhile (PostgreSQL): classify against it
             existing = self._classify(cur, rel, now)
             if existing is not None:
