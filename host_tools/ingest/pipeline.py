@@ -148,6 +148,10 @@ class _Writer:
         self.groups = 0
         self.messages = 0
         self.pruned = 0
+        # group commits tried again: "message" (a message the store refused alone), "outage" (the whole
+        # transaction failed); the store's own re-runs of a deadlocked or busy transaction are
+        # Store.retry_counts(). Logged at exit ("store retries:")
+        self.retries: dict[str, int] = {"message": 0, "outage": 0}
         self._next_prune = 0.0
         self._kept_warned: frozenset[str] = frozenset()  # flagged devices whose kept payloads were logged
         # CPU seconds of this process per stage (thread CPU time, read once per batch): where a release's
@@ -412,12 +416,14 @@ class _Writer:
                 message_tries += 1
                 if message_tries > MESSAGE_RETRIES:
                     break
+                self.retries["message"] += 1
                 log.warning("storing %d message(s) failed (%s); retrying", len(todo), why)
                 time.sleep(STORE_RETRY_MIN_S * 2 ** (message_tries - 1))
                 continue
             except Exception as exc:  # the transaction failed: nothing of the group is stored
                 why = "%s: %s" % (type(exc).__name__, exc)
             now = time.monotonic()
+            self.retries["outage"] += 1
             if outage_since is None:
                 outage_since = now
             if now - logged_at >= STORE_OUTAGE_LOG_S:  # the first failure, then once per interval

@@ -70,6 +70,7 @@ warnings and errors, ``-v`` adds the MQTT client's packet log.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -93,6 +94,7 @@ from pansketch.host_tools.ingest.validproc import ValidatorDied, ValidatorProces
 log = logging.getLogger("pansketch.aggregator")
 
 
+RETRIES_LINE = "store retries: "  # the exit line of retry counts (JSON after it); bench.pgscale reads it
 FLAG_SCAN_S = 300.0  # how often the latest windows are compared for flagged devices
 
 
@@ -259,11 +261,14 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
             log.info("received messages held here peaked at %.1f MB: the MQTT process waited %d time(s) for the "
                      "store to catch up (at most %d MB are held)", writer.held.peak / 1e6, writer.held.waits,
                      HELD_BYTES_MAX >> 20)
+        summary = logging.getLogger("pansketch.aggregator.summary")  # one line at exit, also under -q
+        summary.setLevel(logging.INFO)
+        retries = dict(writer.retries)
+        retries.update(("transaction %s" % k, v) for k, v in sorted(getattr(agg.store, "retry_counts", dict)().items()))
+        summary.info("%s%s", RETRIES_LINE, json.dumps(retries, sort_keys=True))
         ck = getattr(agg.store, "checkpoints", None)
         if ck is not None:
-            # one line at exit, also under -q (the soak benchmark reads it)
-            summary = logging.getLogger("pansketch.aggregator.summary")
-            summary.setLevel(logging.INFO)
+            # (the soak benchmark reads it)
             summary.info("WAL checkpoints: %d completed, %d gave up (readers); %d pruned (retention); %d group "
                          "commit(s), %.1f messages per group", ck[1], ck[0], writer.pruned, writer.groups,
                          writer.messages / max(1, writer.groups))

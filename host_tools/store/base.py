@@ -101,6 +101,19 @@ class SQLBase:
                                   "DO UPDATE SET value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)")
     _bump_after: Optional[str] = None
 
+    # Write transactions this store rolled back and ran again, by cause (SQLite: "busy"; PostgreSQL: the
+    # SQLSTATE, 40P01 deadlock, 40001 serialisation failure, 55P03 lock not available). Several writers
+    # on one database should leave this empty: the aggregator logs it at exit, and the scale-out mode of
+    # the ingest benchmark (bench.host --pg-scaleout) reads it there.
+    def retry_counts(self) -> dict[str, int]:
+        """Write transactions rolled back and run again so far, by cause."""
+        return dict(self.__dict__.get("_tx_retries", {}))
+
+    def _note_retry(self, exc: BaseException) -> None:
+        why = getattr(exc, "sqlstate", None) or type(exc).__name__
+        counts = self.__dict__.setdefault("_tx_retries", {})
+        counts[why] = counts.get(why, 0) + 1
+
     def _x(self, cur: Any, sql: str, args: Sequence[Any] = ()) -> Any:
         cur.execute(self._sql(sql), tuple(args))
         return cur
@@ -117,6 +130,7 @@ class SQLBase:
                     self._begin(cur)
                 except self._db_errors as exc:
                     if self._retryable(exc) and time.monotonic() < deadline:
+                        self._note_retry(exc)
                         time.sleep(delay)
                         delay = min(delay * 2, 0.5)
                         continue
@@ -132,6 +146,7 @@ class SQLBase:
                     except self._db_errors:
                         pass
                     if isinstance(exc, self._db_errors) and self._retryable(exc) and time.monotonic() < deadline:
+                        self._note_retry(exc)
                         time.sleep(delay)
                         delay = min(delay * 2, 0.5)
                         continue

@@ -1,0 +1,349 @@
+"""Scale-out on PostgreSQL, shown by the cost of a stored release rather than by the rate.
+
+    python -m pansketch.host_tools.bench.host --pg-scaleout [--pg-aggregators 1,2,4] [--rounds 3]
+        [--devices 50 --per-device 200] [--pg-warm] [--out bench-results/host-pg-scaleout.json]
+
+On a 2-core machine one aggregator's ingest already keeps most of both cores busy, so N aggregators
+cannot be shown faster than one there; what can be shown on any machine is that adding aggregators
+adds no work per release: the same releases through one mosquitto into one PostgreSQL server
+(deploy/OPERATIONS.md section 6: a shared subscription, every aggregator writing the one database),
+with 1, 2 and 4 aggregators, and for each run:
+
+* CPU seconds per stored release of every process, from /proc/PID/stat (user + system): each
+  aggregator with its child processes (MQTT, validation), the PostgreSQL server (the postmaster and
+  all its children: sessions, WAL writer, checkpointer, autovacuum workers; those that exited during
+  the run through the postmaster's cutime/cstime), less the backend of the benchmark's own watching
+  session; mosquitto; the publishers apart (the load generator, not part of the cost);
+* releases stored (rows in ``releases``) vs sent (PUBACKed to the publishers): none may be lost;
+* lock waits on the write path, sampled every ``--pg-sample-ms`` (50) from a separate session:
+  ``pg_stat_activity`` wait events of the aggregators' sessions (``Lock:*`` = a heavyweight lock,
+  ``LWLock:*`` a server-internal one) and ``pg_locks`` rows not granted, with the waiting statement
+  and what it waited on;
+* retries: each aggregator's exit line (``store retries:``: group commits tried again, transactions
+  the store rolled back and ran again by SQLSTATE) and the database's rollbacks and deadlocks
+  (``pg_stat_database``).
+
+The runs of a round alternate their order of N; the figures are medians over the rounds, and the
+ratio of every N to 1 is taken round by round (same machine state, minutes apart). The machine
+these figures come from is shared and loaded: only CPU time is compared, never wall time (the
+rate is printed, not judged).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from pansketch.host_tools.localnet import Mosquitto
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stats() -> dict[int, tuple[int, float, float]]:
+    """pid -> (ppid, own CPU s, reaped children's CPU s) of every process."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                f_ = f.read().rsplit(")", 1)[1].split()
+            out[int(d)] = (int(f_[1]), (int(f_[11]) + int(f_[12])) / _TICK, (int(f_[13]) + int(f_[14])) / _TICK)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def tree_cpu(pids: dict[str, int], stats: Optional[dict[int, tuple[int, float, float]]] = None) -> dict[str, float]:
+    """CPU seconds so far of each named process with all its descendants, living or reaped (a child's
+    CPU moves into its parent's cutime/cstime when the parent waits for it, so the sum only grows)."""
+    st = _stats() if stats is None else stats
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _own, _reaped) in st.items():
+        kids.setdefault(ppid, []).append(pid)
+
+    def total(pid: int) -> float:
+        if pid not in st:
+            return 0.0
+        return st[pid][1] + st[pid][2] + sum(total(c) for c in kids.get(pid, ()))
+
+    return {name: total(pid) for name, pid in pids.items()}
+
+
+class LockWatch:
+    """Samples, from its own session, what the aggregators' sessions of one database wait on.
+
+    Every ``interval`` s: each session with ``application_name`` pansketch that is not idle counts one
+    sample under its wait event (``CPU`` when it waits for none, ``idle in transaction`` when the server
+    waits for the aggregator); every ``pg_locks`` row not granted in the database counts under its lock
+    type, mode and relation, with the waiting statement's start and the blocking sessions' statements.
+    The same session counts the stored releases (:meth:`stored`), so its backend is the one the
+    benchmark subtracts from the server's CPU (:attr:`backend_pid`)."""
+
+    def __init__(self, dsn: str, interval: float = 0.05) -> None:
+        import psycopg
+
+        self.con = psycopg.connect(dsn, autocommit=True, application_name="pansketch-bench-watch")
+        self.backend_pid = int(self.con.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        self.dbname = str(self.con.execute("SELECT current_database()").fetchone()[0])  # type: ignore[index]
+        self.interval = interval
+        self.polls = 0
+        self.waits: dict[str, int] = {}
+        self.not_granted: dict[str, int] = {}
+        self.polls_with_lock_wait = 0
+        self._mu = threading.Lock()  # the poller and stored() share the one connection
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.before = self._db_stats()
+
+    def _db_stats(self) -> tuple[int, int]:
+        with self._mu:
+            self.con.execute("SELECT pg_stat_clear_snapshot()")
+            row = self.con.execute("SELECT xact_rollback, deadlocks FROM pg_stat_database WHERE datname = %s",
+                                   (self.dbname,)).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def stored(self) -> int:
+        with self._mu:
+            row = self.con.execute("SELECT count(*) FROM releases").fetchone()
+        return int(row[0]) if row else 0
+
+    def _poll(self) -> None:
+        with self._mu:
+            acts = self.con.execute(
+                "SELECT state, wait_event_type, wait_event FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name = 'pansketch' AND state IS DISTINCT FROM 'idle'", (self.dbname,)).fetchall()
+            locks = self.con.execute(
+                "SELECT l.locktype, l.mode, coalesce(l.relation::regclass::text, ''), left(a.query, 60), "
+                "(SELECT string_agg(DISTINCT left(b.query, 60), ' | ') FROM pg_stat_activity b "
+                " WHERE b.pid = ANY(pg_blocking_pids(l.pid))) "
+                "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.datname = %s", (self.dbname,)).fetchall()
+        for state, wtype, wev in acts:
+            k = ("idle in transaction" if state == "idle in transaction"
+                 else "CPU" if wtype is None else "%s:%s" % (wtype, wev))
+            self.waits[k] = self.waits.get(k, 0) + 1
+        for locktype, mode, rel, query, blockers in locks:
+            k = "%s %s %s; waiting: %s; blocked by: %s" % (locktype, mode, rel or "-", " ".join(query.split()),
+                                                          " ".join((blockers or "?").split()))
+            self.not_granted[k] = self.not_granted.get(k, 0) + 1
+        if locks or any(str(w).startswith("Lock:") for _s, w, _e in acts if w):
+            self.polls_with_lock_wait += 1
+        self.polls += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._poll()
+
+    def __enter__(self) -> "LockWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def result(self) -> dict[str, Any]:
+        time.sleep(0.6)  # sessions that ended have sent their statistics
+        after = self._db_stats()
+        self.con.close()
+        lock_samples = sum(v for k, v in self.waits.items() if k.startswith("Lock:"))
+        return {"polls": self.polls, "session_samples": sum(self.waits.values()),
+                "lock_wait_samples": lock_samples, "lwlock_wait_samples":
+                    sum(v for k, v in self.waits.items() if k.startswith("LWLock:")),
+                "polls_with_lock_wait": self.polls_with_lock_wait,
+                "locks_not_granted": dict(sorted(self.not_granted.items(), key=lambda kv: -kv[1])),
+                "wait_events": dict(sorted(self.waits.items(), key=lambda kv: -kv[1])),
+                "rollbacks": after[0] - self.before[0], "deadlocks": after[1] - self.before[1]}
+
+
+def _exit_lines(log: str) -> dict[str, Any]:
+    """What an aggregator's exit lines say: its counts and its retries."""
+    from pansketch.host_tools.ingest.service import RETRIES_LINE
+    import re
+
+    out: dict[str, Any] = {"retries": None}
+    try:
+        text = open(log).read()
+    except OSError:
+        return out
+    m = re.search(r"aggregator stopped: (\d+) stored, (\d+) duplicates, (\d+) rejected, (\d+) quarantined; "
+                  r"(\d+) group commit\(s\), ([0-9.]+) messages per group", text)
+    if m:
+        out.update(stored=int(m[1]), duplicates=int(m[2]), rejected=int(m[3]), quarantined=int(m[4]),
+                   group_commits=int(m[5]), messages_per_group=float(m[6]))
+    for ln in text.splitlines():
+        if RETRIES_LINE in ln:
+            out["retries"] = json.loads(ln.split(RETRIES_LINE, 1)[1])
+    warned = [ln for ln in text.splitlines() if "retrying" in ln or "deadlock" in ln.lower()]
+    out["retry_warnings"] = len(warned)
+    return out
+
+
+def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: str, tag: str, workers: int,
+            sample_s: float, already: int = 0) -> dict[str, Any]:
+    """``k`` aggregators on a shared subscription store ``msgs`` into ``dsn``; the figures of the module
+    docstring."""
+    from pansketch.host_tools.bench import host
+
+    broker = Mosquitto(tmp, conf_extra="max_queued_messages 0")
+    aggs: list[subprocess.Popen[bytes]] = []
+    logs = [os.path.join(tmp, "agg-%s-%d.log" % (tag, i)) for i in range(k)]
+    ctx = mp.get_context("fork")
+    try:
+        for i in range(k):
+            conf = os.path.join(tmp, "host-%s-%d.toml" % (tag, i))
+            with open(conf, "w") as f:
+                f.write('[broker]\nhost = "127.0.0.1"\nport = %d\nclient_id = "agg-%s-%d"\n'
+                        '[aggregator]\ndb = "%s"\nmax_bytes = 65536\nshared_group = "aggs"\n'
+                        '[fleet]\nsalt = "%s"\n' % (broker.port, tag, i, dsn, host.SALT))
+            aggs.append(subprocess.Popen(
+                [sys.executable, "-m", "pansketch.host_tools.cli", "aggregate", "--config", conf, "--until-idle", "20"],
+                env=host._env(), stdout=subprocess.DEVNULL, stderr=open(logs[i], "w")))
+        deadline = time.monotonic() + 60
+        while not all("subscribed to" in open(lf).read() for lf in logs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pubs, start, done = host.start_publishers(ctx, host._publisher, broker.port, msgs, workers, tag)
+        time.sleep(1.5)  # publishers connected
+        with LockWatch(dsn, sample_s) as watch:
+            names = {"aggregator %d" % i: a.pid for i, a in enumerate(aggs)}
+            names.update({"postgres": pg_pid, "mosquitto": broker.pid, "watch session": watch.backend_pid})
+            names.update({"publisher %d" % i: p.pid for i, p in enumerate(pubs) if p.pid is not None})
+            cpu0 = tree_cpu(names)
+            t0 = time.perf_counter()
+            start.set()
+            sent = sum(done.get(timeout=600) for _ in pubs)
+            while watch.stored() < len(msgs) + already and time.perf_counter() - t0 < 120:
+                time.sleep(0.05)
+            wall = time.perf_counter() - t0
+            cpu1 = tree_cpu(names)
+        stored = watch.stored() - already
+        server = watch.result()
+        for p in pubs:
+            p.join(30)
+    finally:
+        for a in aggs:
+            a.terminate()
+        for a in aggs:
+            a.wait(30)
+        broker.stop()
+    cpu = {n: max(0.0, cpu1[n] - cpu0[n]) for n in names}
+    cpu["postgres"] = max(0.0, cpu["postgres"] - cpu.pop("watch session"))  # the benchmark's own session
+    per = {n: round(v / max(1, stored) * 1e6, 1) for n, v in sorted(cpu.items())}
+    aggs_us = sum(v for n, v in per.items() if n.startswith("aggregator"))
+    exits = [_exit_lines(lf) for lf in logs]
+    retries: dict[str, int] = {}
+    for e in exits:
+        for key, v in (e["retries"] or {}).items():
+            retries[key] = retries.get(key, 0) + v
+    own = []  # each aggregator's CPU per release it stored itself (its share of the shared subscription)
+    for i, e in enumerate(exits):
+        if e.get("stored"):
+            own.append(round(cpu["aggregator %d" % i] / e["stored"] * 1e6, 1))
+    return {"aggregators": k, "releases": len(msgs),
+            "cpu_us_per_own_release_each_aggregator": own, "sent": sent, "stored": stored, "lost": sent - stored,
+            "seconds": round(wall, 3), "releases_per_second": round(stored / wall, 1),
+            "cpu_us_per_release": per, "cpu_us_per_release_aggregators": round(aggs_us, 1),
+            "cpu_us_per_release_total": round(aggs_us + per["postgres"] + per["mosquitto"], 1),
+            "retries": retries, "retries_total": sum(retries.values()),
+            "retry_warnings": sum(e["retry_warnings"] for e in exits),
+            "retries_missing": sum(1 for e in exits if e["retries"] is None),
+            "aggregator_exit": exits, "server": server, "loadavg_1min": round(os.getloadavg()[0], 2)}
+
+
+def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[str, Any]:
+    """Every N of ``--pg-aggregators`` in each of ``--rounds`` rounds (order alternating), a fresh
+    database per run; the medians and the round-by-round ratios to the first N."""
+    from pansketch.host_tools.bench import host
+
+    ks = [int(k) for k in args.pg_aggregators.split(",")]
+    with open(os.path.join(srv.data, "postmaster.pid")) as f:
+        pg_pid = int(f.readline())
+    out: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir,
+                           "warm": bool(args.pg_warm), "sample_ms": args.pg_sample_ms,
+                           "releases_per_run": len(msgs), "cpus": os.cpu_count(),
+                           "note": "CPU time, not wall time, is compared: the machine is shared and loaded",
+                           "rounds": []}
+    for r in range(args.rounds):
+        rnd: dict[str, Any] = {}
+        for k in (ks if r % 2 == 0 else ks[::-1]):
+            name = "scale_r%d_k%d" % (r, k)
+            dsn = srv.create_database(name)
+            already = host._warm(dsn, msgs) if args.pg_warm else 0
+            host._checkpoint(srv.dsn())
+            res = one_run(msgs, k, dsn, pg_pid, tmp, "sc%d-%d" % (r, k), args.workers, args.pg_sample_ms / 1000,
+                          already)
+            rnd[str(k)] = res
+            print("round %d, %d aggregator(s): stored %d of %d sent, CPU us/release total %s (aggregators %s, "
+                  "postgres %s, mosquitto %s), lock-wait samples %d, not granted %d, retries %d, %s/s, load %s"
+                  % (r, k, res["stored"], res["sent"], res["cpu_us_per_release_total"],
+                     res["cpu_us_per_release_aggregators"], res["cpu_us_per_release"]["postgres"],
+                     res["cpu_us_per_release"]["mosquitto"], res["server"]["lock_wait_samples"],
+                     sum(res["server"]["locks_not_granted"].values()), res["retries_total"],
+                     res["releases_per_second"], res["loadavg_1min"]), flush=True)
+            if res["server"]["locks_not_granted"]:
+                print("  locks not granted:", json.dumps(res["server"]["locks_not_granted"]), flush=True)
+        out["rounds"].append(rnd)
+    out["summary"] = summarize(out["rounds"], ks)
+    print(table(out["summary"], ks), flush=True)
+    return out
+
+
+def summarize(rounds: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
+    base = str(ks[0])
+    summ: dict[str, Any] = {}
+    for k in ks:
+        runs = [r[str(k)] for r in rounds]
+        med = statistics.median
+        e: dict[str, Any] = {
+            "cpu_us_per_release_total": med(x["cpu_us_per_release_total"] for x in runs),
+            "cpu_us_per_release_aggregators": med(x["cpu_us_per_release_aggregators"] for x in runs),
+            "cpu_us_per_release_postgres": med(x["cpu_us_per_release"]["postgres"] for x in runs),
+            "cpu_us_per_release_mosquitto": med(x["cpu_us_per_release"]["mosquitto"] for x in runs),
+            # each aggregator's CPU per release it stored (the largest of the run's aggregators)
+            "cpu_us_per_own_release_max": med(max(x["cpu_us_per_own_release_each_aggregator"] or [0]) for x in runs),
+            "sent": sum(x["sent"] for x in runs), "stored": sum(x["stored"] for x in runs),
+            "lost": sum(x["lost"] for x in runs),
+            "lock_wait_samples": sum(x["server"]["lock_wait_samples"] for x in runs),
+            "locks_not_granted_samples": sum(sum(x["server"]["locks_not_granted"].values()) for x in runs),
+            "lwlock_wait_samples": sum(x["server"]["lwlock_wait_samples"] for x in runs),
+            "session_samples": sum(x["server"]["session_samples"] for x in runs),
+            "retries": sum(x["retries_total"] + (x["retry_warnings"] if x["retries_missing"] else 0) for x in runs),
+            "deadlocks": sum(x["server"]["deadlocks"] for x in runs),
+            "releases_per_group": med(statistics.mean(a.get("messages_per_group", 0) for a in x["aggregator_exit"])
+                                      for x in runs),
+            "releases_per_second": med(x["releases_per_second"] for x in runs)}
+        if str(k) != base:
+            ratios = [x["cpu_us_per_release_total"] / r[base]["cpu_us_per_release_total"] for x, r in zip(runs, rounds)]
+            e["cpu_total_ratio_to_%s_rounds" % base] = [round(v, 3) for v in ratios]
+            e["cpu_total_ratio_to_%s" % base] = round(statistics.median(ratios), 3)
+            pr = [x["cpu_us_per_release"]["postgres"] / r[base]["cpu_us_per_release"]["postgres"]
+                  for x, r in zip(runs, rounds)]
+            e["cpu_postgres_ratio_to_%s" % base] = round(statistics.median(pr), 3)
+        summ[str(k)] = e
+    return summ
+
+
+def table(summ: dict[str, Any], ks: list[int]) -> str:
+    """The summary as a Markdown table (printed, and pasted into deploy/OPERATIONS.md)."""
+    base = str(ks[0])
+    head = ("| aggregators | CPU µs/release: total | aggregators (sum) | each aggregator, per release it stored (max) | PostgreSQL | mosquitto "
+            "| total vs %s | stored / sent | lock-wait samples | locks not granted | retries | releases/group |"
+            % base)
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for k in ks:
+        e = summ[str(k)]
+        lines.append("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %d / %d | %d | %d | %d | %.0f |" % (
+            k, e["cpu_us_per_release_total"], e["cpu_us_per_release_aggregators"],
+            e["cpu_us_per_own_release_max"], e["cpu_us_per_release_postgres"],
+            e["cpu_us_per_release_mosquitto"], "%.3f" % e["cpu_total_ratio_to_%s" % base] if str(k) != base else "1",
+            e["stored"], e["sent"], e["lock_wait_samples"], e["locks_not_granted_samples"], e["retries"],
+            e["releases_per_group"]))
+    return "\n".join(lines)
