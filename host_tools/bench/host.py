@@ -25,6 +25,9 @@
   process (the server's as ``postgres``, the publishers') what the server
   did (:class:`PgWatch`: wait events of the aggregators' sessions,
   commits, deadlocks, WAL and database bytes per release);
+* ``--pg-scaleout``: only the PostgreSQL runs, told by their cost rather than their rate: CPU per
+  stored release of every process, releases stored vs sent, sampled lock waits and the aggregators'
+  retries with each of ``--pg-aggregators`` (pansketch.host_tools.bench.pgscale);
 * queries over ``query-devices`` x ``query-windows`` hourly releases
   (d=4, w=1024): ``freq`` of one item over everything and ``topk`` over
   100,000 candidates, from roll-ups vs from raw releases (the peer, the

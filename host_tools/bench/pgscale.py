@@ -134,7 +134,7 @@ class LockWatch:
             k = "%s %s %s; waiting: %s; blocked by: %s" % (locktype, mode, rel or "-", " ".join(query.split()),
                                                           " ".join((blockers or "?").split()))
             self.not_granted[k] = self.not_granted.get(k, 0) + 1
-        if locks or any(str(w).startswith("Lock:") for _s, w, _e in acts if w):
+        if any(lt != "extend" for lt, *_r in locks) or any(w == "Lock" and e != "extend" for _s, w, e in acts):
             self.polls_with_lock_wait += 1
         self.polls += 1
 
@@ -154,10 +154,14 @@ class LockWatch:
         time.sleep(0.6)  # sessions that ended have sent their statistics
         after = self._db_stats()
         self.con.close()
-        lock_samples = sum(v for k, v in self.waits.items() if k.startswith("Lock:"))
+        # a row, transaction, advisory or table lock: one writer waiting for another's transaction. Apart:
+        # "extend", two sessions adding pages to one table at once (held while a page is added, not to
+        # the end of a transaction), and LWLocks (the server's internal locks: WAL buffers, buffer pages)
+        lock_samples = sum(v for k, v in self.waits.items() if k.startswith("Lock:") and k != "Lock:extend")
         return {"polls": self.polls, "session_samples": sum(self.waits.values()),
-                "lock_wait_samples": lock_samples, "lwlock_wait_samples":
-                    sum(v for k, v in self.waits.items() if k.startswith("LWLock:")),
+                "lock_wait_samples": lock_samples, "extend_wait_samples": self.waits.get("Lock:extend", 0),
+                "lwlock_wait_samples": sum(v for k, v in self.waits.items() if k.startswith("LWLock:")),
+                "locks_not_granted_samples": sum(v for k, v in self.not_granted.items() if not k.startswith("extend ")),
                 "polls_with_lock_wait": self.polls_with_lock_wait,
                 "locks_not_granted": dict(sorted(self.not_granted.items(), key=lambda kv: -kv[1])),
                 "wait_events": dict(sorted(self.waits.items(), key=lambda kv: -kv[1])),
@@ -232,7 +236,11 @@ def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: s
         for a in aggs:
             a.terminate()
         for a in aggs:
-            a.wait(30)
+            try:
+                a.wait(60)  # (a loaded machine: the aggregator's own shutdown is bounded at about 20 s)
+            except subprocess.TimeoutExpired:
+                a.kill()
+                a.wait(10)
         broker.stop()
     cpu = {n: max(0.0, cpu1[n] - cpu0[n]) for n in names}
     cpu["postgres"] = max(0.0, cpu["postgres"] - cpu.pop("watch session"))  # the benchmark's own session
@@ -255,7 +263,8 @@ def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: s
             "retries": retries, "retries_total": sum(retries.values()),
             "retry_warnings": sum(e["retry_warnings"] for e in exits),
             "retries_missing": sum(1 for e in exits if e["retries"] is None),
-            "aggregator_exit": exits, "server": server, "loadavg_1min": round(os.getloadavg()[0], 2)}
+            "aggregator_exit": exits, "server": server,
+            "stages_cpu_us_per_message": {role: host._stage_cpu(logs, role) for role in ("aggregator", "MQTT")}, "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
 def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[str, Any]:
@@ -286,7 +295,7 @@ def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[st
                   % (r, k, res["stored"], res["sent"], res["cpu_us_per_release_total"],
                      res["cpu_us_per_release_aggregators"], res["cpu_us_per_release"]["postgres"],
                      res["cpu_us_per_release"]["mosquitto"], res["server"]["lock_wait_samples"],
-                     sum(res["server"]["locks_not_granted"].values()), res["retries_total"],
+                     res["server"]["locks_not_granted_samples"], res["retries_total"],
                      res["releases_per_second"], res["loadavg_1min"]), flush=True)
             if res["server"]["locks_not_granted"]:
                 print("  locks not granted:", json.dumps(res["server"]["locks_not_granted"]), flush=True)
@@ -312,7 +321,8 @@ def summarize(rounds: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
             "sent": sum(x["sent"] for x in runs), "stored": sum(x["stored"] for x in runs),
             "lost": sum(x["lost"] for x in runs),
             "lock_wait_samples": sum(x["server"]["lock_wait_samples"] for x in runs),
-            "locks_not_granted_samples": sum(sum(x["server"]["locks_not_granted"].values()) for x in runs),
+            "locks_not_granted_samples": sum(x["server"]["locks_not_granted_samples"] for x in runs),
+            "extend_wait_samples": sum(x["server"]["extend_wait_samples"] for x in runs),
             "lwlock_wait_samples": sum(x["server"]["lwlock_wait_samples"] for x in runs),
             "session_samples": sum(x["server"]["session_samples"] for x in runs),
             "retries": sum(x["retries_total"] + (x["retry_warnings"] if x["retries_missing"] else 0) for x in runs),
@@ -335,15 +345,16 @@ def table(summ: dict[str, Any], ks: list[int]) -> str:
     """The summary as a Markdown table (printed, and pasted into deploy/OPERATIONS.md)."""
     base = str(ks[0])
     head = ("| aggregators | CPU µs/release: total | aggregators (sum) | each aggregator, per release it stored (max) | PostgreSQL | mosquitto "
-            "| total vs %s | stored / sent | lock-wait samples | locks not granted | retries | releases/group |"
+            "| total vs %s | stored / sent | lock-wait samples | locks not granted | extend waits | retries | releases/group |"
             % base)
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for k in ks:
         e = summ[str(k)]
-        lines.append("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %d / %d | %d | %d | %d | %.0f |" % (
+        lines.append("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %d / %d | %d | %d | %d | %d | %.0f |" % (
             k, e["cpu_us_per_release_total"], e["cpu_us_per_release_aggregators"],
             e["cpu_us_per_own_release_max"], e["cpu_us_per_release_postgres"],
             e["cpu_us_per_release_mosquitto"], "%.3f" % e["cpu_total_ratio_to_%s" % base] if str(k) != base else "1",
-            e["stored"], e["sent"], e["lock_wait_samples"], e["locks_not_granted_samples"], e["retries"],
+            e["stored"], e["sent"], e["lock_wait_samples"], e["locks_not_granted_samples"], e["extend_wait_samples"],
+            e["retries"],
             e["releases_per_group"]))
     return "\n".join(lines)
