@@ -12,6 +12,7 @@ transactions deadlock as retries.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,55 @@ def test_the_store_counts_the_transactions_it_runs_again(server):
     assert set(retries) == {"55P03"} and retries["55P03"] >= 2
     holder.close()
     st.close()
+
+
+def test_writers_storing_one_window_do_not_wait_for_each_other(server):
+    """Two writers' groups in the same window: the second commits while the first's transaction is still
+    open after its flag-generation bump (each counts in its own shard row; one row per window that every
+    group updated made each group wait for the other writers' commits). The window's generation still
+    moves with every group, so flags kept for it are computed again."""
+    import threading
+    import time
+
+    from pansketch.host_tools.bench import host
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.query import influence
+    from pansketch.host_tools.store.pg import PgStore
+    from pansketch.host_tools.store.rows import Pending
+
+    rels = [decode(p, t) for t, p in host.make_releases(6, 1, d=4, w=64)]  # six devices, one window
+    assert len({(r.win_s, r.win) for r in rels}) == 1
+    win = (rels[0].win_s, rels[0].win)
+
+    def pend(rs: list[Any]) -> list[Pending]:
+        return [Pending(r.payload, "pansketch/%s/release" % r.dev, time.time(), rel=r, device=r.dev) for r in rs]
+
+    dsn = server.create_database("onewindow")
+    a, b = PgStore(dsn), PgStore(dsn)
+
+    def gen() -> int:
+        return {(int(r[0]), int(r[1])): int(r[2]) for r in a._q(a.flag_windows_sql())}[win]
+
+    a.commit_group(pend(rels[:2]))
+    b.commit_group(pend(rels[2:3]))
+    g0 = gen()
+    influence.refresh(a)
+    assert influence._windows(a, 10)[1][win][:2] == (g0, g0)  # flags kept at this generation
+    cur = a.conn.cursor()
+    cur.execute("BEGIN")  # a's group in flight: its bump done, its commit not yet
+    a._bump_flag_windows(cur, {win})
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (b.commit_group(pend(rels[3:5])), done.set()))
+    t.start()
+    try:
+        assert done.wait(10), "b's group waited for a's transaction"
+    finally:
+        cur.execute("COMMIT")
+        t.join(30)
+    assert a.release_count() == 5 and b.retry_counts() == {}
+    assert gen() == g0 + 2  # both changes count
+    state = influence._windows(a, 10)[1][win]
+    assert state[0] != state[1]  # the kept flags are out of date: the scanner computes them again
+    assert influence.refresh(a) == 1
+    a.close()
+    b.close()

@@ -295,8 +295,8 @@ def _windows(store: Any, windows: int) -> tuple[list[tuple[int, int]], dict[tupl
     """The recent windows, and per window its (gen, done, setting) where the store keeps flags."""
     if not has_stored(store):
         return _latest(store._q("SELECT DISTINCT win_s, win FROM releases"), windows), {}
-    rows = store._q("SELECT win_s, win, gen, done, setting FROM flag_windows WHERE gen > 0")
-    state = {(int(ws), int(w)): (int(g), int(dn), str(st)) for ws, w, g, dn, st in rows}
+    rows = store._q(store.flag_windows_sql())
+    state = {(int(ws), int(w)): (int(g), int(dn), str(st)) for ws, w, g, dn, st in rows if int(g) > 0}
     return _latest(state, windows), state
 
 
@@ -381,7 +381,7 @@ def flag_state(store: Any) -> Any:
     if ver is not None:
         return ver
     if has_stored(store):
-        return tuple(store._q("SELECT win_s, win, gen FROM flag_windows ORDER BY win_s, win"))
+        return tuple(sorted(r[:3] for r in store._q(store.flag_windows_sql())))
     return store.snapshot()
 
 

@@ -64,6 +64,8 @@ from pansketch.host_tools.store.sql import SQLStore
 from pansketch.host_tools.store.write import _Acc
 
 _SERIALS = itertools.count()
+_FLAG_SHARDS_DDL = ("CREATE TABLE IF NOT EXISTS flag_window_shards (win_s BIGINT NOT NULL, win BIGINT NOT NULL, "
+                    "shard INTEGER NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (win_s, win, shard))")
 _SHARD_LOCK = 7243311  # advisory lock class of the writers' roll-up shards
 _SHARDS = 64
 
@@ -435,6 +437,7 @@ class PgStore(SQLStore):
         for (name,) in cur.fetchall():
             cur.execute('ALTER TABLE rollups DROP CONSTRAINT "%s"' % name.replace('"', '""'))
         cur.execute("CREATE SEQUENCE IF NOT EXISTS pansketch_changes")  # the change counter (SQLBase._bump_after)
+        cur.execute(_FLAG_SHARDS_DDL)  # each writer's count of changes per window (PgStore._bump_flag_windows)
         cur.execute(_PUT_FN)
         cur.execute(_PUT_MANY_FN)
         cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
@@ -549,6 +552,59 @@ class PgStore(SQLStore):
 
     _bump_in_tx = None
     _bump_after = "SELECT nextval('pansketch_changes')"
+
+    # Flag generations (schema ``flag_windows``; pansketch.host_tools.query.influence). SQLStore bumps one row
+    # per window in every group's transaction: all aggregators storing a window's releases updated that row,
+    # so each group waited for the other writers' groups to commit (fsync included). Here each writer counts
+    # its changes in its own row of ``flag_window_shards`` (its roll-up shard), and a window's generation is
+    # flag_windows.gen plus the sum of its shard counts (negative gen: no window, as a purge leaves it). The
+    # flag_windows row of a window this writer has not met yet is created before the group's transaction
+    # (commit_group), in a statement of its own: two writers creating it at once wait for one short insert,
+    # not for a whole group.
+    def commit_group(self, items: Sequence[Pending], log_rejections: bool = True, sync: bool = True) -> None:
+        known = self.__dict__.setdefault("_flag_wins", set())
+        new = sorted({(p.rel.win_s, p.rel.win) for p in items if p.rel is not None} - known)
+        if new and not self.readonly:
+            with self._lock:  # one statement, its own transaction (autocommit); not a change of the store's
+                self._cursor().execute(  # contents: the change counter stays
+                    "INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT ws, w, 1, 0, '' "
+                    "FROM unnest(%s::bigint[], %s::bigint[]) AS t(ws, w) ON CONFLICT (win_s, win) DO NOTHING",
+                    ([ws for ws, _w in new], [w for _ws, w in new]))
+            known.update(new)
+            if len(known) > 4096:  # a bound (old windows are not stored into again): re-created rows cost nothing
+                known.clear()
+        super().commit_group(items, log_rejections, sync)
+
+    def _bump_flag_windows(self, cur: Any, wins: Any) -> None:
+        if not wins:
+            return
+        ws = sorted(wins)
+        shard = self._rollup_shard if self._rollup_shard is not None else 0
+        # a window no writer has met (purge, retention, an uncached one): its row, then a purged window
+        # stored into again is a window again; neither touches a committed row in the common case (a plain
+        # insert that meets one does nothing, the update matches no row)
+        unknown = [w for w in ws if w not in self._flag_wins_known()]
+        if unknown:
+            cur.executemany("INSERT INTO flag_windows (win_s, win, gen, done, setting) VALUES (%s, %s, 1, 0, '') "
+                            "ON CONFLICT (win_s, win) DO NOTHING", unknown)
+        cur.executemany("UPDATE flag_windows SET gen = 1 - gen WHERE win_s = %s AND win = %s AND gen < 0", ws)
+        cur.executemany("INSERT INTO flag_window_shards (win_s, win, shard, n) VALUES (%s, %s, %s, 1) "
+                        "ON CONFLICT (win_s, win, shard) DO UPDATE SET n = flag_window_shards.n + 1",
+                        [w + (shard,) for w in ws])
+
+    def _flag_wins_known(self) -> set[tuple[int, int]]:
+        return self.__dict__.get("_flag_wins", set())  # type: ignore[no-any-return]
+
+    def flag_windows_sql(self) -> str:
+        """As SQLStore's: a window's generation with its writers' shard counts added."""
+        if not self.__dict__.get("_flag_shards"):
+            r = self._q("SELECT to_regclass('flag_window_shards') IS NOT NULL")
+            if not (r and r[0][0]):  # a database no writer of this version opened yet (a reader's)
+                return super().flag_windows_sql()
+            self.__dict__["_flag_shards"] = True
+        return ("SELECT f.win_s, f.win, CASE WHEN f.gen < 0 THEN f.gen ELSE f.gen + coalesce(s.n, 0) END AS g, "
+                "f.done, f.setting FROM flag_windows f LEFT JOIN (SELECT win_s, win, sum(n) AS n FROM "
+                "flag_window_shards GROUP BY win_s, win) s ON s.win_s = f.win_s AND s.win = f.win")
 
     def change_count(self) -> Optional[int]:
         """As Reader.change_count, from the sequence the writers advance after each commit."""

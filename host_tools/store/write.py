@@ -325,6 +325,11 @@ class GroupWriter(SQLBase):
                                       "ON CONFLICT (win_s, win) DO UPDATE SET gen = ABS(flag_windows.gen) + 1"),
                             sorted(wins))
 
+    def flag_windows_sql(self) -> str:
+        """The query of every window's (win_s, win, gen, done, setting) in ``flag_windows`` (PostgreSQL adds
+        its writers' shard counts to gen: pansketch.host_tools.store.pg)."""
+        return "SELECT win_s, win, gen, done, setting FROM flag_windows"
+
     def _init_flag_windows(self, cur: Any) -> None:
         """An older database's windows into ``flag_windows`` (once: meta ``flag_windows``), flags to compute."""
         if self._x(cur, "SELECT value FROM meta WHERE key = 'flag_windows'").fetchone() is None:
