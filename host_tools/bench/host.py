@@ -65,6 +65,7 @@ import numpy as np
 
 from pansketch.agent import release
 from pansketch.agent.params import Params
+from pansketch.host_tools.bench.core import process_cpu_s as _cpu_s  # the name soak and benchmarks/rabbitmq import from here
 from pansketch.host_tools.localnet import Mosquitto, mosquitto_path
 
 SALT = "bench-fleet-salt"
@@ -183,16 +184,6 @@ def _bare_subscriber(port: int, n: int, ready: Any, out: Any) -> None:
     c.disconnect()
     c.loop_stop()
     out.put((got[0], t_last[0] or time.time(), cpu))
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process ``pid`` (0 once it is gone)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _helpers(pid: int) -> dict[int, str]:

@@ -273,7 +273,7 @@ def write_ab(raws: list[bytes], devices: int, rounds: int, tmp: str) -> dict[str
 
 def _server_cpu(data_dir: str) -> float:
     """CPU seconds of a PostgreSQL server so far: its postmaster and every process it started."""
-    from pansketch.host_tools.bench.host import _cpu_s
+    from pansketch.host_tools.bench.core import process_cpu_s as _cpu_s
 
     with open(os.path.join(data_dir, "postmaster.pid")) as f:
         pm = int(f.readline())

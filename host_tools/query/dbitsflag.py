@@ -130,9 +130,9 @@ def _fit(rels: Sequence[Any], max_events: int) -> list[tuple[float, float, float
 
 
 def compare(devices: dict[str, list[Any]], max_events: int, win_s: int = 0, win: int = 0) -> list[Any]:
-    """The flags (pansketch.host_tools.query.influence.Flag) of one window and dbits merge group:
+    """The flags (pansketch.host_tools.query.flag.Flag) of one window and dbits merge group:
     ``devices`` maps a device to its releases of the window (with payload)."""
-    from pansketch.host_tools.query.influence import Flag
+    from pansketch.host_tools.query.flag import Flag
 
     fits = {dev: _fit(rs, max_events) for dev, rs in devices.items()}
     est = {dev: sum(f[0] for f in fs) for dev, fs in fits.items()}

@@ -44,12 +44,12 @@ nodes that cover the window (pansketch.host_tools.query.core.cover).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from pansketch.host_tools.query.estimators import chernoff_tail_bound
+from pansketch.host_tools.query.flag import Flag  # noqa: F401  (the record every flag test returns; re-exported)
 from pansketch.host_tools.query.merge import NoiseTerm
 
 MIN_DEVICES = 3  # fewer: no "rest of the fleet" to compare with
@@ -61,25 +61,6 @@ PHI_MAX = 50.0
 GREEDY_STEPS = 8  # compare: devices set aside one at a time (the worst first) ...
 BATCH_PASSES = 4  # ... then all those out of line at once, this many times at most
 RECENT_WINDOWS = 48  # status, dashboard and metrics look at the latest this many windows per window length
-
-
-@dataclass
-class Flag:
-    device: str
-    win_s: int
-    win: int
-    kind: str
-    score: float  # the largest residual in allowances (> 1: flagged)
-    cell: tuple[int, int, int]  # (level, row, column)
-    residual: float  # events the cell holds beyond what the device's share predicts (signed)
-    share: float  # the device's part of the fleet's cell (Y_i / Y; may exceed 1 when the others are negative)
-    cells: int  # how many cells of the device are beyond their allowance
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "win_s": self.win_s, "window": self.win, "kind": self.kind,
-                "score": round(self.score, 1), "cell": list(self.cell), "residual": round(self.residual, 1),
-                "share": round(self.share, 3), "cells": self.cells, "reason": self.reason}
 
 
 def _terms(rels: Sequence[Any]) -> list[NoiseTerm]:
