@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 import cbor2
 from pansketch.agent.params import Params
+from pansketch.host_tools.store import payloadcodec
 from tests.support import sketches
 from tests.support import unixvm as U
 
@@ -18,9 +19,11 @@ def exact(events: list[str], w: int = 64) -> list[int]:
 
 
 def summed(payloads: list[bytes]) -> list[int]:
+    """The counters of ``payloads`` added up: releases as sent, or as the store keeps them (possibly
+    compressed: payloadcodec.decode gives back the sent bytes)."""
     tot: list[int] = []
     for p in payloads:
-        ctr = array("i", cbor2.loads(p)["ctr"])
+        ctr = array("i", cbor2.loads(payloadcodec.decode(bytes(p)))["ctr"])
         tot = list(ctr) if not tot else [a + b for a, b in zip(tot, ctr)]
     return tot
 
