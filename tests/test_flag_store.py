@@ -21,9 +21,9 @@ from pansketch.host_tools.query import influence
 from pansketch.host_tools.store import exclusions, pgserver
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic
-from tests.test_influence import _device, _forged, _zipf
-from tests.test_influence_dbits import _crafted
-from tests.test_influence_dbits import _device as _dbits_device
+from tests.support.csfleet import _device, _forged, _zipf
+from tests.support.dbitsfleet import _crafted
+from tests.support.dbitsfleet import _device as _dbits_device
 
 try:
     import psycopg  # noqa: F401

@@ -15,17 +15,12 @@ and must stay at or under 1 % of the honest device-windows (0 in these runs).
 
 from __future__ import annotations
 
-import array
 import os
 from typing import Any
 
 import numpy as np
 import pytest
 
-from pansketch.agent import release
-from pansketch.agent.params import Params
-from pansketch.agent.recorders import make
-from pansketch.agent.rng import DeterministicSource, Rng
 from pansketch.host_tools import hostconfig
 from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.ingest.decode import decode
@@ -33,24 +28,9 @@ from pansketch.host_tools.query import dbitsflag, influence
 from pansketch.host_tools.store import bounds
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic
+from tests.support.dbitsfleet import _params, _device, _crafted  # noqa: F401
 
 DEMO = (150, 300, 450, 600)  # pansketch.host_tools.demo.DBITS_DISTINCT
-
-
-def _params(dev: str) -> Params:
-    return Params({"device": dev, "salt": SALT, "kind": "dbits", "d": 12, "w": 256, "mode": "window",
-                   "window_s": 3600, "mechanism": "dlap", "budget": "1"})
-
-
-def _device(dev: str, root: str, distinct: list[int]) -> list[bytes]:
-    rec = make(_params(dev), os.path.join(root, dev), T0, rng=Rng(DeterministicSource("dbflag-" + dev)),
-               log=lambda _m: None)
-    t = T0
-    for k, n in enumerate(distinct):
-        rec.add_many(["%s-badge-%d-%d" % (dev, k, x) for x in range(n)])
-        t += 3600
-        rec.tick(t)
-    return [rec.outbox.read(s) for s in rec.outbox.pending()]
 
 
 def _store(tmp: Any, fleet: dict[str, list[bytes]], name: str) -> str:
@@ -85,13 +65,6 @@ def test_false_flags_on_a_heterogeneous_fleet_with_a_busy_device(tmp_path):
     print("dbits heterogeneous fleet (one device 20x): %d flag(s) in %d honest device-windows" % (len(flags), n))
     assert n == 80
     assert len(flags) <= 0.01 * n, [f.to_dict() for f in flags]
-
-
-def _crafted(raw: bytes, change: Any) -> bytes:
-    rel = decode(raw)
-    c = change(rel.counters().astype(np.int64).reshape(-1).copy())
-    return release.encode(_params(rel.dev), rel.seq, rel.elo, rel.ehi, rel.part,
-                          array.array("i", [int(x) for x in c]), rel.nz)
 
 
 def test_crafted_releases_under_the_bound_are_flagged(tmp_path):

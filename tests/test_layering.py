@@ -17,6 +17,7 @@ and ``TYPE_CHECKING`` blocks. Asserted:
 * every package ``__init__`` has a docstring: its role and what it may import;
 * at most 8 modules directly in host_tools/;
 * the installed code imports nothing of tests/ (but the benchmarks in USES_TESTS);
+* no test module imports another (shared code is in tests/support/);
 * the fake board modules of the two MicroPython VMs are one set: the Unix-port
   board's (tests/mpunix/fakes) are links to tests/mpfakes, beside its own
   ``fakehw`` (the hardware behind them).
@@ -322,6 +323,19 @@ def test_installed_code_does_not_import_the_tests():
             if any(n == "tests" or n.startswith("tests.") for n in names):
                 users.add(m)
     assert users <= USES_TESTS, "installed modules importing the tests: %s" % sorted(users - USES_TESTS)
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share lives in tests/support/, so each test file can be read, run and
+    moved on its own."""
+    found = []
+    for p in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += ["%s imports %s" % (p.relative_to(ROOT), n) for n in names
+                      if n.startswith("tests.test_") or n.split(".")[-1].startswith("test_") and n.startswith("tests")]
+    assert not found, found
 
 
 def test_few_modules_directly_in_host_tools():

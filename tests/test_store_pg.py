@@ -603,7 +603,7 @@ def test_compressed_payloads_answer_as_raw_ones_on_postgresql(server, monkeypatc
     give identical payloads, merges, roll-ups and answers, also after a purge."""
     from pansketch.host_tools.store import payloadcodec
     from pansketch.host_tools.store.exclusions import purge
-    from tests.test_store_compress import DEVICES, _events, answers, fill
+    from tests.support.compressed import DEVICES, _events, answers, fill
     from tests.support.dashboard_kinds import _releases
 
     sent = {dev: _releases(dict(cfg, device=dev), [_events(cfg["kind"], k) for k in range(2)])
