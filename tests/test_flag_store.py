@@ -214,3 +214,26 @@ def test_compare_is_bounded_when_most_devices_are_out_of_line():
         influence._judge = real  # type: ignore[assignment]
     assert len(flags) == 200
     assert len(sizes) <= influence.GREEDY_STEPS + influence.BATCH_PASSES + 1, sizes
+
+
+def test_query_note_reads_the_kept_flags(fleet, tmp_path, monkeypatch, capsys):
+    """The query CLI's flagged-devices note reads the flags the scanner kept with [fleet]'s limits (a
+    limit other than the default: the note must ask with the same setting), and says the same."""
+    from pansketch.host_tools import cli, metrics
+
+    db = str(tmp_path / "q.db")
+    _fill(db, fleet)
+    conf = str(tmp_path / "h.toml")
+    with open(conf, "w") as f:
+        f.write('[fleet]\nsalt = "%s"\nmax_events_per_window = 40000\n[aggregator]\ndb = "%s"\n' % (SALT, db))
+
+    def note() -> str:
+        assert cli.main(["query", "--config", conf, "freq", "item-1", "--device", "h-0"]) == 0
+        return [ln for ln in capsys.readouterr().err.splitlines() if "flagged device-window" in ln][0]
+
+    before = note()
+    assert "mal-1" in before
+    limits = hostconfig.load(conf).fleet.max_events
+    metrics.FlagScanner(db, __import__("logging").getLogger("test.flagstore"), windows=3, max_events=limits).scan()
+    monkeypatch.setattr(influence, "window_flags", lambda *a, **k: pytest.fail("payloads read"))
+    assert note() == before

@@ -117,7 +117,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         code = kinds.get(args.qtype).run(args, store, salt, conf, since, until)
         if code == 0:
-            _flag_note(store, set(store.query_exclude))  # type: ignore[attr-defined]
+            _flag_note(store, set(store.query_exclude), cfg.fleet.max_events)  # type: ignore[attr-defined]
         return code
     except BrokenPipeError:
         raise  # a closed stdout ends the command quietly (pansketch.agent.pi.pipes.run_main)
@@ -127,14 +127,16 @@ def _main(args: argparse.Namespace) -> int:
         store.close()
 
 
-def _flag_note(store: Any, exclude: set[str]) -> None:
+def _flag_note(store: Any, exclude: set[str], max_events: Any) -> None:
     """Next to the answer (on stderr: the answer's own output stays as it is): devices flagged in the latest
-    windows (pansketch.host_tools.query.influence), which the answer merges unless they are excluded."""
+    windows (pansketch.host_tools.query.influence), which the answer merges unless they are excluded.
+    ``max_events``: [fleet]'s contribution limits, those the aggregator's flag scanner keeps flags with, so
+    that the windows it kept are read from the store rather than computed from every payload again."""
     from pansketch.host_tools.query import influence
     from pansketch.host_tools.store import exclusions
 
     ex = set(exclusions.excluded(store)) | exclude
-    flags = influence.recent_flags(store, windows=CLI_FLAG_WINDOWS, exclude=ex)
+    flags = influence.recent_flags(store, windows=CLI_FLAG_WINDOWS, exclude=ex, max_events=max_events)
     if flags:
         devs = sorted({f.device for f in flags})
         print("pansketch query: note: %d flagged device-window(s) in the latest %d window(s), device(s) %s: out of "
