@@ -93,13 +93,33 @@ def build(db: str, n: int, w: int) -> dict[str, float]:
                     "x.count " + same + "JOIN rollup_noise x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
         con.execute("INSERT INTO rollup_devices (rollup, device) SELECT r2.id, x.device " + same
                     + "JOIN rollup_devices x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
+        # the write path marks each window's flags to compute (schema flag_windows): so for the copies
+        con.execute("INSERT OR IGNORE INTO flag_windows (win_s, win, gen, done, setting) %s "
+                    "SELECT win_s, win + k, 1, 0, '' FROM flag_windows, ks WHERE win = %d" % (ks, win0))
         dcols = {r[1] for r in con.execute("PRAGMA table_info(devices)")}
         if "max_seq" in dcols:  # the SQLite store's per-device highest seq (pansketch.host_tools.store.sqlite)
             con.execute("UPDATE devices SET max_seq = max_seq + ? WHERE max_seq IS NOT NULL", (w - 1,))
     con.commit()
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
-    return {"write_path_s": round(t_write, 2), "bulk_sql_s": round(time.perf_counter() - t, 2)}
+    t_sql = time.perf_counter() - t
+    return {"write_path_s": round(t_write, 2), "bulk_sql_s": round(t_sql, 2), "flags_s": keep_flags(db)}
+
+
+def keep_flags(db: str) -> float:
+    """Compute and keep the recent windows' flags, as a running aggregator's flag scanner does
+    (pansketch.host_tools.metrics.FlagScanner, no CPU budget here): readers then find them stored.
+    Returns the seconds it took."""
+    from pansketch.host_tools.query import influence
+    from pansketch.host_tools.store.sqlite import Store
+
+    t = time.perf_counter()
+    st = Store(db)
+    try:
+        influence.refresh(st)
+    finally:
+        st.close()
+    return round(time.perf_counter() - t, 2)
 
 
 _SCRAPE = ("import sys, time\n"
