@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -61,3 +62,23 @@ def test_every_package_folder_is_in_the_distribution() -> None:
                    for t in ("agent", "firmware", "host_tools") for p in (repo / t).rglob("__init__.py")
                    if "__pycache__" not in p.parts)
     assert sorted(st["packages"]) == found
+
+
+def _sub_help(parser: argparse.ArgumentParser, name: str) -> str:
+    act = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return act.choices[name].format_help()
+
+
+def test_a_subcommand_named_first_gets_its_own_parser_alone() -> None:
+    """`pansketch query ...` registers (and imports) the query subcommand only; its parser is the same."""
+    for name in ("query", "status", "device"):
+        assert _sub_help(cli.build_parser(name), name) == _sub_help(cli.build_parser(), name)
+    code = ("import sys; from pansketch.host_tools import cli\n"
+            "try:\n    cli.main(['query', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(m for m in sys.modules if m.startswith('pansketch.host_tools.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = ast.literal_eval(r.stdout.strip().splitlines()[-1])
+    for other in ("pansketch.host_tools.ingest.service", "pansketch.host_tools.web.serve", "pansketch.host_tools.demo"):
+        assert other not in loaded
+    assert "usage: pansketch query" in r.stdout
