@@ -232,3 +232,35 @@ def test_status_json_pages_its_devices(db: str, tmp_path: Any) -> None:
     assert code == 2 and "--json or --csv" in err
     code, _out, err = run("--json", "--offset", "-1")
     assert code == 2
+
+
+@pytest.mark.parametrize("since,until,limit", [(None, None, 10**6), (None, None, 2), (T0 + 3600, None, 10**6),
+                                               (None, T0 + 10800, 10**6)])
+def test_series_reads_the_extents_once_when_its_buckets_hold_every_release(db: str, since: Optional[int],
+                                                                           until: Optional[int], limit: int,
+                                                                           monkeypatch: Any) -> None:
+    """The extents inside the buckets are those of the whole selection when no range or bucket limit cuts
+    it: read once then; each point's missing devices are those of the extents inside the buckets."""
+    for st in _stores(db):
+        calls: list[Any] = []
+        real = st.release_extents
+
+        def counting(*a: Any, **k: Any) -> Any:
+            calls.append(a)
+            return real(*a, **k)
+
+        monkeypatch.setattr(st, "release_extents", counting)
+        got = series_mod.series(st, ITEMS, salt=SALT, step=3600, since=since, until=until, limit=limit, running=True)
+        assert len(calls) == (1 if since is None and until is None and limit > 2 else 2)
+        devs = query.pick_devices(st, query.POINT_KINDS)
+        bks, cut = series_mod.buckets(st, 3600, since, until, devs, limit)
+        assert bool(cut) == (limit == 2)
+        span = real(devs, bks[0][0], bks[-1][1])
+        for ln in got.lines:
+            for p, (t0, t1) in zip(ln.points, bks):
+                have = set(p.answer.devices) if p.answer is not None else set()
+                assert p.missing_devices == [d for d in sorted(span) if span[d][0] <= t0 and span[d][1] >= t1
+                                             and d not in have]
+        if since is None and until is None and limit > 2:
+            assert got.to_dict() == _reference_series(st, 3600, True)
+        st.close()

@@ -154,11 +154,18 @@ def buckets(store: Store, step: int, since: Optional[float] = None, until: Optio
     Aligned to multiples of ``step`` (so windows are buckets). Returns the
     last ``limit`` buckets and how many earlier ones were left out.
     """
+    bks, cut, _ext = _buckets(store, step, since, until, devices, limit)
+    return bks, cut
+
+
+def _buckets(store: Store, step: int, since: Optional[float], until: Optional[float], devices: Optional[list[str]],
+             limit: int) -> tuple[list[tuple[int, int]], int, dict[str, tuple[int, int]]]:
+    """:func:`buckets`, and the devices' extents it read (:meth:`release_extents` of the selection)."""
     if step <= 0:
         raise QueryError("step must be positive")
     ext = store.release_extents(devices, since, until)
     if not ext:
-        return [], 0
+        return [], 0, ext
     k0 = min(a for a, _b in ext.values()) // step
     k1 = (max(b for _a, b in ext.values()) + step - 1) // step
     if since is not None:
@@ -167,7 +174,7 @@ def buckets(store: Store, step: int, since: Optional[float] = None, until: Optio
         k1 = min(k1, int(until // step))
     n = max(0, k1 - k0)
     cut = max(0, n - limit)
-    return [(k * step, (k + 1) * step) for k in range(k0 + cut, k1)], cut
+    return [(k * step, (k + 1) * step) for k in range(k0 + cut, k1)], cut, ext
 
 
 def bucket_answers(store: Store, items: Sequence[Any], salt: str, t0: int, t1: int,
@@ -209,10 +216,15 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
         # a release cannot be split: shorter or unaligned buckets would each hold no whole release
         raise QueryError("a step of %d s does not hold whole releases: the selected releases are %d s long "
                          "(for tree-mode devices: their epoch); use a multiple of %d s" % (step, natural, natural))
-    bks, cut = buckets(store, step, since, until, devs, limit)
+    bks, cut, ext = _buckets(store, step, since, until, devs, limit)
     if not bks:
         raise QueryError("no releases in the selection")
-    span = store.release_extents(devs, bks[0][0], bks[-1][1])  # device -> (first t0, last t1)
+    if since is None and until is None and not cut:
+        # the buckets run from below the first t0 to above the last t1: every release lies inside them, so
+        # the extents inside the buckets are those just read (each read is a scan of every release row)
+        span = ext
+    else:
+        span = store.release_extents(devs, bks[0][0], bks[-1][1])  # device -> (first t0, last t1)
     if per_device:
         groups: list[Optional[list[str]]] = [[d] for d in sorted(span)]
     else:
