@@ -264,3 +264,18 @@ def test_series_reads_the_extents_once_when_its_buckets_hold_every_release(db: s
         if since is None and until is None and limit > 2:
             assert got.to_dict() == _reference_series(st, 3600, True)
         st.close()
+
+
+def test_read_only_opens_map_the_file(db: str) -> None:
+    """Readers map the file (the scans of every release row then copy no pages); the writer does not.
+    The answers above are read through such opens."""
+    from pansketch.host_tools.store import sqlite as sqlite_store
+
+    r, w = Store(db, readonly=True), Store(db)
+    try:
+        assert r.db.execute("PRAGMA mmap_size").fetchone()[0] == sqlite_store.READ_MMAP_BYTES
+        assert w.db.execute("PRAGMA mmap_size").fetchone()[0] == 0
+        assert r.release_extents() == w.release_extents()
+    finally:
+        r.close()
+        w.close()
