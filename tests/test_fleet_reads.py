@@ -279,3 +279,23 @@ def test_read_only_opens_map_the_file(db: str) -> None:
     finally:
         r.close()
         w.close()
+
+
+def test_running_merge_of_buckets_of_the_same_devices(db: str, monkeypatch: Any) -> None:
+    """The running totals' merges of buckets of the same devices (no set union) equal one range query each."""
+    seen: set[bool] = set()
+    real = series_mod._add
+
+    def add(x: Any, y: Any) -> Any:
+        seen.add(x.devices == y.devices)
+        return real(x, y)
+
+    monkeypatch.setattr(series_mod, "_add", add)
+    tree = False
+    for st in _stores(db):
+        got = series_mod.series(st, ITEMS, salt=SALT, step=7200, running=True).to_dict()
+        assert got == _reference_series(st, 7200, True)
+        tree = st.has_tree()
+        st.close()
+    # (the store with tree nodes has no prefix sums: each running total is its own range query)
+    assert seen == (set() if tree else {True})

@@ -310,8 +310,10 @@ def _add(x: Merged, y: Merged) -> Merged:
     terms: dict[tuple[str, int, int], int] = {}
     for t in x.noise + y.noise:
         terms[(t.mech, t.num, t.den)] = terms.get((t.mech, t.num, t.den), 0) + t.count
+    # both sorted: the same devices (a fleet that released in every bucket) need no set union
+    devices = list(x.devices) if x.devices == y.devices else sorted(set(x.devices) | set(y.devices))
     return Merged(kind=x.kind, d=x.d, w=x.w, hv=x.hv, salt=x.salt, counters=x.counters + y.counters,
-                  releases=x.releases + y.releases, devices=sorted(set(x.devices) | set(y.devices)),
+                  releases=x.releases + y.releases, devices=devices,
                   noise=[NoiseTerm(m, n, d, c) for (m, n, d), c in sorted(terms.items())],
                   t0=min(x.t0, y.t0), t1=max(x.t1, y.t1), windows=sorted(set(x.windows) | set(y.windows)),
                   b=x.b, map=x.map)

@@ -301,4 +301,12 @@ class Reader(SQLBase):
         return out
 
     def rollup_devices(self, ids: Sequence[int]) -> set[str]:
-        return {r[0] for r in self._by_ids("SELECT DISTINCT device FROM rollup_devices WHERE rollup IN (%s)", ids)}
+        """The devices that contributed to the given roll-ups. Each IN list's distinct devices are one
+        fetch (at most one row per device): a whole fleet per hourly bucket of a series, row by row
+        through :meth:`_by_ids`, was about a third of the series' Python time."""
+        out: set[str] = set()
+        for i in range(0, len(ids), _CHUNK):
+            chunk = list(ids[i:i + _CHUNK])
+            out.update(r[0] for r in self._q("SELECT DISTINCT device FROM rollup_devices WHERE rollup IN (%s)"
+                                             % ",".join("?" * len(chunk)), chunk))
+        return out
