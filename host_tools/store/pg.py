@@ -68,6 +68,7 @@ _FLAG_SHARDS_DDL = ("CREATE TABLE IF NOT EXISTS flag_window_shards (win_s BIGINT
                     "shard INTEGER NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (win_s, win, shard))")
 _SHARD_LOCK = 7243311  # advisory lock class of the writers' roll-up shards
 _SHARDS = 64
+_FLAG_WINDOW_LOCK = 7243312  # advisory lock class of a flag_windows row being created (PgStore.commit_group)
 
 
 def _pg_types(s: str) -> str:
@@ -563,17 +564,24 @@ class PgStore(SQLStore):
     # not for a whole group.
     def commit_group(self, items: Sequence[Pending], log_rejections: bool = True, sync: bool = True) -> None:
         known = self.__dict__.setdefault("_flag_wins", set())
-        new = sorted({(p.rel.win_s, p.rel.win) for p in items if p.rel is not None} - known)
+        wins = {(p.rel.win_s, p.rel.win) for p in items if p.rel is not None}
+        new = sorted(wins - known)
         if new and not self.readonly:
-            with self._lock:  # one statement, its own transaction (autocommit); not a change of the store's
-                self._cursor().execute(  # contents: the change counter stays
-                    "INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT ws, w, 1, 0, '' "
-                    "FROM unnest(%s::bigint[], %s::bigint[]) AS t(ws, w) ON CONFLICT (win_s, win) DO NOTHING",
-                    ([ws for ws, _w in new], [w for _ws, w in new]))
-            known.update(new)
+            # one statement, its own transaction (autocommit; not a change of the store's contents: the change
+            # counter stays). A window another writer is creating this instant (its advisory lock taken) is
+            # left to it: waiting for its insert would be a lock wait; the group's own insert (_bump_flag_windows,
+            # ON CONFLICT DO NOTHING) then meets its committed row
+            with self._lock:
+                cur = self._cursor()
+                cur.execute("INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT ws, w, 1, 0, '' "
+                            "FROM unnest(%s::bigint[], %s::bigint[]) AS t(ws, w) WHERE NOT EXISTS (SELECT 1 FROM "
+                            "flag_windows f WHERE f.win_s = t.ws AND f.win = t.w) AND pg_try_advisory_xact_lock("
+                            "%s, hashtext(t.ws || ':' || t.w)) ON CONFLICT (win_s, win) DO NOTHING",
+                            ([ws for ws, _w in new], [w for _ws, w in new], _FLAG_WINDOW_LOCK))
             if len(known) > 4096:  # a bound (old windows are not stored into again): re-created rows cost nothing
                 known.clear()
         super().commit_group(items, log_rejections, sync)
+        known.update(wins)  # committed: the group's insert made any row still missing
 
     def _bump_flag_windows(self, cur: Any, wins: Any) -> None:
         if not wins:
