@@ -145,3 +145,41 @@ def test_writers_storing_one_window_do_not_wait_for_each_other(server):
     assert influence.refresh(a) == 1
     a.close()
     b.close()
+
+
+def test_seq_jump_checked_against_what_other_writers_stored(server):
+    """The seq-jump check reads every new device's highest stored seq in one statement per group
+    (PgStore._prefetch_tops): a writer that never saw the device still holds it to what another writer
+    stored, and a new device to 0."""
+    import array
+    import dataclasses
+    import time
+
+    from pansketch.agent import release
+    from pansketch.agent.params import Params
+    from pansketch.host_tools.bench import host
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.store.pg import PgStore
+    from pansketch.host_tools.store.rows import Pending
+
+    def rel(dev: str, seq: int, win: int) -> Any:
+        p = Params({"device": dev, "salt": host.SALT, "kind": "cs", "d": 2, "w": 16})
+        raw = release.encode(p, seq, host.EPOCH0 + win, host.EPOCH0 + win + 1, 0, array.array("i", [1] * 32))
+        return decode(raw, "pansketch/%s/release" % dev)
+
+    def put(st: PgStore, rs: list[Any]) -> list[str]:
+        ps = [Pending(r.payload, "pansketch/%s/release" % r.dev, time.time(), rel=r, device=r.dev) for r in rs]
+        st.commit_group(ps)
+        return [p.status for p in ps]
+
+    dsn = server.create_database("seqjump")
+    a, b = PgStore(dsn), PgStore(dsn)
+    for st in (a, b):
+        st.limits = dataclasses.replace(st.limits, max_seq_jump=10)
+    assert put(a, [rel("d1", 50, 0)]) == ["quarantined"]  # a new device: 50 > 0 + 10
+    assert put(a, [rel("d1", 5, 0), rel("d1", 14, 1)]) == ["stored", "stored"]
+    # b never saw d1: 14 stored by a, so 24 passes and 25 does not; d2 is new to both
+    assert put(b, [rel("d1", 25, 2), rel("d1", 24, 3), rel("d2", 11, 0), rel("d2", 3, 1)]) == [
+        "quarantined", "stored", "quarantined", "stored"]
+    a.close()
+    b.close()

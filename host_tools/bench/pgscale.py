@@ -370,7 +370,67 @@ def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[st
                 print("  locks not granted:", json.dumps(res["server"]["locks_not_granted"]), flush=True)
         out["rounds"].append(rnd)
     out["summary"] = summarize(out["rounds"], ks)
+    out["sessions_in_turn"] = sessions_in_turn(srv, msgs, ks, 200, args.rounds)
     print(table(out["summary"], ks), flush=True)
+    print(turns_table(out["sessions_in_turn"], ks), flush=True)
+    return out
+
+
+def sessions_in_turn(srv: Any, msgs: list[tuple[str, bytes]], ks: list[int], group: int, rounds: int) -> dict[str, Any]:
+    """The server's side alone, without the machine's sharing: the same releases stored in groups of
+    ``group`` by N writer sessions (PgStore, each its own roll-up shard) taking turns from one thread,
+    each session warmed up first (:func:`warmup_bursts`); the server's CPU (postmaster and children),
+    this process's and the WAL bytes per release, and the roll-up rows written. With the concurrent runs
+    on a 2-core machine the processes of N aggregators, the server and the broker share two cores, so
+    every process's CPU per release rises with N (cache, switches); here only what N writers make the
+    server do differs."""
+    import psycopg
+
+    from pansketch.host_tools.bench import host
+    from pansketch.host_tools.ingest.decode import decode
+    from pansketch.host_tools.store.pg import PgStore
+    from pansketch.host_tools.store.rows import Pending
+
+    with open(os.path.join(srv.data, "postmaster.pid")) as f:
+        pg_pid = int(f.readline())
+    rels = [decode(p, t) for t, p in msgs]
+
+    def pend(rs: list[Any]) -> list[Pending]:
+        return [Pending(r.payload, "pansketch/%s/release" % r.dev, time.time(), rel=r, device=r.dev) for r in rs]
+
+    out: dict[str, Any] = {"group": group, "releases": len(rels), "rounds": []}
+    for r in range(rounds):
+        rnd = {}
+        for k in (ks if r % 2 == 0 else ks[::-1]):
+            dsn = srv.create_database("turns_r%d_k%d" % (r, k))
+            host._warm(dsn, msgs)
+            sts = [PgStore(dsn) for _ in range(k)]
+            for burst in warmup_bursts(msgs, 20, k, 8):
+                wr = [decode(p, t) for t, p in burst]
+                for j, st in enumerate(sts):
+                    st.commit_group(pend(wr[j * 20:(j + 1) * 20]))
+            host._checkpoint(srv.dsn())
+            with psycopg.connect(srv.dsn(), autocommit=True) as adm:
+                lsn = adm.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+                names = {"postgres": pg_pid, "writer": os.getpid()}
+                c0 = tree_cpu(names)
+                for g, i in enumerate(range(0, len(rels), group)):
+                    sts[g % k].commit_group(pend(rels[i:i + group]))
+                c1 = tree_cpu(names)
+                lsn1 = adm.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+            rows = sts[0]._q("SELECT count(*) FROM rollups")[0][0]
+            for st in sts:
+                st.close()
+            rnd[str(k)] = {"cpu_us_per_release": {n: round((c1[n] - c0[n]) / len(rels) * 1e6, 1) for n in names},
+                           "wal_bytes_per_release": round((host._lsn(lsn1) - host._lsn(lsn)) / len(rels)),
+                           "rollup_rows": int(rows)}
+        out["rounds"].append(rnd)
+        print("writer sessions in turn, round %d:" % r, json.dumps(rnd), flush=True)
+    for k in ks:
+        runs = [x[str(k)] for x in out["rounds"]]
+        out[str(k)] = {"postgres_cpu_us_per_release": statistics.median(x["cpu_us_per_release"]["postgres"] for x in runs),
+                       "writer_cpu_us_per_release": statistics.median(x["cpu_us_per_release"]["writer"] for x in runs),
+                       "wal_bytes_per_release": statistics.median(x["wal_bytes_per_release"] for x in runs)}
     return out
 
 
@@ -426,4 +486,16 @@ def table(summ: dict[str, Any], ks: list[int]) -> str:
             e["stored"], e["sent"], e["lock_wait_samples"], e["locks_not_granted_samples"], e["extend_wait_samples"],
             e["retries"],
             e["releases_per_group"]))
+    return "\n".join(lines)
+
+
+def turns_table(t: dict[str, Any], ks: list[int]) -> str:
+    base = t[str(ks[0])]
+    lines = ["| writer sessions in turn (groups of %d) | PostgreSQL CPU µs/release | vs %d | writer µs/release | "
+             "WAL bytes/release |" % (t["group"], ks[0]), "|---|---|---|---|---|"]
+    for k in ks:
+        e = t[str(k)]
+        lines.append("| %d | %.0f | %.3f | %.0f | %d |" % (
+            k, e["postgres_cpu_us_per_release"], e["postgres_cpu_us_per_release"] / max(1e-9, base["postgres_cpu_us_per_release"]),
+            e["writer_cpu_us_per_release"], e["wal_bytes_per_release"]))
     return "\n".join(lines)

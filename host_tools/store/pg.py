@@ -460,6 +460,7 @@ class PgStore(SQLStore):
         logged = [0, 0]
         totals: dict[str, list[Any]] = {}
         todo = []
+        self._prefetch_tops(cur, items)
         for p in items:
             p.status, p.error = ("" if p.rel is not None and p.rej is None else "rejected"), None
             if p.status == "" and p.rel is not None and not self._quarantined(cur, p, logged):
@@ -504,6 +505,19 @@ class PgStore(SQLStore):
                 self._total(totals, p)
             logged[0] += len(rej)
         self._close_group(cur, todo, logged, totals)
+
+    def _prefetch_tops(self, cur: Any, items: Sequence[Pending]) -> None:
+        """The highest stored seq (the seq-jump check, SQLStore._seq_jump) of every device of the group this
+        writer has not seen yet, in one statement: one probe per device and round trip each cost every
+        aggregator a round trip per device of the fleet (again after each restart), so that each added
+        aggregator added its own."""
+        cache = self.__dict__.setdefault("_maxseq", {})
+        devs = sorted({p.rel.dev for p in items if p.rel is not None and p.quarantine is None} - set(cache))
+        if devs:
+            cur.execute("SELECT t.d, (SELECT max(x.seq) FROM releases x WHERE x.device = t.d) "
+                        "FROM unnest(%s::text[]) AS t(d)", (devs,))
+            for dev, top in cur.fetchall():
+                cache[dev] = -1 if top is None else int(top)
 
     def _apply_rollups(self, cur: Any, accs: dict[tuple[Any, ...], _Acc]) -> None:
         """SQLStore._apply_rollups in two pipelined round trips instead of three per roll-up row: the
