@@ -578,37 +578,48 @@ class PgStore(SQLStore):
     # not for a whole group.
     def commit_group(self, items: Sequence[Pending], log_rejections: bool = True, sync: bool = True) -> None:
         known = self.__dict__.setdefault("_flag_wins", set())
-        wins = {(p.rel.win_s, p.rel.win) for p in items if p.rel is not None}
-        new = sorted(wins - known)
+        new = {(p.rel.win_s, p.rel.win) for p in items if p.rel is not None} - known
         if new and not self.readonly:
-            # one statement, its own transaction (autocommit; not a change of the store's contents: the change
-            # counter stays). A window another writer is creating this instant (its advisory lock taken) is
-            # left to it: waiting for its insert would be a lock wait; the group's own insert (_bump_flag_windows,
-            # ON CONFLICT DO NOTHING) then meets its committed row
-            with self._lock:
-                cur = self._cursor()
-                cur.execute("INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT ws, w, 1, 0, '' "
-                            "FROM unnest(%s::bigint[], %s::bigint[]) AS t(ws, w) WHERE NOT EXISTS (SELECT 1 FROM "
-                            "flag_windows f WHERE f.win_s = t.ws AND f.win = t.w) AND pg_try_advisory_xact_lock("
-                            "%s, hashtext(t.ws || ':' || t.w)) ON CONFLICT (win_s, win) DO NOTHING",
-                            ([ws for ws, _w in new], [w for _ws, w in new], _FLAG_WINDOW_LOCK))
             if len(known) > 4096:  # a bound (old windows are not stored into again): re-created rows cost nothing
                 known.clear()
-        super().commit_group(items, log_rejections, sync)
-        known.update(wins)  # committed: the group's insert made any row still missing
+            with self._lock:  # its own transaction (autocommit; not a change of the store's contents: the
+                known.update(self._ensure_windows(self._cursor(), new))  # change counter stays)
+        self.__dict__["_flag_pending"] = set()
+        try:
+            super().commit_group(items, log_rejections, sync)
+            known.update(self.__dict__["_flag_pending"])  # committed: the rows the group's own insert made
+        finally:
+            self.__dict__.pop("_flag_pending", None)
+
+    def _ensure_windows(self, cur: Any, wins: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+        """The flag_windows rows of ``wins``, created where missing; returns the windows whose row exists
+        (committed) or is this statement's. A row another writer is creating this instant (its advisory
+        lock, taken by every insert of one) is left to it: waiting for its insert would be a lock wait,
+        and it would wait for that writer's commit, behind the WAL of every group before it."""
+        ws = sorted(wins)
+        cur.execute("WITH t AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS t(ws, w)), "
+                    "have AS (SELECT t.ws, t.w FROM t JOIN flag_windows f ON f.win_s = t.ws AND f.win = t.w), "
+                    "mine AS MATERIALIZED (SELECT t.ws, t.w FROM t WHERE NOT EXISTS (SELECT 1 FROM have h "
+                    "WHERE h.ws = t.ws AND h.w = t.w) AND pg_try_advisory_xact_lock(%s, hashtext(t.ws || ':' || t.w))), "
+                    "ins AS (INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT ws, w, 1, 0, '' FROM mine "
+                    "ON CONFLICT (win_s, win) DO NOTHING) "
+                    "SELECT ws, w FROM have UNION ALL SELECT ws, w FROM mine",
+                    ([a for a, _b in ws], [b for _a, b in ws], _FLAG_WINDOW_LOCK))
+        return {(int(a), int(b)) for a, b in cur.fetchall()}
 
     def _bump_flag_windows(self, cur: Any, wins: Any) -> None:
         if not wins:
             return
         ws = sorted(wins)
         shard = self._rollup_shard if self._rollup_shard is not None else 0
-        # a window no writer has met (purge, retention, an uncached one): its row, then a purged window
-        # stored into again is a window again; neither touches a committed row in the common case (a plain
-        # insert that meets one does nothing, the update matches no row)
+        # a window whose row this writer has not seen (purge, retention, one another writer was creating at
+        # the group's start): its row, then a purged window stored into again is a window again; neither
+        # touches a committed row in the common case (the update matches no row)
         unknown = [w for w in ws if w not in self._flag_wins_known()]
         if unknown:
-            cur.executemany("INSERT INTO flag_windows (win_s, win, gen, done, setting) VALUES (%s, %s, 1, 0, '') "
-                            "ON CONFLICT (win_s, win) DO NOTHING", unknown)
+            made = self._ensure_windows(cur, unknown)
+            if "_flag_pending" in self.__dict__:
+                self.__dict__["_flag_pending"] |= made
         cur.executemany("UPDATE flag_windows SET gen = 1 - gen WHERE win_s = %s AND win = %s AND gen < 0", ws)
         cur.executemany("INSERT INTO flag_window_shards (win_s, win, shard, n) VALUES (%s, %s, %s, 1) "
                         "ON CONFLICT (win_s, win, shard) DO UPDATE SET n = flag_window_shards.n + 1",
