@@ -474,7 +474,7 @@ def table(summ: dict[str, Any], ks: list[int]) -> str:
     """The summary as a Markdown table (printed, and pasted into deploy/OPERATIONS.md)."""
     base = str(ks[0])
     head = ("| aggregators | CPU µs/release: total | aggregators (sum) | each aggregator, per release it stored (max) | PostgreSQL | mosquitto "
-            "| total vs %s | stored / sent | lock-wait samples | locks not granted | extend waits | retries | releases/group |"
+            "| total vs %s | stored / sent | lock-wait samples | locks not granted | extend waits | retries | releases/group (with warm-up) |"
             % base)
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for k in ks:

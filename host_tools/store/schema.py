@@ -49,6 +49,8 @@ Tables (schema version 1)::
                     were computed at, with the setting they were computed
                     with (contribution limits, excluded devices); the write
                     path keeps gen, pansketch.host_tools.query.influence the rest
+                    (PostgreSQL: each writer counts its changes in its own row of
+                    ``flag_window_shards``, added to gen: pansketch.host_tools.store.pg)
     flags           the flagged devices of each window at ``done``, in the
                     order of pansketch.host_tools.query.influence.window_flags
                     (doc: the Flag's fields as JSON)
