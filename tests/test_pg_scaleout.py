@@ -1,6 +1,6 @@
 """Two aggregators on one PostgreSQL server lose nothing, wait on no lock and retry nothing.
 
-The short version of ``python -m pansketch.host_tools.bench.host --pg-scaleout``
+The short version of ``python -m pansketch.host_tools.bench.pgscale``
 (pansketch.host_tools.bench.pgscale, deploy/OPERATIONS.md section 6): real mosquitto,
 two ``pansketch aggregate`` processes on a shared subscription, publisher processes, a
 throwaway PostgreSQL server with fsync on; the database knows the devices (a running

@@ -25,9 +25,8 @@
   process (the server's as ``postgres``, the publishers') what the server
   did (:class:`PgWatch`: wait events of the aggregators' sessions,
   commits, deadlocks, WAL and database bytes per release);
-* ``--pg-scaleout``: only the PostgreSQL runs, told by their cost rather than their rate: CPU per
-  stored release of every process, releases stored vs sent, sampled lock waits and the aggregators'
-  retries with each of ``--pg-aggregators`` (pansketch.host_tools.bench.pgscale);
+* (PostgreSQL scale-out told by the cost per stored release rather than by the rate, with its lock
+  waits and retries: pansketch.host_tools.bench.pgscale, which runs these publishers;)
 * queries over ``query-devices`` x ``query-windows`` hourly releases
   (d=4, w=1024): ``freq`` of one item over everything and ``topk`` over
   100,000 candidates, from roll-ups vs from raw releases (the peer, the
@@ -831,22 +830,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="PostgreSQL ingest with each of these numbers of aggregators (1,2,4), --rounds rounds")
     ap.add_argument("--pg-warm", action="store_true",
                     help="PostgreSQL: each database knows every device before the timed run (a running fleet)")
-    ap.add_argument("--pg-scaleout", action="store_true",
-                    help="only the PostgreSQL scale-out run: CPU per stored release, losses, lock waits and retries "
-                         "with each of --pg-aggregators (pansketch.host_tools.bench.pgscale)")
-    ap.add_argument("--pg-sample-ms", type=int, default=50, help="--pg-scaleout: lock-wait sampling interval")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: ingest,pg,pg-bytes,query")
     ap.add_argument("--store-compress", choices=("default", "both"), default="default",
                     help="SQLite ingest: the aggregators' [store] compress unset (default), or 'both': the runs "
                          "with compress = false, and in each round 1 aggregator again with compress = true "
                          "(keys *_compressed; docs/HOST.md \"Stored encoding\")")
-    ap.add_argument("--out", default=None, help="bench-results/host.json (--pg-scaleout: host-pg-scaleout.json)")
+    ap.add_argument("--out", default="bench-results/host.json")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    if args.out is None:
-        args.out = "bench-results/host-pg-scaleout.json" if args.pg_scaleout else "bench-results/host.json"
-    if args.pg_scaleout:
-        skip |= {"ingest", "pg-bytes", "query"}
     tmp = tempfile.mkdtemp(prefix="pansketch-bench-")
     msgs = make_releases(args.devices, args.per_device)
     res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
@@ -905,13 +896,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             srv = pgserver.PgServer.start(fsync=True)
             try:
-                if args.pg_scaleout:
-                    from pansketch.host_tools.bench import pgscale
-
-                    res["pg_scaleout"] = pgscale.run(srv, msgs, args, tmp)
-                else:
-                    res["ingest_postgresql"] = bench_pg(srv, msgs, args, tmp)
-                if "pg-bytes" not in skip and not args.pg_scaleout:
+                res["ingest_postgresql"] = bench_pg(srv, msgs, args, tmp)
+                if "pg-bytes" not in skip:
                     res["ingest_postgresql"]["bytes"] = bench_pg_rows(srv, msgs)
                     print("PostgreSQL bytes:", json.dumps(res["ingest_postgresql"]["bytes"]), flush=True)
             finally:

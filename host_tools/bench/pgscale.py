@@ -1,9 +1,10 @@
 """Scale-out on PostgreSQL, shown by the cost of a stored release rather than by the rate.
 
-    python -m pansketch.host_tools.bench.host --pg-scaleout [--pg-aggregators 1,2,4] [--rounds 3]
-        [--devices 50 --per-device 200] [--pg-warm] [--out bench-results/host-pg-scaleout.json]
+    python -m pansketch.host_tools.bench.pgscale [--pg-aggregators 1,2,4] [--rounds 3] [--pg-warm]
+        [--devices 400 --per-device 12] [--pg-sample-ms 50] [--out bench-results/host-pg-scaleout.json]
 
-On a 2-core machine one aggregator's ingest already keeps most of both cores busy, so N aggregators
+The ingest benchmark's publishers, releases and helpers (pansketch.host_tools.bench.host), in a mode
+of its own. On a 2-core machine one aggregator's ingest already keeps most of both cores busy, so N aggregators
 cannot be shown faster than one there; what can be shown on any machine is that adding aggregators
 adds no work per release: the same releases through one mosquitto into one PostgreSQL server
 (deploy/OPERATIONS.md section 6: a shared subscription, every aggregator writing the one database),
@@ -499,3 +500,51 @@ def turns_table(t: dict[str, Any], ks: list[int]) -> str:
             k, e["postgres_cpu_us_per_release"], e["postgres_cpu_us_per_release"] / max(1e-9, base["postgres_cpu_us_per_release"]),
             e["writer_cpu_us_per_release"], e["wal_bytes_per_release"]))
     return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+    import platform
+    import shutil
+    import tempfile
+
+    from pansketch.host_tools.bench import host
+    from pansketch.host_tools.localnet import mosquitto_path
+    from pansketch.host_tools.store import pgserver
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--devices", type=int, default=400)
+    ap.add_argument("--per-device", type=int, default=12, help="releases per device, one per hourly window")
+    ap.add_argument("--workers", type=int, default=4, help="publisher processes (devices are spread over them)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pg-aggregators", default="1,2,4", metavar="N,...")
+    ap.add_argument("--pg-warm", action="store_true",
+                    help="each database knows every device and each aggregator is warmed up first (a running fleet)")
+    ap.add_argument("--pg-sample-ms", type=int, default=50, help="lock-wait sampling interval")
+    ap.add_argument("--out", default="bench-results/host-pg-scaleout.json")
+    args = ap.parse_args(argv)
+    why = host._pg_available() or (None if mosquitto_path() else "mosquitto not installed")
+    if why is not None:
+        print("skipped:", why)
+        return 0
+    tmp = tempfile.mkdtemp(prefix="pansketch-bench-")
+    msgs = host.make_releases(args.devices, args.per_device)
+    res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                       "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
+                           "command": "python -m pansketch.host_tools.bench.pgscale " + " ".join(
+                               argv if argv is not None else sys.argv[1:])}
+    srv = pgserver.PgServer.start(fsync=True)
+    try:
+        res["pg_scaleout"] = run(srv, msgs, args, tmp)
+    finally:
+        srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    print("written to", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

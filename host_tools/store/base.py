@@ -104,7 +104,7 @@ class SQLBase:
     # Write transactions this store rolled back and ran again, by cause (SQLite: "busy"; PostgreSQL: the
     # SQLSTATE, 40P01 deadlock, 40001 serialisation failure, 55P03 lock not available). Several writers
     # on one database should leave this empty: the aggregator logs it at exit, and the scale-out mode of
-    # the ingest benchmark (bench.host --pg-scaleout) reads it there.
+    # the ingest benchmark (pansketch.host_tools.bench.pgscale) reads it there.
     def retry_counts(self) -> dict[str, int]:
         """Write transactions rolled back and run again so far, by cause."""
         return dict(self.__dict__.get("_tx_retries", {}))
