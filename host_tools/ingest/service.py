@@ -98,6 +98,17 @@ RETRIES_LINE = "store retries: "  # the exit line of retry counts (JSON after it
 FLAG_SCAN_S = 300.0  # how often the latest windows are compared for flagged devices
 
 
+def signal_handler(signalled: list[int]) -> Any:
+    """A SIGINT/SIGTERM handler that only records the signal. It runs in the main thread between two of its
+    bytecodes; had it set the stop Event (``Event.set`` takes the Event's lock) while the main thread was
+    inside that Event's ``wait`` holding the same lock, it would wait for itself: an aggregator told to
+    stop (``systemctl stop``) then hung, every thread idle, until killed."""
+    def handler(signum: int, _frame: Any) -> None:
+        signalled.append(signum)
+
+    return handler
+
+
 def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[threading.Event] = None,
         ready: Optional[threading.Event] = None, counts: Optional[dict[str, int]] = None) -> int:
     """Aggregate from the broker until stopped (SIGINT/SIGTERM, ``stop``) or idle.
@@ -204,9 +215,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
     # acknowledgement (Store.defer_sync); PostgreSQL commits are durable when they return
     writer = _Writer(agg, validator, transport, stop, state, deferred=agg.store.defer_sync())
     old_handlers = {}
+    signalled: list[int] = []  # set by the signal handler, turned into stop by the loop below
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            old_handlers[sig] = signal.signal(sig, lambda *_a: stop.set())
+            old_handlers[sig] = signal.signal(sig, signal_handler(signalled))
     warning = placeholder_salt_warning("fleet.salt", cfg.fleet.salt, "in every device's config")
     if warning:
         log.warning("%s", warning)
@@ -218,7 +230,10 @@ def run(cfg: HostConfig, until_idle: Optional[float] = None, stop: Optional[thre
         transport.start()
         start = time.monotonic()
         while not stop.is_set():
-            stop.wait(0.05)
+            time.sleep(0.05)  # not stop.wait: see signal_handler
+            if signalled:
+                stop.set()
+                break
             try:
                 if validator is not None:
                     validator.check()
