@@ -25,6 +25,7 @@ from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.store import exclusions, pgserver
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic, zipf_stream
+from tests.support import pg as pgsupport
 
 HONEST = ["h%d" % i for i in range(4)]
 MAL = "mal-1"
@@ -184,23 +185,9 @@ def test_purge_refuses_what_retention_pruned(releases, tmp_path):
         st.close()
 
 
-try:
-    import psycopg  # noqa: F401
-
-    _PSYCOPG = True
-except ImportError:  # pragma: no cover
-    _PSYCOPG = False
-
-
 @pytest.fixture(scope="module")
 def pg() -> Iterator[pgserver.PgServer]:
-    if pgserver.binaries() is None or not _PSYCOPG:
-        if os.environ.get("CI"):
-            raise RuntimeError("CI must run the PostgreSQL tests")
-        pytest.skip(pgserver.MISSING)
-    srv = pgserver.PgServer.start()
-    yield srv
-    srv.stop()
+    yield from pgsupport.server()
 
 
 _N = iter(range(10 ** 6))

@@ -8,7 +8,6 @@ A small cs fleet (3 honest devices and mal-1 planting an item inside the bound) 
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from typing import Any, Iterator
 
@@ -18,20 +17,13 @@ import pytest
 from pansketch.host_tools import hostconfig
 from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.query import influence
-from pansketch.host_tools.store import exclusions, pgserver
+from pansketch.host_tools.store import exclusions
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic
 from tests.support.csfleet import _device, _forged, _zipf
 from tests.support.dbitsfleet import _crafted
 from tests.support.dbitsfleet import _device as _dbits_device
-
-try:
-    import psycopg  # noqa: F401
-
-    _PSYCOPG = True
-except ImportError:  # pragma: no cover
-    _PSYCOPG = False
-
+from tests.support import pg as pgsupport
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: Any) -> dict[str, list[bytes]]:
@@ -125,13 +117,7 @@ def test_kept_flags_are_the_computed_ones_sqlite(fleet, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[Any]:
-    if pgserver.binaries() is None or not _PSYCOPG:
-        if os.environ.get("CI"):
-            raise RuntimeError("CI must run the PostgreSQL tests")
-        pytest.skip(pgserver.MISSING)
-    srv = pgserver.PgServer.start()
-    yield srv
-    srv.stop()
+    yield from pgsupport.server()
 
 
 def test_kept_flags_are_the_computed_ones_postgresql(fleet, pg, monkeypatch):

@@ -39,19 +39,11 @@ from pansketch.host_tools.ingest.aggregator import Aggregator
 from pansketch.host_tools.store import pgserver
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, params, topic
-
-try:
-    import psycopg
-
-    _PSYCOPG = True
-except ImportError:  # pragma: no cover
-    _PSYCOPG = False
+from tests.support import pg as pgsupport
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.environ.get("CI") and (pgserver.binaries() is None or not _PSYCOPG):
-    raise RuntimeError("CI must run the PostgreSQL tests: " + (pgserver.MISSING if _PSYCOPG else "psycopg missing"))
-pytestmark = [pytest.mark.skipif(pgserver.binaries() is None, reason=pgserver.MISSING),
-              pytest.mark.skipif(not _PSYCOPG, reason="psycopg 3 is not installed (pip install 'psycopg[binary]')")]
+pytestmark = pgsupport.marks()
+psycopg = pytest.importorskip("psycopg")
 
 DEVICES = 6
 WINDOWS = 30

@@ -17,18 +17,10 @@ from typing import Any
 import pytest
 
 from pansketch.host_tools.store import pgserver
+from tests.support import pg as pgsupport
 
-try:
-    import psycopg  # noqa: F401
-
-    _PSYCOPG = True
-except ImportError:  # pragma: no cover
-    _PSYCOPG = False
-
-if os.environ.get("CI") and (pgserver.binaries() is None or not _PSYCOPG):
-    raise RuntimeError("CI must run the PostgreSQL tests: " + (pgserver.MISSING if _PSYCOPG else "psycopg missing"))
-pytestmark = [pytest.mark.skipif(pgserver.binaries() is None, reason=pgserver.MISSING),
-              pytest.mark.skipif(not _PSYCOPG, reason="psycopg 3 is not installed (pip install 'psycopg[binary]')")]
+pytestmark = pgsupport.marks()
+psycopg = pytest.importorskip("psycopg")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ server binaries are not installed (``.ci/run`` installs Debian's
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from typing import Any, Iterator
 
@@ -29,18 +28,9 @@ from pansketch.host_tools.store.errors import StoreError
 from pansketch.host_tools.store.rows import Pending
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, encoded, fleet_releases, params, record, topic, zipf_stream
+from tests.support import pg as pgsupport
 
-try:
-    import psycopg  # noqa: F401
-
-    _PSYCOPG = True
-except ImportError:  # pragma: no cover
-    _PSYCOPG = False
-
-if os.environ.get("CI") and (pgserver.binaries() is None or not _PSYCOPG):
-    raise RuntimeError("CI must run the PostgreSQL tests: " + (pgserver.MISSING if _PSYCOPG else "psycopg missing"))
-pytestmark = [pytest.mark.skipif(pgserver.binaries() is None, reason=pgserver.MISSING),
-              pytest.mark.skipif(not _PSYCOPG, reason="psycopg 3 is not installed (pip install 'psycopg[binary]')")]
+pytestmark = pgsupport.marks()
 
 _N = iter(range(10**6))
 
