@@ -21,9 +21,11 @@ numpy would stay readable until something reuses the bytes. Three layers close t
    allocates that many zero-filled objects of that size, then frees them: every free block and
    every unused pool then holds zeros. A pool keeps what its earlier size class left wherever
    its current class has not carved a block yet, so unused pools are carved whole, first, and
-   nothing else is allocated while the fillers are (:func:`scrub`). It costs about one allocation per free block (a few ms
-   after a 32,768-line chunk), so it runs when the daemon is about to wait, not between two
-   chunks of a busy input (the next chunk's objects take the same blocks meanwhile).
+   nothing else is allocated while the fillers are (:func:`scrub`); the tail of each pool past
+   its class's last block, which no allocation reaches, is zeroed directly (:func:`_zero_tails`).
+   It costs about one allocation per free block (~4 ms after a 32,768-line chunk), so it runs
+   when the daemon is about to wait, not between two chunks of a busy input (the next chunk's
+   objects take the same blocks meanwhile).
 3. :func:`wipe_bytes`: a ``bytes`` object the agent made and alone references (a read, a
    chunk) is zeroed in place with ``ctypes.memset`` just before its last reference goes.
 
@@ -66,6 +68,10 @@ _CARVE_BLOCKS = 34
 # end takes a pool from a new arena (the unused pools were carved first): zero pages.
 _MARGIN_SMALL = 256
 _MARGIN = 16
+# pymalloc's pools (CPython 3.10+, 64-bit): 16 KiB, aligned, a 48-byte header, then blocks of
+# one size class up to the last whole block; the rest (16336 mod size bytes) is the pool's tail.
+_POOL = 16384
+_POOL_HEAD = 48
 
 
 def _c() -> Any:
@@ -151,24 +157,64 @@ def _filler(size: int, k: int) -> Iterator[Any]:
     return map(bytes, repeat(size - _DATA - 1, k))  # size - 33 data bytes + NUL: the block, zeroed (calloc)
 
 
-def _fill_once() -> Optional[int]:
+def _tail_offsets(fills: list[tuple[int, deque]]) -> Optional[dict[int, int]]:
+    """Where the unused tail of a pool of each filled class begins, once this build's layout is
+    confirmed from the fillers themselves: every filler's block must lie at _POOL_HEAD + k * size
+    in a _POOL-aligned pool (pymalloc of CPython 3.10 and later, 64-bit). None when it does not
+    (another layout: the tails are then left, as before)."""
+    tails = {}
+    for size, dq in fills:
+        for x in (dq[0], dq[-1]) if dq else ():
+            off = id(x) & (_POOL - 1)
+            if off < _POOL_HEAD or (off - _POOL_HEAD) % size or off + size > _POOL:
+                return None
+        tails[size] = _POOL_HEAD + (_POOL - _POOL_HEAD) // size * size
+    return tails
+
+
+def _zero_tails(fills: list[tuple[int, deque]]) -> int:
+    """Zero the tail of every pool that holds a filler: the bytes past the last block of the
+    pool's size class, which no allocation of that class ever reaches and which keep what the
+    pool's previous class left there (a freed 23-byte line in the last 80 bytes of a pool of
+    128-byte blocks). Safe while the fillers are alive: a pool with a live block keeps its size
+    class, and pymalloc never reads or writes past its last block. Returns the pools zeroed."""
+    tails = _tail_offsets(fills)
+    if tails is None:
+        return 0
+    n = 0
+    mask = ~(_POOL - 1)
+    for size, dq in fills:
+        start = tails[size]
+        if start >= _POOL:
+            continue
+        for pool in {a & mask for a in map(id, dq)}:
+            ctypes.memset(pool + start, 0, _POOL - start)
+            n += 1
+    return n
+
+
+def _fill_once(tails: bool) -> Optional[int]:
     got = _free_blocks()
     if got is None:
         return None
     classes, unused = got
-    plan: list[tuple[Any, Iterator[Any]]] = []
+    plan: list[tuple[int, deque, Iterator[Any]]] = []
     n = 0
     if unused:  # first, every unused pool, carved into zeroed blocks from header to end
         k = unused * _CARVE_BLOCKS
-        plan.append((deque().extend, _filler(_CARVE, k)))
+        plan.append((_CARVE, deque(), _filler(_CARVE, k)))
         n += k
     for size, free in classes:
         k = free + (_MARGIN_SMALL if size <= 64 else _MARGIN)
-        plan.append((deque().extend, _filler(size, k)))
+        plan.append((size, deque(), _filler(size, k)))
         n += k
-    for fill, it in plan:
-        fill(it)
-    del plan, fill, it
+    for _size, dq, it in plan:
+        dq.extend(it)
+    fills = [(size, dq) for size, dq, _it in plan]
+    del plan
+    if tails:
+        _zero_tails(fills)
+    del fills
     return n
 
 
@@ -186,12 +232,15 @@ def scrub() -> int:
     filled a margin past its count for the same reason, see _MARGIN). So it runs twice:
     the second pass reads fresh counts just after the first freed its fillers, when every size
     class has free (zeroed) blocks, so its own objects take no pool, and it fills what the
-    first pass missed (0 left; about twice the cost, ~3 ms after a 32,768-line chunk)."""
+    first pass missed (about twice the cost). The second pass also zeroes the tails of the
+    pools its fillers are in (every pool with a free block): only then are all of them held,
+    and a pool the first pass zeroed either is among them or was emptied by freeing the first
+    pass's fillers and carved whole by the second. ~4 ms after a 32,768-line chunk."""
     if not ON:
         return 0
     n = 0
-    for _ in range(2):
-        got = _fill_once()
+    for last in (False, True):
+        got = _fill_once(last)
         if got is None:
             break
         n += got
