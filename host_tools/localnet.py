@@ -184,3 +184,22 @@ class Mosquitto:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def publish(port: int, msgs: list[tuple[str, bytes]], client_id: str, timeout: float = 60.0) -> None:
+    """Publish ``(topic, payload)`` pairs at QoS 1 to the broker on 127.0.0.1:``port`` and return once
+    the broker has acknowledged every one (acknowledged, not stored: what the host stored is the
+    caller's to check). Up to 1,000 in flight; paho-mqtt, MQTT v5."""
+    import paho.mqtt.client as mqtt
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    c.max_inflight_messages_set(1000)
+    c.max_queued_messages_set(0)
+    c.connect(HOST, port)
+    c.loop_start()
+    try:
+        for info in [c.publish(t, p, qos=1) for t, p in msgs]:
+            info.wait_for_publish(timeout)
+    finally:
+        c.disconnect()
+        c.loop_stop()

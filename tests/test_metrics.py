@@ -12,8 +12,9 @@ import subprocess
 import time
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
+
+from pansketch.host_tools import localnet
 
 from tests.support.broker import free_port, needs_mosquitto, start_mosquitto
 from tests.support.dash import REPO, Server, env, pansketch
@@ -30,18 +31,6 @@ def wait_metric(url: str, name: str, want: float, timeout: float = 20, **labels:
         if time.monotonic() > deadline:
             raise AssertionError("%s%s = %s, want %s" % (name, labels, val(m, name, **labels), want))
         time.sleep(0.1)
-
-
-def publish(port: int, msgs: list[tuple[str, bytes]]) -> None:
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="metrics-pub", protocol=mqtt.MQTTv5)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        for info in [c.publish(t, p, qos=1) for t, p in msgs]:
-            info.wait_for_publish(10)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 @needs_mosquitto
@@ -66,8 +55,8 @@ def test_counters_move_during_ingest(tmp_path: Any) -> None:
         assert val(m0, "pansketch_aggregator_messages_total", outcome="stored") == 0
         assert val(m0, "pansketch_store_up") == 1 and val(m0, "pansketch_store_releases_total") == 0
 
-        publish(broker.port, [(topic("dev-a"), rels["dev-a"][0]), (topic("dev-a"), rels["dev-a"][1]),
-                              (topic("dev-b"), rels["dev-b"][0])])
+        localnet.publish(broker.port, [(topic("dev-a"), rels["dev-a"][0]), (topic("dev-a"), rels["dev-a"][1]),
+                                       (topic("dev-b"), rels["dev-b"][0])], "metrics-pub", timeout=10)
         m1 = wait_metric(url, "pansketch_aggregator_messages_total", 3, outcome="stored")
         assert val(m1, "pansketch_store_releases_total") == 3
         assert val(m1, "pansketch_device_releases_total", device="dev-a") == 2
@@ -77,9 +66,10 @@ def test_counters_move_during_ingest(tmp_path: Any) -> None:
         assert val(m1, "pansketch_store_size_bytes") > 0
 
         time.sleep(0.05)
-        publish(broker.port, [(topic("dev-a"), rels["dev-a"][2]), (topic("dev-b"), rels["dev-b"][1]),
-                              (topic("dev-b"), rels["dev-b"][2]), (topic("dev-a"), rels["dev-a"][0]),
-                              (topic("dev-c"), b"\xa1\x00 not cbor"), (topic("dev-a"), rels["dev-b"][2])])
+        localnet.publish(broker.port, [(topic("dev-a"), rels["dev-a"][2]), (topic("dev-b"), rels["dev-b"][1]),
+                                       (topic("dev-b"), rels["dev-b"][2]), (topic("dev-a"), rels["dev-a"][0]),
+                                       (topic("dev-c"), b"\xa1\x00 not cbor"), (topic("dev-a"), rels["dev-b"][2])],
+                         "metrics-pub", timeout=10)
         m2 = wait_metric(url, "pansketch_aggregator_messages_total", 2, outcome="rejected")
         m2 = wait_metric(url, "pansketch_aggregator_messages_total", 6, outcome="stored")
         assert val(m2, "pansketch_aggregator_messages_total", outcome="duplicate") == 1

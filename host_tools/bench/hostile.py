@@ -185,23 +185,6 @@ def _agent_release(port: int, root: str, device: str, timeout: float = 60) -> tu
     return r.returncode == 0, time.monotonic() - t0
 
 
-def _publish(port: int, msgs: list[tuple[str, bytes]], client_id: str = "hostile") -> None:
-    import paho.mqtt.client as mqtt
-
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-    c.max_inflight_messages_set(1000)
-    c.max_queued_messages_set(0)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        infos = [c.publish(t, p, qos=1) for t, p in msgs]
-        for i in infos:
-            i.wait_for_publish(60)
-    finally:
-        c.disconnect()
-        c.loop_stop()
-
-
 SHIPPED_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                             "deploy", "mosquitto", "pansketch.conf")
 
@@ -228,6 +211,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
     from pansketch.host_tools import hostconfig
     from pansketch.host_tools.ingest import service
     from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools import localnet
     from pansketch.host_tools.localnet import Mosquitto
     from pansketch.host_tools.bench.localfleet import host_toml
 
@@ -261,7 +245,7 @@ def live(classes: list[tuple[str, list[tuple[str, bytes]]]], root: str, agent_ti
             expect = sum(1 for t, _p in msgs if topic_matches_sub(cfg.aggregator.topic, t))  # others never arrive
             before = handled()
             t0 = time.monotonic()
-            _publish(b.port, msgs, "hostile-%d" % i)
+            localnet.publish(b.port, msgs, "hostile-%d" % i)
             # until every message is handled, or nothing more comes for stall_s (the broker dropped the rest:
             # its queue for us was full; a device re-sends what the host did not acknowledge)
             last, last_t = -1, time.monotonic()
@@ -311,6 +295,7 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     from pansketch.host_tools import hostconfig
     from pansketch.host_tools.ingest import service
     from pansketch.host_tools.store.sqlite import Store
+    from pansketch.host_tools import localnet
     from pansketch.host_tools.localnet import Mosquitto
     from pansketch.host_tools.bench.localfleet import agent_cmd, agent_env, agent_toml, host_toml
 
@@ -332,7 +317,7 @@ def drop_scenario(root: str, flood: int = 10_000, queue: int = 200) -> dict[str,
     poison = [(topic("fuzz-dev"), billion_laughs()), (topic("fuzz-dev"), nested_rationals())]
     garbage = [(topic("flood-%d" % (i % 50)), bytes(rng.randrange(256) for _ in range(rng.randint(1, 1024))))
                for i in range(flood)]
-    _publish(b.port, poison + garbage, "drop-flood")
+    localnet.publish(b.port, poison + garbage, "drop-flood")
     acfg = agent_toml(os.path.join(root, "pi-drop.toml"), "pi-drop", b.port, os.path.join(root, "pi-drop"))
     agent = subprocess.Popen(agent_cmd("feed", acfg, "--timeout", "60", "--insecure-seed", "pi-drop", "--clock-start",
                                        str(T0 + 5), "--clock-speed", "0"), stdin=subprocess.PIPE,

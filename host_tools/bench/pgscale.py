@@ -42,6 +42,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from pansketch.host_tools import localnet
 from pansketch.host_tools.localnet import Mosquitto
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -239,20 +240,6 @@ def warmup_bursts(msgs: list[tuple[str, bytes]], per_aggregator: int, k: int, bu
     return out
 
 
-def _publish(port: int, msgs: list[tuple[str, bytes]]) -> None:
-    import paho.mqtt.client as mqtt
-
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-warmup", protocol=mqtt.MQTTv5)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        for i in [c.publish(t, p, qos=1) for t, p in msgs]:
-            i.wait_for_publish(60)
-    finally:
-        c.disconnect()
-        c.loop_stop()
-
-
 def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: str, tag: str, workers: int,
             sample_s: float, already: int = 0, warmup: Optional[list[list[tuple[str, bytes]]]] = None) -> dict[str, Any]:
     """``k`` aggregators on a shared subscription store ``msgs`` into ``dsn``; the figures of the module
@@ -278,7 +265,7 @@ def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: s
             time.sleep(0.05)
         warm = 0
         for burst in warmup or []:
-            _publish(broker.port, burst)
+            localnet.publish(broker.port, burst, "bench-warmup")
             warm += len(burst)
             wait_until = time.monotonic() + 60
             while _rows(dsn) < already + warm and time.monotonic() < wait_until:
