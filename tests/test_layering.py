@@ -309,9 +309,10 @@ def test_package_inits_say_role_and_imports():
     assert not missing, "package __init__ whose docstring does not say what it may import: %s" % missing
 
 
-# The installed code that still drives a test helper (the WebAssembly MicroPython VM under node, the
-# memory-residue scenario): benchmarks, run from a checkout. Nothing else installed imports tests.
-USES_TESTS = {"pansketch.host_tools.bench.core", "pansketch.host_tools.bench.memresidue"}
+# The installed code that still drives a test helper (the WebAssembly MicroPython VM under node, for
+# the device-cost figures of ``make bench``): a benchmark, run from a checkout. Nothing else installed
+# imports tests.
+USES_TESTS = {"pansketch.host_tools.bench.core"}
 
 
 def test_installed_code_does_not_import_the_tests():

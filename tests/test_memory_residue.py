@@ -7,7 +7,7 @@ moments and what a trial is: tests/support/memresidue.py). Required at every qui
 a chunk, idle, after a persist, after a release): no raw item of any burst, no digest, no window
 of any noise draw the exact-recovery attack needs, no exact chunk count. The negative control
 runs the same scenario with ``PANSKETCH_TEST_NO_WIPE=1`` (the wiping turned off) and must find
-residue: the test has the power to see it. host_tools/bench/memresidue.py is the longer run
+residue: the test has the power to see it. benchmarks/memresidue.py is the longer run
 (and measures ``run`` with an MQTT source too: a minute more than CI can spend here).
 """
 

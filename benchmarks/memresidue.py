@@ -1,6 +1,6 @@
 """Longer run of the whole-memory intruder against the real Pi daemon (docs/PRIVACY.md "Memory residue").
 
-    python -m pansketch.host_tools.bench.memresidue [--intervals N] [--out DIR] [--no-wipe]
+    python -m benchmarks.memresidue [--intervals N] [--out DIR] [--no-wipe]
 
 Runs tests/support/memresidue.py for ``run`` (followed file source, publishing to a real
 mosquitto) with dgauss, ``run`` with an MQTT source (each raw item one message published to
