@@ -251,7 +251,9 @@ def test_series_reads_the_extents_once_when_its_buckets_hold_every_release(db: s
 
         monkeypatch.setattr(st, "release_extents", counting)
         got = series_mod.series(st, ITEMS, salt=SALT, step=3600, since=since, until=until, limit=limit, running=True)
-        assert len(calls) == (1 if since is None and until is None and limit > 2 else 2)
+        # at most the old count: the scan is skipped where the roll-ups show every bucket holds every device
+        # (tests/test_fleet_reads.py::test_series_of_a_full_fleet_reads_no_release_rows)
+        assert len(calls) <= (1 if since is None and until is None and limit > 2 else 2)
         devs = query.pick_devices(st, query.POINT_KINDS)
         bks, cut = series_mod.buckets(st, 3600, since, until, devs, limit)
         assert bool(cut) == (limit == 2)

@@ -128,13 +128,20 @@ class Series:
 def default_step(store: Store, devices: Optional[list[str]] = None) -> int:
     """The bucket length: the least common multiple of the selected releases' window lengths
     (for tree-mode releases their epoch length: a tree's "window" is its whole horizon)."""
-    lens = store.release_lengths(devices)
+    lens = store.rollup_lengths() if _all_rolled(store, devices) else store.release_lengths(devices)
     if not lens:
         raise QueryError("no releases%s" % (" for device %s" % ",".join(devices) if devices else ""))
     step = 1
     for x in lens:
         step = step * x // math.gcd(step, x)
     return step
+
+
+def _all_rolled(store: Store, devices: Optional[list[str]]) -> bool:
+    """Whether a fleet-wide series can read the roll-ups' window lengths and time extent (one row per
+    window) instead of aggregating every release row: every stored release is in a roll-up (no tree
+    nodes, no kinds that are not summed), so both give the same lengths and the same first t0 and last t1."""
+    return devices is None and store.has_rollups and not store.has_unrolled() and not store.has_tree()
 
 
 def _point_devices(store: Store, devs: Sequence[str]) -> None:
@@ -159,15 +166,24 @@ def buckets(store: Store, step: int, since: Optional[float] = None, until: Optio
 
 
 def _buckets(store: Store, step: int, since: Optional[float], until: Optional[float], devices: Optional[list[str]],
-             limit: int) -> tuple[list[tuple[int, int]], int, dict[str, tuple[int, int]]]:
-    """:func:`buckets`, and the devices' extents it read (:meth:`release_extents` of the selection)."""
+             limit: int) -> tuple[list[tuple[int, int]], int, Optional[dict[str, tuple[int, int]]]]:
+    """:func:`buckets`, and the devices' extents it read (:meth:`release_extents` of the selection; None
+    when the roll-ups gave the time extent of a fleet-wide series without a range: :func:`_all_rolled`)."""
     if step <= 0:
         raise QueryError("step must be positive")
-    ext = store.release_extents(devices, since, until)
-    if not ext:
-        return [], 0, ext
-    k0 = min(a for a, _b in ext.values()) // step
-    k1 = (max(b for _a, b in ext.values()) + step - 1) // step
+    ext: Optional[dict[str, tuple[int, int]]] = None
+    if since is None and until is None and _all_rolled(store, devices):
+        whole = store.rollup_extent()
+        if whole is None:
+            return [], 0, {}
+        lo, hi = whole
+    else:
+        ext = store.release_extents(devices, since, until)
+        if not ext:
+            return [], 0, ext
+        lo, hi = min(a for a, _b in ext.values()), max(b for _a, b in ext.values())
+    k0 = lo // step
+    k1 = (hi + step - 1) // step
     if since is not None:
         k0 = max(k0, int(math.ceil(since / step)))
     if until is not None:
@@ -219,17 +235,26 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
     bks, cut, ext = _buckets(store, step, since, until, devs, limit)
     if not bks:
         raise QueryError("no releases in the selection")
-    if since is None and until is None and not cut:
-        # the buckets run from below the first t0 to above the last t1: every release lies inside them, so
-        # the extents inside the buckets are those just read (each read is a scan of every release row)
-        span = ext
-    else:
-        span = store.release_extents(devs, bks[0][0], bks[-1][1])  # device -> (first t0, last t1)
+    # device -> (first t0, last t1) inside the buckets, read when first needed: a fleet-wide bucket that
+    # holds every device (the store's device list itself, pansketch.host_tools.query.core._rollup_devices)
+    # misses none, and the read is a scan of every release row
+    known: dict[str, Any] = {}
+
+    def spans() -> tuple[dict[str, tuple[int, int]], list[str]]:
+        if "span" not in known:
+            if since is None and until is None and not cut and ext is not None:
+                # the buckets run from below the first t0 to above the last t1: every release lies inside
+                # them, so the extents inside the buckets are those just read
+                known["span"] = ext
+            else:
+                known["span"] = store.release_extents(devs, bks[0][0], bks[-1][1])
+            known["every"] = sorted(known["span"])  # once, not per bucket
+        return known["span"], known["every"]
+
     if per_device:
-        groups: list[Optional[list[str]]] = [[d] for d in sorted(span)]
+        groups: list[Optional[list[str]]] = [[d] for d in spans()[1]]
     else:
         groups = [devs]
-    every = sorted(span)  # once, not per bucket
     lines: list[Line] = []
     for g in groups:
         mine = [Line(x, g[0] if per_device and g else None) for x in items]
@@ -238,11 +263,19 @@ def series(store: Store, items: Sequence[Any], *, salt: str, since: Optional[flo
             pts = [(bucket_answers(store, items, salt, t0, t1, g, confidence),
                     bucket_answers(store, items, salt, bks[0][0], t1, g, confidence) if running else None)
                    for t0, t1 in bks]
+        whole = store.all_devices() if g is None else None
         for (t0, t1), (here, run) in zip(bks, pts):
-            expected = [d for d in (g if g else every) if d in span and span[d][0] <= t0 and span[d][1] >= t1]
+            expected: Optional[list[str]] = None
             for i, (ln, p) in enumerate(zip(mine, here)):
-                got = set(p.answer.devices) if p.answer is not None else set()
-                p.missing_devices = [d for d in expected if d not in got]
+                if p.answer is not None and p.answer.devices is whole:
+                    p.missing_devices = []  # every device with a release: the expected ones among them
+                else:
+                    if expected is None:
+                        span, every = spans()
+                        expected = [d for d in (g if g else every)
+                                    if d in span and span[d][0] <= t0 and span[d][1] >= t1]
+                    got = set(p.answer.devices) if p.answer is not None else set()
+                    p.missing_devices = [d for d in expected if d not in got]
                 if run is not None:
                     p.running = run[i].answer
                 ln.points.append(p)
@@ -311,9 +344,19 @@ def _add(x: Merged, y: Merged) -> Merged:
     for t in x.noise + y.noise:
         terms[(t.mech, t.num, t.den)] = terms.get((t.mech, t.num, t.den), 0) + t.count
     # both sorted: the same devices (a fleet that released in every bucket) need no set union
-    devices = list(x.devices) if x.devices == y.devices else sorted(set(x.devices) | set(y.devices))
+    # (the store's device list itself when each bucket has every device: kept as that object, no copy)
+    devices = (x.devices if x.devices is y.devices else list(x.devices) if x.devices == y.devices
+               else sorted(set(x.devices) | set(y.devices)))
     return Merged(kind=x.kind, d=x.d, w=x.w, hv=x.hv, salt=x.salt, counters=x.counters + y.counters,
                   releases=x.releases + y.releases, devices=devices,
                   noise=[NoiseTerm(m, n, d, c) for (m, n, d), c in sorted(terms.items())],
-                  t0=min(x.t0, y.t0), t1=max(x.t1, y.t1), windows=sorted(set(x.windows) | set(y.windows)),
+                  t0=min(x.t0, y.t0), t1=max(x.t1, y.t1), windows=_union(x.windows, y.windows),
                   b=x.b, map=x.map)
+
+
+def _union(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The sorted union of two sorted lists of windows: a concatenation when ``y`` follows ``x`` (the next
+    bucket of a running total: no set of every window so far per bucket)."""
+    if not x or not y or x[-1] < y[0]:
+        return x + y
+    return sorted(set(x) | set(y))

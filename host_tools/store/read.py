@@ -300,6 +300,39 @@ class Reader(SQLBase):
             out[k] = out.get(k, 0) + int(c)
         return out
 
+    def rollup_device_counts(self, ids: Sequence[int]) -> Optional[dict[int, int]]:
+        """Roll-up id -> how many devices contributed to it, for the given roll-ups (a roll-up with none
+        left is absent or 0); None when this store keeps no such counts (then read :meth:`rollup_devices`).
+        The SQLite store keeps them (pansketch.host_tools.store.sqlite); this reader does not."""
+        return None
+
+    def device_count(self) -> int:
+        """How many devices hold at least one stored release (rows of ``devices``)."""
+        return int(self._q("SELECT COUNT(*) FROM devices")[0][0])
+
+    _all_devices: Optional[tuple[int, list[str]]] = None
+
+    def all_devices(self) -> list[str]:
+        """:meth:`devices_with_releases`, read once per state of the store (its change counter): a series
+        asks per bucket. The same list object while nothing was written: callers must not change it."""
+        n = self.change_count()
+        if n is not None and self._all_devices is not None and self._all_devices[0] == n:
+            return self._all_devices[1]
+        out = self.devices_with_releases()
+        if n is not None:
+            self._all_devices = (n, out)
+        return out
+
+    def rollup_extent(self) -> Optional[tuple[int, int]]:
+        """(earliest t0, latest t1) over every roll-up, None without any: with every release rolled up
+        (no tree nodes, :meth:`has_unrolled` false) the extent of every release, from one row per window."""
+        r = self._q("SELECT MIN(t0), MAX(t1) FROM rollups")[0]
+        return None if r[0] is None else (int(r[0]), int(r[1]))
+
+    def rollup_lengths(self) -> set[int]:
+        """The distinct window lengths of the roll-ups (with every release rolled up: of every release)."""
+        return {int(r[0]) for r in self._q("SELECT DISTINCT win_s FROM rollups")}
+
     def rollup_devices(self, ids: Sequence[int]) -> set[str]:
         """The devices that contributed to the given roll-ups. Each IN list's distinct devices are one
         fetch (at most one row per device): a whole fleet per hourly bucket of a series, row by row

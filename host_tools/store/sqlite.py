@@ -338,6 +338,42 @@ class Store(SQLStore):
             self._rebuild_rollups(cur)  # a database from before roll-ups (or a new one: nothing to sum)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
         self._init_flag_windows(cur)
+        self._init_device_counts(cur)
+
+    # the devices per roll-up, kept by triggers on rollup_devices (whichever code path inserts or deletes a
+    # row: the write path, purge, retention, a rebuild): a fleet-wide answer then knows from one row per
+    # window that a window holds every device, instead of reading N rows per window (Reader.rollup_devices)
+    _COUNT_TRIGGERS = (
+        "CREATE TRIGGER IF NOT EXISTS rollup_devices_counted AFTER INSERT ON rollup_devices BEGIN "
+        "INSERT INTO rollup_device_counts (rollup, devices) VALUES (NEW.rollup, 1) "
+        "ON CONFLICT (rollup) DO UPDATE SET devices = devices + 1; END",
+        "CREATE TRIGGER IF NOT EXISTS rollup_devices_uncounted AFTER DELETE ON rollup_devices BEGIN "
+        "UPDATE rollup_device_counts SET devices = devices - 1 WHERE rollup = OLD.rollup; END",
+    )
+
+    def _init_device_counts(self, cur: sqlite3.Cursor) -> None:
+        """Create ``rollup_device_counts`` and its triggers, counted from ``rollup_devices`` once (a store
+        from before them, or a new one); in the transaction that opens the store for writing."""
+        if cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollup_device_counts'").fetchone():
+            return
+        cur.execute("CREATE TABLE rollup_device_counts (rollup INTEGER PRIMARY KEY, devices INTEGER NOT NULL)")
+        cur.execute("INSERT INTO rollup_device_counts (rollup, devices) "
+                    "SELECT rollup, COUNT(*) FROM rollup_devices GROUP BY rollup")
+        for stmt in self._COUNT_TRIGGERS:
+            cur.execute(stmt)
+
+    _counts_kept: Optional[bool] = None
+
+    def rollup_device_counts(self, ids: Sequence[int]) -> Optional[dict[int, int]]:
+        """Roll-up id -> devices that contributed (:meth:`_init_device_counts`); None for a file no writer
+        of this version has opened yet (read-only opens never create the table)."""
+        if self._counts_kept is None:
+            self._counts_kept = bool(self._q("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                             "AND name = 'rollup_device_counts'"))
+        if not self._counts_kept:
+            return None
+        return {int(r): int(n) for r, n in self._by_ids("SELECT rollup, devices FROM rollup_device_counts "
+                                                        "WHERE rollup IN (%s)", ids)}
 
     # -- per-device figures in ``devices`` (the release key does not lead with the device) --------
     def _stored_top(self, cur: Any, dev: str) -> int:

@@ -1,0 +1,163 @@
+"""Fleet-wide answers read one row per window: they equal the answers merged from the raw releases.
+
+A fleet-wide `freq` or `series` knows from the per-roll-up device counts (kept by triggers on
+``rollup_devices``) that a window holds every device, and then takes the store's device list instead of
+N rows per window; a series takes its window lengths and time extent from the roll-ups instead of
+aggregating every release row. Each is compared here with the same answer merged from the raw
+releases (a store read without its roll-ups), on a fleet where every window holds every device and on
+one where a device misses a window (its bucket then lists it as missing), and the counts the triggers
+keep are checked against the rows they count after ingest, purge and the upgrade of an older file.
+"""
+
+from __future__ import annotations
+
+import array
+from typing import Any, Optional
+
+import pytest
+
+from pansketch.agent import release
+from pansketch.agent.params import Params
+from pansketch.host_tools import hostconfig
+from pansketch.host_tools.ingest.aggregator import Aggregator
+from pansketch.host_tools.query import core as query
+from pansketch.host_tools.query import series as series_mod
+from pansketch.host_tools.store import exclusions
+from pansketch.host_tools.store.sqlite import Store
+
+SALT = "fleet-answers-salt"
+T0 = 1_700_000_000 // 3600 * 3600
+ITEMS = ["item-%d" % i for i in range(4)]
+
+
+def _fleet(db: str, devices: int, windows: int, skip: Optional[tuple[int, int]] = None) -> None:
+    """``devices`` cms devices releasing one window each hour for ``windows`` hours (device, window ``skip``
+    left out), through the aggregator's write path."""
+    agg = Aggregator(hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": db}}))
+    for i in range(devices):
+        dev = "dev%02d" % i
+        p = Params({"device": dev, "salt": SALT, "kind": "cms", "d": 2, "w": 16, "window_s": 3600})
+        for k in range(windows):
+            if (i, k) == skip:
+                continue
+            ctr = array.array("i", [(i * 7 + k * 3 + c) % 11 - 2 for c in range(32)])
+            raw = release.encode(p, k, T0 // 3600 + k, T0 // 3600 + k + 1, 0, ctr, 2 + (i % 2))
+            assert agg.handle("pansketch/%s/release" % dev, raw).stored
+    agg.close()
+
+
+def _counts_equal_rows(db: str) -> None:
+    st = Store(db, readonly=True)
+    kept = dict(st._q("SELECT rollup, devices FROM rollup_device_counts WHERE devices > 0"))
+    rows = dict(st._q("SELECT rollup, COUNT(*) FROM rollup_devices GROUP BY rollup"))
+    st.close()
+    assert kept == rows and rows
+
+
+def _no_row_scans(st: Store, monkeypatch: Any) -> None:
+    """Fail on the reads that grow with N x W: every release row, every device of every window."""
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("read every release row or every roll-up's device rows")
+
+    for name in ("release_extents", "release_lengths", "rollup_devices"):
+        monkeypatch.setattr(st, name, refuse)
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: Any) -> str:
+    db = str(tmp_path_factory.mktemp("full") / "f.db")
+    _fleet(db, 5, 6)
+    return db
+
+
+@pytest.fixture(scope="module")
+def gap(tmp_path_factory: Any) -> str:
+    db = str(tmp_path_factory.mktemp("gap") / "g.db")
+    _fleet(db, 5, 6, skip=(2, 3))  # dev02 released before and after window 3, not in it
+    return db
+
+
+def _raw(db: str) -> Store:
+    st = Store(db, readonly=True)
+    st.has_rollups = False  # every answer merged from the releases themselves
+    return st
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_series_of_a_full_fleet_reads_no_release_rows(full: str, running: bool, monkeypatch: Any) -> None:
+    fast, raw = Store(full, readonly=True), _raw(full)
+    _no_row_scans(fast, monkeypatch)
+    got = series_mod.series(fast, ITEMS, salt=SALT, step=3600, running=running)
+    want = series_mod.series(raw, ITEMS, salt=SALT, step=3600, running=running)
+    assert got.to_dict() == want.to_dict()
+    assert len(got.lines[0].points) == 6 and all(p.missing_devices == [] for p in got.lines[0].points)
+    assert got.lines[0].points[0].answer is not None and len(got.lines[0].points[0].answer.devices) == 5
+    fast.close()
+    raw.close()
+
+
+def test_freq_of_a_full_fleet_reads_no_device_rows(full: str, monkeypatch: Any) -> None:
+    fast, raw = Store(full, readonly=True), _raw(full)
+    _no_row_scans(fast, monkeypatch)
+    for sel in ({}, {"since": T0 + 3600}, {"window": T0 // 3600 + 2}):
+        got = [a.to_dict() for a in query.freq(fast, ITEMS, salt=SALT, **sel)]  # type: ignore[arg-type]
+        assert got == [a.to_dict() for a in query.freq(raw, ITEMS, salt=SALT, **sel)]  # type: ignore[arg-type]
+        assert got[0]["devices"] == ["dev%02d" % i for i in range(5)]
+    fast.close()
+    raw.close()
+
+
+@pytest.mark.parametrize("step,running", [(3600, True), (7200, False), (3600, False)])
+def test_series_with_a_missing_device_lists_it(gap: str, step: int, running: bool) -> None:
+    fast, raw = Store(gap, readonly=True), _raw(gap)
+    got = series_mod.series(fast, ITEMS, salt=SALT, step=step, running=running)
+    assert got.to_dict() == series_mod.series(raw, ITEMS, salt=SALT, step=step, running=running).to_dict()
+    missing = [p.missing_devices for p in got.lines[0].points]
+    assert missing == ([[], [], [], ["dev02"], [], []] if step == 3600 else [[], [], []])
+    # the 2 h bucket of windows 2 and 3 has dev02 (window 2): a union, not the full count of one roll-up
+    fast.close()
+    raw.close()
+
+
+def test_freq_with_an_excluded_device_equals_the_raw_merge(full: str, tmp_path: Any) -> None:
+    st = Store(full, readonly=True)
+    st.query_exclude = ("dev01",)  # type: ignore[attr-defined]
+    raw = _raw(full)
+    raw.query_exclude = ("dev01",)  # type: ignore[attr-defined]
+    got = [a.to_dict() for a in query.freq(st, ITEMS, salt=SALT)]
+    assert got == [a.to_dict() for a in query.freq(raw, ITEMS, salt=SALT)]
+    assert "dev01" not in got[0]["devices"] and len(got[0]["devices"]) == 4
+    st.close()
+    raw.close()
+
+
+def test_device_counts_follow_ingest_purge_and_upgrade(tmp_path: Any) -> None:
+    db = str(tmp_path / "c.db")
+    _fleet(db, 4, 3, skip=(1, 0))
+    _counts_equal_rows(db)
+    st = Store(db, readonly=True)
+    counts = st.rollup_device_counts([i.id for i in st.rollups()])
+    assert counts is not None and [counts[i.id] for i in st.rollups()] == [3, 4, 4]  # dev01 missed window 0
+    st.close()
+    st = Store(db)
+    exclusions.purge(st, "dev03", since=T0 + 3600)  # its windows 1 and 2 taken out of their roll-ups
+    st.close()
+    _counts_equal_rows(db)
+    st = Store(db, readonly=True)
+    counts = st.rollup_device_counts([i.id for i in st.rollups()])
+    assert counts is not None and [counts[i.id] for i in st.rollups()] == [3, 3, 3]
+    st.close()
+    # a file from before the counts: read-only opens fall back to the rows, the next writer counts them
+    st = Store(db)
+    st.db.executescript("DROP TRIGGER rollup_devices_counted; DROP TRIGGER rollup_devices_uncounted; "
+                        "DROP TABLE rollup_device_counts;")
+    st.close()
+    ro = Store(db, readonly=True)
+    assert ro.rollup_device_counts([1]) is None
+    want = [a.to_dict() for a in query.freq(ro, ITEMS, salt=SALT)]
+    ro.close()
+    Store(db).close()
+    _counts_equal_rows(db)
+    ro = Store(db, readonly=True)
+    assert [a.to_dict() for a in query.freq(ro, ITEMS, salt=SALT)] == want
+    ro.close()
