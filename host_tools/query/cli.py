@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from pansketch.host_tools import hostconfig
 from pansketch.host_tools.query import kinds
@@ -40,17 +40,24 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any, words: Optional[Sequence[str]] = None) -> None:
+    """``pansketch query`` and its kinds. ``words``: the command line after ``query``; then only the kinds
+    it names get their arguments (and import their modules), the others a parser that lists them."""
     p = subparsers.add_parser("query", help="estimate frequencies / top-k with intervals",
                               description="Query merged releases. Every answer carries an interval [lo, hi] "
                                           "at the stated confidence (docs/HOST.md).")
     p.add_argument("--config", metavar="FILE", help="host config TOML ([fleet] salt, [aggregator] db)")
     sub = p.add_subparsers(dest="qtype", metavar="QUERY")
+    named = None if words is None else set(words) & set(kinds.BY_NAME)
     for kind in kinds.KINDS:
         k = sub.add_parser(kind.name, help=kind.help)
-        kind.add_arguments(k)
-        _common(k)
+        if named is None or kind.name in named:
+            kind.add_arguments(k)
+            _common(k)
     p.set_defaults(func=main)
+
+
+add_parser_for = add_parser  # pansketch.host_tools.cli passes the words when the command names `query` first
 
 
 def _err(msg: str, code: int) -> int:

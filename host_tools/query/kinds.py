@@ -17,10 +17,10 @@ Adding a kind: a module with the query function, ``add_arguments`` and
 from __future__ import annotations
 
 import argparse
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from pansketch.host_tools.query import dyadic_cli, point_cli, series_cli, strheavy_cli
 from pansketch.host_tools.store.sql import SQLStore
 
 POINT = ("cms", "cs")  # the point-query sketches (Count-Min, CountSketch)
@@ -28,6 +28,16 @@ POINT = ("cms", "cs")  # the point-query sketches (Count-Min, CountSketch)
 Runner = Callable[[argparse.Namespace, SQLStore, str, float, Optional[float], Optional[float]], int]
 # metrics(store, salt) -> Prometheus metric families of the kind's answer ([] when the store has none)
 MetricsFn = Callable[[SQLStore, str], list[Any]]
+
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported at the first call: a command imports the module of its own kind only
+    (the dcs/dbits/strhh modules cost every `freq` process about 80 ms of imports)."""
+    def call(*args: Any, **kw: Any) -> Any:
+        return getattr(importlib.import_module("pansketch.host_tools.query." + module), name)(*args, **kw)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 @dataclass(frozen=True)
@@ -57,21 +67,26 @@ class QueryKind:
 
 
 KINDS: tuple[QueryKind, ...] = (
-    QueryKind("freq", "frequency of items", point_cli.add_freq_arguments, point_cli.run, POINT,
+    QueryKind("freq", "frequency of items", _lazy("point_cli", "add_freq_arguments"), _lazy("point_cli", "run"),
+              POINT,
               page="/item", api="/api/freq", nav=("Item over time", "item")),
-    QueryKind("topk", "top-k among candidate items", point_cli.add_topk_arguments, point_cli.run, POINT,
+    QueryKind("topk", "top-k among candidate items", _lazy("point_cli", "add_topk_arguments"),
+              _lazy("point_cli", "run"), POINT,
               page="/topk", api="/api/topk", nav=("Top-k", "top-k")),
     QueryKind("series", "count per window (or --step bucket) with intervals; --plot draws bands",
-              series_cli.add_arguments, series_cli.run, POINT, page="/item", api="/api/series"),
-    QueryKind("quantile", "quantiles of readings (kind dcs) with rank intervals", dyadic_cli.add_quantile_arguments,
-              dyadic_cli.run, ("dcs",), page="/quantiles", api="/api/quantiles", nav=("Quantiles", "quantiles")),
-    QueryKind("cdf", "the CDF of readings (kind dcs) with intervals", dyadic_cli.add_cdf_arguments,
-              dyadic_cli.run, ("dcs",), page="/quantiles", api="/api/cdf"),
+              _lazy("series_cli", "add_arguments"), _lazy("series_cli", "run"), POINT, page="/item", api="/api/series"),
+    QueryKind("quantile", "quantiles of readings (kind dcs) with rank intervals",
+              _lazy("dyadic_cli", "add_quantile_arguments"), _lazy("dyadic_cli", "run"), ("dcs",), page="/quantiles",
+              api="/api/quantiles", nav=("Quantiles", "quantiles")),
+    QueryKind("cdf", "the CDF of readings (kind dcs) with intervals", _lazy("dyadic_cli", "add_cdf_arguments"),
+              _lazy("dyadic_cli", "run"), ("dcs",), page="/quantiles", api="/api/cdf"),
     QueryKind("heavy", "heaviest values (kind dcs) or strings (kind strhh), no candidate list",
-              dyadic_cli.add_heavy_arguments, dyadic_cli.run, ("dcs", "strhh"), page="/heavy", api="/api/heavy",
-              nav=("Heavy hitters", "heavy hitters"), metrics=strheavy_cli.metric_families),
+              _lazy("dyadic_cli", "add_heavy_arguments"), _lazy("dyadic_cli", "run"), ("dcs", "strhh"), page="/heavy",
+              api="/api/heavy",
+              nav=("Heavy hitters", "heavy hitters"), metrics=_lazy("strheavy_cli", "metric_families")),
     QueryKind("distinct", "distinct items (kind dbits): sum of per-device, per-window counts",
-              dyadic_cli.add_distinct_arguments, dyadic_cli.run, ("dbits",), page="/distinct", api="/api/distinct",
+              _lazy("dyadic_cli", "add_distinct_arguments"), _lazy("dyadic_cli", "run"), ("dbits",),
+              page="/distinct", api="/api/distinct",
               nav=("Distinct", "distinct")),
 )
 BY_NAME: dict[str, QueryKind] = {k.name: k for k in KINDS}
