@@ -174,13 +174,24 @@ def test_ledger_per_device_lookup_equals_a_full_scan(db: str) -> None:
     st.close()
 
 
-def test_status_and_fleet_page_use_one_ledger_of_every_release(db: str) -> None:
+def test_status_and_fleet_page_from_the_kept_summaries_equal_every_release(db: str, monkeypatch: Any) -> None:
+    """status and the fleet page read the kept summaries (pansketch.host_tools.store.summary): the same
+    JSON, byte for byte, as from every release and its ledger."""
+    import json
+
     for st in _stores(db):
         rep, led = status_mod.report_with_ledger(st, now=T0 + 10 ** 6)
-        assert rep == status_mod.report(st, now=T0 + 10 ** 6)
-        assert led.windows == ledger_mod.build(st.releases()).windows
+        full, fled = status_mod.report_full(st, now=T0 + 10 ** 6)
+        assert json.dumps(rep) == json.dumps(full)
+        assert fled.windows == ledger_mod.build(st.releases()).windows
+        assert [(ws, wn, n, g.as_dict()) for ws, wn, n, g in led.fleet_windows()] == \
+            [(ws, wn, n, g.as_dict()) for ws, wn, n, g in fled.fleet_windows()]
         page = fleetview.fleet(st, now=T0 + 10 ** 6)
         assert [d["device"] for d in page["devices"]] == [d["device"] for d in rep["devices"]]
+        with monkeypatch.context() as m:
+            m.setattr(status_mod, "report_with_ledger", status_mod.report_full)
+            want = fleetview.fleet(st, now=T0 + 10 ** 6)
+        assert json.dumps(page) == json.dumps(want)
         st.close()
 
 

@@ -19,7 +19,6 @@ import time
 from collections import defaultdict
 from typing import Any, Optional
 
-from pansketch.host_tools.store import ledger as ledger_mod
 from pansketch.host_tools.query import status as status_mod
 from pansketch.host_tools.query.core import iso
 from pansketch.host_tools.store.sql import SQLStore as Store
@@ -70,25 +69,34 @@ def _seqs(dev: dict[str, Any], k: str, limit: int = 20) -> list[int]:
 
 def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 12,
           late_grace_s: Optional[float] = None,
-          max_seq_jump: Optional[int] = status_mod.DEFAULT_MAX_SEQ_JUMP) -> dict[str, Any]:
+          max_seq_jump: Optional[int] = status_mod.DEFAULT_MAX_SEQ_JUMP,
+          offset: int = 0, limit: Optional[int] = None) -> dict[str, Any]:
     """The fleet page as a dict: status report + flags + ledger grid + rejections by reason.
 
-    ``late_grace_s``: as ``[status] late_grace_s`` (None: max(epoch length, 300 s))."""
+    ``late_grace_s``: as ``[status] late_grace_s`` (None: max(epoch length, 300 s)). ``offset``,
+    ``limit``: the devices listed (device order; ``devices_page`` says how many there are in all);
+    the fleet's figures (counts, flagged devices, totals) are those of every device."""
     now = time.time() if now is None else now
     # the report's own ledger: reading and building it a second time doubled the page's cost
     rep, led = status_mod.report_with_ledger(store, delta, now, windows, late_grace_s=late_grace_s,
                                              max_seq_jump=max_seq_jump)
-    per_dev: dict[str, dict[tuple[int, int], ledger_mod.WindowEntry]] = defaultdict(dict)
-    for we in led.windows:
-        per_dev[we.device][(we.win_s, we.win)] = we
     fw = led.fleet_windows()
     cols = [(ws, wn) for ws, wn, _n, _g in fw[-max(1, windows):]]
     last_win: dict[int, int] = {}
     for ws, wn, _n, _g in fw:
         last_win[ws] = max(last_win.get(ws, wn), wn)
+    every = rep["devices"]
+    listed = every[offset:] if limit is None else every[offset:offset + limit]
+    # the grid's entries of the listed devices only (the kept ledger reads those releases alone)
+    per_dev = led.entries([d["device"] for d in listed], cols)
+    spans = led.spans()
+    flags_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for f in rep.get("flags", []):
+        flags_of[f["device"]].append(f)
 
     devices = []
-    for d in rep["devices"]:
+    shown = {id(d) for d in listed}
+    for d in every:
         name = d["device"]
         ents = per_dev.get(name, {})
         dv = delivery(d)
@@ -105,23 +113,22 @@ def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, window
             flags.append("sequence numbers used twice (state reset?)")
         if d.get("excluded"):
             flags.append("EXCLUDED from every answer (pansketch device include %s undoes it)" % name)
-        mine_flags = [f for f in rep.get("flags", []) if f["device"] == name]
+        mine_flags = flags_of.get(name, [])
         if d.get("flagged_windows"):
             flags.append("out of line with the fleet in %d recent window(s)%s" % (
                 d["flagged_windows"], ": window %d: %s" % (mine_flags[0]["window"], mine_flags[0]["reason"])
                 if mine_flags else ""))
         # quiet: other devices with the same window length released after this device's last window
-        mine = sorted(ents)
+        last, first = spans.get(name, (None, {}))
         behind = 0
-        if mine:
-            ws, wn = mine[-1]
+        if last is not None:
+            ws, wn = last
             behind = last_win.get(ws, wn) - wn
             if behind > 0:
                 flags.append("quiet: no release for the last %d window(s) the fleet released" % behind)
-        # first window per window length, in one pass (a min over ``mine`` per entry was W^2 per device)
-        first: dict[int, int] = {}
-        for ws_, wn_ in mine:
-            first[ws_] = min(first.get(ws_, wn_), wn_)
+        if id(d) not in shown:  # counted in the fleet's figures, not listed: no grid row
+            devices.append({"device": name, "flagged": bool(flags), "delivery": dv})
+            continue
         cells = []
         for ws, wn in cols:
             e = ents.get((ws, wn))
@@ -138,10 +145,15 @@ def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, window
                             flags=flags, flagged=bool(flags), windows_behind=behind, ledger=cells))
     reported = {k: any(x["delivery"][k] is not None for x in devices) for k in DELIVERY}
     by_code = [{"code": c, "count": int(n), "last": iso(t), "last_unix": t} for c, n, t in store.rejection_counts()]
+    flagged = [x["device"] for x in devices if x["flagged"]]
+    if limit is not None or offset:
+        devices = devices[offset:] if limit is None else devices[offset:offset + limit]
     rep = dict(rep)
+    if limit is not None or offset:
+        rep["devices_page"] = {"offset": offset, "limit": limit, "total": len(every)}
     rep.update({
         "now_unix": now, "devices": devices, "delivery_reported": reported,
-        "flagged": [x["device"] for x in devices if x["flagged"]],
+        "flagged": flagged,
         "rejections_by_code": by_code,
         "ledger_columns": [{"win_s": ws, "window": wn, "start": iso(ws * wn)} for ws, wn in cols],
     })

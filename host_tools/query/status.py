@@ -30,6 +30,7 @@ reasons. ``--json`` prints the same as one JSON object.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections import defaultdict
@@ -43,12 +44,15 @@ from pansketch.host_tools.store.rows import StoredRelease
 from pansketch.host_tools.store.sql import SQLStore as Store
 from pansketch.host_tools.store.backend import open_store
 from pansketch.host_tools.store import exclusions
+from pansketch.host_tools.store import summary as summary_mod
 from pansketch.host_tools.query import influence
 
 
 LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
 DEFAULT_MAX_SEQ_JUMP = 100000  # as [aggregator] max_seq_jump: a release further above the highest seq is quarantined
-DEFAULT_LATE_GRACE_MIN_S = 300
+DEFAULT_LATE_GRACE_MIN_S = summary_mod.LATE_GRACE_MIN_S  # the grace the kept summaries count late releases at
+
+_log = logging.getLogger("pansketch.status")
 
 
 def _absent(lo: int, hi: int, have: list[int], limit: int = LIST_LIMIT) -> tuple[list[int], int]:
@@ -198,21 +202,59 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
 
 def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
                        late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP,
-                       max_events: Any = None) -> tuple[dict[str, Any], ledger_mod.Ledger]:
+                       max_events: Any = None) -> tuple[dict[str, Any], Any]:
     """:func:`report` and the privacy ledger it was built from (the fleet page draws its grid from the
-    same ledger instead of reading every release again)."""
+    same ledger instead of reading every release again). From the kept summaries (one row per device
+    and window: pansketch.host_tools.store.summary); a store written before them (opened read-only,
+    so not upgraded yet) is read release by release, as :func:`report_full`."""
+    kept = summary_mod.present(store)
+    if not kept:
+        _log.warning("%s keeps no per-device summaries yet (written before them): status reads every release; "
+                     "the next aggregator to open it for writing builds them", store.path)
+    return _report(store, delta, now, windows, late_grace_s, max_seq_jump, max_events, kept)
+
+
+def report_full(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
+                late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP,
+                max_events: Any = None) -> tuple[dict[str, Any], ledger_mod.Ledger]:
+    """The report and ledger from every release (the reference the kept summaries must equal, and the
+    read of a store without them)."""
+    return _report(store, delta, now, windows, late_grace_s, max_seq_jump, max_events, False)  # type: ignore[return-value]
+
+
+def _report(store: Store, delta: float, now: Optional[float], windows: int, late_grace_s: Optional[float],
+            max_seq_jump: Optional[int], max_events: Any, kept: bool) -> tuple[dict[str, Any], Any]:
     now = time.time() if now is None else now
-    rels = store.releases()
-    led = ledger_mod.build(rels, delta)
-    by_dev: dict[str, list[StoredRelease]] = defaultdict(list)
-    for r in rels:
-        by_dev[r.device].append(r)
     statuses = store.device_statuses()
     rejected = store.rejected_seqs()
     quar_rows = store.quarantined()
     quarantined: dict[str, dict[int, str]] = defaultdict(dict)
     for qdev, qseq, *_rest in quar_rows:
         quarantined[qdev][int(qseq)] = _rest[4]
+    if kept:
+        from pansketch.host_tools.query import statuskept
+
+        sums = summary_mod.read_devices(store)
+        devices = statuskept.device_entries(store, delta, store.devices(), sums, statuses, rejected, quarantined,
+                                            late_grace_s, max_seq_jump)
+        known = {dv["device"] for dv in devices}
+        led: Any = statuskept.kept_ledger(store, delta, sums)
+        n_releases = sum(s.n for s in sums.values())
+    else:
+        devices, known, led, n_releases = _full_devices(store, delta, statuses, rejected, quarantined,
+                                                        late_grace_s, max_seq_jump)
+    _more_devices(devices, known, statuses, rejected, quarantined, late_grace_s, max_seq_jump)
+    return _finish(store, devices, led, n_releases, quar_rows, now, windows, max_events), led
+
+
+def _full_devices(store: Store, delta: float, statuses: dict[str, Any], rejected: dict[str, dict[int, str]],
+                  quarantined: dict[str, dict[int, str]], late_grace_s: Optional[float],
+                  max_seq_jump: Optional[int]) -> tuple[list[dict[str, Any]], set[str], ledger_mod.Ledger, int]:
+    rels = store.releases()
+    led = ledger_mod.build(rels, delta)
+    by_dev: dict[str, list[StoredRelease]] = defaultdict(list)
+    for r in rels:
+        by_dev[r.device].append(r)
     devices = []
     known = set()
     for dev, salt, hv, kind, d, w, ep_s, first in store.devices():
@@ -245,6 +287,12 @@ def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] =
             "guarantee": g.as_dict(), "guarantee_text": g.text(),
             "noise_draws_mean": round(sum(r.nz for r in rs) / len(rs), 3), "noise_draws_max": max(r.nz for r in rs),
         })
+    return devices, known, led, len(rels)
+
+
+def _more_devices(devices: list[dict[str, Any]], known: set[str], statuses: dict[str, Any],
+                  rejected: dict[str, dict[int, str]], quarantined: dict[str, dict[int, str]],
+                  late_grace_s: Optional[float], max_seq_jump: Optional[int]) -> None:
     # devices that released something the host refused or held back, but stored nothing of yet. A status
     # alone makes no fleet member: anyone allowed to publish could otherwise add rows (and their
     # claimed counters) to the fleet without ever sending a release.
@@ -261,6 +309,10 @@ def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] =
             "noise_draws_mean": None, "noise_draws_max": None,
         })
     devices.sort(key=lambda x: x["device"])
+
+
+def _finish(store: Store, devices: list[dict[str, Any]], led: Any, n_releases: int, quar_rows: list[Any],
+            now: float, windows: int, max_events: Any) -> dict[str, Any]:
     # bounded influence: devices left out of every answer, and devices out of line with the fleet in a
     # recent window (pansketch.host_tools.query.influence; a prompt to look, `pansketch device exclude` to act)
     excl = exclusions.excluded(store)
@@ -279,7 +331,7 @@ def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] =
                                            or d["status_ignored"] is not None)
     totals["statuses_ignored"] = sum(1 for d in devices if d["status_ignored"] is not None)
     out = {
-        "db": store.path, "now": iso(now), "releases": len(rels),
+        "db": store.path, "now": iso(now), "releases": n_releases,
         "rejections": max(store.rejection_count(), sum(n for _c, n, _t in store.rejection_counts())),
         "rejections_kept": store.rejection_count(),
         "quarantined": [{"device": r[0], "seq": r[1], "elo": r[2], "ehi": r[3], "part": r[4], "start": iso(r[5]),
@@ -297,7 +349,7 @@ def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] =
         "recent_rejections": [{"received": iso(rc), "topic": tp, "device": dv, "code": code, "reason": why, "size": sz}
                               for _id, rc, tp, dv, code, why, sz, _h in store.rejections(limit=10)],
     }
-    return out, led
+    return out
 
 
 def _ago(t: float, now: float) -> str:

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from pansketch.host_tools.store.excltable import DDL, TABLE, excluded  # noqa: F401 (the names of this module's API)
+from pansketch.host_tools.store import summary
 from pansketch.host_tools.store.rows import _row_to_release
 from pansketch.host_tools.store.write import rollup_key
 
@@ -133,6 +134,7 @@ def purge(store: SQLStore, device: str, since: Optional[float] = None) -> PurgeR
         if store.has_rollups:
             for key in sorted(by_key):
                 _subtract(store, cur, key, by_key[key], device, rep)
+        summary.after_purge(store, cur, device)
         left = store._x(cur, "SELECT 1 FROM releases WHERE device = ? LIMIT 1", (device,)).fetchone()
         if left is None:
             store._x(cur, "DELETE FROM devices WHERE device = ?", (device,))

@@ -264,6 +264,23 @@ class Ledger:
             g.update(e.guarantee)
         return g
 
+    def entries(self, devices: Iterable[str],
+                cols: Iterable[tuple[int, int]]) -> dict[str, dict[tuple[int, int], WindowEntry]]:
+        """device -> (win_s, win) -> entry, of ``devices`` in the windows ``cols`` (the fleet page's grid)."""
+        want, keys = set(devices), set(cols)
+        out: dict[str, dict[tuple[int, int], WindowEntry]] = {}
+        for e in self.windows:
+            if e.device in want and (e.win_s, e.win) in keys:
+                out.setdefault(e.device, {})[(e.win_s, e.win)] = e
+        return out
+
+    def spans(self) -> dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]]:
+        """device -> (its largest (win_s, win), its first window per window length)."""
+        per: dict[str, list[tuple[int, int]]] = {}
+        for e in self.windows:
+            per.setdefault(e.device, []).append((e.win_s, e.win))
+        return {dev: _spans(ks) for dev, ks in per.items()}
+
 
 def build(rels: Iterable[StoredRelease], delta: float = 1e-6) -> Ledger:
     """The ledger of all given releases (metadata only; no payload needed)."""
@@ -277,3 +294,58 @@ def build(rels: Iterable[StoredRelease], delta: float = 1e-6) -> Ledger:
         e.ranges.append((r.elo, r.ehi))
         e.guarantee.update(release_guarantee(r, delta))
     return Ledger(delta, [acc[k] for k in sorted(acc)])
+
+
+def _spans(keys: Iterable[tuple[int, int]]) -> tuple[Optional[tuple[int, int]], dict[int, int]]:
+    """The largest (win_s, win) of ``keys`` and the first window per window length."""
+    last: Optional[tuple[int, int]] = None
+    first: dict[int, int] = {}
+    for ws, wn in keys:
+        if last is None or (ws, wn) > last:
+            last = (ws, wn)
+        first[ws] = min(first.get(ws, wn), wn)
+    return last, first
+
+
+def entries_of(rels: Iterable[StoredRelease], delta: float) -> dict[str, dict[tuple[int, int], WindowEntry]]:
+    """device -> (win_s, win) -> its ledger entry, of the given releases."""
+    out: dict[str, dict[tuple[int, int], WindowEntry]] = {}
+    for e in build(rels, delta).windows:
+        out.setdefault(e.device, {})[(e.win_s, e.win)] = e
+    return out
+
+
+@dataclass
+class KeptLedger:
+    """The ledger's answers from the kept summaries (pansketch.host_tools.store.summary) instead of every
+    release: the fleet windows and per-device guarantees as :class:`Ledger` computes them; the entries of
+    a few devices and windows (the fleet page's grid) read from those releases alone."""
+
+    delta: float
+    store: Any
+    rows: list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]]  # summary.read_windows
+    device_spans: dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]] = field(default_factory=dict)
+
+    def fleet_windows(self) -> list[tuple[int, int, int, Guarantee]]:
+        out = [(ws, wn, n, Guarantee(eps=e, rho=r, delta=self.delta)) for ws, wn, n, e, r in self.rows]
+        return sorted(out, key=lambda t: (t[1] * t[0], t[0]))
+
+    def fleet(self) -> Guarantee:
+        g = Guarantee(delta=self.delta)
+        for _ws, _wn, _n, e, r in self.rows:
+            g.update(Guarantee(eps=e, rho=r, delta=self.delta))
+        return g
+
+    def spans(self) -> dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]]:
+        return self.device_spans
+
+    def entries(self, devices: Iterable[str],
+                cols: Iterable[tuple[int, int]]) -> dict[str, dict[tuple[int, int], WindowEntry]]:
+        keys = set(cols)
+        devs = sorted(set(devices))
+        if not keys or not devs:
+            return {}
+        lo = min(ws * wn for ws, wn in keys)
+        rels = [r for i in range(0, len(devs), 500)
+                for r in self.store.releases(devices=devs[i:i + 500], since=lo) if (r.win_s, r.win) in keys]
+        return entries_of(rels, self.delta)

@@ -58,7 +58,7 @@ import json
 from pansketch.host_tools.store.records import Rejected
 from pansketch.host_tools.store.errors import StoreError
 from pansketch.host_tools.store.rows import Pending
-from pansketch.host_tools.store import payloadcodec
+from pansketch.host_tools.store import payloadcodec, summary
 from pansketch.host_tools.store.schema import _ADDED, _COLS, _SCHEMA, SCHEMA_VERSION, insert_values
 from pansketch.host_tools.store.sql import SQLStore
 from pansketch.host_tools.store.write import _Acc
@@ -416,7 +416,7 @@ class PgStore(SQLStore):
         if cur.fetchone()[0]:
             # (and the roll-ups are there: OPERATIONS.md rebuilds them by deleting meta 'rollups')
             cur.execute("SELECT value FROM meta WHERE key = 'pg_setup' AND EXISTS "
-                        "(SELECT 1 FROM meta WHERE key = 'rollups')")
+                        "(SELECT 1 FROM meta WHERE key = 'rollups') AND EXISTS (SELECT 1 FROM meta WHERE key = 'summaries')")
             row = cur.fetchone()
             if row is not None and row[0] == _SETUP_ID:
                 # ... and its release columns are all there (a catalog read, no table lock)
@@ -448,6 +448,7 @@ class PgStore(SQLStore):
             self._rebuild_rollups(cur)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
         self._init_flag_windows(cur)
+        summary.init(self, cur)
         cur.execute("INSERT INTO meta (key, value) VALUES ('pg_setup', %s) ON CONFLICT (key) DO UPDATE "
                     "SET value = excluded.value", (_SETUP_ID,))
 

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from pansketch.host_tools.store import pagecache
+from pansketch.host_tools.store import pagecache, summary
 from pansketch.host_tools.store.errors import NotAStoreError
 from pansketch.host_tools.store.records import Release
 from pansketch.host_tools.store.rows import Pending, _row_to_release
@@ -339,6 +339,7 @@ class Store(SQLStore):
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
         self._init_flag_windows(cur)
         self._init_device_counts(cur)
+        summary.init(self, cur)
 
     # the devices per roll-up, kept by triggers on rollup_devices (whichever code path inserts or deletes a
     # row: the write path, purge, retention, a rebuild): a fleet-wide answer then knows from one row per

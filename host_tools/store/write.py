@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from pansketch.host_tools import cborscan
+from pansketch.host_tools.store import summary
 from pansketch.host_tools.store.base import SQLBase
 from pansketch.host_tools.store.records import Rejected, Release
 from pansketch.host_tools.store.rows import REASON_KEEP, TOPIC_KEEP, Pending, _row_to_release
@@ -225,6 +226,7 @@ class GroupWriter(SQLBase):
         self._apply_rollups(cur, accs)
         self._bump_flag_windows(cur, {(p.rel.win_s, p.rel.win) for p in items if p.status == "stored" and p.rel})
         self._note_stored(cur, items)
+        summary.note_group(self, cur, [(p.rel, p.received) for p in items if p.status == "stored" and p.rel is not None])
         if unrolled:
             self._mark_unrolled(cur)
         self._bound(cur, logged, totals)

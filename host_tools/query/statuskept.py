@@ -1,0 +1,159 @@
+"""``pansketch status``'s devices from the kept summaries: one row per device instead of its releases.
+
+The same entries as :func:`pansketch.host_tools.query.status.report_full` computes from every
+release (the tests compare the two byte for byte), read from ``device_summary`` and
+``window_summary`` (pansketch.host_tools.store.summary): seqs as runs, so delivery classification
+works on runs where the full read has the sorted list of stored seqs; covered epochs as merged
+ranges; guarantees as exact fractions. Late releases at the default grace are kept; another grace
+reads the releases that late (``summary.late_rows``).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any, Optional
+
+from pansketch.host_tools.query.core import iso
+from pansketch.host_tools.store import ledger as ledger_mod
+from pansketch.host_tools.store import summary as summary_mod
+from pansketch.host_tools.store.summary import DeviceSummary, runs_add, runs_has
+
+
+class RunSet:
+    """Membership in sorted inclusive runs (what ``q in stored`` asks of a set of seqs)."""
+
+    def __init__(self, runs: list[list[int]]) -> None:
+        self.runs = runs
+
+    def __contains__(self, q: object) -> bool:
+        return isinstance(q, int) and runs_has(self.runs, q)
+
+
+def _absent(lo: int, hi: int, have: list[list[int]], limit: int) -> tuple[list[int], int]:
+    """status._absent with ``have`` as sorted inclusive runs: seqs in [lo, hi) not in it (first ``limit``, count)."""
+    if hi <= lo:
+        return [], 0
+    inside = sum(max(0, min(b + 1, hi) - max(a, lo)) for a, b in have)
+    out: list[int] = []
+    x = lo
+    for a, b in have + [[hi, hi]]:
+        if b < x:
+            continue
+        while x < min(a, hi) and len(out) < limit:
+            out.append(x)
+            x += 1
+        if len(out) >= limit or a >= hi:
+            break
+        x = b + 1
+    return out, (hi - lo) - inside
+
+
+def classify(stored: list[list[int]], rejected: dict[int, str], st: Any, limit: int,
+             max_jump: Optional[int]) -> dict[str, Any]:
+    """status.classify with the stored seqs as runs."""
+    from pansketch.host_tools.query.status import implausible
+
+    rej = sorted(q for q in rejected if not runs_has(stored, q))
+    have = [list(r) for r in stored]
+    for q in rej:
+        runs_add(have, q)
+    top = have[-1][1] + 1 if have else 0
+    out: dict[str, Any] = {"stored_count": sum(b - a + 1 for a, b in stored), "rejected_seqs": rej[:limit],
+                           "rejected_count": len(rej), "rejected_codes": {str(q): rejected[q] for q in rej[:limit]},
+                           "status_ignored": implausible(st, top, max_jump)}
+    if out["status_ignored"] is not None:
+        st = None
+    if st is not None and st.next_seq is not None:
+        end = max(st.next_seq, top)
+        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
+        lost, n_lost = _absent(0, cut, have, limit)
+        pend, n_pend = _absent(cut, end, have, limit)
+        out.update(checked=[0, end], basis="device status", lost_seqs=lost, lost_count=n_lost,
+                   pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
+    else:
+        unk, n_unk = _absent(0, top, have, limit)
+        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
+                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
+    return out
+
+
+class _Guarantees:
+    """as_dict / text of each distinct (eps, rho) once (a fleet's devices share a few)."""
+
+    def __init__(self, delta: float) -> None:
+        self.delta = delta
+        self.seen: dict[tuple[Optional[str], Optional[str]], tuple[dict[str, Any], str]] = {}
+
+    def get(self, eps: Optional[str], rho: Optional[str]) -> tuple[dict[str, Any], str]:
+        hit = self.seen.get((eps, rho))
+        if hit is None:
+            g = ledger_mod.Guarantee(eps=Fraction(eps) if eps else None, rho=Fraction(rho) if rho else None,
+                                     delta=self.delta)
+            hit = self.seen[(eps, rho)] = (g.as_dict(), g.text())
+        return dict(hit[0]), hit[1]
+
+
+def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sums: dict[str, DeviceSummary],
+                   statuses: dict[str, Any], rejected: dict[str, dict[int, str]],
+                   quarantined: dict[str, dict[int, str]], grace: Optional[float],
+                   max_jump: Optional[int]) -> list[dict[str, Any]]:
+    """The status entries of the devices with releases (rows of store.devices(), in that order)."""
+    from pansketch.host_tools.query import status as st_mod
+
+    late_other: dict[str, list[tuple[int, float]]] = {}
+    if grace is not None:  # not the grace the summaries keep: the releases that late
+        for dev, seq, late in summary_mod.late_rows(store, float(grace)):
+            late_other.setdefault(dev, []).append((seq, late))
+    gs = _Guarantees(delta)
+    out = []
+    limit = st_mod.LIST_LIMIT
+    for dev, salt, _hv, kind, d, w, ep_s, _first in devices:
+        s = sums.get(dev)
+        if s is None or not s.n:
+            continue
+        st = statuses.get(dev)
+        dl = classify(s.seqs, rejected.get(dev, {}), st, limit, max_jump)
+        st_mod._quarantine(dl, quarantined.get(dev) or {}, RunSet(s.seqs))  # type: ignore[arg-type]
+        if grace is None:
+            late_seqs, late_n = s.late_seqs[:limit], s.late_n
+            late_max = round(s.late_max, 1) if s.late_n and s.late_max is not None else 0.0
+        else:
+            mine = sorted(late_other.get(dev, []), key=lambda t: t[0])
+            late_seqs, late_n = [q for q, _l in mine[:limit]], len(mine)
+            late_max = round(max((lt for _q, lt in mine), default=0.0), 1)
+        dl.update(late_seqs=late_seqs, late_count=late_n, late_max_s=late_max,
+                  backlog=st.pending if st is not None and dl["status_ignored"] is None else None,
+                  status=st_mod._status_dict(st, 0))
+        dl["missing_seqs"] = sorted(dl["lost_seqs"] + dl["pending_seqs"] + dl["unknown_seqs"]
+                                    + dl["rejected_seqs"])[:limit]
+        dl["missing_seq_count"] = ((dl["lost_count"] or 0) + (dl["pending_count"] or 0) + dl["unknown_count"]
+                                   + dl["rejected_count"])
+        covered = [(a, b) for a, b in s.cov]
+        gaps = ledger_mod.gaps(covered, covered[0][0], covered[-1][1])
+        (ws0, w0), (ws1, w1) = s.window_keys()
+        g, gtext = gs.get(s.eps, s.rho)
+        out.append({
+            "device": dev, "kind": kind, "d": d, "w": w, "salt_id": salt, "mode": ", ".join(s.modes),
+            "budget": ", ".join(s.budgets), "releases": s.n, "seq": [s.seqs[0][0], s.seqs[-1][1]],
+            **dl,
+            "seq_reused": s.reused[:20],
+            "last_received": iso(s.last_rx), "last_received_unix": s.last_rx,
+            "last_epoch_end": iso(s.last_t1), "last_epoch_end_unix": s.last_t1,
+            "windows": s.window_count(), "first_window": w0, "last_window": w1,
+            "missing_epochs": [{"from": iso(a * ep_s), "until": iso(b * ep_s), "epochs": b - a,
+                                "elo": a, "ehi": b} for a, b in gaps[:50]],
+            "missing_epoch_count": sum(b - a for a, b in gaps),
+            "guarantee": g, "guarantee_text": gtext,
+            "noise_draws_mean": round(s.nz_sum / s.n, 3), "noise_draws_max": s.nz_max,
+        })
+    return out
+
+
+def kept_ledger(store: Any, delta: float, sums: dict[str, DeviceSummary]) -> ledger_mod.KeptLedger:
+    spans = {}
+    for dev, s in sums.items():
+        fl = s.first_last()
+        if fl:
+            last = max((ws, b) for ws, (_a, b) in fl.items())
+            spans[dev] = (last, {ws: a for ws, (a, _b) in fl.items()})
+    return ledger_mod.KeptLedger(delta, store, summary_mod.read_windows(store), spans)
