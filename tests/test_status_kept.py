@@ -1,0 +1,174 @@
+"""status and the fleet page from the kept summaries equal the read of every release, on both back ends.
+
+A store is built through the real write path (commit_group, as the aggregator calls it) with missing
+windows and seqs, duplicate deliveries, a conflicting re-send (rejected), a reused seq (a device
+reset), late releases, a seq-jump quarantine, a device known only by its refusals, device statuses, two
+mechanisms (eps and rho), a keep-mode device whose release spans several epochs, nz > 2, then an
+exclusion, a partial and a full purge and a retention prune. After every step the status JSON (at the
+default grace and two others) and the fleet page JSON from the summaries
+(pansketch.host_tools.store.summary) are compared byte for byte with status.report_full, the
+computation from every release; at the end the kept summaries equal those rebuilt from the releases.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from pansketch.host_tools.ingest.decode import decode
+from pansketch.host_tools.query import fleetview, status as status_mod
+from pansketch.host_tools.store import exclusions, summary
+from pansketch.host_tools.store.records import Rejected
+from pansketch.host_tools.store.rows import Pending
+from pansketch.host_tools.store.sqlite import Store
+from tests.support import pg as pgsupport
+from tests.support.host import T0, encoded, params, topic
+
+NOW = T0 + 40 * 3600
+H = T0 // 3600  # window (and epoch) id of T0 for hourly devices
+
+
+def _put(st: Any, p: Any, seq: int, elo: int, late: float = 5.0, fill: int = 1, nz: int = 2,
+         ehi: Any = None) -> str:
+    raw = encoded(p, seq=seq, elo=elo, fill=fill, nz=nz, ehi=ehi)
+    rel = decode(raw)
+    item = Pending(raw, topic(p.device), rel.t1 + late, rel=rel, device=p.device)
+    st.commit_group([item])
+    return item.status
+
+
+def _same(st: Any, monkeypatch: Any) -> None:
+    for grace in (None, 60.0, 20000.0):
+        got = status_mod.report_with_ledger(st, now=NOW, late_grace_s=grace)[0]
+        want = status_mod.report_full(st, now=NOW, late_grace_s=grace)[0]
+        assert json.dumps(got) == json.dumps(want), grace
+    page = fleetview.fleet(st, now=NOW)
+    paged = fleetview.fleet(st, now=NOW, offset=1, limit=2)
+    with monkeypatch.context() as m:
+        m.setattr(status_mod, "report_with_ledger", status_mod.report_full)
+        assert json.dumps(page) == json.dumps(fleetview.fleet(st, now=NOW))
+        assert json.dumps(paged) == json.dumps(fleetview.fleet(st, now=NOW, offset=1, limit=2))
+    assert paged["devices"] == page["devices"][1:3]
+    assert paged["flagged"] == page["flagged"] and paged["devices_page"]["total"] == len(page["devices"])
+
+
+def _scenario(st: Any, monkeypatch: Any) -> dict[str, Any]:
+    """The steps above; returns the last report (the test checks it shows what the steps did)."""
+    pa = params("a", kind="cs", d=2, w=16, mechanism="dlap", budget="1/2")
+    for k in range(10):
+        if k != 4:  # window 4 and seq 4 missing
+            assert _put(st, pa, k, H + k, late=20000.0 if k == 7 else 5.0, nz=3 if k == 2 else 2) == "stored"
+    assert _put(st, pa, 2, H + 2, nz=3) == "duplicate"  # the same bytes again
+    assert _put(st, pa, 3, H + 3, fill=9) == "rejected"  # same key, other bytes: a conflict, logged with its seq
+    _same(st, monkeypatch)
+    pb = params("b", kind="cms", d=2, w=16)  # dgauss: rho
+    for k in range(6):
+        assert _put(st, pb, k, H + k) == "stored"
+    for k, q in ((6, 2), (7, 3)):  # a device reset: seqs 2 and 3 again
+        assert _put(st, pb, q, H + k) == "stored"
+    assert _put(st, pb, 10 ** 6, H + 8) == "quarantined"  # a seq jump
+    pk = params("k", kind="cms", d=2, w=16, mode="keep", window_s=3600, epoch_s=600)
+    e0 = T0 // 600
+    seq = 0
+    for lo, hi in [(0, 1), (1, 2), (2, 5), (7, 8), (12, 13)]:
+        assert _put(st, pk, seq, e0 + lo, ehi=e0 + hi, late=400.0 if lo == 7 else 1.0) == "stored"
+        seq += 1
+    pc = params("c", kind="cs", d=2, w=16, mechanism="dlap", budget="1")
+    for k in range(3):
+        assert _put(st, pc, k, H + 20 + k) == "stored"
+    raw = encoded(params("q"), seq=3)  # refused by validation (as the aggregator passes it on): its seq is known
+    st.commit_group([Pending(raw, topic("q"), T0, rel=decode(raw), rej=Rejected("window", "too old"), device="q")])
+    st.put_status("a", {"state": "online", "next_seq": 12, "oldest_pending": 11, "pending": 1, "ts": 1}, T0)
+    st.put_status("b", {"state": "online", "next_seq": 9, "ts": 1}, T0)
+    _same(st, monkeypatch)
+    assert exclusions.set_excluded(st, "b", True, "test")
+    _same(st, monkeypatch)
+    exclusions.purge(st, "a", since=(H + 8) * 3600)  # seqs 8, 9
+    _same(st, monkeypatch)
+    exclusions.purge(st, "c")  # all of it
+    _same(st, monkeypatch)
+    assert st.prune(before=NOW + 10 ** 6) > 0  # payloads of every device but the excluded one
+    assert _put(st, pa, 10, H + 10) == "stored"  # and on after them
+    _same(st, monkeypatch)
+    assert exclusions.set_excluded(st, "b", False)
+    _same(st, monkeypatch)
+    return status_mod.report(st, now=NOW)
+
+
+def _kept_equals_rebuilt(st: Any) -> None:
+    docs = {d: s.doc() for d, s in summary.read_devices(st).items()}
+    wins = sorted(summary.read_windows(st))
+    st._exec_tx(lambda cur: summary.rebuild(st, cur))
+    assert {d: s.doc() for d, s in summary.read_devices(st).items()} == docs
+    assert sorted(summary.read_windows(st)) == wins
+
+
+def _check_report(rep: dict[str, Any]) -> None:
+    by = {d["device"]: d for d in rep["devices"]}
+    assert sorted(by) == ["a", "b", "k", "q"]  # c purged; q known by its refusal alone
+    a, b, k = by["a"], by["b"], by["k"]
+    assert a["stored_count"] == 8 and a["seq"] == [0, 10] and a["rejected_count"] == 0  # 3 is stored
+    assert a["lost_seqs"] == [4, 8, 9] and a["pending_seqs"] == [11]  # 8, 9 purged; 11 from oldest_pending on
+    assert a["late_seqs"] == [7] and a["missing_epoch_count"] == 3 and a["noise_draws_max"] == 3
+    assert by["q"]["releases"] == 0 and by["q"]["rejected_seqs"] == [3]
+    assert b["seq_reused"] == [2, 3] and b["quarantined_seqs"] == [10 ** 6] and b["releases"] == 8
+    assert k["missing_epochs"][0]["epochs"] == 2 and k["late_count"] == 0  # 400 s < max(600, 300)
+    assert "rho" in b["guarantee"] and "eps" in a["guarantee"]
+    assert rep["releases"] == 8 + 8 + 5
+
+
+def test_kept_summaries_sqlite(tmp_path: Any, monkeypatch: Any) -> None:
+    st = Store(str(tmp_path / "s.db"))
+    rep = _scenario(st, monkeypatch)
+    _kept_equals_rebuilt(st)
+    st.close()
+    _check_report(rep)
+
+
+def test_old_store_falls_back_then_gets_its_summaries(tmp_path: Any, monkeypatch: Any, caplog: Any) -> None:
+    """A store written before the summaries: read-only, status reads every release (and says so); the first
+    open for writing builds them, and the answers stay the same."""
+    db = str(tmp_path / "old.db")
+    st = Store(db)
+    _scenario(st, monkeypatch)
+    want = json.dumps(status_mod.report(st, now=NOW))
+    st.close()
+    con = sqlite3.connect(db)
+    con.executescript("DROP TABLE device_summary; DROP TABLE window_summary; DELETE FROM meta WHERE key = 'summaries';")
+    con.close()
+    ro = Store(db, readonly=True)
+    with caplog.at_level(logging.WARNING, logger="pansketch.status"):
+        assert json.dumps(status_mod.report(ro, now=NOW)) == want
+    assert "keeps no per-device summaries" in caplog.text
+    ro.close()
+    Store(db).close()
+    ro = Store(db, readonly=True)
+    assert summary.present(ro)
+    assert json.dumps(status_mod.report(ro, now=NOW)) == want
+    ro.close()
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[Any]:
+    yield from pgsupport.server()
+
+
+@pytest.fixture
+def pg_store(pg_server: Any) -> Iterator[Callable[[], Any]]:
+    from pansketch.host_tools.store.pg import PgStore
+
+    dsn = pg_server.create_database("kept")
+    st = PgStore(dsn)
+    yield lambda: st
+    st.close()
+
+
+def test_kept_summaries_postgresql(pg_store: Callable[[], Any], monkeypatch: Any) -> None:
+    st = pg_store()
+    rep = _scenario(st, monkeypatch)
+    _kept_equals_rebuilt(st)
+    _check_report(rep)
