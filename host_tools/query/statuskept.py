@@ -150,7 +150,7 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
 
 
 def kept_ledger(store: Any, delta: float, sums: dict[str, DeviceSummary]) -> ledger_mod.KeptLedger:
-    spans = {}
+    spans: dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]] = {}
     for dev, s in sums.items():
         fl = s.first_last()
         if fl:

@@ -124,7 +124,8 @@ def _win_set(runs: list[list[Any]], w: int, lab: str) -> None:
         a, b, old = runs[i]
         if old == lab:
             return
-        runs[i:i + 1] = [r for r in ([a, w - 1, old], [w, w, lab], [w + 1, b, old]) if r[0] <= r[1]]
+        parts: list[list[Any]] = [[a, w - 1, old], [w, w, lab], [w + 1, b, old]]
+        runs[i:i + 1] = [r for r in parts if int(r[0]) <= int(r[1])]
     else:
         runs.insert(i + 1, [w, w, lab])
     out: list[list[Any]] = []
@@ -382,6 +383,9 @@ def rebuild(store: Any, cur: Any) -> int:
 def init(store: Any, cur: Any) -> None:
     """A writer's open: build the summaries of a store written before them (once: meta ``summaries``)."""
     if store._x(cur, "SELECT value FROM meta WHERE key = 'summaries'").fetchone() is None:
+        if store._x(cur, "SELECT 1 FROM releases LIMIT 1").fetchone() is None:  # a new store: nothing to say
+            rebuild(store, cur)
+            return
         _log.info("building the per-device and per-window summaries of %s from its releases (once)", store.path)
         n = rebuild(store, cur)
         _log.info("summaries of %s built from %d release(s)", store.path, n)
