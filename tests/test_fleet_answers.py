@@ -161,3 +161,59 @@ def test_device_counts_follow_ingest_purge_and_upgrade(tmp_path: Any) -> None:
     ro = Store(db, readonly=True)
     assert [a.to_dict() for a in query.freq(ro, ITEMS, salt=SALT)] == want
     ro.close()
+
+
+def _cli_json(db: str, tmp_path: Any, capsys: Any, *args: str) -> list[dict[str, Any]]:
+    import json
+
+    from pansketch.host_tools import cli
+
+    conf = tmp_path / "host.toml"
+    conf.write_text('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\n' % (SALT, db))
+    capsys.readouterr()
+    assert cli.main(["query", "--config", str(conf), *args, "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("kind", ["freq", "series", "topk"])
+def test_json_answers_page_their_devices(full: str, tmp_path: Any, capsys: Any, kind: str) -> None:
+    """--json lists a page of each answer's devices and their number; --all-devices every one, in the
+    format without devices_page (the objects otherwise the same)."""
+    args = {"freq": ["freq", *ITEMS[:2]], "series": ["series", ITEMS[0], "--step", "1h"],
+            "topk": ["topk", "-k", "2", "--candidates", str(tmp_path / "cands")]}[kind]
+    (tmp_path / "cands").write_text("\n".join(ITEMS) + "\n")
+    every = ["dev%02d" % i for i in range(5)]
+    whole = _cli_json(full, tmp_path, capsys, *args, "--all-devices")
+    default = _cli_json(full, tmp_path, capsys, *args)
+    part = _cli_json(full, tmp_path, capsys, *args, "--devices-limit", "2", "--devices-offset", "1")
+    assert len(whole) == len(default) == len(part) == (6 if kind == "series" else 2)
+    for w, d, p in zip(whole, default, part):
+        assert "devices_page" not in w and w["devices"] == every
+        assert d["devices"] == every and d["devices_page"] == {"offset": 0, "limit": 20, "total": 5}
+        assert p["devices"] == every[1:3] and p["devices_page"] == {"offset": 1, "limit": 2, "total": 5}
+        for x in (d, p):
+            assert {k: v for k, v in x.items() if k not in ("devices", "devices_page")} == \
+                {k: v for k, v in w.items() if k != "devices"}
+
+
+def test_api_answers_page_their_devices(full: str, tmp_path: Any) -> None:
+    import json
+
+    from pansketch.host_tools.web.app import Dashboard
+
+    app = Dashboard(hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": full}}))
+
+    def get(path: str, qs: str) -> Any:
+        env = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": qs, "wsgi.url_scheme": "http",
+               "SERVER_NAME": "localhost", "SERVER_PORT": "80"}
+        st: list[str] = []
+        body = b"".join(app(env, lambda s, h, *a: st.append(s)))
+        assert st[0].startswith("200"), (path, st, body[:200])
+        return json.loads(body)
+
+    a = get("/api/freq", "item=item-1&devices_limit=3&devices_offset=3")["answers"][0]
+    assert a["devices"] == ["dev03", "dev04"] and a["devices_page"] == {"offset": 3, "limit": 3, "total": 5}
+    a = get("/api/freq", "item=item-1&all_devices=1")["answers"][0]
+    assert a["devices"] == ["dev%02d" % i for i in range(5)] and "devices_page" not in a
+    pt = get("/api/series", "item=item-1&devices_limit=1")["lines"][0]["points"][0]
+    assert pt["devices"] == ["dev00"] and pt["devices_page"]["total"] == 5

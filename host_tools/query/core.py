@@ -436,6 +436,9 @@ def _less(store: SQLStore, use: list[RollupInfo], excl: set[str]) -> Optional[_L
 
 
 # -- answers -----------------------------------------------------------------
+DEVICES_LIMIT = 20  # contributing devices an answer's JSON lists by default (all: --all-devices)
+
+
 @dataclass
 class Answer:
     item: Any
@@ -457,19 +460,30 @@ class Answer:
     noise_draws: int = 0  # independent noise draws per cell summed by the merge
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, devices_offset: int = 0, devices_limit: Optional[int] = DEVICES_LIMIT) -> dict[str, Any]:
+        """The JSON object of the answer. Its contributing devices are a page: ``devices`` lists
+        ``devices_limit`` of them from ``devices_offset`` (device order) and ``devices_page`` is
+        {offset, limit, total}; ``devices_limit`` None lists every device, without ``devices_page``
+        (a fleet-wide answer over 10^4 devices is then about 140 KB)."""
         d: dict[str, Any] = {}
         if self.rank is not None:
             d["rank"] = self.rank
+        if devices_limit is None and not devices_offset:
+            listed = self.devices
+        else:
+            end = None if devices_limit is None else devices_offset + devices_limit
+            listed = self.devices[devices_offset:end]
         d.update({
             "item": self.item if isinstance(self.item, (str, int)) else repr(self.item),
             "estimate": _num(self.estimate), "lo": _num(self.lo), "hi": _num(self.hi),
             "confidence": self.confidence, "window": self.window,
             "range": {"since": iso(self.since), "until": iso(self.until), "since_unix": self.since,
                       "until_unix": self.until},
-            "devices": self.devices, "releases": self.releases, "noise_draws": self.noise_draws, "kind": self.kind,
+            "devices": listed, "releases": self.releases, "noise_draws": self.noise_draws, "kind": self.kind,
             "noise_sd": round(self.noise_sd, 3), "method": self.method,
         })
+        if listed is not self.devices:
+            d["devices_page"] = {"offset": devices_offset, "limit": devices_limit, "total": len(self.devices)}
         if self.kind == "cms":
             d["offset"] = round(self.offset, 3)
         if self.partial_excluded:

@@ -8,19 +8,21 @@ import time
 from typing import Optional
 
 from pansketch.host_tools.output import textsafe
-from pansketch.host_tools.query import plot
+from pansketch.host_tools.query import devicepage, plot
 from pansketch.host_tools.query.core import QueryError, _item, _print_table, freq, positive_int, read_candidates, topk
 from pansketch.host_tools.store.sql import SQLStore
 
 
 def add_freq_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("items", nargs="+", metavar="ITEM")
+    devicepage.add_arguments(p)
 
 
 def add_topk_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", type=positive_int, required=True, metavar="K",
                    help="how many of the candidates to list, best first (at least 1)")
     p.add_argument("--candidates", required=True, metavar="FILE", help="one item per line ('-' = stdin)")
+    devicepage.add_arguments(p)
 
 
 def _err(msg: str, code: int) -> int:
@@ -52,8 +54,9 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
             return _err(str(exc), 1)
         print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
     if args.json:
+        offset, limit = devicepage.page(args)
         for a in answers:
-            print(textsafe.json_text(a.to_dict()))
+            print(textsafe.json_text(a.to_dict(offset, limit)))
     else:
         _print_table(answers, args.qtype == "topk", elapsed)
     return 0

@@ -73,14 +73,16 @@ class Point:
             return None
         return self.answer.lo <= 0 <= self.answer.hi
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, devices_offset: int = 0, devices_limit: Optional[int] = query.DEVICES_LIMIT) -> dict[str, Any]:
+        """The point's JSON object; its answer's devices as a page (:meth:`Answer.to_dict`)."""
         d: dict[str, Any] = {"t0": self.t0, "t1": self.t1, "since": iso(self.t0), "until": iso(self.t1),
                              "missing_devices": self.missing_devices}
         if self.answer is None:
             d.update({"estimate": None, "lo": None, "hi": None, "includes_zero": None, "error": self.error})
             return d
-        a = self.answer.to_dict()
-        for k in ("estimate", "lo", "hi", "confidence", "window", "devices", "releases", "noise_draws", "noise_sd",
+        a = self.answer.to_dict(devices_offset, devices_limit)
+        for k in ("estimate", "lo", "hi", "confidence", "window", "devices", "devices_page", "releases",
+                  "noise_draws", "noise_sd",
                   "method", "offset", "partial_excluded", "tree_nodes", "tree_missing_epochs"):
             if k in a:
                 d[k] = a[k]
@@ -104,9 +106,9 @@ class Line:
     def label(self) -> str:
         return str(self.item) if self.device is None else "%s @ %s" % (self.item, self.device)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, devices_offset: int = 0, devices_limit: Optional[int] = query.DEVICES_LIMIT) -> dict[str, Any]:
         return {"label": self.label, "item": self.item, "device": self.device,
-                "points": [p.to_dict() for p in self.points]}
+                "points": [p.to_dict(devices_offset, devices_limit) for p in self.points]}
 
 
 @dataclass
@@ -119,10 +121,10 @@ class Series:
     lines: list[Line]
     truncated: int = 0  # buckets left out (older than the last MAX_BUCKETS)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, devices_offset: int = 0, devices_limit: Optional[int] = query.DEVICES_LIMIT) -> dict[str, Any]:
         return {"items": self.items, "step": self.step, "confidence": self.confidence, "devices": self.devices,
                 "per_device": self.per_device, "truncated_buckets": self.truncated,
-                "lines": [ln.to_dict() for ln in self.lines]}
+                "lines": [ln.to_dict(devices_offset, devices_limit) for ln in self.lines]}
 
 
 def default_step(store: Store, devices: Optional[list[str]] = None) -> int:

@@ -8,7 +8,7 @@ from typing import Optional
 
 from pansketch.host_tools.query import core as query
 from pansketch.host_tools.output import textsafe
-from pansketch.host_tools.query import plot
+from pansketch.host_tools.query import devicepage, plot
 from pansketch.host_tools.query.core import QueryError, iso
 from pansketch.host_tools.query.series import series
 from pansketch.host_tools.store.sql import SQLStore
@@ -23,6 +23,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-running", dest="running", action="store_false",
                    help="leave out the running total since the first bucket")
     s.add_argument("--per-device", action="store_true", help="one line per item and device")
+    devicepage.add_arguments(s)
 
 
 def parse_step(txt: str) -> int:
@@ -61,10 +62,11 @@ def run(args: argparse.Namespace, store: SQLStore, salt: str, conf: float, since
             return err(str(exc), 1)
         print("pansketch query: plot written to %s" % args.plot, file=sys.stderr)
     if args.json:
+        offset, limit = devicepage.page(args)
         for ln in s.lines:
             for p in ln.points:
                 d = {"item": ln.item, "device": ln.device}
-                d.update(p.to_dict())
+                d.update(p.to_dict(offset, limit))
                 print(textsafe.json_text(d))
         return 0
     labels = {id(ln): textsafe.term(ln.label) for ln in s.lines}  # shown escaped: see pansketch.host_tools.output.textsafe

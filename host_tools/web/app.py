@@ -511,11 +511,21 @@ class Dashboard(KindPages):
         return self._html("item.html", title="item", s=s, form=form, known=known, rows=rows,
                           chart=self._chart(s) if s is not None else None, params=p)
 
+    @staticmethod
+    def _device_page(p: Params) -> tuple[int, Optional[int]]:
+        """The page of each answer's contributing devices in the JSON API: ``devices_offset``,
+        ``devices_limit`` (default pansketch.host_tools.query.core.DEVICES_LIMIT), ``all_devices=1`` for every
+        one (pansketch.host_tools.query.devicepage: the same as the CLI's --json)."""
+        if p.flag("all_devices"):
+            return 0, None
+        return (p.int("devices_offset", 0, 0, 1 << 40) or 0,
+                p.int("devices_limit", query.DEVICES_LIMIT, 0, 1 << 40))
+
     def api_series(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         s, _form = self._series(p)
         if s is None:
             raise BadRequest("give at least one item= parameter")
-        return self._json(s.to_dict())
+        return self._json(s.to_dict(*self._device_page(p)))
 
     def api_freq(self, p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
         as_int = p.flag("int") or (self.int_items and p.get("int") is None)
@@ -525,7 +535,8 @@ class Dashboard(KindPages):
         sel = self._selection(p)
         with self._store() as st:
             ans = query.freq(st, items, salt=self._salt(), confidence=p.confidence(self.confidence), **sel)
-        return self._json({"answers": [a.to_dict() for a in ans]})
+        page = self._device_page(p)
+        return self._json({"answers": [a.to_dict(*page) for a in ans]})
 
     # -- top-k ----------------------------------------------------------------
     def _candidates(self, p: Params, as_int: bool) -> tuple[Optional[list[Any]], str]:
@@ -616,7 +627,8 @@ class Dashboard(KindPages):
         ans, form = self._topk(p)
         if ans is None:
             raise BadRequest("no candidates: give candidates=... (one per line) or start serve with --candidates FILE")
-        return self._json({"candidates": form["source"], "answers": [a.to_dict() for a in ans]})
+        page = self._device_page(p)
+        return self._json({"candidates": form["source"], "answers": [a.to_dict(*page) for a in ans]})
 
     # -- metrics and health ---------------------------------------------------
     def metrics(self, _p: Params) -> tuple[str, list[tuple[str, str]], bytes]:
