@@ -40,6 +40,21 @@ def stop_process(proc: Optional[subprocess.Popen[Any]], timeout: float = 10.0) -
         proc.wait(5)
 
 
+def stop_processes(procs: list[subprocess.Popen[Any]], timeout: float = 30.0) -> None:
+    """:func:`stop_process` for several at once: SIGTERM all of them first, so that they shut down side by
+    side, then wait for each (SIGKILL what has not exited ``timeout`` s after its signal)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
 def wait_until(pred: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> bool:
     """Poll ``pred`` every ``every`` seconds until it is true (True) or ``timeout`` seconds have passed
     (then its last value, as a bool)."""

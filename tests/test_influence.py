@@ -28,6 +28,7 @@ from pansketch.host_tools.query import influence
 from pansketch.host_tools.store.backend import open_store
 from tests.support.csfleet import ITEMS, _device, _forged, _zipf  # noqa: F401  (test_flag_store uses them too)
 from tests.support.host import SALT, T0, topic
+from tests.support.metrics import scan_twice
 
 def _store(tmp: Any, fleet: dict[str, list[bytes]], name: str) -> str:
     db = str(tmp / ("%s.db" % name))
@@ -123,25 +124,11 @@ def test_a_planted_and_a_cancelled_item_are_flagged_in_their_window(demo_fleet, 
 def test_the_aggregator_logs_each_flagged_device_and_window_once(demo_fleet, tmp_path):
     """metrics.FlagScanner (the aggregator service's thread): one warning per flagged (device, window),
     none again on the next scan; the flagged devices are what retention keeps."""
-    import logging
-
-    from pansketch.host_tools import metrics
-
     fleet = {k: list(v[:2]) for k, v in demo_fleet.items()}
     base = _device("mal-2", str(tmp_path), [_zipf(30000, 1.1, 4242 + k) for k in range(2)])
     fleet["mal-2"] = [_forged(base[0], lambda c: c + np.where(np.arange(2048) == 7, 4000, 0)), base[1]]
     db = _store(tmp_path, fleet, "scan")
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    lg = logging.getLogger("test.flagscan")
-    lg.addHandler(Keep())
-    sc = metrics.FlagScanner(db, lg, windows=2)
-    sc.scan()
-    sc.scan()
+    lines, sc = scan_twice(db, "test.flagscan")
     flagged = [x for x in lines if "FLAGGED" in x]
     assert len(flagged) == 1 and flagged[0].startswith("device mal-2 FLAGGED in window "), lines
     assert sc.devices == frozenset({"mal-2"})

@@ -28,6 +28,7 @@ from pansketch.host_tools.query import dbitsflag, influence
 from pansketch.host_tools.store import bounds
 from pansketch.host_tools.store.backend import open_store
 from tests.support.host import SALT, T0, topic
+from tests.support.metrics import scan_twice
 from tests.support.dbitsfleet import _params, _device, _crafted  # noqa: F401
 
 DEMO = (150, 300, 450, 600)  # pansketch.host_tools.demo.DBITS_DISTINCT
@@ -123,9 +124,6 @@ def test_chi2_bound_is_a_bound(k):
 def test_dbits_flags_on_the_dashboard_metrics_and_log(tmp_path):
     """The fleet page and the distinct page name the flagged dbits device, /metrics counts its flagged
     window, the aggregator's scanner logs it once (the same places as the other kinds' flags)."""
-    import logging
-
-    from pansketch.host_tools import metrics
     from tests.support.dash import Server
     from tests.support.dashboard import get
 
@@ -135,17 +133,7 @@ def test_dbits_flags_on_the_dashboard_metrics_and_log(tmp_path):
     conf = str(tmp_path / "host.toml")
     with open(conf, "w") as f:
         f.write('[fleet]\nsalt = "%s"\n[aggregator]\ndb = "%s"\nmax_clock_skew_s = 1e9\n' % (SALT, db))
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    lg = logging.getLogger("test.dbitsflag")
-    lg.addHandler(Keep())
-    sc = metrics.FlagScanner(db, lg, windows=2)
-    sc.scan()
-    sc.scan()
+    lines, _sc = scan_twice(db, "test.dbitsflag")
     assert [x for x in lines if "FLAGGED" in x] and all(x.startswith("device mal-1 FLAGGED") for x in lines
                                                         if "FLAGGED" in x) and len(lines) == 1, lines
     srv = Server(conf)

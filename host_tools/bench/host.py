@@ -65,7 +65,7 @@ import numpy as np
 from pansketch.agent import release
 from pansketch.agent.params import Params
 from pansketch.host_tools.bench.core import process_cpu_s as _cpu_s  # the name soak and benchmarks/rabbitmq import from here
-from pansketch.host_tools.localnet import Mosquitto, mosquitto_path
+from pansketch.host_tools.localnet import Mosquitto, mosquitto_path, stop_processes
 
 SALT = "bench-fleet-salt"
 EPOCH0 = 1_700_000_000 // 3600
@@ -317,10 +317,7 @@ def bench_ingest(msgs: list[tuple[str, bytes]], devices: int, workers: int, tmp:
         for pub in pubs:
             pub.join(30)
     finally:
-        for a in procs_agg:
-            a.terminate()
-        for a in procs_agg:
-            a.wait(30)
+        stop_processes(procs_agg, 30)
         broker.stop()
         if db is not None and db in _PG_COUNTERS:  # closed before the next run lists the server's processes
             _PG_COUNTERS.pop(db).close()

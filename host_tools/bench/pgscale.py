@@ -290,14 +290,7 @@ def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: s
         for p in pubs:
             p.join(30)
     finally:
-        for a in aggs:
-            a.terminate()
-        for a in aggs:
-            try:
-                a.wait(60)  # (a loaded machine: the aggregator's own shutdown is bounded at about 20 s)
-            except subprocess.TimeoutExpired:
-                a.kill()
-                a.wait(10)
+        localnet.stop_processes(aggs, 60)  # (a loaded machine: the aggregator's own shutdown is bounded at about 20 s)
         broker.stop()
     cpu = {n: max(0.0, cpu1[n] - cpu0[n]) for n in names}
     cpu["postgres"] = max(0.0, cpu["postgres"] - cpu.pop("watch session"))  # the benchmark's own session

@@ -1,4 +1,4 @@
-"""Shared by tests/test_metrics.py and the tests that build on it: scrape, val."""
+"""Shared by tests/test_metrics.py and the tests that build on it: scrape, val; scan_twice (the flag scanner)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,24 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def val(m: dict[Any, float], name: str, **labels: str) -> float:
     return m.get((name, tuple(sorted(labels.items()))), float("nan"))
+
+
+def scan_twice(db: str, name: str, windows: int = 2) -> tuple[list[str], Any]:
+    """Run the aggregator's flag scanner over ``db`` twice (the second scan must log nothing new) and
+    return the lines it logged and the scanner."""
+    import logging
+
+    from pansketch.host_tools import metrics
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    lg = logging.getLogger(name)
+    lg.addHandler(Keep())
+    sc = metrics.FlagScanner(db, lg, windows=windows)
+    sc.scan()
+    sc.scan()
+    return lines, sc
