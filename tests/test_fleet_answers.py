@@ -217,3 +217,26 @@ def test_api_answers_page_their_devices(full: str, tmp_path: Any) -> None:
     assert a["devices"] == ["dev%02d" % i for i in range(5)] and "devices_page" not in a
     pt = get("/api/series", "item=item-1&devices_limit=1")["lines"][0]["points"][0]
     assert pt["devices"] == ["dev00"] and pt["devices_page"]["total"] == 5
+
+
+def test_rollup_view_reads_as_the_store(gap: str) -> None:
+    """Every roll-up read a bucket makes gives what the store gives, for ranges inside the view's."""
+    import numpy as np
+
+    from pansketch.host_tools.query.rollupview import RollupView
+
+    st = Store(gap, readonly=True)
+    view = RollupView(st, T0 + 3600, T0 + 5 * 3600)
+    for lo in range(1, 5):
+        for hi in range(lo + 1, 6):
+            for since, until in ((T0 + lo * 3600, T0 + hi * 3600), (T0 + lo * 3600 - 1800, T0 + hi * 3600 - 1)):
+                if since < T0 + 3600:
+                    continue
+                want = st.rollups(since=since, until=until)
+                assert view.rollups(since=since, until=until) == want and want
+                ids = [i.id for i in want]
+                assert view.rollup_noise(ids) == st.rollup_noise(ids)
+                assert view.rollup_device_counts(ids) == st.rollup_device_counts(ids)
+                assert sum(view.rollup_sums(ids)).tolist() == np.sum(list(st.rollup_sums(ids)), axis=0).tolist()
+    assert view.all_devices() == st.all_devices() and view.device_count() == st.device_count() == 5
+    st.close()

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 from pansketch.host_tools.query import core as query
+from pansketch.host_tools.query import rollupview
 from pansketch.host_tools.query.core import Answer, QueryError, iso
 from pansketch.host_tools.query.merge import Merged, NoiseTerm
 from pansketch.host_tools.store import exclusions
@@ -313,6 +314,19 @@ def _incremental(store: Store, items: Sequence[Any], salt: str, bks: list[tuple[
             return None  # bucket boundaries are multiples of step
         excl = set(exclusions.excluded(store)) | set(getattr(store, "query_exclude", ()) or ())
         longs = [x for x in longs if x[0] not in excl]
+    if devices is not None or not store.has_rollups:
+        return _buckets_merged(store, items, salt, bks, devices, confidence, running, longs)
+    with store.read_tx():  # one snapshot: the roll-ups read once and what each bucket reads besides
+        view = cast(Store, rollupview.RollupView(store, a, b))
+        return _buckets_merged(view, items, salt, bks, devices, confidence, running, longs)
+
+
+def _buckets_merged(store: Store, items: Sequence[Any], salt: str, bks: list[tuple[int, int]],
+                    devices: Optional[list[str]], confidence: float, running: bool,
+                    longs: list[tuple[str, int, int]]) -> Optional[_Pts]:
+    """:func:`_incremental`'s loop over the buckets (``store``: a
+    :class:`pansketch.host_tools.query.rollupview.RollupView` for a fleet-wide series)."""
+    a = bks[0][0]
     out: _Pts = []
     acc: Optional[Merged] = None
     for t0, t1 in bks:

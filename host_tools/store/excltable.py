@@ -15,6 +15,7 @@ DDL = ("CREATE TABLE IF NOT EXISTS device_exclusions (device TEXT PRIMARY KEY, s
 
 
 def is_sqlite(store: Any) -> bool:
+    store = getattr(store, "view_of", store)  # a read view over a store (pansketch.host_tools.query.rollupview)
     return any(c.__module__ == "pansketch.host_tools.store.sqlite" for c in type(store).__mro__)
 
 
