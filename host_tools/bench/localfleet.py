@@ -34,7 +34,7 @@ def agent_cmd(command: str, config: str, *extra: str) -> list[str]:
 def agent_toml(path: str, device: str, port: int, state_dir: str, *, window_s: int = 3600, epoch_s: Optional[int] = None,
                mode: str = "window", w: int = 256, d: int = 4, kind: str = "cs", budget: str = "1/2",
                mechanism: str = "dgauss", source: str = 'type = "stdin"', broker_extra: str = "",
-               persist_s: int = 60, sketch_extra: str = "") -> str:
+               persist_s: int = 60, sketch_extra: str = "", storage_extra: str = "", salt: str = SALT) -> str:
     """Write an agent config for ``device`` publishing to 127.0.0.1:``port`` (reconnects and ack timeouts
     short, as a benchmark or test wants them); returns ``path``."""
     text = """
@@ -62,10 +62,11 @@ window_s = %d
 [storage]
 dir = "%s"
 persist_s = %d
+%s
 [source]
 %s
-""" % (port, broker_extra, device, SALT, kind, d, w, sketch_extra, mode, mechanism, budget, window_s,
-       "epoch_s = %d" % epoch_s if epoch_s else "", state_dir, persist_s, source)
+""" % (port, broker_extra, device, salt, kind, d, w, sketch_extra, mode, mechanism, budget, window_s,
+       "epoch_s = %d" % epoch_s if epoch_s else "", state_dir, persist_s, storage_extra, source)
     with open(path, "w") as f:
         f.write(text)
     return path

@@ -50,6 +50,7 @@ import numpy as np
 
 from pansketch.agent import hashing
 from pansketch.agent.sketch import Sketch
+from pansketch.host_tools.bench.localfleet import agent_toml
 from tests.support import memscan
 from tests.support.e2e import REPO, SALT, agent_cmd, agent_env
 
@@ -86,37 +87,6 @@ class Report:
         return "\n".join(lines)
 
 
-def _toml(path: str, port: int, state: str, mech: str, source: str) -> str:
-    text = """
-[broker]
-host = "127.0.0.1"
-port = %d
-reconnect_min_s = 1
-reconnect_max_s = 1
-[device]
-id = "mem-pi"
-salt = "%s"
-[sketch]
-kind = "cs"
-d = %d
-w = %d
-[privacy]
-mode = "window"
-mechanism = "%s"
-budget = "1/2"
-window_s = 600
-[storage]
-dir = "%s"
-persist_s = 60
-persist_noise = "refresh"
-[source]
-%s
-""" % (port, SALT, D, W, mech, state, source)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
 def _state(path: str) -> tuple[int, np.ndarray]:
     """(elo, counters) of a state.bin."""
     with open(path, "rb") as f:
@@ -145,7 +115,8 @@ class Scenario:
             source = 'type = "mqtt"\nhost = "127.0.0.1"\nport = %d\ntopic = "%s"\nfield = "payload"' % (port, TOPIC)
         else:
             source = 'type = "file"\npath = "%s"\nfollow = true' % self.src
-        self.cfg = _toml(os.path.join(tmp, "agent.toml"), port, self.state_dir, mech, source)
+        self.cfg = agent_toml(os.path.join(tmp, "agent.toml"), "mem-pi", port, self.state_dir, window_s=600, d=D, w=W,
+                              mechanism=mech, source=source, storage_extra='persist_noise = "refresh"', salt=SALT)
         self.prefix = hashing.salt_prefix(SALT)
         self.report = Report()
         if mqtt:
