@@ -76,6 +76,12 @@ def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, window
     ``late_grace_s``: as ``[status] late_grace_s`` (None: max(epoch length, 300 s)). ``offset``,
     ``limit``: the devices listed (device order; ``devices_page`` says how many there are in all);
     the fleet's figures (counts, flagged devices, totals) are those of every device."""
+    with status_mod.no_gc():  # as the status report it is built on (status.no_gc)
+        return _fleet(store, delta, now, windows, late_grace_s, max_seq_jump, offset, limit)
+
+
+def _fleet(store: Store, delta: float, now: Optional[float], windows: int, late_grace_s: Optional[float],
+           max_seq_jump: Optional[int], offset: int, limit: Optional[int]) -> dict[str, Any]:
     now = time.time() if now is None else now
     # the report's own ledger: reading and building it a second time doubled the page's cost
     rep, led = status_mod.report_with_ledger(store, delta, now, windows, late_grace_s=late_grace_s,

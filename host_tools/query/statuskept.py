@@ -53,10 +53,12 @@ def classify(stored: list[list[int]], rejected: dict[int, str], st: Any, limit: 
     """status.classify with the stored seqs as runs."""
     from pansketch.host_tools.query.status import implausible
 
-    rej = sorted(q for q in rejected if not runs_has(stored, q))
-    have = [list(r) for r in stored]
-    for q in rej:
-        runs_add(have, q)
+    rej = sorted(q for q in rejected if not runs_has(stored, q)) if rejected else []
+    have = stored
+    if rej:
+        have = [list(r) for r in stored]
+        for q in rej:
+            runs_add(have, q)
     top = have[-1][1] + 1 if have else 0
     out: dict[str, Any] = {"stored_count": sum(b - a + 1 for a, b in stored), "rejected_seqs": rej[:limit],
                            "rejected_count": len(rej), "rejected_codes": {str(q): rejected[q] for q in rej[:limit]},
@@ -107,13 +109,26 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
     gs = _Guarantees(delta)
     out = []
     limit = st_mod.LIST_LIMIT
+    memo: dict[Any, Optional[str]] = {}  # iso() of times many devices share (epoch ends)
+
+    def iso_m(t: Any) -> Optional[str]:
+        r = memo.get(t)
+        if r is None:
+            r = memo[t] = iso(t)
+        return r
+
+    status_dict = st_mod._status_dict
     for dev, salt, _hv, kind, d, w, ep_s, _first in devices:
         s = sums.get(dev)
         if s is None or not s.n:
             continue
         st = statuses.get(dev)
         dl = classify(s.seqs, rejected.get(dev, {}), st, limit, max_jump)
-        st_mod._quarantine(dl, quarantined.get(dev) or {}, RunSet(s.seqs))  # type: ignore[arg-type]
+        q = quarantined.get(dev)
+        if q:
+            st_mod._quarantine(dl, q, RunSet(s.seqs))  # type: ignore[arg-type]
+        else:  # what _quarantine gives without quarantined seqs
+            dl.update(quarantined_seqs=[], quarantined_count=0, quarantined_codes={})
         if grace is None:
             late_seqs, late_n = s.late_seqs[:limit], s.late_n
             late_max = round(s.late_max, 1) if s.late_n and s.late_max is not None else 0.0
@@ -123,14 +138,21 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
             late_max = round(max((lt for _q, lt in mine), default=0.0), 1)
         dl.update(late_seqs=late_seqs, late_count=late_n, late_max_s=late_max,
                   backlog=st.pending if st is not None and dl["status_ignored"] is None else None,
-                  status=st_mod._status_dict(st, 0))
-        dl["missing_seqs"] = sorted(dl["lost_seqs"] + dl["pending_seqs"] + dl["unknown_seqs"]
-                                    + dl["rejected_seqs"])[:limit]
+                  status=status_dict(st, 0) if st is not None else None)
+        ms = dl["lost_seqs"] + dl["pending_seqs"] + dl["unknown_seqs"] + dl["rejected_seqs"]
+        dl["missing_seqs"] = sorted(ms)[:limit] if ms else []
         dl["missing_seq_count"] = ((dl["lost_count"] or 0) + (dl["pending_count"] or 0) + dl["unknown_count"]
                                    + dl["rejected_count"])
-        covered = [(a, b) for a, b in s.cov]
-        gaps = ledger_mod.gaps(covered, covered[0][0], covered[-1][1])
-        (ws0, w0), (ws1, w1) = s.window_keys()
+        cov = s.cov
+        gaps = [] if len(cov) == 1 else ledger_mod.gaps([(a, b) for a, b in cov], cov[0][0], cov[-1][1])
+        wins = s.wins
+        if len(wins) == 1:  # one window length (the usual case): its runs alone
+            runs = next(iter(wins.values()))
+            w0, w1 = runs[0][0], runs[-1][1]
+            nwin = runs[0][1] - runs[0][0] + 1 if len(runs) == 1 else sum(b - a + 1 for a, b, _l in runs)
+        else:
+            (_ws0, w0), (_ws1, w1) = s.window_keys()
+            nwin = s.window_count()
         g, gtext = gs.get(s.eps, s.rho)
         out.append({
             "device": dev, "kind": kind, "d": d, "w": w, "salt_id": salt, "mode": ", ".join(s.modes),
@@ -138,22 +160,22 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
             **dl,
             "seq_reused": s.reused[:20],
             "last_received": iso(s.last_rx), "last_received_unix": s.last_rx,
-            "last_epoch_end": iso(s.last_t1), "last_epoch_end_unix": s.last_t1,
-            "windows": s.window_count(), "first_window": w0, "last_window": w1,
-            "missing_epochs": [{"from": iso(a * ep_s), "until": iso(b * ep_s), "epochs": b - a,
+            "last_epoch_end": iso_m(s.last_t1), "last_epoch_end_unix": s.last_t1,
+            "windows": nwin, "first_window": w0, "last_window": w1,
+            "missing_epochs": [{"from": iso_m(a * ep_s), "until": iso_m(b * ep_s), "epochs": b - a,
                                 "elo": a, "ehi": b} for a, b in gaps[:50]],
-            "missing_epoch_count": sum(b - a for a, b in gaps),
+            "missing_epoch_count": sum(b - a for a, b in gaps) if gaps else 0,
             "guarantee": g, "guarantee_text": gtext,
             "noise_draws_mean": round(s.nz_sum / s.n, 3), "noise_draws_max": s.nz_max,
         })
     return out
 
 
-def kept_ledger(store: Any, delta: float, sums: dict[str, DeviceSummary]) -> ledger_mod.KeptLedger:
+def kept_ledger(store: Any, delta: float, sums: dict[str, DeviceSummary], ep_s: dict[str, int]) -> ledger_mod.KeptLedger:
     spans: dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]] = {}
     for dev, s in sums.items():
         fl = s.first_last()
         if fl:
             last = max((ws, b) for ws, (_a, b) in fl.items())
             spans[dev] = (last, {ws: a for ws, (a, _b) in fl.items()})
-    return ledger_mod.KeptLedger(delta, store, summary_mod.read_windows(store), spans)
+    return ledger_mod.KeptLedger(delta, store, summary_mod.read_windows(store), spans, ep_s)

@@ -325,6 +325,7 @@ class KeptLedger:
     store: Any
     rows: list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]]  # summary.read_windows
     device_spans: dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]] = field(default_factory=dict)
+    ep_s: dict[str, int] = field(default_factory=dict)  # device -> its epoch length (devices table)
 
     def fleet_windows(self) -> list[tuple[int, int, int, Guarantee]]:
         out = [(ws, wn, n, Guarantee(eps=e, rho=r, delta=self.delta)) for ws, wn, n, e, r in self.rows]
@@ -345,7 +346,16 @@ class KeptLedger:
         devs = sorted(set(devices))
         if not keys or not devs:
             return {}
+        from pansketch.host_tools.store.rows import _row_to_release
+
         lo = min(ws * wn for ws, wn in keys)
-        rels = [r for i in range(0, len(devs), 500)
-                for r in self.store.releases(devices=devs[i:i + 500], since=lo) if (r.win_s, r.win) in keys]
+        # one index range per device (device, elo: the key on PostgreSQL and older files, releases_device
+        # on SQLite): a time bound alone ran through every device's releases of those windows
+        sql = "SELECT %s FROM releases WHERE device = ? AND elo >= ?" % self.store._cols
+        rels = []
+        for dev in devs:
+            for row in self.store._q(sql, (dev, lo // max(1, self.ep_s.get(dev, 1)))):
+                r = _row_to_release(row, False)
+                if (r.win_s, r.win) in keys:
+                    rels.append(r)
         return entries_of(rels, self.delta)

@@ -404,6 +404,11 @@ def read_devices(store: Any) -> dict[str, DeviceSummary]:
     return {str(dev): DeviceSummary.load(doc) for dev, doc in store._q("SELECT device, doc FROM device_summary")}
 
 
+@functools.lru_cache(maxsize=4096)
+def _fraction(text: str) -> Fraction:
+    return Fraction(text)
+
+
 def read_windows(store: Any) -> list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]]:
     """(win_s, win, devices, largest eps, largest rho) per window holding releases (any order)."""
     acc: dict[tuple[int, int], list[Any]] = {}
@@ -418,8 +423,8 @@ def read_windows(store: Any) -> list[tuple[int, int, int, Optional[Fraction], Op
     for (ws, wn), (n, eps, rho) in acc.items():
         if n <= 0:
             continue
-        fe = max((Fraction(v) for v, c in eps.items() if c > 0), default=None)
-        fr = max((Fraction(v) for v, c in rho.items() if c > 0), default=None)
+        fe = max((_fraction(v) for v, c in eps.items() if c > 0), default=None)
+        fr = max((_fraction(v) for v, c in rho.items() if c > 0), default=None)
         out.append((ws, wn, n, fe, fr))
     return out
 
