@@ -58,12 +58,22 @@ def _guarantee(mech: str, nout_num: int, nout_den: int, kind: str, d: int, clip:
     return ("eps" if name == "eps" else "rho"), _frac(Fraction(n, dd))
 
 
+@functools.lru_cache(maxsize=4096)
+def _fraction(text: str) -> Fraction:
+    return Fraction(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _budget_text(mech: str, num: int, den: int) -> str:
+    return "%s %s" % (mech, _frac(Fraction(num, den)))
+
+
 def _fmax(a: Optional[str], b: Optional[str]) -> Optional[str]:
-    if a is None:
+    if a is None or a == b:
         return b
     if b is None:
         return a
-    return b if Fraction(b) > Fraction(a) else a
+    return b if _fraction(b) > _fraction(a) else a
 
 
 def label(eps: Optional[str], rho: Optional[str]) -> str:
@@ -185,7 +195,7 @@ class DeviceSummary:
         m = "%s %ds" % (mode, win_s) + ("/%ds" % ep_s if mode == "keep" else "")
         if m not in self.modes:
             bisect.insort(self.modes, m)
-        bt = "%s %s" % (mech, _frac(Fraction(bnum, bden)))
+        bt = _budget_text(mech, bnum, bden)
         if bt not in self.budgets:
             bisect.insort(self.budgets, bt)
         if g[0] == "eps":
@@ -288,23 +298,41 @@ def _apply_windows(store: Any, cur: Any, delta: _WinDelta) -> None:
     cur.executemany(store._sql("UPDATE window_summary SET doc = ? WHERE win_s = ? AND win = ? AND shard = ?"), ups)
 
 
+_CACHE_DOCS = 100_000  # parsed documents a writer keeps (its devices); past that it starts again
+
+
+def _cache(store: Any) -> dict[str, tuple[str, DeviceSummary]]:
+    """A writer's last saved documents, text and parsed: a document read back with the same text is used
+    as parsed instead of parsed again (another writer's or a rolled-back change has other text)."""
+    c: dict[str, tuple[str, DeviceSummary]] = store.__dict__.setdefault("_summary_docs", {})
+    if len(c) > _CACHE_DOCS:
+        c.clear()
+    return c
+
+
 def _lock_devices(store: Any, cur: Any, devs: list[str]) -> dict[str, DeviceSummary]:
-    """The summaries of ``devs`` (sorted), created empty where missing and locked (PostgreSQL) for this transaction."""
+    """The summaries of ``devs`` (sorted), created empty where missing and locked (PostgreSQL) for this
+    transaction; each a copy the caller may change."""
     cur.executemany(store._sql("INSERT INTO device_summary (device, doc) VALUES (?, '{}') "
                                "ON CONFLICT (device) DO NOTHING"), [(d,) for d in devs])
     out: dict[str, DeviceSummary] = {}
+    cache = _cache(store)
     for i in range(0, len(devs), 500):
         part = devs[i:i + 500]
         rows = store._x(cur, "SELECT device, doc FROM device_summary WHERE device IN (%s) ORDER BY device%s"
                         % (",".join("?" * len(part)), store._for_update), part).fetchall()
         for dev, doc in rows:
-            out[str(dev)] = DeviceSummary.load(doc)
+            hit = cache.pop(str(dev), None)  # out of the cache while it changes: put back once saved
+            out[str(dev)] = hit[1] if hit is not None and hit[0] == doc else DeviceSummary.load(doc)
     return out
 
 
 def _save_devices(store: Any, cur: Any, sums: dict[str, DeviceSummary]) -> None:
-    cur.executemany(store._sql("UPDATE device_summary SET doc = ? WHERE device = ?"),
-                    [(s.doc(), dev) for dev, s in sorted(sums.items())])
+    rows = [(s.doc(), dev) for dev, s in sorted(sums.items())]
+    cur.executemany(store._sql("UPDATE device_summary SET doc = ? WHERE device = ?"), rows)
+    cache = _cache(store)
+    for doc, dev in rows:
+        cache[dev] = (doc, sums[dev])
 
 
 def note_group(store: Any, cur: Any, stored: Sequence[tuple[Any, float]]) -> None:
@@ -402,11 +430,6 @@ def present(store: Any) -> bool:
 
 def read_devices(store: Any) -> dict[str, DeviceSummary]:
     return {str(dev): DeviceSummary.load(doc) for dev, doc in store._q("SELECT device, doc FROM device_summary")}
-
-
-@functools.lru_cache(maxsize=4096)
-def _fraction(text: str) -> Fraction:
-    return Fraction(text)
 
 
 def read_windows(store: Any) -> list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]]:
