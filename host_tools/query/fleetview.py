@@ -85,7 +85,8 @@ def _fleet(store: Store, delta: float, now: Optional[float], windows: int, late_
     now = time.time() if now is None else now
     # the report's own ledger: reading and building it a second time doubled the page's cost
     rep, led = status_mod.report_with_ledger(store, delta, now, windows, late_grace_s=late_grace_s,
-                                             max_seq_jump=max_seq_jump)
+                                             max_seq_jump=max_seq_jump,
+                                             page=(offset, limit) if limit is not None or offset else None)
     fw = led.fleet_windows()
     cols = [(ws, wn) for ws, wn, _n, _g in fw[-max(1, windows):]]
     last_win: dict[int, int] = {}

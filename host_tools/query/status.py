@@ -204,17 +204,20 @@ def report(store: Store, delta: float = 1e-6, now: Optional[float] = None, windo
 
 def report_with_ledger(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
                        late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP,
-                       max_events: Any = None) -> tuple[dict[str, Any], Any]:
+                       max_events: Any = None,
+                       page: Optional[tuple[int, Optional[int]]] = None) -> tuple[dict[str, Any], Any]:
     """:func:`report` and the privacy ledger it was built from (the fleet page draws its grid from the
     same ledger instead of reading every release again). From the kept summaries (one row per device
     and window: pansketch.host_tools.store.summary); a store written before them (opened read-only,
-    so not upgraded yet) is read release by release, as :func:`report_full`."""
+    so not upgraded yet) is read release by release, as :func:`report_full`. ``page`` (offset, limit):
+    only the devices of that page get their whole entry; the others carry what the fleet's totals and
+    the fleet page's flags read (statuskept.LITE_KEYS)."""
     kept = summary_mod.present(store)
     if not kept:
         _log.warning("%s keeps no per-device summaries yet (written before them): status reads every release; "
                      "the next aggregator to open it for writing builds them", store.path)
     with no_gc():
-        return _report(store, delta, now, windows, late_grace_s, max_seq_jump, max_events, kept)
+        return _report(store, delta, now, windows, late_grace_s, max_seq_jump, max_events, kept, page)
 
 
 @contextlib.contextmanager
@@ -234,14 +237,15 @@ def no_gc() -> Iterator[None]:
 
 def report_full(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 10,
                 late_grace_s: Optional[float] = None, max_seq_jump: Optional[int] = DEFAULT_MAX_SEQ_JUMP,
-                max_events: Any = None) -> tuple[dict[str, Any], ledger_mod.Ledger]:
+                max_events: Any = None, page: Any = None) -> tuple[dict[str, Any], ledger_mod.Ledger]:
     """The report and ledger from every release (the reference the kept summaries must equal, and the
-    read of a store without them)."""
+    read of a store without them); every entry whole whatever ``page`` says."""
     return _report(store, delta, now, windows, late_grace_s, max_seq_jump, max_events, False)  # type: ignore[return-value]
 
 
 def _report(store: Store, delta: float, now: Optional[float], windows: int, late_grace_s: Optional[float],
-            max_seq_jump: Optional[int], max_events: Any, kept: bool) -> tuple[dict[str, Any], Any]:
+            max_seq_jump: Optional[int], max_events: Any, kept: bool,
+            page: Optional[tuple[int, Optional[int]]] = None) -> tuple[dict[str, Any], Any]:
     now = time.time() if now is None else now
     statuses = store.device_statuses()
     rejected = store.rejected_seqs()
@@ -254,8 +258,12 @@ def _report(store: Store, delta: float, now: Optional[float], windows: int, late
 
         sums = summary_mod.read_devices(store)
         rows = store.devices()
+        whole = None
+        if page is not None:  # the names in report order (devices with releases, then refusals only), sorted
+            names = sorted({str(r[0]) for r in rows if r[0] in sums and sums[r[0]].n} | set(rejected) | set(quarantined))
+            whole = set(names[page[0]:] if page[1] is None else names[page[0]:page[0] + page[1]])
         devices = statuskept.device_entries(store, delta, rows, sums, statuses, rejected, quarantined,
-                                            late_grace_s, max_seq_jump)
+                                            late_grace_s, max_seq_jump, whole)
         known = {dv["device"] for dv in devices}
         led: Any = statuskept.kept_ledger(store, delta, sums, {str(r[0]): int(r[6]) for r in rows})
         n_releases = sum(s.n for s in sums.values())

@@ -95,11 +95,19 @@ class _Guarantees:
         return dict(hit[0]), hit[1]
 
 
+# what a device entry outside the listed page keeps: the fleet's delivery totals (status._finish), and
+# what the fleet page's flags and delivery columns read of it (fleetview: delivery(), the flags)
+LITE_KEYS = ("device", "lost_count", "pending_count", "rejected_count", "late_count", "unknown_count",
+             "quarantined_count", "lost_seqs", "pending_seqs", "rejected_seqs", "late_seqs", "backlog", "status",
+             "status_ignored", "missing_seq_count", "missing_epoch_count", "seq_reused")
+
+
 def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sums: dict[str, DeviceSummary],
                    statuses: dict[str, Any], rejected: dict[str, dict[int, str]],
                    quarantined: dict[str, dict[int, str]], grace: Optional[float],
-                   max_jump: Optional[int]) -> list[dict[str, Any]]:
-    """The status entries of the devices with releases (rows of store.devices(), in that order)."""
+                   max_jump: Optional[int], whole: Optional[set[str]] = None) -> list[dict[str, Any]]:
+    """The status entries of the devices with releases (rows of store.devices(), in that order).
+    ``whole``: the devices that get their whole entry (None: all); the others get :data:`LITE_KEYS`."""
     from pansketch.host_tools.query import status as st_mod
 
     late_other: dict[str, list[tuple[int, float]]] = {}
@@ -145,6 +153,10 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
                                    + dl["rejected_count"])
         cov = s.cov
         gaps = [] if len(cov) == 1 else ledger_mod.gaps([(a, b) for a, b in cov], cov[0][0], cov[-1][1])
+        if whole is not None and dev not in whole:
+            dl.update(device=dev, seq_reused=s.reused[:20], missing_epoch_count=sum(b - a for a, b in gaps))
+            out.append({k: dl[k] for k in LITE_KEYS})
+            continue
         wins = s.wins
         if len(wins) == 1:  # one window length (the usual case): its runs alone
             runs = next(iter(wins.values()))
