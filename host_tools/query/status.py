@@ -50,7 +50,7 @@ from pansketch.host_tools.store import summary as summary_mod
 from pansketch.host_tools.query import influence
 
 
-LIST_LIMIT = 50  # seqs listed per class in --json (counts are always complete)
+from pansketch.host_tools.query.delivery import LIST_LIMIT, _quarantine, _status_dict, implausible  # noqa: F401 (status.X)
 DEFAULT_MAX_SEQ_JUMP = 100000  # as [aggregator] max_seq_jump: a release further above the highest seq is quarantined
 DEFAULT_LATE_GRACE_MIN_S = summary_mod.LATE_GRACE_MIN_S  # the grace the kept summaries count late releases at
 
@@ -76,24 +76,6 @@ def _absent(lo: int, hi: int, have: list[int], limit: int = LIST_LIMIT) -> tuple
             break
         x = h + 1
     return out, total
-
-
-def implausible(st: Any, top: int, max_jump: Optional[int]) -> Optional[str]:
-    """Why the counters of status ``st`` cannot be taken as the device's word (None: they can).
-
-    A status is only the device's claim; the host bounds it by what it has seen, as it bounds
-    releases (``max_seq_jump``): a ``next_seq`` more than that above the highest seq stored or
-    refused would make up to 2^53 seqs lost or pending, and a backlog larger than the seqs the
-    status says the device still holds is no backlog of this device."""
-    if st is None or st.next_seq is None:
-        return None
-    if max_jump is not None and st.next_seq > top + max_jump:
-        return "next_seq %d is more than max_seq_jump %d above the highest seq seen (%s)" % (
-            st.next_seq, max_jump, top - 1 if top else "none")
-    held = st.next_seq - (st.next_seq if st.oldest_pending is None else st.oldest_pending)
-    if st.pending is not None and st.pending > held:
-        return "pending %d exceeds the %d seq(s) from oldest_pending to next_seq" % (st.pending, held)
-    return None
 
 
 def classify(stored: list[int], rejected: dict[int, str], st: Any = None,
@@ -151,29 +133,6 @@ def seq_ranges(seqs: list[int], limit: int = 20) -> str:
     if run:
         parts.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else str(run[0]))
     return ", ".join(parts)
-
-
-def _status_dict(st: Any, now: float) -> Optional[dict[str, Any]]:
-    if st is None:
-        return None
-    return {"state": st.state, "received": iso(st.received), "received_unix": st.received, "ts": st.ts,
-            "next_seq": st.next_seq, "oldest_pending": st.oldest_pending, "pending": st.pending,
-            "acked_seq": st.acked_seq, "rejected": st.rejected, "state_received_unix": st.state_received}
-
-
-def _quarantine(out: dict[str, Any], quarantined: dict[int, str], stored: set[int]) -> None:
-    """Quarantined seqs (held back as likely forgeries, pansketch.host_tools.store) are shown apart: not pending, lost or
-    unknown. They never widen the checked range (a forged seq 2^32 - 1 would make billions 'pending')."""
-    qs = sorted(q for q in quarantined if q not in stored)
-    out.update(quarantined_seqs=qs[:LIST_LIMIT], quarantined_count=len(qs),
-               quarantined_codes={str(q): quarantined[q] for q in qs[:LIST_LIMIT]})
-    lo, hi = out["checked"]
-    inside = {q for q in qs if lo <= q < hi}
-    for k in ("pending", "unknown", "lost"):
-        if out[k + "_count"] and inside:
-            drop = [q for q in out[k + "_seqs"] if q in inside]
-            out[k + "_seqs"] = [q for q in out[k + "_seqs"] if q not in inside]
-            out[k + "_count"] -= len(drop)
 
 
 def _delivery(dev: str, rs: list[StoredRelease], rejected: dict[int, str], st: Any,

@@ -13,7 +13,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Optional
 
+from pansketch.host_tools.query import delivery
 from pansketch.host_tools.query.core import iso
+from pansketch.host_tools.query.delivery import implausible
 from pansketch.host_tools.store import ledger as ledger_mod
 from pansketch.host_tools.store import summary as summary_mod
 from pansketch.host_tools.store.summary import DeviceSummary, runs_add, runs_has
@@ -51,7 +53,6 @@ def _absent(lo: int, hi: int, have: list[list[int]], limit: int) -> tuple[list[i
 def classify(stored: list[list[int]], rejected: dict[int, str], st: Any, limit: int,
              max_jump: Optional[int]) -> dict[str, Any]:
     """status.classify with the stored seqs as runs."""
-    from pansketch.host_tools.query.status import implausible
 
     rej = sorted(q for q in rejected if not runs_has(stored, q)) if rejected else []
     have = stored
@@ -108,7 +109,6 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
                    max_jump: Optional[int], whole: Optional[set[str]] = None) -> list[dict[str, Any]]:
     """The status entries of the devices with releases (rows of store.devices(), in that order).
     ``whole``: the devices that get their whole entry (None: all); the others get :data:`LITE_KEYS`."""
-    from pansketch.host_tools.query import status as st_mod
 
     late_other: dict[str, list[tuple[int, float]]] = {}
     if grace is not None:  # not the grace the summaries keep: the releases that late
@@ -116,7 +116,7 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
             late_other.setdefault(dev, []).append((seq, late))
     gs = _Guarantees(delta)
     out = []
-    limit = st_mod.LIST_LIMIT
+    limit = delivery.LIST_LIMIT
     memo: dict[Any, Optional[str]] = {}  # iso() of times many devices share (epoch ends)
 
     def iso_m(t: Any) -> Optional[str]:
@@ -125,7 +125,7 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
             r = memo[t] = iso(t)
         return r
 
-    status_dict = st_mod._status_dict
+    status_dict = delivery._status_dict
     for dev, salt, _hv, kind, d, w, ep_s, _first in devices:
         s = sums.get(dev)
         if s is None or not s.n:
@@ -134,7 +134,7 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
         dl = classify(s.seqs, rejected.get(dev, {}), st, limit, max_jump)
         q = quarantined.get(dev)
         if q:
-            st_mod._quarantine(dl, q, RunSet(s.seqs))  # type: ignore[arg-type]
+            delivery._quarantine(dl, q, RunSet(s.seqs))  # type: ignore[arg-type]
         else:  # what _quarantine gives without quarantined seqs
             dl.update(quarantined_seqs=[], quarantined_count=0, quarantined_codes={})
         if grace is None:
