@@ -324,7 +324,16 @@ def start_cluster(tmpdir: Any, devices: Sequence[str] = (), n: int = 3, tls: Opt
         pytest.skip("rabbitmq-server is not installed")
     if shutil.which("epmd") is None and not os.path.exists("/usr/lib/erlang/bin/epmd"):
         pytest.skip("epmd (erlang-base) is missing")
-    return Cluster(tmpdir, devices, n, tls, timeout)
+    # a port picked free can be taken by a parallel test before the node binds it (eaddrinuse):
+    # a cluster that failed that way has stopped its nodes; it is started again on fresh ports
+    for attempt in range(3):
+        try:
+            return Cluster(os.path.join(str(tmpdir), "try%d" % attempt) if attempt else tmpdir, devices, n, tls,
+                           timeout)
+        except RuntimeError as e:
+            if "eaddrinuse" not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 class Balancer:
