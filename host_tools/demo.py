@@ -173,7 +173,8 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     p = Params({"device": dev, "salt": SALT, "kind": args.kind, "d": args.d, "w": args.w, "mode": "window",
                 "window_s": 3600, "mechanism": "dgauss", "budget": args.budget})
     rec = Recorder(p, os.path.join(workdir, dev), T0, log=lambda m: None)
-    bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2)
+    bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2,
+                        ack_timeout_s=5.0)  # a release the host has not acknowledged is sent again well within the 30 s wait
     pub = Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": "window"}, clock=lambda: T0,
                     protocol=broker.protocol)
     pub.start()
@@ -235,7 +236,8 @@ def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], l
     p = Params(dict(cfg, salt=SALT))
     dev = p.device
     rec = make(p, os.path.join(workdir, dev), T0, log=lambda m: None)
-    bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2)
+    bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2,
+                        ack_timeout_s=5.0)  # a release the host has not acknowledged is sent again well within the 30 s wait
     pub = Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": p.mode}, clock=lambda: T0,
                     protocol=broker.protocol)
     pub.start()
