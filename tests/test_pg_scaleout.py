@@ -30,7 +30,6 @@ def server():
     srv.stop()
 
 
-@pytest.mark.xfail(strict=False, reason="the per-device summary row: two aggregators storing one device's releases wait on its row lock (to be sharded per writer)")
 def test_two_aggregators_store_everything_without_lock_waits_or_retries(server, tmp_path):
     from pansketch.host_tools.bench import host, pgscale
     from pansketch.host_tools.localnet import mosquitto_path

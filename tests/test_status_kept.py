@@ -101,10 +101,10 @@ def _scenario(st: Any, monkeypatch: Any) -> dict[str, Any]:
 
 def _kept_equals_rebuilt(st: Any) -> None:
     docs = {d: s.doc() for d, s in summary.read_devices(st).items()}
-    wins = sorted(summary.read_windows(st))
+    wins = sorted(summary.read_windows(summary.read_devices(st)))
     st._exec_tx(lambda cur: summary.rebuild(st, cur))
     assert {d: s.doc() for d, s in summary.read_devices(st).items()} == docs
-    assert sorted(summary.read_windows(st)) == wins
+    assert sorted(summary.read_windows(summary.read_devices(st))) == wins
 
 
 def _check_report(rep: dict[str, Any]) -> None:
@@ -129,16 +129,48 @@ def test_kept_summaries_sqlite(tmp_path: Any, monkeypatch: Any) -> None:
     _check_report(rep)
 
 
-def test_old_store_falls_back_then_gets_its_summaries(tmp_path: Any, monkeypatch: Any, caplog: Any) -> None:
-    """A store written before the summaries: read-only, status reads every release (and says so); the first
-    open for writing builds them, and the answers stay the same."""
+def test_writer_shards_merge_to_one_writers_summary(tmp_path: Any, monkeypatch: Any) -> None:
+    """Aggregators sharing a PostgreSQL store each keep their own document of a device (no row lock between
+    them); merged on read, the documents equal one writer's, and status equals the full read throughout.
+    Three writers' shards in turn, one commit each, on SQLite (summary._shard is the only difference)."""
+    st = Store(str(tmp_path / "s.db"))
+    turn = [0]
+    monkeypatch.setattr(summary, "_shard", lambda store: turn[0] % 3)
+    commit = st.commit_group
+
+    def commit_in_turn(items: Any, *a: Any, **k: Any) -> Any:
+        turn[0] += 1
+        return commit(items, *a, **k)
+
+    monkeypatch.setattr(st, "commit_group", commit_in_turn)
+    rep = _scenario(st, monkeypatch)
+    per_dev = dict(st._q("SELECT device, COUNT(*) FROM device_summaries GROUP BY device"))
+    assert per_dev == {"a": 2, "b": 3, "k": 3}  # a: one document since its purge, then one more commit
+    _kept_equals_rebuilt(st)
+    st.close()
+    _check_report(rep)
+
+
+FORMAT_1 = """DROP TABLE device_summaries;
+CREATE TABLE device_summary (device TEXT PRIMARY KEY, doc TEXT NOT NULL);
+CREATE TABLE window_summary (win_s INTEGER NOT NULL, win INTEGER NOT NULL, shard INTEGER NOT NULL, doc TEXT NOT NULL,
+                             PRIMARY KEY (win_s, win, shard));
+UPDATE meta SET value = '1' WHERE key = 'summaries';"""
+
+
+@pytest.mark.parametrize("old", ["none", "format 1"])
+def test_old_store_falls_back_then_gets_its_summaries(tmp_path: Any, monkeypatch: Any, caplog: Any, old: str) -> None:
+    """A store written before the summaries, or with their first form (one document per device and a
+    window table): read-only, status reads every release (and says so); the first open for writing builds
+    them (the old tables dropped), and the answers stay the same."""
     db = str(tmp_path / "old.db")
     st = Store(db)
     _scenario(st, monkeypatch)
     want = json.dumps(status_mod.report(st, now=NOW))
     st.close()
     con = sqlite3.connect(db)
-    con.executescript("DROP TABLE device_summary; DROP TABLE window_summary; DELETE FROM meta WHERE key = 'summaries';")
+    con.executescript(FORMAT_1 if old == "format 1" else
+                      "DROP TABLE device_summaries; DELETE FROM meta WHERE key = 'summaries';")
     con.close()
     ro = Store(db, readonly=True)
     with caplog.at_level(logging.WARNING, logger="pansketch.status"):
@@ -149,6 +181,8 @@ def test_old_store_falls_back_then_gets_its_summaries(tmp_path: Any, monkeypatch
     ro = Store(db, readonly=True)
     assert summary.present(ro)
     assert json.dumps(status_mod.report(ro, now=NOW)) == want
+    tables = {r[0] for r in ro._q("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "device_summaries" in tables and not tables & {"device_summary", "window_summary"}
     ro.close()
 
 

@@ -20,7 +20,6 @@ def _wal(db: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="the summaries' writes make 200 commits' WAL pass the 64 MiB bound the test assumes")
 def test_checkpoint_rewinds_a_large_wal_and_waits_for_readers(tmp_path):
     agg = Aggregator(host_cfg(tmp_path))
     db = agg.cfg.aggregator.db

@@ -1,8 +1,8 @@
 """``pansketch status``'s devices from the kept summaries: one row per device instead of its releases.
 
 The same entries as :func:`pansketch.host_tools.query.status.report_full` computes from every
-release (the tests compare the two byte for byte), read from ``device_summary`` and
-``window_summary`` (pansketch.host_tools.store.summary): seqs as runs, so delivery classification
+release (the tests compare the two byte for byte), read from ``device_summaries``
+(pansketch.host_tools.store.summary): seqs as runs, so delivery classification
 works on runs where the full read has the sorted list of stored seqs; covered epochs as merged
 ranges; guarantees as exact fractions. Late releases at the default grace are kept; another grace
 reads the releases that late (``summary.late_rows``).
@@ -190,4 +190,4 @@ def kept_ledger(store: Any, delta: float, sums: dict[str, DeviceSummary], ep_s: 
         if fl:
             last = max((ws, b) for ws, (_a, b) in fl.items())
             spans[dev] = (last, {ws: a for ws, (a, _b) in fl.items()})
-    return ledger_mod.KeptLedger(delta, store, summary_mod.read_windows(store), spans, ep_s)
+    return ledger_mod.KeptLedger(delta, store, summary_mod.read_windows(sums), spans, ep_s)

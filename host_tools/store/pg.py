@@ -72,7 +72,7 @@ _FLAG_WINDOW_LOCK = 7243312  # advisory lock class of a flag_windows row being c
 
 
 def _pg_types(s: str) -> str:
-    return (s.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+    return (s.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY").replace(") WITHOUT ROWID", ")")
             .replace("INTEGER", "BIGINT").replace("BLOB", "BYTEA").replace("REAL", "DOUBLE PRECISION"))
 
 

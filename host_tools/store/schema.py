@@ -54,12 +54,10 @@ Tables (schema version 1)::
     flags           the flagged devices of each window at ``done``, in the
                     order of pansketch.host_tools.query.influence.window_flags
                     (doc: the Flag's fields as JSON)
-    device_summary  per device the figures of all its releases that status and
-                    the fleet page show (one JSON document, kept by the write
-                    path and a purge: pansketch.host_tools.store.summary)
-    window_summary  per window (and writer shard) the devices that released in it
-                    and the count of device-windows per largest guarantee
-                    (the privacy ledger's fleet windows), likewise
+    device_summaries per device and writer shard the figures of its releases that
+                    status, the fleet page and the privacy ledger's fleet windows
+                    read (one JSON document, kept by the write path and a purge,
+                    shards merged on read: pansketch.host_tools.store.summary)
 
 Older databases (written before releases carried ``nz``) lack the
 ``releases.nz`` column. Opening one for writing adds it with
@@ -170,11 +168,9 @@ CREATE TABLE IF NOT EXISTS flags (
     win_s INTEGER NOT NULL, win INTEGER NOT NULL, pos INTEGER NOT NULL, device TEXT NOT NULL, doc TEXT NOT NULL,
     PRIMARY KEY (win_s, win, pos)
 );
-CREATE TABLE IF NOT EXISTS device_summary (device TEXT PRIMARY KEY, doc TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS window_summary (
-    win_s INTEGER NOT NULL, win INTEGER NOT NULL, shard INTEGER NOT NULL, doc TEXT NOT NULL,
-    PRIMARY KEY (win_s, win, shard)
-);
+CREATE TABLE IF NOT EXISTS device_summaries (
+    device TEXT NOT NULL, shard INTEGER NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (device, shard)
+) WITHOUT ROWID;
 """
 
 

@@ -7,26 +7,26 @@ devices released in it and the largest guarantee among them (the ledger,
 pansketch.host_tools.store.ledger). Read from the releases that is every row of the store
 (N devices x W windows); kept here it is one row per device and one per window.
 
-``device_summary``: one JSON document per device (:class:`DeviceSummary` field names). Every
-figure composes exactly as releases are added: counts and sums add, maxima take the max, seqs are
-kept as inclusive runs and epochs as merged half-open ranges (the canonical form
-ledger.union gives), the windows as runs of (first, last, guarantee label) where the label is the
-device-window's largest eps and rho (exact fractions, as text). Only a purge deletes releases
-(retention's prune keeps the row, exclusion changes no row): the purged device's document is built
-again from its remaining releases.
+``device_summaries``: one JSON document per device and writer shard (:class:`DeviceSummary` field
+names; PostgreSQL: each writer its own row, as the roll-ups, so aggregators storing one device's
+releases never wait on one row; SQLite: shard 0). Every figure composes exactly as releases are
+added and as shards are merged (:meth:`DeviceSummary.merge`, on read): counts and sums add, maxima
+take the max, seqs are kept as inclusive runs and epochs as merged half-open ranges (the canonical
+form ledger.union gives), the windows as runs of (first, last, guarantee label) where the label is
+the device-window's largest eps and rho (exact fractions, as text). Only a purge deletes releases
+(retention's prune keeps the row, exclusion changes no row): the purged device's documents are
+replaced by one built again from its remaining releases.
 
-``window_summary``: per (win_s, win) and writer shard (PostgreSQL: each writer its own row, as
-the roll-ups, so concurrent aggregators never wait on one hot row) the number of device-windows
-added and, per guarantee value, how many device-windows have it as their largest (+1/-1 deltas; a
-window's figures are the sums over its rows). The largest value with a positive count is the
-window's guarantee: exact through additions and purges alike.
+The per-window figures the ledger needs (how many devices released in a window and the largest
+guarantee among them) are the devices' window runs summed on read (:func:`read_windows`): one pass
+over the runs, nothing more written per commit.
 
 ``late``: releases received more than max(ep_s, 300 s) after their epochs ended (status's default
 grace). A status asked with another grace reads the releases that late (``late_rows``).
 
-Built once from the releases by :func:`rebuild` (a writer's open of an older store: meta
-``summaries``; the fleet-scale benchmark after its bulk copies); a read-only open of a store without
-them reads every release, as before (``pansketch.host_tools.query.status``).
+Built once from the releases by :func:`rebuild` (a writer's open of a store without them or with an
+older form: meta ``summaries`` is :data:`FORMAT`; the fleet-scale benchmark after its bulk copies); a
+read-only open of such a store reads every release, as before (``pansketch.host_tools.query.status``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ _log = logging.getLogger("pansketch.store")
 
 LATE_GRACE_MIN_S = 300  # the default late grace: max(ep_s, this); pansketch.host_tools.query.status
 LATE_LIST = 50  # late seqs kept per device (status lists 50 per class; counts are complete)
+FORMAT = "2"  # meta ``summaries``: 2 = per-shard device documents (1: one per device, plus window_summary)
+_OLD_TABLES = ("device_summary", "window_summary")  # format 1's tables, dropped when a writer rebuilds
 
 
 def _frac(f: Fraction) -> str:
@@ -122,6 +124,68 @@ def ranges_add(cov: list[list[int]], a: int, b: int) -> None:
     cov[lo:hi] = [[a, b]]
 
 
+def runs_union(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
+    """The union of two sorted disjoint run lists, adjacent runs joined (the form runs_add keeps)."""
+    out: list[list[int]] = []
+    for lo, hi in sorted([list(r) for r in a] + [list(r) for r in b]):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+def runs_common(a: list[list[int]], b: list[list[int]]) -> list[int]:
+    """The integers in both run lists (the seqs two shards both stored: reused)."""
+    out: list[int] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        out.extend(range(lo, hi + 1))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _omax(x: Any, y: Any) -> Any:
+    """The larger of two optional numbers (None: absent)."""
+    return y if x is None else x if y is None or x >= y else y
+
+
+def _label_max(x: Optional[str], y: Optional[str]) -> Optional[str]:
+    """The label of a device-window both labelled ``x`` and ``y`` (either None: absent)."""
+    if x is None or x == y:
+        return y
+    if y is None:
+        return x
+    (e1, r1), (e2, r2) = unlabel(x), unlabel(y)
+    return label(_fmax(e1, e2), _fmax(r1, r2))
+
+
+def _merge_wins(a: list[list[Any]], b: list[list[Any]]) -> list[list[Any]]:
+    """Two sorted [first, last, label] run lists as one, each window labelled with both labels' maxima."""
+    cuts = sorted({r[0] for r in a + b} | {r[1] + 1 for r in a + b})
+    out: list[list[Any]] = []
+    i = j = 0
+    for lo, nxt in zip(cuts, cuts[1:]):
+        while i < len(a) and a[i][1] < lo:
+            i += 1
+        while j < len(b) and b[j][1] < lo:
+            j += 1
+        la = a[i][2] if i < len(a) and a[i][0] <= lo else None
+        lb = b[j][2] if j < len(b) and b[j][0] <= lo else None
+        lab = _label_max(la, lb)
+        if lab is None:
+            continue
+        if out and out[-1][1] + 1 == lo and out[-1][2] == lab:
+            out[-1][1] = nxt - 1
+        else:
+            out.append([lo, nxt - 1, lab])
+    return out
+
+
 def _win_get(runs: list[list[Any]], w: int) -> Optional[str]:
     i = bisect.bisect_right([r[0] for r in runs], w) - 1
     return runs[i][2] if i >= 0 and runs[i][1] >= w else None
@@ -180,9 +244,8 @@ class DeviceSummary:
         return cls(json.loads(text))
 
     def add(self, seq: int, elo: int, ehi: int, win_s: int, win: int, received: float, t1: int, mode: str,
-            ep_s: int, mech: str, bnum: int, bden: int, nz: int, g: tuple[str, str]) -> Optional[tuple[str, Optional[str], str]]:
-        """One more release; returns its window's change (str(win_s) key, the label before or None, the label
-        after) or None when the device-window's label stays."""
+            ep_s: int, mech: str, bnum: int, bden: int, nz: int, g: tuple[str, str]) -> None:
+        """One more release."""
         self.n += 1
         if not runs_add(self.seqs, seq):  # stored before: a reused seq (kept once)
             j = bisect.bisect_left(self.reused, seq)
@@ -211,14 +274,45 @@ class DeviceSummary:
             if len(self.late_seqs) < LATE_LIST or seq < self.late_seqs[-1]:
                 bisect.insort(self.late_seqs, seq)
                 del self.late_seqs[LATE_LIST:]
-        runs = self.wins.setdefault(str(win_s), [])
+        runs = self.wins.get(str(win_s))
+        if runs is None:
+            runs = self.wins[str(win_s)] = []
+            if len(self.wins) > 1:  # keys in numeric order: a document's text does not depend on arrival order
+                self.wins = dict(sorted(self.wins.items(), key=lambda kv: int(kv[0])))
         old = _win_get(runs, win)
         e, r = unlabel(old) if old is not None else (None, None)
         new = label(_fmax(e, g[1]) if g[0] == "eps" else e, _fmax(r, g[1]) if g[0] == "rho" else r)
-        if new == old:
-            return None
-        _win_set(runs, win, new)
-        return str(win_s), old, new
+        if new != old:
+            _win_set(runs, win, new)
+
+    def merge(self, o: "DeviceSummary") -> None:
+        """Another shard's document of the same device added (in place): the figures one document would
+        hold had one writer stored both shards' releases."""
+        if not o.n:
+            return
+        if not self.n:
+            for k in self.__slots__:
+                setattr(self, k, getattr(o, k))
+            return
+        self.reused = sorted(set(self.reused) | set(o.reused) | set(runs_common(self.seqs, o.seqs)))
+        self.seqs = runs_union(self.seqs, o.seqs)
+        self.n += o.n
+        for a, b in o.cov:
+            ranges_add(self.cov, a, b)
+        wins = dict(self.wins)
+        for ws, runs in o.wins.items():
+            mine = wins.get(ws)
+            wins[ws] = _merge_wins(mine, runs) if mine else [list(r) for r in runs]
+        self.wins = dict(sorted(wins.items(), key=lambda kv: int(kv[0])))
+        self.last_rx, self.last_t1 = _omax(self.last_rx, o.last_rx), _omax(self.last_t1, o.last_t1)
+        self.modes = sorted(set(self.modes) | set(o.modes))
+        self.budgets = sorted(set(self.budgets) | set(o.budgets))
+        self.eps, self.rho = _fmax(self.eps, o.eps), _fmax(self.rho, o.rho)
+        self.nz_sum += o.nz_sum
+        self.nz_max = _omax(self.nz_max, o.nz_max)
+        self.late_n += o.late_n
+        self.late_max = _omax(self.late_max, o.late_max)
+        self.late_seqs = sorted(self.late_seqs + o.late_seqs)[:LATE_LIST]
 
     # read side
     def window_keys(self) -> list[tuple[int, int]]:
@@ -246,93 +340,66 @@ def _sum_select(have: Optional[set[str]]) -> str:
     return ", ".join("2 AS nz" if c == "nz" and have is not None and "nz" not in have else c for c in _SUM_COLS)
 
 
-def _add_row(s: DeviceSummary, r: Sequence[Any]) -> Optional[tuple[str, Optional[str], str]]:
+def _add_row(s: DeviceSummary, r: Sequence[Any]) -> None:
     (_dev, seq, elo, ehi, win_s, win, received, t1, mode, ep_s, mech, bn, bd, nz, kind, d, clip, L, onum, oden) = r
-    return s.add(int(seq), int(elo), int(ehi), int(win_s), int(win), float(received), int(t1), mode, int(ep_s), mech,
-                 int(bn), int(bd), int(nz), _guarantee(mech, int(onum), int(oden), kind, int(d), int(clip), int(L)))
+    s.add(int(seq), int(elo), int(ehi), int(win_s), int(win), float(received), int(t1), mode, int(ep_s), mech,
+          int(bn), int(bd), int(nz), _guarantee(mech, int(onum), int(oden), kind, int(d), int(clip), int(L)))
 
 
-class _WinDelta:
-    """A group's changes to window_summary rows: (win_s, win) -> [devices added, {eps: n}, {rho: n}]."""
-
-    def __init__(self) -> None:
-        self.d: dict[tuple[int, int], list[Any]] = {}
-
-    def note(self, ws: str, win: int, old: Optional[str], new: Optional[str]) -> None:
-        e = self.d.setdefault((int(ws), win), [0, {}, {}])
-        if old is None:
-            e[0] += 1
-        if new is None:
-            e[0] -= 1
-        for lab, sign in ((old, -1), (new, 1)):
-            if lab is None:
-                continue
-            for i, v in enumerate(unlabel(lab)):
-                if v is not None:
-                    e[1 + i][v] = e[1 + i].get(v, 0) + sign
-
-
-def _apply_windows(store: Any, cur: Any, delta: _WinDelta) -> None:
-    """Add the deltas to this writer's shard rows (sorted keys: concurrent writers lock in one order)."""
-    shard = getattr(store, "_rollup_shard", None) or 0
-    keys = sorted(delta.d)
-    if not keys:
-        return
-    cur.executemany(store._sql("INSERT INTO window_summary (win_s, win, shard, doc) VALUES (?, ?, ?, ?) "
-                               "ON CONFLICT (win_s, win, shard) DO NOTHING"),
-                    [k + (shard, '{"n":0,"eps":{},"rho":{}}') for k in keys])
-    ups = []
-    for k in keys:
-        row = store._x(cur, "SELECT doc FROM window_summary WHERE win_s = ? AND win = ? AND shard = ?"
-                       + store._for_update, k + (shard,)).fetchone()
-        doc = json.loads(row[0])
-        n, eps, rho = delta.d[k]
-        doc["n"] += n
-        for name, add in (("eps", eps), ("rho", rho)):
-            m = doc[name]
-            for v, c in add.items():
-                m[v] = m.get(v, 0) + c
-                if m[v] == 0:
-                    del m[v]
-        ups.append((json.dumps(doc, separators=(",", ":"), sort_keys=True),) + k + (shard,))
-    cur.executemany(store._sql("UPDATE window_summary SET doc = ? WHERE win_s = ? AND win = ? AND shard = ?"), ups)
+def _shard(store: Any) -> int:
+    return getattr(store, "_rollup_shard", None) or 0
 
 
 _CACHE_DOCS = 100_000  # parsed documents a writer keeps (its devices); past that it starts again
 
 
-def _cache(store: Any) -> dict[str, tuple[str, DeviceSummary]]:
-    """A writer's last saved documents, text and parsed: a document read back with the same text is used
-    as parsed instead of parsed again (another writer's or a rolled-back change has other text)."""
-    c: dict[str, tuple[str, DeviceSummary]] = store.__dict__.setdefault("_summary_docs", {})
+def _cache(store: Any) -> dict[tuple[str, int], tuple[str, DeviceSummary]]:
+    """A writer's last saved documents by (device, shard), text and parsed: a document read back with the
+    same text is used as parsed instead of parsed again (another writer's or a rolled-back change has
+    other text)."""
+    c: dict[tuple[str, int], tuple[str, DeviceSummary]] = store.__dict__.setdefault("_summary_docs", {})
     if len(c) > _CACHE_DOCS:
         c.clear()
     return c
 
 
 def _lock_devices(store: Any, cur: Any, devs: list[str]) -> dict[str, DeviceSummary]:
-    """The summaries of ``devs`` (sorted), created empty where missing and locked (PostgreSQL) for this
-    transaction; each a copy the caller may change."""
-    cur.executemany(store._sql("INSERT INTO device_summary (device, doc) VALUES (?, '{}') "
-                               "ON CONFLICT (device) DO NOTHING"), [(d,) for d in devs])
-    out: dict[str, DeviceSummary] = {}
+    """This writer's shard documents of ``devs`` (sorted), created empty where missing and locked
+    (PostgreSQL) for this transaction; each a copy the caller may change."""
+    shard = _shard(store)
     cache = _cache(store)
+    # a row this writer saved exists unless a purge took it since: created only for the others
+    new = [d for d in devs if (d, shard) not in cache]
+    out = _select_locked(store, cur, shard, cache, devs, new)
+    gone = [d for d in devs if d not in out]
+    if gone:  # purged since this writer saved them (or created just now by the rows above: none left then)
+        out.update(_select_locked(store, cur, shard, cache, gone, gone))
+    return out
+
+
+def _select_locked(store: Any, cur: Any, shard: int, cache: dict[tuple[str, int], tuple[str, DeviceSummary]],
+                   devs: list[str], create: list[str]) -> dict[str, DeviceSummary]:
+    if create:
+        cur.executemany(store._sql("INSERT INTO device_summaries (device, shard, doc) VALUES (?, ?, '{}') "
+                                   "ON CONFLICT (device, shard) DO NOTHING"), [(d, shard) for d in create])
+    out: dict[str, DeviceSummary] = {}
     for i in range(0, len(devs), 500):
         part = devs[i:i + 500]
-        rows = store._x(cur, "SELECT device, doc FROM device_summary WHERE device IN (%s) ORDER BY device%s"
-                        % (",".join("?" * len(part)), store._for_update), part).fetchall()
+        rows = store._x(cur, "SELECT device, doc FROM device_summaries WHERE shard = ? AND device IN (%s) "
+                        "ORDER BY device%s" % (",".join("?" * len(part)), store._for_update), [shard] + part).fetchall()
         for dev, doc in rows:
-            hit = cache.pop(str(dev), None)  # out of the cache while it changes: put back once saved
+            hit = cache.pop((str(dev), shard), None)  # out of the cache while it changes: put back once saved
             out[str(dev)] = hit[1] if hit is not None and hit[0] == doc else DeviceSummary.load(doc)
     return out
 
 
 def _save_devices(store: Any, cur: Any, sums: dict[str, DeviceSummary]) -> None:
-    rows = [(s.doc(), dev) for dev, s in sorted(sums.items())]
-    cur.executemany(store._sql("UPDATE device_summary SET doc = ? WHERE device = ?"), rows)
+    shard = _shard(store)
+    rows = [(s.doc(), dev, shard) for dev, s in sorted(sums.items())]
+    cur.executemany(store._sql("UPDATE device_summaries SET doc = ? WHERE device = ? AND shard = ?"), rows)
     cache = _cache(store)
-    for doc, dev in rows:
-        cache[dev] = (doc, sums[dev])
+    for doc, dev, _s in rows:
+        cache[(dev, shard)] = (doc, sums[dev])
 
 
 def note_group(store: Any, cur: Any, stored: Sequence[tuple[Any, float]]) -> None:
@@ -340,15 +407,11 @@ def note_group(store: Any, cur: Any, stored: Sequence[tuple[Any, float]]) -> Non
     if not stored:
         return
     sums = _lock_devices(store, cur, sorted({rel.dev for rel, _rx in stored}))
-    delta = _WinDelta()
     for rel, rx in stored:
         g = _guarantee(rel.mech, rel.nout[0], rel.nout[1], rel.kind, rel.d, rel.clip, rel.L)
-        ch = sums[rel.dev].add(rel.seq, rel.elo, rel.ehi, rel.win_s, rel.win, rx, rel.t1, rel.mode, rel.ep_s,
-                               rel.mech, rel.budget[0], rel.budget[1], rel.nz, g)
-        if ch is not None:
-            delta.note(ch[0], rel.win, ch[1], ch[2])
+        sums[rel.dev].add(rel.seq, rel.elo, rel.ehi, rel.win_s, rel.win, rx, rel.t1, rel.mode, rel.ep_s,
+                          rel.mech, rel.budget[0], rel.budget[1], rel.nz, g)
     _save_devices(store, cur, sums)
-    _apply_windows(store, cur, delta)
 
 
 def device_from_releases(store: Any, cur: Any, dev: str) -> DeviceSummary:
@@ -360,32 +423,28 @@ def device_from_releases(store: Any, cur: Any, dev: str) -> DeviceSummary:
 
 
 def after_purge(store: Any, cur: Any, dev: str) -> None:
-    """``dev``'s summary built again from the releases a purge left (in the purge's transaction), and the
-    windows it left or whose label changed taken out of or changed in window_summary."""
-    row = store._x(cur, "SELECT doc FROM device_summary WHERE device = ?" + store._for_update, (dev,)).fetchone()
-    if row is None:
+    """``dev``'s documents (every shard's) replaced by one built again from the releases a purge left,
+    in the purge's transaction."""
+    if not store._x(cur, "SELECT shard FROM device_summaries WHERE device = ? ORDER BY shard" + store._for_update,
+                    (dev,)).fetchall():
         return
-    old = DeviceSummary.load(row[0]).window_labels()
     s = device_from_releases(store, cur, dev)
-    new = s.window_labels()
-    delta = _WinDelta()
-    for k in sorted(set(old) | set(new)):
-        if old.get(k) != new.get(k):
-            delta.note(str(k[0]), k[1], old.get(k), new.get(k))
+    store._x(cur, "DELETE FROM device_summaries WHERE device = ?", (dev,))
+    cache = _cache(store)
+    for k in [k for k in cache if k[0] == dev]:
+        del cache[k]
     if s.n:
-        _save_devices(store, cur, {dev: s})
-    else:
-        store._x(cur, "DELETE FROM device_summary WHERE device = ?", (dev,))
-    _apply_windows(store, cur, delta)
+        store._x(cur, "INSERT INTO device_summaries (device, shard, doc) VALUES (?, ?, ?)", (dev, _shard(store), s.doc()))
 
 
 def rebuild(store: Any, cur: Any) -> int:
-    """Every summary from the stored releases (one pass, in any order); meta ``summaries`` set. Returns the
-    number of releases read."""
-    store._x(cur, "DELETE FROM device_summary")
-    store._x(cur, "DELETE FROM window_summary")
+    """Every summary from the stored releases (one pass, in any order), into this writer's shard; format 1's
+    tables dropped; meta ``summaries`` set. Returns the number of releases read."""
+    for t in _OLD_TABLES:
+        store._x(cur, "DROP TABLE IF EXISTS %s" % t)
+    store._x(cur, "DELETE FROM device_summaries")
+    _cache(store).clear()
     sums: dict[str, DeviceSummary] = {}
-    delta = _WinDelta()
     n = 0
     q = store._x(cur, "SELECT %s FROM releases" % _sum_select(store._release_columns(cur)))
     while True:
@@ -396,59 +455,80 @@ def rebuild(store: Any, cur: Any) -> int:
             s = sums.get(r[0])
             if s is None:
                 s = sums[r[0]] = DeviceSummary()
-            ch = _add_row(s, r)
-            if ch is not None:
-                delta.note(ch[0], int(r[5]), ch[1], ch[2])
+            _add_row(s, r)
         n += len(rows)
-    cur.executemany(store._sql("INSERT INTO device_summary (device, doc) VALUES (?, ?)"),
-                    [(dev, s.doc()) for dev, s in sorted(sums.items())])
-    _apply_windows(store, cur, delta)
-    store._x(cur, "INSERT INTO meta (key, value) VALUES ('summaries', '1') ON CONFLICT (key) DO UPDATE "
-                  "SET value = excluded.value")
+    shard = _shard(store)
+    cur.executemany(store._sql("INSERT INTO device_summaries (device, shard, doc) VALUES (?, ?, ?)"),
+                    [(dev, shard, s.doc()) for dev, s in sorted(sums.items())])
+    store._x(cur, "INSERT INTO meta (key, value) VALUES ('summaries', ?) ON CONFLICT (key) DO UPDATE "
+                  "SET value = excluded.value", (FORMAT,))
     return n
 
 
 def init(store: Any, cur: Any) -> None:
-    """A writer's open: build the summaries of a store written before them (once: meta ``summaries``)."""
-    if store._x(cur, "SELECT value FROM meta WHERE key = 'summaries'").fetchone() is None:
+    """A writer's open: build the summaries of a store written before them or in an older form (once)."""
+    row = store._x(cur, "SELECT value FROM meta WHERE key = 'summaries'").fetchone()
+    if row is None or row[0] != FORMAT:
         if store._x(cur, "SELECT 1 FROM releases LIMIT 1").fetchone() is None:  # a new store: nothing to say
             rebuild(store, cur)
             return
-        _log.info("building the per-device and per-window summaries of %s from its releases (once)", store.path)
+        _log.info("building the per-device summaries of %s from its releases (once)", store.path)
         n = rebuild(store, cur)
         _log.info("summaries of %s built from %d release(s)", store.path, n)
 
 
 # -- the read side ----------------------------------------------------------------------------------------
 def present(store: Any) -> bool:
-    """Whether the store keeps summaries (a read-only open of an older file may not)."""
+    """Whether the store keeps summaries in this form (a read-only open of an older file may not)."""
     try:
-        return store._meta("summaries") == "1"
+        return store._meta("summaries") == FORMAT
     except store._db_errors:
         return False
 
 
 def read_devices(store: Any) -> dict[str, DeviceSummary]:
-    return {str(dev): DeviceSummary.load(doc) for dev, doc in store._q("SELECT device, doc FROM device_summary")}
+    """device -> its summary, the shards' documents merged."""
+    out: dict[str, DeviceSummary] = {}
+    for dev, doc in store._q("SELECT device, doc FROM device_summaries"):
+        s = DeviceSummary.load(doc)
+        have = out.get(str(dev))
+        if have is None:
+            out[str(dev)] = s
+        else:
+            have.merge(s)
+    return out
 
 
-def read_windows(store: Any) -> list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]]:
-    """(win_s, win, devices, largest eps, largest rho) per window holding releases (any order)."""
-    acc: dict[tuple[int, int], list[Any]] = {}
-    for ws, wn, doc in store._q("SELECT win_s, win, doc FROM window_summary"):
-        d = json.loads(doc)
-        e = acc.setdefault((int(ws), int(wn)), [0, {}, {}])
-        e[0] += d["n"]
-        for i, name in ((1, "eps"), (2, "rho")):
-            for v, c in d[name].items():
-                e[i][v] = e[i].get(v, 0) + c
-    out = []
-    for (ws, wn), (n, eps, rho) in acc.items():
-        if n <= 0:
-            continue
-        fe = max((_fraction(v) for v, c in eps.items() if c > 0), default=None)
-        fr = max((_fraction(v) for v, c in rho.items() if c > 0), default=None)
-        out.append((ws, wn, n, fe, fr))
+def read_windows(sums: dict[str, DeviceSummary]) -> list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]]:
+    """(win_s, win, devices, largest eps, largest rho) per window holding releases (any order), from the
+    devices' window runs: each run adds its label at its first window and takes it out past its last,
+    so one sweep per window length gives every window's count of device-windows per label."""
+    ev: dict[int, dict[int, dict[str, int]]] = {}
+    for s in sums.values():
+        for key, runs in s.wins.items():
+            e = ev.setdefault(int(key), {})
+            for a, b, lab in runs:
+                at = e.setdefault(a, {})
+                at[lab] = at.get(lab, 0) + 1
+                past = e.setdefault(b + 1, {})
+                past[lab] = past.get(lab, 0) - 1
+    out: list[tuple[int, int, int, Optional[Fraction], Optional[Fraction]]] = []
+    for win_s, e in ev.items():
+        live: dict[str, int] = {}
+        pos = sorted(e)
+        for p, nxt in zip(pos, pos[1:]):
+            for lab, c in e[p].items():
+                live[lab] = live.get(lab, 0) + c
+                if not live[lab]:
+                    del live[lab]
+            if not live:
+                continue
+            n = sum(live.values())
+            es = [v for v in (unlabel(lab)[0] for lab in live) if v is not None]
+            rs = [v for v in (unlabel(lab)[1] for lab in live) if v is not None]
+            fe = max(map(_fraction, es)) if es else None
+            fr = max(map(_fraction, rs)) if rs else None
+            out.extend((win_s, w, n, fe, fr) for w in range(p, nxt))
     return out
 
 
