@@ -4,7 +4,7 @@ device status's word, the status as JSON, quarantined seqs apart."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from pansketch.host_tools.query.core import iso
 
@@ -27,6 +27,35 @@ def implausible(st: Any, top: int, max_jump: Optional[int]) -> Optional[str]:
     if st.pending is not None and st.pending > held:
         return "pending %d exceeds the %d seq(s) from oldest_pending to next_seq" % (st.pending, held)
     return None
+
+
+S = TypeVar("S")  # the seqs held (stored or refused): a sorted list (full read) or sorted runs (summaries)
+
+
+def by_status(head: dict[str, Any], have: S, top: int, st: Any, limit: int, max_jump: Optional[int],
+              absent: Callable[[int, int, S, int], tuple[list[int], int]]) -> dict[str, Any]:
+    """The rest of one device's classification (status.classify) after its stored and refused seqs:
+    lost and pending by the device's status, or unknown without one (or with an implausible one).
+    ``have``: every seq stored or refused, ``top`` one past the highest; ``absent(lo, hi, have, limit)``:
+    the seqs in [lo, hi) not in ``have`` (first ``limit``) and their count."""
+    out = dict(head, status_ignored=implausible(st, top, max_jump))
+    if out["status_ignored"] is not None:
+        st = None
+    if st is not None and st.next_seq is not None:
+        end = max(st.next_seq, top)
+        # below `cut` the device holds nothing any more; from it on (its oldest pending release,
+        # or the first release after the status when its outbox was empty) it may still hold it
+        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
+        lost, n_lost = absent(0, cut, have, limit)
+        pend, n_pend = absent(cut, end, have, limit)
+        out.update(checked=[0, end], basis="device status", lost_seqs=lost, lost_count=n_lost,
+                   pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
+    else:
+        unk, n_unk = absent(0, top, have, limit)
+        # lost and pending cannot be told apart without the device's word: not reported (None)
+        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
+                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
+    return out
 
 
 def _status_dict(st: Any, now: float) -> Optional[dict[str, Any]]:

@@ -50,6 +50,7 @@ from pansketch.host_tools.store import summary as summary_mod
 from pansketch.host_tools.query import influence
 
 
+from pansketch.host_tools.query import delivery
 from pansketch.host_tools.query.delivery import LIST_LIMIT, _quarantine, _status_dict, implausible  # noqa: F401 (status.X)
 DEFAULT_MAX_SEQ_JUMP = 100000  # as [aggregator] max_seq_jump: a release further above the highest seq is quarantined
 DEFAULT_LATE_GRACE_MIN_S = summary_mod.LATE_GRACE_MIN_S  # the grace the kept summaries count late releases at
@@ -91,27 +92,9 @@ def classify(stored: list[int], rejected: dict[int, str], st: Any = None,
     s_set = set(stored)
     rej = sorted(q for q in rejected if q not in s_set)
     have = sorted(s_set | set(rej))
-    top = have[-1] + 1 if have else 0
-    out: dict[str, Any] = {"stored_count": len(s_set), "rejected_seqs": rej[:limit], "rejected_count": len(rej),
-                           "rejected_codes": {str(q): rejected[q] for q in rej[:limit]},
-                           "status_ignored": implausible(st, top, max_jump)}
-    if out["status_ignored"] is not None:
-        st = None
-    if st is not None and st.next_seq is not None:
-        end = max(st.next_seq, top)
-        # below `cut` the device holds nothing any more; from it on (its oldest pending release,
-        # or the first release after the status when its outbox was empty) it may still hold it
-        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
-        lost, n_lost = _absent(0, cut, have, limit)
-        pend, n_pend = _absent(cut, end, have, limit)
-        out.update(checked=[0, end], basis="device status", lost_seqs=lost, lost_count=n_lost,
-                   pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
-    else:
-        unk, n_unk = _absent(0, top, have, limit)
-        # lost and pending cannot be told apart without the device's word: not reported (None)
-        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
-                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
-    return out
+    head = {"stored_count": len(s_set), "rejected_seqs": rej[:limit], "rejected_count": len(rej),
+            "rejected_codes": {str(q): rejected[q] for q in rej[:limit]}}
+    return delivery.by_status(head, have, have[-1] + 1 if have else 0, st, limit, max_jump, _absent)
 
 
 def late_grace(ep_s: int, grace: Optional[float]) -> float:

@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 from pansketch.host_tools.query import delivery
 from pansketch.host_tools.query.core import iso
-from pansketch.host_tools.query.delivery import implausible
 from pansketch.host_tools.store import ledger as ledger_mod
 from pansketch.host_tools.store import summary as summary_mod
 from pansketch.host_tools.store.summary import DeviceSummary, runs_add, runs_has
@@ -60,24 +59,9 @@ def classify(stored: list[list[int]], rejected: dict[int, str], st: Any, limit: 
         have = [list(r) for r in stored]
         for q in rej:
             runs_add(have, q)
-    top = have[-1][1] + 1 if have else 0
-    out: dict[str, Any] = {"stored_count": sum(b - a + 1 for a, b in stored), "rejected_seqs": rej[:limit],
-                           "rejected_count": len(rej), "rejected_codes": {str(q): rejected[q] for q in rej[:limit]},
-                           "status_ignored": implausible(st, top, max_jump)}
-    if out["status_ignored"] is not None:
-        st = None
-    if st is not None and st.next_seq is not None:
-        end = max(st.next_seq, top)
-        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
-        lost, n_lost = _absent(0, cut, have, limit)
-        pend, n_pend = _absent(cut, end, have, limit)
-        out.update(checked=[0, end], basis="device status", lost_seqs=lost, lost_count=n_lost,
-                   pending_seqs=pend, pending_count=n_pend, unknown_seqs=[], unknown_count=0)
-    else:
-        unk, n_unk = _absent(0, top, have, limit)
-        out.update(checked=[0, top], basis="no device status yet", lost_seqs=[], lost_count=None,
-                   pending_seqs=[], pending_count=None, unknown_seqs=unk, unknown_count=n_unk)
-    return out
+    head = {"stored_count": sum(b - a + 1 for a, b in stored), "rejected_seqs": rej[:limit],
+            "rejected_count": len(rej), "rejected_codes": {str(q): rejected[q] for q in rej[:limit]}}
+    return delivery.by_status(head, have, have[-1][1] + 1 if have else 0, st, limit, max_jump, _absent)
 
 
 class _Guarantees:
