@@ -152,16 +152,18 @@ def _frac(f: Fraction) -> str:
 
 def release_guarantee(r: StoredRelease, delta: float) -> Guarantee:
     """The per-event guarantee of one release, from the noise it carries."""
-    spec = NoiseSpec(r.mech, r.nout[0], r.nout[1])
+    eps, rho = noise_guarantee(r.mech, r.nout[0], r.nout[1], r.kind, r.d, r.clip, r.L)
+    return Guarantee(eps=eps, rho=rho, delta=delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def noise_guarantee(mech: str, nout_num: int, nout_den: int, kind: str, d: int, clip: int,
+                    L: int) -> tuple[Optional[Fraction], Optional[Fraction]]:
+    """(eps, rho) of one release from its noise and shape (one of them None); a fleet's releases share a
+    few, so each is calibrated once."""
     # kind dbits: one item moves one of the d per-level counts by at most 1 (agent/dbits.py)
-    d = 1 if r.kind == "dbits" else r.d
-    name, (n, dd) = calibrate.guarantee(spec, d, r.clip, r.L)
-    g = Guarantee(delta=delta)
-    if name == "eps":
-        g.eps = Fraction(n, dd)
-    else:
-        g.rho = Fraction(n, dd)
-    return g
+    name, (n, dd) = calibrate.guarantee(NoiseSpec(mech, nout_num, nout_den), 1 if kind == "dbits" else d, clip, L)
+    return (Fraction(n, dd), None) if name == "eps" else (None, Fraction(n, dd))
 
 
 def union(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -307,14 +309,6 @@ def _spans(keys: Iterable[tuple[int, int]]) -> tuple[Optional[tuple[int, int]], 
     return last, first
 
 
-def entries_of(rels: Iterable[StoredRelease], delta: float) -> dict[str, dict[tuple[int, int], WindowEntry]]:
-    """device -> (win_s, win) -> its ledger entry, of the given releases."""
-    out: dict[str, dict[tuple[int, int], WindowEntry]] = {}
-    for e in build(rels, delta).windows:
-        out.setdefault(e.device, {})[(e.win_s, e.win)] = e
-    return out
-
-
 @dataclass
 class KeptLedger:
     """The ledger's answers from the kept summaries (pansketch.host_tools.store.summary) instead of every
@@ -346,16 +340,28 @@ class KeptLedger:
         devs = sorted(set(devices))
         if not keys or not devs:
             return {}
-        from pansketch.host_tools.store.rows import _row_to_release
-
         lo = min(ws * wn for ws, wn in keys)
         # one index range per device (device, elo: the key on PostgreSQL and older files, releases_device
-        # on SQLite): a time bound alone ran through every device's releases of those windows
-        sql = "SELECT %s FROM releases WHERE device = ? AND elo >= ?" % self.store._cols
-        rels = []
+        # on SQLite): a time bound alone ran through every device's releases of those windows. Only the
+        # columns an entry needs (its window, epochs and the noise its guarantee follows from): building
+        # whole StoredRelease rows was most of the grid's cost
+        sql = ("SELECT win_s, win, ep_s, elo, ehi, mech, nout_num, nout_den, kind, d, clip, L FROM releases "
+               "WHERE device = ? AND elo >= ?")
+        out: dict[str, dict[tuple[int, int], WindowEntry]] = {}
         for dev in devs:
-            for row in self.store._q(sql, (dev, lo // max(1, self.ep_s.get(dev, 1)))):
-                r = _row_to_release(row, False)
-                if (r.win_s, r.win) in keys:
-                    rels.append(r)
-        return entries_of(rels, self.delta)
+            mine: dict[tuple[int, int], WindowEntry] = {}
+            for ws, wn, ep_s, elo, ehi, mech, onum, oden, kind, d, clip, L in self.store._q(
+                    sql, (dev, lo // max(1, self.ep_s.get(dev, 1)))):
+                k = (int(ws), int(wn))
+                if k not in keys:
+                    continue
+                e = mine.get(k)
+                if e is None:
+                    e = mine[k] = WindowEntry(dev, k[0], k[1], int(ep_s), guarantee=Guarantee(delta=self.delta))
+                e.releases += 1
+                e.ranges.append((int(elo), int(ehi)))
+                eps, rho = noise_guarantee(mech, int(onum), int(oden), kind, int(d), int(clip), int(L))
+                e.guarantee.update(Guarantee(eps=eps, rho=rho))
+            if mine:
+                out[dev] = {k: mine[k] for k in sorted(mine)}
+        return out
