@@ -46,6 +46,12 @@ def _same(st: Any, monkeypatch: Any) -> None:
         got = status_mod.report_with_ledger(st, now=NOW, late_grace_s=grace)[0]
         want = status_mod.report_full(st, now=NOW, late_grace_s=grace)[0]
         assert json.dumps(got) == json.dumps(want), grace
+    for grace in (None, 60.0):  # entries off the listed page (statuskept.LITE_KEYS) hold the whole entries' values
+        lite = status_mod.report_with_ledger(st, now=NOW, late_grace_s=grace, page=(0, 0))[0]["devices"]
+        whole = status_mod.report(st, now=NOW, late_grace_s=grace)["devices"]
+        assert [d["device"] for d in lite] == [d["device"] for d in whole]
+        for li, wh in zip(lite, whole):
+            assert json.dumps(li, sort_keys=True) == json.dumps({k: wh[k] for k in li}, sort_keys=True), li["device"]
     page = fleetview.fleet(st, now=NOW)
     paged = fleetview.fleet(st, now=NOW, offset=1, limit=2)
     with monkeypatch.context() as m:
@@ -80,6 +86,12 @@ def _scenario(st: Any, monkeypatch: Any) -> dict[str, Any]:
     pc = params("c", kind="cs", d=2, w=16, mechanism="dlap", budget="1")
     for k in range(3):
         assert _put(st, pc, k, H + 20 + k) == "stored"
+    pe, pf = params("e", kind="cms", d=2, w=16), params("f", kind="cms", d=2, w=16)
+    for k in (0, 1, 3):  # e: seq 2 lost, 4 and 5 pending by its status below; f: a status claiming too much
+        assert _put(st, pe, k, H + k) == "stored"
+        assert _put(st, pf, k, H + k) == "stored"
+    st.put_status("e", {"state": "online", "next_seq": 6, "oldest_pending": 4, "pending": 2, "ts": 1}, T0)
+    st.put_status("f", {"state": "online", "next_seq": 10 ** 9, "ts": 1}, T0)
     raw = encoded(params("q"), seq=3)  # refused by validation (as the aggregator passes it on): its seq is known
     st.commit_group([Pending(raw, topic("q"), T0, rel=decode(raw), rej=Rejected("window", "too old"), device="q")])
     st.put_status("a", {"state": "online", "next_seq": 12, "oldest_pending": 11, "pending": 1, "ts": 1}, T0)
@@ -109,7 +121,8 @@ def _kept_equals_rebuilt(st: Any) -> None:
 
 def _check_report(rep: dict[str, Any]) -> None:
     by = {d["device"]: d for d in rep["devices"]}
-    assert sorted(by) == ["a", "b", "k", "q"]  # c purged; q known by its refusal alone
+    assert sorted(by) == ["a", "b", "e", "f", "k", "q"]  # c purged; q known by its refusal alone
+    assert by["e"]["lost_seqs"] == [2] and by["e"]["pending_seqs"] == [4, 5] and by["f"]["status_ignored"]
     a, b, k = by["a"], by["b"], by["k"]
     assert a["stored_count"] == 8 and a["seq"] == [0, 10] and a["rejected_count"] == 0  # 3 is stored
     assert a["lost_seqs"] == [4, 8, 9] and a["pending_seqs"] == [11]  # 8, 9 purged; 11 from oldest_pending on
@@ -118,7 +131,7 @@ def _check_report(rep: dict[str, Any]) -> None:
     assert b["seq_reused"] == [2, 3] and b["quarantined_seqs"] == [10 ** 6] and b["releases"] == 8
     assert k["missing_epochs"][0]["epochs"] == 2 and k["late_count"] == 0  # 400 s < max(600, 300)
     assert "rho" in b["guarantee"] and "eps" in a["guarantee"]
-    assert rep["releases"] == 8 + 8 + 5
+    assert rep["releases"] == 8 + 8 + 5 + 3 + 3
 
 
 def test_kept_summaries_sqlite(tmp_path: Any, monkeypatch: Any) -> None:
@@ -145,7 +158,7 @@ def test_writer_shards_merge_to_one_writers_summary(tmp_path: Any, monkeypatch: 
     monkeypatch.setattr(st, "commit_group", commit_in_turn)
     rep = _scenario(st, monkeypatch)
     per_dev = dict(st._q("SELECT device, COUNT(*) FROM device_summaries GROUP BY device"))
-    assert per_dev == {"a": 2, "b": 3, "k": 3}  # a: one document since its purge, then one more commit
+    assert per_dev == {"a": 2, "b": 3, "e": 3, "f": 3, "k": 3}  # a: one document since its purge, then one more commit
     _kept_equals_rebuilt(st)
     st.close()
     _check_report(rep)

@@ -35,6 +35,8 @@ def _absent(lo: int, hi: int, have: list[list[int]], limit: int) -> tuple[list[i
     if hi <= lo:
         return [], 0
     inside = sum(max(0, min(b + 1, hi) - max(a, lo)) for a, b in have)
+    if inside == hi - lo:  # none absent (a device that lost nothing): no list to walk for
+        return [], 0
     out: list[int] = []
     x = lo
     for a, b in have + [[hi, hi]]:
@@ -80,6 +82,51 @@ class _Guarantees:
         return dict(hit[0]), hit[1]
 
 
+def _delivery(s: DeviceSummary, rejected: dict[int, str], quarantined: Optional[dict[int, str]], st: Any,
+              limit: int, max_jump: Optional[int], late: tuple[list[int], int, float]) -> dict[str, Any]:
+    """status._delivery from a device's summary (the same keys in the same order); ``late``: its late
+    seqs (the first ``limit``), their number and the largest lateness."""
+    dl = classify(s.seqs, rejected, st, limit, max_jump)
+    if quarantined:
+        delivery._quarantine(dl, quarantined, RunSet(s.seqs))  # type: ignore[arg-type]
+    else:  # what _quarantine gives without quarantined seqs
+        dl.update(quarantined_seqs=[], quarantined_count=0, quarantined_codes={})
+    dl.update(late_seqs=late[0], late_count=late[1], late_max_s=late[2],
+              backlog=st.pending if st is not None and dl["status_ignored"] is None else None,
+              status=delivery._status_dict(st, 0) if st is not None else None)
+    ms = dl["lost_seqs"] + dl["pending_seqs"] + dl["unknown_seqs"] + dl["rejected_seqs"]
+    dl["missing_seqs"] = sorted(ms)[:limit] if ms else []
+    dl["missing_seq_count"] = ((dl["lost_count"] or 0) + (dl["pending_count"] or 0) + dl["unknown_count"]
+                               + dl["rejected_count"])
+    return dl
+
+
+def _lite(dev: str, s: DeviceSummary, st: Any, limit: int, max_jump: Optional[int], late_n: int,
+          late_seqs: list[int], gaps: list[tuple[int, int]]) -> dict[str, Any]:
+    """The :data:`LITE_KEYS` of the entry of a device without rejected or quarantined seqs: the values
+    :func:`_delivery` gives it (tests/test_status_kept.py checks they are the same), computed alone.
+    Nearly every device of a fleet is one of these, and the fleet page lists a few of them."""
+    runs = s.seqs
+    top = runs[-1][1] + 1
+    ignored = implausible(st, top, max_jump)
+    if ignored is None and st is not None and st.next_seq is not None:  # classify, as with a device status
+        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
+        lost, n_lost = _absent(0, cut, runs, limit)
+        pend, n_pend = _absent(cut, max(st.next_seq, top), runs, limit)
+        n_unk = 0
+        missing = n_lost + n_pend
+    else:
+        lost, pend, n_lost, n_pend = [], [], None, None
+        n_unk = missing = _absent(0, top, runs, limit)[1]
+    return {"device": dev, "lost_count": n_lost, "pending_count": n_pend, "rejected_count": 0, "late_count": late_n,
+            "unknown_count": n_unk, "quarantined_count": 0, "lost_seqs": lost, "pending_seqs": pend,
+            "rejected_seqs": [], "late_seqs": late_seqs,
+            "backlog": st.pending if st is not None and ignored is None else None,
+            "status": delivery._status_dict(st, 0) if st is not None else None, "status_ignored": ignored,
+            "missing_seq_count": missing, "missing_epoch_count": sum(b - a for a, b in gaps),
+            "seq_reused": s.reused[:20]}
+
+
 # what a device entry outside the listed page keeps: the fleet's delivery totals (status._finish), and
 # what the fleet page's flags and delivery columns read of it (fleetview: delivery(), the flags)
 LITE_KEYS = ("device", "lost_count", "pending_count", "rejected_count", "late_count", "unknown_count",
@@ -109,18 +156,12 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
             r = memo[t] = iso(t)
         return r
 
-    status_dict = delivery._status_dict
     for dev, salt, _hv, kind, d, w, ep_s, _first in devices:
         s = sums.get(dev)
         if s is None or not s.n:
             continue
         st = statuses.get(dev)
-        dl = classify(s.seqs, rejected.get(dev, {}), st, limit, max_jump)
-        q = quarantined.get(dev)
-        if q:
-            delivery._quarantine(dl, q, RunSet(s.seqs))  # type: ignore[arg-type]
-        else:  # what _quarantine gives without quarantined seqs
-            dl.update(quarantined_seqs=[], quarantined_count=0, quarantined_codes={})
+        rej, quar = rejected.get(dev), quarantined.get(dev)
         if grace is None:
             late_seqs, late_n = s.late_seqs[:limit], s.late_n
             late_max = round(s.late_max, 1) if s.late_n and s.late_max is not None else 0.0
@@ -128,16 +169,13 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
             mine = sorted(late_other.get(dev, []), key=lambda t: t[0])
             late_seqs, late_n = [q for q, _l in mine[:limit]], len(mine)
             late_max = round(max((lt for _q, lt in mine), default=0.0), 1)
-        dl.update(late_seqs=late_seqs, late_count=late_n, late_max_s=late_max,
-                  backlog=st.pending if st is not None and dl["status_ignored"] is None else None,
-                  status=status_dict(st, 0) if st is not None else None)
-        ms = dl["lost_seqs"] + dl["pending_seqs"] + dl["unknown_seqs"] + dl["rejected_seqs"]
-        dl["missing_seqs"] = sorted(ms)[:limit] if ms else []
-        dl["missing_seq_count"] = ((dl["lost_count"] or 0) + (dl["pending_count"] or 0) + dl["unknown_count"]
-                                   + dl["rejected_count"])
         cov = s.cov
         gaps = [] if len(cov) == 1 else ledger_mod.gaps([(a, b) for a, b in cov], cov[0][0], cov[-1][1])
-        if whole is not None and dev not in whole:
+        if whole is not None and dev not in whole and not rej and not quar:
+            out.append(_lite(dev, s, st, limit, max_jump, late_n, late_seqs, gaps))
+            continue
+        dl = _delivery(s, rej or {}, quar, st, limit, max_jump, (late_seqs, late_n, late_max))
+        if whole is not None and dev not in whole:  # off the page, with refused seqs: the whole figures, cut
             dl.update(device=dev, seq_reused=s.reused[:20], missing_epoch_count=sum(b - a for a, b in gaps))
             out.append({k: dl[k] for k in LITE_KEYS})
             continue
