@@ -37,23 +37,34 @@ def _count(v: Any) -> Optional[int]:
         return None
 
 
+# the names a class's count may go by in a device entry, in the order they are read
+_NAMES = {k: ("%s_count" % k, "%s_seq_count" % k, "%s_seqs" % k, k) for k in DELIVERY}
+
+
 def delivery(dev: dict[str, Any]) -> dict[str, Optional[int]]:
     """lost / pending / late / rejected release counts of a status device entry (None: not reported)."""
     out: dict[str, Optional[int]] = {}
-    raw = dev.get("delivery")
-    nested: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    nested: Optional[dict[str, Any]] = None
     for k in DELIVERY:
-        val = None
-        for src in (dev, nested):
-            for name in ("%s_count" % k, "%s_seq_count" % k, "%s_seqs" % k, k):
-                if name in src:
-                    val = _count(src[name])
-                    if val is not None:
-                        break
-            if val is not None:
-                break
+        names = _NAMES[k]
+        val = dev.get(names[0])
+        if type(val) is not int:  # a count as status gives it is taken as it is; anything else is looked for
+            if nested is None:
+                raw = dev.get("delivery")
+                nested = raw if isinstance(raw, dict) else {}
+            val = _find(names, dev, nested)
         out[k] = val
     return out
+
+
+def _find(names: tuple[str, ...], dev: dict[str, Any], nested: dict[str, Any]) -> Optional[int]:
+    for src in (dev, nested):
+        for name in names:
+            if name in src:
+                val = _count(src[name])
+                if val is not None:
+                    return val
+    return None
 
 
 def _seqs(dev: dict[str, Any], k: str, limit: int = 20) -> list[int]:
