@@ -227,6 +227,27 @@ def window_length(seconds: int) -> str:
             return "%d %s" % (seconds // n, unit)
     return "%d s" % seconds
 
+_DICT_ATTRS = frozenset(dir(dict))
+
+
+def _environment(jinja2: Any, **kw: Any) -> Any:
+    """A jinja2 Environment whose ``x.name`` on a plain dict (what every page is drawn from) reads its key
+    at once. Jinja tries the attribute first and the key after its AttributeError; a plain dict has no
+    attributes but dict's own, so for any other name the answer is the same, without the exception: that
+    was a third of the fleet page's rendering (about 40000 lookups for 200 devices)."""
+
+    class Environment(jinja2.Environment):  # type: ignore[misc, name-defined]
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            if type(obj) is dict and attribute not in _DICT_ATTRS:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            return super().getattr(obj, attribute)
+
+    return Environment(**kw)
+
+
 class Dashboard(KindPages):
     """WSGI app over the store of ``cfg``; see the module docstring."""
 
@@ -251,8 +272,8 @@ class Dashboard(KindPages):
         self.candidates = candidates
         self.candidates_name = candidates_name
         self.int_items = int_items
-        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self.env = _environment(jinja2, loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                                undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
         self.env.filters.update(num=_num, iso=iso, pct=_pct, window_length=window_length)
         self.registry: Any = None
         self.routes: dict[str, Callable[[Params], tuple[str, list[tuple[str, str]], bytes]]] = {
