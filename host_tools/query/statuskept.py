@@ -104,27 +104,17 @@ def _delivery(s: DeviceSummary, rejected: dict[int, str], quarantined: Optional[
 def _lite(dev: str, s: DeviceSummary, st: Any, limit: int, max_jump: Optional[int], late_n: int,
           late_seqs: list[int], gaps: list[tuple[int, int]]) -> dict[str, Any]:
     """The :data:`LITE_KEYS` of the entry of a device without rejected or quarantined seqs: the values
-    :func:`_delivery` gives it (tests/test_status_kept.py checks they are the same), computed alone.
-    Nearly every device of a fleet is one of these, and the fleet page lists a few of them."""
-    runs = s.seqs
-    top = runs[-1][1] + 1
-    ignored = implausible(st, top, max_jump)
-    if ignored is None and st is not None and st.next_seq is not None:  # classify, as with a device status
-        cut = st.next_seq if st.oldest_pending is None else min(st.oldest_pending, st.next_seq)
-        lost, n_lost = _absent(0, cut, runs, limit)
-        pend, n_pend = _absent(cut, max(st.next_seq, top), runs, limit)
-        n_unk = 0
-        missing = n_lost + n_pend
-    else:
-        lost, pend, n_lost, n_pend = [], [], None, None
-        n_unk = missing = _absent(0, top, runs, limit)[1]
-    return {"device": dev, "lost_count": n_lost, "pending_count": n_pend, "rejected_count": 0, "late_count": late_n,
-            "unknown_count": n_unk, "quarantined_count": 0, "lost_seqs": lost, "pending_seqs": pend,
-            "rejected_seqs": [], "late_seqs": late_seqs,
+    :func:`_delivery` gives it (tests/test_status_kept.py checks they are the same), without the rest of
+    its entry. Nearly every device of a fleet is one of these, and the fleet page lists a few of them."""
+    dl = delivery.by_status({}, s.seqs, s.seqs[-1][1] + 1, st, limit, max_jump, _absent)
+    ignored = dl["status_ignored"]
+    return {"device": dev, "lost_count": dl["lost_count"], "pending_count": dl["pending_count"], "rejected_count": 0,
+            "late_count": late_n, "unknown_count": dl["unknown_count"], "quarantined_count": 0,
+            "lost_seqs": dl["lost_seqs"], "pending_seqs": dl["pending_seqs"], "rejected_seqs": [], "late_seqs": late_seqs,
             "backlog": st.pending if st is not None and ignored is None else None,
             "status": delivery._status_dict(st, 0) if st is not None else None, "status_ignored": ignored,
-            "missing_seq_count": missing, "missing_epoch_count": sum(b - a for a, b in gaps),
-            "seq_reused": s.reused[:20]}
+            "missing_seq_count": (dl["lost_count"] or 0) + (dl["pending_count"] or 0) + dl["unknown_count"],
+            "missing_epoch_count": sum(b - a for a, b in gaps), "seq_reused": s.reused[:20]}
 
 
 # what a device entry outside the listed page keeps: the fleet's delivery totals (status._finish), and
