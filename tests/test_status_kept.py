@@ -219,3 +219,24 @@ def test_kept_summaries_postgresql(pg_store: Callable[[], Any], monkeypatch: Any
     rep = _scenario(st, monkeypatch)
     _kept_equals_rebuilt(st)
     _check_report(rep)
+
+
+def test_format_1_store_upgraded_on_postgresql(pg_server: Any, monkeypatch: Any) -> None:
+    """A PostgreSQL store with the summaries' first form: the next writer's setup (a new version's) drops
+    the old tables and builds the per-shard documents; status stays the same and reads them."""
+    from pansketch.host_tools.store.pg import PgStore
+
+    dsn = pg_server.create_database("kept_v1")
+    st = PgStore(dsn)
+    _scenario(st, monkeypatch)
+    want = json.dumps(status_mod.report(st, now=NOW))
+    ddl = FORMAT_1.replace("INTEGER", "BIGINT") + "\nUPDATE meta SET value = 'an older version' WHERE key = 'pg_setup';"
+    st._exec_tx(lambda cur: [cur.execute(x) for x in ddl.split(";") if x.strip()])
+    assert not summary.present(st)
+    st.close()
+    st = PgStore(dsn)
+    assert summary.present(st)
+    assert json.dumps(status_mod.report(st, now=NOW)) == want
+    tables = {r[0] for r in st._q("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+    assert "device_summaries" in tables and not tables & {"device_summary", "window_summary"}
+    st.close()
