@@ -240,3 +240,197 @@ def test_rollup_view_reads_as_the_store(gap: str) -> None:
                 assert sum(view.rollup_sums(ids)).tolist() == np.sum(list(st.rollup_sums(ids)), axis=0).tolist()
     assert view.all_devices() == st.all_devices() and view.device_count() == st.device_count() == 5
     st.close()
+
+
+# -- PostgreSQL: roll-up rows per writer shard, each device of a window counted on one of them ------------
+
+from typing import Iterator  # noqa: E402
+
+from pansketch.host_tools.store import pgserver  # noqa: E402
+from pansketch.host_tools.store.pg import PgStore  # noqa: E402
+from tests.support import pg as pgsupport  # noqa: E402
+
+_PG_N = iter(range(10 ** 6))
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[pgserver.PgServer]:
+    yield from pgsupport.server()
+
+
+def _pg_fleet(dsn: str, devices: int, windows: int, skip: Optional[tuple[int, int]] = None, aggs: int = 2,
+              threads: bool = False) -> None:
+    """``devices`` keep-mode devices, two 30 min epochs per hourly window, epoch j of device i stored by
+    aggregator (i + j) % ``aggs`` (each its own writer shard): every device of a window is in two shard
+    rows of its roll-up. ``threads``: the aggregators store at once (the same devices and windows)."""
+    import threading
+
+    conf = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": dsn}})
+    writers = [Aggregator(conf) for _ in range(aggs)]
+
+    def raw(i: int, k: int, j: int) -> bytes:
+        p = Params({"device": "dev%02d" % i, "salt": SALT, "kind": "cms", "d": 2, "w": 16, "mode": "keep",
+                    "epoch_s": 1800, "window_s": 3600})
+        ctr = array.array("i", [(i * 7 + k * 3 + j + c) % 11 - 2 for c in range(32)])
+        e = T0 // 1800 + 2 * k + j
+        return release.encode(p, 2 * k + j, e, e + 1, 0, ctr, 2 + (i % 2))
+
+    def run(a: int) -> None:
+        for k in range(windows):
+            for i in range(devices):
+                for j in range(2):
+                    if (i, k) != skip and (i + j) % aggs == a:
+                        assert writers[a].handle("pansketch/dev%02d/release" % i, raw(i, k, j)).stored
+
+    if threads:
+        ts = [threading.Thread(target=run, args=(a,)) for a in range(aggs)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    else:
+        for a in range(aggs):
+            run(a)
+    for w in writers:
+        w.close()
+
+
+def _pg_counts_equal_rows(dsn: str, shards: int = 2) -> None:
+    """Each roll-up's count rows sum to its distinct devices (over its writer shards' rows)."""
+    st = PgStore(dsn, readonly=True)
+    key = "r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt"
+    kept = dict(st._q("SELECT %s, sum(c.devices) FROM rollups r JOIN rollup_device_counts c ON c.rollup = r.id "
+                      "GROUP BY %s HAVING sum(c.devices) > 0" % (key.replace(", ", " || ':' || "), key)))
+    rows = dict(st._q("SELECT %s, count(DISTINCT x.device) FROM rollups r JOIN rollup_devices x ON x.rollup = r.id "
+                      "GROUP BY %s" % (key.replace(", ", " || ':' || "), key)))
+    held = st._q("SELECT count(DISTINCT shard) FROM rollups")[0][0]
+    st.close()
+    assert {k: int(v) for k, v in kept.items()} == rows and rows
+    assert held == shards
+
+
+def _pg_same_device_at_once(dsn: str) -> None:
+    """One device added to two shard rows of one window by two open transactions, the second started
+    before the first commits: counted once (the second waits for the first's advisory lock)."""
+    import threading
+
+    import psycopg
+
+    a, b = psycopg.connect(dsn, autocommit=True), psycopg.connect(dsn, autocommit=True)
+    ids = a.execute("SELECT r.id FROM rollups r WHERE r.win = %s ORDER BY r.shard", (T0 // 3600,)).fetchall()
+    assert len(ids) == 2
+    before = a.execute("SELECT sum(devices) FROM rollup_device_counts WHERE rollup = ANY(%s)",
+                       ([i for (i,) in ids],)).fetchone()[0]
+    a.execute("BEGIN")
+    a.execute("INSERT INTO rollup_devices (rollup, device) VALUES (%s, 'devZZ')", ids[0])
+    t = threading.Thread(target=lambda: b.execute("INSERT INTO rollup_devices (rollup, device) VALUES (%s, 'devZZ')",
+                                                  ids[1]))
+    t.start()
+    t.join(0.5)  # b inserts its row, then its trigger waits for a's lock on (window, devZZ)
+    a.execute("COMMIT")
+    t.join()
+    after = a.execute("SELECT sum(devices) FROM rollup_device_counts WHERE rollup = ANY(%s)",
+                      ([i for (i,) in ids],)).fetchone()[0]
+    assert after == before + 1
+    a.execute("DELETE FROM rollup_devices WHERE device = 'devZZ'")
+    assert a.execute("SELECT sum(devices) FROM rollup_device_counts WHERE rollup = ANY(%s)",
+                     ([i for (i,) in ids],)).fetchone()[0] == before
+    a.close()
+    b.close()
+
+
+def _pg_bulk_rows(dsn: str) -> None:
+    """Statements past the per-row locks (1,100 devices: the count table's lock instead) and one putting
+    the same devices into both shard rows of a window at once (those roll-ups recounted): counts still
+    equal to the rows, and again once the rows are gone."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        ids = [i for (i,) in c.execute("SELECT id FROM rollups WHERE win = %s ORDER BY shard", (T0 // 3600 + 1,))]
+        c.execute("INSERT INTO rollup_devices (rollup, device) SELECT %s, 'bulk' || g FROM generate_series(1, 1100) g",
+                  (ids[0],))
+        _pg_counts_equal_rows(dsn)
+        c.execute("INSERT INTO rollup_devices (rollup, device) SELECT i, 'both' || g "
+                  "FROM generate_series(1, 30) g, unnest(%s::bigint[]) i", (ids,))
+        _pg_counts_equal_rows(dsn)
+        c.execute("DELETE FROM rollup_devices WHERE device LIKE 'bulk%' OR device LIKE 'both%'")
+    _pg_counts_equal_rows(dsn)
+
+
+def _pg_raw(dsn: str) -> PgStore:
+    st = PgStore(dsn, readonly=True)
+    st.has_rollups = False
+    return st
+
+
+@pytest.fixture(scope="module")
+def pg_full(pg: pgserver.PgServer) -> str:
+    dsn = pg.create_database("fleetfull")
+    _pg_fleet(dsn, 5, 4)
+    return dsn
+
+
+def test_pg_fleet_answers_read_no_device_rows(pg_full: str, monkeypatch: Any) -> None:
+    _pg_counts_equal_rows(pg_full)
+    fast, raw = PgStore(pg_full, readonly=True), _pg_raw(pg_full)
+    _no_row_scans(fast, monkeypatch)  # type: ignore[arg-type]
+    for sel in ({}, {"since": T0 + 3600}, {"window": T0 // 3600 + 2}):
+        got = [a.to_dict() for a in query.freq(fast, ITEMS, salt=SALT, **sel)]  # type: ignore[arg-type]
+        assert got == [a.to_dict() for a in query.freq(raw, ITEMS, salt=SALT, **sel)]  # type: ignore[arg-type]
+        assert got[0]["devices"] == ["dev%02d" % i for i in range(5)]
+    for running in (True, False):
+        s = series_mod.series(fast, ITEMS, salt=SALT, step=3600, running=running)
+        assert s.to_dict() == series_mod.series(raw, ITEMS, salt=SALT, step=3600, running=running).to_dict()
+        assert len(s.lines[0].points) == 4 and all(p.missing_devices == [] for p in s.lines[0].points)
+    fast.close()
+    raw.close()
+
+
+def test_pg_series_with_a_missing_device_lists_it(pg: pgserver.PgServer) -> None:
+    dsn = pg.create_database("fleetgap%d" % next(_PG_N))
+    _pg_fleet(dsn, 4, 4, skip=(2, 1))
+    _pg_counts_equal_rows(dsn)
+    fast, raw = PgStore(dsn, readonly=True), _pg_raw(dsn)
+    got = series_mod.series(fast, ITEMS, salt=SALT, step=3600, running=False)
+    assert got.to_dict() == series_mod.series(raw, ITEMS, salt=SALT, step=3600, running=False).to_dict()
+    assert [p.missing_devices for p in got.lines[0].points] == [[], ["dev02"], [], []]
+    fast.close()
+    raw.close()
+
+
+def test_pg_device_counts_follow_concurrent_writers_purge_and_upgrade(pg: pgserver.PgServer) -> None:
+    """Two aggregators storing the same devices' windows at once count each device once; a purge and
+    the first open of a database from before the counts leave them equal to the rows."""
+    dsn = pg.create_database("fleetcnt%d" % next(_PG_N))
+    _pg_fleet(dsn, 6, 3, threads=True)
+    _pg_counts_equal_rows(dsn)
+    _pg_same_device_at_once(dsn)
+    _pg_counts_equal_rows(dsn)
+    _pg_bulk_rows(dsn)
+    st = PgStore(dsn)
+    exclusions.purge(st, "dev03", since=T0 + 3600)  # its windows 1 and 2 taken out of both shards' rows
+    st.close()
+    _pg_counts_equal_rows(dsn)
+    fast, raw = PgStore(dsn, readonly=True), _pg_raw(dsn)
+    want = [a.to_dict() for a in query.freq(raw, ITEMS, salt=SALT, since=T0 + 3600)]
+    assert [a.to_dict() for a in query.freq(fast, ITEMS, salt=SALT, since=T0 + 3600)] == want
+    assert "dev03" not in want[0]["devices"] and len(want[0]["devices"]) == 5
+    fast.close()
+    raw.close()
+    st = PgStore(dsn)
+    with st.conn.transaction():
+        st.conn.execute("DROP TABLE rollup_device_counts")
+        st.conn.execute("DROP TRIGGER rollup_devices_counted ON rollup_devices")
+        st.conn.execute("DROP TRIGGER rollup_devices_uncounted ON rollup_devices")
+        st.conn.execute("DELETE FROM meta WHERE key = 'pg_setup'")
+    st.close()
+    ro = PgStore(dsn, readonly=True)
+    assert ro.rollup_device_counts([1]) is None
+    ro.close()
+    PgStore(dsn).close()  # a writer's open counts them
+    _pg_counts_equal_rows(dsn)
+    st = PgStore(dsn)
+    st.conn.execute("DELETE FROM meta WHERE key IN ('rollups', 'pg_setup')")  # OPERATIONS.md's roll-up rebuild
+    st.close()
+    PgStore(dsn).close()
+    _pg_counts_equal_rows(dsn, shards=1)  # (rebuilt by one writer: its shard)

@@ -356,7 +356,7 @@ def _from_rollups(store: SQLStore, sel: Selection, excl: Optional[set[str]] = No
     for r in raw:
         for k, n in (((r.mech, r.nint[0], r.nint[1]), r.nz - 1), ((r.mech, r.nout[0], r.nout[1]), 1)):
             terms[k] = terms.get(k, 0) + n
-    devices = _rollup_devices(store, ids, {r.device for r in raw}, excl)
+    devices = _rollup_devices(store, use, {r.device for r in raw}, excl)
     n_rel = sum(i.releases for i in use) + len(raw)
     t0s, t1s = [i.t0 for i in use], [i.t1 for i in use]
     if less is not None:  # the excluded devices' releases taken out of the roll-ups that sum them
@@ -375,19 +375,28 @@ def _from_rollups(store: SQLStore, sel: Selection, excl: Optional[set[str]] = No
                   windows=sorted({(i.win_s, i.win) for i in use} | {(r.win_s, r.win) for r in raw}))
 
 
-def _rollup_devices(store: SQLStore, ids: list[int], raw: set[str], excl: Optional[set[str]]) -> Union[list[str], set[str]]:
-    """The devices of the roll-ups ``ids`` and of the boundary releases' devices ``raw``.
+def _rollup_devices(store: SQLStore, use: list[RollupInfo], raw: set[str],
+                    excl: Optional[set[str]]) -> Union[list[str], set[str]]:
+    """The devices of the roll-ups ``use`` and of the boundary releases' devices ``raw``.
 
     Every device in a roll-up has a row in ``devices`` (written with its first release, deleted with its
     last), so a roll-up that counts as many devices as that table holds has them all, and so has the
     union: then the answer is the sorted table (:meth:`all_devices`, O(N) once) instead of the N rows of
-    every window (O(N * W)). Otherwise, or with devices excluded, or without kept counts: the rows."""
+    every window (O(N * W)). A roll-up's count is the sum over its rows (PostgreSQL keeps one row per
+    writer shard and counts each device of a roll-up in one of them: pansketch.host_tools.store.pg).
+    Otherwise, or with devices excluded, or without kept counts: the rows."""
+    ids = [i.id for i in use]
     if ids and not excl:
         counts = store.rollup_device_counts(ids)
-        if counts and max(counts.values()) == store.device_count():
-            every = store.all_devices()
-            if not raw or raw <= set(every):
-                return every
+        if counts:
+            per_key: dict[tuple[Any, ...], int] = {}
+            for i in use:
+                k = (i.win_s, i.win, i.group)
+                per_key[k] = per_key.get(k, 0) + counts.get(i.id, 0)
+            if max(per_key.values()) == store.device_count():
+                every = store.all_devices()
+                if not raw or raw <= set(every):
+                    return every
     return (store.rollup_devices(ids) if ids else set()) | raw
 
 

@@ -240,6 +240,85 @@ $f$
        "arrays": ", ".join("a_" + a.split()[0] for a in _PUT_ARGS)}
 _PUT_MANY_CALL = "SELECT pansketch_put_many(%s)" % ", ".join("%%b::%s[]" % a.split(" ", 1)[1] for a in _PUT_ARGS)
 
+# The devices per roll-up (SQLStore's rollup_device_counts: a fleet-wide answer knows from one row per
+# window that the window holds every device; pansketch.host_tools.query.core._rollup_devices). A roll-up
+# is one row per writer shard here, and a device whose releases of a window reached two aggregators is in
+# two of them; its count goes to the row that took it first, so a roll-up's rows sum to its distinct
+# devices. Each writer adds to the count row of its own shard's roll-up row only (no row another
+# aggregator writes: no hot row); two writers adding one device to one window at once take its advisory
+# lock (per roll-up key and device, in one order), so the second sees the first's committed row and
+# does not count it again; a transaction past 1024 rows (a rebuild, a bulk copy; a group has at
+# most 256) locks the count table instead (EXCLUSIVE: readers go on), as one lock per row would fill
+# the server's lock table. A deletion (purge, a rebuild; rare, never the write path) recounts the keys it
+# touched from their rows, onto each key's lowest id (a purge holds all those rows FOR UPDATE: no writer
+# adds to them meanwhile). Statement triggers: the write path inserts a group's device rows in one
+# statement, so the trigger runs once per group.
+_ROLLUP_KEY = "win_s, win, kind, d, w, hv, salt"
+_COUNT_FN_TEXT = ("""
+CREATE OR REPLACE FUNCTION pansketch_count_devices() RETURNS trigger LANGUAGE plpgsql AS $f$
+DECLARE so_far bigint;
+BEGIN
+  -- the rows this transaction counted so far (a rebuild inserts a window at a time, in one transaction)
+  so_far := (SELECT count(*) FROM pansketch_new)
+       + coalesce(nullif(current_setting('pansketch.counted_rows', true), ''), '0')::bigint;
+  PERFORM set_config('pansketch.counted_rows', so_far::text, true);
+  IF EXISTS (SELECT 1 FROM pansketch_new x JOIN rollups r ON r.id = x.rollup
+              GROUP BY r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt HAVING min(x.rollup) <> max(x.rollup)) THEN
+    -- one device may be in two of this statement's rows of one roll-up (not the write path: a writer adds
+    -- to its own shard's rows only): those roll-ups recounted from their rows
+    PERFORM pansketch_recount_devices(ARRAY(SELECT DISTINCT rollup FROM pansketch_new));
+    RETURN NULL;
+  END IF;
+  IF so_far > %(many)d THEN  -- (a rebuild, a bulk copy: not one lock per row)
+    LOCK TABLE rollup_device_counts IN EXCLUSIVE MODE;
+  ELSE  -- (before the check: a bulk statement's table lock then waits for this transaction, or it for that)
+    LOCK TABLE rollup_device_counts IN ROW EXCLUSIVE MODE;
+    PERFORM pg_advisory_xact_lock(h) FROM (
+      SELECT DISTINCT hashtextextended(concat_ws(':', r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt, x.device),
+                                       %(cls)d) AS h
+        FROM pansketch_new x JOIN rollups r ON r.id = x.rollup ORDER BY 1) l;
+  END IF;
+  INSERT INTO rollup_device_counts (rollup, devices)
+  SELECT n.rollup, count(*) FROM pansketch_new n JOIN rollups r ON r.id = n.rollup
+   WHERE NOT EXISTS (SELECT 1 FROM rollups s JOIN rollup_devices x ON x.rollup = s.id AND x.device = n.device
+                      WHERE (s.win_s, s.win, s.kind, s.d, s.w, s.hv, s.salt)
+                            = (r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt) AND s.id <> r.id)
+   GROUP BY n.rollup ORDER BY n.rollup
+  ON CONFLICT (rollup) DO UPDATE SET devices = rollup_device_counts.devices + excluded.devices;
+  RETURN NULL;
+END
+$f$""", """
+CREATE OR REPLACE FUNCTION pansketch_recount_devices(ids bigint[]) RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN  -- the roll-ups with a row among ``ids``: their counts from their rows, on each one's lowest id
+  LOCK TABLE rollup_device_counts IN EXCLUSIVE MODE;  -- (rare: purge, rebuild)
+  WITH t AS (SELECT s.id, min(s.id) OVER (PARTITION BY s.win_s, s.win, s.kind, s.d, s.w, s.hv, s.salt) AS first
+               FROM (SELECT DISTINCT r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt
+                       FROM rollups r WHERE r.id = ANY(ids)) k
+               JOIN rollups s ON (s.win_s, s.win, s.kind, s.d, s.w, s.hv, s.salt)
+                                 = (k.win_s, k.win, k.kind, k.d, k.w, k.hv, k.salt)),
+       gone AS (DELETE FROM rollup_device_counts c
+                 WHERE (c.rollup IN (SELECT id FROM t WHERE id <> first) OR c.rollup = ANY(ids))
+                   AND c.rollup NOT IN (SELECT first FROM t))
+  INSERT INTO rollup_device_counts (rollup, devices)
+  SELECT t.first, count(DISTINCT x.device) FROM t LEFT JOIN rollup_devices x ON x.rollup = t.id
+   GROUP BY t.first
+  ON CONFLICT (rollup) DO UPDATE SET devices = excluded.devices;
+END
+$f$""", """
+CREATE OR REPLACE FUNCTION pansketch_uncount_devices() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+  PERFORM pansketch_recount_devices(ARRAY(SELECT DISTINCT rollup FROM pansketch_old));
+  RETURN NULL;
+END
+$f$""")
+_COUNT_FNS = tuple(f % {"cls": 7243313, "many": 1024} for f in _COUNT_FN_TEXT)
+_COUNT_TRIGGERS = (
+    "CREATE TRIGGER rollup_devices_counted AFTER INSERT ON rollup_devices REFERENCING NEW TABLE AS pansketch_new "
+    "FOR EACH STATEMENT EXECUTE FUNCTION pansketch_count_devices()",
+    "CREATE TRIGGER rollup_devices_uncounted AFTER DELETE ON rollup_devices REFERENCING OLD TABLE AS pansketch_old "
+    "FOR EACH STATEMENT EXECUTE FUNCTION pansketch_uncount_devices()",
+)
+
 # Binary one-dimensional arrays of pansketch_put_many's columns, built in one pass per column: psycopg's list
 # dumper walks every element in Python (about 70 us per release of a group's 37 columns, more than the
 # server spends storing it). (element type oid, array type oid, struct code of a fixed-size element or None)
@@ -324,7 +403,7 @@ def _setup_id() -> str:
         code = inspect.getsource(PgStore._init_schema)
     except (OSError, TypeError):  # no source (a frozen install): the DDL text alone
         code = ""
-    text = "\n".join(pg_schema()) + _PUT_FN + _PUT_MANY_FN + code
+    text = "\n".join(pg_schema() + list(_COUNT_FNS) + list(_COUNT_TRIGGERS)) + _PUT_FN + _PUT_MANY_FN + code
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -448,9 +527,40 @@ class PgStore(SQLStore):
             self._rebuild_rollups(cur)
             cur.execute("INSERT INTO meta (key, value) VALUES ('rollups', '1')")
         self._init_flag_windows(cur)
+        self._init_device_counts(cur)
         summary.init(self, cur)
         cur.execute("INSERT INTO meta (key, value) VALUES ('pg_setup', %s) ON CONFLICT (key) DO UPDATE "
                     "SET value = excluded.value", (_SETUP_ID,))
+
+    def _init_device_counts(self, cur: Any) -> None:
+        """``rollup_device_counts`` and its triggers (the comment at ``_COUNT_FNS``), counted from
+        ``rollup_devices`` once (a store from before them, or a new one): each key's distinct devices on
+        its lowest roll-up id. The triggers are created first: they lock ``rollup_devices`` (SHARE ROW
+        EXCLUSIVE) to the commit, so no writer adds a row between the count and the triggers."""
+        for fn in _COUNT_FNS:
+            cur.execute(fn)
+        cur.execute("SELECT to_regclass('rollup_device_counts') IS NOT NULL")
+        if cur.fetchone()[0]:
+            return
+        cur.execute("CREATE TABLE rollup_device_counts (rollup BIGINT PRIMARY KEY, devices BIGINT NOT NULL)")
+        for stmt in _COUNT_TRIGGERS:
+            cur.execute(stmt)
+        cur.execute("INSERT INTO rollup_device_counts (rollup, devices) "
+                    "SELECT min(r.id), count(DISTINCT x.device) FROM rollups r JOIN rollup_devices x ON x.rollup = r.id "
+                    "GROUP BY " + ", ".join("r." + c for c in _ROLLUP_KEY.split(", ")))
+
+    _counts_kept: Optional[bool] = None
+
+    def rollup_device_counts(self, ids: Sequence[int]) -> Optional[dict[int, int]]:
+        """Roll-up row id -> the devices counted on it (a roll-up's rows sum to its distinct devices:
+        ``_COUNT_FNS``); None for a database no writer of this version has set up (then the rows)."""
+        if self._counts_kept is None:
+            r = self._q("SELECT to_regclass('rollup_device_counts') IS NOT NULL")
+            self._counts_kept = bool(r and r[0][0])
+        if not self._counts_kept:
+            return None
+        return {int(r): int(n) for r, n in self._by_ids("SELECT rollup, devices FROM rollup_device_counts "
+                                                        "WHERE rollup IN (%s)", ids)}
 
     def _group(self, cur: Any, items: Sequence[Pending], log_rejections: bool,
                seen: dict[str, tuple[Any, ...]]) -> None:

@@ -303,7 +303,8 @@ class Reader(SQLBase):
     def rollup_device_counts(self, ids: Sequence[int]) -> Optional[dict[int, int]]:
         """Roll-up id -> how many devices contributed to it, for the given roll-ups (a roll-up with none
         left is absent or 0); None when this store keeps no such counts (then read :meth:`rollup_devices`).
-        The SQLite store keeps them (pansketch.host_tools.store.sqlite); this reader does not."""
+        The SQLite and PostgreSQL stores keep them (pansketch.host_tools.store.sqlite, .pg: there per writer
+        shard row, a roll-up's rows summing to its devices); this reader does not."""
         return None
 
     def device_count(self) -> int:
