@@ -78,6 +78,32 @@ def _seqs(dev: dict[str, Any], k: str, limit: int = 20) -> list[int]:
     return []
 
 
+def _flags(d: dict[str, Any], dv: dict[str, Optional[int]], window_flags: list[dict[str, Any]],
+           behind: int) -> list[str]:
+    """What the page says needs attention about device entry ``d`` (``dv``: its delivery(); ``window_flags``:
+    its flagged windows; ``behind``: windows the fleet released since its last)."""
+    flags: list[str] = []
+    if d.get("missing_seq_count"):
+        flags.append("%d release(s) missing (sequence gaps)" % d["missing_seq_count"])
+    if d.get("missing_epoch_count"):
+        flags.append("%d epoch(s) without a release" % d["missing_epoch_count"])
+    for k in DELIVERY:
+        n = dv[k]
+        if n:
+            flags.append("%d %s" % (n, k))
+    if d.get("seq_reused"):
+        flags.append("sequence numbers used twice (state reset?)")
+    if d.get("excluded"):
+        flags.append("EXCLUDED from every answer (pansketch device include %s undoes it)" % d["device"])
+    if d.get("flagged_windows"):
+        flags.append("out of line with the fleet in %d recent window(s)%s" % (
+            d["flagged_windows"], ": window %d: %s" % (window_flags[0]["window"], window_flags[0]["reason"])
+            if window_flags else ""))
+    if behind > 0:
+        flags.append("quiet: no release for the last %d window(s) the fleet released" % behind)
+    return flags
+
+
 def fleet(store: Store, delta: float = 1e-6, now: Optional[float] = None, windows: int = 12,
           late_grace_s: Optional[float] = None,
           max_seq_jump: Optional[int] = status_mod.DEFAULT_MAX_SEQ_JUMP,
@@ -112,41 +138,25 @@ def _fleet(store: Store, delta: float, now: Optional[float], windows: int, late_
     for f in rep.get("flags", []):
         flags_of[f["device"]].append(f)
 
-    devices = []
+    rows = []  # the listed devices' rows; every device counts in the flags and delivery columns
+    flagged: list[str] = []
+    reported = dict.fromkeys(DELIVERY, False)
     shown = {id(d) for d in listed}
     for d in every:
         name = d["device"]
-        ents = per_dev.get(name, {})
         dv = delivery(d)
-        flags: list[str] = []
-        if d.get("missing_seq_count"):
-            flags.append("%d release(s) missing (sequence gaps)" % d["missing_seq_count"])
-        if d.get("missing_epoch_count"):
-            flags.append("%d epoch(s) without a release" % d["missing_epoch_count"])
-        for k in DELIVERY:
-            n = dv[k]
-            if n:
-                flags.append("%d %s" % (n, k))
-        if d.get("seq_reused"):
-            flags.append("sequence numbers used twice (state reset?)")
-        if d.get("excluded"):
-            flags.append("EXCLUDED from every answer (pansketch device include %s undoes it)" % name)
-        mine_flags = flags_of.get(name, [])
-        if d.get("flagged_windows"):
-            flags.append("out of line with the fleet in %d recent window(s)%s" % (
-                d["flagged_windows"], ": window %d: %s" % (mine_flags[0]["window"], mine_flags[0]["reason"])
-                if mine_flags else ""))
+        for k, n in dv.items():
+            if n is not None:
+                reported[k] = True
         # quiet: other devices with the same window length released after this device's last window
         last, first = spans.get(name, (None, {}))
-        behind = 0
-        if last is not None:
-            ws, wn = last
-            behind = last_win.get(ws, wn) - wn
-            if behind > 0:
-                flags.append("quiet: no release for the last %d window(s) the fleet released" % behind)
+        behind = 0 if last is None else last_win.get(last[0], last[1]) - last[1]
+        flags = _flags(d, dv, flags_of.get(name, []), behind)
+        if flags:
+            flagged.append(name)
         if id(d) not in shown:  # counted in the fleet's figures, not listed: no grid row
-            devices.append({"device": name, "flagged": bool(flags), "delivery": dv})
             continue
+        ents = per_dev.get(name, {})
         cells = []
         for ws, wn in cols:
             e = ents.get((ws, wn))
@@ -159,18 +169,14 @@ def _fleet(store: Store, delta: float, now: Optional[float], windows: int, late_
                 cells.append({"win_s": ws, "window": wn, "state": "missing"})
             else:
                 cells.append({"win_s": ws, "window": wn, "state": "none"})
-        devices.append(dict(d, delivery=dv, delivery_seqs={k: _seqs(d, k) for k in DELIVERY},
-                            flags=flags, flagged=bool(flags), windows_behind=behind, ledger=cells))
-    reported = {k: any(x["delivery"][k] is not None for x in devices) for k in DELIVERY}
+        rows.append(dict(d, delivery=dv, delivery_seqs={k: _seqs(d, k) for k in DELIVERY},
+                         flags=flags, flagged=bool(flags), windows_behind=behind, ledger=cells))
     by_code = [{"code": c, "count": int(n), "last": iso(t), "last_unix": t} for c, n, t in store.rejection_counts()]
-    flagged = [x["device"] for x in devices if x["flagged"]]
-    if limit is not None or offset:
-        devices = devices[offset:] if limit is None else devices[offset:offset + limit]
     rep = dict(rep)
     if limit is not None or offset:
         rep["devices_page"] = {"offset": offset, "limit": limit, "total": len(every)}
     rep.update({
-        "now_unix": now, "devices": devices, "delivery_reported": reported,
+        "now_unix": now, "devices": rows, "delivery_reported": reported,
         "flagged": flagged,
         "rejections_by_code": by_code,
         "ledger_columns": [{"win_s": ws, "window": wn, "start": iso(ws * wn)} for ws, wn in cols],

@@ -198,6 +198,11 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
 def kept_ledger(store: Any, delta: float, sums: dict[str, DeviceSummary], ep_s: dict[str, int]) -> ledger_mod.KeptLedger:
     spans: dict[str, tuple[Optional[tuple[int, int]], dict[int, int]]] = {}
     for dev, s in sums.items():
+        if len(s.wins) == 1:  # one window length (the usual case): its first and last window
+            ((key, runs),) = s.wins.items()
+            if runs:
+                spans[dev] = ((int(key), runs[-1][1]), {int(key): runs[0][0]})
+            continue
         fl = s.first_last()
         if fl:
             last = max((ws, b) for ws, (_a, b) in fl.items())
