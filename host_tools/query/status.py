@@ -202,7 +202,11 @@ def _report(store: Store, delta: float, now: Optional[float], windows: int, late
         rows = store.devices()
         whole = None
         if page is not None:  # the names in report order (devices with releases, then refusals only), sorted
-            names = sorted({str(r[0]) for r in rows if r[0] in sums and sums[r[0]].n} | set(rejected) | set(quarantined))
+            names = [str(r[0]) for r in rows if r[0] in sums and sums[r[0]].n]
+            refused = set(rejected) | set(quarantined)
+            if refused:
+                names += refused - set(names)
+            names.sort()  # as the report sorts (not the database's collation); the rows come nearly so
             whole = set(names[page[0]:] if page[1] is None else names[page[0]:page[0] + page[1]])
         devices = statuskept.device_entries(store, delta, rows, sums, statuses, rejected, quarantined,
                                             late_grace_s, max_seq_jump, whole)

@@ -154,16 +154,18 @@ def device_entries(store: Any, delta: float, devices: list[tuple[Any, ...]], sum
         rej, quar = rejected.get(dev), quarantined.get(dev)
         if grace is None:
             late_seqs, late_n = s.late_seqs[:limit], s.late_n
-            late_max = round(s.late_max, 1) if s.late_n and s.late_max is not None else 0.0
         else:
             mine = sorted(late_other.get(dev, []), key=lambda t: t[0])
             late_seqs, late_n = [q for q, _l in mine[:limit]], len(mine)
-            late_max = round(max((lt for _q, lt in mine), default=0.0), 1)
         cov = s.cov
         gaps = [] if len(cov) == 1 else ledger_mod.gaps([(a, b) for a, b in cov], cov[0][0], cov[-1][1])
         if whole is not None and dev not in whole and not rej and not quar:
             out.append(_lite(dev, s, st, limit, max_jump, late_n, late_seqs, gaps))
             continue
+        if grace is None:
+            late_max = round(s.late_max, 1) if s.late_n and s.late_max is not None else 0.0
+        else:
+            late_max = round(max((lt for _q, lt in mine), default=0.0), 1)
         dl = _delivery(s, rej or {}, quar, st, limit, max_jump, (late_seqs, late_n, late_max))
         if whole is not None and dev not in whole:  # off the page, with refused seqs: the whole figures, cut
             dl.update(device=dev, seq_reused=s.reused[:20], missing_epoch_count=sum(b - a for a, b in gaps))
