@@ -284,6 +284,9 @@ def _more_devices(devices: list[dict[str, Any]], known: set[str], statuses: dict
     devices.sort(key=lambda x: x["device"])
 
 
+_COUNTS = [(k, k + "_count") for k in ("lost", "pending", "rejected", "late", "unknown", "quarantined")]
+
+
 def _finish(store: Store, devices: list[dict[str, Any]], led: Any, n_releases: int, quar_rows: list[Any],
             now: float, windows: int, max_events: Any) -> dict[str, Any]:
     # bounded influence: devices left out of every answer, and devices out of line with the fleet in a
@@ -297,8 +300,7 @@ def _finish(store: Store, devices: list[dict[str, Any]], led: Any, n_releases: i
         dv["excluded"] = dv["device"] in excl
         dv["flagged_windows"] = per_dev.get(dv["device"], 0)
     fleet_windows = led.fleet_windows()
-    totals = {k: sum(d[k + "_count"] or 0 for d in devices)
-              for k in ("lost", "pending", "rejected", "late", "unknown", "quarantined")}
+    totals = {k: sum([d[c] or 0 for d in devices]) for k, c in _COUNTS}
     totals["backlog"] = sum(d["backlog"] or 0 for d in devices)
     totals["devices_without_status"] = sum(1 for d in devices if d["status"] is None or d["status"]["next_seq"] is None
                                            or d["status_ignored"] is not None)
