@@ -17,7 +17,13 @@ Inputs are the JSON files the benchmarks write, nothing else:
   database (releases table with TOAST and indexes, a pruned release's
   row, roll-up rows, WAL);
 * ``--soak``: ``python -m pansketch.host_tools.bench.soak``: the broker's resident
-  memory per connected device, ack latency.
+  memory per connected device, ack latency;
+* ``--fleetscale``: ``python -m pansketch.host_tools.bench.fleetscale`` (optional): the CPU of
+  each read (a query, ``status``, a dashboard page) on its largest store and the growth law
+  fitted over its sizes (cost ∝ N^b · W^c); the plan's read rows are that figure carried to N
+  devices and a month of windows by the law. Whole processes, so the start-up in every figure
+  pulls b below the marginal cost's: the rows are a floor past the measured sizes, and the per-device
+  work of ``status`` and the fleet page is linear in N.
 
 Every figure in the table is one of the formulas printed beside it, over
 those inputs and the deployment parameters (window length, how fast the
@@ -69,11 +75,46 @@ def measured(pgs: list[dict[str, Any]], soak: Optional[dict[str, Any]]) -> dict[
     return m
 
 
+# the reads of the fleetscale benchmark the plan carries over, with the name of their row
+READS = {"freq": "CPU of `query freq` over a month", "series_1h": "CPU of `query series --step 1h` over a month",
+         "status": "CPU of `status --json`", "page_fleet": "CPU of the dashboard's fleet page (first request)",
+         "page_item": "CPU of the dashboard's item page", "page_topk": "CPU of the dashboard's top-k page",
+         "metrics_scrape": "CPU of a /metrics scrape (store unchanged)"}
+
+
+def reads(fs: dict[str, Any]) -> dict[str, Any]:
+    """The fleetscale benchmark's figures the plan uses: for each read, its CPU seconds on the largest
+    store measured (most devices, then most windows) and the exponents fitted over every size, of the
+    code measured first (the run's own; a ``--code`` peer is the code before)."""
+    label = fs["rows"][0]["code"]
+    mine = [r for r in fs["rows"] if r["code"] == label]
+    law = fs.get("growth", {}).get(label)
+    if not law:
+        raise SystemExit("capacity: --fleetscale has no growth law (it needs sizes varying in devices and windows)")
+    top = max(mine, key=lambda r: (r["devices"], r["windows"]))
+    return {"devices": float(top["devices"]), "windows": float(top["windows"]),
+            "cpu_s": {k: float(top[k]) for k in READS if k in top and k in law},
+            "exp": {k: (float(law[k]["exp_devices"]), float(law[k]["exp_windows"])) for k in READS if k in law}}
+
+
 def _si(x: float, unit: str = "B") -> str:
     for div, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
             return "%.3g %s%s" % (x / div, p, unit)
     return "%.3g %s" % (x, unit)
+
+
+def read_rows(r: dict[str, Any], n: float, a: argparse.Namespace) -> dict[str, str]:
+    """The reads' rows of one column: each read's CPU over a month of windows, carried from the measured
+    store to ``n`` devices by its fitted law."""
+    month = 30 * 86400.0 / a.window_s
+    out = {}
+    for k, name in READS.items():
+        if k in r["cpu_s"]:
+            b, c = r["exp"][k]
+            t = r["cpu_s"][k] * (n / r["devices"]) ** b * (month / r["windows"]) ** c
+            out[name] = "%.3g s" % t if t >= 0.01 else "%.2g ms" % (t * 1e3)
+    return out
 
 
 def plan(m: dict[str, float], n: float, a: argparse.Namespace) -> dict[str, str]:
@@ -125,22 +166,38 @@ FORMULAS = {
                            "ceil(burst rate / aggregator_releases_per_s))",
     "PostgreSQL cores at the burst": "burst rate x cpu_postgres_us / 10^6",
     "broker cores at the burst": "burst rate x cpu_broker_us / 10^6 (+ TLS: not measured here)",
+    **{name: "measured at N0 x W0, x (N/N0)^b x (W/W0)^c, W = 30 x 86400/window_s" for name in READS.values()},
     "connections per broker node (memory)": "broker_memory / broker_bytes_per_connection",
     "broker nodes": "max(3, ceil(N / connections per node) + 1, ceil(broker cores / (cores_per_host x utilisation)))",
 }
 
 
-def table(m: dict[str, float], a: argparse.Namespace) -> str:
+def table(m: Optional[dict[str, float]], a: argparse.Namespace, r: Optional[dict[str, Any]] = None) -> str:
+    """The plan as markdown: the write path's rows from ``m`` (:func:`measured`), the reads' from ``r``
+    (:func:`reads`); either may be None (its rows left out)."""
     ns = [float(x) for x in a.devices.split(",")]
-    cols = [plan(m, n, a) for n in ns]
-    lines = ["Measured inputs (medians over %d PostgreSQL rounds with one aggregator, load average %.1f):"
-             % (m["rounds"], m["load_1min"]), ""]
-    for k, v in m.items():
-        if k not in ("load_1min", "rounds"):
-            lines.append("* %s = %s" % (k, ("%.0f" % v) if v >= 10 else ("%.3g" % v)))
-    lines += ["", "Parameters: window_s = %g, drain_s = %g, retain_days = %g, keep_days = %g, cores_per_host = %g, "
-              "utilisation = %g, broker_memory = %g GB" % (a.window_s, a.drain_s, a.retain_days, a.keep_days,
-                                                          a.cores_per_host, a.utilisation, a.broker_memory_gb), ""]
+    cols: list[dict[str, str]] = [{} for _n in ns]
+    lines: list[str] = []
+    if m is not None:
+        cols = [plan(m, n, a) for n in ns]
+        lines += ["Measured inputs (medians over %d PostgreSQL rounds with one aggregator, load average %.1f):"
+                  % (m["rounds"], m["load_1min"]), ""]
+        for k, v in m.items():
+            if k not in ("load_1min", "rounds"):
+                lines.append("* %s = %s" % (k, ("%.0f" % v) if v >= 10 else ("%.3g" % v)))
+        lines += ["", "Parameters: window_s = %g, drain_s = %g, retain_days = %g, keep_days = %g, cores_per_host = %g, "
+                  "utilisation = %g, broker_memory = %g GB" % (a.window_s, a.drain_s, a.retain_days, a.keep_days,
+                                                              a.cores_per_host, a.utilisation, a.broker_memory_gb), ""]
+    if r is not None:
+        for col, n in zip(cols, ns):
+            col.update(read_rows(r, n, a))
+        lines += ["Reads (fleetscale, CPU of whole processes on a store of N0 = %d devices x W0 = %d hourly windows; "
+                  "exponents b, c of N^b W^c fitted over its sizes; W = a month of %g s windows):"
+                  % (r["devices"], r["windows"], a.window_s), ""]
+        for k, name in READS.items():
+            if k in r["cpu_s"]:
+                lines.append("* %s: %.3g s, b = %.2f, c = %.2f" % (k, r["cpu_s"][k], *r["exp"][k]))
+        lines.append("")
     lines.append("| quantity | formula | " + " | ".join("N = 10^%d" % round(math.log10(n)) for n in ns) + " |")
     lines.append("|---|---|" + "---|" * len(ns))
     for k in cols[0]:
@@ -153,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pg", nargs="+", default=["bench-results/host-pg.json"],
                     help="bench.host JSON file(s) with the PostgreSQL part")
     ap.add_argument("--soak", default="bench-results/soak.json")
+    ap.add_argument("--fleetscale", default="bench-results/fleetscale.json",
+                    help="bench.fleetscale JSON (the read rows; left out when the file is missing)")
     ap.add_argument("--devices", default="1e4,1e5,1e6")
     ap.add_argument("--window-s", type=float, default=3600.0)
     ap.add_argument("--drain-s", type=float, default=300.0, help="the hourly burst is stored within this")
@@ -165,13 +224,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = ap.parse_args(argv)
     pgs = []
     for name in a.pg:
+        if not os.path.exists(name) and os.path.exists(a.fleetscale):
+            print("capacity: %s not found: the write path's rows left out" % name, file=sys.stderr)
+            continue
         with open(name) as f:
             pgs.append(json.load(f))
     soak = None
     if os.path.exists(a.soak):
         with open(a.soak) as f:
             soak = json.load(f)
-    text = table(measured(pgs, soak), a)
+    fs = None
+    if os.path.exists(a.fleetscale):
+        with open(a.fleetscale) as f:
+            fs = reads(json.load(f))
+    text = table(measured(pgs, soak) if pgs else None, a, fs)
     print(text)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
