@@ -60,6 +60,7 @@ def _compiles(monkeypatch: Any) -> list[str]:
 
 
 def test_templates_are_compiled_once(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where jinja2 makes its directory
     names = _compiles(monkeypatch)
@@ -70,7 +71,17 @@ def test_templates_are_compiled_once(tmp_path: Any, monkeypatch: Any) -> None:
     assert status.startswith("200") and names == [] and again.count("<tr") == first.count("<tr")
 
 
+def test_systemd_cache_directory_holds_them(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "cache"))  # CacheDirectory= of the unit
+    names = _compiles(monkeypatch)
+    assert _wsgi(_dashboard(tmp_path), "/")[0].startswith("200") and "fleet.html" in names
+    assert len(list((tmp_path / "cache" / "templates").iterdir())) >= 2  # fleet.html and base.html
+    names.clear()
+    assert _wsgi(_dashboard(tmp_path), "/")[0].startswith("200") and names == []
+
+
 def test_no_cache_directory_compiles_in_each_process(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
     (tmp_path / "a-file").write_text("")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # no directory can be made under it
     names = _compiles(monkeypatch)

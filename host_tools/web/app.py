@@ -249,10 +249,12 @@ def _environment(jinja2: Any, **kw: Any) -> Any:
 
 
 def _bytecode_cache(jinja2: Any) -> Any:
-    """The templates compiled once per user and template text (jinja2's own cache, in a directory of this
-    user's alone under the system's temporary one, which jinja2 checks): a fresh server process loads
-    them instead of compiling them again, as Python its modules' bytecode (compiling fleet.html was 22 ms
-    of the first fleet page). None when no such directory can be had: each process compiles, as before."""
+    """The templates compiled once per user and template text (jinja2's own cache): a fresh server process
+    loads them instead of compiling them again, as Python its modules' bytecode (compiling fleet.html was
+    22 ms of the first fleet page). Kept in ``templates`` under systemd's ``$CACHE_DIRECTORY`` when the
+    unit sets one (deploy/systemd/pansketch-dashboard.service: its private /tmp is new at every start),
+    else in a directory of this user's alone under the system's temporary one (which jinja2 checks).
+    None when no such directory can be had: each process compiles, as before."""
 
     class Cache(jinja2.FileSystemBytecodeCache):  # type: ignore[misc, name-defined]
         def dump_bytecode(self, bucket: Any) -> None:
@@ -261,7 +263,11 @@ def _bytecode_cache(jinja2: Any) -> Any:
             except OSError:  # not written (the directory went away, a full disk): compiled again next time
                 pass
 
+    where = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]  # systemd: one path per CacheDirectory= entry
     try:
+        if where:
+            os.makedirs(os.path.join(where, "templates"), mode=0o700, exist_ok=True)
+            return Cache(os.path.join(where, "templates"))
         return Cache()
     except (OSError, RuntimeError) as exc:  # RuntimeError: jinja2 found the directory unsafe (not this user's)
         log.info("templates compiled in each process: no bytecode cache (%s)", exc)

@@ -2,7 +2,7 @@
 
 ``python3 tests/support/unitrun.py start NAME`` reads /etc/systemd/system/NAME.service and does what
 ``systemctl start`` makes systemd do for its [Service] section, as far as the pansketch units use it:
-StateDirectory (created, owned by User, StateDirectoryMode) and ConfigurationDirectory, the
+StateDirectory and CacheDirectory (created, owned by User, their *DirectoryMode) and ConfigurationDirectory, the
 environment systemd gives a system service (its PATH, HOME and USER of User=, LANG, the
 *_DIRECTORY variables, Environment=), the working directory / , stdin from /dev/null, User= and
 Group= with the user's supplementary groups, then ExecStartPre= (each must exit 0) and ExecStart=
@@ -64,6 +64,12 @@ def start(name: str, work: Path) -> int:
         os.chown(d, user.pw_uid, gid)
         os.chmod(d, int(get.get("StateDirectoryMode", "0755"), 8))
         env["STATE_DIRECTORY"] = str(d)
+    if "CacheDirectory" in get:
+        d = Path("/var/cache") / get["CacheDirectory"]
+        d.mkdir(parents=True, exist_ok=True)
+        os.chown(d, user.pw_uid, gid)
+        os.chmod(d, int(get.get("CacheDirectoryMode", "0755"), 8))
+        env["CACHE_DIRECTORY"] = str(d)
     if "ConfigurationDirectory" in get:
         d = Path("/etc") / get["ConfigurationDirectory"]
         d.mkdir(parents=True, exist_ok=True)
