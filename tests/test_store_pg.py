@@ -283,6 +283,31 @@ def test_rollups_rebuilt_when_their_meta_row_is_deleted(dsn):
         assert m.releases == 3 and np.array_equal(m.counters, raw.counters)
 
 
+def test_rollup_sums_are_stored_compressed(dsn):
+    """The roll-up sums (rewritten by every group that adds to a window) go to TOAST lz4-compressed, and
+    read back as written (PgStore._init_schema; a server without lz4 keeps them uncompressed)."""
+    import psycopg
+
+    st = open_store(dsn)
+    p = params("cz0", w=1024)
+    assert st.insert(decode(encoded(p, fill=3))) == "stored"
+    assert st.insert(decode(encoded(p, seq=1, elo=T0 // p.epoch_s + 1, fill=5))) == "stored"
+    st.close()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        how = c.execute("SELECT attcompression, attstorage FROM pg_attribute WHERE attrelid = 'rollups'::regclass "
+                        "AND attname = 'sums'").fetchone()
+        lz4 = c.execute("SELECT count(*) FROM pg_settings WHERE name = 'default_toast_compression' "
+                        "AND 'lz4' = ANY(enumvals)").fetchone()[0]
+        sizes = c.execute("SELECT pg_column_size(sums), octet_length(sums) FROM rollups").fetchall()
+    assert how == (("l", "x") if lz4 else ("", "e"))
+    if lz4:
+        assert all(stored < raw for stored, raw in sizes)
+    with open_store(dsn, readonly=True) as ro:
+        m, _ = query.select_merged(ro, salt=SALT)
+        raw, _ = query.select_merged(ro, salt=SALT, use_rollups=False)
+        assert m.releases == 2 and np.array_equal(m.counters, raw.counters)
+
+
 def test_bad_dsn_and_server_down_say_what_is_wrong(server, dsn):
     with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/x"):
         open_store("postgresql://postgres:secret@127.0.0.1:1/x", timeout=2)
