@@ -48,6 +48,7 @@ class DemoBroker:
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
         self.port = free_port()
+        self.connect_gate = threading.Lock()  # devices connect one at a time (_start)
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -161,6 +162,33 @@ class ZipfStream:
         return [items[bisect.bisect_left(cum, r() * tot)] for _ in range(m)]
 
 
+def _start(pub: Any, broker: DemoBroker) -> None:
+    """Connect one device, the next only once the broker has granted this one's ack subscription. amqtt
+    (the fallback broker) handles a connect by walking all its subscriptions with awaits in between; a
+    SUBSCRIBE of another client arriving meanwhile ends that connection's handler on "dictionary changed
+    size during iteration" and leaves a session that takes publishes and routes none (a demo agent then
+    never hears from the host). One connect at a time keeps the walks apart."""
+    with broker.connect_gate:
+        pub.start()
+        pub.wait_subscribed(10)  # without it (a slow broker) the device still delivers once subscribed
+
+
+def _delivered(pub: Any, make: Callable[[], Any], broker: DemoBroker) -> bool:
+    """Whether the host acknowledged every release of this device (stopping its publisher). A session
+    that brought no acknowledgement of them in 15 s is replaced by a new connection once, for 30 s more:
+    amqtt, the fallback broker, can lose a session on an internal error and keep taking its publishes
+    without routing them, which re-sends on the same connection do not get past."""
+    ok = pub.wait_delivered(15)
+    pub.stop()
+    if ok:
+        return True
+    pub = make()
+    _start(pub, broker)
+    ok = pub.wait_delivered(30)
+    pub.stop()
+    return bool(ok)
+
+
 def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoBroker, truth: Counter,
                    truth_lock: threading.Lock, report: Callable[[str], None]) -> int:
     """One device: Recorder + Publisher on a simulated clock. Returns the number of releases."""
@@ -175,9 +203,12 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     rec = Recorder(p, os.path.join(workdir, dev), T0, log=lambda m: None)
     bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2,
                         ack_timeout_s=5.0)  # a release the host has not acknowledged is sent again well within the 30 s wait
-    pub = Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": "window"}, clock=lambda: T0,
-                    protocol=broker.protocol)
-    pub.start()
+    def make() -> Any:
+        return Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": "window"}, clock=lambda: T0,
+                         protocol=broker.protocol)
+
+    pub = make()
+    _start(pub, broker)
     stream = ZipfStream(args.items, args.zipf, args.seed * 1000 + i)
     mine: Counter = Counter()
     slices = 6
@@ -195,8 +226,7 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     with truth_lock:
         truth.update(mine)
     mine.clear()
-    ok = pub.wait_delivered(30)
-    pub.stop()
+    ok = _delivered(pub, make, broker)
     report("  %s: %d one-hour windows, %d events per window, %d releases -> %s"
            % (dev, args.windows, per * slices, rec.seq,
               "all stored by the host (its acknowledgements)" if ok else "NOT all delivered"))
@@ -238,17 +268,19 @@ def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], l
     rec = make(p, os.path.join(workdir, dev), T0, log=lambda m: None)
     bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2,
                         ack_timeout_s=5.0)  # a release the host has not acknowledged is sent again well within the 30 s wait
-    pub = Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": p.mode}, clock=lambda: T0,
-                    protocol=broker.protocol)
-    pub.start()
+    def make() -> Any:
+        return Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": p.mode}, clock=lambda: T0,
+                         protocol=broker.protocol)
+
+    pub = make()
+    _start(pub, broker)
     for k in range(windows):
         if rec.tick(T0 + k * 3600):
             pub.wake()
         rec.add_many(sample(k))
     if rec.tick(T0 + windows * 3600):
         pub.wake()
-    ok = pub.wait_delivered(30)
-    pub.stop()
+    ok = _delivered(pub, make, broker)
     if not ok:
         raise RuntimeError("%s could not deliver its releases" % dev)
     return int(rec.seq)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
+import time
 
 import pytest
 
@@ -54,3 +55,90 @@ def test_mqtt_version_setting(tmp_path):
         _load(tmp_path, '[broker]\nmqtt_version = "3.1"\n')
     with pytest.raises(hostconfig.ConfigError, match="aggregator.shared_group"):
         _load(tmp_path, '[broker]\nmqtt_version = "3.1.1"\n[aggregator]\nshared_group = "g"\n')
+
+
+def test_devices_connect_one_at_a_time_and_each_session_routes(tmp_path):
+    """amqtt ends a connection's handler when another client subscribes while it walks its subscriptions
+    (the demo then lost an agent's session: publishes taken, none routed). The demo's devices connect
+    one at a time (demo._start); every one of nine started at once is then subscribed and gets what is
+    published to its ack topic, through the broker's routing (a malformed ack: the device logs it)."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+    import paho.mqtt.publish as publish
+
+    from pansketch.agent.pi.config import BrokerConfig
+    from pansketch.agent.pi.publisher import Publisher
+    from pansketch.agent.storage import Outbox
+    from pansketch.host_tools import demo
+
+    broker = demo.AmqttBroker(str(tmp_path))
+    logs: dict[str, list[str]] = {}
+    pubs = []
+    host = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="host", protocol=mqtt.MQTTv311)
+    try:
+        # as in the demo: the host subscribed to the devices' statuses, and retained statuses there (a
+        # connect then awaits sending each to the new session, where another's SUBSCRIBE gets in)
+        host.connect("127.0.0.1", broker.port)
+        host.loop_start()
+        host.subscribe("pansketch/+/status", qos=1)
+        publish.multiple([("pansketch/old-%d/status" % i, b"{}", 1, True) for i in range(300)],
+                         hostname="127.0.0.1", port=broker.port, protocol=4)
+        for i in range(9):
+            dev = "dev-%d" % i
+            logs[dev] = []
+            pubs.append(Publisher(BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2),
+                                  dev, Outbox(str(tmp_path / dev)), logs[dev].append, {"mode": "window"}, protocol=broker.protocol))
+        threads = [threading.Thread(target=demo._start, args=(p, broker)) for p in pubs]
+        for t in threads:  # a few ms apart, as the demo's agents and devices
+            t.start()
+            time.sleep(0.005)
+        for t in threads:
+            t.join(60)
+        assert all(p.wait_subscribed(0) for p in pubs)
+        for p in pubs:
+            publish.single(p.ack_topic, b"not an ack", qos=1, hostname="127.0.0.1", port=broker.port,
+                           protocol=4)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(any("malformed" in m for m in v) for v in logs.values()):
+            time.sleep(0.1)
+        assert all(any("malformed" in m for m in v) for v in logs.values()), logs
+    finally:
+        for p in pubs:
+            p.stop()
+        host.loop_stop()
+        broker.stop()
+
+
+class _Session:
+    """A device session whose releases the broker does or does not route (amqtt's lost session: taken
+    publishes, none routed; it cannot be caused on demand)."""
+
+    def __init__(self, routes: bool, calls: list[str]) -> None:
+        self.routes, self.calls = routes, calls
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def wait_subscribed(self, timeout: float) -> bool:
+        return True
+
+    def wait_delivered(self, timeout: float) -> bool:
+        self.calls.append("wait %g" % timeout)
+        return self.routes
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+@pytest.mark.parametrize("routes_later", [True, False])
+def test_a_session_that_delivers_nothing_is_replaced_once(tmp_path, routes_later):
+    from pansketch.host_tools import demo
+
+    broker = demo.DemoBroker(str(tmp_path))
+    calls: list[str] = []
+    assert demo._delivered(_Session(True, calls), lambda: _Session(routes_later, calls), broker)
+    assert calls == ["wait 15", "stop"]  # delivered: no second session
+    calls.clear()
+    assert demo._delivered(_Session(False, calls), lambda: _Session(routes_later, calls), broker) is routes_later
+    assert calls == ["wait 15", "stop", "start", "wait 30", "stop"]

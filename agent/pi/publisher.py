@@ -109,6 +109,7 @@ class Publisher:
         self._generation = 0  # bumps on each successful connection
         self._wake = threading.Event()
         self._acked = threading.Event()  # set by every host ack (wait_delivered re-reads the outbox)
+        self._subscribed = threading.Event()  # the broker granted this connection's ack subscription
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.last_acked: Optional[int] = None
@@ -146,6 +147,7 @@ class Publisher:
         c.on_disconnect = self._on_disconnect
         c.on_publish = self._on_publish
         c.on_message = self._on_message
+        c.on_subscribe = self._on_subscribe
         c.on_connect_fail = self._on_connect_fail
         c.on_socket_open = tcp_no_delay
         return c
@@ -172,6 +174,7 @@ class Publisher:
         self._fail_logged = -1e9
         # every connection: (re)subscribe the host's acks (the session keeps
         # the subscription too; subscribing again is harmless)
+        self._subscribed.clear()
         client.subscribe(self.ack_topic, qos=1)
         self.log("connected to %s:%d" % (self.broker.host, self.broker.port))
         self._wake.set()
@@ -197,6 +200,10 @@ class Publisher:
             self._status_dirty = True  # pending and rejected changed too
         self._wake.set()
         self._acked.set()
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any, props: Any = None) -> None:
+        if codes and all(not getattr(c, "is_failure", False) for c in codes):
+            self._subscribed.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
         with self._cond:
@@ -244,6 +251,11 @@ class Publisher:
     @property
     def connected(self) -> bool:
         return self._connected
+
+    def wait_subscribed(self, timeout: float) -> bool:
+        """Until the broker has granted this connection's subscription to the host's acks (False after
+        ``timeout`` s): from then on an ack the host sends reaches this device."""
+        return self._subscribed.wait(timeout)
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
