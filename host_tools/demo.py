@@ -173,7 +173,7 @@ def _start(pub: Any, broker: DemoBroker) -> None:
         pub.wait_subscribed(10)  # without it (a slow broker) the device still delivers once subscribed
 
 
-def _delivered(pub: Any, make: Callable[[], Any], broker: DemoBroker) -> bool:
+def _delivered(pub: Any, new_session: Callable[[], Any], broker: DemoBroker) -> bool:
     """Whether the host acknowledged every release of this device (stopping its publisher). A session
     that brought no acknowledgement of them in 15 s is replaced by a new connection once, for 30 s more:
     amqtt, the fallback broker, can lose a session on an internal error and keep taking its publishes
@@ -182,7 +182,7 @@ def _delivered(pub: Any, make: Callable[[], Any], broker: DemoBroker) -> bool:
     pub.stop()
     if ok:
         return True
-    pub = make()
+    pub = new_session()
     _start(pub, broker)
     ok = pub.wait_delivered(30)
     pub.stop()
@@ -203,11 +203,11 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     rec = Recorder(p, os.path.join(workdir, dev), T0, log=lambda m: None)
     bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2,
                         ack_timeout_s=5.0)  # a release the host has not acknowledged is sent again well within the 30 s wait
-    def make() -> Any:
+    def new_session() -> Any:
         return Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": "window"}, clock=lambda: T0,
                          protocol=broker.protocol)
 
-    pub = make()
+    pub = new_session()
     _start(pub, broker)
     stream = ZipfStream(args.items, args.zipf, args.seed * 1000 + i)
     mine: Counter = Counter()
@@ -226,7 +226,7 @@ def simulate_agent(i: int, args: argparse.Namespace, workdir: str, broker: DemoB
     with truth_lock:
         truth.update(mine)
     mine.clear()
-    ok = _delivered(pub, make, broker)
+    ok = _delivered(pub, new_session, broker)
     report("  %s: %d one-hour windows, %d events per window, %d releases -> %s"
            % (dev, args.windows, per * slices, rec.seq,
               "all stored by the host (its acknowledgements)" if ok else "NOT all delivered"))
@@ -268,11 +268,11 @@ def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], l
     rec = make(p, os.path.join(workdir, dev), T0, log=lambda m: None)
     bcfg = BrokerConfig(host="127.0.0.1", port=broker.port, reconnect_min_s=1, reconnect_max_s=2,
                         ack_timeout_s=5.0)  # a release the host has not acknowledged is sent again well within the 30 s wait
-    def make() -> Any:
+    def new_session() -> Any:
         return Publisher(bcfg, dev, rec.outbox, lambda m: None, {"mode": p.mode}, clock=lambda: T0,
                          protocol=broker.protocol)
 
-    pub = make()
+    pub = new_session()
     _start(pub, broker)
     for k in range(windows):
         if rec.tick(T0 + k * 3600):
@@ -280,7 +280,7 @@ def simulate_device(cfg: dict[str, Any], windows: int, sample: Callable[[int], l
         rec.add_many(sample(k))
     if rec.tick(T0 + windows * 3600):
         pub.wake()
-    ok = _delivered(pub, make, broker)
+    ok = _delivered(pub, new_session, broker)
     if not ok:
         raise RuntimeError("%s could not deliver its releases" % dev)
     return int(rec.seq)
