@@ -262,8 +262,8 @@ BEGIN
   so_far := (SELECT count(*) FROM pansketch_new)
        + coalesce(nullif(current_setting('pansketch.counted_rows', true), ''), '0')::bigint;
   PERFORM set_config('pansketch.counted_rows', so_far::text, true);
-  IF EXISTS (SELECT 1 FROM pansketch_new x JOIN rollups r ON r.id = x.rollup
-              GROUP BY r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt HAVING min(x.rollup) <> max(x.rollup)) THEN
+  IF EXISTS (SELECT 1 FROM rollups r WHERE r.id IN (SELECT DISTINCT x.rollup FROM pansketch_new x)
+              GROUP BY r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt HAVING count(*) > 1) THEN
     -- one device may be in two of this statement's rows of one roll-up (not the write path: a writer adds
     -- to its own shard's rows only): those roll-ups recounted from their rows
     PERFORM pansketch_recount_devices(ARRAY(SELECT DISTINCT rollup FROM pansketch_new));
@@ -278,11 +278,17 @@ BEGIN
                                        %(cls)d) AS h
         FROM pansketch_new x JOIN rollups r ON r.id = x.rollup ORDER BY 1) l;
   END IF;
+  -- each roll-up row's other shard rows found once (not per device row), then a key probe per device
+  -- and other row
+  WITH sib AS MATERIALIZED (
+    SELECT r.id, array_agg(s.id) AS ids FROM rollups r JOIN rollups s
+        ON (s.win_s, s.win, s.kind, s.d, s.w, s.hv, s.salt) = (r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt)
+       AND s.id <> r.id
+     WHERE r.id IN (SELECT DISTINCT x.rollup FROM pansketch_new x) GROUP BY r.id)
   INSERT INTO rollup_device_counts (rollup, devices)
-  SELECT n.rollup, count(*) FROM pansketch_new n JOIN rollups r ON r.id = n.rollup
-   WHERE NOT EXISTS (SELECT 1 FROM rollups s JOIN rollup_devices x ON x.rollup = s.id AND x.device = n.device
-                      WHERE (s.win_s, s.win, s.kind, s.d, s.w, s.hv, s.salt)
-                            = (r.win_s, r.win, r.kind, r.d, r.w, r.hv, r.salt) AND s.id <> r.id)
+  SELECT n.rollup, count(*) FROM pansketch_new n LEFT JOIN sib ON sib.id = n.rollup
+   WHERE sib.ids IS NULL
+      OR NOT EXISTS (SELECT 1 FROM rollup_devices x WHERE x.rollup = ANY(sib.ids) AND x.device = n.device)
    GROUP BY n.rollup ORDER BY n.rollup
   ON CONFLICT (rollup) DO UPDATE SET devices = rollup_device_counts.devices + excluded.devices;
   RETURN NULL;
