@@ -112,6 +112,8 @@ def _scenario(st: Any, monkeypatch: Any) -> dict[str, Any]:
 
 
 def _kept_equals_rebuilt(st: Any) -> None:
+    for s in summary.read_devices(st).values():  # the document's object form (field names) reads the same
+        assert summary.DeviceSummary.load(json.dumps({k: getattr(s, k) for k in s.__slots__})).doc() == s.doc()
     docs = {d: s.doc() for d, s in summary.read_devices(st).items()}
     wins = sorted(summary.read_windows(summary.read_devices(st)))
     st._exec_tx(lambda cur: summary.rebuild(st, cur))

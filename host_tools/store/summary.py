@@ -5,13 +5,13 @@ releases (how many, the seqs stored, the epochs covered, the windows, modes, bud
 draws, the last one received, the late ones, the privacy guarantee) and, per window, how many
 devices released in it and the largest guarantee among them (the ledger,
 pansketch.host_tools.store.ledger). Read from the releases that is every row of the store
-(N devices x W windows); kept here it is one row per device and one per window.
+(N devices x W windows); kept here it is one row per device (and aggregator).
 
-``device_summaries``: one JSON document per device and writer shard (:class:`DeviceSummary` field
-names; PostgreSQL: each writer its own row, as the roll-ups, so aggregators storing one device's
-releases never wait on one row; SQLite: shard 0). Every figure composes exactly as releases are
-added and as shards are merged (:meth:`DeviceSummary.merge`, on read): counts and sums add, maxima
-take the max, seqs are kept as inclusive runs and epochs as merged half-open ranges (the canonical
+``device_summaries``: one JSON document per device and writer shard (:class:`DeviceSummary`'s
+fields as an array, :meth:`DeviceSummary.doc`; PostgreSQL: each writer its own row, as the
+roll-ups, so aggregators storing one device's releases never wait on one row; SQLite: shard 0).
+Every figure composes exactly as releases are added and as shards are merged
+(:meth:`DeviceSummary.merge`, on read): counts and sums add, maxima take the max, seqs are kept as inclusive runs and epochs as merged half-open ranges (the canonical
 form ledger.union gives), the windows as runs of (first, last, guarantee label) where the label is
 the device-window's largest eps and rho (exact fractions, as text). Only a purge deletes releases
 (retention's prune keeps the row, exclusion changes no row): the purged device's documents are
@@ -39,6 +39,7 @@ from fractions import Fraction
 from typing import Any, Iterable, Optional, Sequence
 
 _log = logging.getLogger("pansketch.store")
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 LATE_GRACE_MIN_S = 300  # the default late grace: max(ep_s, this); pansketch.host_tools.query.status
 LATE_LIST = 50  # late seqs kept per device (status lists 50 per class; counts are complete)
@@ -237,11 +238,15 @@ class DeviceSummary:
         self.late_seqs: list[int] = d.get("late_seqs", [])
 
     def doc(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in self.__slots__}, separators=(",", ":"))
+        """The document: the fields' values as one JSON array in ``__slots__`` order (an object with
+        the field names reads too); an array writes and parses in about 60 % of an object's time, on
+        every commit of the write path and 10^4 times in a status."""
+        return _dumps([getattr(self, k) for k in self.__slots__])
 
     @classmethod
     def load(cls, text: str) -> "DeviceSummary":
-        return cls(json.loads(text))
+        v = json.loads(text)
+        return cls(dict(zip(cls.__slots__, v)) if isinstance(v, list) else v)
 
     def add(self, seq: int, elo: int, ehi: int, win_s: int, win: int, received: float, t1: int, mode: str,
             ep_s: int, mech: str, bnum: int, bden: int, nz: int, g: tuple[str, str]) -> None:
