@@ -434,3 +434,34 @@ def test_pg_device_counts_follow_concurrent_writers_purge_and_upgrade(pg: pgserv
     st.close()
     PgStore(dsn).close()
     _pg_counts_equal_rows(dsn, shards=1)  # (rebuilt by one writer: its shard)
+
+
+def test_pg_purge_waits_for_a_group_without_a_deadlock(pg: pgserver.PgServer) -> None:
+    """A purge takes the device counts' lock before any roll-up row, as a writer's group does before its
+    rows (PgStore._lock_counts): a group holding a window's roll-up row while a purge of that window
+    starts finishes first, then the purge, no transaction aborted. (Taken at the purge's first deletion,
+    the lock made the purge wait for the group's row while the group's device row waited for the lock.)"""
+    import threading
+
+    dsn = pg.create_database("fleetlock%d" % next(_PG_N))
+    _pg_fleet(dsn, 6, 3)
+    w = PgStore(dsn)
+    cur = w.conn.cursor()
+    w._begin(cur)
+    w._lock_counts(cur, exclusive=False)  # what a group does first (PgStore._apply_rollups)
+    p = PgStore(dsn)
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(exclusions.purge(p, "dev03", since=T0 + 3600)))  # windows 1, 2
+    t.start()
+    t.join(1.0)
+    assert t.is_alive()  # waiting for the group
+    for k in (1, 2):  # then the group's rows of the purged windows, in key order, and a device row
+        cur.execute("SELECT id FROM rollups WHERE win = %s AND shard = %s FOR UPDATE", (T0 // 3600 + k, w._rollup_shard))
+        rid = cur.fetchone()[0]
+    cur.execute("INSERT INTO rollup_devices (rollup, device) VALUES (%s, 'devZZ')", (rid,))
+    cur.execute("COMMIT")
+    t.join(30)
+    assert out and out[0].releases == 4 and not p.__dict__.get("_tx_retries")  # no deadlock, nothing retried
+    p.close()
+    w.close()
+    _pg_counts_equal_rows(dsn)

@@ -166,11 +166,10 @@ def test_writer_shards_merge_to_one_writers_summary(tmp_path: Any, monkeypatch: 
     _check_report(rep)
 
 
-FORMAT_1 = """DROP TABLE device_summaries;
-CREATE TABLE device_summary (device TEXT PRIMARY KEY, doc TEXT NOT NULL);
+FORMAT_1_TABLES = """CREATE TABLE device_summary (device TEXT PRIMARY KEY, doc TEXT NOT NULL);
 CREATE TABLE window_summary (win_s INTEGER NOT NULL, win INTEGER NOT NULL, shard INTEGER NOT NULL, doc TEXT NOT NULL,
-                             PRIMARY KEY (win_s, win, shard));
-UPDATE meta SET value = '1' WHERE key = 'summaries';"""
+                             PRIMARY KEY (win_s, win, shard));"""
+FORMAT_1 = "DROP TABLE device_summaries;\n" + FORMAT_1_TABLES + "\nUPDATE meta SET value = '1' WHERE key = 'summaries';"
 
 
 @pytest.mark.parametrize("old", ["none", "format 1"])
@@ -198,6 +197,18 @@ def test_old_store_falls_back_then_gets_its_summaries(tmp_path: Any, monkeypatch
     assert json.dumps(status_mod.report(ro, now=NOW)) == want
     tables = {r[0] for r in ro._q("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "device_summaries" in tables and not tables & {"device_summary", "window_summary"}
+    ro.close()
+    # an aggregator of format 1 opens it again (its tables back, releases stored there only): readers fall
+    # back to every release, and the next writer of this version builds the summaries again
+    con = sqlite3.connect(db)
+    con.executescript(FORMAT_1_TABLES)
+    con.close()
+    ro = Store(db, readonly=True)
+    assert not summary.present(ro)
+    ro.close()
+    Store(db).close()
+    ro = Store(db, readonly=True)
+    assert summary.present(ro) and json.dumps(status_mod.report(ro, now=NOW)) == want
     ro.close()
 
 

@@ -55,6 +55,9 @@ class SQLBase:
     def _retryable(self, exc: BaseException) -> bool:
         return False
 
+    def _lock_counts(self, cur: Any, exclusive: bool) -> None:
+        """PostgreSQL: the per-roll-up device counts' table lock (PgStore); SQLite's writer holds the file."""
+
     def background_checkpoints(self, interval: float = 0.25, drop_behind: int = 0) -> None:
         """Backend housekeeping off the commit path (SQLite: WAL checkpoints); default none."""
 

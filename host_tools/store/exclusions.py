@@ -110,6 +110,8 @@ def purge(store: SQLStore, device: str, since: Optional[float] = None) -> PurgeR
     rep = PurgeReport(device)
 
     def tx(cur: Any) -> PurgeReport:
+        if store.has_rollups:
+            store._lock_counts(cur, exclusive=True)  # before any roll-up row (PgStore._lock_counts)
         cond = "device = ?" + (" AND t0 >= ?" if since is not None else "")
         args: tuple[Any, ...] = (device,) if since is None else (device, since)
         rows = store._x(cur, "SELECT %s, payload FROM releases WHERE %s" % (store._cols, cond), args).fetchall()

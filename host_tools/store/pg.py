@@ -481,7 +481,23 @@ class PgStore(SQLStore):
         return s.replace("?", "%s")
 
     def _begin(self, cur: Any) -> None:
-        cur.execute("BEGIN")
+        # whatever the server's default: the device counts' trigger relies on each statement seeing
+        # what other writers committed before it (a snapshot older than that would count twice)
+        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+
+    def _lock_counts(self, cur: Any, exclusive: bool) -> None:
+        """The device counts' table lock, taken before any roll-up row is locked (one order on every path:
+        a writer's group ROW EXCLUSIVE, a purge EXCLUSIVE). A purge that took it only at its first
+        deletion, with the next window's rows still to lock, waited for a writer holding such a row that
+        waited for this lock: a deadlock."""
+        if not self._counts_table:  # (a setup's first roll-up rebuild comes before the table)
+            cur.execute("SELECT to_regclass('rollup_device_counts') IS NOT NULL")
+            self._counts_table = bool(cur.fetchone()[0])
+            if not self._counts_table:
+                return
+        cur.execute("LOCK TABLE rollup_device_counts IN %s MODE" % ("EXCLUSIVE" if exclusive else "ROW EXCLUSIVE"))
+
+    _counts_table = False  # rollup_device_counts seen to exist (it is never dropped)
 
     def _retryable(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) in ("40P01", "40001", "55P03")
@@ -684,6 +700,7 @@ class PgStore(SQLStore):
 
         keys = sorted(accs)
         shard = self._rollup_shard if self._rollup_shard is not None else 0
+        self._lock_counts(cur, exclusive=False)
         cols = "win_s, win, kind, d, w, hv, salt, shard"
         cur.executemany("INSERT INTO rollups (%s, releases, t0, t1, sums) VALUES (%s, 0, %%s, %%s, %%s) "
                         "ON CONFLICT (%s) DO NOTHING" % (cols, ", ".join(["%s"] * 8), cols),

@@ -470,10 +470,22 @@ def rebuild(store: Any, cur: Any) -> int:
     return n
 
 
+def _old_writer(store: Any, cur: Any) -> bool:
+    """Whether format 1's table is there again: an aggregator of that version opened the store after this
+    one's rebuild dropped it, and stored releases these summaries lack."""
+    from pansketch.host_tools.store.excltable import is_sqlite
+
+    if is_sqlite(store):
+        return store._x(cur, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (_OLD_TABLES[0],)).fetchone() is not None
+    return store._x(cur, "SELECT to_regclass(?)", (_OLD_TABLES[0],)).fetchone()[0] is not None
+
+
 def init(store: Any, cur: Any) -> None:
-    """A writer's open: build the summaries of a store written before them or in an older form (once)."""
+    """A writer's open: build the summaries of a store written before them or in an older form, or
+    after an older aggregator wrote to it (once each time)."""
     row = store._x(cur, "SELECT value FROM meta WHERE key = 'summaries'").fetchone()
-    if row is None or row[0] != FORMAT:
+    if row is None or row[0] != FORMAT or _old_writer(store, cur):
         if store._x(cur, "SELECT 1 FROM releases LIMIT 1").fetchone() is None:  # a new store: nothing to say
             rebuild(store, cur)
             return
@@ -484,9 +496,12 @@ def init(store: Any, cur: Any) -> None:
 
 # -- the read side ----------------------------------------------------------------------------------------
 def present(store: Any) -> bool:
-    """Whether the store keeps summaries in this form (a read-only open of an older file may not)."""
+    """Whether the store keeps summaries in this form, complete (a read-only open of an older file may
+    not; nor a store an older aggregator wrote to since: :func:`_old_writer`)."""
+    from pansketch.host_tools.store.excltable import has_table
+
     try:
-        return store._meta("summaries") == FORMAT
+        return store._meta("summaries") == FORMAT and not has_table(store, _OLD_TABLES[0])
     except store._db_errors:
         return False
 
