@@ -250,8 +250,9 @@ _PUT_MANY_CALL = "SELECT pansketch_put_many(%s)" % ", ".join("%%b::%s[]" % a.spl
 # does not count it again; a transaction past 1024 rows (a rebuild, a bulk copy; a group has at
 # most 256) locks the count table instead (EXCLUSIVE: readers go on), as one lock per row would fill
 # the server's lock table. A deletion (purge, a rebuild; rare, never the write path) recounts the keys it
-# touched from their rows, onto each key's lowest id (a purge holds all those rows FOR UPDATE: no writer
-# adds to them meanwhile). Statement triggers: the write path inserts a group's device rows in one
+# touched from their rows, onto each key's lowest id (a purge holds the count table EXCLUSIVE from its
+# start, PgStore._lock_counts, and a group takes it ROW EXCLUSIVE before its rows: no writer adds to
+# them meanwhile, and the two lock in one order). Statement triggers: the write path inserts a group's device rows in one
 # statement, so the trigger runs once per group.
 _ROLLUP_KEY = "win_s, win, kind, d, w, hv, salt"
 _COUNT_FN_TEXT = ("""
