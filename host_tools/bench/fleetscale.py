@@ -51,13 +51,43 @@ _SHIFTED = {"elo": "elo + k", "ehi": "ehi + k", "seq": "seq + k", "win": "win + 
             "t0": "t0 + k * 3600", "t1": "t1 + k * 3600", "received": "received + k * 3600"}
 
 
+def copy_statements(win0: int, w: int, sqlite: bool) -> list[str]:
+    """The bulk SQL that copies window ``win0``'s rows to windows win0+1 .. win0+w-1 (module docstring):
+    releases, roll-ups (PostgreSQL: each writer shard's), their noise and device rows, the flag windows
+    the write path would have marked. ``sqlite``: its dialect (a recursive CTE for the window offsets)."""
+    from pansketch.host_tools.store.schema import _INSERT_COLS
+
+    if sqlite:
+        with_ks, ks = "WITH RECURSIVE ks(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM ks WHERE k < %d) " % (w - 1), "ks"
+    else:
+        with_ks, ks = "", "generate_series(1, %d) AS ks(k)" % (w - 1)
+    shard = "" if sqlite else ", shard"
+    cols = ", ".join(_INSERT_COLS)
+    sel = ", ".join(_SHIFTED.get(c, c) for c in _INSERT_COLS)
+    same = ("FROM rollups r1 JOIN rollups r2 ON r2.win > r1.win AND r2.win_s = r1.win_s AND r2.kind = r1.kind "
+            "AND r2.d = r1.d AND r2.w = r1.w AND r2.hv = r1.hv AND r2.salt = r1.salt "
+            + ("" if sqlite else "AND r2.shard = r1.shard "))
+    return [
+        "INSERT INTO releases (%s) %sSELECT %s FROM releases, %s WHERE win = %d" % (cols, with_ks, sel, ks, win0),
+        "INSERT INTO rollups (win_s, win, kind, d, w, hv, salt%s, releases, t0, t1, sums) %sSELECT win_s, win + k, "
+        "kind, d, w, hv, salt%s, releases, t0 + k * 3600, t1 + k * 3600, sums FROM rollups, %s WHERE win = %d"
+        % (shard, with_ks, shard, ks, win0),
+        "INSERT INTO rollup_noise (rollup, mech, num, den, count) SELECT r2.id, x.mech, x.num, x.den, x.count "
+        + same + "JOIN rollup_noise x ON x.rollup = r1.id WHERE r1.win = %d" % win0,
+        "INSERT INTO rollup_devices (rollup, device) SELECT r2.id, x.device " + same
+        + "JOIN rollup_devices x ON x.rollup = r1.id WHERE r1.win = %d" % win0,
+        # the write path marks each window's flags to compute (schema flag_windows): so for the copies
+        "INSERT INTO flag_windows (win_s, win, gen, done, setting) %sSELECT win_s, win + k, 1, 0, '' "
+        "FROM flag_windows, %s WHERE win = %d ON CONFLICT DO NOTHING" % (with_ks, ks, win0),
+    ]
+
+
 def build(db: str, n: int, w: int) -> dict[str, float]:
     """A store of ``n`` devices x ``w`` hourly windows (see the module docstring); build timings."""
     from pansketch.agent import release
     from pansketch.agent.params import Params
     from pansketch.host_tools import hostconfig
     from pansketch.host_tools.ingest.aggregator import Aggregator
-    from pansketch.host_tools.store.schema import _INSERT_COLS
 
     t = time.perf_counter()
     cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": db}})
@@ -80,24 +110,9 @@ def build(db: str, n: int, w: int) -> dict[str, float]:
     con = sqlite3.connect(db)
     con.execute("PRAGMA journal_mode = WAL")
     win0 = T0 // 3600
-    ks = "WITH RECURSIVE ks(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM ks WHERE k < %d) " % (w - 1)
     if w > 1:
-        cols = ", ".join(_INSERT_COLS)
-        sel = ", ".join(_SHIFTED.get(c, c) for c in _INSERT_COLS)
-        con.execute("INSERT INTO releases (%s) %s SELECT %s FROM releases, ks WHERE win = %d"
-                    % (cols, ks, sel, win0))
-        con.execute("INSERT INTO rollups (win_s, win, kind, d, w, hv, salt, releases, t0, t1, sums) %s "
-                    "SELECT win_s, win + k, kind, d, w, hv, salt, releases, t0 + k * 3600, t1 + k * 3600, sums "
-                    "FROM rollups, ks WHERE win = %d" % (ks, win0))
-        same = ("FROM rollups r1 JOIN rollups r2 ON r2.win > r1.win AND r2.win_s = r1.win_s AND r2.kind = r1.kind "
-                "AND r2.d = r1.d AND r2.w = r1.w AND r2.hv = r1.hv AND r2.salt = r1.salt ")
-        con.execute("INSERT INTO rollup_noise (rollup, mech, num, den, count) SELECT r2.id, x.mech, x.num, x.den, "
-                    "x.count " + same + "JOIN rollup_noise x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
-        con.execute("INSERT INTO rollup_devices (rollup, device) SELECT r2.id, x.device " + same
-                    + "JOIN rollup_devices x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
-        # the write path marks each window's flags to compute (schema flag_windows): so for the copies
-        con.execute("INSERT OR IGNORE INTO flag_windows (win_s, win, gen, done, setting) %s "
-                    "SELECT win_s, win + k, 1, 0, '' FROM flag_windows, ks WHERE win = %d" % (ks, win0))
+        for stmt in copy_statements(win0, w, sqlite=True):
+            con.execute(stmt)
         dcols = {r[1] for r in con.execute("PRAGMA table_info(devices)")}
         if "max_seq" in dcols:  # the SQLite store's per-device highest seq (pansketch.host_tools.store.sqlite)
             con.execute("UPDATE devices SET max_seq = max_seq + ? WHERE max_seq IS NOT NULL", (w - 1,))

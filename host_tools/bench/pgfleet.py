@@ -33,8 +33,6 @@ from typing import Any, Callable, Optional
 SALT = "pgfleet-salt-0001"
 T0 = 1_700_000_000 // 3600 * 3600
 ITEMS = ["item-%d" % i for i in range(8)]
-_SHIFTED = {"elo": "elo + k", "ehi": "ehi + k", "seq": "seq + k", "win": "win + k",
-            "t0": "t0 + k * 3600", "t1": "t1 + k * 3600", "received": "received + k * 3600"}
 
 
 def build(dsn: str, n: int, w: int, shards: int) -> dict[str, float]:
@@ -48,7 +46,7 @@ def build(dsn: str, n: int, w: int, shards: int) -> dict[str, float]:
     from pansketch.host_tools.ingest.aggregator import Aggregator
     from pansketch.host_tools.store import summary
     from pansketch.host_tools.store.pg import PgStore
-    from pansketch.host_tools.store.schema import _INSERT_COLS
+    from pansketch.host_tools.bench.fleetscale import copy_statements
 
     t = time.perf_counter()
     cfg = hostconfig.from_dict({"fleet": {"salt": SALT}, "aggregator": {"db": dsn}})
@@ -67,21 +65,8 @@ def build(dsn: str, n: int, w: int, shards: int) -> dict[str, float]:
     t = time.perf_counter()
     win0 = T0 // 3600
     with psycopg.connect(dsn) as con:
-        ks = "generate_series(1, %d) AS ks(k)" % (w - 1)
-        cols = ", ".join(_INSERT_COLS)
-        sel = ", ".join(_SHIFTED.get(c, c) for c in _INSERT_COLS)
-        con.execute("INSERT INTO releases (%s) SELECT %s FROM releases, %s WHERE win = %d" % (cols, sel, ks, win0))
-        con.execute("INSERT INTO rollups (win_s, win, kind, d, w, hv, salt, shard, releases, t0, t1, sums) "
-                    "SELECT win_s, win + k, kind, d, w, hv, salt, shard, releases, t0 + k * 3600, t1 + k * 3600, sums "
-                    "FROM rollups, %s WHERE win = %d" % (ks, win0))
-        same = ("FROM rollups r1 JOIN rollups r2 ON r2.win > r1.win AND r2.win_s = r1.win_s AND r2.kind = r1.kind "
-                "AND r2.d = r1.d AND r2.w = r1.w AND r2.hv = r1.hv AND r2.salt = r1.salt AND r2.shard = r1.shard ")
-        con.execute("INSERT INTO rollup_noise (rollup, mech, num, den, count) SELECT r2.id, x.mech, x.num, x.den, "
-                    "x.count " + same + "JOIN rollup_noise x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
-        con.execute("INSERT INTO rollup_devices (rollup, device) SELECT r2.id, x.device " + same
-                    + "JOIN rollup_devices x ON x.rollup = r1.id WHERE r1.win = %d" % win0)
-        con.execute("INSERT INTO flag_windows (win_s, win, gen, done, setting) SELECT win_s, win + k, 1, 0, '' "
-                    "FROM flag_windows, %s WHERE win = %d ON CONFLICT DO NOTHING" % (ks, win0))
+        for stmt in copy_statements(win0, w, sqlite=False):
+            con.execute(stmt)
         con.execute("ANALYZE")
     t_sql = time.perf_counter() - t
     t = time.perf_counter()

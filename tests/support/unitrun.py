@@ -58,18 +58,14 @@ def start(name: str, work: Path) -> int:
         if k == "Environment":
             for kv in shlex.split(v):
                 env[kv.split("=", 1)[0]] = kv.split("=", 1)[1]
-    if "StateDirectory" in get:
-        d = Path("/var/lib") / get["StateDirectory"]
-        d.mkdir(parents=True, exist_ok=True)
-        os.chown(d, user.pw_uid, gid)
-        os.chmod(d, int(get.get("StateDirectoryMode", "0755"), 8))
-        env["STATE_DIRECTORY"] = str(d)
-    if "CacheDirectory" in get:
-        d = Path("/var/cache") / get["CacheDirectory"]
-        d.mkdir(parents=True, exist_ok=True)
-        os.chown(d, user.pw_uid, gid)
-        os.chmod(d, int(get.get("CacheDirectoryMode", "0755"), 8))
-        env["CACHE_DIRECTORY"] = str(d)
+    for key, root, var in (("StateDirectory", "/var/lib", "STATE_DIRECTORY"),
+                           ("CacheDirectory", "/var/cache", "CACHE_DIRECTORY")):
+        if key in get:
+            d = Path(root) / get[key]
+            d.mkdir(parents=True, exist_ok=True)
+            os.chown(d, user.pw_uid, gid)
+            os.chmod(d, int(get.get(key + "Mode", "0755"), 8))
+            env[var] = str(d)
     if "ConfigurationDirectory" in get:
         d = Path("/etc") / get["ConfigurationDirectory"]
         d.mkdir(parents=True, exist_ok=True)
