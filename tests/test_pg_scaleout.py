@@ -57,6 +57,32 @@ def test_two_aggregators_store_everything_without_lock_waits_or_retries(server, 
     assert cpu["postgres"] > 0 and cpu["aggregator 0"] > 0 and cpu["aggregator 1"] > 0
 
 
+def test_paced_publishers_offer_the_asked_rate_and_nothing_queues(server, tmp_path):
+    """``--pace-per-aggregator``: 600 releases at 300/s in all take about 2 s to publish (flat out they
+    take a fraction of that), the run reports the rate offered and stored, and at a rate this machine
+    keeps up with nothing queues."""
+    from pansketch.host_tools.bench import host, pgscale
+    from pansketch.host_tools.localnet import mosquitto_path
+
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed (.ci/run installs it)")
+    msgs = host.make_releases(40, 15, d=4, w=256)  # 600 releases
+    dsn = server.create_database("scaleout_paced")
+    already = host._warm(dsn, msgs)
+    with open(os.path.join(server.data, "postmaster.pid")) as f:
+        pg_pid = int(f.readline())
+    res = pgscale.one_run(msgs, 2, dsn, pg_pid, str(tmp_path), "p", workers=2, sample_s=0.02, already=already,
+                          pace=300.0)
+    assert (res["sent"], res["stored"], res["lost"]) == (600, 600, 0)
+    assert res["pace_asked"] == 300.0
+    assert 1.9 <= res["publishing_seconds"] < 6, res["publishing_seconds"]  # paced: 600 / 300 s, not flat out
+    assert 200 <= res["offered_per_second"] <= 320 and res["stored_per_second"] <= res["offered_per_second"] * 1.05
+    assert res["stored_over_offered"] > 0.8 and res["last_stored_after_last_sent_s"] < 5
+    assert res["retries_total"] == 0 and res["server"]["lock_wait_samples"] == 0
+    with pytest.raises(ValueError, match="positive rate"):
+        pgscale.one_run(msgs, 1, dsn, pg_pid, str(tmp_path), "q", workers=1, sample_s=0.02, pace=0.0)
+
+
 def test_the_store_counts_the_transactions_it_runs_again(server):
     """A group that met a lock it may not wait for (55P03, lock_timeout) is rolled back and run again,
     and counted by its SQLSTATE: what the aggregator logs at exit and the benchmark adds up."""

@@ -2,6 +2,7 @@
 
     python -m pansketch.host_tools.bench.pgscale [--pg-aggregators 1,2,4] [--rounds 3] [--pg-warm]
         [--devices 400 --per-device 12] [--pg-sample-ms 50] [--out bench-results/host-pg-scaleout.json]
+        [--pace-per-aggregator R]
 
 The ingest benchmark's publishers, releases and helpers (pansketch.host_tools.bench.host), in a mode
 of its own. On a 2-core machine one aggregator's ingest already keeps most of both cores busy, so N aggregators
@@ -28,6 +29,19 @@ The runs of a round alternate their order of N; the figures are medians over the
 ratio of every N to 1 is taken round by round (same machine state, minutes apart). The machine
 these figures come from is shared and loaded: only CPU time is compared, never wall time (the
 rate is printed, not judged).
+
+Two modes. Flat out (the default): the publishers send as fast as they can, so the machine fixes
+the total rate and each of N aggregators gets 1/N of it; its groups (what one commit holds,
+gathered over ``group_wait_ms``) are then smaller and a group's fixed cost is paid more often per
+release. That is not what N aggregators on N hosts see: there each gets its own share of a fleet
+N times larger, the same rate as one aggregator alone. ``--pace-per-aggregator R`` measures that:
+the publishers are paced to N x R releases per second in all (each aggregator receives R per
+second in every configuration), R chosen so that N x R still fits on the machine, which each run
+checks: the offered rate (sent over the publishing time) against the stored rate (stored over the
+time until the last one was stored) and the lag of the last release; a run whose store fell behind
+is marked ``queued``, one whose publishers could not send the asked rate ``publishers_behind``.
+The writer sessions' in-turn runs (:func:`sessions_in_turn`) are a flat-out figure and are
+skipped in this mode.
 """
 
 from __future__ import annotations
@@ -198,6 +212,55 @@ def _exit_lines(log: str) -> dict[str, Any]:
     return out
 
 
+def _paced_publisher(where: tuple[int, float], batches: list[list[tuple[str, bytes]]], start: Any, done: Any,
+                     tag: str) -> None:
+    """A publisher process of ``--pace-per-aggregator``: ``where`` = (broker port, releases per second
+    of this process); its devices interleaved as in host.publish_interleaved, message ``i`` sent at
+    ``i / rate`` s after ``start`` (at once when behind). Puts (published, seconds from start to the last
+    PUBACK, the latest a message went out after its time, time.monotonic() of the last PUBACK) on
+    ``done``, before its clients disconnect (300 of them take a few tenths of a second, which would
+    count as publishing time): a publisher that fell behind offered less than asked."""
+    import paho.mqtt.client as mqtt
+
+    port, rate = where
+    clients = []
+    for msgs in batches:
+        dev = msgs[0][0].split("/")[1]
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="%s-%s" % (dev, tag), protocol=mqtt.MQTTv5)
+        c.max_inflight_messages_set(20)
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        clients.append((c, msgs))
+    order = [(c, msgs[k]) for k in range(max(len(m) for _c, m in clients)) for c, msgs in clients if k < len(msgs)]
+    start.wait()
+    t0 = time.monotonic()
+    late = 0.0
+    infos = []
+    for i, (c, (topic, payload)) in enumerate(order):
+        due = t0 + i / rate
+        now = time.monotonic()
+        if now < due:
+            time.sleep(due - now)
+        else:
+            late = max(late, now - due)
+        infos.append(c.publish(topic, payload, qos=1))
+    for inf in infos:
+        inf.wait_for_publish(120)
+    t_last = time.monotonic()
+    done.put((len(infos), t_last - t0, late, t_last))
+    for c, _m in clients:
+        c.disconnect()
+        c.loop_stop()
+
+
+def _pace_verdict(asked: float, offered: float, lag_s: float, sent: int, stored: int) -> dict[str, bool]:
+    """``queued``: the store fell behind the publishers (the last release stored more than a group's wait
+    and a second after the last was sent, or not all stored); ``publishers_behind``: the publishers
+    offered less than 97 % of the asked rate (the machine could not send it: each aggregator then
+    received less than the rate asked, though what it received was stored as it came)."""
+    return {"queued": bool(lag_s > 1.2 or stored < sent), "publishers_behind": bool(offered < 0.97 * asked)}
+
+
 def _rows(dsn: str) -> int:
     import psycopg
 
@@ -241,9 +304,14 @@ def warmup_bursts(msgs: list[tuple[str, bytes]], per_aggregator: int, k: int, bu
 
 
 def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: str, tag: str, workers: int,
-            sample_s: float, already: int = 0, warmup: Optional[list[list[tuple[str, bytes]]]] = None) -> dict[str, Any]:
+            sample_s: float, already: int = 0, warmup: Optional[list[list[tuple[str, bytes]]]] = None,
+            pace: Optional[float] = None) -> dict[str, Any]:
     """``k`` aggregators on a shared subscription store ``msgs`` into ``dsn``; the figures of the module
-    docstring. ``warmup``: bursts stored first, each in turn, outside the measurement (:func:`warmup_bursts`)."""
+    docstring. ``warmup``: bursts stored first, each in turn, outside the measurement (:func:`warmup_bursts`).
+    ``pace``: the publishers send this many releases per second in all (:func:`_paced_publisher`), not
+    flat out; the run then reports the offered and the stored rate."""
+    if pace is not None and pace <= 0:
+        raise ValueError("pace must be a positive rate (releases per second), not %r" % pace)
     from pansketch.host_tools.bench import host
 
     broker = Mosquitto(tmp, conf_extra="max_queued_messages 0")
@@ -271,19 +339,26 @@ def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: s
             while _rows(dsn) < already + warm and time.monotonic() < wait_until:
                 time.sleep(0.05)
         already += warm
-        pubs, start, done = host.start_publishers(ctx, host._publisher, broker.port, msgs, workers, tag)
+        if pace is None:
+            pubs, start, done = host.start_publishers(ctx, host._publisher, broker.port, msgs, workers, tag)
+        else:
+            pubs, start, done = host.start_publishers(ctx, _paced_publisher, (broker.port, pace / workers), msgs,
+                                                      workers, tag)
         time.sleep(1.5)  # publishers connected
         with LockWatch(dsn, sample_s) as watch:
             names = {"aggregator %d" % i: a.pid for i, a in enumerate(aggs)}
             names.update({"postgres": pg_pid, "mosquitto": broker.pid, "watch session": watch.backend_pid})
             names.update({"publisher %d" % i: p.pid for i, p in enumerate(pubs) if p.pid is not None})
             cpu0 = tree_cpu(names)
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             start.set()
-            sent = sum(done.get(timeout=600) for _ in pubs)
-            while watch.stored() < len(msgs) + already and time.perf_counter() - t0 < 120:
-                time.sleep(0.05)
-            wall = time.perf_counter() - t0
+            got = [done.get(timeout=600) for _ in pubs]
+            # paced: until the last PUBACK (the publishers' own clock, CLOCK_MONOTONIC as this one's)
+            published_s = (max(g[3] for g in got) if pace is not None else time.monotonic()) - t0
+            sent = sum(g[0] if isinstance(g, tuple) else g for g in got)
+            while watch.stored() < len(msgs) + already and time.monotonic() - t0 < 120:
+                time.sleep(0.01)
+            wall = time.monotonic() - t0
             cpu1 = tree_cpu(names)
         stored = watch.stored() - already
         server = watch.result()
@@ -305,7 +380,18 @@ def one_run(msgs: list[tuple[str, bytes]], k: int, dsn: str, pg_pid: int, tmp: s
     for i, e in enumerate(exits):
         if e.get("stored"):
             own.append(round(cpu["aggregator %d" % i] / e["stored"] * 1e6, 1))
-    return {"aggregators": k, "releases": len(msgs),
+    paced: dict[str, Any] = {}
+    if pace is not None:
+        offered = sent / max(1e-9, published_s)
+        stored_rate = stored / max(1e-9, wall)
+        paced = {"pace_asked": pace, "offered_per_second": round(offered, 1),
+                 "stored_per_second": round(stored_rate, 1),
+                 "stored_over_offered": round(stored_rate / max(1e-9, offered), 3),
+                 "publishing_seconds": round(published_s, 3),
+                 "last_stored_after_last_sent_s": round(wall - published_s, 3),
+                 "publisher_late_max_s": round(max(g[2] for g in got), 3),
+                 **_pace_verdict(pace, offered, wall - published_s, sent, stored)}
+    return {"aggregators": k, "releases": len(msgs), **paced,
             "cpu_us_per_own_release_each_aggregator": own, "sent": sent, "stored": stored, "lost": sent - stored,
             "seconds": round(wall, 3), "releases_per_second": round(stored / wall, 1),
             "cpu_us_per_release": per, "cpu_us_per_release_aggregators": round(aggs_us, 1),
@@ -323,11 +409,13 @@ def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[st
     from pansketch.host_tools.bench import host
 
     ks = [int(k) for k in args.pg_aggregators.split(",")]
+    per_agg = getattr(args, "pace_per_aggregator", None)
     with open(os.path.join(srv.data, "postmaster.pid")) as f:
         pg_pid = int(f.readline())
     out: dict[str, Any] = {"server": "PostgreSQL from %s, fsync on, synchronous_commit on" % srv.bindir,
                            "warm": bool(args.pg_warm), "sample_ms": args.pg_sample_ms,
                            "releases_per_run": len(msgs), "cpus": os.cpu_count(),
+                           "pace_per_aggregator": per_agg,
                            "note": "CPU time, not wall time, is compared: the machine is shared and loaded",
                            "rounds": []}
     for r in range(args.rounds):
@@ -338,8 +426,16 @@ def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[st
             already = host._warm(dsn, msgs) if args.pg_warm else 0
             host._checkpoint(srv.dsn())
             res = one_run(msgs, k, dsn, pg_pid, tmp, "sc%d-%d" % (r, k), args.workers, args.pg_sample_ms / 1000,
-                          already, warmup_bursts(msgs, 20, k, 8) if args.pg_warm else None)
+                          already, warmup_bursts(msgs, 20, k, 8) if args.pg_warm else None,
+                          pace=per_agg * k if per_agg else None)
             rnd[str(k)] = res
+            if per_agg:
+                print("round %d, %d aggregator(s) paced: offered %s/s (asked %s), stored %s/s, last stored %s s after "
+                      "the last sent, publishers late by up to %s s%s" % (
+                          r, k, res["offered_per_second"], res["pace_asked"], res["stored_per_second"],
+                          res["last_stored_after_last_sent_s"], res["publisher_late_max_s"],
+                          (", QUEUED" if res["queued"] else "") + (", PUBLISHERS BEHIND" if res["publishers_behind"] else "")),
+                      flush=True)
             print("round %d, %d aggregator(s): stored %d of %d sent, CPU us/release total %s (aggregators %s, "
                   "postgres %s, mosquitto %s), lock-wait samples %d, not granted %d, retries %d, %s/s, load %s"
                   % (r, k, res["stored"], res["sent"], res["cpu_us_per_release_total"],
@@ -351,6 +447,9 @@ def run(srv: Any, msgs: list[tuple[str, bytes]], args: Any, tmp: str) -> dict[st
                 print("  locks not granted:", json.dumps(res["server"]["locks_not_granted"]), flush=True)
         out["rounds"].append(rnd)
     out["summary"] = summarize(out["rounds"], ks)
+    if per_agg:
+        print(paced_table(out["summary"], ks), flush=True)
+        return out
     out["sessions_in_turn"] = sessions_in_turn(srv, msgs, ks, 200, args.rounds)
     print(table(out["summary"], ks), flush=True)
     print(turns_table(out["sessions_in_turn"], ks), flush=True)
@@ -440,6 +539,29 @@ def summarize(rounds: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
             "releases_per_group": med(statistics.mean(a.get("messages_per_group", 0) for a in x["aggregator_exit"])
                                       for x in runs),
             "releases_per_second": med(x["releases_per_second"] for x in runs)}
+        if all("offered_per_second" in x for x in runs):
+            own = [max(x["cpu_us_per_own_release_each_aggregator"] or [0]) for x in runs]
+            e.update({"offered_per_second": med(x["offered_per_second"] for x in runs),
+                      "stored_per_second": med(x["stored_per_second"] for x in runs),
+                      "stored_over_offered_min": min(x["stored_over_offered"] for x in runs),
+                      "last_stored_after_last_sent_s_max": max(x["last_stored_after_last_sent_s"] for x in runs),
+                      "queued_runs": sum(1 for x in runs if _pace_verdict(
+                          x["pace_asked"], x["offered_per_second"], x["last_stored_after_last_sent_s"], x["sent"],
+                          x["stored"])["queued"]),
+                      "publishers_behind_runs": sum(1 for x in runs if _pace_verdict(
+                          x["pace_asked"], x["offered_per_second"], x["last_stored_after_last_sent_s"], x["sent"],
+                          x["stored"])["publishers_behind"]),
+                      "cpu_us_per_own_release_max_spread": [min(own), max(own)],
+                      "cpu_us_per_release_total_spread": [min(x["cpu_us_per_release_total"] for x in runs),
+                                                          max(x["cpu_us_per_release_total"] for x in runs)],
+                      "releases_per_group_rounds": [round(statistics.mean(a.get("messages_per_group", 0)
+                                                                          for a in x["aggregator_exit"]), 1)
+                                                    for x in runs],
+                      "stages_aggregator_us": {st: med(x["stages_cpu_us_per_message"]["aggregator"].get(st, 0.0)
+                                                       for x in runs)
+                                               for st in runs[0]["stages_cpu_us_per_message"]["aggregator"]},
+                      "stages_mqtt_us": {st: med(x["stages_cpu_us_per_message"]["MQTT"].get(st, 0.0) for x in runs)
+                                         for st in runs[0]["stages_cpu_us_per_message"]["MQTT"]}})
         if str(k) != base:
             ratios = [x["cpu_us_per_release_total"] / r[base]["cpu_us_per_release_total"] for x, r in zip(runs, rounds)]
             e["cpu_total_ratio_to_%s_rounds" % base] = [round(v, 3) for v in ratios]
@@ -447,6 +569,10 @@ def summarize(rounds: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
             pr = [x["cpu_us_per_release"]["postgres"] / r[base]["cpu_us_per_release"]["postgres"]
                   for x, r in zip(runs, rounds)]
             e["cpu_postgres_ratio_to_%s" % base] = round(statistics.median(pr), 3)
+            e["cpu_total_ratio_to_%s_spread" % base] = [round(min(ratios), 3), round(max(ratios), 3)]
+            ar = [x["cpu_us_per_release_aggregators"] / r[base]["cpu_us_per_release_aggregators"]
+                  for x, r in zip(runs, rounds)]
+            e["cpu_aggregators_ratio_to_%s" % base] = round(statistics.median(ar), 3)
         summ[str(k)] = e
     return summ
 
@@ -467,6 +593,27 @@ def table(summ: dict[str, Any], ks: list[int]) -> str:
             e["stored"], e["sent"], e["lock_wait_samples"], e["locks_not_granted_samples"], e["extend_wait_samples"],
             e["retries"],
             e["releases_per_group"]))
+    return "\n".join(lines)
+
+
+def paced_table(summ: dict[str, Any], ks: list[int]) -> str:
+    """The ``--pace-per-aggregator`` summary as a Markdown table: medians over the rounds, the spread of
+    the round-by-round ratio in brackets."""
+    base = str(ks[0])
+    head = ("| aggregators | offered / stored per s | CPU µs/release: all | all vs %s [spread] | aggregators (sum) "
+            "| each aggregator, per release it stored (max) | PostgreSQL | mosquitto | releases/group | lock waits "
+            "| locks not granted | retries | stored / sent | runs queued / publishers behind |" % base)
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for k in ks:
+        e = summ[str(k)]
+        ratio = ("%.3f [%.2f–%.2f]" % ((e["cpu_total_ratio_to_%s" % base],) + tuple(e["cpu_total_ratio_to_%s_spread" % base]))
+                 if str(k) != base else "1")
+        lines.append("| %d | %.0f / %.0f | %.0f | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d | %d | %d / %d | %d / %d |" % (
+            k, e["offered_per_second"], e["stored_per_second"], e["cpu_us_per_release_total"], ratio,
+            e["cpu_us_per_release_aggregators"], e["cpu_us_per_own_release_max"], e["cpu_us_per_release_postgres"],
+            e["cpu_us_per_release_mosquitto"], e["releases_per_group"], e["lock_wait_samples"],
+            e["locks_not_granted_samples"], e["retries"], e["stored"], e["sent"], e["queued_runs"],
+            e["publishers_behind_runs"]))
     return "\n".join(lines)
 
 
@@ -501,8 +648,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pg-warm", action="store_true",
                     help="each database knows every device and each aggregator is warmed up first (a running fleet)")
     ap.add_argument("--pg-sample-ms", type=int, default=50, help="lock-wait sampling interval")
-    ap.add_argument("--out", default="bench-results/host-pg-scaleout.json")
+    ap.add_argument("--pace-per-aggregator", type=float, default=None, metavar="R",
+                    help="pace the publishers to N x R releases/s in all (each aggregator receives R/s whatever N: "
+                         "N aggregators on N hosts) instead of flat out")
+    ap.add_argument("--out", default=None,
+                    help="bench-results/host-pg-scaleout.json (flat out), host-pg-scaleout-paced.json (paced)")
     args = ap.parse_args(argv)
+    if args.pace_per_aggregator is not None and args.pace_per_aggregator <= 0:
+        ap.error("--pace-per-aggregator must be a positive rate (releases per second per aggregator)")
+    if args.out is None:
+        args.out = "bench-results/host-pg-scaleout%s.json" % ("-paced" if args.pace_per_aggregator else "")
     why = host._pg_available() or (None if mosquitto_path() else "mosquitto not installed")
     if why is not None:
         print("skipped:", why)
