@@ -106,7 +106,8 @@ def release_sizes() -> dict[str, int]:
     return out
 
 
-def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, done: Any, tag: str) -> None:
+def connect_devices(port: int, batches: list[list[tuple[str, bytes]]], tag: str) -> list[tuple[Any, list[tuple[str, bytes]]]]:
+    """One connected paho client (MQTT v5, 20 in flight) per device's (topic, payload) list."""
     import paho.mqtt.client as mqtt
 
     clients = []
@@ -117,7 +118,16 @@ def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, do
         c.connect("127.0.0.1", port)
         c.loop_start()
         clients.append((c, msgs))
-    publish_interleaved(clients, start, done, 120)
+    return clients
+
+
+def interleaved(clients: list[tuple[Any, list[tuple[str, bytes]]]]) -> list[tuple[Any, tuple[str, bytes]]]:
+    """(client, message) in the order concurrent agents send: each device's k-th message, then the k+1-th."""
+    return [(c, msgs[k]) for k in range(max(len(m) for _c, m in clients)) for c, msgs in clients if k < len(msgs)]
+
+
+def _publisher(port: int, batches: list[list[tuple[str, bytes]]], start: Any, done: Any, tag: str) -> None:
+    publish_interleaved(connect_devices(port, batches, tag), start, done, 120)
 
 
 def start_publishers(ctx: Any, target: Any, where: Any, msgs: list[tuple[str, bytes]], workers: int,
@@ -142,11 +152,7 @@ def publish_interleaved(clients: list[tuple[Any, list[tuple[str, bytes]]]], star
     devices interleaved like concurrent agents; wait for every PUBACK (``timeout`` s each), disconnect,
     and put the number published on ``done``."""
     start.wait()
-    infos = []
-    for k in range(max(len(m) for _c, m in clients)):
-        for c, msgs in clients:
-            if k < len(msgs):
-                infos.append(c.publish(msgs[k][0], msgs[k][1], qos=1))
+    infos = [c.publish(topic, payload, qos=1) for c, (topic, payload) in interleaved(clients)]
     for i in infos:
         i.wait_for_publish(timeout)
     for c, _m in clients:

@@ -220,18 +220,11 @@ def _paced_publisher(where: tuple[int, float], batches: list[list[tuple[str, byt
     PUBACK, the latest a message went out after its time, time.monotonic() of the last PUBACK) on
     ``done``, before its clients disconnect (300 of them take a few tenths of a second, which would
     count as publishing time): a publisher that fell behind offered less than asked."""
-    import paho.mqtt.client as mqtt
+    from pansketch.host_tools.bench import host
 
     port, rate = where
-    clients = []
-    for msgs in batches:
-        dev = msgs[0][0].split("/")[1]
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="%s-%s" % (dev, tag), protocol=mqtt.MQTTv5)
-        c.max_inflight_messages_set(20)
-        c.connect("127.0.0.1", port)
-        c.loop_start()
-        clients.append((c, msgs))
-    order = [(c, msgs[k]) for k in range(max(len(m) for _c, m in clients)) for c, msgs in clients if k < len(msgs)]
+    clients = host.connect_devices(port, batches, tag)
+    order = host.interleaved(clients)
     start.wait()
     t0 = time.monotonic()
     late = 0.0
